@@ -1,0 +1,123 @@
+// OnnxRuntimeBackend: one ONNX model in one ORT session, run with IOBinding on
+// host or device memory, inputs validated against the graph spec.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "aitune/device.hpp"
+#include "aitune/execution_provider.hpp"
+#include "aitune/graph_spec.hpp"
+#include "aitune/ort_runtime.hpp"
+#include "aitune/tensor.hpp"
+
+namespace aitune {
+
+/// ORT's graph optimisation levels (GraphOptimizationLevel).
+enum class GraphOptimizationLevel { kDisableAll, kBasic, kExtended, kAll };
+
+std::string_view graph_optimization_level_name(GraphOptimizationLevel level) noexcept;
+/// Parses "disable_all" / "basic" / "extended" / "all"; Error(kInvalidArgument) otherwise.
+GraphOptimizationLevel parse_graph_optimization_level(std::string_view text);
+
+/// How a session is created. Value type.
+struct OnnxRuntimeBackendConfig {
+  ExecutionProvider provider = ExecutionProvider::kCUDA;  ///< the spec's default
+  int device_id = 0;
+  GraphOptimizationLevel graph_optimization_level = GraphOptimizationLevel::kAll;
+  int intra_op_threads = 0;  ///< 0 = ORT's default
+  int inter_op_threads = 0;  ///< 0 = ORT's default
+  /// Provider options as ORT spells them (CUDA: "use_tf32", "cudnn_conv_algo_search",
+  /// "enable_cuda_graph", ...; TensorRT: "trt_fp16_enable", ...). Unknown keys are
+  /// rejected by ORT at session creation.
+  std::map<std::string, std::string> provider_options;
+  /// Session config entries (AddConfigEntry), e.g. "session.disable_prepacking".
+  std::map<std::string, std::string> session_config;
+
+  /// The device the session's inputs and outputs live on.
+  Device device() const;
+  std::string to_json(int indent = 2) const;
+  static OnnxRuntimeBackendConfig from_json(const std::string& text);
+  bool operator==(const OnnxRuntimeBackendConfig&) const = default;
+};
+
+/// One graph input or output as the ONNX model declares it.
+struct IoInfo {
+  std::string name;
+  DType dtype = DType::kFloat32;
+  Shape shape;                           ///< -1 where the extent is symbolic or unknown
+  std::vector<std::string> symbolic_dims;  ///< per axis; "" where not symbolic
+};
+
+/// Life cycle: `create` builds the session (kBuilt); `activate` marks it the one in use
+/// (kActive); `deactivate` releases the session and its device memory (kInactive);
+/// `activate` on an inactive backend recreates the session. `infer` works in kBuilt and
+/// kActive and throws Error(kState) in kInactive.
+enum class BackendState { kBuilt, kActive, kInactive };
+std::string_view backend_state_name(BackendState state) noexcept;
+
+/// An ORT session over one model file. `infer` is safe to call from several threads
+/// at once (each call has its own IOBinding); state changes must not race with `infer`.
+class OnnxRuntimeBackend {
+ public:
+  /// Loads `model_path` (external data files next to it) into a session for
+  /// `config.provider`. `spec` bounds what inputs `infer` accepts; without it the
+  /// model's declared shapes do (symbolic dims unbounded). Throws
+  /// Error(kModelInvalid) for a missing or corrupt model, Error(kProviderUnavailable)
+  /// with the reason when the provider cannot be used, Error(kInvalidArgument) for a
+  /// spec that does not match the model's inputs.
+  static std::unique_ptr<OnnxRuntimeBackend> create(const std::string& model_path,
+                                                    const OnnxRuntimeBackendConfig& config,
+                                                    const std::optional<GraphSpec>& spec = std::nullopt,
+                                                    std::shared_ptr<OrtRuntime> runtime = nullptr);
+
+  ~OnnxRuntimeBackend();
+  OnnxRuntimeBackend(const OnnxRuntimeBackend&) = delete;
+  OnnxRuntimeBackend& operator=(const OnnxRuntimeBackend&) = delete;
+
+  const std::vector<IoInfo>& inputs() const noexcept;
+  const std::vector<IoInfo>& outputs() const noexcept;
+  /// The spec `infer` validates against (given, or derived from the model).
+  const GraphSpec& graph_spec() const noexcept;
+  const OnnxRuntimeBackendConfig& config() const noexcept;
+  const std::string& model_path() const noexcept;
+  Device device() const noexcept;
+  BackendState state() const noexcept;
+  /// Default-domain ONNX opset of the model.
+  int opset() const;
+
+  void activate();
+  void deactivate();
+
+  /// Runs the model. `inputs` are in the order of `inputs()`. Each is checked before
+  /// anything runs: dtype, rank, extents within the spec, non-empty, contiguous, on the
+  /// session's device; a violation throws Error(kDTypeMismatch / kShapeMismatch /
+  /// kInvalidArgument) naming the input with expected vs actual. Inputs are bound
+  /// without copies and must stay alive until `infer` returns. Outputs are allocated by
+  /// ORT on the session's device and returned in the order of `outputs()`; each owns
+  /// its ORT value. On return the outputs are ready to read (ORT synchronises its stream).
+  std::vector<Tensor> infer(const std::vector<TensorView>& inputs) const;
+
+  /// As `infer`, inputs by name. Missing and unknown names throw Error(kInvalidArgument)
+  /// listing the expected names.
+  std::vector<Tensor> infer_named(const std::map<std::string, TensorView>& inputs) const;
+
+  /// Copies a host tensor to this session's device through ORT's data transfer (for
+  /// callers without a CUDA runtime of their own, e.g. the CLI). Returns `host` itself
+  /// when the session runs on the CPU.
+  Tensor to_device(const Tensor& host) const;
+  /// Copies a tensor on this session's device to host memory.
+  Tensor to_host(const Tensor& tensor) const;
+
+  struct Impl;
+
+ private:
+  explicit OnnxRuntimeBackend(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace aitune

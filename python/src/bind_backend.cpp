@@ -1,0 +1,157 @@
+// OnnxRuntimeBackendConfig and OnnxRuntimeBackend; tensors cross by DLPack, no copies.
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/map.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/unique_ptr.h>
+#include <nanobind/stl/vector.h>
+
+#include "aitune/error.hpp"
+#include "aitune/onnx_runtime_backend.hpp"
+#include "bindings.hpp"
+
+namespace nb = nanobind;
+
+namespace aitune::python {
+namespace {
+
+using AnyArray = nb::ndarray<nb::ro>;
+
+// A view of a Python array (torch tensor, numpy array, anything with __dlpack__).
+TensorView view_of(const AnyArray& a, const std::string& name) {
+  DLTensor t{};
+  t.data = const_cast<void*>(a.data());
+  t.device = DLDevice{static_cast<DLDeviceType>(a.device_type()), a.device_id()};
+  t.ndim = static_cast<int32_t>(a.ndim());
+  t.dtype = DLDataType{a.dtype().code, a.dtype().bits, a.dtype().lanes};
+  std::vector<int64_t> shape(a.ndim()), strides(a.ndim());
+  for (std::size_t i = 0; i < a.ndim(); ++i) {
+    shape[i] = static_cast<int64_t>(a.shape(i));
+    strides[i] = a.stride(i);
+  }
+  t.shape = shape.data();
+  t.strides = strides.data();
+  try {
+    return TensorView::from_dlpack(t);
+  } catch (const Error& e) {
+    throw Error(e.code(), "input '" + name + "': " + e.what());
+  }
+}
+
+// Hands an engine tensor to Python without a copy; the capsule keeps the ORT value alive.
+nb::object to_python(const Tensor& t, const std::string& framework) {
+  auto* keep = new Tensor(t);
+  nb::capsule owner(keep, [](void* p) noexcept { delete static_cast<Tensor*>(p); });
+  const auto& v = t.view();
+  std::vector<std::size_t> shape(v.shape.begin(), v.shape.end());
+  auto dl = dtype_to_dlpack(v.dtype);
+  nb::dlpack::dtype dtype{dl.code, dl.bits, dl.lanes};
+  int device_type = v.device.kind == DeviceKind::kCPU ? nb::device::cpu::value : nb::device::cuda::value;
+  if (framework == "torch") {
+    return nb::cast(nb::ndarray<nb::pytorch>(v.data, shape.size(), shape.data(), owner, nullptr, dtype, device_type,
+                                             v.device.index));
+  }
+  if (framework == "numpy") {
+    if (v.device.kind != DeviceKind::kCPU)
+      throw Error(ErrorCode::kInvalidArgument, "framework='numpy' needs host outputs; this output is on " +
+                                                   v.device.to_string() + " (use framework='torch')");
+    return nb::cast(nb::ndarray<nb::numpy>(v.data, shape.size(), shape.data(), owner, nullptr, dtype, device_type,
+                                           v.device.index));
+  }
+  throw Error(ErrorCode::kInvalidArgument, "unknown framework '" + framework + "'; valid values: torch, numpy");
+}
+
+nb::list outputs_to_python(const std::vector<Tensor>& outputs, const std::string& framework) {
+  nb::list out;
+  for (const auto& t : outputs) out.append(to_python(t, framework));
+  return out;
+}
+
+}  // namespace
+
+void bind_backend(nb::module_& m) {
+  nb::class_<OnnxRuntimeBackendConfig>(m, "OnnxRuntimeBackendConfig", "How an ONNX Runtime session is created.")
+      .def(
+          "__init__",
+          [](OnnxRuntimeBackendConfig* self, ExecutionProvider provider, int device_id,
+             GraphOptimizationLevel level, int intra, int inter, std::map<std::string, std::string> provider_options,
+             std::map<std::string, std::string> session_config) {
+            new (self) OnnxRuntimeBackendConfig{provider, device_id, level, intra, inter, std::move(provider_options),
+                                                std::move(session_config)};
+          },
+          nb::arg("provider") = ExecutionProvider::kCUDA, nb::arg("device_id") = 0,
+          nb::arg("graph_optimization_level") = GraphOptimizationLevel::kAll, nb::arg("intra_op_threads") = 0,
+          nb::arg("inter_op_threads") = 0, nb::arg("provider_options") = std::map<std::string, std::string>{},
+          nb::arg("session_config") = std::map<std::string, std::string>{})
+      .def_rw("provider", &OnnxRuntimeBackendConfig::provider)
+      .def_rw("device_id", &OnnxRuntimeBackendConfig::device_id)
+      .def_rw("graph_optimization_level", &OnnxRuntimeBackendConfig::graph_optimization_level)
+      .def_rw("intra_op_threads", &OnnxRuntimeBackendConfig::intra_op_threads)
+      .def_rw("inter_op_threads", &OnnxRuntimeBackendConfig::inter_op_threads)
+      .def_rw("provider_options", &OnnxRuntimeBackendConfig::provider_options)
+      .def_rw("session_config", &OnnxRuntimeBackendConfig::session_config)
+      .def("to_json", &OnnxRuntimeBackendConfig::to_json, nb::arg("indent") = 2)
+      .def_static("from_json", &OnnxRuntimeBackendConfig::from_json, nb::arg("text"))
+      .def("__eq__", [](const OnnxRuntimeBackendConfig& a, const OnnxRuntimeBackendConfig& b) { return a == b; })
+      .def("__repr__", [](const OnnxRuntimeBackendConfig& c) { return "OnnxRuntimeBackendConfig(" + c.to_json(-1) + ")"; });
+
+  nb::class_<IoInfo>(m, "IoInfo", "A graph input or output as the model declares it.")
+      .def_ro("name", &IoInfo::name)
+      .def_prop_ro("dtype", [](const IoInfo& io) { return std::string(dtype_name(io.dtype)); })
+      .def_ro("shape", &IoInfo::shape)
+      .def_ro("symbolic_dims", &IoInfo::symbolic_dims)
+      .def("__repr__", [](const IoInfo& io) {
+        return "IoInfo(" + io.name + ": " + std::string(dtype_name(io.dtype)) + shape_to_string(io.shape) + ")";
+      });
+
+  nb::class_<OnnxRuntimeBackend>(m, "OnnxRuntimeBackend", "One ONNX model in one ONNX Runtime session.")
+      .def_static(
+          "create",
+          [](const std::string& path, const OnnxRuntimeBackendConfig& config, std::optional<GraphSpec> spec) {
+            nb::gil_scoped_release release;
+            return OnnxRuntimeBackend::create(path, config, spec);
+          },
+          nb::arg("model_path"), nb::arg("config"), nb::arg("spec") = nb::none())
+      .def_prop_ro("inputs", &OnnxRuntimeBackend::inputs)
+      .def_prop_ro("outputs", &OnnxRuntimeBackend::outputs)
+      .def_prop_ro("graph_spec", &OnnxRuntimeBackend::graph_spec)
+      .def_prop_ro("config", &OnnxRuntimeBackend::config)
+      .def_prop_ro("model_path", &OnnxRuntimeBackend::model_path)
+      .def_prop_ro("device", [](const OnnxRuntimeBackend& b) { return b.device().to_string(); })
+      .def_prop_ro("state", [](const OnnxRuntimeBackend& b) { return std::string(backend_state_name(b.state())); })
+      .def_prop_ro("opset", &OnnxRuntimeBackend::opset)
+      .def("activate", &OnnxRuntimeBackend::activate, nb::call_guard<nb::gil_scoped_release>())
+      .def("deactivate", &OnnxRuntimeBackend::deactivate, nb::call_guard<nb::gil_scoped_release>())
+      .def(
+          "infer",
+          [](const OnnxRuntimeBackend& b, const std::vector<AnyArray>& arrays, const std::string& framework) {
+            std::vector<TensorView> views;
+            views.reserve(arrays.size());
+            const auto& ins = b.inputs();
+            for (std::size_t i = 0; i < arrays.size(); ++i)
+              views.push_back(view_of(arrays[i], i < ins.size() ? ins[i].name : std::to_string(i)));
+            std::vector<Tensor> outputs;
+            {
+              nb::gil_scoped_release release;
+              outputs = b.infer(views);
+            }
+            return outputs_to_python(outputs, framework);
+          },
+          nb::arg("inputs"), nb::arg("framework") = "torch",
+          "Runs the model on arrays in the order of `inputs`; returns zero-copy outputs.")
+      .def(
+          "infer_named",
+          [](const OnnxRuntimeBackend& b, const std::map<std::string, AnyArray>& arrays, const std::string& framework) {
+            std::map<std::string, TensorView> views;
+            for (const auto& [name, a] : arrays) views.emplace(name, view_of(a, name));
+            std::vector<Tensor> outputs;
+            {
+              nb::gil_scoped_release release;
+              outputs = b.infer_named(views);
+            }
+            return outputs_to_python(outputs, framework);
+          },
+          nb::arg("inputs"), nb::arg("framework") = "torch");
+}
+
+}  // namespace aitune::python

@@ -1,0 +1,17 @@
+// aitune._core: the C++ engine exposed to Python.
+#include <nanobind/stl/string.h>
+
+#include "aitune/version.hpp"
+#include "bindings.hpp"
+
+NB_MODULE(_core, m) {
+  m.doc() = "aitune's C++ engine: ONNX Runtime loader, graph specs, ONNX Runtime backend, CLI";
+  m.attr("__version__") = std::string(aitune::version());
+  m.attr("ort_api_version") = aitune::ort_api_version();
+  aitune::python::bind_errors(m);
+  aitune::python::bind_types(m);
+  aitune::python::bind_graph_spec(m);
+  aitune::python::bind_runtime(m);
+  aitune::python::bind_backend(m);
+  aitune::python::bind_cli(m);
+}

@@ -1,0 +1,71 @@
+// Subcommand dispatch and the translation of aitune::Error into exit codes.
+#include "cli.hpp"
+
+#include <cstdio>
+#include <iostream>
+#include <map>
+
+#include "aitune/error.hpp"
+#include "aitune/version.hpp"
+#include "commands.hpp"
+
+namespace aitune::cli {
+namespace {
+
+int exit_code(ErrorCode code) {
+  switch (code) {
+    case ErrorCode::kInvalidArgument:
+    case ErrorCode::kShapeMismatch:
+    case ErrorCode::kDTypeMismatch: return 2;
+    case ErrorCode::kProviderUnavailable: return 3;
+    case ErrorCode::kModelInvalid: return 4;
+    case ErrorCode::kCheckpointCorrupt: return 5;
+    case ErrorCode::kIo: return 6;
+    default: return 1;
+  }
+}
+
+}  // namespace
+
+std::string human_bytes(std::uintmax_t bytes) {
+  const char* units[] = {"B", "KB", "MB", "GB", "TB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1000 && u < 4) {
+    v /= 1000;
+    ++u;
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", v, units[u]);
+  return buf;
+}
+
+int run(const std::vector<std::string>& args) {
+  CLI::App app{"aitune: tune and run ONNX models with ONNX Runtime", args.empty() ? "aitune" : args[0]};
+  app.set_version_flag("--version", std::string(version()));
+  app.require_subcommand(1);
+  std::map<CLI::App*, Action> actions;
+  for (auto add : {add_doctor, add_inspect, add_run}) {
+    Command command = add(app);
+    actions[command.sub] = std::move(command.action);
+  }
+  try {
+    std::vector<std::string> reversed(args.rbegin(), args.rend() - (args.empty() ? 0 : 1));
+    app.parse(reversed);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    for (auto* sub : app.get_subcommands())
+      if (auto it = actions.find(sub); it != actions.end()) return it->second();
+    return 1;
+  } catch (const Error& e) {
+    std::cerr << "aitune: error: " << e.what() << "\n";
+    return exit_code(e.code());
+  } catch (const std::exception& e) {
+    std::cerr << "aitune: internal error: " << e.what() << "\n";
+    return 1;
+  }
+}
+
+}  // namespace aitune::cli

@@ -1,0 +1,204 @@
+// `aitune run MODEL.onnx`: runs a model on a provider with given or random inputs and
+// prints output summaries and latency percentiles.
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <iomanip>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <random>
+
+#include "aitune/error.hpp"
+#include "aitune/latency_stats.hpp"
+#include "aitune/npy.hpp"
+#include "aitune/onnx_runtime_backend.hpp"
+#include "commands.hpp"
+
+namespace aitune::cli {
+namespace {
+
+struct RunOptions {
+  std::string model;
+  std::string provider = "cpu";
+  int device_id = 0;
+  std::vector<std::string> inputs;   // NAME=FILE.npy
+  std::vector<std::string> dims;     // SYMBOL=VALUE for random inputs
+  std::vector<std::string> provider_options;  // KEY=VALUE
+  int iterations = 100;
+  int warmup = 10;
+  std::string save_outputs;  // directory for NAME.npy
+};
+
+std::pair<std::string, std::string> split_assignment(const std::string& text, const char* what) {
+  auto eq = text.find('=');
+  if (eq == std::string::npos || eq == 0 || eq + 1 == text.size())
+    throw Error(ErrorCode::kInvalidArgument, std::string(what) + " '" + text + "' is not of the form NAME=VALUE");
+  return {text.substr(0, eq), text.substr(eq + 1)};
+}
+
+// Fills a host tensor with reproducible values in a range every dtype can hold.
+Tensor random_input(const IoInfo& io, const std::map<std::string, int64_t>& dims, std::mt19937& rng) {
+  Shape shape = io.shape;
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] >= 0) continue;
+    auto it = dims.find(io.symbolic_dims[i]);
+    shape[i] = it != dims.end() ? it->second : 1;
+  }
+  Tensor t = Tensor::empty_host(io.dtype, shape);
+  std::uniform_real_distribution<float> real(-1.f, 1.f);
+  std::uniform_int_distribution<int> integer(0, 9);
+  auto n = static_cast<std::size_t>(t.view().numel());
+  auto fill = [&](auto* p, auto gen) {
+    for (std::size_t i = 0; i < n; ++i) p[i] = gen();
+  };
+  switch (io.dtype) {
+    case DType::kFloat32: fill(static_cast<float*>(t.data()), [&] { return real(rng); }); break;
+    case DType::kFloat64: fill(static_cast<double*>(t.data()), [&] { return double(real(rng)); }); break;
+    case DType::kInt64: fill(static_cast<int64_t*>(t.data()), [&] { return int64_t(integer(rng)); }); break;
+    case DType::kInt32: fill(static_cast<int32_t*>(t.data()), [&] { return int32_t(integer(rng)); }); break;
+    case DType::kInt16: fill(static_cast<int16_t*>(t.data()), [&] { return int16_t(integer(rng)); }); break;
+    case DType::kInt8: fill(static_cast<int8_t*>(t.data()), [&] { return int8_t(integer(rng)); }); break;
+    case DType::kUInt8: fill(static_cast<uint8_t*>(t.data()), [&] { return uint8_t(integer(rng)); }); break;
+    case DType::kBool: fill(static_cast<uint8_t*>(t.data()), [&] { return uint8_t(integer(rng) & 1); }); break;
+    case DType::kFloat16:
+    case DType::kBFloat16: {
+      // Exact small values: k/8 for k in [-8, 8] have short mantissas in both formats.
+      auto* p = static_cast<uint16_t*>(t.data());
+      for (std::size_t i = 0; i < n; ++i) {
+        float f = static_cast<float>(integer(rng) - 4) / 8.f;
+        uint32_t bits;
+        std::memcpy(&bits, &f, 4);
+        if (io.dtype == DType::kBFloat16) {
+          p[i] = static_cast<uint16_t>(bits >> 16);
+        } else {
+          uint32_t sign = (bits >> 16) & 0x8000u;
+          int32_t exp = static_cast<int32_t>((bits >> 23) & 0xff) - 127 + 15;
+          uint32_t mant = (bits >> 13) & 0x3ffu;
+          p[i] = f == 0.f ? 0 : static_cast<uint16_t>(sign | (static_cast<uint32_t>(exp) << 10) | mant);
+        }
+      }
+      break;
+    }
+  }
+  return t;
+}
+
+// min / max / mean of a host tensor, as doubles.
+std::string summary(const Tensor& t) {
+  auto n = static_cast<std::size_t>(t.view().numel());
+  if (n == 0) return "empty";
+  double lo = INFINITY, hi = -INFINITY, sum = 0;
+  auto visit = [&](auto* p) {
+    for (std::size_t i = 0; i < n; ++i) {
+      double v = static_cast<double>(p[i]);
+      lo = std::min(lo, v);
+      hi = std::max(hi, v);
+      sum += v;
+    }
+  };
+  switch (t.dtype()) {
+    case DType::kFloat32: visit(static_cast<const float*>(t.data())); break;
+    case DType::kFloat64: visit(static_cast<const double*>(t.data())); break;
+    case DType::kInt64: visit(static_cast<const int64_t*>(t.data())); break;
+    case DType::kInt32: visit(static_cast<const int32_t*>(t.data())); break;
+    case DType::kInt16: visit(static_cast<const int16_t*>(t.data())); break;
+    case DType::kInt8: visit(static_cast<const int8_t*>(t.data())); break;
+    case DType::kUInt8:
+    case DType::kBool: visit(static_cast<const uint8_t*>(t.data())); break;
+    default: return "(summary not computed for " + std::string(dtype_name(t.dtype())) + ")";
+  }
+  std::ostringstream out;
+  out << std::setprecision(6) << "min " << lo << ", max " << hi << ", mean " << sum / static_cast<double>(n);
+  return out.str();
+}
+
+int run_model(const RunOptions& o) {
+  if (o.iterations < 1) throw Error(ErrorCode::kInvalidArgument, "--iterations must be >= 1");
+  if (o.warmup < 0) throw Error(ErrorCode::kInvalidArgument, "--warmup must be >= 0");
+  OnnxRuntimeBackendConfig config;
+  config.provider = parse_execution_provider(o.provider);
+  config.device_id = o.device_id;
+  for (const auto& kv : o.provider_options) config.provider_options.insert(split_assignment(kv, "--provider-option"));
+  auto backend = OnnxRuntimeBackend::create(o.model, config);
+
+  std::map<std::string, int64_t> dims;
+  for (const auto& d : o.dims) {
+    auto [k, v] = split_assignment(d, "--dim");
+    try {
+      dims[k] = std::stoll(v);
+    } catch (...) {
+      throw Error(ErrorCode::kInvalidArgument, "--dim " + d + ": '" + v + "' is not an integer");
+    }
+  }
+  std::map<std::string, Tensor> given;
+  for (const auto& spec : o.inputs) {
+    auto [name, file] = split_assignment(spec, "--input");
+    given[name] = load_npy(file);
+  }
+  for (const auto& [name, t] : given)
+    if (!backend->graph_spec().find_input(name)) {
+      std::string names;
+      for (const auto& io : backend->inputs()) names += (names.empty() ? "" : ", ") + io.name;
+      throw Error(ErrorCode::kInvalidArgument, "--input names unknown input '" + name + "'; the model takes: " + names);
+    }
+  std::mt19937 rng(0);
+  std::vector<Tensor> device_inputs;
+  std::vector<TensorView> views;
+  for (const auto& io : backend->inputs()) {
+    auto it = given.find(io.name);
+    Tensor host = it != given.end() ? it->second : random_input(io, dims, rng);
+    std::cout << "input " << io.name << ": " << dtype_name(host.dtype()) << shape_to_string(host.shape())
+              << (it != given.end() ? " from file" : " random") << "\n";
+    device_inputs.push_back(backend->to_device(host));
+    views.push_back(device_inputs.back().view());
+  }
+
+  auto clock = std::chrono::steady_clock::now;
+  auto t0 = clock();
+  auto outputs = backend->infer(views);
+  double first_us = std::chrono::duration<double, std::micro>(clock() - t0).count();
+  for (int i = 0; i < o.warmup; ++i) backend->infer(views);
+  std::vector<double> samples;
+  samples.reserve(static_cast<std::size_t>(o.iterations));
+  for (int i = 0; i < o.iterations; ++i) {
+    auto start = clock();
+    outputs = backend->infer(views);
+    samples.push_back(std::chrono::duration<double, std::micro>(clock() - start).count());
+  }
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    Tensor host = backend->to_host(outputs[i]);
+    const auto& name = backend->outputs()[i].name;
+    std::cout << "output " << name << ": " << dtype_name(host.dtype()) << shape_to_string(host.shape()) << " on "
+              << outputs[i].device().to_string() << ", " << summary(host) << "\n";
+    if (!o.save_outputs.empty()) {
+      std::filesystem::create_directories(o.save_outputs);
+      save_npy((std::filesystem::path(o.save_outputs) / (name + ".npy")).string(), host);
+    }
+  }
+  auto stats = summarize_latencies(samples);
+  std::cout << std::fixed << std::setprecision(1) << "latency (" << execution_provider_name(config.provider) << ", "
+            << stats.count << " runs after " << o.warmup << " warm-up): p50 " << stats.p50 << " us, p90 "
+            << stats.p90 << " us, mean " << stats.mean << " us; first run " << first_us << " us\n";
+  return 0;
+}
+
+}  // namespace
+
+Command add_run(CLI::App& app) {
+  auto* sub = app.add_subcommand("run", "Run an ONNX model and report outputs and latency");
+  auto o = std::make_shared<RunOptions>();
+  sub->add_option("model", o->model, "path to an .onnx file")->required();
+  sub->add_option("--provider", o->provider, "cpu, cuda or tensorrt")->capture_default_str();
+  sub->add_option("--device-id", o->device_id, "CUDA device index")->capture_default_str();
+  sub->add_option("--input", o->inputs, "NAME=FILE.npy (repeatable); others are random");
+  sub->add_option("--dim", o->dims, "SYMBOL=VALUE for symbolic dims of random inputs (default 1)");
+  sub->add_option("--provider-option", o->provider_options, "KEY=VALUE passed to the provider (repeatable)");
+  sub->add_option("--iterations", o->iterations, "timed runs")->capture_default_str();
+  sub->add_option("--warmup", o->warmup, "untimed runs before timing")->capture_default_str();
+  sub->add_option("--save-outputs", o->save_outputs, "directory to write each output as NAME.npy");
+  return {sub, [o] { return run_model(*o); }};
+}
+
+}  // namespace aitune::cli

@@ -1,0 +1,480 @@
+// OnnxRuntimeBackend: session creation per provider, input validation, IOBinding runs.
+#include "aitune/onnx_runtime_backend.hpp"
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <shared_mutex>
+
+#include "aitune/error.hpp"
+#include "ort_api.hpp"
+#include "ort_runtime_impl.hpp"
+
+namespace aitune {
+namespace fs = std::filesystem;
+using detail::ort_call;
+
+// ---- names and config ----
+
+std::string_view graph_optimization_level_name(GraphOptimizationLevel level) noexcept {
+  switch (level) {
+    case GraphOptimizationLevel::kDisableAll: return "disable_all";
+    case GraphOptimizationLevel::kBasic: return "basic";
+    case GraphOptimizationLevel::kExtended: return "extended";
+    case GraphOptimizationLevel::kAll: return "all";
+  }
+  return "all";
+}
+
+GraphOptimizationLevel parse_graph_optimization_level(std::string_view text) {
+  for (auto level : {GraphOptimizationLevel::kDisableAll, GraphOptimizationLevel::kBasic,
+                     GraphOptimizationLevel::kExtended, GraphOptimizationLevel::kAll})
+    if (graph_optimization_level_name(level) == text) return level;
+  throw Error(ErrorCode::kInvalidArgument, "unknown graph optimization level '" + std::string(text) +
+                                               "'; valid values: disable_all, basic, extended, all");
+}
+
+std::string_view backend_state_name(BackendState state) noexcept {
+  switch (state) {
+    case BackendState::kBuilt: return "built";
+    case BackendState::kActive: return "active";
+    case BackendState::kInactive: return "inactive";
+  }
+  return "built";
+}
+
+Device OnnxRuntimeBackendConfig::device() const {
+  return provider == ExecutionProvider::kCPU ? Device::cpu() : Device::cuda(device_id);
+}
+
+std::string OnnxRuntimeBackendConfig::to_json(int indent) const {
+  nlohmann::json j{{"provider", execution_provider_name(provider)},
+                   {"device_id", device_id},
+                   {"graph_optimization_level", graph_optimization_level_name(graph_optimization_level)},
+                   {"intra_op_threads", intra_op_threads},
+                   {"inter_op_threads", inter_op_threads},
+                   {"provider_options", provider_options},
+                   {"session_config", session_config}};
+  return j.dump(indent);
+}
+
+OnnxRuntimeBackendConfig OnnxRuntimeBackendConfig::from_json(const std::string& text) {
+  OnnxRuntimeBackendConfig c;
+  try {
+    auto j = nlohmann::json::parse(text);
+    c.provider = parse_execution_provider(j.at("provider").get<std::string>());
+    c.device_id = j.value("device_id", 0);
+    c.graph_optimization_level = parse_graph_optimization_level(j.value("graph_optimization_level", "all"));
+    c.intra_op_threads = j.value("intra_op_threads", 0);
+    c.inter_op_threads = j.value("inter_op_threads", 0);
+    c.provider_options = j.value("provider_options", std::map<std::string, std::string>{});
+    c.session_config = j.value("session_config", std::map<std::string, std::string>{});
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(ErrorCode::kInvalidArgument, std::string("backend config JSON is malformed: ") + e.what());
+  }
+  return c;
+}
+
+// ---- implementation ----
+
+struct OnnxRuntimeBackend::Impl {
+  std::shared_ptr<OrtRuntime> runtime;
+  std::string model_path;
+  OnnxRuntimeBackendConfig config;
+  std::vector<IoInfo> inputs, outputs;
+  GraphSpec spec;
+  std::vector<std::string> input_names_storage;  // c_str()s bound by name
+  std::optional<Ort::Session> session;
+  // Where inputs must live and outputs are allocated: the session's device.
+  std::optional<Ort::MemoryInfo> owned_memory_info;
+  const OrtMemoryInfo* memory_info = nullptr;
+  BackendState state = BackendState::kBuilt;
+  mutable std::shared_mutex state_mutex;  // infer: shared; activate/deactivate: exclusive
+
+  void create_session();
+  void check_inputs(const std::vector<TensorView>& inputs) const;
+};
+
+namespace {
+
+::GraphOptimizationLevel to_ort(GraphOptimizationLevel level) {
+  switch (level) {
+    case GraphOptimizationLevel::kDisableAll: return ORT_DISABLE_ALL;
+    case GraphOptimizationLevel::kBasic: return ORT_ENABLE_BASIC;
+    case GraphOptimizationLevel::kExtended: return ORT_ENABLE_EXTENDED;
+    case GraphOptimizationLevel::kAll: return ORT_ENABLE_ALL;
+  }
+  return ORT_ENABLE_ALL;
+}
+
+// The V1 TensorRT options struct holds only these; unknown keys are an error here
+// rather than silently ignored.
+void apply_tensorrt_option(OrtTensorRTProviderOptions& o, const std::string& key, const std::string& value,
+                           std::vector<std::string>& keep_alive) {
+  auto as_int = [&] {
+    try {
+      return std::stoi(value);
+    } catch (...) {
+      throw Error(ErrorCode::kInvalidArgument, "TensorRT option " + key + "='" + value + "' is not an integer");
+    }
+  };
+  if (key == "trt_fp16_enable") o.trt_fp16_enable = as_int();
+  else if (key == "trt_int8_enable") o.trt_int8_enable = as_int();
+  else if (key == "trt_max_workspace_size") o.trt_max_workspace_size = static_cast<size_t>(std::stoull(value));
+  else if (key == "trt_max_partition_iterations") o.trt_max_partition_iterations = as_int();
+  else if (key == "trt_min_subgraph_size") o.trt_min_subgraph_size = as_int();
+  else if (key == "trt_engine_cache_enable") o.trt_engine_cache_enable = as_int();
+  else if (key == "trt_engine_cache_path") o.trt_engine_cache_path = keep_alive.emplace_back(value).c_str();
+  else if (key == "trt_dump_subgraphs") o.trt_dump_subgraphs = as_int();
+  else if (key == "trt_force_sequential_engine_build") o.trt_force_sequential_engine_build = as_int();
+  else
+    throw Error(ErrorCode::kInvalidArgument,
+                "unsupported TensorRT option '" + key +
+                    "'; supported: trt_fp16_enable, trt_int8_enable, trt_max_workspace_size, "
+                    "trt_max_partition_iterations, trt_min_subgraph_size, trt_engine_cache_enable, "
+                    "trt_engine_cache_path, trt_dump_subgraphs, trt_force_sequential_engine_build");
+}
+
+std::vector<IoInfo> read_io(const Ort::Session& session, bool inputs, const std::string& model_path) {
+  std::vector<IoInfo> out;
+  Ort::AllocatorWithDefaultOptions alloc;
+  std::size_t n = inputs ? session.GetInputCount() : session.GetOutputCount();
+  for (std::size_t i = 0; i < n; ++i) {
+    IoInfo io;
+    io.name = (inputs ? session.GetInputNameAllocated(i, alloc) : session.GetOutputNameAllocated(i, alloc)).get();
+    auto type_info = inputs ? session.GetInputTypeInfo(i) : session.GetOutputTypeInfo(i);
+    if (type_info.GetONNXType() != ONNX_TYPE_TENSOR)
+      throw Error(ErrorCode::kModelInvalid, "model '" + model_path + "': " + (inputs ? "input '" : "output '") +
+                                                io.name + "' is not a tensor; aitune handles tensor graphs only");
+    auto tensor_info = type_info.GetTensorTypeAndShapeInfo();
+    auto dtype = dtype_from_onnx(static_cast<int>(tensor_info.GetElementType()));
+    if (!dtype)
+      throw Error(ErrorCode::kModelInvalid, "model '" + model_path + "': " + (inputs ? "input '" : "output '") +
+                                                io.name + "' has ONNX element type " +
+                                                std::to_string(tensor_info.GetElementType()) +
+                                                ", which aitune does not handle");
+    io.dtype = *dtype;
+    io.shape = tensor_info.GetShape();
+    std::vector<const char*> symbolic(io.shape.size(), nullptr);
+    tensor_info.GetSymbolicDimensions(symbolic.data(), symbolic.size());
+    for (auto* s : symbolic) io.symbolic_dims.emplace_back(s ? s : "");
+    out.push_back(std::move(io));
+  }
+  return out;
+}
+
+// The spec implied by the model alone: declared extents fixed, the others unbounded.
+std::vector<TensorSpec> specs_from_io(const std::vector<IoInfo>& ios) {
+  std::vector<TensorSpec> specs;
+  for (const auto& io : ios) {
+    TensorSpec s{io.name, io.dtype, io.shape, io.shape, std::nullopt};
+    for (std::size_t i = 0; i < io.shape.size(); ++i)
+      if (io.shape[i] < 0) {
+        s.min_shape[i] = 1;
+        s.max_shape[i] = kUnbounded;
+      }
+    specs.push_back(std::move(s));
+  }
+  return specs;
+}
+
+// Puts a caller's spec in model order, after checking it describes this model.
+std::vector<TensorSpec> align_spec(const std::vector<TensorSpec>& given, const std::vector<IoInfo>& ios,
+                                   const char* what, const std::string& model_path) {
+  std::string expected;
+  for (const auto& io : ios) expected += (expected.empty() ? "" : ", ") + io.name;
+  if (given.size() != ios.size())
+    throw Error(ErrorCode::kInvalidArgument, "graph spec has " + std::to_string(given.size()) + " " + what +
+                                                 "s but model '" + model_path + "' has " +
+                                                 std::to_string(ios.size()) + " (" + expected + ")");
+  std::vector<TensorSpec> aligned;
+  for (const auto& io : ios) {
+    auto it = std::find_if(given.begin(), given.end(), [&](const TensorSpec& s) { return s.name == io.name; });
+    if (it == given.end())
+      throw Error(ErrorCode::kInvalidArgument, std::string("graph spec has no ") + what + " named '" + io.name +
+                                                   "' (model '" + model_path + "' has " + expected + ")");
+    if (it->dtype != io.dtype)
+      throw Error(ErrorCode::kDTypeMismatch, std::string("graph spec ") + what + " '" + io.name + "' is " +
+                                                 std::string(dtype_name(it->dtype)) + " but the model declares " +
+                                                 std::string(dtype_name(io.dtype)));
+    if (it->rank() != io.shape.size())
+      throw Error(ErrorCode::kShapeMismatch, std::string("graph spec ") + what + " '" + io.name + "' has rank " +
+                                                 std::to_string(it->rank()) + " but the model declares " +
+                                                 shape_to_string(io.shape));
+    aligned.push_back(*it);
+  }
+  return aligned;
+}
+
+}  // namespace
+
+void OnnxRuntimeBackend::Impl::create_session() {
+  auto& rt = runtime->impl();
+  Ort::SessionOptions so;
+  so.SetGraphOptimizationLevel(to_ort(config.graph_optimization_level));
+  if (config.intra_op_threads > 0) so.SetIntraOpNumThreads(config.intra_op_threads);
+  if (config.inter_op_threads > 0) so.SetInterOpNumThreads(config.inter_op_threads);
+  for (const auto& [k, v] : config.session_config)
+    ort_call(ErrorCode::kInvalidArgument, "session config entry '" + k + "'", [&] { so.AddConfigEntry(k.c_str(), v.c_str()); });
+
+  std::vector<std::string> keep_alive;
+  keep_alive.reserve(config.provider_options.size());
+  owned_memory_info.reset();
+  memory_info = nullptr;
+  switch (config.provider) {
+    case ExecutionProvider::kCPU:
+      if (!config.provider_options.empty())
+        throw Error(ErrorCode::kInvalidArgument, "the CPU execution provider takes no provider options (got '" +
+                                                     config.provider_options.begin()->first +
+                                                     "'); use intra_op_threads / graph_optimization_level");
+      owned_memory_info.emplace(Ort::MemoryInfo::CreateCpu(OrtDeviceAllocator, OrtMemTypeDefault));
+      memory_info = *owned_memory_info;
+      break;
+    case ExecutionProvider::kCUDA: {
+      // Plugin-EP route: the only one in this ORT build that takes every CUDA option as a string.
+      const auto& devices = rt.cuda_ep_devices();
+      if (config.device_id < 0 || static_cast<std::size_t>(config.device_id) >= devices.size())
+        throw Error(ErrorCode::kInvalidArgument, "device_id " + std::to_string(config.device_id) + " but " +
+                                                     std::to_string(devices.size()) + " CUDA device(s) are present");
+      const auto& device = devices[config.device_id];
+      ort_call(ErrorCode::kInvalidArgument, "CUDA provider options", [&] {
+        so.AppendExecutionProvider_V2(*rt.env, {device},
+                                      std::unordered_map<std::string, std::string>(config.provider_options.begin(),
+                                                                                   config.provider_options.end()));
+      });
+      memory_info = device.GetMemoryInfo(OrtDeviceMemoryType_DEFAULT);
+      break;
+    }
+    case ExecutionProvider::kTensorRT: {
+      auto status = runtime->provider_status(ExecutionProvider::kTensorRT);
+      if (!status.available) throw Error(ErrorCode::kProviderUnavailable, status.reason);
+      OrtTensorRTProviderOptions trt{};
+      trt.device_id = config.device_id;
+      trt.trt_max_partition_iterations = 1000;
+      trt.trt_min_subgraph_size = 1;
+      trt.trt_max_workspace_size = size_t{1} << 30;
+      for (const auto& [k, v] : config.provider_options) apply_tensorrt_option(trt, k, v, keep_alive);
+      OrtCUDAProviderOptions cuda{};  // fallback for nodes TensorRT does not take, as the reference does
+      cuda.device_id = config.device_id;
+      ort_call(ErrorCode::kProviderUnavailable, "TensorRT execution provider", [&] {
+        so.AppendExecutionProvider_TensorRT(trt);
+        so.AppendExecutionProvider_CUDA(cuda);
+      });
+      owned_memory_info.emplace("Cuda", OrtDeviceAllocator, config.device_id, OrtMemTypeDefault);
+      memory_info = *owned_memory_info;
+      break;
+    }
+  }
+  session.emplace(ort_call(ErrorCode::kModelInvalid, "cannot load model '" + model_path + "'",
+                           [&] { return Ort::Session(*rt.env, model_path.c_str(), so); }));
+}
+
+OnnxRuntimeBackend::OnnxRuntimeBackend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+OnnxRuntimeBackend::~OnnxRuntimeBackend() = default;
+
+std::unique_ptr<OnnxRuntimeBackend> OnnxRuntimeBackend::create(const std::string& model_path,
+                                                               const OnnxRuntimeBackendConfig& config,
+                                                               const std::optional<GraphSpec>& spec,
+                                                               std::shared_ptr<OrtRuntime> runtime) {
+  std::error_code ec;
+  if (!fs::is_regular_file(model_path, ec))
+    throw Error(ErrorCode::kModelInvalid, "model file not found: '" + model_path + "'");
+  if (config.device_id < 0)
+    throw Error(ErrorCode::kInvalidArgument, "device_id must be >= 0, got " + std::to_string(config.device_id));
+  auto impl = std::make_unique<Impl>();
+  impl->runtime = runtime ? std::move(runtime) : OrtRuntime::load();
+  impl->model_path = model_path;
+  impl->config = config;
+  impl->create_session();
+  impl->inputs = ort_call(ErrorCode::kModelInvalid, "model '" + model_path + "'",
+                          [&] { return read_io(*impl->session, true, model_path); });
+  impl->outputs = ort_call(ErrorCode::kModelInvalid, "model '" + model_path + "'",
+                           [&] { return read_io(*impl->session, false, model_path); });
+  if (spec) {
+    impl->spec.inputs = align_spec(spec->inputs, impl->inputs, "input", model_path);
+    impl->spec.outputs = align_spec(spec->outputs, impl->outputs, "output", model_path);
+    impl->spec.batch_sizes = spec->batch_sizes;
+  } else {
+    impl->spec.inputs = specs_from_io(impl->inputs);
+    impl->spec.outputs = specs_from_io(impl->outputs);
+  }
+  for (const auto& io : impl->inputs) impl->input_names_storage.push_back(io.name);
+  return std::unique_ptr<OnnxRuntimeBackend>(new OnnxRuntimeBackend(std::move(impl)));
+}
+
+const std::vector<IoInfo>& OnnxRuntimeBackend::inputs() const noexcept { return impl_->inputs; }
+const std::vector<IoInfo>& OnnxRuntimeBackend::outputs() const noexcept { return impl_->outputs; }
+const GraphSpec& OnnxRuntimeBackend::graph_spec() const noexcept { return impl_->spec; }
+const OnnxRuntimeBackendConfig& OnnxRuntimeBackend::config() const noexcept { return impl_->config; }
+const std::string& OnnxRuntimeBackend::model_path() const noexcept { return impl_->model_path; }
+Device OnnxRuntimeBackend::device() const noexcept { return impl_->config.device(); }
+
+BackendState OnnxRuntimeBackend::state() const noexcept {
+  std::shared_lock lock(impl_->state_mutex);
+  return impl_->state;
+}
+
+int OnnxRuntimeBackend::opset() const {
+  std::shared_lock lock(impl_->state_mutex);
+  if (!impl_->session) throw Error(ErrorCode::kState, "backend is inactive; call activate() first");
+  return ort_call(ErrorCode::kModelInvalid, "opset of '" + impl_->model_path + "'",
+                  [&] { return impl_->session->GetOpset(""); });
+}
+
+void OnnxRuntimeBackend::activate() {
+  std::unique_lock lock(impl_->state_mutex);
+  if (!impl_->session) impl_->create_session();
+  impl_->state = BackendState::kActive;
+}
+
+void OnnxRuntimeBackend::deactivate() {
+  std::unique_lock lock(impl_->state_mutex);
+  impl_->session.reset();
+  impl_->state = BackendState::kInactive;
+}
+
+void OnnxRuntimeBackend::Impl::check_inputs(const std::vector<TensorView>& views) const {
+  std::string expected_names;
+  for (const auto& s : spec.inputs) expected_names += (expected_names.empty() ? "" : ", ") + s.name;
+  if (views.size() != spec.inputs.size())
+    throw Error(ErrorCode::kInvalidArgument, "model '" + model_path + "' takes " + std::to_string(spec.inputs.size()) +
+                                                 " input(s) (" + expected_names + "), got " +
+                                                 std::to_string(views.size()));
+  const Device device = config.device();
+  for (std::size_t i = 0; i < views.size(); ++i) {
+    const auto& v = views[i];
+    const auto& s = spec.inputs[i];
+    const std::string who = "input '" + s.name + "'";
+    if (v.dtype != s.dtype)
+      throw Error(ErrorCode::kDTypeMismatch, who + ": expected dtype " + std::string(dtype_name(s.dtype)) + ", got " +
+                                                 std::string(dtype_name(v.dtype)));
+    if (v.shape.size() != s.rank())
+      throw Error(ErrorCode::kShapeMismatch, who + ": expected rank " + std::to_string(s.rank()) + " (" +
+                                                 s.to_string() + "), got rank " + std::to_string(v.shape.size()) +
+                                                 " " + shape_to_string(v.shape));
+    if (v.numel() == 0)
+      throw Error(ErrorCode::kShapeMismatch, who + ": empty tensor " + shape_to_string(v.shape) + " (expected " +
+                                                 s.to_string() + ")");
+    if (!s.accepts(v.shape))
+      throw Error(ErrorCode::kShapeMismatch, who + ": shape " + shape_to_string(v.shape) +
+                                                 " is outside the graph spec " + s.to_string());
+    if (!v.is_contiguous())
+      throw Error(ErrorCode::kInvalidArgument, who + ": tensor is not contiguous (shape " + shape_to_string(v.shape) +
+                                                   ", strides " + shape_to_string(v.strides) +
+                                                   "); make it contiguous first");
+    if (!(v.device == device))
+      throw Error(ErrorCode::kInvalidArgument, who + ": tensor is on " + v.device.to_string() + " but the " +
+                                                   std::string(execution_provider_name(config.provider)) +
+                                                   " session runs on " + device.to_string());
+    if (v.data == nullptr) throw Error(ErrorCode::kInvalidArgument, who + ": null data pointer");
+  }
+}
+
+std::vector<Tensor> OnnxRuntimeBackend::infer(const std::vector<TensorView>& views) const {
+  std::shared_lock lock(impl_->state_mutex);
+  if (!impl_->session) throw Error(ErrorCode::kState, "backend for '" + impl_->model_path + "' is inactive; call activate()");
+  impl_->check_inputs(views);
+  const auto& session = *impl_->session;
+  const std::string context = "running '" + impl_->model_path + "'";
+  return ort_call(ErrorCode::kInternal, context, [&] {
+    Ort::IoBinding binding(const_cast<Ort::Session&>(session));
+    Ort::ConstMemoryInfo mem(impl_->memory_info);
+    std::vector<Ort::Value> bound;  // alive until Run returns
+    bound.reserve(views.size());
+    for (std::size_t i = 0; i < views.size(); ++i) {
+      const auto& v = views[i];
+      bound.push_back(Ort::Value::CreateTensor(mem, v.data, v.nbytes(), v.shape.data(), v.shape.size(),
+                                               static_cast<ONNXTensorElementDataType>(dtype_to_onnx(v.dtype))));
+      binding.BindInput(impl_->input_names_storage[i].c_str(), bound.back());
+    }
+    for (const auto& o : impl_->outputs) binding.BindOutput(o.name.c_str(), mem);
+    const_cast<Ort::Session&>(session).Run(Ort::RunOptions{nullptr}, binding);
+    auto values = binding.GetOutputValues();
+    std::vector<Tensor> result;
+    result.reserve(values.size());
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      auto owner = std::make_shared<Ort::Value>(std::move(values[i]));
+      auto info = owner->GetTensorTypeAndShapeInfo();
+      TensorView view;
+      view.dtype = impl_->outputs[i].dtype;
+      view.shape = info.GetShape();
+      view.device = impl_->config.device();
+      view.data = owner->GetTensorMutableRawData();
+      result.push_back(Tensor::adopt(std::move(view), std::move(owner)));
+    }
+    return result;
+  });
+}
+
+std::vector<Tensor> OnnxRuntimeBackend::infer_named(const std::map<std::string, TensorView>& named) const {
+  std::vector<TensorView> ordered;
+  std::string expected;
+  for (const auto& io : impl_->inputs) expected += (expected.empty() ? "" : ", ") + io.name;
+  for (const auto& [name, view] : named)
+    if (std::none_of(impl_->inputs.begin(), impl_->inputs.end(), [&](const IoInfo& io) { return io.name == name; }))
+      throw Error(ErrorCode::kInvalidArgument, "unknown input '" + name + "'; model '" + impl_->model_path +
+                                                   "' takes: " + expected);
+  for (const auto& io : impl_->inputs) {
+    auto it = named.find(io.name);
+    if (it == named.end())
+      throw Error(ErrorCode::kInvalidArgument, "missing input '" + io.name + "'; model '" + impl_->model_path +
+                                                   "' takes: " + expected);
+    ordered.push_back(it->second);
+  }
+  return infer(ordered);
+}
+
+namespace {
+
+Ort::Value value_over(const Tensor& t, const OrtMemoryInfo* mem) {
+  return Ort::Value::CreateTensor(Ort::ConstMemoryInfo(mem), t.data(), t.nbytes(), t.shape().data(), t.shape().size(),
+                                  static_cast<ONNXTensorElementDataType>(dtype_to_onnx(t.dtype())));
+}
+
+}  // namespace
+
+Tensor OnnxRuntimeBackend::to_device(const Tensor& host) const {
+  if (host.device().kind != DeviceKind::kCPU)
+    throw Error(ErrorCode::kInvalidArgument, "to_device: tensor is on " + host.device().to_string() + ", not the host");
+  if (impl_->config.provider == ExecutionProvider::kCPU) return host;
+  std::shared_lock lock(impl_->state_mutex);
+  if (!impl_->session) throw Error(ErrorCode::kState, "backend is inactive; call activate()");
+  // ORT's data transfer comes with the CUDA plugin EP; register it for TensorRT sessions too.
+  const auto& devices = impl_->runtime->impl().cuda_ep_devices();
+  auto& env = *impl_->runtime->impl().env;
+  return ort_call(ErrorCode::kInternal, "copying a tensor to " + device().to_string(), [&] {
+    auto mem = devices.at(impl_->config.device_id).GetMemoryInfo(OrtDeviceMemoryType_DEFAULT);
+    Ort::Allocator alloc(*impl_->session, mem);
+    auto dst = std::make_shared<Ort::Value>(Ort::Value::CreateTensor(
+        alloc, host.shape().data(), host.shape().size(), static_cast<ONNXTensorElementDataType>(dtype_to_onnx(host.dtype()))));
+    auto cpu = Ort::MemoryInfo::CreateCpu(OrtDeviceAllocator, OrtMemTypeDefault);
+    std::vector<Ort::Value> src;
+    src.push_back(value_over(host, cpu));
+    std::vector<Ort::Value> dsts;
+    dsts.push_back(Ort::Value(static_cast<OrtValue*>(*dst)));  // borrowed: released below, not freed
+    Ort::Status st = env.CopyTensors(src, dsts, nullptr);
+    dsts[0].release();
+    if (!st.IsOK()) throw Ort::Exception(st.GetErrorMessage(), st.GetErrorCode());
+    TensorView view{dst->GetTensorMutableRawData(), host.dtype(), host.shape(), {}, device()};
+    return Tensor::adopt(std::move(view), dst);
+  });
+}
+
+Tensor OnnxRuntimeBackend::to_host(const Tensor& tensor) const {
+  if (tensor.device().kind == DeviceKind::kCPU) return tensor;
+  const auto& devices = impl_->runtime->impl().cuda_ep_devices();
+  auto& env = *impl_->runtime->impl().env;
+  Tensor host = Tensor::empty_host(tensor.dtype(), tensor.shape());
+  ort_call(ErrorCode::kInternal, "copying a tensor from " + tensor.device().to_string(), [&] {
+    auto mem = devices.at(tensor.device().index).GetMemoryInfo(OrtDeviceMemoryType_DEFAULT);
+    auto cpu = Ort::MemoryInfo::CreateCpu(OrtDeviceAllocator, OrtMemTypeDefault);
+    std::vector<Ort::Value> src, dst;
+    src.push_back(value_over(tensor, mem));
+    dst.push_back(value_over(host, cpu));
+    Ort::Status st = env.CopyTensors(src, dst, nullptr);
+    if (!st.IsOK()) throw Ort::Exception(st.GetErrorMessage(), st.GetErrorCode());
+  });
+  return host;
+}
+
+}  // namespace aitune
