@@ -14,7 +14,7 @@ void bind_types(nb::module_& m) {
       .value("CPU", ExecutionProvider::kCPU)
       .value("CUDA", ExecutionProvider::kCUDA)
       .value("TENSORRT", ExecutionProvider::kTensorRT);
-  m.def("parse_execution_provider", &parse_execution_provider, nb::arg("text"),
+  m.def("parse_execution_provider", [](const std::string& text) { return parse_execution_provider(text); }, nb::arg("text"),
         "Parses 'cpu' / 'cuda' / 'tensorrt' (case-insensitive); InvalidArgumentError otherwise.");
   m.def("execution_provider_name", [](ExecutionProvider p) { return std::string(execution_provider_name(p)); });
 

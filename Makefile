@@ -1,0 +1,30 @@
+# aitune: `make demo` (the main job) and `make test` (every test) set up a fresh machine
+# first (scripts/setup.sh: Debian packages, .venv, ONNX Runtime from npm).
+PYTHON ?= .venv/bin/python
+BUILD_DIR ?= build/py
+PIP_BUILD = $(PYTHON) -m pip install --no-build-isolation --no-deps -q \
+	-C build-dir=$(BUILD_DIR) -C cmake.define.AITUNE_BUILD_TESTS=ON -C cmake.define.AITUNE_BUILD_CLI=ON
+
+.PHONY: setup build test test-cpp test-python demo clean
+
+setup:
+	scripts/setup.sh
+
+# Builds the engine, CLI, extension and C++ tests in one CMake tree and installs the
+# package into .venv (the console script `aitune` included).
+build: setup
+	$(PIP_BUILD) .
+
+test-cpp: build
+	ctest --test-dir $(BUILD_DIR) --output-on-failure
+
+test-python: build
+	$(PYTHON) -m pytest -q tests/python
+
+test: test-cpp test-python
+
+demo: build
+	PATH="$(abspath $(dir $(PYTHON))):$$PATH" scripts/demo.sh
+
+clean:
+	rm -rf build

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# One GPU lease, after the ORT GPU parts were unpacked into /root/ortgpu (see DESIGN.md):
+# builds aitune there (no network), runs the C++ and Python tests with the CUDA provider
+# and the MLP latency comparison, writing logs to $OUT.
+#   scripts/gpu/session.sh [pytest args...]
+set -uo pipefail
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$repo"
+out=${OUT:-/tmp/aitune-gpu}
+mkdir -p "$out"
+site=/opt/torch/.venv/lib/python3.12/site-packages
+export LD_LIBRARY_PATH=$site/nvidia/cu13/lib:$site/nvidia/cudnn/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export AITUNE_ORT_LIBRARY=/root/ortgpu/lib/libonnxruntime.so.1
+export PYTHONUNBUFFERED=1
+mkdir -p /root/ortgpu/include && cp .gpu/deps/onnxruntime/include/*.h /root/ortgpu/include/
+nvidia-smi -L
+{
+  python3 -m pip install --no-build-isolation --no-deps -q -C build-dir=build/gpu \
+    -C cmake.define.AITUNE_ORT_ROOT=/root/ortgpu -C cmake.define.AITUNE_DEPS_INCLUDE="$repo/.gpu/deps/include" \
+    -C cmake.define.AITUNE_GTEST_SOURCE="$repo/.gpu/deps/googletest" \
+    -C cmake.define.AITUNE_BUILD_TESTS=ON -C cmake.define.AITUNE_BUILD_CLI=ON . 2>&1 | tail -40
+  aitune doctor
+} 2>&1 | tee "$out/build.log"
+ctest --test-dir build/gpu --output-on-failure 2>&1 | tee "$out/ctest.log" | tail -40
+python3 -m pytest -q -rs tests/python "$@" 2>&1 | tee "$out/pytest.log" | tail -40
+bash scripts/gpu/bench_mlp.sh 2>&1 | tee "$out/bench.log"

@@ -1,0 +1,204 @@
+"""aitune._core bindings: zero-copy tensors in and out, typed errors, CPU and CUDA."""
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+import aitune
+from aitune import _core
+from onnx_models import mlp, two_inputs
+
+CPU = _core.OnnxRuntimeBackendConfig(provider=_core.ExecutionProvider.CPU)
+
+
+def cuda_available() -> bool:
+    return _core.OrtRuntime.load().provider_status(_core.ExecutionProvider.CUDA).available and torch.cuda.is_available()
+
+
+needs_cuda = pytest.mark.skipif(not cuda_available(), reason="CUDA execution provider or torch CUDA unavailable here")
+
+
+@pytest.fixture(scope="module")
+def mlp_model(tmp_path_factory):
+    return mlp(tmp_path_factory.mktemp("models") / "mlp.onnx")
+
+
+@pytest.fixture(scope="module")
+def two_input_model(tmp_path_factory):
+    return two_inputs(tmp_path_factory.mktemp("models") / "two.onnx")
+
+
+def test_introspection(mlp_model):
+    path, _ = mlp_model
+    b = _core.OnnxRuntimeBackend.create(str(path), CPU)
+    assert [(i.name, i.dtype, i.shape, i.symbolic_dims) for i in b.inputs] == [("x", "float32", [-1, 16], ["batch", ""])]
+    assert [o.name for o in b.outputs] == ["y"]
+    assert b.opset == 17 and b.device == "cpu" and b.state == "built"
+
+
+def test_torch_in_torch_out_matches_reference(mlp_model):
+    path, ref = mlp_model
+    b = _core.OnnxRuntimeBackend.create(str(path), CPU)
+    x = torch.randn(5, 16)
+    (y,) = b.infer([x])
+    assert isinstance(y, torch.Tensor) and y.shape == (5, 8) and y.dtype == torch.float32
+    np.testing.assert_allclose(y.numpy(), ref(x.numpy()), atol=1e-5, rtol=1e-5)
+
+
+def test_numpy_in_numpy_out(mlp_model):
+    path, ref = mlp_model
+    b = _core.OnnxRuntimeBackend.create(str(path), CPU)
+    x = np.random.default_rng(1).standard_normal((3, 16)).astype(np.float32)
+    (y,) = b.infer([x], framework="numpy")
+    assert isinstance(y, np.ndarray)
+    np.testing.assert_allclose(y, ref(x), atol=1e-5, rtol=1e-5)
+
+
+def test_outputs_are_zero_copy_and_outlive_the_backend(mlp_model):
+    path, ref = mlp_model
+    b = _core.OnnxRuntimeBackend.create(str(path), CPU)
+    x = torch.randn(2, 16)
+    (y,) = b.infer([x])
+    # A second DLPack view of the same output shares its memory: nothing was copied.
+    assert torch.from_dlpack(y).data_ptr() == y.data_ptr()
+    del b
+    np.testing.assert_allclose(y.numpy(), ref(x.numpy()), atol=1e-5, rtol=1e-5)
+
+
+def test_named_inputs_and_bool(two_input_model):
+    b = _core.OnnxRuntimeBackend.create(str(two_input_model), CPU)
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    mask = torch.rand(3, 4) > 0.5
+    z, c = b.infer_named({"x": x, "y": y, "mask": mask})
+    torch.testing.assert_close(z, x + y)
+    torch.testing.assert_close(c, mask.float())
+
+
+@pytest.mark.parametrize(
+    "make, error, words",
+    [
+        (lambda: [torch.randn(2, 16, dtype=torch.float64)], aitune.DTypeMismatchError, ["'x'", "float32", "float64"]),
+        (lambda: [torch.randn(2, 16, 1)], aitune.ShapeMismatchError, ["'x'", "rank 2", "rank 3"]),
+        (lambda: [torch.randn(2, 15)], aitune.ShapeMismatchError, ["'x'", "[2, 15]"]),
+        (lambda: [torch.randn(0, 16)], aitune.ShapeMismatchError, ["'x'", "empty"]),
+        (lambda: [torch.randn(16, 4).t()], aitune.InvalidArgumentError, ["'x'", "not contiguous"]),
+        (lambda: [], aitune.InvalidArgumentError, ["1 input", "got 0"]),
+        (lambda: [torch.randn(2, 16), torch.randn(2, 16)], aitune.InvalidArgumentError, ["got 2"]),
+    ],
+)
+def test_bad_inputs_raise_typed_errors_and_backend_keeps_working(mlp_model, make, error, words):
+    path, ref = mlp_model
+    b = _core.OnnxRuntimeBackend.create(str(path), CPU)
+    with pytest.raises(error) as info:
+        b.infer(make())
+    for w in words:
+        assert w in str(info.value)
+    x = torch.randn(2, 16)
+    np.testing.assert_allclose(b.infer([x])[0].numpy(), ref(x.numpy()), atol=1e-5, rtol=1e-5)
+
+
+def test_missing_and_unknown_names(two_input_model):
+    b = _core.OnnxRuntimeBackend.create(str(two_input_model), CPU)
+    x = torch.randn(1, 4)
+    with pytest.raises(aitune.InvalidArgumentError, match="missing input 'mask'"):
+        b.infer_named({"x": x, "y": x})
+    with pytest.raises(aitune.InvalidArgumentError, match="unknown input 'q'"):
+        b.infer_named({"x": x, "y": x, "mask": x > 0, "q": x})
+
+
+def test_spec_bounds_shapes(mlp_model):
+    path, _ = mlp_model
+    builder = _core.GraphSpecBuilder()
+    for n in (1, 4):
+        builder.record([("x", "float32", [n, 16])], [("y", "float32", [n, 8])], n)
+    spec = builder.build()
+    assert spec.inputs[0].batch_axis == 0 and spec.inputs[0].max_shape == [4, 16]
+    b = _core.OnnxRuntimeBackend.create(str(path), CPU, spec)
+    b.infer([torch.randn(3, 16)])
+    with pytest.raises(aitune.ShapeMismatchError, match=r"\[8, 16\] is outside"):
+        b.infer([torch.randn(8, 16)])
+
+
+def test_model_and_provider_errors(tmp_path, mlp_model):
+    with pytest.raises(aitune.ModelInvalidError, match="not found"):
+        _core.OnnxRuntimeBackend.create(str(tmp_path / "missing.onnx"), CPU)
+    corrupt = tmp_path / "corrupt.onnx"
+    corrupt.write_bytes(b"\x08\x07not a model at all" * 10)
+    with pytest.raises(aitune.ModelInvalidError, match="corrupt.onnx"):
+        _core.OnnxRuntimeBackend.create(str(corrupt), CPU)
+    with pytest.raises(aitune.InvalidArgumentError, match="cpu, cuda, tensorrt"):
+        _core.parse_execution_provider("rocm")
+    if not cuda_available():
+        with pytest.raises(aitune.ProviderUnavailableError, match="libonnxruntime_providers_cuda.so"):
+            _core.OnnxRuntimeBackend.create(str(mlp_model[0]), _core.OnnxRuntimeBackendConfig())
+
+
+def test_state_machine(mlp_model):
+    path, _ = mlp_model
+    b = _core.OnnxRuntimeBackend.create(str(path), CPU)
+    b.activate()
+    assert b.state == "active"
+    b.deactivate()
+    assert b.state == "inactive"
+    with pytest.raises(aitune.StateError, match="inactive"):
+        b.infer([torch.randn(1, 16)])
+    b.activate()
+    assert b.infer([torch.randn(1, 16)])[0].shape == (1, 8)
+
+
+def test_concurrent_infer_is_correct(mlp_model):
+    path, ref = mlp_model
+    b = _core.OnnxRuntimeBackend.create(str(path), CPU)
+    errors = []
+
+    def worker(seed):
+        g = torch.Generator().manual_seed(seed)
+        for _ in range(50):
+            x = torch.randn(seed % 4 + 1, 16, generator=g)
+            y = b.infer([x])[0]
+            if not np.allclose(y.numpy(), ref(x.numpy()), atol=1e-5, rtol=1e-5):
+                errors.append(seed)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+
+
+def test_provider_status_and_doctor(capfd):
+    rt = _core.OrtRuntime.load()
+    assert rt.version.startswith("1.29")
+    assert rt.provider_status(_core.ExecutionProvider.CPU).available
+    cuda = rt.provider_status(_core.ExecutionProvider.CUDA)
+    assert cuda.available or cuda.reason
+    assert _core.cli_main(["aitune", "doctor"]) == 0
+    out = capfd.readouterr().out
+    assert "cpu       available" in out and "cuda" in out and "tensorrt" in out
+
+
+@needs_cuda
+def test_cuda_inputs_outputs_on_cuda_match_cpu(mlp_model):
+    path, ref = mlp_model
+    cuda = _core.OnnxRuntimeBackend.create(str(path), _core.OnnxRuntimeBackendConfig(provider=_core.ExecutionProvider.CUDA))
+    cpu = _core.OnnxRuntimeBackend.create(str(path), CPU)
+    x = torch.randn(7, 16)
+    xc = x.cuda()
+    torch.cuda.synchronize()
+    (y,) = cuda.infer([xc])
+    assert y.is_cuda and y.device.index == 0
+    (y_cpu,) = cpu.infer([x])
+    assert (y.cpu() - y_cpu).abs().max().item() <= 1e-5
+    # zero-copy: a torch view of the output shares the ORT-allocated pointer
+    assert torch.from_dlpack(y).data_ptr() == y.data_ptr()
+
+
+@needs_cuda
+def test_cuda_session_rejects_host_tensor(mlp_model):
+    path, _ = mlp_model
+    cuda = _core.OnnxRuntimeBackend.create(str(path), _core.OnnxRuntimeBackendConfig(provider=_core.ExecutionProvider.CUDA))
+    with pytest.raises(aitune.InvalidArgumentError, match="'x': tensor is on cpu"):
+        cuda.infer([torch.randn(2, 16)])
+    assert cuda.infer([torch.randn(2, 16, device="cuda")])[0].is_cuda
