@@ -118,7 +118,14 @@ int run_model(const RunOptions& o) {
   if (o.iterations < 1) throw Error(ErrorCode::kInvalidArgument, "--iterations must be >= 1");
   if (o.warmup < 0) throw Error(ErrorCode::kInvalidArgument, "--warmup must be >= 0");
   OnnxRuntimeBackendConfig config;
-  config.provider = parse_execution_provider(o.provider);
+  if (o.provider == "auto") {
+    // Best available here: CUDA where its provider loads, else the CPU.
+    bool cuda = OrtRuntime::load()->provider_status(ExecutionProvider::kCUDA).available;
+    config.provider = cuda ? ExecutionProvider::kCUDA : ExecutionProvider::kCPU;
+    std::cout << "provider: " << execution_provider_name(config.provider) << " (auto)\n";
+  } else {
+    config.provider = parse_execution_provider(o.provider);
+  }
   config.device_id = o.device_id;
   for (const auto& kv : o.provider_options) config.provider_options.insert(split_assignment(kv, "--provider-option"));
   auto backend = OnnxRuntimeBackend::create(o.model, config);
@@ -190,7 +197,7 @@ Command add_run(CLI::App& app) {
   auto* sub = app.add_subcommand("run", "Run an ONNX model and report outputs and latency");
   auto o = std::make_shared<RunOptions>();
   sub->add_option("model", o->model, "path to an .onnx file")->required();
-  sub->add_option("--provider", o->provider, "cpu, cuda or tensorrt")->capture_default_str();
+  sub->add_option("--provider", o->provider, "cpu, cuda, tensorrt or auto (CUDA if available, else CPU)")->capture_default_str();
   sub->add_option("--device-id", o->device_id, "CUDA device index")->capture_default_str();
   sub->add_option("--input", o->inputs, "NAME=FILE.npy (repeatable); others are random");
   sub->add_option("--dim", o->dims, "SYMBOL=VALUE for symbolic dims of random inputs (default 1)");
