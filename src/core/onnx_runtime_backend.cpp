@@ -84,7 +84,9 @@ struct OnnxRuntimeBackend::Impl {
   std::vector<IoInfo> inputs, outputs;
   GraphSpec spec;
   std::vector<std::string> input_names_storage;  // c_str()s bound by name
-  std::optional<Ort::Session> session;
+  // Shared with every tensor ORT allocated for this session: device memory is returned
+  // to the session's allocator, so the session must outlive those tensors.
+  std::shared_ptr<Ort::Session> session;
   // Where inputs must live and outputs are allocated: the session's device.
   std::optional<Ort::MemoryInfo> owned_memory_info;
   const OrtMemoryInfo* memory_info = nullptr;
@@ -96,6 +98,14 @@ struct OnnxRuntimeBackend::Impl {
 };
 
 namespace {
+
+// Owner of a tensor ORT allocated: members are destroyed in reverse order, so the value
+// is released before the allocator and the session it came from.
+struct OrtTensorOwner {
+  std::shared_ptr<Ort::Session> session;
+  std::unique_ptr<Ort::Allocator> allocator;  // set where the value came from an explicit allocator
+  Ort::Value value{nullptr};
+};
 
 ::GraphOptimizationLevel to_ort(GraphOptimizationLevel level) {
   switch (level) {
@@ -265,8 +275,8 @@ void OnnxRuntimeBackend::Impl::create_session() {
       break;
     }
   }
-  session.emplace(ort_call(ErrorCode::kModelInvalid, "cannot load model '" + model_path + "'",
-                           [&] { return Ort::Session(*rt.env, model_path.c_str(), so); }));
+  session = ort_call(ErrorCode::kModelInvalid, "cannot load model '" + model_path + "'",
+                     [&] { return std::make_shared<Ort::Session>(*rt.env, model_path.c_str(), so); });
 }
 
 OnnxRuntimeBackend::OnnxRuntimeBackend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -393,13 +403,15 @@ std::vector<Tensor> OnnxRuntimeBackend::infer(const std::vector<TensorView>& vie
     std::vector<Tensor> result;
     result.reserve(values.size());
     for (std::size_t i = 0; i < values.size(); ++i) {
-      auto owner = std::make_shared<Ort::Value>(std::move(values[i]));
-      auto info = owner->GetTensorTypeAndShapeInfo();
+      auto owner = std::make_shared<OrtTensorOwner>();
+      owner->session = impl_->session;
+      owner->value = std::move(values[i]);
+      auto info = owner->value.GetTensorTypeAndShapeInfo();
       TensorView view;
       view.dtype = impl_->outputs[i].dtype;
       view.shape = info.GetShape();
       view.device = impl_->config.device();
-      view.data = owner->GetTensorMutableRawData();
+      view.data = owner->value.GetTensorMutableRawData();
       result.push_back(Tensor::adopt(std::move(view), std::move(owner)));
     }
     return result;
@@ -444,19 +456,21 @@ Tensor OnnxRuntimeBackend::to_device(const Tensor& host) const {
   auto& env = *impl_->runtime->impl().env;
   return ort_call(ErrorCode::kInternal, "copying a tensor to " + device().to_string(), [&] {
     auto mem = devices.at(impl_->config.device_id).GetMemoryInfo(OrtDeviceMemoryType_DEFAULT);
-    Ort::Allocator alloc(*impl_->session, mem);
-    auto dst = std::make_shared<Ort::Value>(Ort::Value::CreateTensor(
-        alloc, host.shape().data(), host.shape().size(), static_cast<ONNXTensorElementDataType>(dtype_to_onnx(host.dtype()))));
+    auto owner = std::make_shared<OrtTensorOwner>();
+    owner->session = impl_->session;
+    owner->allocator = std::make_unique<Ort::Allocator>(*impl_->session, mem);
+    owner->value = Ort::Value::CreateTensor(*owner->allocator, host.shape().data(), host.shape().size(),
+                                            static_cast<ONNXTensorElementDataType>(dtype_to_onnx(host.dtype())));
     auto cpu = Ort::MemoryInfo::CreateCpu(OrtDeviceAllocator, OrtMemTypeDefault);
     std::vector<Ort::Value> src;
     src.push_back(value_over(host, cpu));
     std::vector<Ort::Value> dsts;
-    dsts.push_back(Ort::Value(static_cast<OrtValue*>(*dst)));  // borrowed: released below, not freed
+    dsts.push_back(Ort::Value(static_cast<OrtValue*>(owner->value)));  // borrowed: released below, not freed
     Ort::Status st = env.CopyTensors(src, dsts, nullptr);
     dsts[0].release();
     if (!st.IsOK()) throw Ort::Exception(st.GetErrorMessage(), st.GetErrorCode());
-    TensorView view{dst->GetTensorMutableRawData(), host.dtype(), host.shape(), {}, device()};
-    return Tensor::adopt(std::move(view), dst);
+    TensorView view{owner->value.GetTensorMutableRawData(), host.dtype(), host.shape(), {}, device()};
+    return Tensor::adopt(std::move(view), owner);
   });
 }
 
