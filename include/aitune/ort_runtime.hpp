@@ -17,8 +17,10 @@ namespace aitune {
 ///      and `<dir>/../lib/libonnxruntime.so.1` (the wheel and the installed package);
 ///   4. the copy fetched at build time (.deps/onnxruntime/lib of the source tree);
 ///   5. the system loader's search path (`libonnxruntime.so.1`).
-/// GPU provider libraries are looked for in `providers_dir`, then
-/// AITUNE_ORT_PROVIDERS_DIR, then the directory of the loaded libonnxruntime.so.
+/// The CUDA provider library (plugin-EP route) is looked for in `providers_dir`, then
+/// AITUNE_ORT_PROVIDERS_DIR, then the directory of the loaded libonnxruntime.so. The
+/// TensorRT provider loads through ORT's provider bridge, which only looks next to
+/// libonnxruntime.so, so it must sit there.
 struct OrtRuntimeOptions {
   std::string library_path;
   std::string providers_dir;

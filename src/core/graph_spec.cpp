@@ -157,7 +157,21 @@ TensorSpec tensor_from_json(const json& j, const std::string& where) {
   s.max_shape = field<Shape>(j, "max_shape", where);
   if (s.min_shape.size() != s.max_shape.size())
     throw Error(ErrorCode::kInvalidArgument, "graph spec JSON: " + where + " min_shape and max_shape differ in rank");
-  if (j.contains("batch_axis") && !j.at("batch_axis").is_null()) s.batch_axis = field<int>(j, "batch_axis", where);
+  for (std::size_t i = 0; i < s.rank(); ++i) {
+    bool bad_max = s.max_shape[i] != kUnbounded && s.max_shape[i] < s.min_shape[i];
+    if (s.min_shape[i] < 0 || bad_max)
+      throw Error(ErrorCode::kInvalidArgument, "graph spec JSON: " + where + " axis " + std::to_string(i) +
+                                                   " has min_shape " + std::to_string(s.min_shape[i]) +
+                                                   " and max_shape " + std::to_string(s.max_shape[i]) +
+                                                   " (need 0 <= min <= max, max = -1 for unbounded)");
+  }
+  if (j.contains("batch_axis") && !j.at("batch_axis").is_null()) {
+    s.batch_axis = field<int>(j, "batch_axis", where);
+    if (*s.batch_axis < 0 || static_cast<std::size_t>(*s.batch_axis) >= s.rank())
+      throw Error(ErrorCode::kInvalidArgument, "graph spec JSON: " + where + ".batch_axis " +
+                                                   std::to_string(*s.batch_axis) + " is outside rank " +
+                                                   std::to_string(s.rank()));
+  }
   return s;
 }
 

@@ -52,10 +52,28 @@ Tensor load_npy(const std::string& path) {
   if (!std::regex_search(header, m, std::regex(R"('shape'\s*:\s*\(([^)]*)\))"))) malformed(path, "no 'shape'");
   Shape shape;
   std::string dims = m[1];
+  if (!std::regex_match(dims, std::regex(R"(\s*(\d+\s*,\s*)*(\d+\s*,?\s*)?)")))
+    malformed(path, "shape (" + dims + ") is not a tuple of integers");
   std::regex num(R"(\d+)");
   for (auto it = std::sregex_iterator(dims.begin(), dims.end(), num); it != std::sregex_iterator(); ++it)
     shape.push_back(std::stoll(it->str()));
 
+  // Check the data is all there before allocating: a corrupt header must not allocate
+  // whatever size it claims.
+  auto data_start = in.tellg();
+  in.seekg(0, std::ios::end);
+  auto available = static_cast<uint64_t>(in.tellg() - data_start);
+  in.seekg(data_start);
+  uint64_t expected = dtype_size(*dtype);
+  for (auto d : shape) {
+    if (d != 0 && expected > available / static_cast<uint64_t>(d) + 1)
+      malformed(path, "data truncated (shape " + shape_to_string(shape) + " needs more than the " +
+                          std::to_string(available) + " bytes present)");
+    expected *= static_cast<uint64_t>(d);
+  }
+  if (expected > available)
+    malformed(path, "data truncated (expected " + std::to_string(expected) + " bytes for shape " +
+                        shape_to_string(shape) + ", found " + std::to_string(available) + ")");
   Tensor t = Tensor::empty_host(*dtype, shape);
   if (!in.read(static_cast<char*>(t.data()), static_cast<std::streamsize>(t.nbytes())))
     malformed(path, "data truncated (expected " + std::to_string(t.nbytes()) + " bytes for shape " +

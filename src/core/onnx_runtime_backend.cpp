@@ -204,11 +204,11 @@ std::vector<TensorSpec> align_spec(const std::vector<TensorSpec>& given, const s
       throw Error(ErrorCode::kInvalidArgument, std::string("graph spec has no ") + what + " named '" + io.name +
                                                    "' (model '" + model_path + "' has " + expected + ")");
     if (it->dtype != io.dtype)
-      throw Error(ErrorCode::kDTypeMismatch, std::string("graph spec ") + what + " '" + io.name + "' is " +
+      throw Error(ErrorCode::kInvalidArgument, std::string("graph spec ") + what + " '" + io.name + "' is " +
                                                  std::string(dtype_name(it->dtype)) + " but the model declares " +
                                                  std::string(dtype_name(io.dtype)));
     if (it->rank() != io.shape.size())
-      throw Error(ErrorCode::kShapeMismatch, std::string("graph spec ") + what + " '" + io.name + "' has rank " +
+      throw Error(ErrorCode::kInvalidArgument, std::string("graph spec ") + what + " '" + io.name + "' has rank " +
                                                  std::to_string(it->rank()) + " but the model declares " +
                                                  shape_to_string(io.shape));
     aligned.push_back(*it);

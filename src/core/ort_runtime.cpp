@@ -238,10 +238,14 @@ ProviderStatus OrtRuntime::Impl::probe(ExecutionProvider provider) {
                    " not found (it ships with the GPU providers); " + kGpuPackageHint;
         return s;
       }
-      if (auto dep = dependency_problem(s.library); !dep.empty()) {
-        s.reason = "TensorRT execution provider unavailable: cannot load " + s.library + ": " + dep +
-                   "; install TensorRT 10 (libnvinfer.so.10, libnvonnxparser.so.10) and CUDA 13 on the loader path";
-        return s;
+      // The provider links TensorRT itself; probing those libraries names the missing one
+      // without loading the provider outside ORT.
+      for (const char* trt_lib : {"libnvinfer.so.10", "libnvonnxparser.so.10"}) {
+        if (auto dep = dependency_problem(trt_lib); !dep.empty()) {
+          s.reason = "TensorRT execution provider unavailable: " + dep +
+                     "; install TensorRT 10 (libnvinfer.so.10, libnvonnxparser.so.10) on the loader path";
+          return s;
+        }
       }
       try {
         Ort::SessionOptions so;
