@@ -18,7 +18,8 @@ nvidia-smi -L
   python3 -m pip install --no-build-isolation --no-deps -q -C build-dir=build/gpu \
     -C cmake.define.AITUNE_ORT_ROOT=/root/ortgpu -C cmake.define.AITUNE_DEPS_INCLUDE="$repo/.gpu/deps/include" \
     . 2>&1 | tail -40
-  aitune doctor
+  aitune doctor || cuda-gdb -batch -ex run -ex bt --args python3 -c \
+    "import aitune._core as c; c.cli_main(['aitune', 'doctor'])" 2>&1 | grep -v '^\[New' | tail -30
   # The C++ tests build separately, so that a test that fails to compile cannot stop the rest.
   cmake -S . -B build/gpu-tests -G Ninja -DAITUNE_BUILD_PYTHON=OFF -DAITUNE_BUILD_TESTS=ON \
     -DAITUNE_ORT_ROOT=/root/ortgpu -DAITUNE_DEPS_INCLUDE="$repo/.gpu/deps/include" \
