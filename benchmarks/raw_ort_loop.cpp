@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <random>
 #include <string>
 #include <unordered_map>
@@ -52,6 +53,9 @@ int main(int argc, char** argv) {
   std::mt19937 rng(0);
   std::uniform_real_distribution<float> dist(-1, 1);
   std::vector<std::vector<float>> buffers;
+  // Device tensors return their memory to this allocator, so it outlives them.
+  std::optional<Ort::Allocator> dev_alloc;
+  if (provider == "cuda") dev_alloc.emplace(session, device_mem);
   for (size_t i = 0; i < session.GetInputCount(); ++i) {
     auto shape = session.GetInputTypeInfo(i).GetTensorTypeAndShapeInfo().GetShape();
     for (auto& d : shape)
@@ -62,8 +66,7 @@ int main(int argc, char** argv) {
     for (auto& v : buf) v = dist(rng);
     host_inputs.push_back(Ort::Value::CreateTensor<float>(cpu, buf.data(), n, shape.data(), shape.size()));
     if (provider == "cuda") {
-      Ort::Allocator dev_alloc(session, device_mem);
-      inputs.push_back(Ort::Value::CreateTensor(dev_alloc, shape.data(), shape.size(),
+      inputs.push_back(Ort::Value::CreateTensor(*dev_alloc, shape.data(), shape.size(),
                                                 ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT));
     }
     names.push_back(session.GetInputNameAllocated(i, alloc).get());

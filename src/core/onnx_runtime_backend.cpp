@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <mutex>
 #include <shared_mutex>
 
 #include "aitune/error.hpp"
@@ -91,6 +92,10 @@ struct OnnxRuntimeBackend::Impl {
   std::optional<Ort::MemoryInfo> owned_memory_info;
   const OrtMemoryInfo* memory_info = nullptr;
   BackendState state = BackendState::kBuilt;
+  // IoBindings reused across calls: ORT plans device copies per binding, and a fresh
+  // binding per call costs that planning every time. One per concurrent caller.
+  std::mutex pool_mutex;
+  std::vector<std::unique_ptr<Ort::IoBinding>> binding_pool;
   mutable std::shared_mutex state_mutex;  // infer: shared; activate/deactivate: exclusive
 
   void create_session();
@@ -229,6 +234,7 @@ void OnnxRuntimeBackend::Impl::create_session() {
 
   std::vector<std::string> keep_alive;
   keep_alive.reserve(config.provider_options.size());
+  binding_pool.clear();
   owned_memory_info.reset();
   memory_info = nullptr;
   switch (config.provider) {
@@ -339,6 +345,7 @@ void OnnxRuntimeBackend::activate() {
 
 void OnnxRuntimeBackend::deactivate() {
   std::unique_lock lock(impl_->state_mutex);
+  impl_->binding_pool.clear();
   impl_->session.reset();
   impl_->state = BackendState::kInactive;
 }
@@ -387,7 +394,16 @@ std::vector<Tensor> OnnxRuntimeBackend::infer(const std::vector<TensorView>& vie
   const auto& session = *impl_->session;
   const std::string context = "running '" + impl_->model_path + "'";
   return ort_call(ErrorCode::kInternal, context, [&] {
-    Ort::IoBinding binding(const_cast<Ort::Session&>(session));
+    std::unique_ptr<Ort::IoBinding> pooled;
+    {
+      std::lock_guard pool_lock(impl_->pool_mutex);
+      if (!impl_->binding_pool.empty()) {
+        pooled = std::move(impl_->binding_pool.back());
+        impl_->binding_pool.pop_back();
+      }
+    }
+    if (!pooled) pooled = std::make_unique<Ort::IoBinding>(const_cast<Ort::Session&>(session));
+    Ort::IoBinding& binding = *pooled;
     Ort::ConstMemoryInfo mem(impl_->memory_info);
     std::vector<Ort::Value> bound;  // alive until Run returns
     bound.reserve(views.size());
@@ -400,6 +416,14 @@ std::vector<Tensor> OnnxRuntimeBackend::infer(const std::vector<TensorView>& vie
     for (const auto& o : impl_->outputs) binding.BindOutput(o.name.c_str(), mem);
     const_cast<Ort::Session&>(session).Run(Ort::RunOptions{nullptr}, binding);
     auto values = binding.GetOutputValues();
+    // Drop the binding's references: the outputs now belong to the caller alone, and the
+    // inputs' memory to theirs.
+    binding.ClearBoundOutputs();
+    binding.ClearBoundInputs();
+    {
+      std::lock_guard pool_lock(impl_->pool_mutex);
+      impl_->binding_pool.push_back(std::move(pooled));
+    }
     std::vector<Tensor> result;
     result.reserve(values.size());
     for (std::size_t i = 0; i < values.size(); ++i) {

@@ -242,7 +242,7 @@ ProviderStatus OrtRuntime::Impl::probe(ExecutionProvider provider) {
       // without loading the provider outside ORT.
       for (const char* trt_lib : {"libnvinfer.so.10", "libnvonnxparser.so.10"}) {
         if (auto dep = dependency_problem(trt_lib); !dep.empty()) {
-          s.reason = "TensorRT execution provider unavailable: " + dep +
+          s.reason = "TensorRT execution provider unavailable: " + s.library + " needs " + trt_lib + ": " + dep +
                      "; install TensorRT 10 (libnvinfer.so.10, libnvonnxparser.so.10) on the loader path";
           return s;
         }

@@ -182,7 +182,9 @@ def test_provider_status_and_doctor(capfd):
 @needs_cuda
 def test_cuda_inputs_outputs_on_cuda_match_cpu(mlp_model):
     path, ref = mlp_model
-    cuda = _core.OnnxRuntimeBackend.create(str(path), _core.OnnxRuntimeBackendConfig(provider=_core.ExecutionProvider.CUDA))
+    # Strict fp32 on the GPU: TF32 (the CUDA EP's default) differs from the CPU by ~1e-3.
+    strict = _core.OnnxRuntimeBackendConfig(provider=_core.ExecutionProvider.CUDA, provider_options={"use_tf32": "0"})
+    cuda = _core.OnnxRuntimeBackend.create(str(path), strict)
     cpu = _core.OnnxRuntimeBackend.create(str(path), CPU)
     x = torch.randn(7, 16)
     xc = x.cuda()

@@ -1,0 +1,21 @@
+"""Backends that run recorded graphs, and their configurations."""
+
+from aitune.torch.backend.base import Backend, BackendConfig, TunedGraph
+from aitune.torch.backend.onnx_runtime_backend import (
+    NumericMismatchError,
+    ONNXExecutionProvider,
+    ONNXRuntimeBackend,
+    ONNXRuntimeBackendConfig,
+)
+from aitune.torch.backend.torch_eager import TorchEagerBackend
+
+__all__ = [
+    "Backend",
+    "BackendConfig",
+    "NumericMismatchError",
+    "ONNXExecutionProvider",
+    "ONNXRuntimeBackend",
+    "ONNXRuntimeBackendConfig",
+    "TorchEagerBackend",
+    "TunedGraph",
+]

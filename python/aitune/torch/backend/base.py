@@ -1,0 +1,89 @@
+"""Backend and BackendConfig: what every tuning backend provides to a strategy."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import json
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # imported for annotations only, to keep the import graph acyclic
+    from aitune.torch.module import RecordedGraph
+
+
+@dataclasses.dataclass
+class BackendConfig:
+    """Base of every backend's configuration: a dataclass with a stable key.
+
+    Subclasses normalise their fields in ``__post_init__`` and may override
+    ``_canonical_value`` where two spellings mean the same thing (e.g. an unset
+    execution provider and its default), so that equal configurations share a key
+    and therefore a cache directory.
+    """
+
+    def _canonical_value(self, field: dataclasses.Field, value: Any) -> Any:
+        return value.value if isinstance(value, enum.Enum) else value
+
+    def to_dict(self) -> dict[str, Any]:
+        """Field values in canonical, JSON-ready form."""
+        return {f.name: self._canonical_value(f, getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    def key(self) -> str:
+        """``<ConfigClass>_<16 hex digits>``: sha256 of the canonical JSON, stable across runs."""
+        return f"{type(self).__name__}_{self.digest()}"
+
+    def digest(self) -> str:
+        canonical = json.dumps({"type": type(self).__name__, **self.to_dict()}, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+    def describe(self) -> str:
+        """``ClassName(field=value, ...)`` listing only the fields that differ from their defaults."""
+        changed = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.default is not dataclasses.MISSING and value == f.default:
+                continue
+            if f.default_factory is not dataclasses.MISSING and value == f.default_factory():
+                continue
+            shown = value.value if isinstance(value, enum.Enum) else value
+            changed.append(f"{f.name}={shown!r}")
+        return f"{type(self).__name__}({', '.join(changed)})"
+
+
+class TunedGraph:
+    """One recorded graph made runnable by a backend: flat tensors in, flat tensors out.
+
+    ``infer`` takes the graph's tensor inputs in recording order and returns its tensor
+    outputs in recording order; the module rebuilds the output structure around them.
+    """
+
+    backend_name: str = "?"
+
+    def infer(self, inputs: list) -> list:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return self.backend_name
+
+
+class Backend:
+    """A way to run a recorded graph. Stateless apart from its config: one instance may
+    build many graphs of many modules (strategies share backends)."""
+
+    def __init__(self, config: BackendConfig | None = None):
+        self.config = config
+
+    def key(self) -> str:
+        """Directory name of this backend's artefacts: ``<BackendClass>_<config digest>``."""
+        return type(self).__name__ if self.config is None else f"{type(self).__name__}_{self.config.digest()}"
+
+    def describe(self) -> str:
+        return type(self).__name__ if self.config is None else f"{type(self).__name__}[{self.config.describe()}]"
+
+    def build(self, graph: RecordedGraph) -> TunedGraph:
+        """Makes ``graph`` runnable or raises an exception saying why it cannot."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return self.describe()

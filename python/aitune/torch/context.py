@@ -1,0 +1,60 @@
+"""Process-wide switches that change what an ait.Module does when called."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from aitune.torch.module import Module
+
+
+class TuneSession:
+    """The recording phase of one ``ait.tune`` call: which modules were called, and the
+    batch size of the samples being fed (it reveals each tensor's batch axis)."""
+
+    def __init__(self) -> None:
+        self.batch_size = 0
+        self.modules: dict[int, Module] = {}  # id -> module, in order of first call
+
+    def enlist(self, module: Module) -> bool:
+        """Adds ``module``; True the first time (the module then drops older recordings)."""
+        if id(module) in self.modules:
+            return False
+        self.modules[id(module)] = module
+        return True
+
+
+_session: contextvars.ContextVar[TuneSession | None] = contextvars.ContextVar("aitune_session", default=None)
+_eager: contextvars.ContextVar[bool] = contextvars.ContextVar("aitune_eager", default=False)
+
+
+def current_session() -> TuneSession | None:
+    return _session.get()
+
+
+@contextlib.contextmanager
+def recording(session: TuneSession) -> Iterator[TuneSession]:
+    token = _session.set(session)
+    try:
+        yield session
+    finally:
+        _session.reset(token)
+
+
+def eager_only() -> bool:
+    return _eager.get()
+
+
+@contextlib.contextmanager
+def run_eagerly() -> Iterator[None]:
+    """Every ait.Module runs its wrapped module and records nothing. Used while
+    exporting (an exporter must trace the PyTorch code, not a tuned backend) and while
+    computing eager references."""
+    token = _eager.set(True)
+    try:
+        yield
+    finally:
+        _eager.reset(token)

@@ -1,0 +1,134 @@
+"""The dataset forms ait.tune accepts, turned into calls ``(batch_size, args, kwargs)``.
+
+Forms: a tensor (one sample); a sequence or map-style Dataset of samples; any other
+iterable of samples; a DataLoader (re-batched per batch size when it batches samples
+itself); a factory ``batch_size -> iterable of batches``. A sample is a tensor, a tuple
+or list (positional arguments), a dict (keyword arguments), or ``(args, kwargs)``.
+Samples have no batch axis: ``batch_size`` samples of equal shape are stacked on a new
+axis 0, so recording with several batch sizes reveals each tensor's batch axis.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+import torch.utils._pytree as pytree
+from torch.utils.data import DataLoader, Dataset
+
+
+def _stack(samples: list[Any]) -> Any:
+    """One batch from ``samples``: tensors stacked on a new axis 0, other values kept
+    (they must be equal across the samples: they are constants of the graph)."""
+    flat = [pytree.tree_flatten(sample) for sample in samples]
+    spec = flat[0][1]
+    if any(s != spec for _, s in flat):
+        raise ValueError(f"samples of one batch differ in structure: {spec} vs {next(s for _, s in flat if s != spec)}")
+    leaves = []
+    for column in zip(*(leaves for leaves, _ in flat)):
+        first = column[0]
+        if isinstance(first, (torch.Tensor, np.ndarray)):
+            leaves.append(torch.stack([torch.as_tensor(v) for v in column]))
+        elif all(v == first for v in column[1:]):
+            leaves.append(first)
+        else:
+            raise ValueError(
+                f"a non-tensor value differs between samples ({column!r}); it cannot be stacked into one batch"
+            )
+    return pytree.tree_unflatten(leaves, spec)
+
+
+def _as_call(batch: Any) -> tuple[tuple, dict[str, Any]]:
+    if isinstance(batch, Mapping):
+        return (), dict(batch)
+    if isinstance(batch, (tuple, list)):
+        if len(batch) == 2 and isinstance(batch[0], (tuple, list)) and isinstance(batch[1], Mapping):
+            return tuple(batch[0]), dict(batch[1])
+        return tuple(batch), {}
+    return (batch,), {}
+
+
+def _leading_dim(batch: Any) -> int:
+    for leaf in pytree.tree_leaves(batch):
+        if isinstance(leaf, torch.Tensor) and leaf.dim() > 0:
+            return leaf.shape[0]
+    return 0
+
+
+def _stack_key(sample: Any) -> tuple:
+    """Samples with equal keys can be stacked: same structure, tensor shapes and dtypes,
+    and non-tensor values."""
+    leaves, spec = pytree.tree_flatten(sample)
+    return (spec, tuple((tuple(l.shape), l.dtype) if isinstance(l, (torch.Tensor, np.ndarray)) else repr(l) for l in leaves))
+
+
+def _sample_batches(samples: Sequence[Any], batch_size: int) -> Iterator[Any]:
+    """Batches of ``batch_size`` samples of equal shape. Samples are grouped by shape
+    first (order kept), so a dataset may mix shapes (e.g. two image sizes); within a
+    group an incomplete last batch is dropped, and a group smaller than
+    ``batch_size`` is repeated to fill one batch."""
+    groups: dict[tuple, list[Any]] = {}
+    for index in range(len(samples)):
+        sample = samples[index]
+        groups.setdefault(_stack_key(sample), []).append(sample)
+    for group in groups.values():
+        if len(group) < batch_size:
+            yield _stack([group[i % len(group)] for i in range(batch_size)])
+            continue
+        for start in range(0, len(group) - batch_size + 1, batch_size):
+            yield _stack(group[start : start + batch_size])
+
+
+class _Cycled(Dataset):
+    """At least ``size`` samples, repeating a smaller dataset."""
+
+    def __init__(self, dataset: Dataset, size: int):
+        self.dataset, self.size = dataset, max(size, len(dataset))
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, index: int) -> Any:
+        return self.dataset[index % len(self.dataset)]
+
+
+def _loader_batches(loader: DataLoader, batch_size: int) -> Iterator[tuple[int, Any]]:
+    if loader.batch_size is None or not hasattr(loader.dataset, "__len__"):  # batches made by the user
+        for batch in loader:
+            yield _leading_dim(batch), batch
+        return
+    rebatched = DataLoader(
+        _Cycled(loader.dataset, batch_size),
+        batch_size=batch_size,
+        collate_fn=loader.collate_fn,
+        num_workers=loader.num_workers,
+        drop_last=True,
+    )
+    for batch in rebatched:
+        yield batch_size, batch
+
+
+def iterate_calls(
+    dataset: Any, batch_sizes: Sequence[int], max_num_batches_per_batch_size: int | None = None
+) -> Iterator[tuple[int, tuple, dict[str, Any]]]:
+    """Yields ``(batch_size, args, kwargs)`` for every batch of every batch size."""
+    if isinstance(dataset, torch.Tensor):
+        dataset = [dataset]
+    if isinstance(dataset, DataLoader):
+        make: Callable[[int], Iterable[tuple[int, Any]]] = lambda b: _loader_batches(dataset, b)  # noqa: E731
+        batch_sizes = batch_sizes if dataset.batch_size is not None else [0]
+    elif callable(dataset) and not isinstance(dataset, (Sequence, Dataset)):
+        make = lambda b: ((b, batch) for batch in dataset(b))  # noqa: E731
+    else:
+        if not isinstance(dataset, Sequence) and not (isinstance(dataset, Dataset) and hasattr(dataset, "__len__")):
+            dataset = list(dataset)  # iterated once per batch size
+        if len(dataset) == 0:
+            raise ValueError("the dataset has no samples")
+        make = lambda b: ((b, batch) for batch in _sample_batches(dataset, b))  # noqa: E731
+    for batch_size in batch_sizes:
+        for size, batch in itertools.islice(make(batch_size), max_num_batches_per_batch_size):
+            args, kwargs = _as_call(batch)
+            yield size, args, kwargs

@@ -1,0 +1,199 @@
+"""Export of one recorded graph to ONNX with torch.onnx.export (dynamo or trace)."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import io
+import logging
+import os
+import re
+import shutil
+import tempfile
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import onnx
+import torch
+
+from aitune import _core
+from aitune.torch.context import run_eagerly
+from aitune.torch.graph import RecordedGraph
+
+
+class ExportError(_core.AituneError):
+    """torch.onnx.export or onnx.checker rejected a graph; the partial files are gone."""
+
+
+class _FlatModule(torch.nn.Module):
+    """The graph's module seen as ``forward(*tensors) -> tuple[tensors]``, so both exporters
+    get plain tensor lists in recording order, named like the recording, whatever the
+    nesting (dicts, dataclasses, ModelOutput) of the real inputs and outputs."""
+
+    def __init__(self, graph: RecordedGraph):
+        super().__init__()
+        self.inner = graph.module
+        object.__setattr__(self, "graph", graph)  # not a submodule
+        self.training = graph.module.training  # do not flip the user's module into eval
+
+    def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        args, kwargs = self.graph.call_arguments(tensors)
+        return tuple(self.graph.output_tensors(self.inner(*args, **kwargs)))
+
+
+def example_inputs(graph: RecordedGraph, spec: _core.GraphSpec) -> list[torch.Tensor]:
+    """The recorded sample with the largest batch; when that batch is 1, its batch axes
+    are repeated to 2 so dynamo does not specialise the batch dimension to 1."""
+    sample = max(graph.samples, key=lambda s: (s.batch_size, sum(t.numel() for t in s.inputs)))
+    tensors = list(sample.inputs)
+    for i, tensor_spec in enumerate(spec.inputs):
+        axis = tensor_spec.batch_axis
+        if axis is not None and tensors[i].shape[axis] < 2:
+            tensors[i] = torch.cat([tensors[i]] * 2, dim=axis)
+    return tensors
+
+
+def _dynamo_shapes(spec: _core.GraphSpec) -> tuple:
+    """``dynamic_shapes`` for ``forward(*tensors)``: one Dim shared by every batch axis,
+    ``Dim.AUTO`` for the other axes that varied while recording."""
+    from torch.export import Dim
+
+    batch = Dim("batch", min=1)
+    shapes = []
+    for tensor_spec in spec.inputs:
+        axes = {axis: Dim.AUTO for axis in tensor_spec.dynamic_axes()}
+        if tensor_spec.batch_axis is not None:
+            axes[tensor_spec.batch_axis] = batch
+        shapes.append(axes or None)
+    return (tuple(shapes),)
+
+
+def _trace_axes(spec: _core.GraphSpec) -> dict[str, dict[int, str]]:
+    """``dynamic_axes`` for the trace exporter, outputs included (it would fix them)."""
+    axes: dict[str, dict[int, str]] = {}
+    for tensor_spec in [*spec.inputs, *spec.outputs]:
+        named = {axis: f"{tensor_spec.name}_dim{axis}" for axis in tensor_spec.dynamic_axes()}
+        if tensor_spec.batch_axis is not None:
+            named[tensor_spec.batch_axis] = "batch"
+        if named:
+            axes[tensor_spec.name] = named
+    return axes
+
+
+_quiet: contextvars.ContextVar[bool] = contextvars.ContextVar("aitune_quiet_export", default=False)
+
+
+@contextlib.contextmanager
+def quiet_external_logging() -> Iterator[None]:
+    """Silences torch.onnx / torch.export while exporting: their warnings, log records,
+    and what they print (torch.export prints the graph when it fails); aitune's own log
+    records still come through (``ait.tune``'s ``disable_external_logging``)."""
+    loggers = [logging.getLogger(n) for n in ("torch", "torch.onnx", "torch.export", "torch._dynamo", "onnxscript")]
+    levels = [lg.level for lg in loggers]
+    token = _quiet.set(True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for lg in loggers:
+            lg.setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            for lg, level in zip(loggers, levels):
+                lg.setLevel(level)
+            _quiet.reset(token)
+
+
+@contextlib.contextmanager
+def _exporter_output() -> Iterator[None]:
+    if not _quiet.get():
+        yield
+        return
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        yield
+
+
+def export_onnx(
+    graph: RecordedGraph,
+    spec: _core.GraphSpec,
+    path: Path,
+    *,
+    use_dynamo: bool = True,
+    opset_version: int | None = None,
+) -> Path:
+    """Writes ``path`` (plus any external data file beside it) and checks it with
+    ``onnx.checker``. The export runs in a scratch directory next to ``path`` and only a
+    checked model is moved in, so a failure leaves no partial files behind."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=".export-", dir=path.parent))
+    target = scratch / path.name
+    flat = _FlatModule(graph)
+    inputs = tuple(example_inputs(graph, spec))
+    try:
+        with torch.no_grad(), run_eagerly(), warnings.catch_warnings(), _exporter_output():
+            # Noise from inside torch about its own internals, not about the model.
+            warnings.filterwarnings("ignore", message=r".*LeafSpec.*", category=FutureWarning)
+            warnings.filterwarnings("ignore", message=r".*axis name: .* will not be used.*", category=UserWarning)
+            if use_dynamo:
+                torch.onnx.export(
+                    flat,
+                    inputs,
+                    str(target),
+                    dynamo=True,
+                    dynamic_shapes=_dynamo_shapes(spec),
+                    input_names=graph.input_names,
+                    output_names=graph.output_names,
+                    opset_version=opset_version,
+                    verbose=False,
+                )
+            else:
+                with warnings.catch_warnings():  # the trace exporter is chosen on purpose here
+                    warnings.simplefilter("ignore", DeprecationWarning)
+                    torch.onnx.export(
+                        flat,
+                        inputs,
+                        str(target),
+                        dynamo=False,
+                        dynamic_axes=_trace_axes(spec),
+                        input_names=graph.input_names,
+                        output_names=graph.output_names,
+                        opset_version=opset_version,
+                    )
+        onnx.checker.check_model(str(target))
+        for old in path.parent.glob(f"{path.name}*"):  # stale model and external data
+            old.unlink()
+        for produced in scratch.iterdir():
+            os.replace(produced, path.parent / produced.name)
+    except Exception as error:
+        hint = (
+            "try ONNXRuntimeBackendConfig(use_dynamo=False) for the trace-based exporter"
+            if use_dynamo
+            else "try ONNXRuntimeBackendConfig(use_dynamo=True) for the torch.export-based exporter"
+        )
+        exporter = "dynamo" if use_dynamo else "trace"
+        raise ExportError(
+            f"ONNX export ({exporter}) of {graph.module_name}/{graph.key} failed: {_summary(error)}\nHint: {hint}."
+        ) from error
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return path
+
+
+def _summary(error: BaseException, limit: int = 6) -> str:
+    """The root cause of an exporter error in a few lines: torch wraps the real reason
+    (e.g. a data-dependent guard) in pages of generic advice and colour codes."""
+    root = error
+    while root.__cause__ is not None:
+        root = root.__cause__
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(root)).strip()
+    lines = [line for line in text.splitlines() if line.strip()][:limit]
+    prefix = f"{type(error).__name__}: " if root is not error else ""
+    return f"{prefix}{type(root).__name__}: " + "\n".join(lines)
+
+
+def onnx_io_names(path: Path) -> tuple[list[str], list[str]]:
+    """Input names (initializers excluded) and output names of an ONNX file, read
+    without loading external weights."""
+    model = onnx.load(str(path), load_external_data=False)
+    initializers = {init.name for init in model.graph.initializer}
+    return [i.name for i in model.graph.input if i.name not in initializers], [o.name for o in model.graph.output]

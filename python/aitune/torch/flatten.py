@@ -1,0 +1,114 @@
+"""Nested call inputs and outputs as flat leaves, through torch's pytree: names and identity."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import re
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+
+def register_dataclasses(tree: Any) -> None:
+    """Registers with pytree each dataclass type in ``tree`` that pytree does not know yet.
+
+    Unregistered dataclasses would be opaque leaves hiding their tensors. Hugging Face's
+    ModelOutput registers itself when transformers is imported; this covers plain
+    dataclasses (and ModelOutput of transformers versions that do not register it).
+    Repeats because fields of a newly registered dataclass may be dataclasses too.
+    """
+    while True:
+        unknown = {
+            type(leaf)
+            for leaf in pytree.tree_leaves(tree)
+            if dataclasses.is_dataclass(leaf) and not isinstance(leaf, type) and type(leaf) not in pytree.SUPPORTED_NODES
+        }
+        if not unknown:
+            return
+        for cls in unknown:
+            pytree.register_dataclass(cls)
+
+
+def _key_text(key: Any) -> str:
+    if isinstance(key, pytree.MappingKey):
+        return str(key.key)
+    if isinstance(key, pytree.SequenceKey):
+        return str(key.idx)
+    if isinstance(key, pytree.GetAttrKey):
+        return key.name
+    return str(key)
+
+
+def leaf_names(prefix: str, paths: list[tuple], empty: str = "0") -> list[str]:
+    """``<prefix>_<path>`` for each key path, non-alphanumerics turned into ``_``.
+
+    ``empty`` stands for the empty path (a bare tensor output becomes ``output_0``).
+    Names that collide after sanitising get ``_1``, ``_2``, ... so every tensor keeps
+    a distinct ONNX name.
+    """
+    names: list[str] = []
+    taken: set[str] = set()
+    for path in paths:
+        text = "_".join(_key_text(k) for k in path) or empty
+        base = re.sub(r"[^0-9A-Za-z]", "_", f"{prefix}_{text}")
+        name, n = base, 0
+        while name in taken:
+            n += 1
+            name = f"{base}_{n}"
+        taken.add(name)
+        names.append(name)
+    return names
+
+
+def leaf_descriptor(leaf: Any) -> tuple:
+    """What of a leaf makes a graph: a tensor's dtype and rank; any other value itself.
+
+    Shapes are left out on purpose: they vary within one graph (dynamic axes). Types
+    are kept beside values because ``1 == True == 1.0`` in Python.
+    """
+    if isinstance(leaf, torch.Tensor):
+        return ("tensor", leaf.dtype, leaf.dim())
+    try:
+        hash(leaf)
+        return (type(leaf), leaf)
+    except TypeError:
+        return (type(leaf), repr(leaf))
+
+
+def identity(spec: pytree.TreeSpec, leaves: list) -> tuple:
+    """Hashable identity of a call: its structure plus each leaf's descriptor."""
+    return (spec, tuple(leaf_descriptor(leaf) for leaf in leaves))
+
+
+def stable_digest(spec: pytree.TreeSpec, leaves: list) -> str:
+    """12 hex digits naming a graph on disk; the same call structure gives the same
+    name in every process (unlike ``hash``)."""
+    text = f"{spec}|" + "|".join(
+        f"tensor:{str(leaf.dtype).removeprefix('torch.')}:{leaf.dim()}"
+        if isinstance(leaf, torch.Tensor)
+        else f"{type(leaf).__qualname__}:{leaf!r}"
+        for leaf in leaves
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+@functools.lru_cache(maxsize=256)
+def _flat_dict_spec(keys: tuple) -> pytree.TreeSpec:
+    return pytree.tree_flatten(dict.fromkeys(keys, torch.empty(0)))[1]
+
+
+def flatten_arguments(arguments: dict[str, Any]) -> tuple[list, pytree.TreeSpec]:
+    """``pytree.tree_flatten(arguments)``, with a cached spec when every argument is a
+    plain tensor (most calls; this runs on every tuned call)."""
+    values = list(arguments.values())
+    if all(type(v) is torch.Tensor for v in values):
+        return values, _flat_dict_spec(tuple(arguments))
+    return pytree.tree_flatten(arguments)
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """torch.float32 -> "float32": the spelling ``aitune._core`` takes."""
+    return str(dtype).removeprefix("torch.")

@@ -1,0 +1,186 @@
+"""RecordedGraph: the calls of one ait.Module that share one structure, kept for tuning."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from aitune import _core
+from aitune.torch import flatten
+from aitune.torch.context import run_eagerly
+
+
+@dataclasses.dataclass
+class Sample:
+    """One recorded call: tensor inputs and eager tensor outputs, both flat, in graph order."""
+
+    inputs: list[torch.Tensor]
+    outputs: list[torch.Tensor]
+    batch_size: int
+
+
+class _Tree:
+    """A flattened nested value: its structure, the non-tensor leaves (constants of the
+    graph) and where the tensors go."""
+
+    def __init__(self, spec: pytree.TreeSpec, leaves: list):
+        self.spec = spec
+        self.template = [None if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
+        self.tensor_positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+        self.bare_tensor = spec.is_leaf() and self.tensor_positions == [0]
+
+    def fill(self, tensors) -> Any:
+        if self.bare_tensor:  # a module returning one tensor: no structure to rebuild
+            return tensors[0]
+        leaves = list(self.template)
+        for position, tensor in zip(self.tensor_positions, tensors, strict=True):
+            leaves[position] = tensor
+        return pytree.tree_unflatten(leaves, self.spec)
+
+
+def _argument_path(signature: inspect.Signature, path: tuple) -> tuple:
+    """Key path of a bound argument, without the name of a ``**kwargs`` parameter: its
+    keys are the keywords the caller wrote."""
+    parameter = signature.parameters.get(getattr(path[0], "key", None)) if path else None
+    return path[1:] if parameter is not None and parameter.kind is parameter.VAR_KEYWORD else path
+
+
+def _tensor_records(names: list[str], tensors: list[torch.Tensor]) -> list[tuple[str, str, list[int]]]:
+    return [(n, flatten.dtype_name(t.dtype), list(t.shape)) for n, t in zip(names, tensors, strict=True)]
+
+
+class RecordedGraph:
+    """Calls of one module with equal input structure, tensor dtypes and ranks, and
+    non-tensor values. Built from the first such call; ``add_sample`` adds the others.
+
+    Tensor inputs are named ``input_<path>`` after their place in the call bound to the
+    forward signature (``input_x``, ``input_batch_image``; keys of ``**kwargs`` without
+    the parameter's name), outputs ``output_<path>`` (a bare tensor is ``output_0``).
+    """
+
+    def __init__(
+        self,
+        module_name: str,
+        module: torch.nn.Module,
+        signature: inspect.Signature,
+        arguments: dict[str, Any],
+        outputs: Any,
+    ):
+        self.module_name = module_name
+        self.module = module
+        self.signature = signature
+        in_paths_leaves, in_spec = pytree.tree_flatten_with_path(arguments)
+        in_leaves = [leaf for _, leaf in in_paths_leaves]
+        self.identity = flatten.identity(in_spec, in_leaves)
+        self.key = f"graph_{flatten.stable_digest(in_spec, in_leaves)}"
+        self._inputs = _Tree(in_spec, in_leaves)
+        self.input_names = flatten.leaf_names(
+            "input", [_argument_path(signature, p) for p, leaf in in_paths_leaves if isinstance(leaf, torch.Tensor)]
+        )
+
+        out_paths_leaves, out_spec = pytree.tree_flatten_with_path(outputs)
+        self._outputs = _Tree(out_spec, [leaf for _, leaf in out_paths_leaves])
+        self._output_constants = flatten.identity(out_spec, [leaf for _, leaf in out_paths_leaves])
+        self.output_names = flatten.leaf_names(
+            "output", [path for path, leaf in out_paths_leaves if isinstance(leaf, torch.Tensor)]
+        )
+        self.samples: list[Sample] = []
+        if not self.input_names:
+            raise ValueError(f"ait.Module '{module_name}': a call without tensor inputs cannot be tuned")
+        if not self.output_names:
+            raise ValueError(f"ait.Module '{module_name}': a call without tensor outputs cannot be tuned")
+
+    # -- recording -----------------------------------------------------------------
+
+    def add_sample(self, input_tensors: list[torch.Tensor], outputs: Any, batch_size: int) -> None:
+        """Keeps copies of one call's tensors (the caller may reuse or modify its own)."""
+        out_leaves, out_spec = pytree.tree_flatten(outputs)
+        if flatten.identity(out_spec, out_leaves) != self._output_constants:
+            raise ValueError(
+                f"ait.Module '{self.module_name}': calls of one input structure returned outputs of different "
+                f"structure, dtypes or constant values ({out_spec} vs {self._outputs.spec}); such a module "
+                "cannot be exported as one graph"
+            )
+        out_tensors = [leaf for leaf in out_leaves if isinstance(leaf, torch.Tensor)]
+        self.samples.append(
+            Sample(
+                inputs=[t.detach().clone() for t in input_tensors],
+                outputs=[t.detach().clone() for t in out_tensors],
+                batch_size=batch_size,
+            )
+        )
+
+    def graph_spec(self, input_names: list[str] | None = None) -> _core.GraphSpec:
+        """Min/max shapes, batch and dynamic axes of the recorded samples, derived by
+        the C++ core. ``input_names`` restricts the inputs (an exporter may drop an
+        input the graph does not use)."""
+        keep = range(len(self.input_names)) if input_names is None else [self.input_names.index(n) for n in input_names]
+        names = [self.input_names[i] for i in keep]
+        builder = _core.GraphSpecBuilder()
+        for sample in self.samples:
+            builder.record(
+                _tensor_records(names, [sample.inputs[i] for i in keep]),
+                _tensor_records(self.output_names, sample.outputs),
+                sample.batch_size,
+            )
+        return builder.build()
+
+    # -- running -------------------------------------------------------------------
+
+    def call_arguments(self, input_tensors) -> tuple[tuple, dict[str, Any]]:
+        """``(args, kwargs)`` for the wrapped module: the recorded call with these tensors."""
+        bound = self.signature.bind_partial()
+        bound.arguments = self._inputs.fill(input_tensors)
+        return bound.args, bound.kwargs
+
+    def output_tensors(self, outputs: Any) -> list[torch.Tensor]:
+        return [leaf for leaf in pytree.tree_leaves(outputs) if isinstance(leaf, torch.Tensor)]
+
+    def rebuild_outputs(self, output_tensors) -> Any:
+        """The module's output structure around tensors produced by a backend."""
+        return self._outputs.fill(output_tensors)
+
+    def run_eager(self, input_tensors) -> list[torch.Tensor]:
+        """Flat outputs of the wrapped PyTorch module (nested ait.Modules run eagerly too)."""
+        args, kwargs = self.call_arguments(input_tensors)
+        with run_eagerly():
+            return self.output_tensors(self.module(*args, **kwargs))
+
+    @property
+    def device(self) -> torch.device:
+        return self.samples[0].inputs[0].device if self.samples else torch.device("cpu")
+
+    def describe(self) -> str:
+        """One line per tensor: ``input_x: float32 rank 4 (shapes [1, 3, 8, 8] .. [2, 3, 16, 16])``, then
+        the non-tensor values."""
+        lines = []
+        for i, name in enumerate(self.input_names):
+            shapes = sorted({tuple(s.inputs[i].shape) for s in self.samples})
+            first = self.samples[0].inputs[i] if self.samples else None
+            kind = f"{flatten.dtype_name(first.dtype)} rank {first.dim()}" if first is not None else "?"
+            seen = f"{list(shapes[0])}" if len(shapes) == 1 else f"{list(shapes[0])} .. {list(shapes[-1])}"
+            lines.append(f"{name}: {kind} (shapes {seen})")
+        constants = [leaf for leaf in self._inputs.template if leaf is not None]
+        if constants:
+            lines.append(f"non-tensor values: {constants!r}")
+        return "; ".join(lines)
+
+
+def describe_call(signature: inspect.Signature, arguments: dict[str, Any]) -> str:
+    """A call described like ``RecordedGraph.describe`` does, for error messages."""
+    paths_leaves, _ = pytree.tree_flatten_with_path(arguments)
+    parts = []
+    constants = []
+    for path, leaf in paths_leaves:
+        if isinstance(leaf, torch.Tensor):
+            name = flatten.leaf_names("input", [_argument_path(signature, path)])[0]
+            parts.append(f"{name}: {flatten.dtype_name(leaf.dtype)} rank {leaf.dim()} (shape {list(leaf.shape)})")
+        elif leaf is not None:
+            constants.append(leaf)
+    if constants:
+        parts.append(f"non-tensor values: {constants!r}")
+    return "; ".join(parts) or "no tensors"

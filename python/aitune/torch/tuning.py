@@ -1,0 +1,80 @@
+"""ait.tune: feed samples through a callable to record its ait.Modules, then tune them."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from aitune.torch.context import TuneSession, recording
+from aitune.torch.dataset import iterate_calls
+from aitune.torch.export import quiet_external_logging
+from aitune.torch.module import Module
+
+logger = logging.getLogger("aitune")
+
+DEFAULT_BATCH_SIZES = (1, 2)
+
+
+def tune(
+    func: Callable[..., Any],
+    dataset: Any,
+    batch_sizes: Sequence[int] | None = None,
+    max_num_batches_per_batch_size: int | None = None,
+    device: str | torch.device | None = None,
+    dry_run: bool = False,
+    disable_external_logging: bool = False,
+    clear_cache: bool = False,
+    ignore_failing_modules: bool = True,
+) -> None:
+    """Records every ait.Module that ``func`` calls on the dataset's samples, then tunes each.
+
+    Args:
+        func: an ait.Module, or any callable (a pipeline, a parent nn.Module) that calls
+            ait.Modules.
+        dataset: see ``aitune.torch.dataset``: a tensor, a sequence of samples, a
+            DataLoader, or a factory ``batch_size -> batches``.
+        batch_sizes: samples are stacked into batches of each size; default ``[1, 2]``
+            (two sizes reveal the batch axis).
+        max_num_batches_per_batch_size: at most this many batches per size (None: all).
+        device: where the batches go; None means the device of ``func`` when it is an
+            ait.Module, else the batches stay where the dataset put them.
+        dry_run: record only; the modules keep running eagerly.
+        disable_external_logging: silence torch.onnx / torch.export warnings and logs.
+        clear_cache: delete each tuned module's cache directory first.
+        ignore_failing_modules: a module whose tuning fails stays eager and the reason
+            is logged; False re-raises the failure.
+    """
+    batch_sizes = list(DEFAULT_BATCH_SIZES if batch_sizes is None else batch_sizes)
+    if not batch_sizes or not all(isinstance(b, int) and b > 0 for b in batch_sizes):
+        raise ValueError(f"batch_sizes must be positive ints, got {batch_sizes!r}")
+    if device is None and isinstance(func, Module):
+        device = func.ait_device()
+
+    session = TuneSession()
+    with torch.no_grad(), recording(session):
+        for batch_size, args, kwargs in iterate_calls(dataset, batch_sizes, max_num_batches_per_batch_size):
+            if device is not None:
+                args, kwargs = pytree.tree_map_only(torch.Tensor, lambda t: t.to(device), (args, kwargs))
+            session.batch_size = batch_size
+            func(*args, **kwargs)
+    if not session.modules:
+        raise ValueError("func called no ait.Module: wrap the modules to tune with ait.Module(module, name)")
+    if dry_run:
+        return
+
+    quiet = quiet_external_logging() if disable_external_logging else contextlib.nullcontext()
+    with torch.no_grad(), quiet:
+        for module in session.modules.values():
+            try:
+                module._ait_tune(clear_cache=clear_cache)
+            except Exception as error:
+                if not ignore_failing_modules:
+                    raise
+                logger.warning(
+                    "ait.Module '%s' stays eager, tuning failed: %s: %s", module.ait_name, type(error).__name__, error
+                )

@@ -1,0 +1,114 @@
+"""ait.Module as a proxy: transparency, states, recording, names and graph identity."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch_models import MLP, DictModel, MaskedModel, cpu_strategy
+
+import aitune.torch as ait
+from aitune.torch import ModuleState
+
+
+def test_attributes_parameters_and_state_dict_pass_through():
+    inner = MLP()
+    inner.label = "mlp"
+    model = ait.Module(inner, "mlp", strategy=cpu_strategy())
+    assert model.fc1 is inner.fc1
+    assert model.label == "mlp"
+    model.label = "changed"  # lands on the wrapped module
+    assert inner.label == "changed"
+    assert list(model.state_dict()) == list(inner.state_dict())  # no prefix
+    assert [n for n, _ in model.named_parameters()] == [n for n, _ in inner.named_parameters()]
+    state = {k: torch.zeros_like(v) for k, v in inner.state_dict().items()}
+    model.load_state_dict(state)
+    assert torch.count_nonzero(inner.fc1.weight) == 0
+    assert model.ait_module is inner and model.ait_name == "mlp"
+
+
+def test_a_parent_module_sees_the_wrapped_parameters_unprefixed():
+    parent = torch.nn.Sequential(MLP())
+    names = list(parent.state_dict())
+    parent[0] = ait.Module(parent[0], "inner", strategy=cpu_strategy())
+    assert list(parent.state_dict()) == names
+    parent.load_state_dict(parent.state_dict())
+
+
+def test_train_eval_and_to_act_on_the_wrapped_module():
+    inner = MLP()
+    model = ait.Module(inner, strategy=cpu_strategy())
+    assert model.eval() is model
+    assert not inner.training and not inner.fc1.training and not model.training
+    model.train()
+    assert inner.training and inner.fc1.training
+    assert model.to(torch.float64) is model
+    assert inner.fc1.weight.dtype == torch.float64
+    assert model.ait_device() == torch.device("cpu")
+
+
+def test_default_name_is_the_class_name_and_double_wrapping_is_refused():
+    model = ait.Module(MLP(), strategy=cpu_strategy())
+    assert model.ait_name == "MLP"
+    assert model.ait_state is ModuleState.INIT
+    with pytest.raises(TypeError, match="already wrapped"):
+        ait.Module(model)
+    with pytest.raises(TypeError, match="nn.Module"):
+        ait.Module(lambda x: x)
+
+
+def test_forward_hooks_on_the_proxy_run_on_every_call():
+    model = ait.Module(MLP().eval(), strategy=cpu_strategy())
+    seen = []
+    model.register_forward_hook(lambda module, args, output: seen.append(output.shape))
+    model(torch.randn(3, 16))
+    assert seen == [torch.Size([3, 8])]
+
+
+def test_calls_outside_tune_run_eagerly_and_record_nothing():
+    inner = MLP().eval()
+    model = ait.Module(inner, strategy=cpu_strategy())
+    x = torch.randn(2, 16)
+    torch.testing.assert_close(model(x), inner(x))
+    assert model.ait_state is ModuleState.INIT and model.ait_graphs == []
+
+
+def test_positional_and_keyword_forms_are_one_graph_and_names_follow_the_signature():
+    model = ait.Module(MaskedModel().eval(), strategy=cpu_strategy())
+    data = [(torch.randn(8),), ((), {"x": torch.randn(8)}), ((torch.randn(8),), {"mask": torch.ones(8)})]
+    ait.tune(model, data, dry_run=True)
+    assert model.ait_state is ModuleState.RECORDING
+    graphs = model.ait_graphs
+    assert [g.input_names for g in graphs] == [["input_x"], ["input_x", "input_mask"]]
+    assert all(g.output_names == ["output_0"] for g in graphs)
+    assert [len(g.samples) for g in graphs] == [4, 2]  # m(x) and m(x=x) at batch sizes 1 and 2
+
+
+def test_nested_inputs_and_outputs_are_named_by_their_path():
+    model = ait.Module(DictModel().eval(), strategy=cpu_strategy())
+    sample = {"inputs": {"image": torch.randn(12), "meta": torch.randn(4)}}
+    ait.tune(model, [sample], dry_run=True)
+    (graph,) = model.ait_graphs
+    assert graph.input_names == ["input_inputs_image", "input_inputs_meta"]
+    assert graph.output_names == ["output_0", "output_1_embedding", "output_1_pooled"]
+
+
+def test_dtype_rank_and_non_tensor_values_make_distinct_graphs():
+    class Scaled(torch.nn.Module):
+        def forward(self, x, scale=1.0):
+            return x * scale
+
+    model = ait.Module(Scaled(), strategy=cpu_strategy())
+    data = [
+        (torch.randn(4),),
+        (torch.randn(4, 4),),
+        (torch.randn(4).double(),),
+        ((torch.randn(4),), {"scale": 2.0}),
+    ]
+    ait.tune(model, data, dry_run=True)
+    assert len(model.ait_graphs) == 4
+    assert len({g.key for g in model.ait_graphs}) == 4
+
+
+def test_tune_without_wrapped_modules_is_an_error():
+    with pytest.raises(ValueError, match="no ait.Module"):
+        ait.tune(MLP(), torch.randn(16))

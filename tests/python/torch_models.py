@@ -1,0 +1,81 @@
+"""Tiny models with random weights used by the tests, and CPU-provider helpers."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+
+def cpu_backend(**config):
+    from aitune.torch.backend import ONNXExecutionProvider, ONNXRuntimeBackend, ONNXRuntimeBackendConfig
+
+    return ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider=ONNXExecutionProvider.CPU, **config))
+
+
+def cpu_strategy(**config):
+    import aitune.torch as ait
+
+    return ait.OneBackendStrategy(cpu_backend(**config))
+
+
+class MLP(torch.nn.Module):
+    def __init__(self, features: int = 16, hidden: int = 32, classes: int = 8):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(features, hidden)
+        self.act = torch.nn.GELU()
+        self.fc2 = torch.nn.Linear(hidden, classes)
+
+    def forward(self, x):
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class SmallCNN(torch.nn.Module):
+    """Conv stack with global pooling: any spatial size in, [batch, 10] out."""
+
+    def __init__(self):
+        super().__init__()
+        self.features = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 8, 3, padding=1),
+            torch.nn.BatchNorm2d(8),
+            torch.nn.ReLU(),
+            torch.nn.Conv2d(8, 16, 3, stride=2, padding=1),
+            torch.nn.ReLU(),
+        )
+        self.head = torch.nn.Linear(16, 10)
+
+    def forward(self, image):
+        return self.head(self.features(image).mean(dim=(2, 3)))
+
+
+@dataclasses.dataclass
+class Features:
+    embedding: torch.Tensor
+    pooled: torch.Tensor
+
+
+class DictModel(torch.nn.Module):
+    """Dict input; returns a tuple holding a tensor and a dataclass."""
+
+    def __init__(self):
+        super().__init__()
+        self.image = torch.nn.Linear(12, 6)
+        self.meta = torch.nn.Linear(4, 6)
+
+    def forward(self, inputs):
+        embedding = torch.tanh(self.image(inputs["image"]) + self.meta(inputs["meta"]))
+        return embedding.sum(-1), Features(embedding=embedding, pooled=embedding.mean(-1, keepdim=True))
+
+
+class MaskedModel(torch.nn.Module):
+    """A keyword-only optional input."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, x, *, mask=None):
+        y = self.proj(x)
+        if mask is not None:
+            y = y * mask
+        return y
