@@ -95,7 +95,15 @@ struct OnnxRuntimeBackend::Impl {
   // IoBindings reused across calls: ORT plans device copies per binding, and a fresh
   // binding per call costs that planning every time. One per concurrent caller.
   std::mutex pool_mutex;
-  std::vector<std::unique_ptr<Ort::IoBinding>> binding_pool;
+  struct PooledBinding {
+    explicit PooledBinding(Ort::Session& session) : binding(session) {}
+    Ort::IoBinding binding;
+    // What each input was last bound to: a call with the same pointer, dtype and shape
+    // skips re-binding it (the common case of a caller reusing its input buffers).
+    std::vector<TensorView> last_inputs;
+    std::vector<Ort::Value> input_values;
+  };
+  std::vector<std::unique_ptr<PooledBinding>> binding_pool;
   mutable std::shared_mutex state_mutex;  // infer: shared; activate/deactivate: exclusive
 
   void create_session();
@@ -394,7 +402,7 @@ std::vector<Tensor> OnnxRuntimeBackend::infer(const std::vector<TensorView>& vie
   const auto& session = *impl_->session;
   const std::string context = "running '" + impl_->model_path + "'";
   return ort_call(ErrorCode::kInternal, context, [&] {
-    std::unique_ptr<Ort::IoBinding> pooled;
+    std::unique_ptr<Impl::PooledBinding> pooled;
     {
       std::lock_guard pool_lock(impl_->pool_mutex);
       if (!impl_->binding_pool.empty()) {
@@ -402,24 +410,28 @@ std::vector<Tensor> OnnxRuntimeBackend::infer(const std::vector<TensorView>& vie
         impl_->binding_pool.pop_back();
       }
     }
-    if (!pooled) pooled = std::make_unique<Ort::IoBinding>(const_cast<Ort::Session&>(session));
-    Ort::IoBinding& binding = *pooled;
+    if (!pooled) {
+      pooled = std::make_unique<Impl::PooledBinding>(const_cast<Ort::Session&>(session));
+      pooled->last_inputs.resize(views.size());
+      pooled->input_values.resize(views.size());
+    }
+    Ort::IoBinding& binding = pooled->binding;
     Ort::ConstMemoryInfo mem(impl_->memory_info);
-    std::vector<Ort::Value> bound;  // alive until Run returns
-    bound.reserve(views.size());
     for (std::size_t i = 0; i < views.size(); ++i) {
       const auto& v = views[i];
-      bound.push_back(Ort::Value::CreateTensor(mem, v.data, v.nbytes(), v.shape.data(), v.shape.size(),
-                                               static_cast<ONNXTensorElementDataType>(dtype_to_onnx(v.dtype))));
-      binding.BindInput(impl_->input_names_storage[i].c_str(), bound.back());
+      auto& last = pooled->last_inputs[i];
+      if (last.data == v.data && last.dtype == v.dtype && last.shape == v.shape) continue;
+      pooled->input_values[i] = Ort::Value::CreateTensor(mem, v.data, v.nbytes(), v.shape.data(), v.shape.size(),
+                                                         static_cast<ONNXTensorElementDataType>(dtype_to_onnx(v.dtype)));
+      binding.BindInput(impl_->input_names_storage[i].c_str(), pooled->input_values[i]);
+      last = TensorView{v.data, v.dtype, v.shape, {}, v.device};
     }
+    // Outputs are bound afresh each call, so ORT allocates new ones: tensors returned by
+    // earlier calls stay the caller's.
     for (const auto& o : impl_->outputs) binding.BindOutput(o.name.c_str(), mem);
     const_cast<Ort::Session&>(session).Run(Ort::RunOptions{nullptr}, binding);
     auto values = binding.GetOutputValues();
-    // Drop the binding's references: the outputs now belong to the caller alone, and the
-    // inputs' memory to theirs.
-    binding.ClearBoundOutputs();
-    binding.ClearBoundInputs();
+    binding.ClearBoundOutputs();  // the outputs now belong to the caller alone
     {
       std::lock_guard pool_lock(impl_->pool_mutex);
       impl_->binding_pool.push_back(std::move(pooled));
