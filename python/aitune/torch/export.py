@@ -134,31 +134,16 @@ def export_onnx(
             # Noise from inside torch about its own internals, not about the model.
             warnings.filterwarnings("ignore", message=r".*LeafSpec.*", category=FutureWarning)
             warnings.filterwarnings("ignore", message=r".*axis name: .* will not be used.*", category=UserWarning)
+            common = dict(input_names=graph.input_names, output_names=graph.output_names,
+                          opset_version=opset_version)
             if use_dynamo:
-                torch.onnx.export(
-                    flat,
-                    inputs,
-                    str(target),
-                    dynamo=True,
-                    dynamic_shapes=_dynamo_shapes(spec),
-                    input_names=graph.input_names,
-                    output_names=graph.output_names,
-                    opset_version=opset_version,
-                    verbose=False,
-                )
+                torch.onnx.export(flat, inputs, str(target), dynamo=True, dynamic_shapes=_dynamo_shapes(spec),
+                                  verbose=False, **common)
             else:
                 with warnings.catch_warnings():  # the trace exporter is chosen on purpose here
                     warnings.simplefilter("ignore", DeprecationWarning)
-                    torch.onnx.export(
-                        flat,
-                        inputs,
-                        str(target),
-                        dynamo=False,
-                        dynamic_axes=_trace_axes(spec),
-                        input_names=graph.input_names,
-                        output_names=graph.output_names,
-                        opset_version=opset_version,
-                    )
+                    torch.onnx.export(flat, inputs, str(target), dynamo=False, dynamic_axes=_trace_axes(spec),
+                                      **common)
         onnx.checker.check_model(str(target))
         for old in path.parent.glob(f"{path.name}*"):  # stale model and external data
             old.unlink()
