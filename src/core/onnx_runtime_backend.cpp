@@ -186,6 +186,14 @@ std::vector<IoInfo> read_io(const Ort::Session& session, bool inputs, const std:
   return out;
 }
 
+// "a, b, c" from the names of a list of IoInfo or TensorSpec, for error messages.
+template <typename List>
+std::string join_names(const List& list) {
+  std::string out;
+  for (const auto& item : list) out += (out.empty() ? "" : ", ") + item.name;
+  return out;
+}
+
 // The spec implied by the model alone: declared extents fixed, the others unbounded.
 std::vector<TensorSpec> specs_from_io(const std::vector<IoInfo>& ios) {
   std::vector<TensorSpec> specs;
@@ -204,8 +212,7 @@ std::vector<TensorSpec> specs_from_io(const std::vector<IoInfo>& ios) {
 // Puts a caller's spec in model order, after checking it describes this model.
 std::vector<TensorSpec> align_spec(const std::vector<TensorSpec>& given, const std::vector<IoInfo>& ios,
                                    const char* what, const std::string& model_path) {
-  std::string expected;
-  for (const auto& io : ios) expected += (expected.empty() ? "" : ", ") + io.name;
+  const std::string expected = join_names(ios);
   if (given.size() != ios.size())
     throw Error(ErrorCode::kInvalidArgument, "graph spec has " + std::to_string(given.size()) + " " + what +
                                                  "s but model '" + model_path + "' has " +
@@ -359,39 +366,38 @@ void OnnxRuntimeBackend::deactivate() {
 }
 
 void OnnxRuntimeBackend::Impl::check_inputs(const std::vector<TensorView>& views) const {
-  std::string expected_names;
-  for (const auto& s : spec.inputs) expected_names += (expected_names.empty() ? "" : ", ") + s.name;
   if (views.size() != spec.inputs.size())
     throw Error(ErrorCode::kInvalidArgument, "model '" + model_path + "' takes " + std::to_string(spec.inputs.size()) +
-                                                 " input(s) (" + expected_names + "), got " +
+                                                 " input(s) (" + join_names(spec.inputs) + "), got " +
                                                  std::to_string(views.size()));
   const Device device = config.device();
   for (std::size_t i = 0; i < views.size(); ++i) {
     const auto& v = views[i];
     const auto& s = spec.inputs[i];
-    const std::string who = "input '" + s.name + "'";
+    // Built only when a check fails: this runs on every call.
+    auto who = [&] { return "input '" + s.name + "'"; };
     if (v.dtype != s.dtype)
-      throw Error(ErrorCode::kDTypeMismatch, who + ": expected dtype " + std::string(dtype_name(s.dtype)) + ", got " +
+      throw Error(ErrorCode::kDTypeMismatch, who() + ": expected dtype " + std::string(dtype_name(s.dtype)) + ", got " +
                                                  std::string(dtype_name(v.dtype)));
     if (v.shape.size() != s.rank())
-      throw Error(ErrorCode::kShapeMismatch, who + ": expected rank " + std::to_string(s.rank()) + " (" +
+      throw Error(ErrorCode::kShapeMismatch, who() + ": expected rank " + std::to_string(s.rank()) + " (" +
                                                  s.to_string() + "), got rank " + std::to_string(v.shape.size()) +
                                                  " " + shape_to_string(v.shape));
     if (v.numel() == 0)
-      throw Error(ErrorCode::kShapeMismatch, who + ": empty tensor " + shape_to_string(v.shape) + " (expected " +
+      throw Error(ErrorCode::kShapeMismatch, who() + ": empty tensor " + shape_to_string(v.shape) + " (expected " +
                                                  s.to_string() + ")");
     if (!s.accepts(v.shape))
-      throw Error(ErrorCode::kShapeMismatch, who + ": shape " + shape_to_string(v.shape) +
+      throw Error(ErrorCode::kShapeMismatch, who() + ": shape " + shape_to_string(v.shape) +
                                                  " is outside the graph spec " + s.to_string());
     if (!v.is_contiguous())
-      throw Error(ErrorCode::kInvalidArgument, who + ": tensor is not contiguous (shape " + shape_to_string(v.shape) +
+      throw Error(ErrorCode::kInvalidArgument, who() + ": tensor is not contiguous (shape " + shape_to_string(v.shape) +
                                                    ", strides " + shape_to_string(v.strides) +
                                                    "); make it contiguous first");
     if (!(v.device == device))
-      throw Error(ErrorCode::kInvalidArgument, who + ": tensor is on " + v.device.to_string() + " but the " +
+      throw Error(ErrorCode::kInvalidArgument, who() + ": tensor is on " + v.device.to_string() + " but the " +
                                                    std::string(execution_provider_name(config.provider)) +
                                                    " session runs on " + device.to_string());
-    if (v.data == nullptr) throw Error(ErrorCode::kInvalidArgument, who + ": null data pointer");
+    if (v.data == nullptr) throw Error(ErrorCode::kInvalidArgument, who() + ": null data pointer");
   }
 }
 
@@ -400,8 +406,7 @@ std::vector<Tensor> OnnxRuntimeBackend::infer(const std::vector<TensorView>& vie
   if (!impl_->session) throw Error(ErrorCode::kState, "backend for '" + impl_->model_path + "' is inactive; call activate()");
   impl_->check_inputs(views);
   const auto& session = *impl_->session;
-  const std::string context = "running '" + impl_->model_path + "'";
-  return ort_call(ErrorCode::kInternal, context, [&] {
+  return ort_call(ErrorCode::kInternal, [&] { return "running '" + impl_->model_path + "'"; }, [&] {
     std::unique_ptr<Impl::PooledBinding> pooled;
     {
       std::lock_guard pool_lock(impl_->pool_mutex);
@@ -456,17 +461,15 @@ std::vector<Tensor> OnnxRuntimeBackend::infer(const std::vector<TensorView>& vie
 
 std::vector<Tensor> OnnxRuntimeBackend::infer_named(const std::map<std::string, TensorView>& named) const {
   std::vector<TensorView> ordered;
-  std::string expected;
-  for (const auto& io : impl_->inputs) expected += (expected.empty() ? "" : ", ") + io.name;
   for (const auto& [name, view] : named)
     if (std::none_of(impl_->inputs.begin(), impl_->inputs.end(), [&](const IoInfo& io) { return io.name == name; }))
       throw Error(ErrorCode::kInvalidArgument, "unknown input '" + name + "'; model '" + impl_->model_path +
-                                                   "' takes: " + expected);
+                                                   "' takes: " + join_names(impl_->inputs));
   for (const auto& io : impl_->inputs) {
     auto it = named.find(io.name);
     if (it == named.end())
       throw Error(ErrorCode::kInvalidArgument, "missing input '" + io.name + "'; model '" + impl_->model_path +
-                                                   "' takes: " + expected);
+                                                   "' takes: " + join_names(impl_->inputs));
     ordered.push_back(it->second);
   }
   return infer(ordered);

@@ -8,6 +8,7 @@
 #undef ORT_API_MANUAL_INIT
 
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "aitune/error.hpp"
@@ -18,12 +19,20 @@ namespace aitune::detail {
 ErrorCode error_code_from_ort(OrtErrorCode code, ErrorCode fallback) noexcept;
 
 /// Runs `fn`; an Ort::Exception becomes Error(code, context + ": " + ORT's message).
-template <typename Fn>
-decltype(auto) ort_call(ErrorCode fallback, const std::string& context, Fn&& fn) {
+/// `context` is a string, or a callable returning one, so that hot paths build the
+/// message only when something failed.
+template <typename Context, typename Fn>
+decltype(auto) ort_call(ErrorCode fallback, Context&& context, Fn&& fn) {
   try {
     return std::forward<Fn>(fn)();
   } catch (const Ort::Exception& e) {
-    throw Error(error_code_from_ort(e.GetOrtErrorCode(), fallback), context + ": " + e.what());
+    std::string where;
+    if constexpr (std::is_invocable_v<Context>) {
+      where = context();
+    } else {
+      where = context;
+    }
+    throw Error(error_code_from_ort(e.GetOrtErrorCode(), fallback), where + ": " + e.what());
   }
 }
 
