@@ -649,80 +649,44 @@ TEST(OnnxRuntimeBackend, ConcurrentInferGivesPerThreadResults) {
       expected[t][k] = out[0];
     }
   }
-  std::atomic<int> failures{0};
-  std::mutex mu;
   std::string first_failure;
-  auto fail = [&](const std::string& what) {
-    if (failures++ == 0) {
-      std::lock_guard<std::mutex> lock(mu);
-      first_failure = what;
-    }
-  };
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
-      for (int call = 0; call < kCalls; ++call) {
-        const int k = call % 2;
-        try {
-          const auto out = b->infer({inputs[t][k].view()});
-          if (out.size() != 1 || out[0].shape() != expected[t][k].shape()) {
-            fail("thread " + std::to_string(t) + " call " + std::to_string(call) + ": wrong output shape");
-            continue;
-          }
-          const auto got = values_of<float>(out[0]);
-          const auto want = values_of<float>(expected[t][k]);
-          for (std::size_t i = 0; i < got.size(); ++i) {
-            if (std::fabs(got[i] - want[i]) > kTol) {
-              fail("thread " + std::to_string(t) + " call " + std::to_string(call) + ": element " +
-                   std::to_string(i) + " is " + std::to_string(got[i]) + ", expected " + std::to_string(want[i]));
-              break;
-            }
-          }
-        } catch (const std::exception& e) {
-          fail("thread " + std::to_string(t) + " call " + std::to_string(call) + " threw: " + e.what());
-        }
-      }
-    });
-  }
-  for (auto& th : threads) th.join();
-  EXPECT_EQ(failures.load(), 0) << first_failure;
+  const int failures = test::run_concurrently(kThreads, kCalls, [&](int t, int call) -> std::string {
+    const int k = call % 2;
+    const auto out = b->infer({inputs[t][k].view()});
+    if (out.size() != 1 || out[0].shape() != expected[t][k].shape()) return "wrong output shape";
+    const auto got = values_of<float>(out[0]);
+    const auto want = values_of<float>(expected[t][k]);
+    for (std::size_t i = 0; i < got.size(); ++i)
+      if (std::fabs(got[i] - want[i]) > kTol)
+        return "element " + std::to_string(i) + " is " + std::to_string(got[i]) + ", expected " +
+               std::to_string(want[i]);
+    return "";
+  }, first_failure);
+  EXPECT_EQ(failures, 0) << first_failure;
 }
 
 TEST(OnnxRuntimeBackend, ConcurrentInferOnExactModel) {
   constexpr int kThreads = 8;
   constexpr int kCalls = 50;
   auto b = cpu_backend("add.onnx");
-  std::atomic<int> failures{0};
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
-      for (int call = 0; call < kCalls; ++call) {
-        const int64_t n = 1 + (t + call) % 6;
-        std::vector<float> xs, ys;
-        for (int64_t i = 0; i < n * 4; ++i) {
-          xs.push_back(static_cast<float>(t * 1000 + call));
-          ys.push_back(static_cast<float>(i));
-        }
-        try {
-          const Tensor x = make_host(DType::kFloat32, {n, 4}, xs);
-          const Tensor y = make_host(DType::kFloat32, {n, 4}, ys);
-          const auto out = b->infer({x.view(), y.view()});
-          const auto z = values_of<float>(out.at(0));
-          if (out[0].shape() != Shape{n, 4}) ++failures;
-          for (std::size_t i = 0; i < z.size(); ++i) {
-            if (z[i] != xs[i] + ys[i]) {
-              ++failures;
-              break;
-            }
-          }
-        } catch (const std::exception&) {
-          ++failures;
-        }
-      }
-    });
-  }
-  for (auto& th : threads) th.join();
-  EXPECT_EQ(failures.load(), 0);
+  std::string first_failure;
+  const int failures = test::run_concurrently(kThreads, kCalls, [&](int t, int call) -> std::string {
+    const int64_t n = 1 + (t + call) % 6;
+    std::vector<float> xs, ys;
+    for (int64_t i = 0; i < n * 4; ++i) {
+      xs.push_back(static_cast<float>(t * 1000 + call));
+      ys.push_back(static_cast<float>(i));
+    }
+    const Tensor x = make_host(DType::kFloat32, {n, 4}, xs);
+    const Tensor y = make_host(DType::kFloat32, {n, 4}, ys);
+    const auto out = b->infer({x.view(), y.view()});
+    if (out.at(0).shape() != Shape{n, 4}) return "wrong output shape " + shape_to_string(out[0].shape());
+    const auto z = values_of<float>(out[0]);
+    for (std::size_t i = 0; i < z.size(); ++i)
+      if (z[i] != xs[i] + ys[i]) return "element " + std::to_string(i) + " is " + std::to_string(z[i]);
+    return "";
+  }, first_failure);
+  EXPECT_EQ(failures, 0) << first_failure;
 }
 
 // ---------------------------------------------------------------------------------
@@ -813,32 +777,16 @@ TEST(OnnxRuntimeBackendCuda, ConcurrentInfer) {
     dev_inputs[t] = gpu->to_device(x);
     expected[t] = cpu->infer({x.view()}).at(0);
   }
-  std::atomic<int> failures{0};
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
-      for (int call = 0; call < kCalls; ++call) {
-        try {
-          const Tensor got = gpu->to_host(gpu->infer({dev_inputs[t].view()}).at(0));
-          const auto g = values_of<float>(got), w = values_of<float>(expected[t]);
-          if (g.size() != w.size()) {
-            ++failures;
-            continue;
-          }
-          for (std::size_t i = 0; i < g.size(); ++i) {
-            if (std::fabs(g[i] - w[i]) > kTol) {
-              ++failures;
-              break;
-            }
-          }
-        } catch (const std::exception&) {
-          ++failures;
-        }
-      }
-    });
-  }
-  for (auto& th : threads) th.join();
-  EXPECT_EQ(failures.load(), 0);
+  std::string first_failure;
+  const int failures = test::run_concurrently(kThreads, kCalls, [&](int t, int) -> std::string {
+    const Tensor got = gpu->to_host(gpu->infer({dev_inputs[t].view()}).at(0));
+    const auto g = values_of<float>(got), w = values_of<float>(expected[t]);
+    if (g.size() != w.size()) return "output has " + std::to_string(g.size()) + " elements";
+    for (std::size_t i = 0; i < g.size(); ++i)
+      if (std::fabs(g[i] - w[i]) > kTol) return "element " + std::to_string(i) + " differs from the CPU provider";
+    return "";
+  }, first_failure);
+  EXPECT_EQ(failures, 0) << first_failure;
 }
 
 TEST(OnnxRuntimeBackendTensorRt, MlpMatchesCpu) {

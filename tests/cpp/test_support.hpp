@@ -23,6 +23,9 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <functional>
+#include <mutex>
+#include <thread>
 #include <vector>
 
 #include <unistd.h>
@@ -309,6 +312,36 @@ inline OnnxRuntimeBackendConfig cuda_config() {
   OnnxRuntimeBackendConfig config;
   config.provider = ExecutionProvider::kCUDA;
   return config;
+}
+
+/// Runs `body(thread, call)` from `threads` threads, `calls` times each, all at once.
+/// `body` returns "" when the call was right, else what was wrong; an exception counts
+/// as wrong. Returns the number of wrong calls and, in `first_failure`, the first message.
+inline int run_concurrently(int threads, int calls, const std::function<std::string(int, int)>& body,
+                            std::string& first_failure) {
+  std::atomic<int> failures{0};
+  std::mutex mu;
+  auto fail = [&](std::string what) {
+    if (failures++ == 0) {
+      std::lock_guard<std::mutex> lock(mu);
+      first_failure = std::move(what);
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      for (int call = 0; call < calls; ++call) {
+        const std::string where = "thread " + std::to_string(t) + " call " + std::to_string(call);
+        try {
+          if (std::string what = body(t, call); !what.empty()) fail(where + ": " + what);
+        } catch (const std::exception& e) {
+          fail(where + " threw: " + e.what());
+        }
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  return failures.load();
 }
 
 }  // namespace aitune::test
