@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One-time set-up of a fresh machine for building and testing aitune. Idempotent:
 # installs only what is missing.
-#   1. Debian packages: compiler, CMake, Ninja, header-only libraries, GoogleTest, npm;
+#   1. Debian packages: compiler, CMake, Ninja, header-only libraries, GoogleTest,
+#      OpenSSL headers (libcrypto: sha256 of checkpoint files), npm;
 #   2. a virtual environment .venv with pinned Python packages (torch pinned to the
 #      2.13.0 CPU wheel; an unpinned torch would pull a multi-GB CUDA build);
 #   3. ONNX Runtime 1.29.0 from npm, sha256-checked (scripts/fetch-onnxruntime.sh).
@@ -9,7 +10,7 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
 
-debs=(cmake ninja-build g++ make python3-venv libgtest-dev nlohmann-json3-dev libcli11-dev libdlpack-dev npm)
+debs=(cmake ninja-build g++ make python3-venv libgtest-dev nlohmann-json3-dev libcli11-dev libdlpack-dev libssl-dev npm)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -37,7 +38,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 python_pins=(torch==2.13.0 numpy onnx==1.23.1 onnxscript==0.7.2 onnxruntime==1.30.0 pytest
-             nanobind==3.1.0 scikit-build-core==1.1.2)
+             nanobind==3.1.0 scikit-build-core==1.1.2 tqdm)
 if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv" >&2
   python3 -m venv .venv

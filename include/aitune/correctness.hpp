@@ -1,0 +1,100 @@
+// Correctness: comparing a candidate's outputs with reference outputs, per output,
+// with absolute and relative tolerances (Polygraphy's rule), NaN/Inf, shape and dtype.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "aitune/dtype.hpp"
+#include "aitune/tensor.hpp"
+
+namespace aitune {
+
+/// An element passes when |actual - expected| <= atol OR |actual - expected| <= rtol * |expected|:
+/// it fails only when it exceeds both (as Polygraphy decides).
+struct Tolerance {
+  double atol = 0;
+  double rtol = 0;
+  bool operator==(const Tolerance&) const = default;
+};
+
+/// Numeric precision a candidate computes in, which sets its default tolerance for
+/// floating-point outputs: a TF32 or fp16 variant is not held to strict fp32 bounds.
+enum class Precision { kStrict, kTF32, kFP16 };
+std::string_view precision_name(Precision precision) noexcept;
+
+/// The documented defaults. Strict: float64 1e-6/1e-6, float32 1e-4/1e-4, float16 and
+/// bfloat16 1e-2/1e-2; TF32: floating outputs 5e-3/5e-3 (fp16/bf16 outputs keep 1e-2);
+/// FP16: floating outputs 1e-2/1e-2. Integer and bool outputs must match exactly (0/0).
+Tolerance default_tolerance(DType dtype, Precision precision = Precision::kStrict) noexcept;
+
+/// Tolerances for one comparison: per-output overrides win over `all`, which wins over
+/// the precision's default for the output's dtype. Value type.
+struct ToleranceSpec {
+  std::optional<Tolerance> all;
+  std::map<std::string, Tolerance> per_output;
+  Precision precision = Precision::kStrict;
+
+  Tolerance for_output(const std::string& name, DType dtype) const;
+  bool operator==(const ToleranceSpec&) const = default;
+};
+
+/// The result of comparing one output of one sample.
+struct OutputCheck {
+  std::string name;
+  bool passed = false;
+  std::string failure;  ///< why it failed ("" when passed): shape, dtype, NaN, Inf or values
+  DType dtype = DType::kFloat32;
+  Shape shape;          ///< the actual shape
+  Tolerance tolerance;  ///< what was applied
+  double max_abs_error = 0;
+  double max_rel_error = 0;     ///< |a - e| / |e| over elements with e != 0
+  int64_t mismatched = 0;       ///< elements beyond both atol and rtol
+  int64_t unexpected_nan = 0;   ///< NaN in actual where expected is not NaN (and vice versa)
+  int64_t unexpected_inf = 0;   ///< Inf in actual that expected does not have (and vice versa)
+  /// The smallest atol that passes with this rtol, and the smallest rtol that passes with
+  /// this atol (infinite when no finite value would pass, e.g. NaN or shape mismatch).
+  double required_atol = 0;
+  double required_rtol = 0;
+};
+
+/// Compares two host tensors. Never throws for mismatching tensors (that is a failed
+/// check); throws Error(kInvalidArgument) only when either view is not in host memory
+/// or not contiguous.
+OutputCheck compare_output(const std::string& name, const TensorView& actual, const TensorView& expected,
+                           Tolerance tolerance);
+
+/// The checks of one sample, one per output in output order.
+struct SampleCheck {
+  std::string sample;  ///< e.g. "sample 3 (batch 2)" or "batch 64 (tiled from sample 1)"
+  std::vector<OutputCheck> outputs;
+  bool passed() const noexcept;
+};
+
+/// Every sample's checks of one candidate.
+struct CorrectnessReport {
+  std::vector<SampleCheck> samples;
+
+  bool passed() const noexcept;
+  double max_abs_error() const noexcept;
+  double max_rel_error() const noexcept;
+  /// The first failure as one sentence ("sample 2 (batch 4): output_0: 12 of 40 elements
+  /// beyond atol=1e-4 and rtol=1e-4 (max abs 3.1e-2, ...)"); "" when passed.
+  std::string first_failure() const;
+  /// Per output name: the smallest (atol at the given rtol, rtol at the given atol) that
+  /// would have passed every sample.
+  std::map<std::string, Tolerance> required_tolerances() const;
+  std::string to_json(int indent = 2) const;
+};
+
+/// Compares each actual output with its expected output (same order, equal counts,
+/// else a failed check naming the count mismatch).
+SampleCheck compare_sample(const std::string& sample, const std::vector<std::string>& output_names,
+                           const std::vector<TensorView>& actual, const std::vector<TensorView>& expected,
+                           const ToleranceSpec& tolerances);
+
+}  // namespace aitune

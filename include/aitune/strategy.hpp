@@ -1,0 +1,71 @@
+// Tune strategies: which of the measured candidates of a graph wins, and whether it
+// beats eager PyTorch by enough to replace it.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "aitune/correctness.hpp"
+#include "aitune/profiler.hpp"
+
+namespace aitune {
+
+/// The reference's strategies. kOneBackend and kFirstWins pick within the first backend
+/// (candidate group) that has a correct candidate, the fastest of its variants.
+enum class StrategyKind { kOneBackend, kFirstWins, kMaxThroughput, kMinLatency, kLatencyBudget };
+
+/// "one-backend", "first-wins", "max-throughput", "min-latency", "latency-budget".
+std::string_view strategy_kind_name(StrategyKind kind) noexcept;
+/// Inverse of strategy_kind_name (also accepts '_' for '-'); Error(kInvalidArgument) otherwise.
+StrategyKind parse_strategy_kind(std::string_view text);
+
+/// A strategy and the performance validation applied to its choice. Value type.
+struct StrategyConfig {
+  StrategyKind kind = StrategyKind::kMaxThroughput;
+  double latency_budget_ms = 0;         ///< kLatencyBudget: p50 latency limit
+  bool performance_validation = true;   ///< the winner must beat eager by min_speedup
+  double min_speedup = 1.01;            ///< eager p50 / winner p50, as the reference requires
+
+  /// Throws Error(kInvalidArgument) naming the bad field.
+  void validate() const;
+  std::string describe() const;  ///< "max-throughput" / "latency-budget(2.5 ms)"
+};
+
+/// Where a candidate ended.
+enum class CandidateStatus {
+  kFailed,           ///< could not be built or run (export, session creation, provider)
+  kIncorrect,        ///< outputs differ from the reference beyond tolerance
+  kPassed,           ///< correct, measured, not (yet) decided on
+  kSelected,         ///< the winner
+  kNotChosen,        ///< correct but another candidate ranked higher
+  kOverBudget,       ///< correct but above the latency budget
+  kSlowerThanEager,  ///< ranked first but did not beat eager by min_speedup: eager kept
+};
+std::string_view candidate_status_name(CandidateStatus status) noexcept;
+
+/// One candidate of one graph: a backend with one full configuration.
+struct CandidateResult {
+  std::string name;          ///< e.g. "cuda[cudnn_conv_algo_search=HEURISTIC,use_tf32=0]"
+  std::string backend;       ///< front-end backend that produced it, e.g. "ONNXRuntimeBackend"
+  int group = 0;             ///< index of that backend in the strategy's order
+  std::string config_json;   ///< the full configuration (OnnxRuntimeBackendConfig JSON for ORT)
+  Precision precision = Precision::kStrict;
+  CandidateStatus status = CandidateStatus::kFailed;
+  std::string reason;        ///< why it failed, was rejected or was chosen
+  std::optional<CorrectnessReport> correctness;
+  std::optional<Profile> profile;
+  double session_creation_ms = 0;
+  double first_run_ms = 0;
+  double speedup_vs_eager = 0;  ///< eager p50 / this p50; 0 when either is unmeasured
+};
+
+/// Decides among `candidates` (statuses and reasons are updated in place). Only
+/// kPassed candidates with a profile compete. Returns the winner's index, or nullopt
+/// when none is correct or performance validation keeps eager; `decision` says why.
+std::optional<std::size_t> select_candidate(const StrategyConfig& strategy, std::vector<CandidateResult>& candidates,
+                                            const std::optional<Profile>& eager, std::string& decision);
+
+}  // namespace aitune

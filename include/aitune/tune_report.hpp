@@ -1,0 +1,48 @@
+// TuneReport: everything tuning one graph decided and measured, as JSON and as a table.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "aitune/profiler.hpp"
+#include "aitune/strategy.hpp"
+
+namespace aitune {
+
+/// The maximum batch size search on the winner: powers of two above the largest recorded
+/// batch until the throughput gain falls below `min_gain`, an error (out of memory) or a limit.
+struct BatchSearchResult {
+  struct Step {
+    int64_t batch_size = 0;
+    double throughput = 0;  ///< samples per second (0 when the step failed)
+    double p50_us = 0;
+    std::string error;      ///< why the step failed; "" when it ran
+  };
+  std::vector<Step> steps;
+  int64_t recorded_max_batch = 0;
+  int64_t max_batch = 0;    ///< the widened upper bound of the batch axis
+  std::string stop_reason;
+  std::string correctness;  ///< result of the check at max_batch ("passed" or the failure)
+};
+
+/// One graph's tuning.
+struct TuneReport {
+  std::string graph;  ///< "<module>/<graph key>" or the model path
+  StrategyConfig strategy;
+  std::optional<Profile> eager;  ///< the reference implementation's profile
+  std::string eager_label = "eager";
+  std::vector<CandidateResult> candidates;
+  std::optional<std::size_t> winner;
+  std::string decision;
+  std::optional<BatchSearchResult> batch_search;
+  double tuning_s = 0;  ///< wall time of the whole tuning of this graph
+
+  std::string to_json(int indent = 2) const;
+  /// A fixed-width table: candidate, status, max error, p50, throughput, speed-up vs
+  /// eager, reason; then the decision (and the batch search, when run).
+  std::string summary_table() const;
+};
+
+}  // namespace aitune

@@ -1,0 +1,116 @@
+// GraphTuner: the tuning engine for one graph. Creates each ONNX Runtime candidate,
+// checks it against reference outputs, profiles it and the reference, lets a strategy
+// choose, searches the maximum batch size, and hands over the winning backend.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "aitune/correctness.hpp"
+#include "aitune/graph_spec.hpp"
+#include "aitune/onnx_runtime_backend.hpp"
+#include "aitune/profiler.hpp"
+#include "aitune/strategy.hpp"
+#include "aitune/tune_report.hpp"
+
+namespace aitune {
+
+/// One recorded call: inputs in graph-spec order (on the device the candidates run on,
+/// or on the host: they are copied to the session's device where needed) and the
+/// reference outputs in output order, in host memory. Views: the caller keeps the memory
+/// alive for the tuner's lifetime.
+struct TuneSample {
+  std::vector<TensorView> inputs;
+  std::vector<TensorView> expected;
+  int64_t batch_size = 1;
+};
+
+/// A full session configuration to try, with the precision it computes in (which sets
+/// its default tolerance).
+struct OnnxCandidate {
+  std::string name;
+  OnnxRuntimeBackendConfig config;
+  Precision precision = Precision::kStrict;
+};
+
+/// The variants a backend configuration expands into (the first is `base` itself, made
+/// strict where the provider's default is not). `base.provider_options` and session
+/// settings the caller fixed are kept in every variant.
+///   CPU: intra-op threads {ORT default, 1} x graph optimisation {all, extended};
+///   CUDA: use_tf32 0 (strict) with cudnn_conv_algo_search EXHAUSTIVE / HEURISTIC,
+///         prefer_nhwc=1, and use_tf32=1 (TF32 tolerance);
+///   TensorRT: fp32 and fp16 (FP16 tolerance), builder optimisation level 3 and 5.
+std::string candidate_name(const OnnxRuntimeBackendConfig& config);
+std::vector<OnnxCandidate> provider_variants(const OnnxRuntimeBackendConfig& base, const GraphSpec& spec);
+
+/// Maximum batch size search settings.
+struct BatchSearchConfig {
+  bool enabled = false;
+  int64_t max_batch_size = 4096;  ///< never search above this
+  double min_gain = 0.05;         ///< stop when throughput grows by less than this
+  double time_cap_s = 120;        ///< whole search
+};
+
+/// What the tuner does besides evaluating candidates.
+struct TunerOptions {
+  ProfileConfig profile;
+  /// User overrides applied to every candidate (its precision supplies the defaults).
+  ToleranceSpec tolerances;
+  BatchSearchConfig batch_search;
+  /// CUDA stream the reference runs on and CUDA candidates are put on
+  /// (user_compute_stream), so device time is measured on it by CUDA events. nullopt:
+  /// CUDA candidates keep ORT's own stream and no device time is measured.
+  std::optional<std::uintptr_t> cuda_stream;
+  /// Called with one line per step (candidate started, checked, profiled, decision).
+  std::function<void(const std::string&)> log;
+};
+
+class GraphTuner {
+ public:
+  /// `spec` bounds the samples; `samples` must be non-empty and match the spec
+  /// (Error(kInvalidArgument) naming the sample and tensor otherwise).
+  GraphTuner(std::string graph, GraphSpec spec, std::vector<TuneSample> samples, TunerOptions options);
+  ~GraphTuner();
+  GraphTuner(const GraphTuner&) = delete;
+  GraphTuner& operator=(const GraphTuner&) = delete;
+
+  /// Profiles the reference (eager) on the profile sample (the one with the largest
+  /// batch). `run` gets that sample's inputs. With a cuda_stream, device time is
+  /// measured on it.
+  void profile_reference(const std::function<void(const std::vector<TensorView>&)>& run,
+                         const std::string& label = "eager");
+
+  /// Records a candidate that failed before it could run (e.g. its export).
+  std::size_t add_failed(const std::string& name, const std::string& backend, int group, const std::string& reason);
+
+  /// Creates a session for `candidate` on `model_path` (timing creation and first run),
+  /// runs every sample and compares with the expected outputs, and profiles it when
+  /// correct. Never throws for a failing candidate: its status and reason say why.
+  std::size_t evaluate_onnx(const std::string& model_path, const OnnxCandidate& candidate,
+                            const std::string& backend, int group);
+
+  /// Lets `strategy` choose; runs the batch search on the winner when enabled.
+  const TuneReport& select(const StrategyConfig& strategy);
+
+  /// The winning session, its spec widened by the batch search (nullptr when eager was
+  /// kept or already taken). Its state is kActive.
+  std::unique_ptr<OnnxRuntimeBackend> take_winner();
+
+  const TuneReport& report() const noexcept;
+  const GraphSpec& spec() const noexcept;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// A host tensor repeating `tensor` `factor` times along `axis` (the batch axis), so
+/// that a model that treats batch items independently gives `factor` copies of its
+/// outputs. `tensor` must be in host memory and contiguous.
+Tensor tile_along_axis(const TensorView& tensor, int axis, int64_t factor);
+
+}  // namespace aitune

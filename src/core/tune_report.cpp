@@ -1,0 +1,124 @@
+// TuneReport as JSON (the report file) and as a text table (logs, CLI).
+#include "aitune/tune_report.hpp"
+
+#include <iomanip>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+namespace aitune {
+namespace {
+
+nlohmann::json parse_or_null(const std::string& text) {
+  if (text.empty()) return nullptr;
+  return nlohmann::json::parse(text, nullptr, false);
+}
+
+std::string fixed(double v, int digits) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(digits) << v;
+  return out.str();
+}
+
+std::string sci(double v) {
+  std::ostringstream out;
+  out << std::setprecision(2) << std::scientific << v;
+  return out.str();
+}
+
+}  // namespace
+
+std::string TuneReport::to_json(int indent) const {
+  nlohmann::json cands = nlohmann::json::array();
+  for (const auto& c : candidates) {
+    cands.push_back({
+        {"name", c.name},
+        {"backend", c.backend},
+        {"group", c.group},
+        {"config", parse_or_null(c.config_json)},
+        {"precision", precision_name(c.precision)},
+        {"status", candidate_status_name(c.status)},
+        {"reason", c.reason},
+        {"correctness", c.correctness ? parse_or_null(c.correctness->to_json(-1)) : nlohmann::json(nullptr)},
+        {"profile", c.profile ? parse_or_null(c.profile->to_json(-1)) : nlohmann::json(nullptr)},
+        {"session_creation_ms", c.session_creation_ms},
+        {"first_run_ms", c.first_run_ms},
+        {"speedup_vs_eager", c.speedup_vs_eager},
+    });
+  }
+  nlohmann::json j = {
+      {"graph", graph},
+      {"strategy", strategy.describe()},
+      {"performance_validation", strategy.performance_validation},
+      {"min_speedup", strategy.min_speedup},
+      {"eager_label", eager_label},
+      {"eager", eager ? parse_or_null(eager->to_json(-1)) : nlohmann::json(nullptr)},
+      {"candidates", cands},
+      {"winner", winner ? nlohmann::json(candidates[*winner].name) : nlohmann::json(nullptr)},
+      {"decision", decision},
+      {"tuning_s", tuning_s},
+  };
+  if (batch_search) {
+    nlohmann::json steps = nlohmann::json::array();
+    for (const auto& s : batch_search->steps)
+      steps.push_back({{"batch_size", s.batch_size}, {"throughput", s.throughput}, {"p50_us", s.p50_us},
+                       {"error", s.error}});
+    j["batch_search"] = {{"recorded_max_batch", batch_search->recorded_max_batch},
+                         {"max_batch", batch_search->max_batch},
+                         {"stop_reason", batch_search->stop_reason},
+                         {"correctness", batch_search->correctness},
+                         {"steps", steps}};
+  } else {
+    j["batch_search"] = nullptr;
+  }
+  return j.dump(indent);
+}
+
+std::string TuneReport::summary_table() const {
+  struct Row {
+    std::string name, status, error, p50, throughput, speedup, reason;
+  };
+  std::vector<Row> rows;
+  if (eager)
+    rows.push_back({eager_label, "reference", "-", fixed(eager->host_us.p50, 1), fixed(eager->throughput, 1), "1.00x",
+                    ""});
+  for (const auto& c : candidates) {
+    Row r{c.name, std::string(candidate_status_name(c.status)), "-", "-", "-", "-", c.reason};
+    if (c.correctness) r.error = sci(c.correctness->max_abs_error());
+    if (c.profile) {
+      r.p50 = fixed(c.profile->host_us.p50, 1);
+      r.throughput = fixed(c.profile->throughput, 1);
+    }
+    if (c.speedup_vs_eager > 0) r.speedup = fixed(c.speedup_vs_eager, 2) + "x";
+    rows.push_back(std::move(r));
+  }
+  Row header{"candidate", "status", "max abs err", "p50 us", "samples/s", "vs eager", "reason"};
+  std::size_t w[6] = {header.name.size(), header.status.size(), header.error.size(),
+                      header.p50.size(),  header.throughput.size(), header.speedup.size()};
+  for (const auto& r : rows) {
+    w[0] = std::max(w[0], r.name.size());
+    w[1] = std::max(w[1], r.status.size());
+    w[2] = std::max(w[2], r.error.size());
+    w[3] = std::max(w[3], r.p50.size());
+    w[4] = std::max(w[4], r.throughput.size());
+    w[5] = std::max(w[5], r.speedup.size());
+  }
+  std::ostringstream out;
+  auto line = [&](const Row& r) {
+    out << std::left << std::setw(static_cast<int>(w[0])) << r.name << "  " << std::setw(static_cast<int>(w[1]))
+        << r.status << "  " << std::right << std::setw(static_cast<int>(w[2])) << r.error << "  "
+        << std::setw(static_cast<int>(w[3])) << r.p50 << "  " << std::setw(static_cast<int>(w[4])) << r.throughput
+        << "  " << std::setw(static_cast<int>(w[5])) << r.speedup << "  " << r.reason << "\n";
+  };
+  out << graph << " (" << strategy.describe() << ")\n";
+  line(header);
+  for (const auto& r : rows) line(r);
+  out << "decision: " << decision << "\n";
+  if (batch_search) {
+    out << "max batch size: " << batch_search->max_batch << " (recorded up to " << batch_search->recorded_max_batch
+        << "; " << batch_search->stop_reason << "; check at max: " << batch_search->correctness << ")\n";
+  }
+  return out.str();
+}
+
+}  // namespace aitune

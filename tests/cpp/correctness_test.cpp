@@ -1,0 +1,199 @@
+// Correctness checks: atol/rtol rule and its boundaries, NaN, Inf, shape, dtype,
+// tolerance defaults and overrides, required tolerances, report JSON.
+#include <cmath>
+#include <limits>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "aitune/correctness.hpp"
+#include "test_support.hpp"
+
+namespace aitune {
+namespace {
+using namespace test;
+
+Tensor f64(const std::vector<double>& v) { return make_host(DType::kFloat64, {static_cast<int64_t>(v.size())}, v); }
+Tensor f32(const std::vector<float>& v) { return make_host(DType::kFloat32, {static_cast<int64_t>(v.size())}, v); }
+
+TEST(Correctness, IdenticalOutputsPassWithZeroRequiredTolerance) {
+  auto a = f32({1, -2, 3.5f});
+  auto c = compare_output("y", a.view(), a.view(), {1e-4, 1e-4});
+  EXPECT_TRUE(c.passed) << c.failure;
+  EXPECT_EQ(c.max_abs_error, 0);
+  EXPECT_EQ(c.required_atol, 0);
+  EXPECT_EQ(c.required_rtol, 0);
+  EXPECT_EQ(c.mismatched, 0);
+}
+
+TEST(Correctness, AnElementFailsOnlyWhenBeyondBothAtolAndRtol) {
+  auto expected = f64({10.0});
+  // diff 0.5: beyond atol 0.1 but within rtol 0.1 * 10 = 1 -> passes.
+  auto within_rtol = compare_output("y", f64({10.5}).view(), expected.view(), {0.1, 0.1});
+  EXPECT_TRUE(within_rtol.passed) << within_rtol.failure;
+  // diff 0.5: beyond rtol 0.01 * 10 = 0.1 but within atol 1 -> passes.
+  auto within_atol = compare_output("y", f64({10.5}).view(), expected.view(), {1.0, 0.01});
+  EXPECT_TRUE(within_atol.passed) << within_atol.failure;
+  // diff 0.5 beyond both 0.1 and 0.01 * 10 -> fails, and says what would have passed.
+  auto beyond = compare_output("y", f64({10.5}).view(), expected.view(), {0.1, 0.01});
+  EXPECT_FALSE(beyond.passed);
+  EXPECT_EQ(beyond.mismatched, 1);
+  EXPECT_DOUBLE_EQ(beyond.max_abs_error, 0.5);
+  EXPECT_DOUBLE_EQ(beyond.max_rel_error, 0.05);
+  EXPECT_DOUBLE_EQ(beyond.required_atol, 0.5);
+  EXPECT_DOUBLE_EQ(beyond.required_rtol, 0.05);
+  EXPECT_NE(beyond.failure.find("1 of 1 elements beyond atol=0.1 and rtol=0.01"), std::string::npos) << beyond.failure;
+}
+
+TEST(Correctness, ExactlyAtTheBoundaryPasses) {
+  auto c = compare_output("y", f64({1.5}).view(), f64({1.0}).view(), {0.5, 0});
+  EXPECT_TRUE(c.passed) << c.failure;
+  auto r = compare_output("y", f64({1.5}).view(), f64({1.0}).view(), {0, 0.5});
+  EXPECT_TRUE(r.passed) << r.failure;
+  auto just_beyond = compare_output("y", f64({1.5000001}).view(), f64({1.0}).view(), {0.5, 0.5});
+  EXPECT_FALSE(just_beyond.passed);
+}
+
+TEST(Correctness, RequiredToleranceIsTheSmallestThatPasses) {
+  auto expected = f64({1.0, 100.0, 0.0});
+  auto actual = f64({1.2, 101.0, 0.05});
+  auto c = compare_output("y", actual.view(), expected.view(), {0.0, 0.0});
+  ASSERT_FALSE(c.passed);
+  // With rtol 0, everything must be covered by atol: the largest diff, 1.0.
+  EXPECT_DOUBLE_EQ(c.required_atol, 1.0);
+  auto again = compare_output("y", actual.view(), expected.view(), {c.required_atol, 0.0});
+  EXPECT_TRUE(again.passed) << again.failure;
+  auto smaller = compare_output("y", actual.view(), expected.view(), {c.required_atol * 0.99, 0.0});
+  EXPECT_FALSE(smaller.passed);
+  // With rtol 0.01, 101 vs 100 is covered; atol must cover 0.2 (1.2 vs 1) and 0.05 (vs 0).
+  auto at_rtol = compare_output("y", actual.view(), expected.view(), {0.0, 0.01});
+  EXPECT_DOUBLE_EQ(at_rtol.required_atol, 0.2);
+}
+
+TEST(Correctness, NaNFailsUnlessTheReferenceHasNaNThere) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  auto unexpected = compare_output("logits", f64({1.0, nan}).view(), f64({1.0, 2.0}).view(), {1, 1});
+  EXPECT_FALSE(unexpected.passed);
+  EXPECT_EQ(unexpected.unexpected_nan, 1);
+  EXPECT_NE(unexpected.failure.find("NaN"), std::string::npos) << unexpected.failure;
+  EXPECT_TRUE(std::isinf(unexpected.required_atol));
+  auto missing = compare_output("logits", f64({1.0, 2.0}).view(), f64({1.0, nan}).view(), {1, 1});
+  EXPECT_FALSE(missing.passed);
+  auto both = compare_output("logits", f64({1.0, nan}).view(), f64({1.0, nan}).view(), {0, 0});
+  EXPECT_TRUE(both.passed) << both.failure;
+}
+
+TEST(Correctness, InfFailsUnlessTheReferenceHasTheSameInf) {
+  const double inf = std::numeric_limits<double>::infinity();
+  auto unexpected = compare_output("y", f64({inf}).view(), f64({3.0}).view(), {1e9, 1e9});
+  EXPECT_FALSE(unexpected.passed);
+  EXPECT_EQ(unexpected.unexpected_inf, 1);
+  EXPECT_NE(unexpected.failure.find("infinite"), std::string::npos) << unexpected.failure;
+  EXPECT_FALSE(compare_output("y", f64({inf}).view(), f64({-inf}).view(), {1e9, 1e9}).passed);
+  EXPECT_TRUE(compare_output("y", f64({-inf}).view(), f64({-inf}).view(), {0, 0}).passed);
+}
+
+TEST(Correctness, ShapeAndDTypeMismatchFailWithBothSides) {
+  auto shape = compare_output("y", f32({1, 2}).view(), f32({1, 2, 3}).view(), {1, 1});
+  EXPECT_FALSE(shape.passed);
+  EXPECT_NE(shape.failure.find("shape [2], expected [3]"), std::string::npos) << shape.failure;
+  auto dtype = compare_output("y", f32({1}).view(), f64({1}).view(), {1, 1});
+  EXPECT_FALSE(dtype.passed);
+  EXPECT_NE(dtype.failure.find("dtype float32, expected float64"), std::string::npos) << dtype.failure;
+}
+
+TEST(Correctness, IntegersMustMatchExactly) {
+  auto a = make_host<int64_t>(DType::kInt64, {3}, {1, 2, 3});
+  auto b = make_host<int64_t>(DType::kInt64, {3}, {1, 2, 4});
+  auto c = compare_output("ids", a.view(), b.view(), default_tolerance(DType::kInt64));
+  EXPECT_FALSE(c.passed);
+  EXPECT_EQ(c.mismatched, 1);
+  EXPECT_TRUE(compare_output("ids", a.view(), a.view(), default_tolerance(DType::kInt64)).passed);
+}
+
+TEST(Correctness, HalfPrecisionValuesAreCompared) {
+  // 1.0 = 0x3c00, 1.0009765625 = 0x3c01 (one ulp), 2.0 = 0x4000 in float16.
+  auto one = make_host<uint16_t>(DType::kFloat16, {1}, {0x3c00});
+  auto ulp = make_host<uint16_t>(DType::kFloat16, {1}, {0x3c01});
+  auto two = make_host<uint16_t>(DType::kFloat16, {1}, {0x4000});
+  auto tol = default_tolerance(DType::kFloat16);
+  EXPECT_TRUE(compare_output("h", ulp.view(), one.view(), tol).passed);
+  auto far = compare_output("h", two.view(), one.view(), tol);
+  EXPECT_FALSE(far.passed);
+  EXPECT_DOUBLE_EQ(far.max_abs_error, 1.0);
+  // bfloat16: 1.0 = 0x3f80, 2.0 = 0x4000.
+  auto b1 = make_host<uint16_t>(DType::kBFloat16, {1}, {0x3f80});
+  auto b2 = make_host<uint16_t>(DType::kBFloat16, {1}, {0x4000});
+  EXPECT_DOUBLE_EQ(compare_output("b", b2.view(), b1.view(), tol).max_abs_error, 1.0);
+}
+
+TEST(Correctness, DocumentedDefaults) {
+  EXPECT_EQ(default_tolerance(DType::kFloat32), (Tolerance{1e-4, 1e-4}));
+  EXPECT_EQ(default_tolerance(DType::kFloat16), (Tolerance{1e-2, 1e-2}));
+  EXPECT_EQ(default_tolerance(DType::kBFloat16), (Tolerance{1e-2, 1e-2}));
+  EXPECT_EQ(default_tolerance(DType::kFloat64), (Tolerance{1e-6, 1e-6}));
+  EXPECT_EQ(default_tolerance(DType::kInt32), (Tolerance{0, 0}));
+  EXPECT_EQ(default_tolerance(DType::kFloat32, Precision::kTF32), (Tolerance{5e-3, 5e-3}));
+  EXPECT_EQ(default_tolerance(DType::kFloat32, Precision::kFP16), (Tolerance{1e-2, 1e-2}));
+}
+
+TEST(Correctness, PerOutputOverrideWinsOverAllWhichWinsOverDefaults) {
+  ToleranceSpec spec;
+  EXPECT_EQ(spec.for_output("a", DType::kFloat32), (Tolerance{1e-4, 1e-4}));
+  spec.precision = Precision::kTF32;
+  EXPECT_EQ(spec.for_output("a", DType::kFloat32), (Tolerance{5e-3, 5e-3}));
+  spec.all = Tolerance{1e-3, 0};
+  EXPECT_EQ(spec.for_output("a", DType::kFloat32), (Tolerance{1e-3, 0}));
+  spec.per_output["b"] = {0.5, 0.5};
+  EXPECT_EQ(spec.for_output("b", DType::kFloat32), (Tolerance{0.5, 0.5}));
+  EXPECT_EQ(spec.for_output("a", DType::kFloat32), (Tolerance{1e-3, 0}));
+
+  // In a sample comparison the override lets one output pass while another fails.
+  auto exp_a = f32({1}), act_a = f32({1.01f}), exp_b = f32({1}), act_b = f32({1.2f});
+  ToleranceSpec overrides;
+  overrides.per_output["b"] = {0.5, 0};
+  auto check = compare_sample("sample 0", {"a", "b"}, {act_a.view(), act_b.view()}, {exp_a.view(), exp_b.view()},
+                              overrides);
+  ASSERT_EQ(check.outputs.size(), 2u);
+  EXPECT_FALSE(check.outputs[0].passed);
+  EXPECT_TRUE(check.outputs[1].passed) << check.outputs[1].failure;
+  EXPECT_FALSE(check.passed());
+}
+
+TEST(Correctness, SampleWithWrongOutputCountFails) {
+  auto a = f32({1});
+  auto check = compare_sample("sample 0", {"a", "b"}, {a.view()}, {a.view(), a.view()}, {});
+  EXPECT_FALSE(check.passed());
+  EXPECT_NE(check.outputs.at(0).failure.find("1 outputs, expected 2"), std::string::npos);
+}
+
+TEST(Correctness, DeviceMemoryIsRejectedNotRead) {
+  TensorView device_view;
+  device_view.data = reinterpret_cast<void*>(0x1000);  // never dereferenced
+  device_view.shape = {4};
+  device_view.device = Device::cuda(0);
+  auto host = f32({1, 2, 3, 4});
+  expect_error([&] { compare_output("y", device_view, host.view(), {}); }, ErrorCode::kInvalidArgument,
+               {"y", "cuda"});
+}
+
+TEST(Correctness, ReportSummarisesSamples) {
+  auto e = f64({1.0, 2.0});
+  auto good = f64({1.0, 2.0});
+  auto bad = f64({1.0, 2.5});
+  CorrectnessReport report;
+  report.samples.push_back(compare_sample("sample 0 (batch 1)", {"y"}, {good.view()}, {e.view()}, {}));
+  report.samples.push_back(compare_sample("sample 1 (batch 2)", {"y"}, {bad.view()}, {e.view()}, {}));
+  EXPECT_FALSE(report.passed());
+  EXPECT_DOUBLE_EQ(report.max_abs_error(), 0.5);
+  auto failure = report.first_failure();
+  EXPECT_EQ(failure.rfind("sample 1 (batch 2): y: ", 0), 0u) << failure;
+  EXPECT_DOUBLE_EQ(report.required_tolerances().at("y").atol, 0.5);
+  auto j = nlohmann::json::parse(report.to_json());
+  EXPECT_EQ(j["passed"], false);
+  EXPECT_EQ(j["samples"].size(), 2u);
+  EXPECT_EQ(j["samples"][1]["outputs"][0]["mismatched"], 1);
+}
+
+}  // namespace
+}  // namespace aitune

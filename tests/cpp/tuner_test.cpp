@@ -1,0 +1,270 @@
+// The tuning engine end to end on the CPU provider: variants, correctness rejection,
+// tolerance overrides, performance validation, batch search, failing candidates.
+#include <chrono>
+#include <cstring>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "aitune/tuner.hpp"
+#include "test_support.hpp"
+
+namespace aitune {
+namespace {
+using namespace test;
+
+// The first `rows` rows of a [N, C] float32 host tensor.
+Tensor rows_of(const Tensor& t, int64_t rows) {
+  Tensor out = Tensor::empty_host(DType::kFloat32, {rows, t.shape()[1]});
+  std::memcpy(out.data(), t.data(), out.nbytes());
+  return out;
+}
+
+struct MlpSamples {
+  Tensor x3 = load_fixture_npy("mlp_x.npy"), y3 = load_fixture_npy("mlp_y.npy");
+  Tensor x1 = rows_of(x3, 1), y1 = rows_of(y3, 1);
+
+  GraphSpec spec() const {
+    GraphSpecBuilder b;
+    b.record({{"x", DType::kFloat32, x1.shape()}}, {{"y", DType::kFloat32, y1.shape()}}, 1);
+    b.record({{"x", DType::kFloat32, x3.shape()}}, {{"y", DType::kFloat32, y3.shape()}}, 3);
+    return b.build();
+  }
+  std::vector<TuneSample> samples(const Tensor* y3_override = nullptr) const {
+    return {{{x1.view()}, {y1.view()}, 1}, {{x3.view()}, {(y3_override ? *y3_override : y3).view()}, 3}};
+  }
+};
+
+TunerOptions quick_options() {
+  TunerOptions o;
+  o.profile.warmup_calls = 2;
+  o.profile.window_calls = 10;
+  o.profile.time_cap_s = 0.5;
+  return o;
+}
+
+OnnxRuntimeBackendConfig cpu() {
+  OnnxRuntimeBackendConfig c;
+  c.provider = ExecutionProvider::kCPU;
+  return c;
+}
+
+StrategyConfig max_throughput(bool validation = false) {
+  StrategyConfig s;
+  s.performance_validation = validation;
+  return s;
+}
+
+void busy_wait_us(double us) {
+  auto end = std::chrono::steady_clock::now() + std::chrono::duration<double, std::micro>(us);
+  while (std::chrono::steady_clock::now() < end) {
+  }
+}
+
+TEST(Tuner, CpuVariantsAreCheckedProfiledAndTheWinnerRuns) {
+  MlpSamples m;
+  GraphTuner tuner("mlp", m.spec(), m.samples(), quick_options());
+  auto variants = provider_variants(cpu(), tuner.spec());
+  ASSERT_EQ(variants.size(), 3u);
+  EXPECT_EQ(variants[0].name, "cpu");
+  EXPECT_EQ(variants[1].name, "cpu[intra_op_threads=1]");
+  EXPECT_EQ(variants[2].name, "cpu[graph_optimization_level=extended]");
+  for (const auto& v : variants) tuner.evaluate_onnx(fixture("mlp.onnx"), v, "ONNXRuntimeBackend", 0);
+  const auto& report = tuner.select(max_throughput());
+  ASSERT_TRUE(report.winner.has_value()) << report.decision;
+  for (const auto& c : report.candidates) {
+    EXPECT_TRUE(c.correctness.has_value());
+    EXPECT_TRUE(c.correctness->passed()) << c.name << ": " << c.correctness->first_failure();
+    EXPECT_EQ(c.correctness->samples.size(), 2u);
+    ASSERT_TRUE(c.profile.has_value());
+    EXPECT_EQ(c.profile->batch_size, 3);  // profiled on the largest batch
+    EXPECT_GT(c.profile->throughput, 0);
+    EXPECT_GT(c.session_creation_ms, 0);
+    EXPECT_GT(c.first_run_ms, 0);
+    EXPECT_FALSE(c.config_json.empty());
+  }
+  EXPECT_EQ(report.candidates[*report.winner].status, CandidateStatus::kSelected);
+
+  auto backend = tuner.take_winner();
+  ASSERT_NE(backend, nullptr);
+  EXPECT_EQ(backend->state(), BackendState::kActive);
+  auto out = backend->infer({m.x3.view()});
+  expect_allclose_f32(out.at(0), m.y3, 1e-4);
+  EXPECT_EQ(tuner.take_winner(), nullptr);  // handed over once
+
+  auto j = nlohmann::json::parse(report.to_json());
+  EXPECT_EQ(j["candidates"].size(), 3u);
+  EXPECT_EQ(j["winner"], report.candidates[*report.winner].name);
+  EXPECT_TRUE(j["candidates"][0]["profile"]["host_us"].contains("p99"));
+  auto table = report.summary_table();
+  for (const auto& v : variants) EXPECT_NE(table.find(v.name), std::string::npos) << table;
+  EXPECT_NE(table.find("decision: "), std::string::npos);
+}
+
+TEST(Tuner, WrongReferenceOutputsRejectEveryCandidateWithTheirReport) {
+  MlpSamples m;
+  Tensor wrong = Tensor::empty_host(DType::kFloat32, m.y3.shape());
+  std::memcpy(wrong.data(), m.y3.data(), wrong.nbytes());
+  static_cast<float*>(wrong.data())[17] += 0.05f;  // one element of sample 1
+  GraphTuner tuner("mlp", m.spec(), m.samples(&wrong), quick_options());
+  for (const auto& v : provider_variants(cpu(), tuner.spec()))
+    tuner.evaluate_onnx(fixture("mlp.onnx"), v, "ONNXRuntimeBackend", 0);
+  const auto& report = tuner.select(max_throughput());
+  EXPECT_FALSE(report.winner.has_value());
+  for (const auto& c : report.candidates) {
+    EXPECT_EQ(c.status, CandidateStatus::kIncorrect);
+    EXPECT_EQ(c.reason.rfind("sample 1 (batch 3): y: 1 of 48 elements", 0), 0u) << c.reason;
+    EXPECT_FALSE(c.profile.has_value());  // incorrect candidates are not profiled
+    EXPECT_TRUE(c.correctness->samples[0].passed());
+    EXPECT_NEAR(c.correctness->required_tolerances().at("y").atol, 0.05, 1e-3);
+  }
+  EXPECT_EQ(tuner.take_winner(), nullptr);
+}
+
+TEST(Tuner, PerOutputToleranceOverrideAcceptsAKnownDeviation) {
+  MlpSamples m;
+  Tensor off = Tensor::empty_host(DType::kFloat32, m.y3.shape());
+  std::memcpy(off.data(), m.y3.data(), off.nbytes());
+  static_cast<float*>(off.data())[0] += 0.05f;
+  auto options = quick_options();
+  options.tolerances.per_output["y"] = {0.1, 0};
+  GraphTuner tuner("mlp", m.spec(), m.samples(&off), options);
+  tuner.evaluate_onnx(fixture("mlp.onnx"), provider_variants(cpu(), tuner.spec())[0], "ONNXRuntimeBackend", 0);
+  EXPECT_TRUE(tuner.select(max_throughput()).winner.has_value());
+}
+
+TEST(Tuner, PerformanceValidationComparesWithTheReference) {
+  MlpSamples m;
+  {
+    GraphTuner slow_eager("mlp", m.spec(), m.samples(), quick_options());
+    int calls = 0;
+    slow_eager.profile_reference([&](const std::vector<TensorView>& inputs) {
+      ASSERT_EQ(inputs.size(), 1u);
+      EXPECT_EQ(inputs[0].shape, (Shape{3, 64}));  // the largest-batch sample
+      ++calls;
+      busy_wait_us(3000);
+    });
+    EXPECT_GT(calls, 0);
+    slow_eager.evaluate_onnx(fixture("mlp.onnx"), provider_variants(cpu(), slow_eager.spec())[0], "ORT", 0);
+    const auto& r = slow_eager.select(max_throughput(true));
+    ASSERT_TRUE(r.winner.has_value()) << r.decision;
+    EXPECT_GT(r.candidates[0].speedup_vs_eager, 1.01);
+    EXPECT_NE(r.summary_table().find("eager"), std::string::npos);
+  }
+  {
+    GraphTuner instant_eager("mlp", m.spec(), m.samples(), quick_options());
+    instant_eager.profile_reference([](const std::vector<TensorView>&) {});  // nothing is faster
+    instant_eager.evaluate_onnx(fixture("mlp.onnx"), provider_variants(cpu(), instant_eager.spec())[0], "ORT", 0);
+    const auto& r = instant_eager.select(max_throughput(true));
+    EXPECT_FALSE(r.winner.has_value());
+    EXPECT_EQ(r.candidates[0].status, CandidateStatus::kSlowerThanEager);
+    EXPECT_NE(r.decision.find("eager kept"), std::string::npos) << r.decision;
+    EXPECT_EQ(instant_eager.take_winner(), nullptr);
+  }
+}
+
+TEST(Tuner, BatchSearchWidensTheBatchRangeOfTheWinner) {
+  MlpSamples m;
+  auto options = quick_options();
+  options.batch_search.enabled = true;
+  options.batch_search.max_batch_size = 24;
+  options.batch_search.min_gain = -1;  // never stop on gain: search up to the limit
+  GraphTuner tuner("mlp", m.spec(), m.samples(), options);
+  tuner.evaluate_onnx(fixture("mlp.onnx"), provider_variants(cpu(), tuner.spec())[0], "ORT", 0);
+  const auto& r = tuner.select(max_throughput());
+  ASSERT_TRUE(r.winner.has_value());
+  ASSERT_TRUE(r.batch_search.has_value());
+  const auto& search = *r.batch_search;
+  EXPECT_EQ(search.recorded_max_batch, 3);
+  ASSERT_EQ(search.steps.size(), 3u);  // 6, 12, 24
+  EXPECT_EQ(search.steps[2].batch_size, 24);
+  EXPECT_EQ(search.max_batch, 24);
+  EXPECT_EQ(search.correctness, "passed");
+  EXPECT_NE(search.stop_reason.find("limit of 24"), std::string::npos) << search.stop_reason;
+
+  auto backend = tuner.take_winner();
+  ASSERT_NE(backend, nullptr);
+  const auto& x = backend->graph_spec().inputs.at(0);
+  EXPECT_EQ(x.max_shape[0], 24);
+  Tensor big = tile_along_axis(m.x3.view(), 0, 8);
+  Tensor expected = tile_along_axis(m.y3.view(), 0, 8);
+  expect_allclose_f32(backend->infer({big.view()}).at(0), expected, 1e-4);
+  Tensor too_big = tile_along_axis(m.x1.view(), 0, 25);
+  expect_error([&] { backend->infer({too_big.view()}); }, ErrorCode::kShapeMismatch, {"x"});
+}
+
+TEST(Tuner, BatchSearchStopsWhenThroughputStopsGrowing) {
+  MlpSamples m;
+  auto options = quick_options();
+  options.batch_search.enabled = true;
+  options.batch_search.min_gain = 1e9;  // no batch can be this much faster: stop at the first step
+  GraphTuner tuner("mlp", m.spec(), m.samples(), options);
+  tuner.evaluate_onnx(fixture("mlp.onnx"), provider_variants(cpu(), tuner.spec())[0], "ORT", 0);
+  const auto& search = *tuner.select(max_throughput()).batch_search;
+  ASSERT_EQ(search.steps.size(), 1u);
+  EXPECT_EQ(search.max_batch, 6);
+  EXPECT_NE(search.stop_reason.find("gain"), std::string::npos) << search.stop_reason;
+}
+
+TEST(Tuner, FailingCandidatesAreReportedAndTheOthersCompete) {
+  MlpSamples m;
+  GraphTuner tuner("mlp", m.spec(), m.samples(), quick_options());
+  tuner.add_failed("export", "ONNXRuntimeBackend[trace]", 0, "torch.onnx.export failed: boom");
+  auto bad_model = tuner.evaluate_onnx(fixture("corrupt.onnx"), provider_variants(cpu(), tuner.spec())[0], "ORT", 1);
+  auto good = tuner.evaluate_onnx(fixture("mlp.onnx"), provider_variants(cpu(), tuner.spec())[0], "ORT", 1);
+  const auto& r = tuner.select(max_throughput());
+  EXPECT_EQ(r.candidates[0].status, CandidateStatus::kFailed);
+  EXPECT_EQ(r.candidates[bad_model].status, CandidateStatus::kFailed);
+  EXPECT_NE(r.candidates[bad_model].reason.find("corrupt.onnx"), std::string::npos) << r.candidates[bad_model].reason;
+  EXPECT_EQ(r.winner, good);
+}
+
+TEST(Tuner, SamplesAreValidatedAgainstTheSpec) {
+  MlpSamples m;
+  expect_error([&] { GraphTuner("mlp", m.spec(), {}, quick_options()); }, ErrorCode::kInvalidArgument,
+               {"mlp", "sample"});
+  Tensor ints = Tensor::empty_host(DType::kInt64, {1, 64});
+  expect_error([&] { GraphTuner("mlp", m.spec(), {{{ints.view()}, {m.y1.view()}, 1}}, quick_options()); },
+               ErrorCode::kDTypeMismatch, {"x", "int64", "float32"});
+  Tensor wide = Tensor::empty_host(DType::kFloat32, {1, 65});
+  expect_error([&] { GraphTuner("mlp", m.spec(), {{{wide.view()}, {m.y1.view()}, 1}}, quick_options()); },
+               ErrorCode::kShapeMismatch, {"x"});
+  expect_error([&] { GraphTuner("mlp", m.spec(), {{{m.x1.view()}, {}, 1}}, quick_options()); },
+               ErrorCode::kInvalidArgument, {"expected"});
+}
+
+TEST(Tuner, TileAlongAxisRepeatsTheTensor) {
+  auto t = make_host<float>(DType::kFloat32, {2, 3}, {1, 2, 3, 4, 5, 6});
+  EXPECT_EQ(values_of<float>(tile_along_axis(t.view(), 0, 2)), (std::vector<float>{1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6}));
+  EXPECT_EQ(values_of<float>(tile_along_axis(t.view(), 1, 2)), (std::vector<float>{1, 2, 3, 1, 2, 3, 4, 5, 6, 4, 5, 6}));
+  EXPECT_EQ(tile_along_axis(t.view(), 1, 3).shape(), (Shape{2, 9}));
+  expect_error([&] { tile_along_axis(t.view(), 2, 2); }, ErrorCode::kInvalidArgument, {"axis"});
+}
+
+TEST(Tuner, CudaAndTensorRtVariantsAreDocumentedSets) {
+  MlpSamples m;
+  OnnxRuntimeBackendConfig cuda;
+  auto v = provider_variants(cuda, m.spec());
+  ASSERT_EQ(v.size(), 4u);
+  EXPECT_EQ(v[0].config.provider_options.at("use_tf32"), "0");
+  EXPECT_EQ(v[0].precision, Precision::kStrict);
+  EXPECT_EQ(v[1].config.provider_options.at("cudnn_conv_algo_search"), "HEURISTIC");
+  EXPECT_EQ(v[2].config.provider_options.at("prefer_nhwc"), "1");
+  EXPECT_EQ(v[3].precision, Precision::kTF32);
+  // A caller-fixed option is kept in every variant and decides the precision.
+  cuda.provider_options["use_tf32"] = "1";
+  for (const auto& c : provider_variants(cuda, m.spec())) {
+    EXPECT_EQ(c.config.provider_options.at("use_tf32"), "1");
+    EXPECT_EQ(c.precision, Precision::kTF32);
+  }
+  EXPECT_EQ(provider_variants(cuda, m.spec()).size(), 3u);  // {tf32=1} twice collapsed into one
+  OnnxRuntimeBackendConfig trt;
+  trt.provider = ExecutionProvider::kTensorRT;
+  auto t = provider_variants(trt, m.spec());
+  ASSERT_EQ(t.size(), 3u);
+  EXPECT_EQ(t[1].precision, Precision::kFP16);
+  EXPECT_EQ(t[2].config.provider_options.at("trt_builder_optimization_level"), "5");
+}
+
+}  // namespace
+}  // namespace aitune
