@@ -38,3 +38,20 @@ if(AITUNE_BUILD_TESTS)
     add_library(GTest::gtest_main ALIAS gtest_main)
   endif()
 endif()
+
+# OpenSSL's libcrypto computes the sha256 of checkpoint artifacts (src/core/sha256.cpp).
+# A host without libssl-dev (the GPU host) has neither the headers nor the unversioned
+# libcrypto.so symlink that FindOpenSSL looks for: there the headers come from
+# AITUNE_DEPS_INCLUDE (scripts/stage-gpu-build-deps.sh copies them; system headers win
+# where both exist) and the library falls back to the runtime's libcrypto.so.3. Either
+# can be named: -DOPENSSL_INCLUDE_DIR=DIR -DOPENSSL_CRYPTO_LIBRARY=/path/libcrypto.so.3
+if(AITUNE_DEPS_INCLUDE)
+  find_path(OPENSSL_INCLUDE_DIR NAMES openssl/ssl.h openssl/evp.h PATHS "${AITUNE_DEPS_INCLUDE}")
+endif()
+if(NOT OPENSSL_CRYPTO_LIBRARY)
+  find_library(aitune_libcrypto_dev NAMES crypto NO_CACHE)
+  if(NOT aitune_libcrypto_dev)
+    find_library(OPENSSL_CRYPTO_LIBRARY NAMES libcrypto.so.3)
+  endif()
+endif()
+find_package(OpenSSL REQUIRED COMPONENTS Crypto)

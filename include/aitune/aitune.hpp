@@ -1,6 +1,9 @@
 // Umbrella header: everything a C++ user of aitune needs.
 #pragma once
 
+#include "aitune/checkpoint.hpp"
+#include "aitune/correctness.hpp"
+#include "aitune/cuda_timer.hpp"
 #include "aitune/device.hpp"
 #include "aitune/dtype.hpp"
 #include "aitune/error.hpp"
@@ -8,7 +11,12 @@
 #include "aitune/graph_spec.hpp"
 #include "aitune/latency_stats.hpp"
 #include "aitune/npy.hpp"
+#include "aitune/onnx_external_data.hpp"
 #include "aitune/onnx_runtime_backend.hpp"
 #include "aitune/ort_runtime.hpp"
+#include "aitune/profiler.hpp"
+#include "aitune/strategy.hpp"
 #include "aitune/tensor.hpp"
+#include "aitune/tune_report.hpp"
+#include "aitune/tuner.hpp"
 #include "aitune/version.hpp"

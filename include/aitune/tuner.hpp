@@ -90,8 +90,11 @@ class GraphTuner {
   /// Creates a session for `candidate` on `model_path` (timing creation and first run),
   /// runs every sample and compares with the expected outputs, and profiles it when
   /// correct. Never throws for a failing candidate: its status and reason say why.
+  /// `model_inputs` maps the model's inputs to the graph's: model input i is graph input
+  /// model_inputs[i] (an exporter may drop unused inputs); empty means all, in order.
   std::size_t evaluate_onnx(const std::string& model_path, const OnnxCandidate& candidate,
-                            const std::string& backend, int group);
+                            const std::string& backend, int group,
+                            const std::vector<std::size_t>& model_inputs = {});
 
   /// Lets `strategy` choose; runs the batch search on the winner when enabled.
   const TuneReport& select(const StrategyConfig& strategy);

@@ -13,11 +13,8 @@
 namespace nb = nanobind;
 
 namespace aitune::python {
-namespace {
 
-using AnyArray = nb::ndarray<nb::ro>;
-
-// A view of a Python array (torch tensor, numpy array, anything with __dlpack__).
+// DLPack fields of the array, without a copy; from_dlpack validates dtype and device.
 TensorView view_of(const AnyArray& a, const std::string& name) {
   DLTensor t{};
   t.data = const_cast<void*>(a.data());
@@ -37,6 +34,8 @@ TensorView view_of(const AnyArray& a, const std::string& name) {
     throw Error(e.code(), "input '" + name + "': " + e.what());
   }
 }
+
+namespace {
 
 // Hands an engine tensor to Python without a copy; the capsule keeps the ORT value alive.
 nb::object to_python(const Tensor& t, const std::string& framework) {

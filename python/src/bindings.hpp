@@ -2,6 +2,11 @@
 #pragma once
 
 #include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include <string>
+
+#include "aitune/tensor.hpp"
 
 namespace aitune::python {
 
@@ -11,5 +16,11 @@ void bind_graph_spec(nanobind::module_& m);   // TensorSpec, GraphSpec, GraphSpe
 void bind_runtime(nanobind::module_& m);      // OrtRuntime, ProviderStatus
 void bind_backend(nanobind::module_& m);      // OnnxRuntimeBackendConfig, OnnxRuntimeBackend
 void bind_cli(nanobind::module_& m);          // cli_main
+void bind_tuning(nanobind::module_& m);       // correctness, profiler, strategies, GraphTuner
+
+/// Any Python array (torch tensor, numpy array, anything with __dlpack__).
+using AnyArray = nanobind::ndarray<nanobind::ro>;
+/// A non-owning view of `array`; errors name `name`. The caller keeps `array` alive.
+TensorView view_of(const AnyArray& array, const std::string& name);
 
 }  // namespace aitune::python

@@ -14,4 +14,5 @@ NB_MODULE(_core, m) {
   aitune::python::bind_runtime(m);
   aitune::python::bind_backend(m);
   aitune::python::bind_cli(m);
+  aitune::python::bind_tuning(m);
 }

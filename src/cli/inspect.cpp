@@ -1,41 +1,17 @@
-// `aitune inspect MODEL.onnx`: inputs/outputs, dtypes, symbolic dims, opset, external data.
+// `aitune inspect MODEL.onnx|CHECKPOINT`: inputs/outputs, dtypes, symbolic dims, opset,
+// external data; for a checkpoint, its manifest (after verifying every file).
 #include <filesystem>
-#include <fstream>
 #include <iostream>
-#include <iterator>
-#include <set>
 
+#include "aitune/checkpoint.hpp"
 #include "aitune/error.hpp"
+#include "aitune/onnx_external_data.hpp"
 #include "aitune/onnx_runtime_backend.hpp"
 #include "commands.hpp"
 
 namespace aitune::cli {
 namespace fs = std::filesystem;
 namespace {
-
-// ORT does not expose which external data files a model uses. In the ONNX protobuf each
-// reference is a StringStringEntryProto {key: "location", value: <file>}, whose bytes
-// are 0x0a 0x08 "location" 0x12 <varint length> <file>; a scan for that record finds the
-// files without a protobuf dependency in the CLI.
-std::set<std::string> external_data_files(const std::string& model_path) {
-  std::ifstream in(model_path, std::ios::binary);
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  static const std::string marker = std::string("\x0a\x08location\x12", 11);
-  std::set<std::string> files;
-  for (auto pos = bytes.find(marker); pos != std::string::npos; pos = bytes.find(marker, pos + 1)) {
-    std::size_t i = pos + marker.size();
-    uint64_t len = 0;
-    int shift = 0;
-    while (i < bytes.size() && shift < 35) {
-      auto b = static_cast<unsigned char>(bytes[i++]);
-      len |= static_cast<uint64_t>(b & 0x7f) << shift;
-      if (!(b & 0x80)) break;
-      shift += 7;
-    }
-    if (len > 0 && len < 4096 && i + len <= bytes.size()) files.insert(bytes.substr(i, len));
-  }
-  return files;
-}
 
 std::string dims_to_string(const IoInfo& io) {
   std::string out = "[";
@@ -46,13 +22,36 @@ std::string dims_to_string(const IoInfo& io) {
   return out + "]";
 }
 
+// Manifest summary of a verified checkpoint.
+int inspect_checkpoint(const std::string& dir) {
+  auto checkpoint = Checkpoint::load(dir);
+  const auto& m = checkpoint.manifest();
+  std::cout << "checkpoint: " << checkpoint.directory() << " (all artifacts verified)\n";
+  std::cout << "format version: " << m.format_version << "; written by aitune " << m.aitune_version
+            << ", ONNX Runtime " << m.onnxruntime_version << ", at " << m.created << "\n";
+  std::cout << "module: " << m.module_name << "\n";
+  for (const auto& g : m.graphs) {
+    const auto& c = g.backend_config;
+    std::cout << "graph " << g.key << ": " << g.backend << " on " << execution_provider_name(c.provider)
+              << " (device " << c.device_id << "), model " << g.model << "\n";
+    for (const auto& [k, v] : c.provider_options) std::cout << "  provider option " << k << "=" << v << "\n";
+    for (auto [title, list] : {std::pair{"input", &g.graph_spec.inputs}, std::pair{"output", &g.graph_spec.outputs}})
+      for (const auto& t : *list) std::cout << "  " << title << " " << t.name << ": " << t.to_string() << "\n";
+    for (const auto& a : g.artifacts)
+      std::cout << "  artifact " << a.path << ": " << human_bytes(a.size) << ", sha256 " << a.sha256.substr(0, 16)
+                << "...\n";
+  }
+  return 0;
+}
+
 }  // namespace
 
 Command add_inspect(CLI::App& app) {
-  auto* sub = app.add_subcommand("inspect", "Show a model's inputs, outputs, opset and external data");
+  auto* sub = app.add_subcommand("inspect", "Show a model's inputs, outputs, opset and external data, or a checkpoint's manifest");
   auto model = std::make_shared<std::string>();
-  sub->add_option("model", *model, "path to an .onnx file")->required();
+  sub->add_option("model", *model, "path to an .onnx file or a checkpoint directory")->required();
   return {sub, [model] {
+            if (fs::is_directory(*model)) return inspect_checkpoint(*model);
             OnnxRuntimeBackendConfig config;
             config.provider = ExecutionProvider::kCPU;  // introspection needs no device
             config.graph_optimization_level = GraphOptimizationLevel::kDisableAll;
@@ -64,7 +63,7 @@ Command add_inspect(CLI::App& app) {
               for (const auto& io : *list)
                 std::cout << "  " << io.name << ": " << dtype_name(io.dtype) << dims_to_string(io) << "\n";
             }
-            auto files = external_data_files(*model);
+            auto files = onnx_external_data_locations(*model);
             if (files.empty()) {
               std::cout << "external data: none\n";
             } else {

@@ -1,5 +1,5 @@
-// `aitune run MODEL.onnx`: runs a model on a provider with given or random inputs and
-// prints output summaries and latency percentiles.
+// `aitune run MODEL.onnx|CHECKPOINT`: runs a model, or a graph of a saved checkpoint, on a
+// provider with given or random inputs and prints output summaries and latency percentiles.
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -10,6 +10,7 @@
 #include <sstream>
 #include <random>
 
+#include "aitune/checkpoint.hpp"
 #include "aitune/error.hpp"
 #include "aitune/latency_stats.hpp"
 #include "aitune/npy.hpp"
@@ -20,9 +21,10 @@ namespace aitune::cli {
 namespace {
 
 struct RunOptions {
-  std::string model;
-  std::string provider = "cpu";
-  int device_id = 0;
+  std::string model;     // an .onnx file or a checkpoint directory
+  std::string graph;     // checkpoint graph key ("" = its only graph)
+  std::string provider;  // "" = cpu for a model, the saved provider for a checkpoint
+  int device_id = -1;    // -1 = 0 for a model, the saved device for a checkpoint
   std::vector<std::string> inputs;   // NAME=FILE.npy
   std::vector<std::string> dims;     // SYMBOL=VALUE for random inputs
   std::vector<std::string> provider_options;  // KEY=VALUE
@@ -38,13 +40,17 @@ std::pair<std::string, std::string> split_assignment(const std::string& text, co
   return {text.substr(0, eq), text.substr(eq + 1)};
 }
 
-// Fills a host tensor with reproducible values in a range every dtype can hold.
-Tensor random_input(const IoInfo& io, const std::map<std::string, int64_t>& dims, std::mt19937& rng) {
+// Fills a host tensor with reproducible values in a range every dtype can hold. A
+// symbolic extent takes its --dim value, else the smallest the graph spec accepts.
+Tensor random_input(const IoInfo& io, const TensorSpec* spec, const std::map<std::string, int64_t>& dims,
+                    std::mt19937& rng) {
   Shape shape = io.shape;
   for (std::size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] >= 0) continue;
     auto it = dims.find(io.symbolic_dims[i]);
-    shape[i] = it != dims.end() ? it->second : 1;
+    shape[i] = it != dims.end() ? it->second
+               : spec && i < spec->rank() ? std::max<int64_t>(spec->min_shape[i], 1)
+                                          : 1;
   }
   Tensor t = Tensor::empty_host(io.dtype, shape);
   std::uniform_real_distribution<float> real(-1.f, 1.f);
@@ -114,21 +120,61 @@ std::string summary(const Tensor& t) {
   return out.str();
 }
 
+ExecutionProvider resolve_provider(const std::string& text) {
+  if (text != "auto") return parse_execution_provider(text);
+  // Best available here: CUDA where its provider loads, else the CPU.
+  bool cuda = OrtRuntime::load()->provider_status(ExecutionProvider::kCUDA).available;
+  auto provider = cuda ? ExecutionProvider::kCUDA : ExecutionProvider::kCPU;
+  std::cout << "provider: " << execution_provider_name(provider) << " (auto)\n";
+  return provider;
+}
+
+// The backend of a checkpoint's graph: everything verified, the saved configuration
+// with the command line's provider, device and options over it.
+std::unique_ptr<OnnxRuntimeBackend> checkpoint_backend(const RunOptions& o,
+                                                       const std::map<std::string, std::string>& provider_options) {
+  auto checkpoint = Checkpoint::load(o.model);
+  std::string key = o.graph;
+  if (key.empty()) {
+    auto keys = checkpoint.graph_keys();
+    if (keys.size() != 1) {
+      std::string names;
+      for (const auto& k : keys) names += (names.empty() ? "" : ", ") + k;
+      throw Error(ErrorCode::kInvalidArgument, "checkpoint '" + checkpoint.directory() + "' has " +
+                                                   std::to_string(keys.size()) + " graphs (" + names +
+                                                   "); choose one with --graph");
+    }
+    key = keys.front();
+  }
+  const auto& graph = checkpoint.graph(key);
+  CheckpointBackendOverrides overrides;
+  if (!o.provider.empty()) overrides.provider = resolve_provider(o.provider);
+  if (o.device_id >= 0) overrides.device_id = o.device_id;
+  if (!provider_options.empty()) overrides.provider_options = provider_options;
+  std::cout << "checkpoint: " << checkpoint.directory() << " (module '" << checkpoint.manifest().module_name
+            << "', graph '" << key << "', " << graph.artifacts.size() << " artifacts verified)\n";
+  return checkpoint.create_backend(key, overrides);
+}
+
 int run_model(const RunOptions& o) {
   if (o.iterations < 1) throw Error(ErrorCode::kInvalidArgument, "--iterations must be >= 1");
   if (o.warmup < 0) throw Error(ErrorCode::kInvalidArgument, "--warmup must be >= 0");
-  OnnxRuntimeBackendConfig config;
-  if (o.provider == "auto") {
-    // Best available here: CUDA where its provider loads, else the CPU.
-    bool cuda = OrtRuntime::load()->provider_status(ExecutionProvider::kCUDA).available;
-    config.provider = cuda ? ExecutionProvider::kCUDA : ExecutionProvider::kCPU;
-    std::cout << "provider: " << execution_provider_name(config.provider) << " (auto)\n";
+  std::map<std::string, std::string> provider_options;
+  for (const auto& kv : o.provider_options) provider_options.insert(split_assignment(kv, "--provider-option"));
+  std::unique_ptr<OnnxRuntimeBackend> backend;
+  if (std::filesystem::is_directory(o.model)) {
+    backend = checkpoint_backend(o, provider_options);
   } else {
-    config.provider = parse_execution_provider(o.provider);
+    if (!o.graph.empty())
+      throw Error(ErrorCode::kInvalidArgument, "--graph selects a graph of a checkpoint directory; '" + o.model +
+                                                   "' is not a directory");
+    OnnxRuntimeBackendConfig config;
+    config.provider = resolve_provider(o.provider.empty() ? "cpu" : o.provider);
+    config.device_id = std::max(o.device_id, 0);
+    config.provider_options = provider_options;
+    backend = OnnxRuntimeBackend::create(o.model, config);
   }
-  config.device_id = o.device_id;
-  for (const auto& kv : o.provider_options) config.provider_options.insert(split_assignment(kv, "--provider-option"));
-  auto backend = OnnxRuntimeBackend::create(o.model, config);
+  const OnnxRuntimeBackendConfig& config = backend->config();
 
   std::map<std::string, int64_t> dims;
   for (const auto& d : o.dims) {
@@ -155,7 +201,9 @@ int run_model(const RunOptions& o) {
   std::vector<TensorView> views;
   for (const auto& io : backend->inputs()) {
     auto it = given.find(io.name);
-    Tensor host = it != given.end() ? it->second : random_input(io, dims, rng);
+    auto index = backend->graph_spec().find_input(io.name);
+    const TensorSpec* spec = index ? &backend->graph_spec().inputs[*index] : nullptr;
+    Tensor host = it != given.end() ? it->second : random_input(io, spec, dims, rng);
     std::cout << "input " << io.name << ": " << dtype_name(host.dtype()) << shape_to_string(host.shape())
               << (it != given.end() ? " from file" : " random") << "\n";
     device_inputs.push_back(backend->to_device(host));
@@ -194,14 +242,18 @@ int run_model(const RunOptions& o) {
 }  // namespace
 
 Command add_run(CLI::App& app) {
-  auto* sub = app.add_subcommand("run", "Run an ONNX model and report outputs and latency");
+  auto* sub = app.add_subcommand("run", "Run an ONNX model or a saved checkpoint and report outputs and latency");
   auto o = std::make_shared<RunOptions>();
-  sub->add_option("model", o->model, "path to an .onnx file")->required();
-  sub->add_option("--provider", o->provider, "cpu, cuda, tensorrt or auto (CUDA if available, else CPU)")->capture_default_str();
-  sub->add_option("--device-id", o->device_id, "CUDA device index")->capture_default_str();
+  sub->add_option("model", o->model, "path to an .onnx file or a checkpoint directory")->required();
+  sub->add_option("--graph", o->graph, "checkpoint graph key (default: the checkpoint's only graph)");
+  sub->add_option("--provider", o->provider,
+                  "cpu, cuda, tensorrt or auto (CUDA if available, else CPU); default: cpu for a model, "
+                  "the saved provider for a checkpoint");
+  sub->add_option("--device-id", o->device_id, "CUDA device index (default: 0 for a model, the saved one for a checkpoint)");
   sub->add_option("--input", o->inputs, "NAME=FILE.npy (repeatable); others are random");
-  sub->add_option("--dim", o->dims, "SYMBOL=VALUE for symbolic dims of random inputs (default 1)");
-  sub->add_option("--provider-option", o->provider_options, "KEY=VALUE passed to the provider (repeatable)");
+  sub->add_option("--dim", o->dims, "SYMBOL=VALUE for symbolic dims of random inputs (default: the smallest extent the graph spec accepts, 1 for a model)");
+  sub->add_option("--provider-option", o->provider_options,
+                  "KEY=VALUE passed to the provider (repeatable; over a checkpoint's saved options)");
   sub->add_option("--iterations", o->iterations, "timed runs")->capture_default_str();
   sub->add_option("--warmup", o->warmup, "untimed runs before timing")->capture_default_str();
   sub->add_option("--save-outputs", o->save_outputs, "directory to write each output as NAME.npy");

@@ -80,7 +80,7 @@ std::optional<std::size_t> select_candidate(const StrategyConfig& strategy, std:
   for (std::size_t i = 0; i < candidates.size(); ++i)
     if (candidates[i].status == CandidateStatus::kPassed && candidates[i].profile) eligible.push_back(i);
   if (eligible.empty()) {
-    decision = candidates.empty() ? "no candidates" : "no candidate passed its checks; eager kept";
+    decision = candidates.empty() ? "no candidates" : "no candidate passed its checks";
     return std::nullopt;
   }
 

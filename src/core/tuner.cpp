@@ -165,6 +165,7 @@ struct GraphTuner::Impl {
   std::size_t profile_sample = 0;  // largest batch
   std::vector<std::unique_ptr<OnnxRuntimeBackend>> backends;  // per candidate; null unless passed
   std::vector<std::string> model_paths;
+  std::vector<std::vector<std::size_t>> input_maps;  // per candidate: model input i <- graph input map[i]
   std::unique_ptr<OnnxRuntimeBackend> winner;
   SteadyTime::time_point started = SteadyTime::now();
 
@@ -172,10 +173,12 @@ struct GraphTuner::Impl {
     if (options.log) options.log(report.graph + ": " + line);
   }
 
-  std::size_t push(CandidateResult r, std::unique_ptr<OnnxRuntimeBackend> backend, std::string model_path) {
+  std::size_t push(CandidateResult r, std::unique_ptr<OnnxRuntimeBackend> backend, std::string model_path,
+                   std::vector<std::size_t> input_map = {}) {
     report.candidates.push_back(std::move(r));
     backends.push_back(std::move(backend));
     model_paths.push_back(std::move(model_path));
+    input_maps.push_back(std::move(input_map));
     report.tuning_s = ms_since(started) / 1e3;
     return report.candidates.size() - 1;
   }
@@ -186,12 +189,26 @@ struct GraphTuner::Impl {
     return make_cuda_event_timer(std::stoull(config.provider_options.at("user_compute_stream")), config.device_id);
   }
 
-  CorrectnessReport check(const OnnxRuntimeBackend& backend, Precision precision) const {
+  // The graph's spec / a sample's inputs as the model with `map` sees them.
+  GraphSpec spec_for(const std::vector<std::size_t>& map) const {
+    GraphSpec s = spec;
+    s.inputs.clear();
+    for (auto i : map) s.inputs.push_back(spec.inputs.at(i));
+    return s;
+  }
+  static std::vector<TensorView> select(const std::vector<TensorView>& inputs, const std::vector<std::size_t>& map) {
+    std::vector<TensorView> out;
+    for (auto i : map) out.push_back(inputs.at(i));
+    return out;
+  }
+
+  CorrectnessReport check(const OnnxRuntimeBackend& backend, Precision precision,
+                          const std::vector<std::size_t>& map) const {
     ToleranceSpec tolerances = options.tolerances;
     tolerances.precision = precision;
     CorrectnessReport report_;
     for (std::size_t i = 0; i < samples.size(); ++i) {
-      auto inputs = inputs_on(backend, samples[i].inputs, spec);
+      auto inputs = inputs_on(backend, select(samples[i].inputs, map), backend.graph_spec());
       auto outputs = host_outputs(backend, backend.infer(inputs.views));
       report_.samples.push_back(compare_sample(
           "sample " + std::to_string(i) + " (batch " + std::to_string(samples[i].batch_size) + ")", output_names,
@@ -272,8 +289,18 @@ std::size_t GraphTuner::add_failed(const std::string& name, const std::string& b
 }
 
 std::size_t GraphTuner::evaluate_onnx(const std::string& model_path, const OnnxCandidate& candidate,
-                                      const std::string& backend_name, int group) {
+                                      const std::string& backend_name, int group,
+                                      const std::vector<std::size_t>& model_inputs) {
   auto& impl = *impl_;
+  std::vector<std::size_t> map = model_inputs;
+  if (map.empty())
+    for (std::size_t i = 0; i < impl.spec.inputs.size(); ++i) map.push_back(i);
+  for (auto i : map)
+    if (i >= impl.spec.inputs.size())
+      throw Error(ErrorCode::kInvalidArgument, impl.report.graph + ": model input index " + std::to_string(i) +
+                                                   " is out of range; the graph has " +
+                                                   std::to_string(impl.spec.inputs.size()) + " inputs");
+  const GraphSpec model_spec = impl.spec_for(map);
   CandidateResult r;
   r.name = candidate.name;
   r.backend = backend_name;
@@ -294,23 +321,23 @@ std::size_t GraphTuner::evaluate_onnx(const std::string& model_path, const OnnxC
   std::unique_ptr<OnnxRuntimeBackend> backend;
   auto start = SteadyTime::now();
   try {
-    backend = OnnxRuntimeBackend::create(model_path, config, impl.spec);
+    backend = OnnxRuntimeBackend::create(model_path, config, model_spec);
   } catch (const Error& e) {
     if (!on_user_stream) {
       r.status = CandidateStatus::kFailed;
       r.reason = e.what();
       impl.log(r.name + ": failed: " + r.reason);
-      return impl.push(std::move(r), nullptr, model_path);
+      return impl.push(std::move(r), nullptr, model_path, map);
     }
     impl.log(r.name + ": session on the shared stream failed (" + e.what() + "); retrying on ORT's own stream");
     config.provider_options.erase("user_compute_stream");
     try {
       start = SteadyTime::now();
-      backend = OnnxRuntimeBackend::create(model_path, config, impl.spec);
+      backend = OnnxRuntimeBackend::create(model_path, config, model_spec);
     } catch (const Error& e2) {
       r.status = CandidateStatus::kFailed;
       r.reason = e2.what();
-      return impl.push(std::move(r), nullptr, model_path);
+      return impl.push(std::move(r), nullptr, model_path, map);
     }
   }
   r.session_creation_ms = ms_since(start);
@@ -318,17 +345,17 @@ std::size_t GraphTuner::evaluate_onnx(const std::string& model_path, const OnnxC
 
   try {
     const auto& sample = impl.samples[impl.profile_sample];
-    auto inputs = inputs_on(*backend, sample.inputs, impl.spec);
+    auto inputs = inputs_on(*backend, Impl::select(sample.inputs, map), model_spec);
     start = SteadyTime::now();
     backend->infer(inputs.views);  // TensorRT builds its engines here
     r.first_run_ms = ms_since(start);
 
-    r.correctness = impl.check(*backend, candidate.precision);
+    r.correctness = impl.check(*backend, candidate.precision, map);
     if (!r.correctness->passed()) {
       r.status = CandidateStatus::kIncorrect;
       r.reason = r.correctness->first_failure();
       impl.log(r.name + ": rejected: " + r.reason);
-      return impl.push(std::move(r), nullptr, model_path);
+      return impl.push(std::move(r), nullptr, model_path, map);
     }
     auto timer = impl.timer_for(backend->config());
     r.profile = profile_calls([&] { backend->infer(inputs.views); }, sample.batch_size, impl.options.profile,
@@ -337,12 +364,12 @@ std::size_t GraphTuner::evaluate_onnx(const std::string& model_path, const OnnxC
     r.status = CandidateStatus::kFailed;
     r.reason = e.what();
     impl.log(r.name + ": failed: " + r.reason);
-    return impl.push(std::move(r), nullptr, model_path);
+    return impl.push(std::move(r), nullptr, model_path, map);
   }
   r.status = CandidateStatus::kPassed;
   impl.log(r.name + ": correct (max abs error " + std::to_string(r.correctness->max_abs_error()) + "), p50 " +
            std::to_string(r.profile->host_us.p50) + " us");
-  return impl.push(std::move(r), std::move(backend), model_path);
+  return impl.push(std::move(r), std::move(backend), model_path, map);
 }
 
 const TuneReport& GraphTuner::select(const StrategyConfig& strategy) {
@@ -368,7 +395,9 @@ void GraphTuner::Impl::search_batch(std::size_t index) {
   const auto& sample = samples[profile_sample];
   result.recorded_max_batch = sample.batch_size;
   result.max_batch = sample.batch_size;
-  bool has_batch = std::any_of(spec.inputs.begin(), spec.inputs.end(), [](const TensorSpec& t) { return t.batch_axis; });
+  const GraphSpec searched = spec_for(input_maps[index]);
+  bool has_batch =
+      std::any_of(searched.inputs.begin(), searched.inputs.end(), [](const TensorSpec& t) { return t.batch_axis; });
   if (!has_batch) {
     result.stop_reason = "the graph has no batch axis (record at least two batch sizes)";
     result.correctness = "not run";
@@ -377,8 +406,10 @@ void GraphTuner::Impl::search_batch(std::size_t index) {
   }
   const auto& candidate = report.candidates[index];
   const auto& original = *backends[index];
+  const auto& map = input_maps[index];
+  const GraphSpec model_spec = spec_for(map);
   OnnxRuntimeBackendConfig config = original.config();
-  GraphSpec open = spec;
+  GraphSpec open = model_spec;
   for (auto* tensors : {&open.inputs, &open.outputs})
     for (auto& t : *tensors)
       if (t.batch_axis) t.max_shape[static_cast<std::size_t>(*t.batch_axis)] = kUnbounded;
@@ -388,7 +419,7 @@ void GraphTuner::Impl::search_batch(std::size_t index) {
   std::vector<Tensor> host_inputs;
   try {
     wide = OnnxRuntimeBackend::create(model_paths[index], config, open);
-    for (const auto& v : sample.inputs) host_inputs.push_back(original.to_host(borrowed(v)));
+    for (const auto& v : select(sample.inputs, map)) host_inputs.push_back(original.to_host(borrowed(v)));
   } catch (const Error& e) {
     result.stop_reason = std::string("could not open the model with an unbounded batch: ") + e.what();
     result.correctness = "not run";
@@ -398,7 +429,7 @@ void GraphTuner::Impl::search_batch(std::size_t index) {
   auto tiled_inputs = [&](int64_t factor) {
     std::vector<Tensor> out;
     for (std::size_t i = 0; i < host_inputs.size(); ++i) {
-      const auto& axis = spec.inputs[i].batch_axis;
+      const auto& axis = model_spec.inputs[i].batch_axis;
       Tensor host = axis ? tile_along_axis(host_inputs[i].view(), *axis, factor) : host_inputs[i];
       out.push_back(wide->to_device(host));
     }
@@ -467,7 +498,7 @@ void GraphTuner::Impl::search_batch(std::size_t index) {
       auto check = compare_sample("batch " + std::to_string(result.max_batch), output_names, views_of(outputs),
                                   views_of(expected), tolerances);
       if (check.passed()) {
-        GraphSpec widened = spec;
+        GraphSpec widened = model_spec;
         for (auto* tensors : {&widened.inputs, &widened.outputs})
           for (auto& t : *tensors)
             if (t.batch_axis)

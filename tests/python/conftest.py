@@ -13,3 +13,15 @@ def cache_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("AITUNE_CACHE_DIR", str(path))
     torch.manual_seed(0)
     return path
+
+
+@pytest.fixture(autouse=True)
+def no_performance_validation():
+    """Tests of what a backend builds must not depend on whether it beats eager on this
+    machine; tests of performance validation switch it on themselves."""
+    import aitune.torch as ait
+
+    ait.enable_performance_validation(False)
+    yield
+    ait.enable_performance_validation(True)
+    ait.enable_find_max_batch_size(False)

@@ -46,7 +46,9 @@ def test_the_other_spec_snippets_construct():
     backend = ONNXRuntimeBackend(config)
     assert backend.config.use_dynamo is False
 
-    # "Configuration": a BackendConfig dataclass with exactly these fields and defaults.
+    # "Configuration": a BackendConfig dataclass with these fields and defaults, first and
+    # in this order; aitune's additions come after them and all have defaults.
     assert issubclass(ONNXRuntimeBackendConfig, BackendConfig)
-    fields = {f.name: f.default for f in dataclasses.fields(ONNXRuntimeBackendConfig)}
-    assert fields == {"use_dynamo": True, "execution_provider": None, "opset_version": None}
+    fields = [(f.name, f.default) for f in dataclasses.fields(ONNXRuntimeBackendConfig)]
+    assert fields[:3] == [("use_dynamo", True), ("execution_provider", None), ("opset_version", None)]
+    assert fields[3:] == [("tune_provider_options", True), ("provider_options", None)]

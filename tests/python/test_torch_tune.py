@@ -42,7 +42,13 @@ def test_mlp_matches_eager(use_dynamo, cache_dir):
     assert (backend_dir / "model_raw.onnx").is_file()
     config = json.loads((backend_dir / "config.json").read_text())
     assert config["backend"] == "ONNXRuntimeBackend"
-    assert config["config"] == {"use_dynamo": use_dynamo, "execution_provider": "cpu", "opset_version": None}
+    assert config["config"] == {
+        "use_dynamo": use_dynamo,
+        "execution_provider": "cpu",
+        "opset_version": None,
+        "tune_provider_options": True,
+        "provider_options": None,
+    }
     assert not list(backend_dir.glob(".export-*"))  # scratch directory gone
 
 
@@ -290,7 +296,7 @@ def test_numeric_mismatch_with_eager_fails_the_build():
             return x + torch.rand_like(x)
 
     model = ait.Module(Noisy(), strategy=cpu_strategy(use_dynamo=False))
-    with pytest.raises(ait.NumericMismatchError, match="output_0.*max abs diff"):
+    with pytest.raises(ait.NumericMismatchError, match="output_0.*max abs error"):
         ait.tune(model, torch.randn(64), ignore_failing_modules=False)
 
 

@@ -18,7 +18,22 @@ from aitune.torch.cache import cache_root
 from aitune.torch.export import ExportError
 from aitune.torch.graph import RecordedGraph
 from aitune.torch.module import GraphNotRecordedError, Module, ModuleState
-from aitune.torch.strategy import FirstWinsStrategy, OneBackendStrategy, TuneStrategy, TuningError
+from aitune.torch.settings import (
+    TuneOptions,
+    enable_find_max_batch_size,
+    enable_performance_validation,
+    find_max_batch_size_enabled,
+    performance_validation_enabled,
+)
+from aitune.torch.strategy import (
+    FirstWinsStrategy,
+    LatencyBudgetStrategy,
+    MaxThroughputStrategy,
+    MinLatencyStrategy,
+    OneBackendStrategy,
+    TuneStrategy,
+    TuningError,
+)
 from aitune.torch.tuning import tune
 
 __all__ = [
@@ -27,6 +42,9 @@ __all__ = [
     "ExportError",
     "FirstWinsStrategy",
     "GraphNotRecordedError",
+    "LatencyBudgetStrategy",
+    "MaxThroughputStrategy",
+    "MinLatencyStrategy",
     "Module",
     "ModuleState",
     "NumericMismatchError",
@@ -36,8 +54,13 @@ __all__ = [
     "OneBackendStrategy",
     "RecordedGraph",
     "TorchEagerBackend",
+    "TuneOptions",
     "TuneStrategy",
     "TuningError",
     "cache_root",
+    "enable_find_max_batch_size",
+    "enable_performance_validation",
+    "find_max_batch_size_enabled",
+    "performance_validation_enabled",
     "tune",
 ]

@@ -133,6 +133,13 @@ class Module(torch.nn.Module):
         return list(self._ait_graphs.values())
 
     @property
+    def ait_reports(self) -> dict:
+        """Graph key -> the engine's TuneReport of the last tuning (``summary_table()``,
+        ``to_json()``, ``candidates``, ``decision``); also written as ``tune_report.json``
+        in the graph's cache directory."""
+        return {graph.key: tuned.report for graph, tuned in self._ait_tuned.values() if tuned.report is not None}
+
+    @property
     def ait_backends(self) -> dict[str, str]:
         """Graph key -> description of the backend running it (empty unless TUNED)."""
         return {graph.key: tuned.describe() for graph, tuned in self._ait_tuned.values()}
@@ -288,7 +295,7 @@ class Module(torch.nn.Module):
 
     # -- tuning -----------------------------------------------------------------------
 
-    def _ait_tune(self, clear_cache: bool = False) -> None:
+    def _ait_tune(self, clear_cache: bool = False, options=None) -> None:
         """Builds every recorded graph with the strategy. On failure the module stays
         eager (PASSTHROUGH) and the exception propagates to ``ait.tune``."""
         self._ait_tuned = {}
@@ -303,7 +310,7 @@ class Module(torch.nn.Module):
                 cache.clear_module(self._ait_name)
             tuned: dict[Any, tuple[RecordedGraph, TunedGraph]] = {}
             for identity, graph in self._ait_graphs.items():
-                tuned[identity] = (graph, self._ait_strategy.tune(graph))
+                tuned[identity] = (graph, self._ait_strategy.tune(graph, options))
                 logger.info("ait.Module '%s' %s: %s", self._ait_name, graph.key, tuned[identity][1].describe())
         except Exception:
             self._ait_state = ModuleState.PASSTHROUGH

@@ -13,7 +13,9 @@ import torch.utils._pytree as pytree
 from aitune.torch.context import TuneSession, recording
 from aitune.torch.dataset import iterate_calls
 from aitune.torch.export import quiet_external_logging
+from aitune import _core
 from aitune.torch.module import Module
+from aitune.torch.settings import TuneOptions
 
 logger = logging.getLogger("aitune")
 
@@ -30,6 +32,11 @@ def tune(
     disable_external_logging: bool = False,
     clear_cache: bool = False,
     ignore_failing_modules: bool = True,
+    *,
+    tolerance: tuple[float, float] | None = None,
+    output_tolerances: dict[str, tuple[float, float]] | None = None,
+    profile_config: _core.ProfileConfig | None = None,
+    progress: bool = True,
 ) -> None:
     """Records every ait.Module that ``func`` calls on the dataset's samples, then tunes each.
 
@@ -48,7 +55,15 @@ def tune(
         clear_cache: delete each tuned module's cache directory first.
         ignore_failing_modules: a module whose tuning fails stays eager and the reason
             is logged; False re-raises the failure.
+        tolerance: ``(atol, rtol)`` every candidate's outputs must meet against eager,
+            for every output (default: by output dtype and candidate precision, see the
+            backend guide).
+        output_tolerances: ``{output name: (atol, rtol)}``, winning over ``tolerance``.
+        profile_config: how candidates and eager are timed (``aitune._core.ProfileConfig``).
+        progress: a progress bar per graph while candidates are measured (on a terminal).
     """
+    options = TuneOptions(tolerance, output_tolerances, profile_config, progress)
+    options.tuner_options()  # bad tolerances or profile settings fail now, before recording
     batch_sizes = list(DEFAULT_BATCH_SIZES if batch_sizes is None else batch_sizes)
     if not batch_sizes or not all(isinstance(b, int) and b > 0 for b in batch_sizes):
         raise ValueError(f"batch_sizes must be positive ints, got {batch_sizes!r}")
@@ -71,7 +86,7 @@ def tune(
     with torch.no_grad(), quiet:
         for module in session.modules.values():
             try:
-                module._ait_tune(clear_cache=clear_cache)
+                module._ait_tune(clear_cache=clear_cache, options=options)
             except Exception as error:
                 if not ignore_failing_modules:
                     raise

@@ -6,6 +6,7 @@ import dataclasses
 import enum
 import hashlib
 import json
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # imported for annotations only, to keep the import graph acyclic
@@ -56,9 +57,11 @@ class TunedGraph:
 
     ``infer`` takes the graph's tensor inputs in recording order and returns its tensor
     outputs in recording order; the module rebuilds the output structure around them.
+    ``report`` is the engine's TuneReport of the tuning that chose it.
     """
 
     backend_name: str = "?"
+    report = None
 
     def infer(self, inputs: list) -> list:
         raise NotImplementedError
@@ -69,7 +72,12 @@ class TunedGraph:
 
 class Backend:
     """A way to run a recorded graph. Stateless apart from its config: one instance may
-    build many graphs of many modules (strategies share backends)."""
+    build many graphs of many modules (strategies share backends).
+
+    A backend adds candidates to the engine's GraphTuner (``add_candidates``), which
+    checks and measures them; for the winner, the function ``add_candidates`` returned
+    makes the TunedGraph.
+    """
 
     def __init__(self, config: BackendConfig | None = None):
         self.config = config
@@ -81,8 +89,15 @@ class Backend:
     def describe(self) -> str:
         return type(self).__name__ if self.config is None else f"{type(self).__name__}[{self.config.describe()}]"
 
-    def build(self, graph: RecordedGraph) -> TunedGraph:
-        """Makes ``graph`` runnable or raises an exception saying why it cannot."""
+    def candidate_count(self, graph: RecordedGraph) -> int:
+        """How many candidates ``add_candidates`` will add (for the progress bar)."""
+        return 1
+
+    def add_candidates(self, graph: RecordedGraph, tuner, group: int, advance: Callable[[], None]):
+        """Adds this backend's candidates for ``graph`` to ``tuner`` (an
+        ``aitune._core.GraphTuner``) as candidate group ``group``, calling ``advance()``
+        after each. Returns ``make(session, candidate) -> TunedGraph`` for the winner.
+        Raises when no candidate can even be made (e.g. the export fails)."""
         raise NotImplementedError
 
     def __repr__(self) -> str:

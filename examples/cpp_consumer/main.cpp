@@ -1,0 +1,144 @@
+// Example consumer of the installed aitune package: loads a checkpoint (every file
+// verified), creates the saved backend and runs N inferences on .npy inputs or on zeros
+// shaped from the saved graph spec, then prints a summary of each output.
+//   cpp_consumer CHECKPOINT [--graph KEY] [--iterations N] [--input NAME=FILE.npy]...
+//                [--provider cpu|cuda|tensorrt] [--device-id N] [--save-outputs DIR]
+#include <aitune/aitune.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Args {
+  std::string checkpoint, graph, save_outputs;
+  int iterations = 10;
+  std::map<std::string, std::string> inputs;  // name -> .npy file
+  aitune::CheckpointBackendOverrides overrides;
+};
+
+Args parse(int argc, char** argv) {
+  Args a;
+  auto usage = [] {
+    throw aitune::Error(aitune::ErrorCode::kInvalidArgument,
+                        "usage: cpp_consumer CHECKPOINT [--graph KEY] [--iterations N] [--input NAME=FILE.npy]... "
+                        "[--provider cpu|cuda|tensorrt] [--device-id N] [--save-outputs DIR]");
+  };
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage();
+      return argv[++i];
+    };
+    if (arg == "--graph") {
+      a.graph = value();
+    } else if (arg == "--iterations") {
+      a.iterations = std::stoi(value());
+    } else if (arg == "--input") {
+      std::string v = value();
+      auto eq = v.find('=');
+      if (eq == std::string::npos) usage();
+      a.inputs[v.substr(0, eq)] = v.substr(eq + 1);
+    } else if (arg == "--provider") {
+      a.overrides.provider = aitune::parse_execution_provider(value());
+    } else if (arg == "--device-id") {
+      a.overrides.device_id = std::stoi(value());
+    } else if (arg == "--save-outputs") {
+      a.save_outputs = value();
+    } else if (a.checkpoint.empty() && arg.rfind("--", 0) != 0) {
+      a.checkpoint = arg;
+    } else {
+      usage();
+    }
+  }
+  if (a.checkpoint.empty() || a.iterations < 1) usage();
+  return a;
+}
+
+void print_summary(const std::string& name, const aitune::Tensor& t) {
+  std::cout << "output " << name << ": " << aitune::dtype_name(t.dtype()) << aitune::shape_to_string(t.shape());
+  if (t.dtype() == aitune::DType::kFloat32 && t.view().numel() > 0) {
+    const auto* p = static_cast<const float*>(t.data());
+    const auto n = static_cast<std::size_t>(t.view().numel());
+    double sum = 0;
+    for (std::size_t i = 0; i < n; ++i) sum += p[i];
+    std::cout << " min " << *std::min_element(p, p + n) << " max " << *std::max_element(p, p + n) << " mean "
+              << sum / static_cast<double>(n);
+  }
+  std::cout << "\n";
+}
+
+int run(const Args& args) {
+  using clock = std::chrono::steady_clock;
+  auto t0 = clock::now();
+  const auto checkpoint = aitune::Checkpoint::load(args.checkpoint);
+  const auto& m = checkpoint.manifest();
+  const std::string key = args.graph.empty() ? checkpoint.graph_keys().front() : args.graph;
+  auto backend = checkpoint.create_backend(key, args.overrides);
+  const double load_ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
+  std::cout << "checkpoint " << checkpoint.directory() << ": module '" << m.module_name << "', format version "
+            << m.format_version << ", written by aitune " << m.aitune_version << " with ONNX Runtime "
+            << m.onnxruntime_version << "\n";
+  std::cout << "ONNX Runtime " << aitune::OrtRuntime::load()->version() << " loaded from "
+            << aitune::OrtRuntime::load()->library_path() << "\n";
+  std::cout << "graph " << key << " on " << aitune::execution_provider_name(backend->config().provider)
+            << ", loaded and verified in " << load_ms << " ms\n";
+
+  // Inputs: from .npy files, else zeros of the smallest shape the saved spec accepts.
+  std::vector<aitune::Tensor> inputs;
+  std::vector<aitune::TensorView> views;
+  const auto& graph_spec = backend->graph_spec();
+  for (const auto& io : backend->inputs()) {  // infer takes them in the model's order
+    const auto& spec = graph_spec.inputs[graph_spec.find_input(io.name).value()];
+    aitune::Tensor host;
+    if (auto it = args.inputs.find(spec.name); it != args.inputs.end()) {
+      host = aitune::load_npy(it->second);
+    } else {
+      aitune::Shape shape = spec.min_shape;
+      for (auto& d : shape) d = std::max<int64_t>(d, 1);
+      host = aitune::Tensor::empty_host(spec.dtype, shape);
+    }
+    std::cout << "input " << spec.name << ": " << aitune::dtype_name(host.dtype())
+              << aitune::shape_to_string(host.shape()) << (args.inputs.count(spec.name) ? " from file" : " zeros")
+              << "\n";
+    inputs.push_back(backend->to_device(host));
+    views.push_back(inputs.back().view());
+  }
+
+  std::vector<aitune::Tensor> outputs;
+  t0 = clock::now();
+  for (int i = 0; i < args.iterations; ++i) outputs = backend->infer(views);
+  const double total_us = std::chrono::duration<double, std::micro>(clock::now() - t0).count();
+  std::cout << args.iterations << " inferences, mean " << total_us / args.iterations << " us\n";
+
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    const std::string& name = backend->outputs()[i].name;
+    aitune::Tensor host = backend->to_host(outputs[i]);
+    print_summary(name, host);
+    if (!args.save_outputs.empty()) {
+      std::filesystem::create_directories(args.save_outputs);
+      aitune::save_npy((std::filesystem::path(args.save_outputs) / (name + ".npy")).string(), host);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(parse(argc, argv));
+  } catch (const aitune::Error& e) {
+    std::cerr << "cpp_consumer: " << aitune::error_code_name(e.code()) << ": " << e.what() << "\n";
+    return e.code() == aitune::ErrorCode::kCheckpointCorrupt ? 5 : 1;
+  } catch (const std::exception& e) {
+    std::cerr << "cpp_consumer: " << e.what() << "\n";
+    return 1;
+  }
+}

@@ -1,0 +1,217 @@
+// Checkpoint: tuned graphs saved as a directory (JSON manifest + ONNX models and cache
+// files with sizes and sha256), written atomically and loaded without running any code.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "aitune/execution_provider.hpp"
+#include "aitune/graph_spec.hpp"
+#include "aitune/onnx_runtime_backend.hpp"
+#include "aitune/ort_runtime.hpp"
+
+namespace aitune {
+
+/// The manifest format this aitune writes, and the newest it reads (it reads 1..this).
+inline constexpr int kCheckpointFormatVersion = 1;
+/// Name of the manifest inside a checkpoint directory.
+inline constexpr std::string_view kCheckpointManifestFile = "manifest.json";
+/// Value of the manifest's "format" field, which marks a directory as an aitune checkpoint.
+inline constexpr std::string_view kCheckpointFormatName = "aitune-checkpoint";
+/// The backend name a graph run by OnnxRuntimeBackend is saved under (the only one so far).
+inline constexpr std::string_view kOnnxRuntimeBackendName = "onnxruntime";
+
+/// One file of a checkpoint. Value type.
+struct CheckpointArtifact {
+  std::string path;        ///< relative to the checkpoint directory, '/'-separated
+  std::uint64_t size = 0;  ///< bytes
+  std::string sha256;      ///< 64 lower-case hex digits
+
+  bool operator==(const CheckpointArtifact&) const = default;
+};
+
+/// One saved graph: what it accepts, how its backend was configured, its files. Value type.
+struct CheckpointGraph {
+  /// Identifies the graph within the checkpoint; 1 to 255 characters of [A-Za-z0-9._-],
+  /// not "." or "..". Its files live under `Checkpoint::graph_directory(key)`.
+  std::string key;
+  /// Bounds the inputs the loaded backend accepts.
+  GraphSpec graph_spec;
+  /// Which backend runs the graph; kOnnxRuntimeBackendName.
+  std::string backend = std::string(kOnnxRuntimeBackendName);
+  /// The backend's full configuration, provider options included, as saved (path
+  /// options named in `path_options` hold checkpoint-relative paths here).
+  OnnxRuntimeBackendConfig backend_config;
+  /// Keys of provider options whose values are paths relative to the checkpoint
+  /// directory (a TensorRT engine or timing cache saved as an artifact); they are made
+  /// absolute by `Checkpoint::backend_config`. Filled in by `Checkpoint::save`.
+  std::vector<std::string> path_options;
+  /// Relative path of the graph's ONNX model among `artifacts`. Empty on save means
+  /// "the graph's only .onnx artifact".
+  std::string model;
+  /// The front end's description of the graph's input/output structure: opaque JSON
+  /// text (aitune stores it as JSON inside the manifest; "" means null). Returned
+  /// compact ("{\"a\":1}"), whatever spacing it was given with.
+  std::string structure_json = "null";
+  /// The graph's files. Filled in by `Checkpoint::save` (ignored in its input).
+  std::vector<CheckpointArtifact> artifacts;
+
+  bool operator==(const CheckpointGraph&) const = default;
+};
+
+/// The contents of manifest.json. Value type; thread-compatible.
+struct CheckpointManifest {
+  /// Format of the manifest. `Checkpoint::save` writes kCheckpointFormatVersion.
+  int format_version = kCheckpointFormatVersion;
+  /// aitune::version() of the writer (set by `Checkpoint::save`).
+  std::string aitune_version;
+  /// ONNX Runtime version of the writer, "unknown" when none could be loaded (set by save).
+  std::string onnxruntime_version;
+  /// Name of the tuned module (free-form).
+  std::string module_name;
+  /// When the checkpoint was written, UTC, "2025-12-02T12:34:56Z" (set by save).
+  std::string created;
+  /// Free-form front-end metadata: opaque JSON text, stored as JSON ("" means {}).
+  /// Returned compact.
+  std::string metadata_json = "{}";
+  /// The graphs, in the order given to save.
+  std::vector<CheckpointGraph> graphs;
+
+  /// The graph with `key`, or nullptr.
+  const CheckpointGraph* find_graph(const std::string& key) const noexcept;
+
+  /// The manifest as JSON text (what manifest.json holds).
+  std::string to_json(int indent = 2) const;
+  /// Parses and validates manifest JSON: the "format" marker, a supported
+  /// format_version (1..kCheckpointFormatVersion; a newer one is refused first, before
+  /// any other field is read), every field's presence and type, graph keys, safe and
+  /// unique artifact paths, sha256 digests of 64 hex digits, `model` among the graph's
+  /// artifacts, `path_options` naming provider options that hold safe relative paths.
+  /// Throws Error(kCheckpointCorrupt) naming the field and what is wrong.
+  static CheckpointManifest from_json(const std::string& text);
+
+  bool operator==(const CheckpointManifest&) const = default;
+};
+
+/// Options of `Checkpoint::save`.
+struct CheckpointSaveOptions {
+  /// Replace an aitune checkpoint already at the path (the default). When false, an
+  /// existing checkpoint there is refused too.
+  bool overwrite = true;
+  /// Runtime whose version is recorded. Null: `OrtRuntime::load()` (which loads ORT
+  /// with default options if nothing loaded it yet); "unknown" when that fails.
+  std::shared_ptr<OrtRuntime> runtime;
+  /// Called after each artifact file was written and flushed to disk, with its relative
+  /// path and how many files were written so far. An exception thrown from it aborts
+  /// the save like any other failure: the temporary directory is removed and a previous
+  /// checkpoint at the path stays as it was (progress reporting; tests inject failures).
+  std::function<void(const std::string& path, std::size_t files_written)> on_file_written;
+};
+
+/// Changes applied to a saved graph's backend configuration when loading it (a
+/// `device_map`). Unset fields keep the saved values.
+struct CheckpointBackendOverrides {
+  /// Run on this provider. When it differs from the saved one and `provider_options`
+  /// is unset, the saved provider options are dropped (they belong to the saved
+  /// provider).
+  std::optional<ExecutionProvider> provider;
+  std::optional<int> device_id;
+  /// Provider options merged over the saved ones (a key given here replaces the saved value).
+  std::optional<std::map<std::string, std::string>> provider_options;
+};
+
+/// A loaded, verified checkpoint directory. Holds the manifest and the directory's
+/// canonical path; no files are kept open. Immutable after `load`, so thread safe.
+class Checkpoint {
+ public:
+  /// Writes a checkpoint directory at `dir` (parents are created).
+  ///
+  /// `manifest` describes the module and its graphs; save fills in format_version,
+  /// aitune_version, onnxruntime_version, created, each graph's artifacts and
+  /// path_options, and an empty `model`. `files` maps each artifact's relative path in
+  /// the checkpoint to the file or directory it is copied from. Every path must lie
+  /// under a graph's directory, "graphs/<key>/..." (see `graph_directory`), and that
+  /// graph owns it. A directory source (e.g. a TensorRT engine cache) contributes each
+  /// regular file under it, recursively (empty directories are not stored). An .onnx
+  /// source brings its external data files along: each location the model references
+  /// is added beside the model unless `files` names that path already. A provider
+  /// option trt_engine_cache_path / trt_timing_cache_path whose value is one of the
+  /// graph's `files` keys, or the source path of one, is stored as that relative path
+  /// and listed in the graph's path_options, so that loading points it into the
+  /// checkpoint. structure_json and metadata_json must be JSON.
+  ///
+  /// Atomic: everything is written into a fresh temporary sibling directory
+  /// (".<name>.tmp-..."), each file and directory fsync'ed, then swapped into place
+  /// (renameat2 RENAME_EXCHANGE; where the file system lacks it, the old directory is
+  /// renamed aside first) and the previous checkpoint removed. On any failure before
+  /// the swap the temporary directory is removed and a previous checkpoint stays intact.
+  ///
+  /// Refuses (Error(kInvalidArgument)) a `dir` that exists and is not an aitune
+  /// checkpoint: a file, a symbolic link, or a non-empty directory without an aitune
+  /// manifest.json; an existing checkpoint when `options.overwrite` is false; invalid
+  /// keys, paths outside a graph's directory, a `files` path given twice, a file and a
+  /// directory at one path, a graph without an ONNX model, JSON fields that do not
+  /// parse. Error(kIo) for a missing or unreadable source or a failed write (naming
+  /// the file); Error(kModelInvalid) for an ONNX model whose external data is missing
+  /// or lies outside its directory. Returns the manifest as written. Saves to different
+  /// paths may run concurrently; of concurrent saves to one path, the last swap wins.
+  static CheckpointManifest save(const std::string& dir, const CheckpointManifest& manifest,
+                                 const std::map<std::string, std::string>& files,
+                                 const CheckpointSaveOptions& options = {});
+
+  /// Opens the checkpoint directory `dir` and verifies all of it before returning:
+  /// manifest.json present and valid (`CheckpointManifest::from_json`); every artifact
+  /// inside the directory (symbolic links may not lead outside it), present, a regular
+  /// file, of the recorded size and sha256; each model's external data locations
+  /// relative, inside the checkpoint and listed as artifacts. Nothing is executed and
+  /// no session is created. Throws Error(kCheckpointCorrupt) naming the file and what
+  /// was wrong, Error(kIo) when `dir` does not exist or a file cannot be read,
+  /// Error(kInvalidArgument) when `dir` is not a directory.
+  static Checkpoint load(const std::string& dir);
+
+  /// True when `dir` is a directory holding a manifest.json (nothing is verified).
+  static bool is_checkpoint(const std::string& dir);
+
+  /// "graphs/<key>": the relative directory holding a graph's files.
+  static std::string graph_directory(const std::string& key);
+
+  /// Canonical absolute path of the checkpoint directory.
+  const std::string& directory() const noexcept { return directory_; }
+  /// The verified manifest as stored (path options still relative; see `backend_config`).
+  const CheckpointManifest& manifest() const noexcept { return manifest_; }
+  /// Keys of the graphs, in manifest order.
+  std::vector<std::string> graph_keys() const;
+  /// The graph with `key`; Error(kInvalidArgument) naming it and listing the keys there are.
+  const CheckpointGraph& graph(const std::string& key) const;
+  /// Absolute path of the artifact with relative path `relative`;
+  /// Error(kInvalidArgument) when the checkpoint has no such artifact.
+  std::string artifact_path(const std::string& relative) const;
+  /// Absolute path of the ONNX model of graph `key`.
+  std::string model_path(const std::string& key) const;
+
+  /// The configuration a backend for graph `key` is created with: the saved one, its
+  /// path options made absolute inside this directory, then `overrides` applied.
+  OnnxRuntimeBackendConfig backend_config(const std::string& key,
+                                          const CheckpointBackendOverrides& overrides = {}) const;
+
+  /// Creates the backend for graph `key` (`OnnxRuntimeBackend::create` on the model
+  /// with `backend_config(key, overrides)` and the saved graph spec). Errors are those
+  /// of `OnnxRuntimeBackend::create`, prefixed with the checkpoint and graph.
+  std::unique_ptr<OnnxRuntimeBackend> create_backend(const std::string& key,
+                                                     const CheckpointBackendOverrides& overrides = {},
+                                                     std::shared_ptr<OrtRuntime> runtime = nullptr) const;
+
+ private:
+  Checkpoint(std::string directory, CheckpointManifest manifest);
+  std::string directory_;
+  CheckpointManifest manifest_;
+};
+
+}  // namespace aitune

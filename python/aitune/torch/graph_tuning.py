@@ -1,0 +1,134 @@
+"""Drives the C++ tuning engine for one recorded graph: hands it the samples and the
+eager reference, lets each backend add its candidates, and turns the winner into a
+TunedGraph. Writes the JSON report and logs the summary table."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from aitune import _core
+from aitune.torch import cache
+from aitune.torch.backend.base import TunedGraph
+from aitune.torch.backend.onnx_runtime_backend import NumericMismatchError
+from aitune.torch.backend.torch_eager import EagerGraph, TorchEagerBackend
+from aitune.torch.context import run_eagerly
+from aitune.torch.settings import TuneOptions
+from aitune.torch.strategy import TuningError
+
+if TYPE_CHECKING:
+    from aitune.torch.graph import RecordedGraph
+    from aitune.torch.strategy import TuneStrategy
+
+logger = logging.getLogger("aitune")
+
+REPORT_FILE = "tune_report.json"
+
+
+def _progress_bar(total: int, description: str, enabled: bool):
+    try:
+        from tqdm import tqdm
+    except ImportError:  # the bar is a convenience; the log has the same steps
+        return contextlib.nullcontext(None)
+    # disable=None: no bar unless stderr is a terminal.
+    return tqdm(total=total, desc=description, unit="candidate", leave=False, disable=None if enabled else True)
+
+
+def _write_report(graph: RecordedGraph, report: _core.TuneReport) -> Path:
+    """``<cache>/<module>/<graph>/tune_report.json``, replaced atomically."""
+    directory = cache.module_dir(graph.module_name) / graph.key
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / REPORT_FILE
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tune_report-", suffix=".json")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(report.to_json())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _samples(graph: RecordedGraph) -> list[tuple[list[torch.Tensor], list[torch.Tensor], int]]:
+    """Inputs on the module's device, eager outputs in host memory (the engine compares there)."""
+    return [
+        ([t.detach().contiguous() for t in s.inputs], [t.detach().cpu().contiguous() for t in s.outputs],
+         max(s.batch_size, 1))
+        for s in graph.samples
+    ]
+
+
+def _failure(strategy: TuneStrategy, graph: RecordedGraph, report: _core.TuneReport) -> Exception:
+    table = report.summary_table()
+    incorrect = [c for c in report.candidates if c.status == "incorrect"]
+    if strategy.propagate_errors and incorrect and len(incorrect) == len(report.candidates):
+        return NumericMismatchError(
+            f"{graph.module_name}/{graph.key}: every candidate differs from eager PyTorch; "
+            f"{incorrect[0].name}: {incorrect[0].reason}\n{table}"
+        )
+    reasons = "\n".join(f"  - {c.name} ({c.backend}): {c.status}: {c.reason}" for c in report.candidates)
+    return TuningError(f"no backend could build {graph.module_name}/{graph.key}:\n{reasons}\n{table}")
+
+
+def tune_graph(strategy: TuneStrategy, graph: RecordedGraph, options: TuneOptions | None = None) -> TunedGraph:
+    options = options or TuneOptions()
+    tuner_options = options.tuner_options()
+    if graph.device.type == "cuda":
+        # The engine puts CUDA candidates on torch's current stream and times both there.
+        tuner_options.cuda_stream = torch.cuda.current_stream(graph.device).cuda_stream
+    name = f"{graph.module_name}/{graph.key}"
+    tuner_options.log = lambda line: logger.debug("%s", line)
+    tuner = _core.GraphTuner(name, graph.graph_spec(), _samples(graph), tuner_options)
+
+    largest = max(range(len(graph.samples)), key=lambda i: graph.samples[i].batch_size)
+    args, kwargs = graph.call_arguments(graph.samples[largest].inputs)
+    with run_eagerly():
+        tuner.profile_reference(lambda: graph.module(*args, **kwargs), "eager")
+
+    wrappers = {}  # group -> function(session, candidate) -> TunedGraph
+    eager_group = None
+    total = sum(backend.candidate_count(graph) for backend in strategy.backends)
+    with _progress_bar(total, name, options.progress) as bar:
+        for group, backend in enumerate(strategy.backends):
+            if isinstance(backend, TorchEagerBackend):
+                eager_group = group  # eager wins unless an earlier backend already has
+                break
+            advance = (lambda: bar.update(1)) if bar is not None else (lambda: None)
+            try:
+                wrappers[group] = backend.add_candidates(graph, tuner, group, advance)
+            except Exception as error:
+                if strategy.propagate_errors:
+                    error.add_note(f"while building {name} with {backend.describe()}")
+                    raise
+                reason = f"{type(error).__name__}: {error}"
+                logger.warning("%s: %s: %s", name, backend.describe(), reason)
+                tuner.add_failed(backend.describe(), type(backend).__name__, group, reason)
+            if strategy.stop_at_first_success and any(
+                c.group == group and c.status == "passed" for c in tuner.report.candidates
+            ):
+                break
+        report = tuner.select(options.strategy_config(strategy.kind, strategy.latency_budget_ms))
+
+    path = _write_report(graph, report)
+    logger.info("%s: tuning report %s\n%s", name, path, report.summary_table())
+    if report.winner is None:
+        kept_by_validation = any(c.status == "slower than eager" for c in report.candidates)
+        if eager_group is None and not kept_by_validation:
+            raise _failure(strategy, graph, report)
+        why = report.decision if kept_by_validation else "no earlier backend had a correct candidate"
+        if kept_by_validation:
+            logger.warning("%s: eager kept: %s", name, why)
+        tuned = EagerGraph(graph, note=None if eager_group is not None and not kept_by_validation else why)
+    else:
+        candidate = report.candidates[report.winner]
+        tuned = wrappers[candidate.group](tuner.take_winner(), candidate)
+    tuned.report = report
+    return tuned
+

@@ -1,0 +1,84 @@
+# CTest driver (cmake -P) for examples/cpp_consumer: installs this build tree's C++
+# package into a fresh prefix, configures and builds the example against it alone
+# (find_package(aitune CONFIG)), saves a checkpoint of a fixture model with
+# make_test_checkpoint, runs the example on it and compares its output with numpy's.
+# Needs: BUILD_DIR SOURCE_DIR WORK_DIR MODELS_DIR MAKE_CHECKPOINT GENERATOR MAKE_PROGRAM
+#        CXX_COMPILER PYTHON
+cmake_minimum_required(VERSION 3.22)
+
+# Runs a command; fails the test with its output unless it exits 0. Sets step_output.
+function(step name)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "cpp_consumer_example: ${name} failed (${rc}):\n${out}")
+  endif()
+  message(STATUS "${name}: ok")
+  set(step_output "${out}" PARENT_SCOPE)
+endfunction()
+
+function(expect_output regex)
+  if(NOT step_output MATCHES "${regex}")
+    message(FATAL_ERROR "cpp_consumer_example: output does not match '${regex}':\n${step_output}")
+  endif()
+endfunction()
+
+file(REMOVE_RECURSE "${WORK_DIR}")
+set(prefix "${WORK_DIR}/prefix")
+step(install ${CMAKE_COMMAND} --install "${BUILD_DIR}" --prefix "${prefix}" --component aitune_cpp)
+foreach(f include/aitune/checkpoint.hpp include/aitune/deps/dlpack/dlpack.h lib/libaitune_core.a
+          lib/libonnxruntime.so.1 lib/cmake/aitune/aituneConfig.cmake)
+  if(NOT EXISTS "${prefix}/${f}")
+    message(FATAL_ERROR "cpp_consumer_example: the install lacks ${f}")
+  endif()
+endforeach()
+# The package must not point back into the source or build tree.
+file(GLOB package_files "${prefix}/lib/cmake/aitune/*.cmake")
+foreach(f ${package_files})
+  file(READ "${f}" text)
+  foreach(tree "${SOURCE_DIR}/include" "${SOURCE_DIR}/src" "${BUILD_DIR}/src")
+    string(FIND "${text}" "${tree}" at)
+    if(NOT at EQUAL -1)
+      message(FATAL_ERROR "cpp_consumer_example: ${f} refers to ${tree}")
+    endif()
+  endforeach()
+endforeach()
+
+step(configure ${CMAKE_COMMAND} -S "${SOURCE_DIR}/examples/cpp_consumer" -B "${WORK_DIR}/build" -G "${GENERATOR}"
+     "-DCMAKE_MAKE_PROGRAM=${MAKE_PROGRAM}" "-DCMAKE_CXX_COMPILER=${CXX_COMPILER}" "-DCMAKE_PREFIX_PATH=${prefix}"
+     -DCMAKE_BUILD_TYPE=Release)
+step(build ${CMAKE_COMMAND} --build "${WORK_DIR}/build")
+set(example "${WORK_DIR}/build/cpp_consumer")
+
+step(make_checkpoint "${MAKE_CHECKPOINT}" "${WORK_DIR}/ckpt" "${MODELS_DIR}/mlp_ext.onnx" mlp)
+expect_output("graph mlp, 2 artifacts")  # the model and its external data
+
+# ONNX Runtime from the package's copy beside the example, not from the environment.
+unset(ENV{AITUNE_ORT_LIBRARY})
+step(run_inputs "${example}" "${WORK_DIR}/ckpt" --iterations 5 --input "x=${MODELS_DIR}/mlp_x.npy"
+     --save-outputs "${WORK_DIR}/out")
+message("${step_output}")
+expect_output("module 'make_test_checkpoint', format version 1")
+expect_output("graph mlp on cpu")
+expect_output("ONNX Runtime [0-9.]+ loaded from [^\n]*/build/lib/libonnxruntime.so")  # the package's copy
+expect_output("input x: float32\\[3, 64\\] from file")
+expect_output("5 inferences")
+expect_output("output y: float32\\[3, 16\\] min")
+# (Python code without ';': step() passes its arguments on as a CMake list.)
+step(compare "${PYTHON}" -c "import sys, numpy as np\na, b = np.load(sys.argv[1]), np.load(sys.argv[2])\n\
+if a.shape != b.shape or not np.allclose(a, b, atol=1e-5): sys.exit(f'output differs from numpy: {a} vs {b}')\n\
+print('max abs difference', abs(a - b).max())"
+     "${WORK_DIR}/out/y.npy" "${MODELS_DIR}/mlp_y.npy")
+expect_output("max abs difference")
+
+step(run_zeros "${example}" "${WORK_DIR}/ckpt" --iterations 2)
+expect_output("input x: float32\\[1, 64\\] zeros")  # the saved spec's smallest batch
+expect_output("output y: float32\\[1, 16\\]")
+
+# A damaged checkpoint is refused by the example too (exit 5, the file named).
+step(corrupt "${PYTHON}" -c "import sys\nwith open(sys.argv[1], 'r+b') as f:\n    b = f.read(1)\n    f.seek(0)\n    f.write(bytes([b[0] ^ 1]))"
+     "${WORK_DIR}/ckpt/graphs/mlp/mlp_ext.onnx.data")
+execute_process(COMMAND "${example}" "${WORK_DIR}/ckpt" RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+if(NOT rc EQUAL 5 OR NOT out MATCHES "checkpoint_corrupt: .*mlp_ext.onnx.data.*sha256")
+  message(FATAL_ERROR "cpp_consumer_example: a damaged checkpoint gave exit ${rc}:\n${out}")
+endif()
+message(STATUS "damaged checkpoint refused: ok")
