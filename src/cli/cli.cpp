@@ -45,7 +45,7 @@ int run(const std::vector<std::string>& args) {
   app.set_version_flag("--version", std::string(version()));
   app.require_subcommand(1);
   std::map<CLI::App*, Action> actions;
-  for (auto add : {add_doctor, add_inspect, add_run}) {
+  for (auto add : {add_doctor, add_inspect, add_run, add_tune}) {
     Command command = add(app);
     actions[command.sub] = std::move(command.action);
   }

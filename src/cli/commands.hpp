@@ -20,6 +20,7 @@ struct Command {
 Command add_doctor(CLI::App& app);
 Command add_inspect(CLI::App& app);
 Command add_run(CLI::App& app);
+Command add_tune(CLI::App& app);
 
 /// "12.3 MB" style size.
 std::string human_bytes(std::uintmax_t bytes);

@@ -519,6 +519,9 @@ CheckpointManifest Checkpoint::save(const std::string& dir, const CheckpointMani
     g.structure_json = parse_opaque(g.structure_json, "null", "structure_json of graph '" + g.key + "'").dump();
     g.artifacts.clear();
     g.path_options.clear();
+    // A CUDA stream is an address in this process: meaningless in the one that loads.
+    g.backend_config.provider_options.erase("user_compute_stream");
+    g.backend_config.provider_options.erase("has_user_compute_stream");
   }
   validate(m, ErrorCode::kInvalidArgument, false);
   if (m.graphs.empty()) fail(ErrorCode::kInvalidArgument, "a checkpoint needs at least one graph");

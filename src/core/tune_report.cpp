@@ -92,7 +92,7 @@ std::string TuneReport::summary_table() const {
     if (c.speedup_vs_eager > 0) r.speedup = fixed(c.speedup_vs_eager, 2) + "x";
     rows.push_back(std::move(r));
   }
-  Row header{"candidate", "status", "max abs err", "p50 us", "samples/s", "vs eager", "reason"};
+  Row header{"candidate", "status", "max abs err", "p50 us", "samples/s", "speed-up", "reason"};
   std::size_t w[6] = {header.name.size(), header.status.size(), header.error.size(),
                       header.p50.size(),  header.throughput.size(), header.speedup.size()};
   for (const auto& r : rows) {

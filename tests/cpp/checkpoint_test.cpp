@@ -574,23 +574,7 @@ TEST(CheckpointLoad, MissingOrNonDirectoryPath) {
 // The command line, in a separate process
 
 #ifdef AITUNE_TEST_CLI
-struct CommandResult {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr
-};
-
-CommandResult run_cli(const std::string& args) {
-  CommandResult r;
-  const std::string command = std::string("'") + AITUNE_TEST_CLI + "' " + args + " 2>&1";
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (!pipe) return r;
-  char buf[4096];
-  std::size_t n;
-  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) r.output.append(buf, n);
-  int status = ::pclose(pipe);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+test::CommandResult run_cli(const std::string& args) { return test::run_command(std::string("'") + AITUNE_TEST_CLI + "' " + args); }
 
 TEST_F(CheckpointTest, CliRunsACheckpoint) {
   save_mlp();

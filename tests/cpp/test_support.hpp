@@ -2,6 +2,8 @@
 // and comparisons, gtest printers for aitune's enums.
 #pragma once
 
+#include <sys/wait.h>
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -294,6 +297,24 @@ inline float half_to_float(uint16_t h) {
 
 // ---------------------------------------------------------------------------------
 // Runtime and backends
+
+/// Exit code and combined stdout + stderr of a shell command (-1 when it did not exit).
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;
+};
+
+inline CommandResult run_command(const std::string& command) {
+  CommandResult r;
+  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+  if (!pipe) return r;
+  char buf[4096];
+  std::size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) r.output.append(buf, n);
+  int status = ::pclose(pipe);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
 
 inline std::shared_ptr<OrtRuntime> runtime() { return OrtRuntime::load(); }
 

@@ -1,0 +1,135 @@
+// Inputs of the CLI's subcommands: NAME=VALUE options, random tensors, .npy samples.
+#include "inputs.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+
+#include "aitune/error.hpp"
+#include "aitune/npy.hpp"
+#include "aitune/ort_runtime.hpp"
+
+namespace aitune::cli {
+
+std::pair<std::string, std::string> split_assignment(const std::string& text, const char* what) {
+  auto eq = text.find('=');
+  if (eq == std::string::npos || eq == 0 || eq + 1 == text.size())
+    throw Error(ErrorCode::kInvalidArgument, std::string(what) + " '" + text + "' is not of the form NAME=VALUE");
+  return {text.substr(0, eq), text.substr(eq + 1)};
+}
+
+// Fills a host tensor with reproducible values in a range every dtype can hold. A
+// symbolic extent takes its --dim value, else the smallest the graph spec accepts.
+Tensor random_input(const IoInfo& io, const TensorSpec* spec, const std::map<std::string, int64_t>& dims,
+                    std::mt19937& rng) {
+  Shape shape = io.shape;
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] >= 0) continue;
+    auto it = dims.find(io.symbolic_dims[i]);
+    shape[i] = it != dims.end() ? it->second
+               : spec && i < spec->rank() ? std::max<int64_t>(spec->min_shape[i], 1)
+                                          : 1;
+  }
+  Tensor t = Tensor::empty_host(io.dtype, shape);
+  std::uniform_real_distribution<float> real(-1.f, 1.f);
+  std::uniform_int_distribution<int> integer(0, 9);
+  auto n = static_cast<std::size_t>(t.view().numel());
+  auto fill = [&](auto* p, auto gen) {
+    for (std::size_t i = 0; i < n; ++i) p[i] = gen();
+  };
+  switch (io.dtype) {
+    case DType::kFloat32: fill(static_cast<float*>(t.data()), [&] { return real(rng); }); break;
+    case DType::kFloat64: fill(static_cast<double*>(t.data()), [&] { return double(real(rng)); }); break;
+    case DType::kInt64: fill(static_cast<int64_t*>(t.data()), [&] { return int64_t(integer(rng)); }); break;
+    case DType::kInt32: fill(static_cast<int32_t*>(t.data()), [&] { return int32_t(integer(rng)); }); break;
+    case DType::kInt16: fill(static_cast<int16_t*>(t.data()), [&] { return int16_t(integer(rng)); }); break;
+    case DType::kInt8: fill(static_cast<int8_t*>(t.data()), [&] { return int8_t(integer(rng)); }); break;
+    case DType::kUInt8: fill(static_cast<uint8_t*>(t.data()), [&] { return uint8_t(integer(rng)); }); break;
+    case DType::kBool: fill(static_cast<uint8_t*>(t.data()), [&] { return uint8_t(integer(rng) & 1); }); break;
+    case DType::kFloat16:
+    case DType::kBFloat16: {
+      // Exact small values: k/8 for k in [-8, 8] have short mantissas in both formats.
+      auto* p = static_cast<uint16_t*>(t.data());
+      for (std::size_t i = 0; i < n; ++i) {
+        float f = static_cast<float>(integer(rng) - 4) / 8.f;
+        uint32_t bits;
+        std::memcpy(&bits, &f, 4);
+        if (io.dtype == DType::kBFloat16) {
+          p[i] = static_cast<uint16_t>(bits >> 16);
+        } else {
+          uint32_t sign = (bits >> 16) & 0x8000u;
+          int32_t exp = static_cast<int32_t>((bits >> 23) & 0xff) - 127 + 15;
+          uint32_t mant = (bits >> 13) & 0x3ffu;
+          p[i] = f == 0.f ? 0 : static_cast<uint16_t>(sign | (static_cast<uint32_t>(exp) << 10) | mant);
+        }
+      }
+      break;
+    }
+  }
+  return t;
+}
+
+ExecutionProvider resolve_provider(const std::string& text) {
+  if (text != "auto") return parse_execution_provider(text);
+  // Best available here: CUDA where its provider loads, else the CPU.
+  bool cuda = OrtRuntime::load()->provider_status(ExecutionProvider::kCUDA).available;
+  auto provider = cuda ? ExecutionProvider::kCUDA : ExecutionProvider::kCPU;
+  std::cout << "provider: " << execution_provider_name(provider) << " (auto)\n";
+  return provider;
+}
+
+std::map<std::string, int64_t> parse_dims(const std::vector<std::string>& dims) {
+  std::map<std::string, int64_t> out;
+  for (const auto& d : dims) {
+    auto [k, v] = split_assignment(d, "--dim");
+    try {
+      std::size_t used = 0;
+      out[k] = std::stoll(v, &used);
+      if (used != v.size()) throw std::invalid_argument(v);
+    } catch (const std::exception&) {
+      throw Error(ErrorCode::kInvalidArgument, "--dim " + d + ": '" + v + "' is not an integer");
+    }
+  }
+  return out;
+}
+
+std::vector<std::map<std::string, Tensor>> load_sample_dir(const std::string& dir,
+                                                            const std::vector<IoInfo>& inputs) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    throw Error(ErrorCode::kIo, "--samples '" + dir + "' is not a directory");
+  std::string expected;
+  for (const auto& io : inputs) expected += (expected.empty() ? "" : ", ") + io.name + ".npy";
+  auto read_sample = [&](const fs::path& d) {
+    std::map<std::string, Tensor> sample;
+    for (const auto& io : inputs) {
+      auto file = d / (io.name + ".npy");
+      if (!fs::is_regular_file(file))
+        throw Error(ErrorCode::kInvalidArgument,
+                    "sample directory '" + d.string() + "' lacks " + io.name + ".npy; each sample needs: " + expected);
+      sample[io.name] = load_npy(file.string());
+    }
+    for (const auto& entry : fs::directory_iterator(d))
+      if (entry.is_regular_file() && entry.path().extension() == ".npy" &&
+          std::none_of(inputs.begin(), inputs.end(),
+                       [&](const IoInfo& io) { return io.name == entry.path().stem().string(); }))
+        throw Error(ErrorCode::kInvalidArgument, "sample file '" + entry.path().string() +
+                                                     "' names no model input; the model takes: " + expected);
+    return sample;
+  };
+  std::vector<fs::path> subdirs;
+  for (const auto& entry : fs::directory_iterator(dir))
+    if (entry.is_directory()) subdirs.push_back(entry.path());
+  std::sort(subdirs.begin(), subdirs.end());
+  std::vector<std::map<std::string, Tensor>> samples;
+  if (subdirs.empty()) {
+    samples.push_back(read_sample(dir));
+  } else {
+    for (const auto& d : subdirs) samples.push_back(read_sample(d));
+  }
+  return samples;
+}
+
+}  // namespace aitune::cli

@@ -1,0 +1,38 @@
+// Private to the CLI: what `run` and `tune` share: NAME=VALUE options, random inputs,
+// provider selection, samples read from .npy files.
+#pragma once
+
+#include <map>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "aitune/execution_provider.hpp"
+#include "aitune/graph_spec.hpp"
+#include "aitune/onnx_runtime_backend.hpp"
+#include "aitune/tensor.hpp"
+
+namespace aitune::cli {
+
+/// "NAME=VALUE" -> {NAME, VALUE}; Error(kInvalidArgument) naming `what` otherwise.
+std::pair<std::string, std::string> split_assignment(const std::string& text, const char* what);
+
+/// --dim SYMBOL=VALUE options as a map; Error(kInvalidArgument) for a non-integer.
+std::map<std::string, int64_t> parse_dims(const std::vector<std::string>& dims);
+
+/// A host tensor with reproducible values every dtype can hold. A symbolic extent takes
+/// its `dims` value, else the smallest `spec` accepts (1 without a spec).
+Tensor random_input(const IoInfo& io, const TensorSpec* spec, const std::map<std::string, int64_t>& dims,
+                    std::mt19937& rng);
+
+/// "auto" -> CUDA where its provider loads, else CPU (and says so); else the named provider.
+ExecutionProvider resolve_provider(const std::string& text);
+
+/// The samples of `aitune tune --samples DIR`: DIR holds NAME.npy per model input (one
+/// sample), or subdirectories that each do (one sample each, in name order). Every
+/// sample must name exactly the model's inputs (Error(kInvalidArgument) listing them).
+std::vector<std::map<std::string, Tensor>> load_sample_dir(const std::string& dir,
+                                                            const std::vector<IoInfo>& inputs);
+
+}  // namespace aitune::cli

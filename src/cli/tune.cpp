@@ -1,0 +1,224 @@
+// `aitune tune MODEL.onnx`: the tuning engine on an ONNX file, no Python: samples from
+// .npy files (or random), the CPU provider in fp32 as the reference, provider-option
+// variants checked and measured, a strategy's choice, a report and optionally a checkpoint.
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <optional>
+#include <random>
+
+#include "aitune/checkpoint.hpp"
+#include "aitune/cuda_timer.hpp"
+#include "aitune/error.hpp"
+#include "aitune/tuner.hpp"
+#include "commands.hpp"
+#include "inputs.hpp"
+
+namespace aitune::cli {
+namespace {
+
+struct TuneOptions {
+  std::string model;
+  std::string provider = "auto";
+  int device_id = 0;
+  std::string strategy = "max-throughput";
+  double latency_budget_ms = 0;
+  std::string samples;                 // directory of NAME.npy, or of sample subdirectories
+  std::vector<int64_t> batch_sizes = {1, 2};  // random samples: extent of symbolic first axes
+  std::vector<std::string> dims;       // SYMBOL=VALUE for other symbolic extents
+  std::vector<std::string> provider_options;
+  std::optional<double> atol, rtol;
+  std::vector<std::string> output_tolerances;  // NAME=ATOL,RTOL
+  bool no_variants = false;
+  bool performance_validation = false;
+  bool find_max_batch_size = false;
+  int64_t max_batch_size = 4096;
+  double time_cap_s = 5;
+  std::string report;
+  std::string checkpoint;
+  bool quiet = false;
+};
+
+Tolerance parse_tolerance(const std::string& text, const std::string& what) {
+  auto comma = text.find(',');
+  try {
+    if (comma == std::string::npos) throw std::invalid_argument(text);
+    std::size_t a = 0, r = 0;
+    double atol = std::stod(text.substr(0, comma), &a), rtol = std::stod(text.substr(comma + 1), &r);
+    if (a != comma || r != text.size() - comma - 1 || atol < 0 || rtol < 0) throw std::invalid_argument(text);
+    return {atol, rtol};
+  } catch (const std::exception&) {
+    throw Error(ErrorCode::kInvalidArgument, what + " '" + text + "' is not ATOL,RTOL (two non-negative numbers)");
+  }
+}
+
+// A recorded call: the reference's inputs and outputs, and its batch (the extent of the
+// first input's first axis when that axis is symbolic, else 1).
+struct Recorded {
+  std::vector<Tensor> inputs, outputs;
+  int64_t batch_size = 1;
+};
+
+std::vector<TensorRecord> records_of(const std::vector<IoInfo>& ios, const std::vector<Tensor>& tensors) {
+  std::vector<TensorRecord> out;
+  for (std::size_t i = 0; i < ios.size(); ++i) out.push_back({ios[i].name, tensors[i].dtype(), tensors[i].shape()});
+  return out;
+}
+
+std::vector<std::map<std::string, Tensor>> random_samples(const OnnxRuntimeBackend& reference, const TuneOptions& o) {
+  auto dims = parse_dims(o.dims);
+  std::mt19937 rng(0);
+  std::vector<std::map<std::string, Tensor>> samples;
+  bool batched = false;
+  for (const auto& io : reference.inputs()) batched |= !io.shape.empty() && io.shape[0] < 0;
+  for (int64_t batch : batched ? o.batch_sizes : std::vector<int64_t>{1}) {
+    if (batch < 1) throw Error(ErrorCode::kInvalidArgument, "--batch-sizes must be positive, got " + std::to_string(batch));
+    auto with_batch = dims;
+    for (const auto& io : reference.inputs())
+      if (!io.shape.empty() && io.shape[0] < 0) with_batch[io.symbolic_dims[0]] = batch;
+    std::map<std::string, Tensor> sample;
+    for (const auto& io : reference.inputs()) sample[io.name] = random_input(io, nullptr, with_batch, rng);
+    samples.push_back(std::move(sample));
+  }
+  return samples;
+}
+
+int tune_model(const TuneOptions& o) {
+  StrategyConfig strategy;
+  strategy.kind = parse_strategy_kind(o.strategy);
+  strategy.latency_budget_ms = o.latency_budget_ms;
+  strategy.performance_validation = o.performance_validation;
+  strategy.validate();
+
+  OnnxRuntimeBackendConfig base;
+  base.provider = resolve_provider(o.provider);
+  base.device_id = o.device_id;
+  for (const auto& kv : o.provider_options) base.provider_options.insert(split_assignment(kv, "--provider-option"));
+
+  // The reference: the CPU provider in fp32 with ORT's defaults.
+  OnnxRuntimeBackendConfig cpu;
+  cpu.provider = ExecutionProvider::kCPU;
+  auto reference = OnnxRuntimeBackend::create(o.model, cpu);
+  const auto& ins = reference->inputs();
+  auto given = o.samples.empty() ? random_samples(*reference, o) : load_sample_dir(o.samples, ins);
+
+  std::vector<Recorded> recorded;
+  GraphSpecBuilder builder;
+  for (auto& sample : given) {
+    Recorded r;
+    std::vector<TensorView> views;
+    for (const auto& io : ins) {
+      r.inputs.push_back(sample.at(io.name));
+      views.push_back(r.inputs.back().view());
+    }
+    r.outputs = reference->infer(views);
+    if (!ins.empty() && !ins[0].shape.empty() && ins[0].shape[0] < 0 && !r.inputs[0].shape().empty())
+      r.batch_size = r.inputs[0].shape()[0];
+    builder.record(records_of(ins, r.inputs), records_of(reference->outputs(), r.outputs), r.batch_size);
+    recorded.push_back(std::move(r));
+  }
+  GraphSpec spec = builder.build();
+
+  TunerOptions options;
+  options.profile.time_cap_s = o.time_cap_s;
+  if (o.atol || o.rtol) options.tolerances.all = Tolerance{o.atol.value_or(0), o.rtol.value_or(0)};
+  for (const auto& t : o.output_tolerances) {
+    auto [name, value] = split_assignment(t, "--output-tolerance");
+    options.tolerances.per_output[name] = parse_tolerance(value, "--output-tolerance " + name);
+  }
+  options.batch_search.enabled = o.find_max_batch_size;
+  options.batch_search.max_batch_size = o.max_batch_size;
+  std::unique_ptr<CudaStream> stream;
+  if (base.provider == ExecutionProvider::kCUDA && cuda_runtime_available()) {
+    stream = CudaStream::create(base.device_id);  // candidates run and are timed on it
+    options.cuda_stream = stream->handle();
+  }
+  if (!o.quiet) options.log = [](const std::string& line) { std::cerr << "aitune: " << line << "\n"; };
+
+  std::vector<TuneSample> samples;
+  for (const auto& r : recorded) {
+    TuneSample s;
+    for (const auto& t : r.inputs) s.inputs.push_back(t.view());
+    for (const auto& t : r.outputs) s.expected.push_back(t.view());
+    s.batch_size = r.batch_size;
+    samples.push_back(std::move(s));
+  }
+  GraphTuner tuner(o.model, spec, samples, options);
+  std::size_t largest = 0;
+  for (std::size_t i = 1; i < samples.size(); ++i)
+    if (samples[i].batch_size > samples[largest].batch_size) largest = i;
+  tuner.profile_reference([&](const std::vector<TensorView>&) { reference->infer(samples[largest].inputs); },
+                          "reference (cpu fp32)");
+
+  auto candidates = provider_variants(base, tuner.spec());
+  if (o.no_variants) candidates.resize(1);
+  for (std::size_t i = 0; i < candidates.size(); ++i) {
+    if (!o.quiet) std::cerr << "aitune: [" << i + 1 << "/" << candidates.size() << "] " << candidates[i].name << "\n";
+    tuner.evaluate_onnx(o.model, candidates[i], "OnnxRuntimeBackend", 0);
+  }
+  const auto& report = tuner.select(strategy);
+  std::cout << report.summary_table();
+  if (!o.report.empty()) {
+    std::ofstream out(o.report);
+    out << report.to_json() << "\n";
+    if (!out) throw Error(ErrorCode::kIo, "cannot write the report to '" + o.report + "'");
+    std::cout << "report: " << o.report << "\n";
+  }
+  auto winner = tuner.take_winner();
+  if (!winner) {
+    std::cerr << "aitune: no candidate was chosen: " << report.decision << "\n";
+    return 1;
+  }
+  if (!o.checkpoint.empty()) {
+    CheckpointManifest manifest;
+    manifest.module_name = std::filesystem::path(o.model).stem().string();
+    manifest.metadata_json = report.to_json(-1);
+    CheckpointGraph graph;
+    graph.key = "graph_0";
+    graph.graph_spec = winner->graph_spec();
+    graph.backend_config = winner->config();
+    std::string names_in, names_out;
+    for (const auto& t : spec.inputs) names_in += (names_in.empty() ? "\"" : ",\"") + t.name + "\"";
+    for (const auto& t : spec.outputs) names_out += (names_out.empty() ? "\"" : ",\"") + t.name + "\"";
+    graph.structure_json = "{\"inputs\":[" + names_in + "],\"outputs\":[" + names_out + "]}";
+    manifest.graphs.push_back(graph);
+    Checkpoint::save(o.checkpoint, manifest, {{Checkpoint::graph_directory("graph_0") + "/model_raw.onnx", o.model}});
+    std::cout << "checkpoint: " << o.checkpoint << " (run it with: aitune run " << o.checkpoint << ")\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+Command add_tune(CLI::App& app) {
+  auto* sub = app.add_subcommand("tune", "Tune an ONNX model: check and measure provider-option variants, choose one");
+  auto o = std::make_shared<TuneOptions>();
+  sub->add_option("model", o->model, "path to an .onnx file")->required();
+  sub->add_option("--provider", o->provider, "cpu, cuda, tensorrt or auto (CUDA if available, else CPU)")
+      ->capture_default_str();
+  sub->add_option("--device-id", o->device_id, "CUDA device index")->capture_default_str();
+  sub->add_option("--strategy", o->strategy,
+                  "one-backend, first-wins, max-throughput, min-latency or latency-budget")->capture_default_str();
+  sub->add_option("--latency-budget-ms", o->latency_budget_ms, "p50 budget of the latency-budget strategy");
+  sub->add_option("--samples", o->samples, "directory of NAME.npy files (one sample) or of sample subdirectories");
+  sub->add_option("--batch-sizes", o->batch_sizes, "random samples: extents of symbolic first axes")
+      ->delimiter(',')->capture_default_str();
+  sub->add_option("--dim", o->dims, "SYMBOL=VALUE for other symbolic extents of random samples (default 1)");
+  sub->add_option("--provider-option", o->provider_options, "KEY=VALUE fixed in every candidate (repeatable)");
+  sub->add_option("--atol", o->atol, "absolute tolerance for every output (default: by dtype and precision)");
+  sub->add_option("--rtol", o->rtol, "relative tolerance for every output");
+  sub->add_option("--output-tolerance", o->output_tolerances, "NAME=ATOL,RTOL for one output (repeatable)");
+  sub->add_flag("--no-variants", o->no_variants, "one strict candidate instead of the provider-option variants");
+  sub->add_flag("--performance-validation", o->performance_validation,
+                "keep nothing unless the winner beats the CPU reference by 1.01x");
+  sub->add_flag("--find-max-batch-size", o->find_max_batch_size, "search the largest useful batch for the winner");
+  sub->add_option("--max-batch-size", o->max_batch_size, "upper limit of the batch search")->capture_default_str();
+  sub->add_option("--time-cap", o->time_cap_s, "seconds of profiling per candidate at most")->capture_default_str();
+  sub->add_option("--report", o->report, "write the JSON report to this file");
+  sub->add_option("--checkpoint", o->checkpoint, "save the winner as a checkpoint directory (aitune run loads it)");
+  sub->add_flag("--quiet", o->quiet, "no progress lines on stderr");
+  return {sub, [o] { return tune_model(*o); }};
+}
+
+}  // namespace aitune::cli

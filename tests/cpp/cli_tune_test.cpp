@@ -1,0 +1,96 @@
+// `aitune tune` in a separate process: random and .npy samples, the report, a
+// checkpoint that `aitune run` loads, and the exit codes of bad input.
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "aitune/npy.hpp"
+#include "test_support.hpp"
+
+namespace aitune {
+namespace {
+using namespace test;
+
+CommandResult tune(const std::string& args) {
+  return run_command(std::string("'") + AITUNE_TEST_CLI + "' tune " + args + " --time-cap 0.5");
+}
+
+TEST(CliTune, TunesAModelWithRandomSamplesAndWritesTheReport) {
+  ScopedTempDir tmp;
+  const auto report = tmp.file("report.json");
+  auto r = tune(fixture("mlp.onnx") + " --provider cpu --quiet --report '" + report + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("reference (cpu fp32)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("cpu[intra_op_threads=1]"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("decision: highest throughput"), std::string::npos) << r.output;
+  std::ifstream in(report);
+  auto j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["candidates"].size(), 3u);
+  EXPECT_FALSE(j["winner"].is_null());
+  EXPECT_EQ(j["strategy"], "max-throughput");
+  for (const auto& c : j["candidates"]) {
+    EXPECT_TRUE(c["correctness"]["passed"].get<bool>()) << c.dump();
+    EXPECT_EQ(c["correctness"]["samples"].size(), 2u);  // --batch-sizes 1,2
+  }
+}
+
+TEST(CliTune, SamplesFromNpyAndACheckpointThatRunLoads) {
+  ScopedTempDir tmp;
+  std::filesystem::create_directories(tmp.file("samples/a"));
+  std::filesystem::create_directories(tmp.file("samples/b"));
+  std::filesystem::copy_file(fixture("mlp_x.npy"), tmp.file("samples/a/x.npy"));
+  save_npy(tmp.file("samples/b/x.npy"), make_pattern_f32({5, 64}, 3));
+  const auto checkpoint = tmp.file("ckpt");
+  auto r = tune(fixture("mlp.onnx") + " --provider cpu --strategy min-latency --no-variants --samples '" +
+                tmp.file("samples") + "' --checkpoint '" + checkpoint + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("(min-latency)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[1/1] cpu"), std::string::npos) << r.output;
+  // The spec recorded batches 3 and 5: the checkpoint accepts 4 and rejects 6.
+  save_npy(tmp.file("x4.npy"), make_pattern_f32({4, 64}, 4));
+  save_npy(tmp.file("x6.npy"), make_pattern_f32({6, 64}, 6));
+  auto ok = run_command(std::string("'") + AITUNE_TEST_CLI + "' run '" + checkpoint +
+                        "' --iterations 1 --warmup 0 --input x=" + tmp.file("x4.npy"));
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+  auto too_big = run_command(std::string("'") + AITUNE_TEST_CLI + "' run '" + checkpoint +
+                             "' --iterations 1 --warmup 0 --input x=" + tmp.file("x6.npy"));
+  EXPECT_EQ(too_big.exit_code, 2) << too_big.output;
+}
+
+TEST(CliTune, BadInputGivesExitCodeAndReason) {
+  ScopedTempDir tmp;
+  auto strategy = tune(fixture("mlp.onnx") + " --provider cpu --strategy fastest");
+  EXPECT_EQ(strategy.exit_code, 2) << strategy.output;
+  EXPECT_NE(strategy.output.find("unknown strategy 'fastest'"), std::string::npos) << strategy.output;
+
+  auto budget = tune(fixture("mlp.onnx") + " --provider cpu --strategy latency-budget");
+  EXPECT_EQ(budget.exit_code, 2) << budget.output;
+  EXPECT_NE(budget.output.find("latency_budget_ms"), std::string::npos) << budget.output;
+
+  std::filesystem::create_directories(tmp.file("wrong"));
+  save_npy(tmp.file("wrong/y.npy"), make_pattern_f32({1, 64}, 1));
+  auto missing = tune(fixture("mlp.onnx") + " --provider cpu --samples '" + tmp.file("wrong") + "'");
+  EXPECT_EQ(missing.exit_code, 2) << missing.output;
+  EXPECT_NE(missing.output.find("lacks x.npy"), std::string::npos) << missing.output;
+
+  auto tolerance = tune(fixture("mlp.onnx") + " --provider cpu --output-tolerance y=0.1");
+  EXPECT_EQ(tolerance.exit_code, 2) << tolerance.output;
+  EXPECT_NE(tolerance.output.find("ATOL,RTOL"), std::string::npos) << tolerance.output;
+
+  auto model = tune(tmp.file("absent.onnx") + " --provider cpu");
+  EXPECT_EQ(model.exit_code, 4) << model.output;
+}
+
+TEST(CliTune, ZeroToleranceAcceptsOnlyExactOutputs) {
+  // The multi-dtype model's outputs (an integer add, a bool cast to float) are exact on
+  // every variant, so even atol = rtol = 0 passes.
+  auto r = tune(fixture("multi_dtype.onnx") + " --provider cpu --quiet --atol 0 --rtol 0");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("selected"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("incorrect"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace aitune
