@@ -1,0 +1,248 @@
+"""Strategies, correctness against eager, performance validation, batch search, reports:
+the C++ tuning engine as the torch front end drives it (CPU provider)."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+
+import aitune.torch as ait
+from aitune import _core
+from aitune.torch import ModuleState, TorchEagerBackend
+from aitune.torch.backend import ONNXRuntimeBackend, ONNXRuntimeBackendConfig
+from torch_models import MLP, cpu_backend
+
+TOL = dict(atol=1e-4, rtol=1e-4)
+
+
+def _report(model: ait.Module):
+    (report,) = model.ait_reports.values()
+    return report
+
+
+class BranchOnSign(torch.nn.Module):
+    """Python control flow on the data: the trace exporter bakes in the branch its example
+    input took, so the export is wrong for every sample that takes the other one."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        if x.sum() > 0:
+            return self.fc(x)
+        return -self.fc(x)
+
+
+def _half_positive_half_negative():
+    # Batches of 1 and of 2 (consecutive pairs) keep the sign of their samples.
+    return [torch.full((4,), 1.0) + 0.1 * i for i in range(4)] + [torch.full((4,), -1.0) - 0.1 * i for i in range(4)]
+
+
+def test_trace_export_wrong_for_half_the_samples_is_rejected_and_eager_kept():
+    inner = BranchOnSign().eval()
+    strategy = ait.FirstWinsStrategy([cpu_backend(use_dynamo=False), TorchEagerBackend()])
+    model = ait.Module(inner, "branch", strategy=strategy)
+    ait.tune(model, _half_positive_half_negative(), disable_external_logging=True)
+    assert model.ait_state is ModuleState.TUNED
+    assert list(model.ait_backends.values()) == ["TorchEagerBackend"]
+    report = _report(model)
+    assert report.winner is None
+    assert {c.status for c in report.candidates} == {"incorrect"}
+    assert all("output_0" in c.reason and "elements beyond atol" in c.reason for c in report.candidates)
+    for x in (torch.full((2, 4), 1.0), torch.full((2, 4), -1.0)):  # both branches stay right
+        torch.testing.assert_close(model(x), inner(x), **TOL)
+
+
+def test_one_backend_with_only_wrong_candidates_raises_numeric_mismatch():
+    model = ait.Module(BranchOnSign().eval(), "branch", strategy=ait.OneBackendStrategy(cpu_backend(use_dynamo=False)))
+    with pytest.raises(ait.NumericMismatchError, match=r"every candidate differs from eager.*output_0"):
+        ait.tune(model, _half_positive_half_negative(), ignore_failing_modules=False, disable_external_logging=True)
+    assert model.ait_state is ModuleState.PASSTHROUGH
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda backends: ait.MaxThroughputStrategy(backends),
+        lambda backends: ait.MinLatencyStrategy(backends),
+        lambda backends: ait.LatencyBudgetStrategy(backends, budget_ms=1000.0),
+    ],
+    ids=["max-throughput", "min-latency", "latency-budget"],
+)
+def test_measuring_strategies_see_every_variant_of_every_backend(make):
+    inner = MLP().eval()
+    model = ait.Module(inner, "mlp", strategy=make([cpu_backend(use_dynamo=True), cpu_backend(use_dynamo=False)]))
+    ait.tune(model, torch.randn(16))
+    report = _report(model)
+    assert len(report.candidates) == 6  # 3 CPU variants x 2 exporters
+    assert {c.group for c in report.candidates} == {0, 1}
+    assert report.winner is not None
+    winner = report.candidates[report.winner]
+    assert winner.status == "selected"
+    passed = [c for c in report.candidates if c.p50_us is not None]
+    assert len(passed) == 6 and all(c.max_abs_error < 1e-4 for c in passed)
+    if isinstance(model.ait_strategy, ait.MinLatencyStrategy):
+        assert winner.p50_us == min(c.p50_us for c in passed)
+    else:
+        assert winner.throughput == max(c.throughput for c in passed)
+    x = torch.randn(2, 16)
+    torch.testing.assert_close(model(x), inner(x), **TOL)
+    assert winner.name in next(iter(model.ait_backends.values()))
+
+
+def test_latency_budget_nobody_meets_takes_the_lowest_latency():
+    model = ait.Module(MLP().eval(), "mlp", strategy=ait.LatencyBudgetStrategy([cpu_backend()], budget_ms=1e-9))
+    ait.tune(model, torch.randn(16))
+    report = _report(model)
+    assert "no candidate meets" in report.decision
+    winner = report.candidates[report.winner]
+    assert winner.p50_us == min(c.p50_us for c in report.candidates if c.p50_us is not None)
+    assert any(c.status == "over budget" for c in report.candidates)
+
+
+def test_strategy_arguments_are_checked():
+    with pytest.raises(ValueError, match="budget_ms"):
+        ait.LatencyBudgetStrategy([cpu_backend()], budget_ms=0)
+    with pytest.raises(TypeError, match="non-empty"):
+        ait.MaxThroughputStrategy([])
+    with pytest.raises(TypeError, match="Backend"):
+        ait.MinLatencyStrategy(["cpu"])
+
+
+class ManySmallOps(torch.nn.Module):
+    """Eager pays Python and dispatch overhead per op; ORT runs the same graph in C++."""
+
+    def forward(self, x):
+        for _ in range(100):
+            x = x * 1.0001 + 0.0001
+        return x
+
+
+def test_performance_validation_keeps_a_backend_only_when_it_beats_eager(caplog):
+    ait.enable_performance_validation(True)
+    model = ait.Module(ManySmallOps().eval(), "ops", strategy=ait.OneBackendStrategy(cpu_backend()))
+    ait.tune(model, torch.randn(8))
+    winner = _report(model).candidates[_report(model).winner]
+    assert winner.speedup_vs_eager > 1.01
+    assert "ONNXRuntimeBackend" in next(iter(model.ait_backends.values()))
+
+    ait.enable_performance_validation(True, min_speedup=1e6)  # nothing is a million times faster
+    model = ait.Module(ManySmallOps().eval(), "ops", strategy=ait.OneBackendStrategy(cpu_backend()))
+    with caplog.at_level(logging.WARNING, logger="aitune"):
+        ait.tune(model, torch.randn(8))
+    assert model.ait_state is ModuleState.TUNED
+    (described,) = model.ait_backends.values()
+    assert described.startswith("TorchEagerBackend (") and "eager kept" in described
+    assert "eager kept" in caplog.text
+    assert any(c.status == "slower than eager" for c in _report(model).candidates)
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(model(x), ManySmallOps()(x))
+
+
+def test_performance_validation_arguments_are_checked():
+    with pytest.raises(TypeError):
+        ait.enable_performance_validation("yes")
+    with pytest.raises(ValueError, match="min_speedup"):
+        ait.enable_performance_validation(True, min_speedup=0)
+    with pytest.raises(ValueError, match="max_batch_size"):
+        ait.enable_find_max_batch_size(True, max_batch_size=0)
+
+
+def test_find_max_batch_size_widens_the_batch_range():
+    ait.enable_find_max_batch_size(True, max_batch_size=16)
+    inner = MLP().eval()
+    model = ait.Module(inner, "mlp", strategy=ait.OneBackendStrategy(cpu_backend()))
+    ait.tune(model, torch.randn(16), batch_sizes=[1, 2])
+    report = _report(model)
+    largest = report.max_batch_size
+    assert largest is not None and 4 <= largest <= 16
+    x = torch.randn(largest, 16)
+    torch.testing.assert_close(model(x), inner(x), **TOL)
+    with pytest.raises(_core.ShapeMismatchError):
+        model(torch.randn(largest + 1, 16))
+    assert json.loads(report.to_json())["batch_search"]["correctness"] == "passed"
+
+
+def test_tolerance_overrides_accept_a_known_deviation():
+    class Noisy(torch.nn.Module):
+        def forward(self, x):
+            return x + torch.rand_like(x)  # eager and ORT never agree closer than [0, 1)
+
+    strict = ait.Module(Noisy(), "noisy", strategy=ait.OneBackendStrategy(cpu_backend(use_dynamo=False)))
+    with pytest.raises(ait.NumericMismatchError):
+        ait.tune(strict, torch.randn(32), ignore_failing_modules=False)
+    loose = ait.Module(Noisy(), "noisy", strategy=ait.OneBackendStrategy(cpu_backend(use_dynamo=False)))
+    ait.tune(loose, torch.randn(32), output_tolerances={"output_0": (1.0, 0.0)})
+    assert loose.ait_state is ModuleState.TUNED
+    assert "ONNXRuntimeBackend" in next(iter(loose.ait_backends.values()))
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(tolerance=(1e-3,)), "tolerance must be an \\(atol, rtol\\) pair"),
+        (dict(tolerance=(-1, 0)), "must not be negative"),
+        (dict(output_tolerances={"output_0": "tight"}), "output_tolerances\\['output_0'\\]"),
+    ],
+)
+def test_bad_tolerances_fail_before_recording(kwargs, message):
+    model = ait.Module(MLP().eval(), "mlp", strategy=ait.OneBackendStrategy(cpu_backend()))
+    with pytest.raises(ValueError, match=message):
+        ait.tune(model, torch.randn(16), **kwargs)
+    assert model.ait_state is ModuleState.INIT
+
+
+def test_variants_can_be_switched_off():
+    backend = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cpu", tune_provider_options=False))
+    model = ait.Module(MLP().eval(), "mlp", strategy=ait.OneBackendStrategy(backend))
+    ait.tune(model, torch.randn(16))
+    assert [c.name for c in _report(model).candidates] == ["cpu"]
+    with pytest.raises(ValueError, match="provider_options"):
+        ONNXRuntimeBackendConfig(provider_options={"use_tf32": [0]})
+
+
+def test_report_file_summary_table_and_logging(cache_dir, caplog):
+    model = ait.Module(MLP().eval(), "mlp", strategy=ait.OneBackendStrategy(cpu_backend()))
+    with caplog.at_level(logging.DEBUG, logger="aitune"):
+        ait.tune(model, torch.randn(16))
+    (graph,) = model.ait_graphs
+    report = json.loads((cache_dir / "mlp" / graph.key / "tune_report.json").read_text())
+    assert report["graph"] == f"mlp/{graph.key}"
+    assert report["eager"]["host_us"]["p50"] > 0
+    assert len(report["candidates"]) == 3
+    for candidate in report["candidates"]:
+        assert candidate["correctness"]["samples"][0]["outputs"][0]["name"] == "output_0"
+        assert set(candidate["profile"]["host_us"]) >= {"p50", "p90", "p95", "p99", "mean", "std"}
+        assert candidate["session_creation_ms"] > 0 and candidate["first_run_ms"] > 0
+    # The summary table goes through logging at INFO, the engine's steps at DEBUG.
+    assert "candidate" in caplog.text and "speed-up" in caplog.text and "decision:" in caplog.text
+    assert "creating the session" in caplog.text
+
+
+def test_progress_bar_counts_every_candidate(monkeypatch):
+    tqdm = pytest.importorskip("tqdm")
+    bars = []
+
+    class Recorder:
+        def __init__(self, total, **kwargs):
+            self.total, self.updates = total, 0
+            bars.append(self)
+
+        def update(self, n):
+            self.updates += n
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(tqdm, "tqdm", Recorder)
+    model = ait.Module(MLP().eval(), "mlp", strategy=ait.MaxThroughputStrategy([cpu_backend(), cpu_backend(use_dynamo=False)]))
+    ait.tune(model, torch.randn(16))
+    (bar,) = bars
+    assert bar.total == 6 and bar.updates == 6
