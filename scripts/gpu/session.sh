@@ -31,4 +31,4 @@ nvidia-smi -L
 } 2>&1 | tee "$out/build.log"
 ctest --test-dir build/gpu-sys-tests --output-on-failure 2>&1 | tee "$out/ctest.log" | tail -40
 python3 -m pytest -q -rs tests/python "$@" 2>&1 | tee "$out/pytest.log" | tail -40
-bash scripts/gpu/bench_mlp.sh 2>&1 | tee "$out/bench.log"
+bash scripts/gpu/bench_mlp.sh 2>&1 | tee "$out/bench_mlp.log"

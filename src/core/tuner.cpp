@@ -146,6 +146,9 @@ std::vector<OnnxCandidate> provider_variants(const OnnxRuntimeBackendConfig& bas
       add({{"use_tf32", "0"}, {"cudnn_conv_algo_search", "HEURISTIC"}}, Precision::kStrict);
       add({{"use_tf32", "0"}, {"prefer_nhwc", "1"}}, Precision::kStrict);
       add({{"use_tf32", "1"}}, Precision::kTF32);
+      // One captured graph per input shape; a model that cannot be captured (nodes off
+      // the CUDA EP, control flow) fails this candidate only.
+      add({{"use_tf32", "0"}, {"enable_cuda_graph", "1"}}, Precision::kStrict);
       break;
     case ExecutionProvider::kTensorRT:
       add({{"trt_fp16_enable", "0"}}, Precision::kStrict);

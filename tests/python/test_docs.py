@@ -1,4 +1,4 @@
-"""Every ```python snippet of docs/onnxruntime-backend.md runs as written (CPU only)."""
+"""Every ```python snippet of the guides runs as written (CPU only)."""
 
 from __future__ import annotations
 
@@ -7,18 +7,23 @@ from pathlib import Path
 
 import pytest
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "onnxruntime-backend.md"
-SNIPPETS = re.findall(r"^```python\n(.*?)^```", DOC.read_text(), flags=re.S | re.M)
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+GUIDES = ["onnxruntime-backend.md", "tuning.md"]
+SNIPPETS = [
+    (guide, i, code)
+    for guide in GUIDES
+    for i, code in enumerate(re.findall(r"^```python\n(.*?)^```", (DOCS / guide).read_text(), flags=re.S | re.M))
+]
 
 
-def test_the_guide_has_snippets():
-    assert len(SNIPPETS) >= 8
+def test_the_guides_have_snippets():
+    assert sum(1 for guide, _, _ in SNIPPETS if guide == "onnxruntime-backend.md") >= 8
+    assert any(guide == "tuning.md" for guide, _, _ in SNIPPETS)
 
 
-@pytest.mark.parametrize("index", range(len(SNIPPETS)))
-def test_snippet_runs(index, monkeypatch, tmp_path):
+@pytest.mark.parametrize("guide, index, code", SNIPPETS, ids=[f"{g}-{i}" for g, i, _ in SNIPPETS])
+def test_snippet_runs(guide, index, code, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     # Snippets may set AITUNE_CACHE_DIR themselves; monkeypatch restores it afterwards.
     monkeypatch.setenv("AITUNE_CACHE_DIR", str(tmp_path / "cache"))
-    code = compile(SNIPPETS[index], f"{DOC.name}[snippet {index}]", "exec")
-    exec(code, {"__name__": f"doc_snippet_{index}"})
+    exec(compile(code, f"{guide}[snippet {index}]", "exec"), {"__name__": f"doc_snippet_{index}"})
