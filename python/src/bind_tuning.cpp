@@ -8,6 +8,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "aitune/error.hpp"
+#include "aitune/tensorrt_options.hpp"
 #include "aitune/tuner.hpp"
 #include "bindings.hpp"
 
@@ -99,6 +100,9 @@ void bind_tuning(nb::module_& m) {
   m.def("provider_variants", &provider_variants, nb::arg("base"), nb::arg("spec"),
         "The variants a backend configuration expands into (see tuner.hpp).");
   m.def("candidate_name", &candidate_name, nb::arg("config"));
+  m.def("tensorrt_provider_options", &tensorrt_provider_options, nb::arg("spec"), nb::arg("cache_dir"),
+        nb::arg("user") = std::map<std::string, std::string>{},
+        "TensorRT options: engine/timing caches under cache_dir, profiles from the spec, `user` winning.");
 
   nb::class_<CandidateResult>(m, "CandidateResult", "One measured candidate of a graph.")
       .def_ro("name", &CandidateResult::name)

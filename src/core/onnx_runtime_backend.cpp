@@ -170,7 +170,8 @@ void apply_tensorrt_option(OrtTensorRTProviderOptions& o, const std::string& key
   else
     throw Error(ErrorCode::kInvalidArgument,
                 "unsupported TensorRT option '" + key +
-                    "'; supported: trt_fp16_enable, trt_int8_enable, trt_max_workspace_size, "
+                    "' (this ONNX Runtime build cannot create TensorRT V2 options, so only the V1 "
+                    "struct's fields are available); supported: trt_fp16_enable, trt_int8_enable, trt_max_workspace_size, "
                     "trt_max_partition_iterations, trt_min_subgraph_size, trt_engine_cache_enable, "
                     "trt_engine_cache_path, trt_dump_subgraphs, trt_force_sequential_engine_build");
 }
@@ -301,18 +302,37 @@ void OnnxRuntimeBackend::Impl::create_session() {
     case ExecutionProvider::kTensorRT: {
       auto status = runtime->provider_status(ExecutionProvider::kTensorRT);
       if (!status.available) throw Error(ErrorCode::kProviderUnavailable, status.reason);
-      OrtTensorRTProviderOptions trt{};
-      trt.device_id = config.device_id;
-      trt.trt_max_partition_iterations = 1000;
-      trt.trt_min_subgraph_size = 1;
-      trt.trt_max_workspace_size = size_t{1} << 30;
-      for (const auto& [k, v] : config.provider_options) apply_tensorrt_option(trt, k, v, keep_alive);
+      // The V2 options object takes every TensorRT option as a string (profiles, timing
+      // cache, builder level); where this ORT build cannot create it, the V1 struct
+      // takes the subset it has fields for and names any other option as unsupported.
+      bool v2 = false;
+      try {
+        Ort::TensorRTProviderOptions options;
+        std::unordered_map<std::string, std::string> all(config.provider_options.begin(),
+                                                         config.provider_options.end());
+        all["device_id"] = std::to_string(config.device_id);
+        options.Update(all);
+        so.AppendExecutionProvider_TensorRT_V2(*options);
+        v2 = true;
+      } catch (const Ort::Exception& e) {
+        if (std::string(e.what()).find("not enabled in this build") == std::string::npos &&
+            std::string(e.what()).find("not supported") == std::string::npos)
+          throw Error(ErrorCode::kInvalidArgument, std::string("TensorRT provider options: ") + e.what());
+      }
+      if (!v2) {
+        OrtTensorRTProviderOptions trt{};
+        trt.device_id = config.device_id;
+        trt.trt_max_partition_iterations = 1000;
+        trt.trt_min_subgraph_size = 1;
+        trt.trt_max_workspace_size = size_t{1} << 30;
+        for (const auto& [k, v] : config.provider_options) apply_tensorrt_option(trt, k, v, keep_alive);
+        ort_call(ErrorCode::kProviderUnavailable, "TensorRT execution provider",
+                 [&] { so.AppendExecutionProvider_TensorRT(trt); });
+      }
       OrtCUDAProviderOptions cuda{};  // fallback for nodes TensorRT does not take, as the reference does
       cuda.device_id = config.device_id;
-      ort_call(ErrorCode::kProviderUnavailable, "TensorRT execution provider", [&] {
-        so.AppendExecutionProvider_TensorRT(trt);
-        so.AppendExecutionProvider_CUDA(cuda);
-      });
+      ort_call(ErrorCode::kProviderUnavailable, "CUDA fallback of the TensorRT execution provider",
+               [&] { so.AppendExecutionProvider_CUDA(cuda); });
       owned_memory_info.emplace("Cuda", OrtDeviceAllocator, config.device_id, OrtMemTypeDefault);
       memory_info = *owned_memory_info;
       break;
