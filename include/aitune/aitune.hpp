@@ -17,6 +17,7 @@
 #include "aitune/profiler.hpp"
 #include "aitune/strategy.hpp"
 #include "aitune/tensor.hpp"
+#include "aitune/tensorrt_options.hpp"
 #include "aitune/tune_report.hpp"
 #include "aitune/tuner.hpp"
 #include "aitune/version.hpp"
