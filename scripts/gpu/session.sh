@@ -12,6 +12,7 @@ site=/opt/torch/.venv/lib/python3.12/site-packages
 export LD_LIBRARY_PATH=$site/nvidia/cu13/lib:$site/nvidia/cudnn/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export AITUNE_ORT_LIBRARY=/root/ortgpu/lib/libonnxruntime.so.1
 export PYTHONUNBUFFERED=1
+export AITUNE_GPU_REPORT_DIR=$out
 # The image's CXX (/opt/gcc) links its own libstdc++ statically into the extension; ORT,
 # dlopened from there, then crashes in std::codecvt while creating its Env. The
 # system g++ links the shared libstdc++ that ORT uses too.
