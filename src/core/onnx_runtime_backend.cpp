@@ -564,6 +564,8 @@ std::vector<Tensor> OnnxRuntimeBackend::Impl::infer_with_cuda_graph(const std::v
   Ort::RunOptions run;
   run.AddConfigEntry("gpu_graph_id", std::to_string(slot.id).c_str());
   session->Run(run, slot.binding);
+  // A replay is not waited for by Run; the copies below (no stream) must see its results.
+  slot.binding.SynchronizeOutputs();
   // The slot's outputs are overwritten by the next replay: the caller gets copies.
   auto fixed = slot.binding.GetOutputValues();
   std::vector<Ort::Value> copies;

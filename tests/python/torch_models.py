@@ -79,3 +79,20 @@ class MaskedModel(torch.nn.Module):
         if mask is not None:
             y = y * mask
         return y
+
+
+class NestedModel(torch.nn.Module):
+    """Nested inputs (a tuple and a dict of lists), non-tensor arguments, and a dict
+    output holding a list, a dataclass and a constant."""
+
+    def __init__(self):
+        super().__init__()
+        self.left = torch.nn.Linear(8, 4)
+        self.right = torch.nn.Linear(8, 4)
+
+    def forward(self, pair, extra, scale=2.0, mode="sum"):
+        a, b = pair
+        left = self.left(a) * scale
+        right = self.right(b) + extra["bias"][0]
+        total = left + right if mode == "sum" else left - right
+        return {"total": total, "parts": [left, right], "features": Features(total, total.mean(-1)), "mode": mode}

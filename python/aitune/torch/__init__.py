@@ -3,6 +3,8 @@
     import aitune.torch as ait
     model = ait.Module(model, "my-model", strategy=ait.OneBackendStrategy(backend))
     ait.tune(model, samples)
+    ait.save(model, "my-model.ait")        # later, in another process:
+    ait.load(ait.Module(MyModel(), "my-model"), "my-model.ait")
 """
 
 from aitune.torch.backend import (
@@ -15,6 +17,7 @@ from aitune.torch.backend import (
     TorchEagerBackend,
 )
 from aitune.torch.cache import cache_root
+from aitune.torch.checkpoint import CheckpointStructureError, load, save
 from aitune.torch.export import ExportError
 from aitune.torch.graph import RecordedGraph
 from aitune.torch.module import GraphNotRecordedError, Module, ModuleState
@@ -39,6 +42,7 @@ from aitune.torch.tuning import tune
 __all__ = [
     "Backend",
     "BackendConfig",
+    "CheckpointStructureError",
     "ExportError",
     "FirstWinsStrategy",
     "GraphNotRecordedError",
@@ -61,6 +65,8 @@ __all__ = [
     "enable_find_max_batch_size",
     "enable_performance_validation",
     "find_max_batch_size_enabled",
+    "load",
     "performance_validation_enabled",
+    "save",
     "tune",
 ]

@@ -19,6 +19,8 @@ def register_dataclasses(tree: Any) -> None:
     ModelOutput registers itself when transformers is imported; this covers plain
     dataclasses (and ModelOutput of transformers versions that do not register it).
     Repeats because fields of a newly registered dataclass may be dataclasses too.
+    Each is registered under its ``serialized_type_name`` (``module.QualName``) so that
+    tree specs holding it can be saved in a checkpoint (``aitune.torch.checkpoint``).
     """
     while True:
         unknown = {
@@ -29,7 +31,12 @@ def register_dataclasses(tree: Any) -> None:
         if not unknown:
             return
         for cls in unknown:
-            pytree.register_dataclass(cls)
+            pytree.register_dataclass(cls, serialized_type_name=serialized_type_name(cls))
+
+
+def serialized_type_name(cls: type) -> str:
+    """``module.QualName``: how a checkpoint names a pytree node type."""
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def _key_text(key: Any) -> str:
@@ -70,12 +77,17 @@ def leaf_descriptor(leaf: Any) -> tuple:
     are kept beside values because ``1 == True == 1.0`` in Python.
     """
     if isinstance(leaf, torch.Tensor):
-        return ("tensor", leaf.dtype, leaf.dim())
+        return tensor_descriptor(leaf.dtype, leaf.dim())
     try:
         hash(leaf)
         return (type(leaf), leaf)
     except TypeError:
         return (type(leaf), repr(leaf))
+
+
+def tensor_descriptor(dtype: torch.dtype, rank: int) -> tuple:
+    """``leaf_descriptor`` of a tensor of this dtype and rank."""
+    return ("tensor", dtype, rank)
 
 
 def identity(spec: pytree.TreeSpec, leaves: list) -> tuple:

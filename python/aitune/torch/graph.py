@@ -33,6 +33,17 @@ class _Tree:
         self.tensor_positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
         self.bare_tensor = spec.is_leaf() and self.tensor_positions == [0]
 
+    @classmethod
+    def restore(cls, spec: pytree.TreeSpec, template: list, tensor_positions: list[int]) -> _Tree:
+        """A tree rebuilt from its parts (a loaded checkpoint): ``template`` holds the
+        non-tensor leaves, None where ``tensor_positions`` says a tensor goes."""
+        tree = cls.__new__(cls)
+        tree.spec = spec
+        tree.template = list(template)
+        tree.tensor_positions = list(tensor_positions)
+        tree.bare_tensor = spec.is_leaf() and tree.tensor_positions == [0]
+        return tree
+
     def fill(self, tensors) -> Any:
         if self.bare_tensor:  # a module returning one tensor: no structure to rebuild
             return tensors[0]
@@ -53,7 +64,36 @@ def _tensor_records(names: list[str], tensors: list[torch.Tensor]) -> list[tuple
     return [(n, flatten.dtype_name(t.dtype), list(t.shape)) for n, t in zip(names, tensors, strict=True)]
 
 
-class RecordedGraph:
+class _GraphCalls:
+    """Running a graph's calls: what RecordedGraph and SavedGraph share. Needs
+    ``signature``, ``module``, ``_inputs`` and ``_outputs``."""
+
+    signature: inspect.Signature
+    module: torch.nn.Module
+    _inputs: _Tree
+    _outputs: _Tree
+
+    def call_arguments(self, input_tensors) -> tuple[tuple, dict[str, Any]]:
+        """``(args, kwargs)`` for the wrapped module: the recorded call with these tensors."""
+        bound = self.signature.bind_partial()
+        bound.arguments = self._inputs.fill(input_tensors)
+        return bound.args, bound.kwargs
+
+    def output_tensors(self, outputs: Any) -> list[torch.Tensor]:
+        return [leaf for leaf in pytree.tree_leaves(outputs) if isinstance(leaf, torch.Tensor)]
+
+    def rebuild_outputs(self, output_tensors) -> Any:
+        """The module's output structure around tensors produced by a backend."""
+        return self._outputs.fill(output_tensors)
+
+    def run_eager(self, input_tensors) -> list[torch.Tensor]:
+        """Flat outputs of the wrapped PyTorch module (nested ait.Modules run eagerly too)."""
+        args, kwargs = self.call_arguments(input_tensors)
+        with run_eagerly():
+            return self.output_tensors(self.module(*args, **kwargs))
+
+
+class RecordedGraph(_GraphCalls):
     """Calls of one module with equal input structure, tensor dtypes and ranks, and
     non-tensor values. Built from the first such call; ``add_sample`` adds the others.
 
@@ -131,25 +171,6 @@ class RecordedGraph:
 
     # -- running -------------------------------------------------------------------
 
-    def call_arguments(self, input_tensors) -> tuple[tuple, dict[str, Any]]:
-        """``(args, kwargs)`` for the wrapped module: the recorded call with these tensors."""
-        bound = self.signature.bind_partial()
-        bound.arguments = self._inputs.fill(input_tensors)
-        return bound.args, bound.kwargs
-
-    def output_tensors(self, outputs: Any) -> list[torch.Tensor]:
-        return [leaf for leaf in pytree.tree_leaves(outputs) if isinstance(leaf, torch.Tensor)]
-
-    def rebuild_outputs(self, output_tensors) -> Any:
-        """The module's output structure around tensors produced by a backend."""
-        return self._outputs.fill(output_tensors)
-
-    def run_eager(self, input_tensors) -> list[torch.Tensor]:
-        """Flat outputs of the wrapped PyTorch module (nested ait.Modules run eagerly too)."""
-        args, kwargs = self.call_arguments(input_tensors)
-        with run_eagerly():
-            return self.output_tensors(self.module(*args, **kwargs))
-
     @property
     def device(self) -> torch.device:
         return self.samples[0].inputs[0].device if self.samples else torch.device("cpu")
@@ -168,6 +189,51 @@ class RecordedGraph:
         if constants:
             lines.append(f"non-tensor values: {constants!r}")
         return "; ".join(lines)
+
+
+class SavedGraph(_GraphCalls):
+    """A graph restored from a checkpoint (``ait.load``): everything a call needs to be
+    dispatched (identity, tensor names, the input and output structures) and nothing
+    recorded. It has no samples, so it cannot be tuned again; ``describe`` is the
+    description saved with it."""
+
+    def __init__(
+        self,
+        module_name: str,
+        module: torch.nn.Module,
+        signature: inspect.Signature,
+        key: str,
+        identity: tuple,
+        inputs: _Tree,
+        outputs: _Tree,
+        input_names: list[str],
+        output_names: list[str],
+        description: str,
+        spec: _core.GraphSpec | None = None,
+    ):
+        self.module_name = module_name
+        self.module = module
+        self.signature = signature
+        self.key = key
+        self.identity = identity
+        self._inputs = inputs
+        self._outputs = outputs
+        self.input_names = list(input_names)
+        self.output_names = list(output_names)
+        self._description = description
+        self._spec = spec
+        self.samples: list[Sample] = []
+
+    def graph_spec(self, input_names: list[str] | None = None) -> _core.GraphSpec:
+        """The graph spec saved with the graph (of the inputs its ONNX model declares)."""
+        if self._spec is None:
+            raise _core.StateError(
+                f"graph '{self.key}' of '{self.module_name}' was saved without a graph spec (it runs eagerly)"
+            )
+        return self._spec
+
+    def describe(self) -> str:
+        return self._description
 
 
 def describe_call(signature: inspect.Signature, arguments: dict[str, Any]) -> str:

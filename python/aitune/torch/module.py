@@ -136,7 +136,8 @@ class Module(torch.nn.Module):
     def ait_reports(self) -> dict:
         """Graph key -> the engine's TuneReport of the last tuning (``summary_table()``,
         ``to_json()``, ``candidates``, ``decision``); also written as ``tune_report.json``
-        in the graph's cache directory."""
+        in the graph's cache directory. After ``ait.load``: the saved reports
+        (``aitune.torch.checkpoint.SavedReport``: ``to_json()``, ``data``, ``decision``)."""
         return {graph.key: tuned.report for graph, tuned in self._ait_tuned.values() if tuned.report is not None}
 
     @property
@@ -316,4 +317,16 @@ class Module(torch.nn.Module):
             self._ait_state = ModuleState.PASSTHROUGH
             raise
         self._ait_tuned = tuned
+        self._ait_state = ModuleState.TUNED
+
+    def _ait_restore(self, tuned: dict[Any, tuple[Any, TunedGraph]]) -> None:
+        """Takes over graphs restored from a checkpoint (``ait.load``): identity ->
+        (graph, tuned graph). Replaces the recordings and tuned graphs in one step and
+        makes the module TUNED; called only once everything was loaded."""
+        if not tuned:
+            raise ValueError(f"ait.Module '{self._ait_name}': nothing to restore")
+        self._ait_graphs = {identity: graph for identity, (graph, _) in tuned.items()}
+        self._ait_tuned = dict(tuned)
+        self._ait_warned = set()
+        self._ait_record_errors = []
         self._ait_state = ModuleState.TUNED

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import os
 
 import torch
 
@@ -92,6 +93,17 @@ class NumericMismatchError(_core.AituneError):
     message has the first failure and the tuning summary table."""
 
 
+def model_file_identity(path: str) -> tuple | None:
+    """(device, inode, size, mtime) of a model file, None if it is gone: tells whether the
+    file a session was created from was replaced since (a later tune of a module with
+    the same name and graph rewrites the cache file)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 class OnnxRuntimeTunedGraph(TunedGraph):
     """A graph running in a ``_core.OnnxRuntimeBackend`` session."""
 
@@ -103,6 +115,7 @@ class OnnxRuntimeTunedGraph(TunedGraph):
         self._describe = describe
         stream = session.config.provider_options.get("user_compute_stream")
         self._stream = int(stream) if stream is not None else None  # the CUDA stream ORT runs on
+        self.model_file = model_file_identity(session.model_path)  # ait.save checks it is still this file
 
     def infer(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         ordered = []

@@ -1,0 +1,640 @@
+"""ait.save / ait.load: round trips in a fresh process, nested structures, every kind of
+damage (typed error, module unchanged), atomic save, device_map, CUDA when present."""
+
+from __future__ import annotations
+
+import enum
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.utils._pytree as pytree
+from torch_models import MLP, DictModel, NestedModel, cpu_strategy
+
+import aitune
+import aitune.torch as ait
+from aitune import _core
+from aitune.torch import ModuleState
+
+TESTS = Path(__file__).resolve().parent
+
+
+# -- helpers ------------------------------------------------------------------------------
+
+
+def _tune(inner: torch.nn.Module, name: str, samples, **tune_kwargs) -> tuple[ait.Module, float]:
+    model = ait.Module(inner, name, strategy=cpu_strategy())
+    start = time.perf_counter()
+    ait.tune(model, samples, disable_external_logging=True, ignore_failing_modules=False, **tune_kwargs)
+    assert model.ait_state is ModuleState.TUNED
+    return model, time.perf_counter() - start
+
+
+def _flat(tree) -> dict[str, torch.Tensor]:
+    """Tensor leaves by key path, for comparing nested outputs leaf by leaf."""
+    return {pytree.keystr(path): leaf for path, leaf in pytree.tree_flatten_with_path(tree)[0]
+            if isinstance(leaf, torch.Tensor)}
+
+
+def _assert_identical(actual, expected) -> None:
+    actual, expected = _flat(actual), _flat(expected)
+    assert list(actual) == list(expected)
+    for key in expected:
+        assert torch.equal(actual[key].cpu(), expected[key].cpu()), key
+
+
+# A fresh interpreter: another seed (so another initialisation), exporting and tuning
+# forbidden, the call's tensors from an .npz file, its outputs written back to one.
+CHILD = textwrap.dedent(
+    """
+    import json, sys, time
+    sys.path.insert(0, {tests!r})
+    import numpy as np
+    import torch
+    import torch.utils._pytree as pytree
+    import aitune.torch as ait
+    import aitune.torch.backend.onnx_runtime_backend as ort_backend
+    import aitune.torch.export
+    import torch_models
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a loaded module must not export or tune")
+
+    aitune.torch.export.export_onnx = forbidden
+    ort_backend.export.export_onnx = forbidden
+    torch.onnx.export = forbidden
+    ait.tune = forbidden
+
+    torch.manual_seed(12345)
+    model = ait.Module(getattr(torch_models, {cls!r})().eval(), {name!r}).to({module_device!r})
+    with np.load({inputs!r}, allow_pickle=False) as data:
+        t = {{k: torch.from_numpy(data[k]).to({input_device!r}) for k in data.files}}
+    with torch.no_grad():
+        before = {call}
+    start = time.perf_counter()
+    ait.load(model, {checkpoint!r}, device_map={device_map!r})
+    load_s = time.perf_counter() - start
+    model.ait_module.forward = forbidden  # the loaded backend runs, not PyTorch
+    with torch.no_grad():
+        out = {call}
+    flat = {{pytree.keystr(p): v.detach().cpu().numpy() for p, v in pytree.tree_flatten_with_path(out)[0]
+             if isinstance(v, torch.Tensor)}}
+    before = {{pytree.keystr(p): v.detach().cpu().numpy() for p, v in pytree.tree_flatten_with_path(before)[0]
+               if isinstance(v, torch.Tensor)}}
+    np.savez({outputs!r}, **flat)
+    print(json.dumps({{
+        "load_s": load_s,
+        "state": model.ait_state.value,
+        "eager_differed": any(not np.array_equal(before[k], flat[k]) for k in flat),
+        "output_types": [type(v).__name__ for v in pytree.tree_flatten(out, is_leaf=lambda x: x is not out)[0]],
+        "output_spec": str(pytree.tree_flatten(out)[1]),
+        "backends": model.ait_backends,
+    }}))
+    """
+)
+
+
+def _run_fresh(tmp_path: Path, checkpoint: Path, cls: str, name: str, tensors: dict[str, torch.Tensor], call: str,
+               device_map=None, device: str = "cpu") -> tuple[dict[str, torch.Tensor], dict]:
+    inputs, outputs = tmp_path / "inputs.npz", tmp_path / "outputs.npz"
+    np.savez(inputs, **{k: v.detach().cpu().numpy() for k, v in tensors.items()})
+    code = CHILD.format(tests=str(TESTS), cls=cls, name=name, inputs=str(inputs), outputs=str(outputs), call=call,
+                        checkpoint=str(checkpoint), device_map=device_map, module_device=device, input_device=device)
+    env = {**os.environ, "AITUNE_CACHE_DIR": str(tmp_path / "child-cache")}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stderr
+    info = json.loads(result.stdout.strip().splitlines()[-1])
+    with np.load(outputs, allow_pickle=False) as data:
+        flat = {k: torch.from_numpy(data[k]) for k in data.files}
+    # Nothing was exported or tuned in the child: its cache directory stayed empty.
+    child_cache = tmp_path / "child-cache"
+    assert not child_cache.exists() or not any(child_cache.rglob("*"))
+    return flat, info
+
+
+# -- round trips ----------------------------------------------------------------------------
+
+
+def test_round_trip_in_a_fresh_process_into_a_differently_initialised_module(tmp_path):
+    torch.manual_seed(0)
+    model, tune_s = _tune(MLP().eval(), "mlp", [torch.randn(16) for _ in range(4)], batch_sizes=[1, 4])
+    x = torch.randn(3, 16)
+    with torch.no_grad():
+        expected = model(x)
+    checkpoint = ait.save(model, tmp_path / "mlp.ait")
+    assert checkpoint == tmp_path / "mlp.ait" and (checkpoint / "manifest.json").is_file()
+
+    flat, info = _run_fresh(tmp_path, checkpoint, "MLP", "mlp", {"x": x}, "model(t['x'])")
+    assert info["state"] == "tuned"
+    assert info["eager_differed"], "the fresh module must be initialised differently"
+    assert torch.equal(flat[""], expected)
+    print(f"\nMLP: tune {tune_s:.2f} s, load in a fresh process {info['load_s'] * 1e3:.1f} ms "
+          f"({100 * info['load_s'] / tune_s:.1f} % of tuning)")
+
+
+def test_the_manifest_holds_config_spec_structure_and_report(tmp_path):
+    torch.manual_seed(0)
+    model, _ = _tune(MLP().eval(), "mlp", [torch.randn(16) for _ in range(2)])
+    (graph,) = model.ait_graphs
+    ait.save(model, tmp_path / "ckpt")
+    manifest = json.loads((tmp_path / "ckpt" / "manifest.json").read_text())
+    assert manifest["module_name"] == "mlp"
+    (saved,) = manifest["graphs"]
+    assert saved["key"] == graph.key
+    assert saved["backend_config"]["provider"] == "cpu"
+    assert [t["name"] for t in saved["graph_spec"]["inputs"]] == ["input_x"]
+    structure = saved["structure"]
+    assert structure["inputs"]["leaves"] == [{"tensor": "input_x", "dtype": "float32", "rank": 2}]
+    assert structure["outputs"]["leaves"] == [{"tensor": "output_0"}]
+    assert structure["order"] == [0]
+    assert pytree.treespec_loads(json.dumps(structure["inputs"]["treespec"])) == pytree.tree_flatten({"x": 0})[1]
+    paths = {a["path"] for a in saved["artifacts"]}
+    assert f"graphs/{graph.key}/model_raw.onnx" in paths
+    report = json.loads((tmp_path / "ckpt" / "graphs" / graph.key / "tune_report.json").read_text())
+    assert report["winner"] == json.loads(model.ait_reports[graph.key].to_json())["winner"]
+    meta = manifest["metadata"]["aitune.torch"]
+    assert meta["module_class"] == "torch_models.MLP" and meta["eager_graphs"] == []
+
+    loaded = ait.load(ait.Module(MLP().eval(), "mlp"), tmp_path / "ckpt")
+    assert loaded.ait_reports[graph.key].winner == report["winner"]
+    assert loaded.ait_backends == model.ait_backends
+    assert [g.key for g in loaded.ait_graphs] == [graph.key]
+
+
+def test_nested_inputs_and_outputs_round_trip_in_a_fresh_process(tmp_path):
+    torch.manual_seed(0)
+    samples = [{"pair": (torch.randn(8), torch.randn(8)), "extra": {"bias": [torch.randn(4)]}, "mode": mode}
+               for mode in ("sum", "diff")]
+    model, _ = _tune(NestedModel().eval(), "nested", samples)
+    assert len(model.ait_graphs) == 2  # the two modes are two graphs
+    tensors = {"a": torch.randn(2, 8), "b": torch.randn(2, 8), "bias": torch.randn(2, 4)}
+    call = "model((t['a'], t['b']), {'bias': [t['bias']]}, mode='diff')"
+    with torch.no_grad():
+        expected = model((tensors["a"], tensors["b"]), {"bias": [tensors["bias"]]}, mode="diff")
+    ait.save(model, tmp_path / "nested.ait")
+
+    flat, info = _run_fresh(tmp_path, tmp_path / "nested.ait", "NestedModel", "nested", tensors, call)
+    assert info["eager_differed"]
+    assert info["output_spec"] == str(pytree.tree_flatten(expected)[1])
+    assert info["output_types"] == ["Tensor", "list", "Features", "str"]
+    assert list(flat) == list(_flat(expected))
+    for key, value in _flat(expected).items():
+        assert torch.equal(flat[key], value), key
+
+
+def test_dict_input_and_dataclass_output_round_trip(tmp_path):
+    torch.manual_seed(0)
+    model, _ = _tune(DictModel().eval(), "dict", [{"inputs": {"image": torch.randn(12), "meta": torch.randn(4)}}])
+    batch = {"image": torch.randn(2, 12), "meta": torch.randn(2, 4)}
+    with torch.no_grad():
+        expected = model(batch)
+    ait.save(model, tmp_path / "dict.ait")
+    loaded = ait.load(ait.Module(DictModel().eval(), "dict"), tmp_path / "dict.ait")
+    loaded.ait_module.forward = lambda *a, **k: pytest.fail("eager forward ran on a loaded module")
+    total, features = loaded(batch)
+    assert type(features).__name__ == "Features"
+    _assert_identical((total, features), expected)
+
+
+def test_a_graph_kept_eager_is_restored_as_eager(tmp_path):
+    from aitune.torch.backend.torch_eager import EagerGraph
+
+    torch.manual_seed(0)
+    inner = NestedModel().eval()
+    model, _ = _tune(inner, "nested", [{"pair": (torch.randn(8), torch.randn(8)), "extra": {"bias": [torch.randn(4)]},
+                                        "mode": mode} for mode in ("sum", "diff")])
+    # As if performance validation had kept eager for the "diff" graph.
+    identity, (graph, _) = next((i, e) for i, e in model._ait_tuned.items() if "diff" in graph_constants(e[0]))
+    model._ait_tuned[identity] = (graph, EagerGraph(graph, note="eager was faster"))
+    ait.save(model, tmp_path / "ckpt")
+    meta = json.loads((tmp_path / "ckpt" / "manifest.json").read_text())["metadata"]["aitune.torch"]
+    assert [e["key"] for e in meta["eager_graphs"]] == [graph.key]
+    assert len(json.loads((tmp_path / "ckpt" / "manifest.json").read_text())["graphs"]) == 1
+
+    torch.manual_seed(7)
+    fresh_inner = NestedModel().eval()
+    loaded = ait.load(ait.Module(fresh_inner, "nested"), tmp_path / "ckpt")
+    backends = loaded.ait_backends
+    assert backends[graph.key] == "TorchEagerBackend (eager was faster)"
+    a, b, bias = torch.randn(2, 8), torch.randn(2, 8), torch.randn(2, 4)
+    with torch.no_grad():
+        out = loaded((a, b), {"bias": [bias]}, mode="diff")  # runs the (new) PyTorch weights
+        _assert_identical(out, fresh_inner((a, b), {"bias": [bias]}, mode="diff"))
+
+
+def graph_constants(graph) -> list:
+    return [leaf for leaf in graph._inputs.template if leaf is not None]
+
+
+def test_a_loaded_module_can_be_saved_again(tmp_path):
+    torch.manual_seed(0)
+    model, _ = _tune(MLP().eval(), "mlp", [torch.randn(16) for _ in range(2)])
+    x = torch.randn(2, 16)
+    expected = model(x)
+    ait.save(model, tmp_path / "first")
+    loaded = ait.load(ait.Module(MLP().eval(), "mlp"), tmp_path / "first")
+    ait.save(loaded, tmp_path / "second")
+    again = ait.load(ait.Module(MLP().eval(), "mlp"), tmp_path / "second")
+    assert torch.equal(again(x), expected)
+    ait.save(again, tmp_path / "second")  # over the checkpoint it was loaded from
+    assert torch.equal(ait.load(ait.Module(MLP().eval(), "mlp"), tmp_path / "second")(x), expected)
+
+
+# -- what cannot be saved --------------------------------------------------------------------
+
+
+def test_saving_an_untuned_module_is_a_state_error(tmp_path):
+    model = ait.Module(MLP().eval(), "mlp", strategy=cpu_strategy())
+    with pytest.raises(aitune.StateError, match=r"'mlp' is INIT.*ait\.tune"):
+        ait.save(model, tmp_path / "ckpt")
+    assert not (tmp_path / "ckpt").exists()
+    with pytest.raises(TypeError, match="takes an ait.Module"):
+        ait.save(MLP(), tmp_path / "ckpt")
+
+
+class Mode(enum.Enum):
+    FAST = "fast"
+
+
+class EnumArgument(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x, mode=Mode.FAST):
+        return self.fc(x)
+
+
+def test_a_constant_a_checkpoint_cannot_describe_fails_the_save_before_writing(tmp_path):
+    model, _ = _tune(EnumArgument().eval(), "enum", [torch.randn(4)])
+    with pytest.raises(ait.CheckpointStructureError, match=r"type Mode .*supported: None, bool, int"):
+        ait.save(model, tmp_path / "ckpt")
+    assert not (tmp_path / "ckpt").exists()
+    assert not list(tmp_path.glob(".ckpt.tmp-*"))
+
+
+# -- damage: typed errors, the module unchanged --------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    """One tuned MLP saved once; each test damages its own copy."""
+    root = tmp_path_factory.mktemp("pristine")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("AITUNE_CACHE_DIR", str(root / "cache"))
+        ait.enable_performance_validation(False)
+        try:
+            torch.manual_seed(0)
+            model, _ = _tune(MLP().eval(), "mlp", [torch.randn(16) for _ in range(2)])
+            x = torch.randn(2, 16)
+            expected = model(x)
+            ait.save(model, root / "ckpt")
+        finally:
+            ait.enable_performance_validation(True)
+    return root / "ckpt", x, expected
+
+
+@pytest.fixture(params=["fresh", "loaded"])
+def target(request, pristine, tmp_path):
+    """The module a damaged checkpoint is loaded into: one never tuned, or one that
+    holds graphs loaded from a good checkpoint. Returns it and a check that it is unchanged."""
+    path, x, expected = pristine
+    inner = MLP().eval()
+    module = ait.Module(inner, "mlp")
+    if request.param == "loaded":
+        good = tmp_path / "good"
+        shutil.copytree(path, good)
+        ait.load(module, good)
+    before = (module.ait_state, list(module._ait_tuned.items()), list(module._ait_graphs.items()))
+
+    def unchanged():
+        assert (module.ait_state, list(module._ait_tuned.items()), list(module._ait_graphs.items())) == before
+        with torch.no_grad():
+            out = module(x)
+        assert torch.equal(out, expected) if request.param == "loaded" else torch.equal(out, inner(x))
+
+    return module, unchanged
+
+
+@pytest.fixture
+def damaged(pristine, tmp_path) -> Path:
+    path = tmp_path / "damaged"
+    shutil.copytree(pristine[0], path)
+    return path
+
+
+def _manifest(path: Path) -> dict:
+    return json.loads((path / "manifest.json").read_text())
+
+
+def _write_manifest(path: Path, manifest: dict) -> None:
+    (path / "manifest.json").write_text(json.dumps(manifest, indent=2))
+
+
+def _largest_artifact(path: Path) -> tuple[str, Path]:
+    artifacts = [a for g in _manifest(path)["graphs"] for a in g["artifacts"]]
+    largest = max(artifacts, key=lambda a: a["size"])
+    return largest["path"], path / largest["path"]
+
+
+def _load_fails(target, path: Path, error: type, match: str) -> None:
+    module, unchanged = target
+    with pytest.raises(error, match=match):
+        ait.load(module, path)
+    unchanged()
+
+
+def test_tampered_byte_is_a_sha256_mismatch(target, damaged):
+    relative, file = _largest_artifact(damaged)
+    data = bytearray(file.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    file.write_bytes(bytes(data))
+    _load_fails(target, damaged, aitune.CheckpointCorruptError,
+                rf"artifact '{relative}' has sha256 .*changed or damaged")
+
+
+def test_truncated_file_is_reported(target, damaged):
+    relative, file = _largest_artifact(damaged)
+    file.write_bytes(file.read_bytes()[:-7])
+    _load_fails(target, damaged, aitune.CheckpointCorruptError, rf"artifact '{relative}' is \d+ bytes.*\(truncated\)")
+
+
+def test_missing_file_is_reported(target, damaged):
+    relative, file = _largest_artifact(damaged)
+    file.unlink()
+    _load_fails(target, damaged, aitune.CheckpointCorruptError, rf"artifact '{relative}' is missing")
+
+
+def test_missing_manifest_is_not_a_checkpoint(target, damaged):
+    (damaged / "manifest.json").unlink()
+    _load_fails(target, damaged, aitune.CheckpointCorruptError, r"has no manifest\.json")
+
+
+def test_missing_checkpoint_directory_is_an_io_error(target, tmp_path):
+    _load_fails(target, tmp_path / "nowhere", aitune.AituneIOError, r"does not exist")
+
+
+def test_newer_manifest_format_version_is_refused(target, damaged):
+    manifest = _manifest(damaged)
+    manifest["format_version"] = _core.CHECKPOINT_FORMAT_VERSION + 1
+    _write_manifest(damaged, manifest)
+    _load_fails(target, damaged, aitune.CheckpointCorruptError, r"format_version 2.*newer|newer.*format_version")
+
+
+def test_newer_aitune_torch_structure_version_is_refused(target, damaged):
+    manifest = _manifest(damaged)
+    manifest["metadata"]["aitune.torch"]["format_version"] = 99
+    _write_manifest(damaged, manifest)
+    _load_fails(target, damaged, aitune.CheckpointCorruptError, r"metadata format_version 99 .*newer aitune")
+
+
+@pytest.mark.parametrize(
+    "bad_path, reason",
+    [("/etc/hostname", "absolute"), ("graphs/{key}/../../../outside.data", r"'\.\.'")],
+    ids=["absolute", "dotdot"],
+)
+def test_artifact_path_escaping_the_checkpoint_is_refused(target, damaged, bad_path, reason):
+    manifest = _manifest(damaged)
+    graph = manifest["graphs"][0]
+    artifact = max(graph["artifacts"], key=lambda a: a["size"])
+    artifact["path"] = bad_path.format(key=graph["key"])
+    _write_manifest(damaged, manifest)
+    _load_fails(target, damaged, aitune.CheckpointCorruptError, reason)
+
+
+def test_symlink_leading_outside_is_refused_even_with_the_right_content(target, damaged, tmp_path):
+    relative, file = _largest_artifact(damaged)
+    outside = tmp_path / "outside.bin"
+    shutil.copyfile(file, outside)  # same bytes: size and sha256 match, only the link is wrong
+    file.unlink()
+    file.symlink_to(outside)
+    _load_fails(target, damaged, aitune.CheckpointCorruptError, r"symbolic link to .*outside the checkpoint")
+
+
+def test_structure_of_another_module_class_is_refused(target, damaged):
+    manifest = _manifest(damaged)
+    manifest["metadata"]["aitune.torch"]["module_class"] = "torch_models.SmallCNN"
+    _write_manifest(damaged, manifest)
+    _load_fails(target, damaged, aitune.InvalidArgumentError,
+                r"saved from a torch_models\.SmallCNN.*wraps a torch_models\.MLP")
+
+
+def test_a_checkpoint_without_aitune_torch_metadata_is_refused(target, damaged):
+    manifest = _manifest(damaged)
+    manifest["metadata"] = {}
+    _write_manifest(damaged, manifest)
+    _load_fails(target, damaged, aitune.CheckpointCorruptError, r"not written by ait\.save")
+
+
+def test_a_session_that_cannot_be_created_leaves_the_module_unchanged(target, damaged):
+    manifest = _manifest(damaged)
+    manifest["graphs"][0]["backend_config"]["provider_options"] = {"no_such_option": "1"}
+    _write_manifest(damaged, manifest)
+    module, unchanged = target
+    with pytest.raises(aitune.AituneError, match=r"graph 'graph_"):
+        ait.load(module, damaged)
+    unchanged()
+
+
+# -- loading runs no code ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def marker_module(tmp_path, monkeypatch):
+    """A module that, if imported, leaves a file behind: loading must never import it."""
+    marker = tmp_path / "imported"
+    (tmp_path / "aitune_evil_marker.py").write_text(
+        f"import pathlib, enum\npathlib.Path({str(marker)!r}).write_text('ran')\n"
+        "class E(enum.Enum):\n    A = 1\nclass D(dict):\n    pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield marker
+    assert "aitune_evil_marker" not in sys.modules
+    assert not marker.exists(), "loading a checkpoint imported a module"
+
+
+def _structure_edit(path: Path, edit) -> None:
+    manifest = _manifest(path)
+    structure = manifest["graphs"][0]["structure"]
+    edit(structure)
+    _write_manifest(path, manifest)
+
+
+@pytest.mark.parametrize(
+    "edit, error, match",
+    [
+        # pytree's own loader would import the module of an enum held in a context.
+        (lambda s: s["inputs"]["treespec"][1].update(
+            context=json.dumps([{"__enum__": True, "fqn": "aitune_evil_marker:E", "name": "A"}])),
+         aitune.CheckpointCorruptError, "enum object"),
+        # pytree's loader imports a defaultdict's default_factory module.
+        (lambda s: s["inputs"]["treespec"][1].update(
+            type="collections.defaultdict",
+            context={"default_factory_module": "aitune_evil_marker", "default_factory_name": "D",
+                     "dict_context": ["x"]}),
+         aitune.CheckpointCorruptError, "only builtin factories"),
+        # A node type named after a module that is not imported.
+        (lambda s: (s["inputs"]["treespec"][1].update(type="aitune_evil_marker.D"),
+                    s["types"].update({"aitune_evil_marker.D": {"module": "aitune_evil_marker", "qualname": "D",
+                                                                "kind": "dataclass"}})),
+         aitune.InvalidArgumentError, "never imports code"),
+        # A constant of a type that only pickle could describe.
+        (lambda s: s["inputs"]["leaves"].__setitem__(0, {"type": "pickle", "value": "gASVAAAA"}),
+         aitune.CheckpointCorruptError, "invalid constant"),
+    ],
+    ids=["enum-context", "defaultdict-factory", "unimported-type", "pickled-constant"],
+)
+def test_loading_never_imports_or_unpickles(target, damaged, marker_module, edit, error, match):
+    _structure_edit(damaged, edit)
+    _load_fails(target, damaged, error, match)
+
+
+# -- atomic save ---------------------------------------------------------------------------------
+
+
+def test_a_failing_write_mid_save_leaves_the_old_checkpoint_loadable(tmp_path):
+    torch.manual_seed(0)
+    old, _ = _tune(MLP().eval(), "mlp-old", [torch.randn(16) for _ in range(2)])
+    torch.manual_seed(1)
+    new, _ = _tune(MLP().eval(), "mlp-new", [torch.randn(16) for _ in range(2)])
+    x = torch.randn(2, 16)
+    old_out, new_out = old(x), new(x)
+    assert not torch.equal(old_out, new_out)
+    path = tmp_path / "ckpt"
+    ait.save(old, path)
+    before = _manifest(path)
+
+    written = []
+
+    class DiskFull(OSError):
+        pass
+
+    def fail_after_first(relative, count):
+        written.append(relative)
+        if count == 1:
+            raise DiskFull("no space left on device (injected)")
+
+    with pytest.raises(DiskFull, match="injected"):
+        ait.save(new, path, on_file_written=fail_after_first)
+    assert len(written) == 1
+    assert _manifest(path) == before
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".ckpt.tmp-")]
+    loaded = ait.load(ait.Module(MLP().eval(), "mlp"), path)
+    assert torch.equal(loaded(x), old_out)
+
+    ait.save(new, path)  # and a save that completes replaces it
+    assert torch.equal(ait.load(ait.Module(MLP().eval(), "mlp"), path)(x), new_out)
+
+
+def test_a_model_file_replaced_since_tuning_is_not_saved(tmp_path):
+    torch.manual_seed(0)
+    first, _ = _tune(MLP().eval(), "mlp", [torch.randn(16) for _ in range(2)])
+    torch.manual_seed(1)
+    _tune(MLP().eval(), "mlp", [torch.randn(16) for _ in range(2)])  # same name: rewrites the cache files
+    with pytest.raises(aitune.StateError, match=r"was replaced since the session was created.*named 'mlp'"):
+        ait.save(first, tmp_path / "ckpt")
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_overwrite_false_refuses_an_existing_checkpoint(tmp_path, pristine):
+    path = tmp_path / "ckpt"
+    shutil.copytree(pristine[0], path)
+    loaded = ait.load(ait.Module(MLP().eval(), "mlp"), path)
+    with pytest.raises(aitune.InvalidArgumentError, match="overwrite is off"):
+        ait.save(loaded, path, overwrite=False)
+
+
+# -- device_map -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("device_map", ["cpu", torch.device("cpu"), {"mlp": "cpu"}, {"mlp": None}])
+def test_device_map_cpu(pristine, device_map):
+    path, x, expected = pristine
+    loaded = ait.load(ait.Module(MLP().eval(), "mlp"), path, device_map=device_map)
+    ((_, tuned),) = loaded._ait_tuned.values()
+    assert tuned.session.device == "cpu" and tuned.session.config.provider == _core.ExecutionProvider.CPU
+    assert torch.equal(loaded(x), expected)
+
+
+@pytest.mark.parametrize(
+    "device_map, error, match",
+    [
+        ({"other": "cpu"}, aitune.InvalidArgumentError, r"no entry for ait.Module 'mlp' \(its keys: 'other'\)"),
+        ("mps", aitune.InvalidArgumentError, r"'cpu' or 'cuda\[:N\]', not 'mps'"),
+        ("gpu-please", aitune.InvalidArgumentError, "is not a device"),
+        (3, TypeError, "device_map must be None, a device"),
+    ],
+)
+def test_bad_device_map_is_refused_before_anything_loads(target, pristine, device_map, error, match):
+    module, unchanged = target
+    with pytest.raises(error, match=match):
+        ait.load(module, pristine[0], device_map=device_map)
+    unchanged()
+
+
+def test_device_map_overrides_follow_the_documented_rules():
+    from aitune.torch.checkpoint import _overrides
+
+    cpu = _core.OnnxRuntimeBackendConfig(provider=_core.ExecutionProvider.CPU)
+    assert _overrides(cpu, None).provider is None
+    to_cpu = _overrides(_core.OnnxRuntimeBackendConfig(provider_options={"use_tf32": "0"}), torch.device("cpu"))
+    assert to_cpu.provider == _core.ExecutionProvider.CPU and to_cpu.provider_options is None
+    if not torch.cuda.is_available():  # with CUDA the stream is added too (see the CUDA test)
+        to_cuda = _overrides(cpu, torch.device("cuda", 1))
+        assert to_cuda.provider == _core.ExecutionProvider.CUDA and to_cuda.device_id == 1
+        assert to_cuda.provider_options == {"use_tf32": "0"}
+
+
+def _cuda_ready() -> bool:
+    status = _core.OrtRuntime.load().provider_status(_core.ExecutionProvider.CUDA)
+    return torch.cuda.is_available() and status.available
+
+
+needs_cuda = pytest.mark.skipif(not _cuda_ready(), reason="CUDA execution provider or CUDA device unavailable")
+
+
+@needs_cuda
+def test_saved_on_cpu_loads_on_cuda_with_device_map(pristine):
+    path, x, expected = pristine
+    loaded = ait.load(ait.Module(MLP().eval(), "mlp"), path, device_map="cuda:0")
+    ((_, tuned),) = loaded._ait_tuned.values()
+    config = tuned.session.config
+    assert config.provider == _core.ExecutionProvider.CUDA and config.device_id == 0
+    assert config.provider_options["use_tf32"] == "0"
+    assert tuned.session.device == "cuda:0"
+    out = loaded(x.cuda())
+    assert out.device.type == "cuda"
+    torch.testing.assert_close(out.cpu(), expected, atol=1e-4, rtol=1e-4)
+
+
+@needs_cuda
+def test_saved_on_gpu_loads_in_a_new_process_identical(tmp_path):
+    from aitune.torch.backend import ONNXRuntimeBackend, ONNXRuntimeBackendConfig
+
+    torch.manual_seed(0)
+    inner = MLP().eval().cuda()
+    model = ait.Module(inner, "mlp", strategy=ait.OneBackendStrategy(
+        ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cuda"))))
+    start = time.perf_counter()
+    ait.tune(model, [torch.randn(16, device="cuda") for _ in range(4)], ignore_failing_modules=False)
+    tune_s = time.perf_counter() - start
+    assert model.ait_state is ModuleState.TUNED
+    x = torch.randn(2, 16, device="cuda")
+    with torch.no_grad():
+        expected = model(x)
+    ait.save(model, tmp_path / "gpu.ait")
+    saved = _manifest(tmp_path / "gpu.ait")["graphs"][0]["backend_config"]
+    assert saved["provider"] == "cuda" and "user_compute_stream" not in saved["provider_options"]
+
+    flat, info = _run_fresh(tmp_path, tmp_path / "gpu.ait", "MLP", "mlp", {"x": x}, "model(t['x'])", device="cuda")
+    assert info["state"] == "tuned"
+    assert torch.equal(flat[""], expected.cpu())
+    print(f"\nMLP on CUDA: tune {tune_s:.2f} s, load in a fresh process {info['load_s'] * 1e3:.1f} ms")
