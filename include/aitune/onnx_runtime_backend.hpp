@@ -100,9 +100,9 @@ class OnnxRuntimeBackend {
   /// without copies and must stay alive until `infer` returns. Outputs are allocated by
   /// ORT on the session's device and returned in the order of `outputs()`; each owns
   /// its ORT value. On return the outputs are ready to read (ORT synchronises its stream).
-  /// With provider option enable_cuda_graph=1 (CUDA), each distinct set of input shapes
-  /// (up to 16) is captured once into a CUDA graph with fixed buffers: inputs are copied
-  /// in and outputs copied out, and such calls are serialised.
+  /// With provider option enable_cuda_graph=1 (CUDA), the first set of input shapes is
+  /// captured once into a CUDA graph with fixed buffers: inputs are copied in and outputs
+  /// copied out, and such calls are serialised. Other shapes run without the graph.
   std::vector<Tensor> infer(const std::vector<TensorView>& inputs) const;
 
   /// As `infer`, inputs by name. Missing and unknown names throw Error(kInvalidArgument)

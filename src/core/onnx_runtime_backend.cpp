@@ -119,7 +119,9 @@ struct OnnxRuntimeBackend::Impl {
   std::mutex graph_mutex;  // one replay at a time: the slots' buffers are shared
   std::map<std::vector<Shape>, std::unique_ptr<GraphSlot>> graph_slots;
   std::shared_ptr<Ort::Allocator> device_allocator;
-  static constexpr std::size_t kMaxCudaGraphs = 16;  // further shapes run without a graph
+  // One graph: ORT's captures of several graph ids in one session were seen to corrupt
+  // each other's buffers on replay (H200, ORT 1.29); further shapes run without a graph.
+  static constexpr std::size_t kMaxCudaGraphs = 1;
 
   void create_session();
   void check_inputs(const std::vector<TensorView>& inputs) const;
