@@ -1,4 +1,5 @@
-// OnnxRuntimeBackend: one ONNX model in one ORT session, run with IOBinding on
+// OnnxRuntimeBackend: one ONNX model in one ORT session, run on host or device memory
+// (IOBinding on CUDA, a plain Run over the caller's buffers on the CPU).
 // host or device memory, inputs validated against the graph spec.
 #pragma once
 
@@ -61,7 +62,7 @@ enum class BackendState { kBuilt, kActive, kInactive };
 std::string_view backend_state_name(BackendState state) noexcept;
 
 /// An ORT session over one model file. `infer` is safe to call from several threads
-/// at once (each call has its own IOBinding); state changes must not race with `infer`.
+/// at once (each call has its own IOBinding or Run); state changes must not race with `infer`.
 class OnnxRuntimeBackend {
  public:
   /// Loads `model_path` (external data files next to it) into a session for

@@ -61,6 +61,11 @@ struct TunerOptions {
   ProfileConfig profile;
   /// User overrides applied to every candidate (its precision supplies the defaults).
   ToleranceSpec tolerances;
+  /// The precision the reference itself was computed in: eager PyTorch on a GPU runs
+  /// convolutions in TF32 by default (torch.backends.cudnn.allow_tf32), so its outputs are
+  /// no closer to exact fp32 than a TF32 candidate's. Defaults are the looser of this and
+  /// the candidate's precision.
+  Precision reference_precision = Precision::kStrict;
   BatchSearchConfig batch_search;
   /// CUDA stream the reference runs on and CUDA candidates are put on
   /// (user_compute_stream), so device time is measured on it by CUDA events. nullopt:

@@ -174,6 +174,8 @@ void bind_tuning(nb::module_& m) {
           "batch_min_gain", [](const TunerOptions& o) { return o.batch_search.min_gain; },
           [](TunerOptions& o, double v) { o.batch_search.min_gain = v; })
       .def_rw("cuda_stream", &TunerOptions::cuda_stream)
+      .def_rw("reference_precision", &TunerOptions::reference_precision,
+              "Precision the reference was computed in; defaults are the looser of it and the candidate's.")
       .def_prop_rw(
           "log", [](const TunerOptions&) { return nb::none(); },
           [](TunerOptions& o, nb::object fn) {

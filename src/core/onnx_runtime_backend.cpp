@@ -85,6 +85,7 @@ struct OnnxRuntimeBackend::Impl {
   std::vector<IoInfo> inputs, outputs;
   GraphSpec spec;
   std::vector<std::string> input_names_storage;  // c_str()s bound by name
+  std::vector<const char*> input_name_ptrs, output_name_ptrs;  // for Session::Run
   // Shared with every tensor ORT allocated for this session: device memory is returned
   // to the session's allocator, so the session must outlive those tensors.
   std::shared_ptr<Ort::Session> session;
@@ -376,6 +377,8 @@ std::unique_ptr<OnnxRuntimeBackend> OnnxRuntimeBackend::create(const std::string
     impl->spec.outputs = specs_from_io(impl->outputs);
   }
   for (const auto& io : impl->inputs) impl->input_names_storage.push_back(io.name);
+  for (const auto& name : impl->input_names_storage) impl->input_name_ptrs.push_back(name.c_str());
+  for (const auto& io : impl->outputs) impl->output_name_ptrs.push_back(io.name.c_str());
   return std::unique_ptr<OnnxRuntimeBackend>(new OnnxRuntimeBackend(std::move(impl)));
 }
 
@@ -458,6 +461,22 @@ std::vector<Tensor> OnnxRuntimeBackend::infer(const std::vector<TensorView>& vie
                     [&] { return impl_->infer_with_cuda_graph(views); });
   }
   const auto& session = *impl_->session;
+  if (impl_->config.provider == ExecutionProvider::kCPU) {
+    // Host memory needs no binding plans: a plain Run over the caller's buffers is
+    // cheaper per call than an IoBinding (measured: ~5 us of 20 on a small MLP).
+    return ort_call(ErrorCode::kInternal, [&] { return "running '" + impl_->model_path + "'"; }, [&] {
+      Ort::ConstMemoryInfo mem(impl_->memory_info);
+      std::vector<Ort::Value> values;
+      values.reserve(views.size());
+      for (const auto& v : views)
+        values.push_back(Ort::Value::CreateTensor(mem, v.data, v.nbytes(), v.shape.data(), v.shape.size(),
+                                                  static_cast<ONNXTensorElementDataType>(dtype_to_onnx(v.dtype))));
+      auto outputs = const_cast<Ort::Session&>(session).Run(
+          Ort::RunOptions{nullptr}, impl_->input_name_ptrs.data(), values.data(), values.size(),
+          impl_->output_name_ptrs.data(), impl_->output_name_ptrs.size());
+      return impl_->adopt_outputs(std::move(outputs));
+    });
+  }
   return ort_call(ErrorCode::kInternal, [&] { return "running '" + impl_->model_path + "'"; }, [&] {
     std::unique_ptr<Impl::PooledBinding> pooled;
     {

@@ -29,6 +29,9 @@ bool is_out_of_memory(const std::string& message) {
          lower.find("bad_alloc") != std::string::npos;
 }
 
+// The looser of two precisions: strict < TF32 < FP16.
+Precision looser(Precision a, Precision b) { return static_cast<int>(a) > static_cast<int>(b) ? a : b; }
+
 std::string pct(double fraction) {
   std::ostringstream out;
   out.precision(3);
@@ -214,7 +217,7 @@ struct GraphTuner::Impl {
   CorrectnessReport check(const OnnxRuntimeBackend& backend, Precision precision,
                           const std::vector<std::size_t>& map) const {
     ToleranceSpec tolerances = options.tolerances;
-    tolerances.precision = precision;
+    tolerances.precision = looser(precision, options.reference_precision);
     CorrectnessReport report_;
     for (std::size_t i = 0; i < samples.size(); ++i) {
       auto inputs = inputs_on(backend, select(samples[i].inputs, map), backend.graph_spec());
@@ -503,7 +506,7 @@ void GraphTuner::Impl::search_batch(std::size_t index) {
         expected.push_back(axis ? tile_along_axis(sample.expected[o], *axis, factor) : borrowed(sample.expected[o]));
       }
       ToleranceSpec tolerances = options.tolerances;
-      tolerances.precision = candidate.precision;
+      tolerances.precision = looser(candidate.precision, options.reference_precision);
       auto check = compare_sample("batch " + std::to_string(result.max_batch), output_names, views_of(outputs),
                                   views_of(expected), tolerances);
       if (check.passed()) {

@@ -56,6 +56,16 @@ def _write_report(graph: RecordedGraph, report: _core.TuneReport) -> Path:
     return path
 
 
+def _eager_uses_tf32(module: torch.nn.Module) -> bool:
+    """Whether eager PyTorch computes this module's outputs in TF32 on a GPU: convolutions
+    do by default (cudnn.allow_tf32), matmuls when torch.backends.cuda.matmul.allow_tf32."""
+    if torch.backends.cuda.matmul.allow_tf32:
+        return True
+    return torch.backends.cudnn.allow_tf32 and any(
+        isinstance(m, torch.nn.modules.conv._ConvNd) for m in module.modules()
+    )
+
+
 def _samples(graph: RecordedGraph) -> list[tuple[list[torch.Tensor], list[torch.Tensor], int]]:
     """Inputs on the module's device, eager outputs in host memory (the engine compares there)."""
     return [
@@ -83,6 +93,8 @@ def tune_graph(strategy: TuneStrategy, graph: RecordedGraph, options: TuneOption
     if graph.device.type == "cuda":
         # The engine puts CUDA candidates on torch's current stream and times both there.
         tuner_options.cuda_stream = torch.cuda.current_stream(graph.device).cuda_stream
+        if _eager_uses_tf32(graph.module):
+            tuner_options.reference_precision = _core.Precision.TF32
     name = f"{graph.module_name}/{graph.key}"
     tuner_options.log = lambda line: logger.debug("%s", line)
     tuner = _core.GraphTuner(name, graph.graph_spec(), _samples(graph), tuner_options)
