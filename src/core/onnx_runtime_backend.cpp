@@ -7,6 +7,7 @@
 #include <mutex>
 #include <shared_mutex>
 
+#include "aitune/cuda_timer.hpp"
 #include "aitune/error.hpp"
 #include "ort_api.hpp"
 #include "ort_runtime_impl.hpp"
@@ -581,6 +582,10 @@ std::vector<Tensor> OnnxRuntimeBackend::Impl::infer_with_cuda_graph(const std::v
                                              static_cast<ONNXTensorElementDataType>(dtype_to_onnx(v.dtype))));
     Ort::Status st = env.CopyTensors(src, slot.inputs, nullptr);
     if (!st.IsOK()) throw Ort::Exception(st.GetErrorMessage(), st.GetErrorCode());
+    // The copies are queued without a stream, the replay on ORT's own non-blocking
+    // stream, which does not wait for them: on the H200 replays read the previous call's
+    // inputs. Wait for the copies before replaying.
+    cuda_device_synchronize(config.device_id);
   }
   Ort::RunOptions run;
   run.AddConfigEntry("gpu_graph_id", std::to_string(slot.id).c_str());
