@@ -65,6 +65,8 @@ std::string_view backend_state_name(BackendState state) noexcept;
 /// at once (each call has its own IOBinding or Run); state changes must not race with `infer`.
 class OnnxRuntimeBackend {
  public:
+  /// Provider option enable_cuda_graph is refused (Error(kInvalidArgument)): on an H200
+  /// with this ORT build, replays returned stale outputs once the inputs changed.
   /// Loads `model_path` (external data files next to it) into a session for
   /// `config.provider`. `spec` bounds what inputs `infer` accepts; without it the
   /// model's declared shapes do (symbolic dims unbounded). Throws
@@ -101,9 +103,6 @@ class OnnxRuntimeBackend {
   /// without copies and must stay alive until `infer` returns. Outputs are allocated by
   /// ORT on the session's device and returned in the order of `outputs()`; each owns
   /// its ORT value. On return the outputs are ready to read (ORT synchronises its stream).
-  /// With provider option enable_cuda_graph=1 (CUDA), the first set of input shapes is
-  /// captured once into a CUDA graph with fixed buffers: inputs are copied in and outputs
-  /// copied out, and such calls are serialised. Other shapes run without the graph.
   std::vector<Tensor> infer(const std::vector<TensorView>& inputs) const;
 
   /// As `infer`, inputs by name. Missing and unknown names throw Error(kInvalidArgument)

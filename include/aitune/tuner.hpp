@@ -42,8 +42,7 @@ struct OnnxCandidate {
 /// settings the caller fixed are kept in every variant.
 ///   CPU: intra-op threads {ORT default, 1} x graph optimisation {all, extended};
 ///   CUDA: use_tf32 0 (strict) with cudnn_conv_algo_search EXHAUSTIVE / HEURISTIC,
-///         prefer_nhwc=1, use_tf32=1 (TF32 tolerance), and, for static shapes,
-///         enable_cuda_graph=1 (strict);
+///         prefer_nhwc=1, and use_tf32=1 (TF32 tolerance);
 ///   TensorRT: fp32 and fp16 (FP16 tolerance), builder optimisation level 3 and 5.
 std::string candidate_name(const OnnxRuntimeBackendConfig& config);
 std::vector<OnnxCandidate> provider_variants(const OnnxRuntimeBackendConfig& base, const GraphSpec& spec);

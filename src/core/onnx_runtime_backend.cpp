@@ -7,7 +7,6 @@
 #include <mutex>
 #include <shared_mutex>
 
-#include "aitune/cuda_timer.hpp"
 #include "aitune/error.hpp"
 #include "ort_api.hpp"
 #include "ort_runtime_impl.hpp"
@@ -108,26 +107,9 @@ struct OnnxRuntimeBackend::Impl {
   std::vector<std::unique_ptr<PooledBinding>> binding_pool;
   mutable std::shared_mutex state_mutex;  // infer: shared; activate/deactivate: exclusive
 
-  // CUDA graphs (provider option enable_cuda_graph=1): a captured graph replays fixed
-  // device addresses, so each input shape gets a slot with buffers of its own, ORT graph
-  // id `id`, and outputs that stay bound. Calls copy inputs in and outputs out.
-  bool cuda_graph = false;
-  struct GraphSlot {
-    explicit GraphSlot(Ort::Session& session) : binding(session) {}
-    int id = 0;
-    Ort::IoBinding binding;
-    std::vector<Ort::Value> inputs;
-  };
-  std::mutex graph_mutex;  // one replay at a time: the slots' buffers are shared
-  std::map<std::vector<Shape>, std::unique_ptr<GraphSlot>> graph_slots;
-  std::shared_ptr<Ort::Allocator> device_allocator;
-  // One graph: ORT's captures of several graph ids in one session were seen to corrupt
-  // each other's buffers on replay (H200, ORT 1.29); further shapes run without a graph.
-  static constexpr std::size_t kMaxCudaGraphs = 1;
 
   void create_session();
   void check_inputs(const std::vector<TensorView>& inputs) const;
-  std::vector<Tensor> infer_with_cuda_graph(const std::vector<TensorView>& views);
   std::vector<Tensor> adopt_outputs(std::vector<Ort::Value> values) const;
 };
 
@@ -272,13 +254,8 @@ void OnnxRuntimeBackend::Impl::create_session() {
   std::vector<std::string> keep_alive;
   keep_alive.reserve(config.provider_options.size());
   binding_pool.clear();
-  graph_slots.clear();
-  device_allocator.reset();
   owned_memory_info.reset();
   memory_info = nullptr;
-  auto option = config.provider_options.find("enable_cuda_graph");
-  cuda_graph = config.provider == ExecutionProvider::kCUDA && option != config.provider_options.end() &&
-               (option->second == "1" || option->second == "true");
   switch (config.provider) {
     case ExecutionProvider::kCPU:
       if (!config.provider_options.empty())
@@ -344,8 +321,6 @@ void OnnxRuntimeBackend::Impl::create_session() {
   }
   session = ort_call(ErrorCode::kModelInvalid, "cannot load model '" + model_path + "'",
                      [&] { return std::make_shared<Ort::Session>(*rt.env, model_path.c_str(), so); });
-  if (cuda_graph)
-    device_allocator = std::make_shared<Ort::Allocator>(*session, Ort::ConstMemoryInfo(memory_info));
 }
 
 OnnxRuntimeBackend::OnnxRuntimeBackend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -360,6 +335,13 @@ std::unique_ptr<OnnxRuntimeBackend> OnnxRuntimeBackend::create(const std::string
     throw Error(ErrorCode::kModelInvalid, "model file not found: '" + model_path + "'");
   if (config.device_id < 0)
     throw Error(ErrorCode::kInvalidArgument, "device_id must be >= 0, got " + std::to_string(config.device_id));
+  if (auto it = config.provider_options.find("enable_cuda_graph");
+      it != config.provider_options.end() && it->second != "0" && it->second != "false")
+    // Verified on an H200 with this ORT build: replays through IOBinding with fixed
+    // buffers returned stale outputs once the inputs changed. Refused rather than wrong.
+    throw Error(ErrorCode::kInvalidArgument,
+                "provider option enable_cuda_graph is not supported: CUDA graph replays gave stale outputs "
+                "when inputs changed (H200, ONNX Runtime 1.29 CUDA provider); remove the option");
   auto impl = std::make_unique<Impl>();
   impl->runtime = runtime ? std::move(runtime) : OrtRuntime::load();
   impl->model_path = model_path;
@@ -411,8 +393,6 @@ void OnnxRuntimeBackend::activate() {
 void OnnxRuntimeBackend::deactivate() {
   std::unique_lock lock(impl_->state_mutex);
   impl_->binding_pool.clear();
-  impl_->graph_slots.clear();
-  impl_->device_allocator.reset();
   impl_->session.reset();
   impl_->state = BackendState::kInactive;
 }
@@ -457,10 +437,6 @@ std::vector<Tensor> OnnxRuntimeBackend::infer(const std::vector<TensorView>& vie
   std::shared_lock lock(impl_->state_mutex);
   if (!impl_->session) throw Error(ErrorCode::kState, "backend for '" + impl_->model_path + "' is inactive; call activate()");
   impl_->check_inputs(views);
-  if (impl_->cuda_graph) {
-    return ort_call(ErrorCode::kInternal, [&] { return "running '" + impl_->model_path + "' with a CUDA graph"; },
-                    [&] { return impl_->infer_with_cuda_graph(views); });
-  }
   const auto& session = *impl_->session;
   if (impl_->config.provider == ExecutionProvider::kCPU) {
     // Host memory needs no binding plans: a plain Run over the caller's buffers is
@@ -523,7 +499,6 @@ std::vector<Tensor> OnnxRuntimeBackend::Impl::adopt_outputs(std::vector<Ort::Val
   for (std::size_t i = 0; i < values.size(); ++i) {
     auto owner = std::make_shared<OrtTensorOwner>();
     owner->session = session;
-    owner->allocator = device_allocator;
     owner->value = std::move(values[i]);
     auto info = owner->value.GetTensorTypeAndShapeInfo();
     TensorView view;
@@ -534,75 +509,6 @@ std::vector<Tensor> OnnxRuntimeBackend::Impl::adopt_outputs(std::vector<Ort::Val
     result.push_back(Tensor::adopt(std::move(view), std::move(owner)));
   }
   return result;
-}
-
-std::vector<Tensor> OnnxRuntimeBackend::Impl::infer_with_cuda_graph(const std::vector<TensorView>& views) {
-  auto& env = *runtime->impl().env;
-  Ort::ConstMemoryInfo mem(memory_info);
-  std::vector<Shape> key;
-  key.reserve(views.size());
-  for (const auto& v : views) key.push_back(v.shape);
-  std::lock_guard lock(graph_mutex);
-  auto it = graph_slots.find(key);
-  if (it == graph_slots.end()) {
-    if (graph_slots.size() >= kMaxCudaGraphs) {
-      // Past the limit a new shape runs without a graph (gpu_graph_id -1) on fresh bindings.
-      Ort::IoBinding binding(*session);
-      std::vector<Ort::Value> values;
-      for (std::size_t i = 0; i < views.size(); ++i) {
-        const auto& v = views[i];
-        values.push_back(Ort::Value::CreateTensor(mem, v.data, v.nbytes(), v.shape.data(), v.shape.size(),
-                                                  static_cast<ONNXTensorElementDataType>(dtype_to_onnx(v.dtype))));
-        binding.BindInput(input_names_storage[i].c_str(), values.back());
-      }
-      for (const auto& o : outputs) binding.BindOutput(o.name.c_str(), mem);
-      Ort::RunOptions run;
-      run.AddConfigEntry("gpu_graph_id", "-1");
-      session->Run(run, binding);
-      return adopt_outputs(binding.GetOutputValues());
-    }
-    auto slot = std::make_unique<GraphSlot>(*session);
-    slot->id = static_cast<int>(graph_slots.size());
-    for (std::size_t i = 0; i < views.size(); ++i) {
-      const auto& v = views[i];
-      slot->inputs.push_back(Ort::Value::CreateTensor(*device_allocator, v.shape.data(), v.shape.size(),
-                                                      static_cast<ONNXTensorElementDataType>(dtype_to_onnx(v.dtype))));
-      slot->binding.BindInput(input_names_storage[i].c_str(), slot->inputs.back());
-    }
-    // Bound once and never cleared: ORT allocates them on the first run and the captured
-    // graph writes there on every replay.
-    for (const auto& o : outputs) slot->binding.BindOutput(o.name.c_str(), mem);
-    it = graph_slots.emplace(key, std::move(slot)).first;
-  }
-  GraphSlot& slot = *it->second;
-  {
-    std::vector<Ort::Value> src;
-    for (const auto& v : views)
-      src.push_back(Ort::Value::CreateTensor(mem, v.data, v.nbytes(), v.shape.data(), v.shape.size(),
-                                             static_cast<ONNXTensorElementDataType>(dtype_to_onnx(v.dtype))));
-    Ort::Status st = env.CopyTensors(src, slot.inputs, nullptr);
-    if (!st.IsOK()) throw Ort::Exception(st.GetErrorMessage(), st.GetErrorCode());
-    // The copies are queued without a stream, the replay on ORT's own non-blocking
-    // stream, which does not wait for them: on the H200 replays read the previous call's
-    // inputs. Wait for the copies before replaying.
-    cuda_device_synchronize(config.device_id);
-  }
-  Ort::RunOptions run;
-  run.AddConfigEntry("gpu_graph_id", std::to_string(slot.id).c_str());
-  session->Run(run, slot.binding);
-  // A replay is not waited for by Run; the copies below (no stream) must see its results.
-  slot.binding.SynchronizeOutputs();
-  // The slot's outputs are overwritten by the next replay: the caller gets copies.
-  auto fixed = slot.binding.GetOutputValues();
-  std::vector<Ort::Value> copies;
-  for (auto& f : fixed) {
-    auto info = f.GetTensorTypeAndShapeInfo();
-    auto shape = info.GetShape();
-    copies.push_back(Ort::Value::CreateTensor(*device_allocator, shape.data(), shape.size(), info.GetElementType()));
-  }
-  Ort::Status st = env.CopyTensors(fixed, copies, nullptr);
-  if (!st.IsOK()) throw Ort::Exception(st.GetErrorMessage(), st.GetErrorCode());
-  return adopt_outputs(std::move(copies));
 }
 
 std::vector<Tensor> OnnxRuntimeBackend::infer_named(const std::map<std::string, TensorView>& named) const {

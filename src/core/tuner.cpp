@@ -118,13 +118,7 @@ std::string candidate_name(const OnnxRuntimeBackendConfig& config) {
   return name + "]";
 }
 
-namespace {
-bool is_static(const GraphSpec& spec) {
-  return std::all_of(spec.inputs.begin(), spec.inputs.end(), [](const TensorSpec& t) { return t.min_shape == t.max_shape; });
-}
-}  // namespace
-
-std::vector<OnnxCandidate> provider_variants(const OnnxRuntimeBackendConfig& base, const GraphSpec& spec) {
+std::vector<OnnxCandidate> provider_variants(const OnnxRuntimeBackendConfig& base, const GraphSpec& /*spec*/) {
   std::vector<OnnxCandidate> out;
   // A variant sets options the caller left open; what the caller fixed stays fixed.
   auto add = [&](std::map<std::string, std::string> options, Precision precision,
@@ -155,9 +149,7 @@ std::vector<OnnxCandidate> provider_variants(const OnnxRuntimeBackendConfig& bas
       add({{"use_tf32", "0"}, {"cudnn_conv_algo_search", "HEURISTIC"}}, Precision::kStrict);
       add({{"use_tf32", "0"}, {"prefer_nhwc", "1"}}, Precision::kStrict);
       add({{"use_tf32", "1"}}, Precision::kTF32);
-      // Static shapes only: one captured graph serves one shape. A model that cannot be
-      // captured (nodes off the CUDA EP, control flow) fails this candidate only.
-      if (is_static(spec)) add({{"use_tf32", "0"}, {"enable_cuda_graph", "1"}}, Precision::kStrict);
+      // No CUDA-graph variant: see OnnxRuntimeBackend::create (stale outputs on replay).
       break;
     case ExecutionProvider::kTensorRT:
       add({{"trt_fp16_enable", "0"}}, Precision::kStrict);

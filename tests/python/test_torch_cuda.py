@@ -103,20 +103,17 @@ def test_max_throughput_over_cuda_variants_on_a_cnn_picks_a_winner():
         with open(os.path.join(os.environ["AITUNE_GPU_REPORT_DIR"], "cnn_max_throughput.txt"), "w") as f:
             f.write(table + "\n" + report.to_json())
     names = [c.name for c in report.candidates]
-    assert len(names) == 5 and any("enable_cuda_graph=1" in n for n in names)
+    assert len(names) == 4 and not any("enable_cuda_graph" in n for n in names)
     assert report.winner is not None, table
     winner = report.candidates[report.winner]
     assert winner.throughput == max(c.throughput for c in report.candidates if c.throughput is not None)
-    # Candidates on torch's stream were timed there with CUDA events as well.
-    shared = [c for c in report.candidates if "enable_cuda_graph" not in c.name and c.p50_us is not None]
-    assert shared and all(c.device_p50_us is not None and c.device_p50_us > 0 for c in shared)
     x = torch.randn(8, 3, 32, 32, device="cuda")
     with torch.no_grad():
         tol = 5e-3 if winner.precision == _core.Precision.TF32 else 1e-4
         torch.testing.assert_close(model(x), inner(x), atol=tol, rtol=tol)
 
 
-def test_session_runs_on_torchs_stream_and_another_stream_is_still_ordered():
+def test_forward_on_another_stream_is_still_ordered():
     import aitune.torch as ait
 
     torch.manual_seed(0)
@@ -126,11 +123,8 @@ def test_session_runs_on_torchs_stream_and_another_stream_is_still_ordered():
     model.load_state_dict(eager.state_dict())
     ait.tune(model, [torch.randn(256, device="cuda") for _ in range(2)], batch_sizes=[1, 64],
              ignore_failing_modules=False)
-    ((_, tuned),) = model._ait_tuned.values()
-    stream = tuned.session.config.provider_options["user_compute_stream"]
-    assert int(stream) == torch.cuda.current_stream().cuda_stream
     side = torch.cuda.Stream()
-    with torch.no_grad(), torch.cuda.stream(side):  # not the session's stream: aitune synchronises
+    with torch.no_grad(), torch.cuda.stream(side):  # torch's work on a side stream: aitune synchronises it
         for i in range(10):
             big = torch.randn(4096, 4096, device="cuda")
             x = (big @ big)[:64, :256] * 1e-3 + i
@@ -138,21 +132,11 @@ def test_session_runs_on_torchs_stream_and_another_stream_is_still_ordered():
             torch.testing.assert_close(y, eager(x) * 2, atol=1e-4, rtol=1e-4)
 
 
-def test_cuda_graph_backend_gives_fresh_outputs_matching_eager():
+def test_cuda_graph_option_is_refused_rather_than_giving_stale_outputs():
     import aitune.torch as ait
 
-    torch.manual_seed(0)
-    eager = _mlp().eval().cuda()
     model = ait.Module(_mlp().eval().cuda(), "graph", strategy=ait.OneBackendStrategy(
         _cuda_backend(tune_provider_options=False, provider_options={"enable_cuda_graph": "1"})))
-    model.load_state_dict(eager.state_dict())
-    ait.tune(model, [torch.randn(256, device="cuda") for _ in range(4)], batch_sizes=[4],
-             ignore_failing_modules=False)
-    assert "enable_cuda_graph=1" in next(iter(model.ait_backends.values()))
-    with torch.no_grad():
-        outputs = []
-        for i in range(6):
-            x = torch.randn(4, 256, device="cuda")
-            outputs.append((model(x), eager(x)))
-        for got, expected in outputs:  # earlier outputs were not overwritten by later replays
-            torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    with pytest.raises(_core.InvalidArgumentError, match="enable_cuda_graph"):
+        ait.tune(model, [torch.randn(256, device="cuda") for _ in range(4)], batch_sizes=[4],
+                 ignore_failing_modules=False)

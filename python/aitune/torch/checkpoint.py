@@ -656,15 +656,11 @@ def _overrides(saved: _core.OnnxRuntimeBackendConfig, device: torch.device | Non
             # Strict fp32, as the CPU provider computed and the checks compared it.
             overrides.provider = provider = _core.ExecutionProvider.CUDA
             overrides.provider_options = options = {"use_tf32": "0"}
-    if provider == _core.ExecutionProvider.CUDA and "enable_cuda_graph" not in options and torch.cuda.is_available():
-        if device_id >= torch.cuda.device_count():
-            raise _core.InvalidArgumentError(
-                f"ait.load: cuda:{device_id} does not exist here ({torch.cuda.device_count()} CUDA devices); "
-                "pass device_map='cuda:N' for one that does"
-            )
-        # As while tuning: ORT runs on torch's current stream, so no synchronisation is needed.
-        stream = torch.cuda.current_stream(torch.device("cuda", device_id)).cuda_stream
-        overrides.provider_options = {**(overrides.provider_options or {}), "user_compute_stream": str(stream)}
+    if provider == _core.ExecutionProvider.CUDA and torch.cuda.is_available() and device_id >= torch.cuda.device_count():
+        raise _core.InvalidArgumentError(
+            f"ait.load: cuda:{device_id} does not exist here ({torch.cuda.device_count()} CUDA devices); "
+            "pass device_map='cuda:N' for one that does"
+        )
     return overrides
 
 

@@ -113,8 +113,6 @@ class OnnxRuntimeTunedGraph(TunedGraph):
         self._order = order  # session input i <- graph tensor input order[i]
         self._names = input_names
         self._describe = describe
-        stream = session.config.provider_options.get("user_compute_stream")
-        self._stream = int(stream) if stream is not None else None  # the CUDA stream ORT runs on
         self.model_file = model_file_identity(session.model_path)  # ait.save checks it is still this file
         # numpy has no bfloat16: such graphs keep torch's DLPack path on the host too.
         self._host_numpy = self.device.type == "cpu" and all(
@@ -132,10 +130,9 @@ class OnnxRuntimeTunedGraph(TunedGraph):
             # detach: DLPack refuses tensors that require grad; contiguous: ORT reads dense
             # memory (a copy only for strided views, kept alive in `ordered`).
             ordered.append(tensor.detach().contiguous())
-        if self.device.type == "cuda" and torch.cuda.current_stream(self.device).cuda_stream != self._stream:
-            # ORT runs on another stream than torch's current one: torch's pending work on
-            # these inputs must finish first. On the shared stream, order is implied.
-            # (ORT synchronises its stream before returning the outputs.)
+        if self.device.type == "cuda":
+            # ORT runs on its own stream: torch's pending work on these inputs must finish
+            # first. (ORT synchronises its stream before returning the outputs.)
             torch.cuda.current_stream(self.device).synchronize()
         return self.session.infer(ordered, framework="torch")
 
