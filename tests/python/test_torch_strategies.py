@@ -246,3 +246,28 @@ def test_progress_bar_counts_every_candidate(monkeypatch):
     ait.tune(model, torch.randn(16))
     (bar,) = bars
     assert bar.total == 6 and bar.updates == 6
+
+
+def test_tensorrt_variants_get_their_own_engine_and_timing_caches(tmp_path):
+    """TensorRT is not on the test machines: the composition of its candidates is checked
+    without a session (engine caches are what a checkpoint saves so loads do not rebuild)."""
+    backend = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="tensorrt",
+                                                          provider_options={"trt_max_workspace_size": "1073741824"}))
+    builder = _core.GraphSpecBuilder()
+    for batch in (1, 4):
+        builder.record([("input_x", "float32", [batch, 16])], [("output_0", "float32", [batch, 8])], batch)
+    spec = builder.build()
+    core = backend._core_config(torch.device("cuda", 0))
+    candidates = backend._candidates(core, spec, tmp_path)
+    assert [c.name.split("[")[0] for c in candidates] == ["tensorrt"] * 3
+    paths = set()
+    for i, c in enumerate(candidates):
+        options = c.config.provider_options
+        assert options["trt_engine_cache_path"] == str(tmp_path / "trt" / f"variant_{i}" / "trt_engines")
+        assert options["trt_timing_cache_enable"] == "1"
+        assert options["trt_profile_min_shapes"] == "input_x:1x16"
+        assert options["trt_profile_max_shapes"] == "input_x:4x16"
+        assert options["trt_max_workspace_size"] == "1073741824"  # the caller's option kept
+        paths.add(options["trt_engine_cache_path"])
+    assert len(paths) == 3
+    assert candidates[1].precision == _core.Precision.FP16

@@ -182,12 +182,25 @@ class ONNXRuntimeBackend(Backend):
         core.provider_options = dict(self.config.provider_options or {})
         return core
 
-    def _candidates(self, core: _core.OnnxRuntimeBackendConfig, spec) -> list:
-        if self.config.tune_provider_options:
-            return _core.provider_variants(core, spec)
-        # One candidate: strict fp32 as eager matmuls run by default (the CUDA EP's TF32
-        # default differs by ~1e-3 on conv/attention models, DESIGN.md).
-        return _core.provider_variants(core, spec)[:1]
+    def _candidates(self, core: _core.OnnxRuntimeBackendConfig, spec, directory=None) -> list:
+        variants = _core.provider_variants(core, spec)
+        if not self.config.tune_provider_options:
+            # One candidate: strict fp32 as eager matmuls run by default (the CUDA EP's TF32
+            # default differs by ~1e-3 on conv/attention models, DESIGN.md).
+            variants = variants[:1]
+        if core.provider != _core.ExecutionProvider.TENSORRT or directory is None:
+            return variants
+        # TensorRT: engine and timing caches of each variant in a directory of its own (an
+        # fp16 engine must not be found by the fp32 variant), profiles from the spec, so
+        # engines are built once per shape range and saved with a checkpoint.
+        out = []
+        for i, variant in enumerate(variants):
+            config = _core.OnnxRuntimeBackendConfig.from_json(variant.config.to_json())
+            config.provider_options = _core.tensorrt_provider_options(
+                spec, str(directory / "trt" / f"variant_{i}"), dict(variant.config.provider_options)
+            )
+            out.append(_core.OnnxCandidate(variant.name, config, variant.precision))
+        return out
 
     def candidate_count(self, graph: RecordedGraph) -> int:
         if not self.config.tune_provider_options:
@@ -198,7 +211,7 @@ class ONNXRuntimeBackend(Backend):
         directory = cache.backend_dir(graph.module_name, graph.key, self.key())
         spec = graph.graph_spec()
         core_config = self._core_config(graph.device)
-        candidates = self._candidates(core_config, spec)
+        candidates = self._candidates(core_config, spec, directory)
         (directory / "config.json").write_text(
             json.dumps(
                 {
