@@ -19,10 +19,6 @@ bool cuda_runtime_available() noexcept;
 /// naming the libraries tried when no CUDA runtime loads. Not thread-safe.
 std::unique_ptr<DeviceTimer> make_cuda_event_timer(std::uintptr_t stream, int device_id = 0);
 
-/// cudaDeviceSynchronize on `device_id`: waits for all work queued on every stream.
-/// Throws Error(kProviderUnavailable) when no CUDA runtime loads.
-void cuda_device_synchronize(int device_id);
-
 /// A CUDA stream owned by aitune (cudaStreamNonBlocking), for callers that have none
 /// (the CLI). Destroyed with the object.
 class CudaStream {

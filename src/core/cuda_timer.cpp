@@ -23,7 +23,6 @@ struct CudaRuntime {
   int (*event_elapsed_time)(float*, cudaEvent_t, cudaEvent_t) = nullptr;
   int (*stream_create_with_flags)(cudaStream_t*, unsigned) = nullptr;
   int (*stream_destroy)(cudaStream_t) = nullptr;
-  int (*device_synchronize)() = nullptr;
   const char* (*get_error_string)(int) = nullptr;
   std::string error;  // why loading failed; empty when loaded
 };
@@ -56,7 +55,6 @@ const CudaRuntime& cuda_runtime() {
     sym(r.event_elapsed_time, "cudaEventElapsedTime");
     sym(r.stream_create_with_flags, "cudaStreamCreateWithFlags");
     sym(r.stream_destroy, "cudaStreamDestroy");
-    sym(r.device_synchronize, "cudaDeviceSynchronize");
     sym(r.get_error_string, "cudaGetErrorString");
     return r;
   }();
@@ -120,12 +118,6 @@ bool cuda_runtime_available() noexcept {
 
 std::unique_ptr<DeviceTimer> make_cuda_event_timer(std::uintptr_t stream, int device_id) {
   return std::make_unique<CudaEventTimer>(stream, device_id);
-}
-
-void cuda_device_synchronize(int device_id) {
-  const auto& rt = require_runtime();
-  check(rt.set_device(device_id), "cudaSetDevice");
-  check(rt.device_synchronize(), "cudaDeviceSynchronize");
 }
 
 std::unique_ptr<CudaStream> CudaStream::create(int device_id) {
