@@ -145,10 +145,7 @@ int tune_model(const TuneOptions& o) {
     samples.push_back(std::move(s));
   }
   GraphTuner tuner(o.model, spec, samples, options);
-  std::size_t largest = 0;
-  for (std::size_t i = 1; i < samples.size(); ++i)
-    if (samples[i].batch_size > samples[largest].batch_size) largest = i;
-  tuner.profile_reference([&](const std::vector<TensorView>&) { reference->infer(samples[largest].inputs); },
+  tuner.profile_reference([&](const std::vector<TensorView>& inputs) { reference->infer(inputs); },
                           "reference (cpu fp32)");
 
   auto candidates = provider_variants(base, tuner.spec());

@@ -206,10 +206,17 @@ struct GraphTuner::Impl {
     return out;
   }
 
-  CorrectnessReport check(const OnnxRuntimeBackend& backend, Precision precision,
-                          const std::vector<std::size_t>& map) const {
+  // The user's overrides, with defaults for the looser of the candidate's and the
+  // reference's precision.
+  ToleranceSpec tolerances_for(Precision precision) const {
     ToleranceSpec tolerances = options.tolerances;
     tolerances.precision = looser(precision, options.reference_precision);
+    return tolerances;
+  }
+
+  CorrectnessReport check(const OnnxRuntimeBackend& backend, Precision precision,
+                          const std::vector<std::size_t>& map) const {
+    const ToleranceSpec tolerances = tolerances_for(precision);
     CorrectnessReport report_;
     for (std::size_t i = 0; i < samples.size(); ++i) {
       auto inputs = inputs_on(backend, select(samples[i].inputs, map), backend.graph_spec());
@@ -399,9 +406,10 @@ void GraphTuner::Impl::search_batch(std::size_t index) {
   const auto& sample = samples[profile_sample];
   result.recorded_max_batch = sample.batch_size;
   result.max_batch = sample.batch_size;
-  const GraphSpec searched = spec_for(input_maps[index]);
-  bool has_batch =
-      std::any_of(searched.inputs.begin(), searched.inputs.end(), [](const TensorSpec& t) { return t.batch_axis; });
+  const auto& map = input_maps[index];
+  const GraphSpec model_spec = spec_for(map);
+  bool has_batch = std::any_of(model_spec.inputs.begin(), model_spec.inputs.end(),
+                               [](const TensorSpec& t) { return t.batch_axis; });
   if (!has_batch) {
     result.stop_reason = "the graph has no batch axis (record at least two batch sizes)";
     result.correctness = "not run";
@@ -410,8 +418,6 @@ void GraphTuner::Impl::search_batch(std::size_t index) {
   }
   const auto& candidate = report.candidates[index];
   const auto& original = *backends[index];
-  const auto& map = input_maps[index];
-  const GraphSpec model_spec = spec_for(map);
   OnnxRuntimeBackendConfig config = original.config();
   GraphSpec open = model_spec;
   for (auto* tensors : {&open.inputs, &open.outputs})
@@ -497,10 +503,8 @@ void GraphTuner::Impl::search_batch(std::size_t index) {
         const auto& axis = spec.outputs[o].batch_axis;
         expected.push_back(axis ? tile_along_axis(sample.expected[o], *axis, factor) : borrowed(sample.expected[o]));
       }
-      ToleranceSpec tolerances = options.tolerances;
-      tolerances.precision = looser(candidate.precision, options.reference_precision);
       auto check = compare_sample("batch " + std::to_string(result.max_batch), output_names, views_of(outputs),
-                                  views_of(expected), tolerances);
+                                  views_of(expected), tolerances_for(candidate.precision));
       if (check.passed()) {
         GraphSpec widened = model_spec;
         for (auto* tensors : {&widened.inputs, &widened.outputs})
