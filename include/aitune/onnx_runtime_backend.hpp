@@ -1,6 +1,7 @@
 // OnnxRuntimeBackend: one ONNX model in one ORT session, run on host or device memory
-// (IOBinding on CUDA, a plain Run over the caller's buffers on the CPU).
-// host or device memory, inputs validated against the graph spec.
+// (IOBinding on CUDA, a plain Run over the caller's buffers on the CPU), inputs validated
+// against the graph spec; CUDA sessions run on a stream of their own and can be ordered
+// with a caller's stream, and replay CUDA graphs with enable_cuda_graph=1.
 #pragma once
 
 #include <cstdint>
@@ -34,7 +35,8 @@ struct OnnxRuntimeBackendConfig {
   int inter_op_threads = 0;  ///< 0 = ORT's default
   /// Provider options as ORT spells them (CUDA: "use_tf32", "cudnn_conv_algo_search",
   /// "enable_cuda_graph", ...; TensorRT: "trt_fp16_enable", ...). Unknown keys are
-  /// rejected by ORT at session creation.
+  /// rejected by ORT at session creation. CUDA sessions get "user_compute_stream" (a
+  /// stream aitune creates per session) and "has_user_compute_stream" unless given here.
   std::map<std::string, std::string> provider_options;
   /// Session config entries (AddConfigEntry), e.g. "session.disable_prepacking".
   std::map<std::string, std::string> session_config;
@@ -62,11 +64,17 @@ enum class BackendState { kBuilt, kActive, kInactive };
 std::string_view backend_state_name(BackendState state) noexcept;
 
 /// An ORT session over one model file. `infer` is safe to call from several threads
-/// at once (each call has its own IOBinding or Run); state changes must not race with `infer`.
+/// at once (each call has its own IOBinding or Run; CUDA-graph calls take turns); state
+/// changes must not race with `infer`.
+///
+/// CUDA graphs (provider option enable_cuda_graph=1, CUDA only): each distinct set of
+/// input shapes (up to 8; further shapes run without a graph) gets fixed device buffers
+/// and its own captured graph, recorded on its first call. Each call copies the inputs
+/// into those buffers and the outputs out of them on the session's stream, so outputs
+/// handed out are never overwritten by a later replay. ORT refuses graph capture at
+/// session creation for models with nodes outside the CUDA provider or with control flow.
 class OnnxRuntimeBackend {
  public:
-  /// Provider option enable_cuda_graph is refused (Error(kInvalidArgument)): on an H200
-  /// with this ORT build, replays returned stale outputs once the inputs changed.
   /// Loads `model_path` (external data files next to it) into a session for
   /// `config.provider`. `spec` bounds what inputs `infer` accepts; without it the
   /// model's declared shapes do (symbolic dims unbounded). Throws
@@ -102,8 +110,23 @@ class OnnxRuntimeBackend {
   /// kInvalidArgument) naming the input with expected vs actual. Inputs are bound
   /// without copies and must stay alive until `infer` returns. Outputs are allocated by
   /// ORT on the session's device and returned in the order of `outputs()`; each owns
-  /// its ORT value. On return the outputs are ready to read (ORT synchronises its stream).
+  /// its ORT value. The inputs must be ready when `infer` is called (no pending device
+  /// work on them); on return the outputs are ready to read (the host waits for the
+  /// session's stream).
   std::vector<Tensor> infer(const std::vector<TensorView>& inputs) const;
+
+  /// As `infer`, ordered with the caller's CUDA stream `stream` (a cudaStream_t as an
+  /// integer; 0 is the legacy default stream) by CUDA events instead of host waits: the
+  /// run starts after the work queued on `stream` so far (e.g. what produces the
+  /// inputs), and work queued on `stream` afterwards sees the outputs. Returns without
+  /// waiting for the device. Inputs and outputs follow the stream rules of CUDA caching
+  /// allocators: used on `stream` only, they need nothing more. TensorRT sessions (ORT's
+  /// own stream) wait on the host for `stream` first. On the CPU it is `infer`.
+  std::vector<Tensor> infer_on_stream(const std::vector<TensorView>& inputs, std::uintptr_t stream) const;
+
+  /// The CUDA stream the session runs on (cudaStream_t as an integer), for device timing;
+  /// 0 for CPU and TensorRT sessions.
+  std::uintptr_t cuda_stream() const noexcept;
 
   /// As `infer`, inputs by name. Missing and unknown names throw Error(kInvalidArgument)
   /// listing the expected names.
@@ -120,6 +143,7 @@ class OnnxRuntimeBackend {
 
  private:
   explicit OnnxRuntimeBackend(std::unique_ptr<Impl> impl);
+  std::vector<Tensor> run(const std::vector<TensorView>& inputs, std::optional<std::uintptr_t> caller) const;
   std::unique_ptr<Impl> impl_;
 };
 

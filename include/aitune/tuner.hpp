@@ -66,9 +66,8 @@ struct TunerOptions {
   /// the candidate's precision.
   Precision reference_precision = Precision::kStrict;
   BatchSearchConfig batch_search;
-  /// CUDA stream the reference runs on and CUDA candidates are put on
-  /// (user_compute_stream), so device time is measured on it by CUDA events. nullopt:
-  /// CUDA candidates keep ORT's own stream and no device time is measured.
+  /// CUDA stream the reference runs on, so its device time is measured by CUDA events
+  /// (nullopt: host time only). CUDA candidates are timed on their sessions' own streams.
   std::optional<std::uintptr_t> cuda_stream;
   /// Called with one line per step (candidate started, checked, profiled, decision).
   std::function<void(const std::string&)> log;

@@ -119,11 +119,14 @@ void bind_backend(nb::module_& m) {
       .def_prop_ro("device", [](const OnnxRuntimeBackend& b) { return b.device().to_string(); })
       .def_prop_ro("state", [](const OnnxRuntimeBackend& b) { return std::string(backend_state_name(b.state())); })
       .def_prop_ro("opset", &OnnxRuntimeBackend::opset)
+      .def_prop_ro("cuda_stream", &OnnxRuntimeBackend::cuda_stream,
+                   "The CUDA stream the session runs on (an int); 0 for CPU and TensorRT sessions.")
       .def("activate", &OnnxRuntimeBackend::activate, nb::call_guard<nb::gil_scoped_release>())
       .def("deactivate", &OnnxRuntimeBackend::deactivate, nb::call_guard<nb::gil_scoped_release>())
       .def(
           "infer",
-          [](const OnnxRuntimeBackend& b, const std::vector<AnyArray>& arrays, const std::string& framework) {
+          [](const OnnxRuntimeBackend& b, const std::vector<AnyArray>& arrays, const std::string& framework,
+             std::optional<std::uintptr_t> stream) {
             std::vector<TensorView> views;
             views.reserve(arrays.size());
             const auto& ins = b.inputs();
@@ -132,12 +135,15 @@ void bind_backend(nb::module_& m) {
             std::vector<Tensor> outputs;
             {
               nb::gil_scoped_release release;
-              outputs = b.infer(views);
+              outputs = stream ? b.infer_on_stream(views, *stream) : b.infer(views);
             }
             return outputs_to_python(outputs, framework);
           },
-          nb::arg("inputs"), nb::arg("framework") = "torch",
-          "Runs the model on arrays in the order of `inputs`; returns zero-copy outputs.")
+          nb::arg("inputs"), nb::arg("framework") = "torch", nb::arg("stream") = nb::none(),
+          "Runs the model on arrays in the order of `inputs`; returns zero-copy outputs. Without "
+          "`stream` the inputs must be ready and the outputs are ready on return; with `stream` "
+          "(a cudaStream_t as an int, e.g. torch.cuda.current_stream().cuda_stream) the run is "
+          "ordered after the work queued there and work queued there afterwards sees the outputs.")
       .def(
           "infer_named",
           [](const OnnxRuntimeBackend& b, const std::map<std::string, AnyArray>& arrays, const std::string& framework) {

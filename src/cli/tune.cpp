@@ -9,7 +9,6 @@
 #include <random>
 
 #include "aitune/checkpoint.hpp"
-#include "aitune/cuda_timer.hpp"
 #include "aitune/error.hpp"
 #include "aitune/tuner.hpp"
 #include "commands.hpp"
@@ -129,11 +128,6 @@ int tune_model(const TuneOptions& o) {
   }
   options.batch_search.enabled = o.find_max_batch_size;
   options.batch_search.max_batch_size = o.max_batch_size;
-  std::unique_ptr<CudaStream> stream;
-  if (base.provider == ExecutionProvider::kCUDA && cuda_runtime_available()) {
-    stream = CudaStream::create(base.device_id);  // candidates run and are timed on it
-    options.cuda_stream = stream->handle();
-  }
   if (!o.quiet) options.log = [](const std::string& line) { std::cerr << "aitune: " << line << "\n"; };
 
   std::vector<TuneSample> samples;

@@ -1,4 +1,5 @@
-// OnnxRuntimeBackend: session creation per provider, input validation, IOBinding runs.
+// OnnxRuntimeBackend: session creation per provider, input validation, IOBinding runs,
+// ordering with a caller's CUDA stream, CUDA-graph replays.
 #include "aitune/onnx_runtime_backend.hpp"
 
 #include <filesystem>
@@ -7,7 +8,9 @@
 #include <mutex>
 #include <shared_mutex>
 
+#include "aitune/cuda_timer.hpp"
 #include "aitune/error.hpp"
+#include "cuda_runtime.hpp"
 #include "ort_api.hpp"
 #include "ort_runtime_impl.hpp"
 
@@ -78,6 +81,28 @@ OnnxRuntimeBackendConfig OnnxRuntimeBackendConfig::from_json(const std::string& 
 
 // ---- implementation ----
 
+// A CUDA event for ordering one stream after another (timing disabled: cheaper).
+class StreamEvent {
+ public:
+  StreamEvent() : rt_(detail::require_cuda_runtime("ordering with the caller's CUDA stream")) {
+    detail::cuda_check(rt_.event_create_with_flags(&event_, detail::kCudaEventDisableTiming), "cudaEventCreateWithFlags");
+  }
+  ~StreamEvent() { rt_.event_destroy(event_); }
+  StreamEvent(const StreamEvent&) = delete;
+  StreamEvent& operator=(const StreamEvent&) = delete;
+  /// Work queued on `waiter` from now on runs after all work queued on `producer` so far;
+  /// the host does not wait.
+  void order(std::uintptr_t producer, std::uintptr_t waiter) {
+    detail::cuda_check(rt_.event_record(event_, reinterpret_cast<detail::cudaStream_t>(producer)), "cudaEventRecord");
+    detail::cuda_check(rt_.stream_wait_event(reinterpret_cast<detail::cudaStream_t>(waiter), event_, 0),
+                       "cudaStreamWaitEvent");
+  }
+
+ private:
+  const detail::CudaRuntime& rt_;
+  detail::cudaEvent_t event_ = nullptr;
+};
+
 struct OnnxRuntimeBackend::Impl {
   std::shared_ptr<OrtRuntime> runtime;
   std::string model_path;
@@ -92,6 +117,13 @@ struct OnnxRuntimeBackend::Impl {
   // Where inputs must live and outputs are allocated: the session's device.
   std::optional<Ort::MemoryInfo> owned_memory_info;
   const OrtMemoryInfo* memory_info = nullptr;
+  // The CUDA stream the session runs on (user_compute_stream): aitune's own, created
+  // with the session and destroyed after it, or the caller's. 0 where unknown (TensorRT).
+  std::uintptr_t stream = 0;
+  // The session's device allocator (CUDA graphs: fixed buffers and output copies).
+  std::shared_ptr<Ort::Allocator> device_allocator;
+  Ort::RunOptions run_async{nullptr};  // disable_synchronize_execution_providers=1
+  const Ort::RunOptions run_default{nullptr};  // ORT's defaults: Run waits for the device
   BackendState state = BackendState::kBuilt;
   // IoBindings reused across calls: ORT plans device copies per binding, and a fresh
   // binding per call costs that planning every time. One per concurrent caller.
@@ -103,14 +135,35 @@ struct OnnxRuntimeBackend::Impl {
     // skips re-binding it (the common case of a caller reusing its input buffers).
     std::vector<TensorView> last_inputs;
     std::vector<Ort::Value> input_values;
+    std::unique_ptr<StreamEvent> before, after;  // ordering with the caller's stream
   };
   std::vector<std::unique_ptr<PooledBinding>> binding_pool;
+  // CUDA graphs (provider option enable_cuda_graph=1): a captured graph replays fixed
+  // device addresses, so each input shape gets a slot: input buffers of its own, outputs
+  // that stay bound, and ORT graph id `id`. Calls copy inputs in and outputs out, all on
+  // the session's stream, so no host wait orders them.
+  bool cuda_graph = false;
+  struct GraphSlot {
+    explicit GraphSlot(Ort::Session& session) : binding(session) {}
+    Ort::IoBinding binding;
+    std::vector<Ort::Value> inputs;
+    Ort::RunOptions run;
+    StreamEvent before, after;
+  };
+  std::mutex graph_mutex;  // one graph call at a time: a slot's buffers are shared
+  std::map<std::vector<Shape>, std::unique_ptr<GraphSlot>> graph_slots;
+  // Shapes past this many run without a graph (gpu_graph_id -1): each captured graph
+  // keeps its activations reserved.
+  static constexpr std::size_t kMaxCudaGraphs = 8;
   mutable std::shared_mutex state_mutex;  // infer: shared; activate/deactivate: exclusive
 
 
   void create_session();
   void check_inputs(const std::vector<TensorView>& inputs) const;
-  std::vector<Tensor> adopt_outputs(std::vector<Ort::Value> values) const;
+  std::vector<Tensor> adopt_outputs(std::vector<Ort::Value> values,
+                                    const std::shared_ptr<Ort::Allocator>& allocator = nullptr) const;
+  std::vector<Tensor> run_device(const std::vector<TensorView>& views, std::optional<std::uintptr_t> caller);
+  std::vector<Tensor> run_graph(const std::vector<TensorView>& views, std::optional<std::uintptr_t> caller);
 };
 
 namespace {
@@ -119,7 +172,7 @@ namespace {
 // is released before the allocator and the session it came from.
 struct OrtTensorOwner {
   std::shared_ptr<Ort::Session> session;
-  std::unique_ptr<Ort::Allocator> allocator;  // set where the value came from an explicit allocator
+  std::shared_ptr<Ort::Allocator> allocator;  // set where the value came from an explicit allocator
   Ort::Value value{nullptr};
 };
 
@@ -260,8 +313,17 @@ void OnnxRuntimeBackend::Impl::create_session() {
   std::vector<std::string> keep_alive;
   keep_alive.reserve(config.provider_options.size());
   binding_pool.clear();
+  graph_slots.clear();
+  device_allocator.reset();
   owned_memory_info.reset();
   memory_info = nullptr;
+  stream = 0;
+  std::shared_ptr<CudaStream> owned_stream;  // handed to the session's deleter below
+  auto option_on = [&](const char* key) {
+    auto it = config.provider_options.find(key);
+    return it != config.provider_options.end() && it->second != "0" && it->second != "false";
+  };
+  cuda_graph = config.provider == ExecutionProvider::kCUDA && option_on("enable_cuda_graph");
   switch (config.provider) {
     case ExecutionProvider::kCPU:
       if (!config.provider_options.empty())
@@ -278,11 +340,27 @@ void OnnxRuntimeBackend::Impl::create_session() {
         throw Error(ErrorCode::kInvalidArgument, "device_id " + std::to_string(config.device_id) + " but " +
                                                      std::to_string(devices.size()) + " CUDA device(s) are present");
       const auto& device = devices[config.device_id];
-      ort_call(ErrorCode::kInvalidArgument, "CUDA provider options", [&] {
-        so.AppendExecutionProvider_V2(*rt.env, {device},
-                                      std::unordered_map<std::string, std::string>(config.provider_options.begin(),
-                                                                                   config.provider_options.end()));
-      });
+      std::unordered_map<std::string, std::string> options(config.provider_options.begin(),
+                                                           config.provider_options.end());
+      // The session runs on a stream aitune knows, so calls can be ordered with the
+      // caller's stream by events. Verified on an H200: this plugin route honours
+      // user_compute_stream only together with has_user_compute_stream=1 (without it,
+      // cuBLAS crashed in the first run).
+      if (auto it = options.find("user_compute_stream"); it != options.end()) {
+        try {
+          stream = static_cast<std::uintptr_t>(std::stoull(it->second));
+        } catch (const std::exception&) {
+          throw Error(ErrorCode::kInvalidArgument,
+                      "provider option user_compute_stream='" + it->second + "' is not a stream address");
+        }
+      } else {
+        owned_stream = CudaStream::create(config.device_id);
+        stream = owned_stream->handle();
+        options["user_compute_stream"] = std::to_string(stream);
+      }
+      options["has_user_compute_stream"] = "1";
+      ort_call(ErrorCode::kInvalidArgument, "CUDA provider options",
+               [&] { so.AppendExecutionProvider_V2(*rt.env, {device}, options); });
       memory_info = device.GetMemoryInfo(OrtDeviceMemoryType_DEFAULT);
       break;
     }
@@ -325,8 +403,17 @@ void OnnxRuntimeBackend::Impl::create_session() {
       break;
     }
   }
-  session = ort_call(ErrorCode::kModelInvalid, "cannot load model '" + model_path + "'",
-                     [&] { return std::make_shared<Ort::Session>(*rt.env, model_path.c_str(), so); });
+  // The stream is released after the session (the deleter owns it): tensors handed out
+  // keep the session, and so its stream, alive.
+  session = ort_call(ErrorCode::kModelInvalid, "cannot load model '" + model_path + "'", [&] {
+    return std::shared_ptr<Ort::Session>(new Ort::Session(*rt.env, model_path.c_str(), so),
+                                         [owned_stream](Ort::Session* s) { delete s; });
+  });
+  run_async = Ort::RunOptions();
+  run_async.AddConfigEntry("disable_synchronize_execution_providers", "1");
+  if (cuda_graph)
+    device_allocator = ort_call(ErrorCode::kInternal, "the device allocator of '" + model_path + "'",
+                                [&] { return std::make_shared<Ort::Allocator>(*session, memory_info); });
 }
 
 OnnxRuntimeBackend::OnnxRuntimeBackend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -341,13 +428,10 @@ std::unique_ptr<OnnxRuntimeBackend> OnnxRuntimeBackend::create(const std::string
     throw Error(ErrorCode::kModelInvalid, "model file not found: '" + model_path + "'");
   if (config.device_id < 0)
     throw Error(ErrorCode::kInvalidArgument, "device_id must be >= 0, got " + std::to_string(config.device_id));
-  if (auto it = config.provider_options.find("enable_cuda_graph");
-      it != config.provider_options.end() && it->second != "0" && it->second != "false")
-    // Verified on an H200 with this ORT build: replays through IOBinding with fixed
-    // buffers returned stale outputs once the inputs changed. Refused rather than wrong.
-    throw Error(ErrorCode::kInvalidArgument,
-                "provider option enable_cuda_graph is not supported: CUDA graph replays gave stale outputs "
-                "when inputs changed (H200, ONNX Runtime 1.29 CUDA provider); remove the option");
+  if (config.provider != ExecutionProvider::kCUDA && config.provider_options.count("enable_cuda_graph"))
+    throw Error(ErrorCode::kInvalidArgument, std::string("provider option enable_cuda_graph is for the CUDA "
+                                                         "execution provider, not ") +
+                                                 std::string(execution_provider_name(config.provider)));
   auto impl = std::make_unique<Impl>();
   impl->runtime = runtime ? std::move(runtime) : OrtRuntime::load();
   impl->model_path = model_path;
@@ -399,6 +483,8 @@ void OnnxRuntimeBackend::activate() {
 void OnnxRuntimeBackend::deactivate() {
   std::unique_lock lock(impl_->state_mutex);
   impl_->binding_pool.clear();
+  impl_->graph_slots.clear();
+  impl_->device_allocator.reset();
   impl_->session.reset();
   impl_->state = BackendState::kInactive;
 }
@@ -440,10 +526,24 @@ void OnnxRuntimeBackend::Impl::check_inputs(const std::vector<TensorView>& views
 }
 
 std::vector<Tensor> OnnxRuntimeBackend::infer(const std::vector<TensorView>& views) const {
+  return run(views, std::nullopt);
+}
+
+std::vector<Tensor> OnnxRuntimeBackend::infer_on_stream(const std::vector<TensorView>& views,
+                                                        std::uintptr_t stream) const {
+  return run(views, stream);
+}
+
+std::uintptr_t OnnxRuntimeBackend::cuda_stream() const noexcept {
+  std::shared_lock lock(impl_->state_mutex);
+  return impl_->stream;
+}
+
+std::vector<Tensor> OnnxRuntimeBackend::run(const std::vector<TensorView>& views,
+                                            std::optional<std::uintptr_t> caller) const {
   std::shared_lock lock(impl_->state_mutex);
   if (!impl_->session) throw Error(ErrorCode::kState, "backend for '" + impl_->model_path + "' is inactive; call activate()");
   impl_->check_inputs(views);
-  const auto& session = *impl_->session;
   if (impl_->config.provider == ExecutionProvider::kCPU) {
     // Host memory needs no binding plans: a plain Run over the caller's buffers is
     // cheaper per call than an IoBinding (measured: ~5 us of 20 on a small MLP).
@@ -451,56 +551,147 @@ std::vector<Tensor> OnnxRuntimeBackend::infer(const std::vector<TensorView>& vie
       std::vector<Ort::Value> values;
       values.reserve(views.size());
       for (const auto& v : views) values.push_back(value_over(v, impl_->memory_info));
-      auto outputs = const_cast<Ort::Session&>(session).Run(
-          Ort::RunOptions{nullptr}, impl_->input_name_ptrs.data(), values.data(), values.size(),
-          impl_->output_name_ptrs.data(), impl_->output_name_ptrs.size());
+      auto outputs = impl_->session->Run(Ort::RunOptions{nullptr}, impl_->input_name_ptrs.data(), values.data(),
+                                         values.size(), impl_->output_name_ptrs.data(),
+                                         impl_->output_name_ptrs.size());
       return impl_->adopt_outputs(std::move(outputs));
     });
   }
   return ort_call(ErrorCode::kInternal, [&] { return "running '" + impl_->model_path + "'"; }, [&] {
-    std::unique_ptr<Impl::PooledBinding> pooled;
-    {
-      std::lock_guard pool_lock(impl_->pool_mutex);
-      if (!impl_->binding_pool.empty()) {
-        pooled = std::move(impl_->binding_pool.back());
-        impl_->binding_pool.pop_back();
-      }
-    }
-    if (!pooled) {
-      pooled = std::make_unique<Impl::PooledBinding>(const_cast<Ort::Session&>(session));
-      pooled->last_inputs.resize(views.size());
-      pooled->input_values.resize(views.size());
-    }
-    Ort::IoBinding& binding = pooled->binding;
-    Ort::ConstMemoryInfo mem(impl_->memory_info);
-    for (std::size_t i = 0; i < views.size(); ++i) {
-      const auto& v = views[i];
-      auto& last = pooled->last_inputs[i];
-      if (last.data == v.data && last.dtype == v.dtype && last.shape == v.shape) continue;
-      pooled->input_values[i] = value_over(v, impl_->memory_info);
-      binding.BindInput(impl_->input_names_storage[i].c_str(), pooled->input_values[i]);
-      last = TensorView{v.data, v.dtype, v.shape, {}, v.device};
-    }
-    // Outputs are bound afresh each call, so ORT allocates new ones: tensors returned by
-    // earlier calls stay the caller's.
-    for (const auto& o : impl_->outputs) binding.BindOutput(o.name.c_str(), mem);
-    const_cast<Ort::Session&>(session).Run(Ort::RunOptions{nullptr}, binding);
-    auto values = binding.GetOutputValues();
-    binding.ClearBoundOutputs();  // the outputs now belong to the caller alone
-    {
-      std::lock_guard pool_lock(impl_->pool_mutex);
-      impl_->binding_pool.push_back(std::move(pooled));
-    }
-    return impl_->adopt_outputs(std::move(values));
+    return impl_->cuda_graph ? impl_->run_graph(views, caller) : impl_->run_device(views, caller);
   });
 }
 
-std::vector<Tensor> OnnxRuntimeBackend::Impl::adopt_outputs(std::vector<Ort::Value> values) const {
+std::vector<Tensor> OnnxRuntimeBackend::Impl::run_device(const std::vector<TensorView>& views,
+                                                         std::optional<std::uintptr_t> caller) {
+  std::unique_ptr<PooledBinding> pooled;
+  {
+    std::lock_guard pool_lock(pool_mutex);
+    if (!binding_pool.empty()) {
+      pooled = std::move(binding_pool.back());
+      binding_pool.pop_back();
+    }
+  }
+  if (!pooled) {
+    pooled = std::make_unique<PooledBinding>(*session);
+    pooled->last_inputs.resize(views.size());
+    pooled->input_values.resize(views.size());
+  }
+  Ort::IoBinding& binding = pooled->binding;
+  Ort::ConstMemoryInfo mem(memory_info);
+  for (std::size_t i = 0; i < views.size(); ++i) {
+    const auto& v = views[i];
+    auto& last = pooled->last_inputs[i];
+    if (last.data == v.data && last.dtype == v.dtype && last.shape == v.shape) continue;
+    pooled->input_values[i] = value_over(v, memory_info);
+    binding.BindInput(input_names_storage[i].c_str(), pooled->input_values[i]);
+    last = TensorView{v.data, v.dtype, v.shape, {}, v.device};
+  }
+  // Outputs are bound afresh each call, so ORT allocates new ones: tensors returned by
+  // earlier calls stay the caller's.
+  for (const auto& o : outputs) binding.BindOutput(o.name.c_str(), mem);
+  const bool ordered = caller && stream != 0 && *caller != stream;
+  if (ordered) {
+    if (!pooled->before) pooled->before = std::make_unique<StreamEvent>(), pooled->after = std::make_unique<StreamEvent>();
+    pooled->before->order(*caller, stream);  // inputs the caller is still producing
+  } else if (caller && stream == 0) {
+    // A session on a stream of ORT's own (TensorRT): the host waits for the caller's work.
+    const auto& rt = detail::require_cuda_runtime("ordering with the caller's CUDA stream");
+    detail::cuda_check(rt.stream_synchronize(reinterpret_cast<detail::cudaStream_t>(*caller)), "cudaStreamSynchronize");
+  }
+  // Ordered calls return without waiting for the device: the caller's stream waits instead.
+  session->Run(caller && stream != 0 ? run_async : run_default, binding);
+  if (ordered) pooled->after->order(stream, *caller);
+  auto values = binding.GetOutputValues();
+  binding.ClearBoundOutputs();  // the outputs now belong to the caller alone
+  {
+    std::lock_guard pool_lock(pool_mutex);
+    binding_pool.push_back(std::move(pooled));
+  }
+  return adopt_outputs(std::move(values));
+}
+
+std::vector<Tensor> OnnxRuntimeBackend::Impl::run_graph(const std::vector<TensorView>& views,
+                                                        std::optional<std::uintptr_t> caller) {
+  const auto& rt = detail::require_cuda_runtime("CUDA graphs");
+  auto on_stream = reinterpret_cast<detail::cudaStream_t>(stream);
+  std::vector<Shape> key;
+  key.reserve(views.size());
+  for (const auto& v : views) key.push_back(v.shape);
+  std::lock_guard lock(graph_mutex);
+  auto it = graph_slots.find(key);
+  if (it == graph_slots.end()) {
+    if (graph_slots.size() >= kMaxCudaGraphs) {
+      // Past the limit a new shape runs as a plain call. gpu_graph_id -1 tells ORT not to
+      // capture it.
+      Ort::IoBinding binding(*session);
+      std::vector<Ort::Value> values;
+      for (std::size_t i = 0; i < views.size(); ++i) {
+        values.push_back(value_over(views[i], memory_info));
+        binding.BindInput(input_names_storage[i].c_str(), values.back());
+      }
+      for (const auto& o : outputs) binding.BindOutput(o.name.c_str(), Ort::ConstMemoryInfo(memory_info));
+      Ort::RunOptions run;
+      run.AddConfigEntry("gpu_graph_id", "-1");
+      if (caller && *caller != stream) {
+        StreamEvent before;
+        before.order(*caller, stream);
+      }
+      session->Run(run, binding);  // synchronises the session's stream
+      return adopt_outputs(binding.GetOutputValues());
+    }
+    auto slot = std::make_unique<GraphSlot>(*session);
+    for (std::size_t i = 0; i < views.size(); ++i) {
+      const auto& v = views[i];
+      slot->inputs.push_back(Ort::Value::CreateTensor(*device_allocator, v.shape.data(), v.shape.size(),
+                                                      static_cast<ONNXTensorElementDataType>(dtype_to_onnx(v.dtype))));
+      slot->binding.BindInput(input_names_storage[i].c_str(), slot->inputs.back());
+    }
+    // Bound once and never cleared: ORT allocates them on the first run and the captured
+    // graph writes there on every replay.
+    for (const auto& o : outputs) slot->binding.BindOutput(o.name.c_str(), Ort::ConstMemoryInfo(memory_info));
+    slot->run = Ort::RunOptions();
+    // ORT graph ids start at 1 (0 is its default id, -1 means "do not capture").
+    slot->run.AddConfigEntry("gpu_graph_id", std::to_string(graph_slots.size() + 1).c_str());
+    slot->run.AddConfigEntry("disable_synchronize_execution_providers", "1");
+    it = graph_slots.emplace(key, std::move(slot)).first;
+  }
+  GraphSlot& slot = *it->second;
+  const bool ordered = caller && *caller != stream;
+  if (ordered) slot.before.order(*caller, stream);
+  for (std::size_t i = 0; i < views.size(); ++i)
+    detail::cuda_check(rt.memcpy_async(slot.inputs[i].GetTensorMutableRawData(), views[i].data, views[i].nbytes(),
+                                       detail::kCudaMemcpyDeviceToDevice, on_stream),
+                       "copying an input into the CUDA graph's buffer");
+  session->Run(slot.run, slot.binding);  // the first call per slot runs, then captures
+  // The slot's outputs are overwritten by the next replay: the caller gets copies.
+  auto fixed = slot.binding.GetOutputValues();
+  std::vector<Ort::Value> copies;
+  copies.reserve(fixed.size());
+  for (auto& f : fixed) {
+    auto info = f.GetTensorTypeAndShapeInfo();
+    auto shape = info.GetShape();
+    copies.push_back(Ort::Value::CreateTensor(*device_allocator, shape.data(), shape.size(), info.GetElementType()));
+    std::size_t bytes = info.GetElementCount() * dtype_size(outputs[copies.size() - 1].dtype);
+    detail::cuda_check(rt.memcpy_async(copies.back().GetTensorMutableRawData(), f.GetTensorRawData(), bytes,
+                                       detail::kCudaMemcpyDeviceToDevice, on_stream),
+                       "copying a CUDA graph's output");
+  }
+  if (ordered)
+    slot.after.order(stream, *caller);
+  else if (!caller)
+    detail::cuda_check(rt.stream_synchronize(on_stream), "cudaStreamSynchronize");
+  return adopt_outputs(std::move(copies), device_allocator);  // their owners keep the allocator alive
+}
+
+std::vector<Tensor> OnnxRuntimeBackend::Impl::adopt_outputs(std::vector<Ort::Value> values,
+                                                            const std::shared_ptr<Ort::Allocator>& allocator) const {
   std::vector<Tensor> result;
   result.reserve(values.size());
   for (std::size_t i = 0; i < values.size(); ++i) {
     auto owner = std::make_shared<OrtTensorOwner>();
     owner->session = session;
+    owner->allocator = allocator;
     owner->value = std::move(values[i]);
     auto info = owner->value.GetTensorTypeAndShapeInfo();
     TensorView view;

@@ -118,7 +118,7 @@ std::string candidate_name(const OnnxRuntimeBackendConfig& config) {
   return name + "]";
 }
 
-std::vector<OnnxCandidate> provider_variants(const OnnxRuntimeBackendConfig& base, const GraphSpec& /*spec*/) {
+std::vector<OnnxCandidate> provider_variants(const OnnxRuntimeBackendConfig& base, const GraphSpec& spec) {
   std::vector<OnnxCandidate> out;
   // A variant sets options the caller left open; what the caller fixed stays fixed.
   auto add = [&](std::map<std::string, std::string> options, Precision precision,
@@ -149,7 +149,15 @@ std::vector<OnnxCandidate> provider_variants(const OnnxRuntimeBackendConfig& bas
       add({{"use_tf32", "0"}, {"cudnn_conv_algo_search", "HEURISTIC"}}, Precision::kStrict);
       add({{"use_tf32", "0"}, {"prefer_nhwc", "1"}}, Precision::kStrict);
       add({{"use_tf32", "1"}}, Precision::kTF32);
-      // No CUDA-graph variant: see OnnxRuntimeBackend::create (stale outputs on replay).
+      // CUDA graphs for static shapes: one replay instead of a launch per kernel, what
+      // small models at batch 1 are bound by. (Dynamic specs would capture a graph per
+      // shape seen.) ORT refuses capture for models it cannot capture: the candidate
+      // then fails with ORT's reason and the others are chosen from.
+      if (std::all_of(spec.inputs.begin(), spec.inputs.end(),
+                      [](const TensorSpec& t) { return t.min_shape == t.max_shape; })) {
+        add({{"use_tf32", "0"}, {"enable_cuda_graph", "1"}}, Precision::kStrict);
+        add({{"use_tf32", "1"}, {"enable_cuda_graph", "1"}}, Precision::kTF32);
+      }
       break;
     case ExecutionProvider::kTensorRT:
       add({{"trt_fp16_enable", "0"}}, Precision::kStrict);
@@ -187,10 +195,10 @@ struct GraphTuner::Impl {
     return report.candidates.size() - 1;
   }
 
-  std::unique_ptr<DeviceTimer> timer_for(const OnnxRuntimeBackendConfig& config) const {
-    if (config.provider != ExecutionProvider::kCUDA || !config.provider_options.count("user_compute_stream"))
-      return nullptr;
-    return make_cuda_event_timer(std::stoull(config.provider_options.at("user_compute_stream")), config.device_id);
+  // Device time of a session's calls, by events on the stream it runs on.
+  static std::unique_ptr<DeviceTimer> timer_for(const OnnxRuntimeBackend& backend) {
+    if (backend.config().provider != ExecutionProvider::kCUDA || backend.cuda_stream() == 0) return nullptr;
+    return make_cuda_event_timer(backend.cuda_stream(), backend.config().device_id);
   }
 
   // The graph's spec / a sample's inputs as the model with `map` sees them.
@@ -321,35 +329,15 @@ std::size_t GraphTuner::evaluate_onnx(const std::string& model_path, const OnnxC
   r.config_json = config.to_json(-1);
   impl.log(r.name + ": creating the session");
 
-  // CUDA candidates go on the reference's stream, so device time is measured where both
-  // run and the torch front end needs no stream synchronisation. A CUDA graph needs a
-  // capturable stream of ORT's own.
-  bool on_user_stream = impl.options.cuda_stream && config.provider == ExecutionProvider::kCUDA &&
-                        !config.provider_options.count("user_compute_stream") &&
-                        config.provider_options.count("enable_cuda_graph") == 0;
-  if (on_user_stream) config.provider_options["user_compute_stream"] = std::to_string(*impl.options.cuda_stream);
-
   std::unique_ptr<OnnxRuntimeBackend> backend;
   auto start = SteadyTime::now();
   try {
     backend = OnnxRuntimeBackend::create(model_path, config, model_spec);
   } catch (const Error& e) {
-    if (!on_user_stream) {
-      r.status = CandidateStatus::kFailed;
-      r.reason = e.what();
-      impl.log(r.name + ": failed: " + r.reason);
-      return impl.push(std::move(r), nullptr, model_path, map);
-    }
-    impl.log(r.name + ": session on the shared stream failed (" + e.what() + "); retrying on ORT's own stream");
-    config.provider_options.erase("user_compute_stream");
-    try {
-      start = SteadyTime::now();
-      backend = OnnxRuntimeBackend::create(model_path, config, model_spec);
-    } catch (const Error& e2) {
-      r.status = CandidateStatus::kFailed;
-      r.reason = e2.what();
-      return impl.push(std::move(r), nullptr, model_path, map);
-    }
+    r.status = CandidateStatus::kFailed;
+    r.reason = e.what();
+    impl.log(r.name + ": failed: " + r.reason);
+    return impl.push(std::move(r), nullptr, model_path, map);
   }
   r.session_creation_ms = ms_since(start);
   r.config_json = backend->config().to_json(-1);
@@ -368,7 +356,7 @@ std::size_t GraphTuner::evaluate_onnx(const std::string& model_path, const OnnxC
       impl.log(r.name + ": rejected: " + r.reason);
       return impl.push(std::move(r), nullptr, model_path, map);
     }
-    auto timer = impl.timer_for(backend->config());
+    auto timer = Impl::timer_for(*backend);
     r.profile = profile_calls([&] { backend->infer(inputs.views); }, sample.batch_size, impl.options.profile,
                               timer.get());
   } catch (const Error& e) {
@@ -445,7 +433,7 @@ void GraphTuner::Impl::search_batch(std::size_t index) {
     }
     return out;
   };
-  auto timer = timer_for(config);
+  auto timer = timer_for(*wide);
   double previous = candidate.profile->throughput;
   ProfileConfig quick = options.profile;
   for (int64_t batch = sample.batch_size * 2;; batch *= 2) {

@@ -251,7 +251,17 @@ TEST(Tuner, CudaAndTensorRtVariantsAreDocumentedSets) {
   EXPECT_EQ(v[1].config.provider_options.at("cudnn_conv_algo_search"), "HEURISTIC");
   EXPECT_EQ(v[2].config.provider_options.at("prefer_nhwc"), "1");
   EXPECT_EQ(v[3].precision, Precision::kTF32);
+  // A dynamic batch: no CUDA-graph variant (a graph per shape seen).
   for (const auto& c : v) EXPECT_FALSE(c.config.provider_options.count("enable_cuda_graph")) << c.name;
+  // Static shapes add CUDA graphs, strict and TF32.
+  GraphSpecBuilder one;
+  one.record({{"x", DType::kFloat32, m.x1.shape()}}, {{"y", DType::kFloat32, m.y1.shape()}}, 1);
+  auto with_graphs = provider_variants(cuda, one.build());
+  ASSERT_EQ(with_graphs.size(), 6u);
+  EXPECT_EQ(with_graphs[4].config.provider_options.at("enable_cuda_graph"), "1");
+  EXPECT_EQ(with_graphs[4].precision, Precision::kStrict);
+  EXPECT_EQ(with_graphs[5].config.provider_options.at("enable_cuda_graph"), "1");
+  EXPECT_EQ(with_graphs[5].precision, Precision::kTF32);
   // A caller-fixed option is kept in every variant and decides the precision.
   cuda.provider_options["use_tf32"] = "1";
   for (const auto& c : provider_variants(cuda, m.spec())) {

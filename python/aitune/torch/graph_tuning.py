@@ -90,10 +90,10 @@ def _failure(strategy: TuneStrategy, graph: RecordedGraph, report: _core.TuneRep
 def tune_graph(strategy: TuneStrategy, graph: RecordedGraph, options: TuneOptions | None = None) -> TunedGraph:
     options = options or TuneOptions()
     tuner_options = options.tuner_options()
-    # No stream sharing (TunerOptions.cuda_stream): on the H200, sessions given torch's
-    # default stream as user_compute_stream did not order with it. CUDA candidates keep
-    # ORT's own stream and the front end synchronises before each run.
     if graph.device.type == "cuda":
+        # Eager runs on torch's stream: device time by events there, and host time that
+        # includes the wait for the device (candidates are timed on their own streams).
+        tuner_options.cuda_stream = torch.cuda.current_stream(graph.device).cuda_stream
         if _eager_uses_tf32(graph.module):
             tuner_options.reference_precision = _core.Precision.TF32
     name = f"{graph.module_name}/{graph.key}"

@@ -36,7 +36,8 @@ class ONNXRuntimeBackendConfig(BackendConfig):
             accepted and converted.
         opset_version: passed to ``torch.onnx.export``; None keeps PyTorch's default.
         tune_provider_options: expand into the engine's provider-option variants (CUDA:
-            TF32 on/off, convolution algorithm search, NHWC; CPU: threads, graph
+            TF32 on/off, convolution algorithm search, NHWC, CUDA graphs where every
+            input shape is static; CPU: threads, graph
             optimisation; TensorRT: fp16, builder level), each checked and measured.
             False: one strict candidate.
         provider_options: ONNX Runtime provider options fixed in every candidate, as ORT
@@ -131,9 +132,10 @@ class OnnxRuntimeTunedGraph(TunedGraph):
             # memory (a copy only for strided views, kept alive in `ordered`).
             ordered.append(tensor.detach().contiguous())
         if self.device.type == "cuda":
-            # ORT runs on its own stream: torch's pending work on these inputs must finish
-            # first. (ORT synchronises its stream before returning the outputs.)
-            torch.cuda.current_stream(self.device).synchronize()
+            # Ordered with torch's current stream by CUDA events, no host wait: the session
+            # starts after torch's queued work and torch's later work sees the outputs.
+            stream = torch.cuda.current_stream(self.device).cuda_stream
+            return self.session.infer(ordered, framework="torch", stream=stream)
         return self.session.infer(ordered, framework="torch")
 
     def _infer_host(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
