@@ -41,6 +41,10 @@ const CudaRuntime& cuda_runtime() {
     sym(r.stream_synchronize, "cudaStreamSynchronize");
     sym(r.stream_wait_event, "cudaStreamWaitEvent");
     sym(r.memcpy_async, "cudaMemcpyAsync");
+    sym(r.malloc_async, "cudaMallocAsync");
+    sym(r.free_async, "cudaFreeAsync");
+    sym(r.device_get_default_mem_pool, "cudaDeviceGetDefaultMemPool");
+    sym(r.mem_pool_set_attribute, "cudaMemPoolSetAttribute");
     sym(r.get_error_string, "cudaGetErrorString");
     return r;
   }();

@@ -13,6 +13,7 @@ using cudaStream_t = void*;
 inline constexpr unsigned kCudaStreamNonBlocking = 1;
 inline constexpr unsigned kCudaEventDisableTiming = 2;
 inline constexpr int kCudaMemcpyDeviceToDevice = 3;
+inline constexpr int kCudaMemPoolAttrReleaseThreshold = 4;
 
 struct CudaRuntime {
   int (*set_device)(int) = nullptr;
@@ -28,6 +29,10 @@ struct CudaRuntime {
   int (*stream_synchronize)(cudaStream_t) = nullptr;
   int (*stream_wait_event)(cudaStream_t, cudaEvent_t, unsigned) = nullptr;
   int (*memcpy_async)(void*, const void*, std::size_t, int, cudaStream_t) = nullptr;
+  int (*malloc_async)(void**, std::size_t, cudaStream_t) = nullptr;
+  int (*free_async)(void*, cudaStream_t) = nullptr;
+  int (*device_get_default_mem_pool)(void**, int) = nullptr;
+  int (*mem_pool_set_attribute)(void*, int, void*) = nullptr;
   const char* (*get_error_string)(int) = nullptr;
   std::string error;  // why loading failed; empty when loaded
 };

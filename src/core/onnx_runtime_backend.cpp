@@ -160,10 +160,12 @@ struct OnnxRuntimeBackend::Impl {
 
   void create_session();
   void check_inputs(const std::vector<TensorView>& inputs) const;
-  std::vector<Tensor> adopt_outputs(std::vector<Ort::Value> values,
-                                    const std::shared_ptr<Ort::Allocator>& allocator = nullptr) const;
+  std::vector<Tensor> adopt_outputs(std::vector<Ort::Value> values) const;
   std::vector<Tensor> run_device(const std::vector<TensorView>& views, std::optional<std::uintptr_t> caller);
   std::vector<Tensor> run_graph(const std::vector<TensorView>& views, std::optional<std::uintptr_t> caller);
+  // CUDA graphs: copies of `values` in stream-ordered memory (see StreamBuffer), on the
+  // session's stream.
+  std::vector<Tensor> copy_out(const std::vector<Ort::Value>& values, std::optional<std::uintptr_t> caller) const;
 };
 
 namespace {
@@ -172,9 +174,47 @@ namespace {
 // is released before the allocator and the session it came from.
 struct OrtTensorOwner {
   std::shared_ptr<Ort::Session> session;
-  std::shared_ptr<Ort::Allocator> allocator;  // set where the value came from an explicit allocator
+  std::unique_ptr<Ort::Allocator> allocator;  // set where the value came from an explicit allocator
   Ort::Value value{nullptr};
 };
+
+// Device memory of a CUDA-graph session's outputs and to_device copies. Not from the
+// session's arena: a captured graph keeps using the activations it was captured with,
+// which the arena counts as free after the run, so arena memory handed out after capture
+// is overwritten by later replays (seen on the H200: kept outputs changed). CUDA's
+// stream-ordered allocator is separate; memory is freed on the session's stream, which
+// waits for the caller's stream before each run reuses it.
+struct StreamBuffer {
+  void* data = nullptr;
+  std::uintptr_t stream = 0;
+  std::shared_ptr<Ort::Session> session;  // keeps the stream (owned by its deleter) alive
+  ~StreamBuffer() {
+    if (data) detail::cuda_runtime().free_async(data, reinterpret_cast<detail::cudaStream_t>(stream));
+  }
+};
+
+Tensor stream_buffer_tensor(DType dtype, const Shape& shape, Device device, std::uintptr_t stream,
+                            std::shared_ptr<Ort::Session> session) {
+  const auto& rt = detail::require_cuda_runtime("CUDA-graph outputs");
+  static const bool pool_kept = [&] {
+    // Keep freed memory in the pool across synchronisations instead of returning it to
+    // the driver each time (the default threshold, 0): reallocation would cost every call.
+    void* pool = nullptr;
+    if (rt.device_get_default_mem_pool(&pool, device.index) != 0) return false;
+    std::uint64_t threshold = std::uint64_t{1} << 30;
+    return rt.mem_pool_set_attribute(pool, detail::kCudaMemPoolAttrReleaseThreshold, &threshold) == 0;
+  }();
+  static_cast<void>(pool_kept);
+  auto owner = std::make_shared<StreamBuffer>();
+  owner->stream = stream;
+  owner->session = std::move(session);
+  TensorView view{nullptr, dtype, shape, {}, device};
+  detail::cuda_check(rt.malloc_async(&owner->data, std::max<std::size_t>(view.nbytes(), 1),
+                                     reinterpret_cast<detail::cudaStream_t>(stream)),
+                     "cudaMallocAsync");
+  view.data = owner->data;
+  return Tensor::adopt(std::move(view), std::move(owner));
+}
 
 // An ORT tensor over memory someone else owns (no copy).
 Ort::Value value_over(const TensorView& v, const OrtMemoryInfo* mem) {
@@ -611,6 +651,24 @@ std::vector<Tensor> OnnxRuntimeBackend::Impl::run_device(const std::vector<Tenso
   return adopt_outputs(std::move(values));
 }
 
+std::vector<Tensor> OnnxRuntimeBackend::Impl::copy_out(const std::vector<Ort::Value>& values,
+                                                       std::optional<std::uintptr_t> caller) const {
+  const auto& rt = detail::cuda_runtime();
+  auto on_stream = reinterpret_cast<detail::cudaStream_t>(stream);
+  std::vector<Tensor> copies;
+  copies.reserve(values.size());
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    copies.push_back(stream_buffer_tensor(outputs[i].dtype, values[i].GetTensorTypeAndShapeInfo().GetShape(),
+                                          config.device(), stream, session));
+    detail::cuda_check(rt.memcpy_async(copies.back().data(), values[i].GetTensorRawData(), copies.back().nbytes(),
+                                       detail::kCudaMemcpyDeviceToDevice, on_stream),
+                       "copying a CUDA graph's output");
+  }
+  // Without a caller's stream the outputs are ready on return; with one, the caller orders.
+  if (!caller) detail::cuda_check(rt.stream_synchronize(on_stream), "cudaStreamSynchronize");
+  return copies;
+}
+
 std::vector<Tensor> OnnxRuntimeBackend::Impl::run_graph(const std::vector<TensorView>& views,
                                                         std::optional<std::uintptr_t> caller) {
   const auto& rt = detail::require_cuda_runtime("CUDA graphs");
@@ -633,12 +691,14 @@ std::vector<Tensor> OnnxRuntimeBackend::Impl::run_graph(const std::vector<Tensor
       for (const auto& o : outputs) binding.BindOutput(o.name.c_str(), Ort::ConstMemoryInfo(memory_info));
       Ort::RunOptions run;
       run.AddConfigEntry("gpu_graph_id", "-1");
-      if (caller && *caller != stream) {
-        StreamEvent before;
-        before.order(*caller, stream);
-      }
+      const bool ordered = caller && *caller != stream;
+      StreamEvent before, after;
+      if (ordered) before.order(*caller, stream);
       session->Run(run, binding);  // synchronises the session's stream
-      return adopt_outputs(binding.GetOutputValues());
+      // ORT allocated these in the arena, where captured graphs' activations may live.
+      auto copies = copy_out(binding.GetOutputValues(), caller);
+      if (ordered) after.order(stream, *caller);
+      return copies;
     }
     auto slot = std::make_unique<GraphSlot>(*session);
     for (std::size_t i = 0; i < views.size(); ++i) {
@@ -665,33 +725,17 @@ std::vector<Tensor> OnnxRuntimeBackend::Impl::run_graph(const std::vector<Tensor
                        "copying an input into the CUDA graph's buffer");
   session->Run(slot.run, slot.binding);  // the first call per slot runs, then captures
   // The slot's outputs are overwritten by the next replay: the caller gets copies.
-  auto fixed = slot.binding.GetOutputValues();
-  std::vector<Ort::Value> copies;
-  copies.reserve(fixed.size());
-  for (auto& f : fixed) {
-    auto info = f.GetTensorTypeAndShapeInfo();
-    auto shape = info.GetShape();
-    copies.push_back(Ort::Value::CreateTensor(*device_allocator, shape.data(), shape.size(), info.GetElementType()));
-    std::size_t bytes = info.GetElementCount() * dtype_size(outputs[copies.size() - 1].dtype);
-    detail::cuda_check(rt.memcpy_async(copies.back().GetTensorMutableRawData(), f.GetTensorRawData(), bytes,
-                                       detail::kCudaMemcpyDeviceToDevice, on_stream),
-                       "copying a CUDA graph's output");
-  }
-  if (ordered)
-    slot.after.order(stream, *caller);
-  else if (!caller)
-    detail::cuda_check(rt.stream_synchronize(on_stream), "cudaStreamSynchronize");
-  return adopt_outputs(std::move(copies), device_allocator);  // their owners keep the allocator alive
+  auto copies = copy_out(slot.binding.GetOutputValues(), caller);
+  if (ordered) slot.after.order(stream, *caller);
+  return copies;
 }
 
-std::vector<Tensor> OnnxRuntimeBackend::Impl::adopt_outputs(std::vector<Ort::Value> values,
-                                                            const std::shared_ptr<Ort::Allocator>& allocator) const {
+std::vector<Tensor> OnnxRuntimeBackend::Impl::adopt_outputs(std::vector<Ort::Value> values) const {
   std::vector<Tensor> result;
   result.reserve(values.size());
   for (std::size_t i = 0; i < values.size(); ++i) {
     auto owner = std::make_shared<OrtTensorOwner>();
     owner->session = session;
-    owner->allocator = allocator;
     owner->value = std::move(values[i]);
     auto info = owner->value.GetTensorTypeAndShapeInfo();
     TensorView view;
@@ -732,12 +776,24 @@ Tensor OnnxRuntimeBackend::to_device(const Tensor& host) const {
   auto& env = *impl_->runtime->impl().env;
   return ort_call(ErrorCode::kInternal, "copying a tensor to " + device().to_string(), [&] {
     auto mem = devices.at(impl_->config.device_id).GetMemoryInfo(OrtDeviceMemoryType_DEFAULT);
+    auto cpu = Ort::MemoryInfo::CreateCpu(OrtDeviceAllocator, OrtMemTypeDefault);
+    if (impl_->cuda_graph) {  // not from the arena: see StreamBuffer
+      Tensor t = stream_buffer_tensor(host.dtype(), host.shape(), device(), impl_->stream, impl_->session);
+      const auto& rt = detail::cuda_runtime();
+      detail::cuda_check(rt.stream_synchronize(reinterpret_cast<detail::cudaStream_t>(impl_->stream)),
+                         "cudaStreamSynchronize");  // the allocation is ordered on that stream
+      std::vector<Ort::Value> src, dst;
+      src.push_back(value_over(host.view(), cpu));
+      dst.push_back(value_over(t.view(), mem));
+      Ort::Status st = env.CopyTensors(src, dst, nullptr);
+      if (!st.IsOK()) throw Ort::Exception(st.GetErrorMessage(), st.GetErrorCode());
+      return t;
+    }
     auto owner = std::make_shared<OrtTensorOwner>();
     owner->session = impl_->session;
     owner->allocator = std::make_unique<Ort::Allocator>(*impl_->session, mem);
     owner->value = Ort::Value::CreateTensor(*owner->allocator, host.shape().data(), host.shape().size(),
                                             static_cast<ONNXTensorElementDataType>(dtype_to_onnx(host.dtype())));
-    auto cpu = Ort::MemoryInfo::CreateCpu(OrtDeviceAllocator, OrtMemTypeDefault);
     std::vector<Ort::Value> src;
     src.push_back(value_over(host.view(), cpu));
     std::vector<Ort::Value> dsts;

@@ -746,21 +746,24 @@ TEST(OnnxRuntimeBackendCuda, CudaGraphReplaysFollowChangingInputs) {
   auto graph = OnnxRuntimeBackend::create(fixture("mlp.onnx"), config);
   auto plain = OnnxRuntimeBackend::create(fixture("mlp.onnx"), strict_cuda_config());
   EXPECT_NE(graph->cuda_stream(), 0u);
-  std::vector<Tensor> kept, expected;
+  std::vector<Tensor> inputs, kept, expected;
   // Two shapes in turn: two captured graphs, each replayed with new inputs.
   for (int round = 0; round < 3; ++round)
     for (int64_t rows : {3, 5}) {
       for (const Tensor& x : changing_inputs(rows, 2)) {
-        const Tensor xd = graph->to_device(x);
+        inputs.push_back(graph->to_device(x));
         const Tensor want = plain->to_host(plain->infer({plain->to_device(x).view()}).at(0));
-        const Tensor got = graph->infer({xd.view()}).at(0);
+        const Tensor got = graph->infer({inputs.back().view()}).at(0);
         expect_allclose_f32(graph->to_host(got), want, 1e-6);
         kept.push_back(got);
         expected.push_back(want);
       }
     }
-  // Outputs handed out earlier are copies: later replays did not overwrite them.
-  for (std::size_t i = 0; i < kept.size(); ++i) expect_allclose_f32(graph->to_host(kept[i]), expected[i], 1e-6);
+  // Outputs handed out and inputs copied in earlier are not overwritten by later replays.
+  for (std::size_t i = 0; i < kept.size(); ++i) {
+    expect_allclose_f32(graph->to_host(kept[i]), expected[i], 1e-6);
+    expect_allclose_f32(graph->to_host(graph->infer({inputs[i].view()}).at(0)), expected[i], 1e-6);
+  }
 }
 
 TEST(OnnxRuntimeBackendCuda, InferOnStreamOrdersWithTheLegacyStream) {
