@@ -9,6 +9,7 @@ import json
 import os
 
 import torch
+from torch.utils.dlpack import to_dlpack
 
 from aitune import _core
 from aitune.torch import cache, export
@@ -134,8 +135,11 @@ class OnnxRuntimeTunedGraph(TunedGraph):
         if self.device.type == "cuda":
             # Ordered with torch's current stream by CUDA events, no host wait: the session
             # starts after torch's queued work and torch's later work sees the outputs.
+            # Capsules, not tensors: a CUDA tensor's __dlpack__ records and waits on a new
+            # torch.cuda.Event per call to order with the legacy stream, which the session
+            # does itself (benchmarks/forward_overhead.py measures both).
             stream = torch.cuda.current_stream(self.device).cuda_stream
-            return self.session.infer(ordered, framework="torch", stream=stream)
+            return self.session.infer([to_dlpack(t) for t in ordered], framework="torch", stream=stream)
         return self.session.infer(ordered, framework="torch")
 
     def _infer_host(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
