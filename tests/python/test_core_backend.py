@@ -46,6 +46,31 @@ def test_torch_in_torch_out_matches_reference(mlp_model):
     np.testing.assert_allclose(y.numpy(), ref(x.numpy()), atol=1e-5, rtol=1e-5)
 
 
+def test_dlpack_capsules_and_the_stream_argument(mlp_model):
+    """The torch front end hands CUDA inputs over as capsules with torch's stream; on the
+    CPU both work too (stream ignored) and the session reports no stream."""
+    path, ref = mlp_model
+    b = _core.OnnxRuntimeBackend.create(str(path), CPU)
+    assert b.cuda_stream == 0
+    x = torch.randn(4, 16)
+    (y,) = b.infer([torch.utils.dlpack.to_dlpack(x)], stream=0)
+    np.testing.assert_allclose(y.numpy(), ref(x.numpy()), atol=1e-5, rtol=1e-5)
+    with pytest.raises(TypeError):
+        b.infer([x], stream="torch's")
+
+
+@needs_cuda
+def test_cuda_graph_session_from_core(mlp_model):
+    path, ref = mlp_model
+    config = _core.OnnxRuntimeBackendConfig(provider_options={"use_tf32": "0", "enable_cuda_graph": "1"})
+    b = _core.OnnxRuntimeBackend.create(str(path), config)
+    assert b.cuda_stream != 0
+    xs = [torch.randn(3, 16, device="cuda") for _ in range(4)]
+    ys = [b.infer([torch.utils.dlpack.to_dlpack(x)], stream=torch.cuda.current_stream().cuda_stream)[0] for x in xs]
+    for x, y in zip(xs, ys):
+        np.testing.assert_allclose(y.cpu().numpy(), ref(x.cpu().numpy()), atol=1e-5, rtol=1e-5)
+
+
 def test_numpy_in_numpy_out(mlp_model):
     path, ref = mlp_model
     b = _core.OnnxRuntimeBackend.create(str(path), CPU)
