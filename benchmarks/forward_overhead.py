@@ -1,6 +1,7 @@
 """Where the time of an aitune CUDA forward goes, on the MLP at batch 1 (p50, one call +
 torch.cuda.synchronize()): the tuned module's forward, the session called directly with
-tensors and with DLPack capsules, and the CUDA-graph session likewise.
+tensors and with DLPack capsules, the CUDA-graph session likewise, and the pieces of the
+Python boundary on their own.
 
     python benchmarks/forward_overhead.py
 """
@@ -43,6 +44,11 @@ def main() -> int:
                 "session.infer(capsules, stream)": p50_us(lambda: session.infer([to_dlpack(x)], stream=stream), 2000),
                 "session.infer(capsules), synchronous": p50_us(lambda: session.infer([to_dlpack(x)]), 2000),
                 "eager": p50_us(lambda: model(x), 2000),
+                # pieces of the Python boundary, without ORT
+                "to_dlpack(x)": p50_us(lambda: to_dlpack(x), 2000),
+                "from_dlpack(to_dlpack(x))": p50_us(lambda: torch.utils.dlpack.from_dlpack(to_dlpack(x)), 2000),
+                "torch.cuda.current_stream().cuda_stream": p50_us(
+                    lambda: torch.cuda.current_stream().cuda_stream, 2000),
             }
         for name, value in rows.items():
             print(f"{label:10s} {name:40s} {value:8.1f} us")
