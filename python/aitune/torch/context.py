@@ -31,8 +31,10 @@ _session: contextvars.ContextVar[TuneSession | None] = contextvars.ContextVar("a
 _eager: contextvars.ContextVar[bool] = contextvars.ContextVar("aitune_eager", default=False)
 
 
-def current_session() -> TuneSession | None:
-    return _session.get()
+# The ContextVars' own bound ``get``s rather than wrappers: both run on every
+# ait.Module call, and a Python frame around a C call doubles its cost.
+current_session = _session.get  # () -> TuneSession | None
+eager_only = _eager.get  # () -> bool: inside run_eagerly()
 
 
 @contextlib.contextmanager
@@ -42,10 +44,6 @@ def recording(session: TuneSession) -> Iterator[TuneSession]:
         yield session
     finally:
         _session.reset(token)
-
-
-def eager_only() -> bool:
-    return _eager.get()
 
 
 @contextlib.contextmanager

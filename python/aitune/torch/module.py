@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
+from torch import Tensor as _Tensor
 
 from aitune import _core
 from aitune.torch import cache, flatten
@@ -53,6 +54,28 @@ def _positional_defaults(signature: inspect.Signature) -> tuple[list[str], dict[
     return [p.name for p in parameters], {p.name: p.default for p in parameters}
 
 
+# Defaults that cannot change between calls (immutable values). A call that leaves
+# only such defaults unfilled binds to the same graph identity every time, so the
+# graph it matched can be cached by its tensors' dtypes and ranks alone.
+_FIXED_DEFAULT_TYPES = (type(None), bool, int, float, complex, str, bytes)
+
+
+def _call_layout(positional: tuple[list[str], dict[str, Any]] | None, n: int, keywords: tuple) -> tuple | None:
+    """For a call with ``n`` positional arguments and these keyword arguments: the
+    keywords in the forward's parameter order (the order binding puts them in), when
+    every parameter the call leaves out has a fixed default; None when not (or when
+    the call does not bind): such calls take the general path of ``_ait_dispatch``."""
+    if positional is None or n > len(positional[0]):
+        return None
+    names, defaults = positional
+    rest = names[n:]
+    if not set(keywords) <= set(rest):
+        return None
+    if any(type(defaults[name]) not in _FIXED_DEFAULT_TYPES for name in rest if name not in keywords):
+        return None
+    return tuple(name for name in rest if name in keywords)
+
+
 class Module(torch.nn.Module):
     """Wraps ``module``; behaves like it (attributes, state_dict, ``.to()``, ``eval()``,
     hooks) and takes over its forward once ``ait.tune`` has tuned it.
@@ -90,16 +113,23 @@ class Module(torch.nn.Module):
             raise TypeError(f"strategy must be a TuneStrategy, got {type(strategy).__name__}")
         super().__init__()
         signature = inspect.signature(module.forward)
+        positional = _positional_defaults(signature)
         own = {
             "_ait_module": module,
             "_ait_name": name or type(module).__name__,
             "_ait_strategy": strategy,
             "_ait_eager_fallback": eager_fallback,
             "_ait_signature": signature,
-            "_ait_positional_defaults": _positional_defaults(signature),
+            "_ait_positional_defaults": positional,
+            # numbers of positional arguments that may take the fast path without keywords
+            "_ait_fast_arities": frozenset(
+                n for n in range(len(positional[0]) + 1) if _call_layout(positional, n, ()) is not None
+            ) if positional is not None else frozenset(),
+            "_ait_keyword_layouts": {},  # (n positional, keywords as called) -> _call_layout
             "_ait_state": ModuleState.INIT,
             "_ait_graphs": {},  # identity -> RecordedGraph
             "_ait_tuned": {},  # identity -> (RecordedGraph, TunedGraph)
+            "_ait_fast": {},  # (keywords, dtypes and ranks) of a call -> (identity, _ait_tuned entry)
             "_ait_warned": set(),
             "_ait_record_errors": [],
             "training": module.training,
@@ -259,15 +289,39 @@ class Module(torch.nn.Module):
         return outputs
 
     def _ait_dispatch(self, args: tuple, kwargs: dict) -> Any:
-        arguments = self._ait_bind(args, kwargs)
-        leaves, spec = flatten.flatten_arguments(arguments)
-        identity = flatten.identity(spec, leaves)
-        entry = self._ait_tuned.get(identity)
-        if entry is None:
-            return self._ait_unrecorded(identity, arguments, args, kwargs)
-        graph, tuned = entry
+        # Fast path: a call of plain tensors (positional, or keywords as well) that
+        # matched a graph before matches it again when its keywords, dtypes and ranks
+        # are the same, so binding, pytree flattening and the graph identity (TreeSpecs
+        # hash and compare in Python) are skipped. Any other call, and the first such
+        # call, takes the general path, which fills the cache. Shapes and devices are
+        # checked by the backend on both paths alike.
+        fast_key = cached = values = None
+        if not kwargs:
+            if len(args) in self._ait_fast_arities:
+                keywords, values = (), args
+        else:
+            keywords = self._ait_keyword_layout(len(args), tuple(kwargs))
+            if keywords is not None:
+                values = (*args, *[kwargs[name] for name in keywords])  # in binding order
+        if values is not None:
+            fast_key = (keywords, tuple([(v.dtype, v.dim()) if type(v) is _Tensor else None for v in values]))
+            cached = self._ait_fast.get(fast_key)
+        if cached is not None:
+            identity, (graph, tuned) = cached
+            tensors = list(values)
+        else:
+            arguments = self._ait_bind(args, kwargs)
+            leaves, spec = flatten.flatten_arguments(arguments)
+            identity = flatten.identity(spec, leaves)
+            entry = self._ait_tuned.get(identity)
+            if entry is None:
+                return self._ait_unrecorded(identity, arguments, args, kwargs)
+            if fast_key is not None and None not in fast_key[1]:  # only plain tensors make a key
+                self._ait_fast[fast_key] = (identity, entry)
+            graph, tuned = entry
+            tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
         try:
-            outputs = tuned.infer([leaf for leaf in leaves if isinstance(leaf, torch.Tensor)])
+            outputs = tuned.infer(tensors)
         except _core.ShapeMismatchError as error:
             if not self._ait_eager_fallback:
                 error.add_note(f"ait.Module '{self._ait_name}' recorded for this graph: {graph.describe()}")
@@ -275,6 +329,14 @@ class Module(torch.nn.Module):
             self._ait_warn_once(identity, f"{error}; running eagerly")
             return self._ait_module(*args, **kwargs)
         return graph.rebuild_outputs(outputs)
+
+    def _ait_keyword_layout(self, n: int, keywords: tuple) -> tuple | None:
+        """``_call_layout`` of a call with keywords, computed once per call form."""
+        try:
+            return self._ait_keyword_layouts[n, keywords]
+        except KeyError:
+            layout = self._ait_keyword_layouts[n, keywords] = _call_layout(self._ait_positional_defaults, n, keywords)
+            return layout
 
     def _ait_unrecorded(self, identity, arguments: dict, args: tuple, kwargs: dict) -> Any:
         call = describe_call(self._ait_signature, arguments)
@@ -299,7 +361,7 @@ class Module(torch.nn.Module):
     def _ait_tune(self, clear_cache: bool = False, options=None) -> None:
         """Builds every recorded graph with the strategy. On failure the module stays
         eager (PASSTHROUGH) and the exception propagates to ``ait.tune``."""
-        self._ait_tuned = {}
+        self._ait_set_tuned({})
         try:
             if self._ait_record_errors:
                 raise ValueError(
@@ -316,7 +378,7 @@ class Module(torch.nn.Module):
         except Exception:
             self._ait_state = ModuleState.PASSTHROUGH
             raise
-        self._ait_tuned = tuned
+        self._ait_set_tuned(tuned)
         self._ait_state = ModuleState.TUNED
 
     def _ait_restore(self, tuned: dict[Any, tuple[Any, TunedGraph]]) -> None:
@@ -326,7 +388,14 @@ class Module(torch.nn.Module):
         if not tuned:
             raise ValueError(f"ait.Module '{self._ait_name}': nothing to restore")
         self._ait_graphs = {identity: graph for identity, (graph, _) in tuned.items()}
-        self._ait_tuned = dict(tuned)
+        self._ait_set_tuned(dict(tuned))
         self._ait_warned = set()
         self._ait_record_errors = []
         self._ait_state = ModuleState.TUNED
+
+    def _ait_set_tuned(self, tuned: dict[Any, tuple[Any, TunedGraph]]) -> None:
+        """Replaces the tuned graphs, and drops the fast path's cache of their entries
+        with them. ``_ait_tuned`` is only ever replaced as a whole, here; code that
+        swaps one of its entries in place after calls must clear ``_ait_fast`` too."""
+        self._ait_tuned = tuned
+        self._ait_fast = {}

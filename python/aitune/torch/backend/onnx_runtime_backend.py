@@ -129,9 +129,12 @@ class OnnxRuntimeTunedGraph(TunedGraph):
             tensor = inputs[i]
             if tensor.device != self.device:
                 self._wrong_device(i, tensor)
-            # detach: DLPack refuses tensors that require grad; contiguous: ORT reads dense
-            # memory (a copy only for strided views, kept alive in `ordered`).
-            ordered.append(tensor.detach().contiguous())
+            # detach: DLPack refuses tensors that require grad (only those: under no_grad it
+            # would cost a new tensor per call); contiguous: ORT reads dense memory (a copy
+            # only for strided views, kept alive in `ordered`).
+            if tensor.requires_grad:
+                tensor = tensor.detach()
+            ordered.append(tensor.contiguous())
         if self.device.type == "cuda":
             # Ordered with torch's current stream by CUDA events, no host wait: the session
             # starts after torch's queued work and torch's later work sees the outputs.
@@ -145,13 +148,16 @@ class OnnxRuntimeTunedGraph(TunedGraph):
     def _infer_host(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         # Host tensors cross as numpy views both ways: the same memory without a copy, and
         # cheaper per call than torch's DLPack export and import (~2 us of ~15 on a small MLP).
+        # detach as in infer: numpy() refuses tensors that require grad.
         ordered = []
         for i in self._order:
             tensor = inputs[i]
             if not tensor.is_cpu:
                 self._wrong_device(i, tensor)
-            ordered.append(tensor.detach().contiguous().numpy())
-        return [torch.from_numpy(a) for a in self.session.infer(ordered, framework="numpy")]
+            if tensor.requires_grad:
+                tensor = tensor.detach()
+            ordered.append(tensor.contiguous().numpy())
+        return list(map(torch.from_numpy, self.session.infer(ordered, framework="numpy")))
 
     def _wrong_device(self, i: int, tensor: torch.Tensor):
         raise _core.InvalidArgumentError(

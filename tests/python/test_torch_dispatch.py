@@ -1,0 +1,184 @@
+"""The cached fast path of a tuned ait.Module's forward: it gives what the general path
+gives, and rejects, falls back or raises exactly as that path does."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch_models import MLP, cpu_strategy
+
+import aitune
+import aitune.torch as ait
+from aitune.torch import flatten
+from aitune.torch.module import _call_layout, _positional_defaults
+
+
+class TwoInputs(torch.nn.Module):
+    """Two tensors and a non-tensor default, all positional-or-keyword."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 8)
+
+    def forward(self, x, y, scale=2.0):
+        return {"out": self.fc(x) * scale + y, "x_sum": x.sum(-1)}
+
+
+def _strategy():
+    return cpu_strategy(use_dynamo=False, tune_provider_options=False)
+
+
+def _tuned(module, name, samples, **kwargs):
+    model = ait.Module(module, name, strategy=_strategy(), **kwargs)
+    ait.tune(model, samples)
+    return model
+
+
+def _no_general_path(monkeypatch):
+    """From now on, a call that does not take the fast path fails the test."""
+    monkeypatch.setattr(flatten, "flatten_arguments", lambda *a: pytest.fail("the general path ran"))
+
+
+def _assert_identical(a, b):
+    assert type(a) is type(b)
+    if isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for key in a:
+            _assert_identical(a[key], b[key])
+    else:
+        assert torch.equal(a, b) and a.dtype == b.dtype and a.shape == b.shape
+
+
+def _error_text(call) -> tuple[type, str, list]:
+    with pytest.raises(Exception) as info:
+        call()
+    return type(info.value), str(info.value), list(getattr(info.value, "__notes__", []))
+
+
+def test_call_layout_admits_only_calls_that_leave_fixed_defaults_out():
+    def forward(x, y, scale=2.0, mask=None, weights=[1.0]):  # noqa: B006 - a mutable default on purpose
+        pass
+
+    import inspect
+
+    positional = _positional_defaults(inspect.signature(forward))
+    assert _call_layout(positional, 1, ()) is None  # y is required
+    assert _call_layout(positional, 2, ()) is None  # weights' default is mutable
+    assert _call_layout(positional, 2, ("weights",)) == ("weights",)
+    assert _call_layout(positional, 5, ()) == ()
+    assert _call_layout(positional, 6, ()) is None  # too many arguments: binding raises
+    assert _call_layout(positional, 1, ("weights", "y")) == ("y", "weights")  # binding order
+    assert _call_layout(positional, 1, ("x", "y", "weights")) is None  # x given twice
+    assert _call_layout(positional, 0, ("z",)) is None  # no such parameter
+    assert _call_layout(None, 1, ()) is None  # *args, **kwargs or keyword-only parameters
+
+
+def test_fast_path_gives_the_general_paths_outputs_for_every_call_form(monkeypatch):
+    inner = TwoInputs().eval()
+    model = _tuned(inner, "two", [(torch.randn(16), torch.randn(8)) for _ in range(2)])
+    x, y = torch.randn(2, 16), torch.randn(2, 8)
+    fast_forms = [((x, y), {}), ((x,), {"y": y}), ((), {"y": y, "x": x})]
+    general_forms = [((x, y, 2.0), {}), ((x, y), {"scale": 2.0})]  # non-tensor values: always the general path
+    with torch.no_grad():
+        general = [model(*a, **k) for a, k in fast_forms + general_forms]  # first calls fill the cache
+        assert len(model._ait_fast) == 3  # one per keyword layout
+        for (args, kwargs), expected in zip(fast_forms + general_forms, general):
+            _assert_identical(model(*args, **kwargs), expected)
+            _assert_identical(expected, general[0])
+        _no_general_path(monkeypatch)
+        for (args, kwargs), expected in zip(fast_forms, general):
+            _assert_identical(model(*args, **kwargs), expected)
+        torch.testing.assert_close(general[0], inner(x, y), atol=1e-4, rtol=1e-4)
+
+
+def test_fast_path_still_rejects_wrong_dtype_rank_shape_device_and_structure(monkeypatch):
+    model = _tuned(TwoInputs().eval(), "two", [(torch.randn(16), torch.randn(8)) for _ in range(2)])
+    x, y = torch.randn(2, 16), torch.randn(2, 8)
+    bad_calls = [
+        lambda: model(x.double(), y),  # dtype
+        lambda: model(x[None], y),  # rank
+        lambda: model(torch.randn(2, 17), y),  # shape
+        lambda: model(x, torch.empty(2, 8, device="meta")),  # device
+        lambda: model(x, y, 3.0),  # another non-tensor value
+        lambda: model((x,), y),  # another structure
+        lambda: model(x, y=y, z=y),  # a call that does not bind
+    ]
+    cold = [_error_text(call) for call in bad_calls]
+    with torch.no_grad():
+        model(x, y)
+        model(x, y=y)
+    assert model._ait_fast
+    warm = [_error_text(call) for call in bad_calls]
+    assert warm == cold
+    types = [t for t, _, _ in warm]
+    assert types[:2] == [ait.GraphNotRecordedError] * 2 and types[4:6] == [ait.GraphNotRecordedError] * 2
+    assert types[2] is aitune.ShapeMismatchError and types[3] is aitune.InvalidArgumentError
+    assert types[6] is TypeError
+    assert "input_x: float32 rank 2" in warm[0][1] and "input_x: float64 rank 2" in warm[0][1]
+    assert any("recorded for this graph" in note for note in warm[2][2])
+    assert "input_y" in warm[3][1] and "meta" in warm[3][1]
+
+    _no_general_path(monkeypatch)  # shape and device errors come from the fast path itself
+    assert _error_text(bad_calls[2]) == cold[2] and _error_text(bad_calls[3]) == cold[3]
+
+
+def test_fast_path_falls_back_eagerly_with_one_warning(monkeypatch):
+    inner = MLP().eval()
+    model = _tuned(inner, "mlp", torch.randn(16), eager_fallback=True)  # batch sizes 1..2
+    with torch.no_grad():
+        model(torch.randn(2, 16))  # fills the cache
+        big = torch.randn(5, 16)  # outside the graph's batch range: the backend refuses it
+        monkeypatch.setattr(flatten, "flatten_arguments", lambda *a: pytest.fail("the general path ran"))
+        with pytest.warns(RuntimeWarning, match="outside the graph spec.*running eagerly"):
+            _assert_identical(model(big), inner(big))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            _assert_identical(model(big), inner(big))  # warned once
+        monkeypatch.undo()
+        bad = torch.randn(2, 3, 16)  # rank: no graph, eager
+        with pytest.warns(RuntimeWarning, match="no recorded graph matches"):
+            _assert_identical(model(bad), inner(bad))
+
+
+def test_tensor_subclasses_requires_grad_and_strided_views_give_equal_outputs():
+    inner = MLP().eval()
+    model = _tuned(inner, "mlp", torch.randn(16))
+    x = torch.randn(16, 2)
+    with torch.no_grad():
+        expected = model(x.t().contiguous())
+        _assert_identical(model(x.t()), expected)  # a strided view (the backend copies it)
+        _assert_identical(model(torch.nn.Parameter(x.t().contiguous())), expected)  # subclass: general path
+    out = model(x.t().contiguous().requires_grad_())  # outside no_grad: detached for the session
+    _assert_identical(out, expected)
+    assert not out.requires_grad
+
+
+def test_retuning_drops_the_cached_graphs():
+    model = _tuned(MLP().eval(), "mlp", torch.randn(16))
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        model(x)
+    assert model._ait_fast
+    ait.tune(model, torch.randn(3, 16), clear_cache=True)  # now rank 3 inputs
+    assert not model._ait_fast
+    with pytest.raises(ait.GraphNotRecordedError):
+        model(x)
+    with torch.no_grad():
+        model(torch.randn(2, 3, 16))
+    assert model._ait_fast
+
+
+def test_a_loaded_module_starts_with_an_empty_cache(tmp_path):
+    inner = MLP().eval()
+    model = _tuned(inner, "mlp", torch.randn(16))
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        expected = model(x)
+        ait.save(model, tmp_path / "mlp.ait")
+        loaded = ait.load(ait.Module(inner, "mlp"), tmp_path / "mlp.ait")
+        assert not loaded._ait_fast
+        _assert_identical(loaded(x), expected)
+        _assert_identical(loaded(x), expected)  # the fast path
+    assert loaded._ait_fast
