@@ -103,8 +103,11 @@ def test_max_throughput_over_cuda_variants_on_a_cnn_picks_a_winner():
         with open(os.path.join(os.environ["AITUNE_GPU_REPORT_DIR"], "cnn_max_throughput.txt"), "w") as f:
             f.write(table + "\n" + report.to_json())
     names = [c.name for c in report.candidates]
-    # Static shapes (batch 8 only): the CUDA-graph variants are among them.
-    assert len(names) == 6 and sum("enable_cuda_graph=1" in n for n in names) == 2, names
+    # Static shapes (batch 8 only): the CUDA-graph variants are among them, and the fp16
+    # model, which converted and ran (checked against the fp16 tolerance, not failed).
+    assert len(names) == 7 and sum("enable_cuda_graph=1" in n for n in names) == 3, names
+    (fp16,) = [c for c in report.candidates if c.name.endswith("fp16 model")]
+    assert fp16.precision == _core.Precision.FP16 and fp16.status in ("selected", "not chosen", "incorrect"), table
     assert report.winner is not None, table
     winner = report.candidates[report.winner]
     assert winner.throughput == max(c.throughput for c in report.candidates if c.throughput is not None)

@@ -38,7 +38,8 @@ class ONNXRuntimeBackendConfig(BackendConfig):
         opset_version: passed to ``torch.onnx.export``; None keeps PyTorch's default.
         tune_provider_options: expand into the engine's provider-option variants (CUDA:
             TF32 on/off, convolution algorithm search, NHWC, CUDA graphs where every
-            input shape is static; CPU: threads, graph
+            input shape is static, and an fp16 copy of the model checked against the
+            fp16 tolerance (needs onnxconverter-common); CPU: threads, graph
             optimisation; TensorRT: fp16, builder level), each checked and measured.
             False: one strict candidate.
         provider_options: ONNX Runtime provider options fixed in every candidate, as ORT
@@ -214,23 +215,34 @@ class ONNXRuntimeBackend(Backend):
             out.append(_core.OnnxCandidate(variant.name, config, variant.precision))
         return out
 
+    def _fp16_candidate(self, core: _core.OnnxRuntimeBackendConfig, spec):
+        """The fp16-model candidate (CUDA, with provider-option tuning): the last CUDA
+        variant (a CUDA graph where shapes are static, else TF32) on an fp16 copy of the
+        model, judged by the fp16 tolerance. None where not offered."""
+        if not self.config.tune_provider_options or core.provider != _core.ExecutionProvider.CUDA:
+            return None
+        base = _core.provider_variants(core, spec)[-1]
+        return _core.OnnxCandidate(f"{base.name} fp16 model", base.config, _core.Precision.FP16)
+
     def candidate_count(self, graph: RecordedGraph) -> int:
         if not self.config.tune_provider_options:
             return 1
-        return len(_core.provider_variants(self._core_config(graph.device), graph.graph_spec()))
+        core, spec = self._core_config(graph.device), graph.graph_spec()
+        return len(_core.provider_variants(core, spec)) + (self._fp16_candidate(core, spec) is not None)
 
     def add_candidates(self, graph: RecordedGraph, tuner, group: int, advance):
         directory = cache.backend_dir(graph.module_name, graph.key, self.key())
         spec = graph.graph_spec()
         core_config = self._core_config(graph.device)
         candidates = self._candidates(core_config, spec, directory)
+        fp16 = self._fp16_candidate(core_config, spec)
         (directory / "config.json").write_text(
             json.dumps(
                 {
                     "backend": type(self).__name__,
                     "config": self.config.to_dict(),
                     "session": json.loads(core_config.to_json()),
-                    "candidates": [c.name for c in candidates],
+                    "candidates": [c.name for c in candidates] + ([fp16.name] if fp16 else []),
                     "graph_spec": json.loads(spec.to_json()),
                 },
                 indent=2,
@@ -262,6 +274,17 @@ class ONNXRuntimeBackend(Backend):
         order = [graph.input_names.index(name) for name in model_inputs]
         for candidate in candidates:
             tuner.evaluate_onnx(str(model_path), candidate, self.describe(), group, order)
+            advance()
+        if fp16 is not None:
+            try:
+                fp16_path = export.convert_to_fp16(model_path, directory / "model_fp16.onnx")
+            except ImportError:
+                tuner.add_failed(fp16.name, self.describe(), group,
+                                 "the fp16 model needs onnxconverter-common: pip install onnxconverter-common")
+            except Exception as error:  # a model the converter cannot handle: the others stand
+                tuner.add_failed(fp16.name, self.describe(), group, f"fp16 conversion failed: {error}")
+            else:
+                tuner.evaluate_onnx(str(fp16_path), fp16, self.describe(), group, order)
             advance()
 
         def make(session, candidate) -> TunedGraph:

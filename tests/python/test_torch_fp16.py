@@ -1,0 +1,65 @@
+"""The fp16-model candidate of the CUDA provider: conversion (inputs and outputs keep
+their dtypes), which configurations offer it, and that a failed conversion writes nothing.
+The candidate itself is measured on a GPU (test_torch_cuda.py)."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from aitune import _core
+from aitune.torch import export
+from aitune.torch.backend import ONNXRuntimeBackend, ONNXRuntimeBackendConfig
+
+
+def _mlp_onnx(path):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8)).eval()
+    torch.onnx.export(model, (torch.randn(2, 16),), str(path), dynamo=False, input_names=["x"], output_names=["y"])
+    return model
+
+
+def test_conversion_keeps_io_dtypes_and_halves_the_weights(tmp_path):
+    model = _mlp_onnx(tmp_path / "m.onnx")
+    out = export.convert_to_fp16(tmp_path / "m.onnx", tmp_path / "m16.onnx")
+    converted = onnx.load(str(out))
+    onnx.checker.check_model(converted)
+    float_type = onnx.TensorProto.FLOAT
+    assert [i.type.tensor_type.elem_type for i in converted.graph.input] == [float_type]
+    assert [o.type.tensor_type.elem_type for o in converted.graph.output] == [float_type]
+    assert {init.data_type for init in converted.graph.initializer} == {onnx.TensorProto.FLOAT16}
+    assert not (tmp_path / "m16.onnx.partial").exists()
+    # It still computes the model, within fp16's tolerance (the CPU provider runs it).
+    session = _core.OnnxRuntimeBackend.create(
+        str(out), _core.OnnxRuntimeBackendConfig(provider=_core.ExecutionProvider.CPU))
+    x = torch.randn(2, 16)  # the export's static shape
+    (y,) = session.infer([x])
+    np.testing.assert_allclose(y.numpy(), model(x).detach().numpy(), atol=1e-2, rtol=1e-2)
+
+
+def test_a_failed_conversion_leaves_no_file(tmp_path):
+    (tmp_path / "bad.onnx").write_bytes(b"not an onnx model")
+    with pytest.raises(Exception):
+        export.convert_to_fp16(tmp_path / "bad.onnx", tmp_path / "bad16.onnx")
+    assert not (tmp_path / "bad16.onnx").exists() and not (tmp_path / "bad16.onnx.partial").exists()
+
+
+def _spec(static: bool):
+    builder = _core.GraphSpecBuilder()
+    for batch in ([4] if static else [1, 4]):
+        builder.record([("x", "float32", [batch, 16])], [("y", "float32", [batch, 8])], batch)
+    return builder.build()
+
+
+@pytest.mark.parametrize("static", [True, False])
+def test_only_cuda_with_provider_tuning_offers_the_fp16_model(static):
+    spec = _spec(static)
+    cuda = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cuda"))
+    candidate = cuda._fp16_candidate(cuda._core_config(torch.device("cuda", 0)), spec)
+    assert candidate.precision == _core.Precision.FP16 and candidate.name.endswith("fp16 model")
+    assert ("enable_cuda_graph" in candidate.config.provider_options) == static
+    fixed = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cuda", tune_provider_options=False))
+    assert fixed._fp16_candidate(fixed._core_config(torch.device("cuda", 0)), spec) is None
+    cpu = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cpu"))
+    assert cpu._fp16_candidate(cpu._core_config(torch.device("cpu")), spec) is None
