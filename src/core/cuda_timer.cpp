@@ -61,7 +61,7 @@ std::unique_ptr<CudaStream> CudaStream::create(int device_id) {
   const auto& rt = detail::require_cuda_runtime("CUDA timing");
   cuda_check(rt.set_device(device_id), "cudaSetDevice");
   cudaStream_t stream = nullptr;
-  cuda_check(rt.stream_create_with_flags(&stream, 1u /* cudaStreamNonBlocking */), "cudaStreamCreateWithFlags");
+  cuda_check(rt.stream_create_with_flags(&stream, detail::kCudaStreamNonBlocking), "cudaStreamCreateWithFlags");
   return std::unique_ptr<CudaStream>(new CudaStream(reinterpret_cast<std::uintptr_t>(stream), device_id));
 }
 
