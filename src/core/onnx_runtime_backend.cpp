@@ -765,6 +765,21 @@ std::vector<Tensor> OnnxRuntimeBackend::infer_named(const std::map<std::string, 
 }
 
 
+namespace {
+
+// Copies `from` into `to` (same dtype and shape) through ORT's data transfer, without a
+// stream: done when it returns.
+void copy_tensor(Ort::Env& env, const TensorView& from, const OrtMemoryInfo* from_mem, const TensorView& to,
+                 const OrtMemoryInfo* to_mem) {
+  std::vector<Ort::Value> src, dst;
+  src.push_back(value_over(from, from_mem));
+  dst.push_back(value_over(to, to_mem));
+  Ort::Status st = env.CopyTensors(src, dst, nullptr);
+  if (!st.IsOK()) throw Ort::Exception(st.GetErrorMessage(), st.GetErrorCode());
+}
+
+}  // namespace
+
 Tensor OnnxRuntimeBackend::to_device(const Tensor& host) const {
   if (host.device().kind != DeviceKind::kCPU)
     throw Error(ErrorCode::kInvalidArgument, "to_device: tensor is on " + host.device().to_string() + ", not the host");
@@ -777,32 +792,22 @@ Tensor OnnxRuntimeBackend::to_device(const Tensor& host) const {
   return ort_call(ErrorCode::kInternal, "copying a tensor to " + device().to_string(), [&] {
     auto mem = devices.at(impl_->config.device_id).GetMemoryInfo(OrtDeviceMemoryType_DEFAULT);
     auto cpu = Ort::MemoryInfo::CreateCpu(OrtDeviceAllocator, OrtMemTypeDefault);
+    Tensor device_tensor;
     if (impl_->cuda_graph) {  // not from the arena: see StreamBuffer
-      Tensor t = stream_buffer_tensor(host.dtype(), host.shape(), device(), impl_->stream, impl_->session);
-      const auto& rt = detail::cuda_runtime();
-      detail::cuda_check(rt.stream_synchronize(reinterpret_cast<detail::cudaStream_t>(impl_->stream)),
+      device_tensor = stream_buffer_tensor(host.dtype(), host.shape(), device(), impl_->stream, impl_->session);
+      detail::cuda_check(detail::cuda_runtime().stream_synchronize(reinterpret_cast<detail::cudaStream_t>(impl_->stream)),
                          "cudaStreamSynchronize");  // the allocation is ordered on that stream
-      std::vector<Ort::Value> src, dst;
-      src.push_back(value_over(host.view(), cpu));
-      dst.push_back(value_over(t.view(), mem));
-      Ort::Status st = env.CopyTensors(src, dst, nullptr);
-      if (!st.IsOK()) throw Ort::Exception(st.GetErrorMessage(), st.GetErrorCode());
-      return t;
+    } else {
+      auto owner = std::make_shared<OrtTensorOwner>();
+      owner->session = impl_->session;
+      owner->allocator = std::make_unique<Ort::Allocator>(*impl_->session, mem);
+      owner->value = Ort::Value::CreateTensor(*owner->allocator, host.shape().data(), host.shape().size(),
+                                              static_cast<ONNXTensorElementDataType>(dtype_to_onnx(host.dtype())));
+      TensorView view{owner->value.GetTensorMutableRawData(), host.dtype(), host.shape(), {}, device()};
+      device_tensor = Tensor::adopt(std::move(view), owner);
     }
-    auto owner = std::make_shared<OrtTensorOwner>();
-    owner->session = impl_->session;
-    owner->allocator = std::make_unique<Ort::Allocator>(*impl_->session, mem);
-    owner->value = Ort::Value::CreateTensor(*owner->allocator, host.shape().data(), host.shape().size(),
-                                            static_cast<ONNXTensorElementDataType>(dtype_to_onnx(host.dtype())));
-    std::vector<Ort::Value> src;
-    src.push_back(value_over(host.view(), cpu));
-    std::vector<Ort::Value> dsts;
-    dsts.push_back(Ort::Value(static_cast<OrtValue*>(owner->value)));  // borrowed: released below, not freed
-    Ort::Status st = env.CopyTensors(src, dsts, nullptr);
-    dsts[0].release();
-    if (!st.IsOK()) throw Ort::Exception(st.GetErrorMessage(), st.GetErrorCode());
-    TensorView view{owner->value.GetTensorMutableRawData(), host.dtype(), host.shape(), {}, device()};
-    return Tensor::adopt(std::move(view), owner);
+    copy_tensor(env, host.view(), cpu, device_tensor.view(), mem);
+    return device_tensor;
   });
 }
 
@@ -814,11 +819,7 @@ Tensor OnnxRuntimeBackend::to_host(const Tensor& tensor) const {
   ort_call(ErrorCode::kInternal, "copying a tensor from " + tensor.device().to_string(), [&] {
     auto mem = devices.at(tensor.device().index).GetMemoryInfo(OrtDeviceMemoryType_DEFAULT);
     auto cpu = Ort::MemoryInfo::CreateCpu(OrtDeviceAllocator, OrtMemTypeDefault);
-    std::vector<Ort::Value> src, dst;
-    src.push_back(value_over(tensor.view(), mem));
-    dst.push_back(value_over(host.view(), cpu));
-    Ort::Status st = env.CopyTensors(src, dst, nullptr);
-    if (!st.IsOK()) throw Ort::Exception(st.GetErrorMessage(), st.GetErrorCode());
+    copy_tensor(env, tensor.view(), mem, host.view(), cpu);
   });
   return host;
 }
