@@ -37,8 +37,10 @@ TensorView view_of(const AnyArray& a, const std::string& name) {
 
 namespace {
 
-// Hands an engine tensor to Python without a copy; the capsule keeps the ORT value alive.
-nb::object to_python(const Tensor& t, const std::string& framework) {
+// An engine tensor as a nanobind array of framework F, without a copy; the owner capsule
+// keeps the ORT value alive.
+template <typename... Framework>
+nb::object array_of(const Tensor& t) {
   auto* keep = new Tensor(t);
   nb::capsule owner(keep, [](void* p) noexcept { delete static_cast<Tensor*>(p); });
   const auto& v = t.view();
@@ -46,16 +48,17 @@ nb::object to_python(const Tensor& t, const std::string& framework) {
   auto dl = dtype_to_dlpack(v.dtype);
   nb::dlpack::dtype dtype{dl.code, dl.bits, dl.lanes};
   int device_type = v.device.kind == DeviceKind::kCPU ? nb::device::cpu::value : nb::device::cuda::value;
-  if (framework == "torch") {
-    return nb::cast(nb::ndarray<nb::pytorch>(v.data, shape.size(), shape.data(), owner, nullptr, dtype, device_type,
-                                             v.device.index));
-  }
+  return nb::cast(
+      nb::ndarray<Framework...>(v.data, shape.size(), shape.data(), owner, nullptr, dtype, device_type, v.device.index));
+}
+
+nb::object to_python(const Tensor& t, const std::string& framework) {
+  if (framework == "torch") return array_of<nb::pytorch>(t);
   if (framework == "numpy") {
-    if (v.device.kind != DeviceKind::kCPU)
+    if (t.view().device.kind != DeviceKind::kCPU)
       throw Error(ErrorCode::kInvalidArgument, "framework='numpy' needs host outputs; this output is on " +
-                                                   v.device.to_string() + " (use framework='torch')");
-    return nb::cast(nb::ndarray<nb::numpy>(v.data, shape.size(), shape.data(), owner, nullptr, dtype, device_type,
-                                           v.device.index));
+                                                   t.view().device.to_string() + " (use framework='torch')");
+    return array_of<nb::numpy>(t);
   }
   throw Error(ErrorCode::kInvalidArgument, "unknown framework '" + framework + "'; valid values: torch, numpy");
 }
@@ -67,6 +70,8 @@ nb::list outputs_to_python(const std::vector<Tensor>& outputs, const std::string
 }
 
 }  // namespace
+
+nb::object to_dlpack_capsule(const Tensor& tensor) { return array_of<>(tensor); }
 
 void bind_backend(nb::module_& m) {
   nb::class_<OnnxRuntimeBackendConfig>(m, "OnnxRuntimeBackendConfig", "How an ONNX Runtime session is created.")

@@ -18,10 +18,13 @@ void bind_backend(nanobind::module_& m);      // OnnxRuntimeBackendConfig, OnnxR
 void bind_checkpoint(nanobind::module_& m);   // Checkpoint, CheckpointManifest/Graph/Artifact, overrides
 void bind_cli(nanobind::module_& m);          // cli_main
 void bind_tuning(nanobind::module_& m);       // correctness, profiler, strategies, GraphTuner
+void bind_torch_dispatch(nanobind::module_& m);  // TorchDispatch, the tuned ait.Module's hot path
 
 /// Any Python array (torch tensor, numpy array, anything with __dlpack__).
 using AnyArray = nanobind::ndarray<nanobind::ro>;
 /// A non-owning view of `array`; errors name `name`. The caller keeps `array` alive.
 TensorView view_of(const AnyArray& array, const std::string& name);
+/// `tensor` as a "dltensor" DLPack capsule, without a copy; the capsule keeps it alive.
+nanobind::object to_dlpack_capsule(const Tensor& tensor);
 
 }  // namespace aitune::python

@@ -16,4 +16,5 @@ NB_MODULE(_core, m) {
   aitune::python::bind_checkpoint(m);
   aitune::python::bind_cli(m);
   aitune::python::bind_tuning(m);
+  aitune::python::bind_torch_dispatch(m);
 }

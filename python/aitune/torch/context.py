@@ -27,23 +27,24 @@ class TuneSession:
         return True
 
 
-_session: contextvars.ContextVar[TuneSession | None] = contextvars.ContextVar("aitune_session", default=None)
-_eager: contextvars.ContextVar[bool] = contextvars.ContextVar("aitune_eager", default=False)
+session_var: contextvars.ContextVar[TuneSession | None] = contextvars.ContextVar("aitune_session", default=None)
+eager_var: contextvars.ContextVar[bool] = contextvars.ContextVar("aitune_eager", default=False)
 
 
 # The ContextVars' own bound ``get``s rather than wrappers: both run on every
-# ait.Module call, and a Python frame around a C call doubles its cost.
-current_session = _session.get  # () -> TuneSession | None
-eager_only = _eager.get  # () -> bool: inside run_eagerly()
+# ait.Module call, and a Python frame around a C call doubles its cost. (The C++ hot
+# path, torch_dispatch, reads the variables themselves.)
+current_session = session_var.get  # () -> TuneSession | None
+eager_only = eager_var.get  # () -> bool: inside run_eagerly()
 
 
 @contextlib.contextmanager
 def recording(session: TuneSession) -> Iterator[TuneSession]:
-    token = _session.set(session)
+    token = session_var.set(session)
     try:
         yield session
     finally:
-        _session.reset(token)
+        session_var.reset(token)
 
 
 @contextlib.contextmanager
@@ -51,8 +52,8 @@ def run_eagerly() -> Iterator[None]:
     """Every ait.Module runs its wrapped module and records nothing. Used while
     exporting (an exporter must trace the PyTorch code, not a tuned backend) and while
     computing eager references."""
-    token = _eager.set(True)
+    token = eager_var.set(True)
     try:
         yield
     finally:
-        _eager.reset(token)
+        eager_var.reset(token)

@@ -82,6 +82,11 @@ class _GraphCalls:
     def output_tensors(self, outputs: Any) -> list[torch.Tensor]:
         return [leaf for leaf in pytree.tree_leaves(outputs) if isinstance(leaf, torch.Tensor)]
 
+    @property
+    def returns_one_tensor(self) -> bool:
+        """The module's output is a bare tensor: the flat outputs' only one."""
+        return self._outputs.bare_tensor
+
     def rebuild_outputs(self, output_tensors) -> Any:
         """The module's output structure around tensors produced by a backend."""
         return self._outputs.fill(output_tensors)

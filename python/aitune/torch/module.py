@@ -19,6 +19,7 @@ from aitune.torch.backend.base import TunedGraph
 from aitune.torch.context import current_session, eager_only
 from aitune.torch.graph import RecordedGraph, describe_call
 from aitune.torch.strategy import OneBackendStrategy, TuneStrategy
+from aitune.torch.torch_dispatch import new_dispatch
 
 logger = logging.getLogger("aitune")
 
@@ -52,6 +53,9 @@ def _positional_defaults(signature: inspect.Signature) -> tuple[list[str], dict[
     if any(p.kind is not p.POSITIONAL_OR_KEYWORD for p in parameters):
         return None
     return [p.name for p in parameters], {p.name: p.default for p in parameters}
+
+
+_module_call = torch.nn.Module.__call__
 
 
 # Defaults that cannot change between calls (immutable values). A call that leaves
@@ -130,6 +134,7 @@ class Module(torch.nn.Module):
             "_ait_graphs": {},  # identity -> RecordedGraph
             "_ait_tuned": {},  # identity -> (RecordedGraph, TunedGraph)
             "_ait_fast": {},  # (keywords, dtypes and ranks) of a call -> (identity, _ait_tuned entry)
+            "_ait_direct": None,  # _core.TorchDispatch serving positional tensor calls, once one was seen
             "_ait_warned": set(),
             "_ait_record_errors": [],
             "training": module.training,
@@ -239,6 +244,14 @@ class Module(torch.nn.Module):
 
     # -- calls ------------------------------------------------------------------------
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # Once a call of plain tensors was resolved, calls like it run in C++
+        # (torch_dispatch), which hands everything else back to nn.Module.__call__.
+        direct = self._ait_direct
+        if direct is None:
+            return _module_call(self, *args, **kwargs)
+        return direct(self, args, kwargs)
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         if eager_only():
             return self._ait_module(*args, **kwargs)
@@ -316,9 +329,11 @@ class Module(torch.nn.Module):
             entry = self._ait_tuned.get(identity)
             if entry is None:
                 return self._ait_unrecorded(identity, arguments, args, kwargs)
+            graph, tuned = entry
             if fast_key is not None and None not in fast_key[1]:  # only plain tensors make a key
                 self._ait_fast[fast_key] = (identity, entry)
-            graph, tuned = entry
+            else:
+                fast_key = None
             tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
         try:
             outputs = tuned.infer(tensors)
@@ -328,7 +343,17 @@ class Module(torch.nn.Module):
                 raise
             self._ait_warn_once(identity, f"{error}; running eagerly")
             return self._ait_module(*args, **kwargs)
+        if cached is None and fast_key is not None and not kwargs:  # resolved, and ran: next time in C++
+            self._ait_add_route(values, graph, tuned)
         return graph.rebuild_outputs(outputs)
+
+    def _ait_add_route(self, values: tuple, graph, tuned: TunedGraph) -> None:
+        """Hands calls like this one (positional plain tensors, resolved to ``graph``) to
+        the C++ hot path, where the tuned graph's backend has one."""
+        if self._ait_direct is None:
+            self._ait_direct = new_dispatch()
+        rebuild = None if graph.returns_one_tensor else graph.rebuild_outputs
+        tuned.add_route(self._ait_direct, [v.detach() for v in values], rebuild)  # DLPack refuses grad
 
     def _ait_keyword_layout(self, n: int, keywords: tuple) -> tuple | None:
         """``_call_layout`` of a call with keywords, computed once per call form."""
@@ -394,8 +419,10 @@ class Module(torch.nn.Module):
         self._ait_state = ModuleState.TUNED
 
     def _ait_set_tuned(self, tuned: dict[Any, tuple[Any, TunedGraph]]) -> None:
-        """Replaces the tuned graphs, and drops the fast path's cache of their entries
-        with them. ``_ait_tuned`` is only ever replaced as a whole, here; code that
-        swaps one of its entries in place after calls must clear ``_ait_fast`` too."""
+        """Replaces the tuned graphs, and drops the fast paths' caches of their entries
+        (``_ait_fast``, the C++ ``_ait_direct``) with them. ``_ait_tuned`` is only ever
+        replaced as a whole, here; code that swaps one of its entries in place after
+        calls must reset both too."""
         self._ait_tuned = tuned
         self._ait_fast = {}
+        self._ait_direct = None

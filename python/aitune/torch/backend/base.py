@@ -66,6 +66,13 @@ class TunedGraph:
     def infer(self, inputs: list) -> list:
         raise NotImplementedError
 
+    def add_route(self, dispatch, sample: list, rebuild) -> bool:
+        """Lets ``dispatch`` (the module's ``_core.TorchDispatch``) serve calls of plain
+        tensors like ``sample`` (in call order) without the module's Python path;
+        ``rebuild`` makes the module's output from the flat outputs (None: the one output
+        is the module's output). False where the backend has no such path."""
+        return False
+
     def describe(self) -> str:
         return self.backend_name
 

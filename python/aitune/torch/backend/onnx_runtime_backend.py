@@ -11,15 +11,9 @@ import os
 import torch
 from torch.utils.dlpack import to_dlpack
 
-# torch.cuda.current_stream(device).cuda_stream builds a Stream object per call (~9 us on
-# the H200's host, measured by benchmarks/forward_overhead.py); torch's own compiled code
-# reads the raw handle with this private call. Fall back where a torch build lacks it.
-_current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
-    lambda index: torch.cuda.current_stream(index).cuda_stream
-)
-
 from aitune import _core
 from aitune.torch import cache, export
+from aitune.torch.torch_dispatch import current_raw_stream
 from aitune.torch.backend.base import Backend, BackendConfig, TunedGraph
 from aitune.torch.graph import RecordedGraph
 
@@ -149,9 +143,13 @@ class OnnxRuntimeTunedGraph(TunedGraph):
             # Capsules, not tensors: a CUDA tensor's __dlpack__ records and waits on a new
             # torch.cuda.Event per call to order with the legacy stream, which the session
             # does itself (benchmarks/forward_overhead.py measures both).
-            stream = _current_raw_stream(self.device.index or 0)
+            stream = current_raw_stream(self.device.index or 0)
             return self.session.infer([to_dlpack(t) for t in ordered], framework="torch", stream=stream)
         return self.session.infer(ordered, framework="torch")
+
+    def add_route(self, dispatch, sample: list[torch.Tensor], rebuild) -> bool:
+        dispatch.add(sample, self.session, self._order, rebuild)
+        return True
 
     def _infer_host(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         # Host tensors cross as numpy views both ways: the same memory without a copy, and

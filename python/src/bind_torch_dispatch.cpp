@@ -1,0 +1,282 @@
+// TorchDispatch: the hot path of a tuned ait.Module. A call made only of plain torch
+// tensors goes to its ONNX Runtime session and back in one C++ call: DLPack capsules in
+// (torch._C._to_dlpack), the session run, DLPack capsules out (torch._C._from_dlpack).
+//
+// Why in C++: on a small model the Python around a session call (nn.Module.__call__,
+// the graph lookup, the numpy or DLPack hand-over both ways, rebuilding the outputs)
+// cost more than ONNX Runtime's own Python binding adds (benchmarks/forward_dispatch.py).
+//
+// The dispatch only serves calls it recognises: a route is added by the front end after
+// its general path resolved such a call (binding, flattening, graph identity), keyed by
+// what that path depends on for positional tensors: how many there are and each one's
+// dtype, rank and device. Anything else (keywords, a non-tensor or a tensor subclass, a
+// tensor that requires grad, a strided view, an unseen dtype or rank) returns
+// NotImplemented and the front end takes its general path, which owns every error
+// message. Shapes are checked by the session, as on the general path.
+#include <dlpack/dlpack.h>
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "aitune/error.hpp"
+#include "aitune/onnx_runtime_backend.hpp"
+#include "bindings.hpp"
+
+namespace nb = nanobind;
+
+namespace aitune::python {
+namespace {
+
+// What one positional argument of a route must be.
+struct ArgumentKind {
+  DLDataType dtype;
+  int32_t ndim;
+  DLDevice device;
+
+  bool matches(const DLTensor& t) const noexcept {
+    return t.dtype.code == dtype.code && t.dtype.bits == dtype.bits && t.dtype.lanes == dtype.lanes &&
+           t.ndim == ndim && t.device.device_type == device.device_type && t.device.device_id == device.device_id;
+  }
+};
+
+struct Route {
+  std::vector<ArgumentKind> arguments;
+  nb::object session_object;  // keeps the session alive while the route exists
+  const OnnxRuntimeBackend* session = nullptr;
+  std::vector<std::size_t> order;  // session input i <- call argument order[i]
+  nb::object rebuild;              // list of outputs -> the module's output; None: the one output itself
+  bool cuda = false;
+  int device_index = 0;
+};
+
+// The DLTensor inside a capsule of torch._C._to_dlpack, or nullptr (error cleared).
+const DLTensor* capsule_tensor(PyObject* capsule) noexcept {
+  auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule, "dltensor"));
+  if (managed == nullptr) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  return &managed->dl_tensor;
+}
+
+// When a module call may skip its Python path: what nn.Module.__call__ checks before it
+// goes straight to forward (hooks, a compiled call, JIT tracing), and what aitune's own
+// forward checks before it dispatches (no recording, not eager). All of it must be falsy.
+struct CallGuards {
+  std::vector<nb::object> global_dicts;   // process-wide hook registries
+  std::vector<nb::object> context_vars;   // ContextVars
+  std::vector<nb::object> calls;          // no-argument callables
+  std::vector<nb::object> attributes;     // attribute names of the module (interned str)
+
+  bool clear(PyObject* module) const {
+    for (const auto& d : global_dicts)
+      if (PyDict_GET_SIZE(d.ptr()) != 0) return false;
+    for (const auto& var : context_vars) {
+      PyObject* value = nullptr;
+      if (PyContextVar_Get(var.ptr(), nullptr, &value) < 0) throw nb::python_error();
+      nb::object held = nb::steal(value);
+      if (value != nullptr && PyObject_IsTrue(value) != 0) return false;
+    }
+    for (const auto& call : calls) {
+      nb::object value = nb::steal(PyObject_CallNoArgs(call.ptr()));
+      if (!value.is_valid()) throw nb::python_error();
+      if (PyObject_IsTrue(value.ptr()) != 0) return false;
+    }
+    for (const auto& name : attributes) {
+      nb::object value = nb::steal(PyObject_GetAttr(module, name.ptr()));
+      if (!value.is_valid()) throw nb::python_error();
+      if (PyObject_IsTrue(value.ptr()) != 0) return false;
+    }
+    return true;
+  }
+};
+
+class TorchDispatch {
+ public:
+  TorchDispatch(nb::object to_dlpack, nb::object from_dlpack, nb::object tensor_type, nb::object current_stream,
+                nb::object fallback, CallGuards guards)
+      : to_dlpack_(std::move(to_dlpack)),
+        from_dlpack_(std::move(from_dlpack)),
+        tensor_type_(std::move(tensor_type)),
+        current_stream_(std::move(current_stream)),
+        fallback_(std::move(fallback)),
+        guards_(std::move(guards)) {
+    if (!PyType_Check(tensor_type_.ptr()))
+      throw Error(ErrorCode::kInvalidArgument, "TorchDispatch: tensor_type must be a type (torch.Tensor)");
+    for (const auto& d : guards_.global_dicts)
+      if (!PyDict_Check(d.ptr())) throw Error(ErrorCode::kInvalidArgument, "TorchDispatch: global_dicts must be dicts");
+    for (const auto& var : guards_.context_vars)
+      if (!PyContextVar_CheckExact(var.ptr()))
+        throw Error(ErrorCode::kInvalidArgument, "TorchDispatch: context_vars must be ContextVars");
+    for (auto& name : guards_.attributes) {
+      if (!PyUnicode_Check(name.ptr())) throw Error(ErrorCode::kInvalidArgument, "TorchDispatch: attributes must be str");
+      PyObject* interned = name.release().ptr();
+      PyUnicode_InternInPlace(&interned);
+      name = nb::steal(interned);
+    }
+  }
+
+  /// Serves calls like `sample` (a sequence of tensors, in call order) with `session`:
+  /// session input i takes argument order[i]; `rebuild` turns the list of outputs into
+  /// the module's output (None: the session's one output is the module's output).
+  void add(const nb::sequence& sample, nb::object session, std::vector<std::size_t> order, nb::object rebuild) {
+    if (!nb::isinstance<OnnxRuntimeBackend>(session))
+      throw Error(ErrorCode::kInvalidArgument, "TorchDispatch.add: session must be an OnnxRuntimeBackend, got " +
+                                                   nb::cast<std::string>(nb::str(session.type())));
+    auto route = std::make_shared<Route>();
+    route->session = nb::inst_ptr<OnnxRuntimeBackend>(session);
+    route->session_object = std::move(session);
+    std::vector<nb::object> capsules;
+    for (nb::handle argument : sample) {
+      if (Py_TYPE(argument.ptr()) != reinterpret_cast<PyTypeObject*>(tensor_type_.ptr()))
+        throw Error(ErrorCode::kInvalidArgument, "TorchDispatch.add: argument " + std::to_string(capsules.size()) +
+                                                     " is not a " + nb::cast<std::string>(nb::str(tensor_type_)));
+      capsules.push_back(to_dlpack_(argument));
+      const DLTensor* t = capsule_tensor(capsules.back().ptr());
+      if (t == nullptr) throw Error(ErrorCode::kInvalidArgument, "TorchDispatch.add: to_dlpack gave no DLPack capsule");
+      TensorView::from_dlpack(*t);  // a dtype or device the engine cannot take fails here, not per call
+      route->arguments.push_back({t->dtype, t->ndim, t->device});
+    }
+    const auto& inputs = route->session->inputs();
+    if (order.size() != inputs.size())
+      throw Error(ErrorCode::kInvalidArgument, "TorchDispatch.add: order has " + std::to_string(order.size()) +
+                                                   " entries, the session takes " + std::to_string(inputs.size()) +
+                                                   " inputs");
+    for (auto i : order)
+      if (i >= route->arguments.size())
+        throw Error(ErrorCode::kInvalidArgument, "TorchDispatch.add: order names argument " + std::to_string(i) +
+                                                     " of a call of " + std::to_string(route->arguments.size()));
+    route->order = std::move(order);
+    route->rebuild = std::move(rebuild);
+    const Device device = route->session->device();
+    route->cuda = device.kind == DeviceKind::kCUDA;
+    route->device_index = device.index;
+    routes_.push_back(std::move(route));
+  }
+
+  /// `module(*args, **kwargs)`: served by a route when one matches and the guards are
+  /// clear, else by `fallback(module, *args, **kwargs)` (nn.Module.__call__).
+  nb::object call_module(nb::handle module, const nb::tuple& args, const nb::dict& kwargs) const {
+    if (kwargs.size() == 0 && guards_.clear(module.ptr())) {
+      try {
+        nb::object result = serve(args);
+        if (!result.is(nb::handle(Py_NotImplemented))) return result;
+      } catch (const Error& e) {
+        // The general path raises it with the recorded graphs named, or runs eagerly.
+        if (e.code() != ErrorCode::kShapeMismatch) throw;
+      }
+    }
+    nb::object call_args = nb::steal(PySequence_Concat(nb::make_tuple(module).ptr(), args.ptr()));
+    if (!call_args.is_valid()) throw nb::python_error();
+    nb::object result = nb::steal(PyObject_Call(fallback_.ptr(), call_args.ptr(), kwargs.ptr()));
+    if (!result.is_valid()) throw nb::python_error();
+    return result;
+  }
+
+  /// The module's output for `args`, or NotImplemented when no route serves them.
+  nb::object serve(const nb::tuple& args) const {
+    const std::size_t n = args.size();
+    bool arity_served = false;
+    for (const auto& r : routes_) arity_served |= r->arguments.size() == n;
+    if (!arity_served) return nb::borrow(Py_NotImplemented);
+
+    std::vector<nb::object> capsules(n);  // alive until the run is over: they own the inputs
+    std::vector<const DLTensor*> tensors(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      PyObject* argument = args[i].ptr();
+      if (Py_TYPE(argument) != reinterpret_cast<PyTypeObject*>(tensor_type_.ptr())) return nb::borrow(Py_NotImplemented);
+      PyObject* capsule = PyObject_CallOneArg(to_dlpack_.ptr(), argument);
+      if (capsule == nullptr) {  // e.g. a tensor that requires grad: the general path detaches it
+        PyErr_Clear();
+        return nb::borrow(Py_NotImplemented);
+      }
+      capsules[i] = nb::steal(capsule);
+      if ((tensors[i] = capsule_tensor(capsule)) == nullptr) return nb::borrow(Py_NotImplemented);
+    }
+    std::shared_ptr<const Route> route;  // shared: add() may run while this call has the GIL released
+    for (const auto& r : routes_) {
+      if (r->arguments.size() != n) continue;
+      bool all = true;
+      for (std::size_t i = 0; i < n && all; ++i) all = r->arguments[i].matches(*tensors[i]);
+      if (all) {
+        route = r;
+        break;
+      }
+    }
+    if (!route) return nb::borrow(Py_NotImplemented);
+
+    std::vector<TensorView> views;
+    views.reserve(route->order.size());
+    for (auto i : route->order) {
+      views.push_back(TensorView::from_dlpack(*tensors[i]));
+      if (!views.back().is_contiguous()) return nb::borrow(Py_NotImplemented);  // the general path copies it
+    }
+    std::vector<Tensor> outputs;
+    if (route->cuda) {
+      // Ordered with torch's current stream, as on the general path (no host wait).
+      auto stream = nb::cast<std::uintptr_t>(current_stream_(route->device_index));
+      nb::gil_scoped_release release;
+      outputs = route->session->infer_on_stream(views, stream);
+    } else {
+      nb::gil_scoped_release release;
+      outputs = route->session->infer(views);
+    }
+    capsules.clear();
+
+    if (route->rebuild.is_none() && outputs.size() == 1) return from_dlpack_(to_dlpack_capsule(outputs[0]));
+    nb::list results;
+    for (const auto& t : outputs) results.append(from_dlpack_(to_dlpack_capsule(t)));
+    return route->rebuild.is_none() ? nb::object(results) : route->rebuild(results);
+  }
+
+  std::size_t size() const noexcept { return routes_.size(); }
+
+ private:
+  nb::object to_dlpack_, from_dlpack_, tensor_type_, current_stream_, fallback_;
+  CallGuards guards_;
+  std::vector<std::shared_ptr<const Route>> routes_;
+};
+
+}  // namespace
+
+void bind_torch_dispatch(nb::module_& m) {
+  nb::class_<TorchDispatch>(m, "TorchDispatch",
+                            "The hot path of a tuned ait.Module: plain torch tensors to a session and back in one "
+                            "C++ call. Serves calls like those its routes were added for, when its guards are clear; "
+                            "hands any other call to `fallback` (the front end's general path).")
+      .def(
+          "__init__",
+          [](TorchDispatch* self, nb::object to_dlpack, nb::object from_dlpack, nb::object tensor_type,
+             nb::object current_stream, nb::object fallback, std::vector<nb::object> global_dicts,
+             std::vector<nb::object> context_vars, std::vector<nb::object> calls, std::vector<nb::object> attributes) {
+            new (self) TorchDispatch(std::move(to_dlpack), std::move(from_dlpack), std::move(tensor_type),
+                                     std::move(current_stream), std::move(fallback),
+                                     CallGuards{std::move(global_dicts), std::move(context_vars), std::move(calls),
+                                                std::move(attributes)});
+          },
+          nb::arg("to_dlpack"), nb::arg("from_dlpack"), nb::arg("tensor_type"), nb::arg("current_stream"),
+          nb::arg("fallback"), nb::arg("global_dicts"), nb::arg("context_vars"), nb::arg("calls"),
+          nb::arg("attributes"),
+          "to_dlpack/from_dlpack: torch's capsule converters; tensor_type: torch.Tensor (exact type only); "
+          "current_stream: device index -> torch's current cudaStream_t as an int (CUDA sessions); "
+          "fallback(module, *args, **kwargs): every call not served. Guards, all of which must be falsy "
+          "for a call to be served: global_dicts (dicts), context_vars (ContextVars), calls (no-argument "
+          "callables), attributes (names of attributes of the module).")
+      .def("add", &TorchDispatch::add, nb::arg("sample"), nb::arg("session").none(), nb::arg("order"),
+           nb::arg("rebuild").none(),
+           "Serve calls with the count, dtypes, ranks and devices of `sample` (tensors in call order) with "
+           "`session`; session input i takes argument order[i]; rebuild(list of outputs) makes the module's "
+           "output, None when the session's one output is the output.")
+      .def("__call__", &TorchDispatch::call_module, nb::arg("module"), nb::arg("args"), nb::arg("kwargs"),
+           "module(*args, **kwargs): by a route, or by fallback.")
+      .def("serve", &TorchDispatch::serve, nb::arg("args"),
+           "The module's output for these tensors by a route, or NotImplemented (no guards, no fallback).")
+      .def("__len__", &TorchDispatch::size, "Number of routes.");
+}
+
+}  // namespace aitune::python
