@@ -1,0 +1,226 @@
+"""The C++ hot path of a tuned ait.Module (``_core.TorchDispatch``): calls of plain
+tensors that an earlier call resolved run in one C++ call; it gives what the Python path
+gives, and every call it does not serve (hooks, keywords, recording, eager, unusual
+tensors) goes through nn.Module.__call__ as before."""
+
+from __future__ import annotations
+
+import gc
+import threading
+
+import pytest
+import torch
+from torch_models import MLP, cpu_strategy
+
+import aitune
+import aitune.torch as ait
+from aitune import _core
+from aitune.torch import context
+from aitune.torch.module import Module
+from aitune.torch.torch_dispatch import new_dispatch
+
+
+class TwoOutputs(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 8)
+
+    def forward(self, x, y):
+        return {"out": self.fc(x) + y, "x_sum": x.sum(-1)}
+
+
+class Counted(MLP):
+    """An MLP that counts its eager forwards."""
+
+    calls = 0
+
+    def forward(self, x):
+        type(self).calls += 1
+        return super().forward(x)
+
+
+def _tuned(module, name, samples, **kwargs):
+    model = ait.Module(module, name, strategy=cpu_strategy(use_dynamo=False, tune_provider_options=False), **kwargs)
+    ait.tune(model, samples)
+    return model
+
+
+@pytest.fixture
+def python_path_calls(monkeypatch):
+    """Counts the calls that reach the module's Python dispatch."""
+    calls = []
+    original = Module._ait_dispatch
+
+    def counting(self, args, kwargs):
+        calls.append((args, kwargs))
+        return original(self, args, kwargs)
+
+    monkeypatch.setattr(Module, "_ait_dispatch", counting)
+    return calls
+
+
+def test_positional_tensor_calls_run_in_cpp_after_the_first(python_path_calls):
+    inner = TwoOutputs().eval()
+    model = _tuned(inner, "two-out", [(torch.randn(16), torch.randn(8)) for _ in range(2)])
+    x, y = torch.randn(2, 16), torch.randn(2, 8)
+    with torch.no_grad():
+        assert model._ait_direct is None
+        first = model(x, y)
+        assert len(python_path_calls) == 1 and len(model._ait_direct) == 1
+        for _ in range(3):
+            again = model(x, y)
+            assert again.keys() == first.keys()
+            for key in first:
+                assert torch.equal(again[key], first[key]) and again[key].dtype == first[key].dtype
+        assert len(python_path_calls) == 1  # served in C++
+        x2 = torch.randn(2, 16)
+        other = model(x2, y)  # other values, same kinds: the same route
+        assert len(python_path_calls) == 1
+        torch.testing.assert_close(other["out"], inner(x2, y)["out"], atol=1e-4, rtol=1e-4)
+        expected = inner(x, y)
+    torch.testing.assert_close(first["out"], expected["out"], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(first["x_sum"], expected["x_sum"], atol=1e-4, rtol=1e-4)
+
+
+def test_outputs_are_fresh_tensors_that_outlive_the_module():
+    model = _tuned(MLP().eval(), "mlp", torch.randn(16))
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        model(x)
+        a, b = model(x), model(x)
+    assert a.data_ptr() != b.data_ptr()
+    a.add_(1.0)  # the caller owns its outputs: writing one leaves the next call alone
+    torch.testing.assert_close(a - 1.0, b)
+    expected = b.clone()
+    del model
+    gc.collect()
+    torch.testing.assert_close(b, expected)  # the ORT value lives as long as the tensor
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.trace` is deprecated:DeprecationWarning")
+@pytest.mark.filterwarnings("ignore::torch.jit.TracerWarning")
+def test_hooks_and_tracing_take_the_module_path(python_path_calls):
+    model = _tuned(MLP().eval(), "mlp", torch.randn(16))
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        plain = model(x)
+        handle = model.register_forward_hook(lambda module, args, output: output * 2)
+        torch.testing.assert_close(model(x), plain * 2)
+        handle.remove()
+        pre = model.register_forward_pre_hook(lambda module, args: (args[0] * 0,))
+        torch.testing.assert_close(model(x), model._ait_module(x * 0), atol=1e-4, rtol=1e-4)
+        pre.remove()
+        seen = []
+        global_hook = torch.nn.modules.module.register_module_forward_hook(lambda m, a, o: seen.append(type(m)))
+        try:
+            model(x)
+        finally:
+            global_hook.remove()
+        assert Module in seen
+        calls = len(python_path_calls)
+        torch.testing.assert_close(model(x), plain)
+        assert len(python_path_calls) == calls  # hooks gone: C++ again
+    traced = torch.jit.trace(lambda t: model(t) + 0, (x,), check_trace=False)  # under tracing: the module path
+    assert len(python_path_calls) == calls + 1
+    assert traced is not None
+
+
+def test_keywords_eager_and_recording_are_not_served(python_path_calls):
+    Counted.calls = 0
+    inner = Counted().eval()
+    model = _tuned(inner, "counted", torch.randn(16))
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        model(x)
+        calls, eager = len(python_path_calls), Counted.calls
+        model(x=x)
+        assert len(python_path_calls) == calls + 1
+        with context.run_eagerly():
+            torch.testing.assert_close(model(x), inner(x))
+        assert Counted.calls == eager + 2  # the module and the reference both ran eagerly
+    ait.tune(model, torch.randn(3, 16))  # recording calls the (tuned) module: it must record
+    assert model.ait_state is ait.ModuleState.TUNED
+    assert [g.describe() for g in model.ait_graphs] and model._ait_direct is None  # routes dropped with the graphs
+
+
+def test_unusual_tensors_fall_back_and_give_equal_outputs(python_path_calls):
+    model = _tuned(MLP().eval(), "mlp", torch.randn(16))
+    x = torch.randn(16, 2)
+    with torch.no_grad():
+        expected = model(x.t().contiguous())
+        calls = len(python_path_calls)
+        assert torch.equal(model(x.t()), expected)  # strided view
+        assert torch.equal(model(torch.nn.Parameter(x.t().contiguous())), expected)  # subclass
+        assert len(python_path_calls) == calls + 2
+    out = model(x.t().contiguous().requires_grad_())  # to_dlpack refuses grad: the Python path detaches
+    assert torch.equal(out, expected) and not out.requires_grad
+    with pytest.raises(ait.GraphNotRecordedError, match="float64"):
+        model(x.t().double())
+    with pytest.raises(aitune.ShapeMismatchError) as info:
+        model(torch.randn(2, 17))  # the route matches, the session refuses: the general path raises
+    assert any("recorded for this graph" in note for note in info.value.__notes__)
+
+
+def test_shape_errors_of_served_calls_fall_back_eagerly_when_asked():
+    inner = MLP().eval()
+    model = _tuned(inner, "mlp", torch.randn(16), eager_fallback=True)  # batch sizes 1..2
+    with torch.no_grad():
+        model(torch.randn(2, 16))
+        big = torch.randn(5, 16)
+        with pytest.warns(RuntimeWarning, match="running eagerly"):
+            assert torch.equal(model(big), inner(big))
+
+
+def test_threads_share_one_module():
+    model = _tuned(MLP().eval(), "mlp", torch.randn(16))
+    inputs = [torch.randn(2, 16) for _ in range(4)]
+    with torch.no_grad():
+        expected = [model(x) for x in inputs]
+    errors = []
+
+    def work(i):
+        try:
+            with torch.no_grad():
+                for _ in range(50):
+                    assert torch.equal(model(inputs[i]), expected[i])
+        except Exception as error:  # reported below: a failed assert in a thread is silent
+            errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+
+
+def test_dispatch_add_rejects_what_it_cannot_serve():
+    model = _tuned(MLP().eval(), "mlp", torch.randn(16))
+    ((_, tuned),) = model._ait_tuned.values()
+    dispatch = new_dispatch()
+    x = torch.randn(2, 16)
+    with pytest.raises(aitune.InvalidArgumentError, match="session must be an OnnxRuntimeBackend, got <class 'str'>"):
+        dispatch.add([x], "session", [0], None)
+    with pytest.raises(aitune.InvalidArgumentError, match="argument 0 is not a <class 'torch.Tensor'>"):
+        dispatch.add([x.numpy()], tuned.session, [0], None)
+    with pytest.raises(aitune.InvalidArgumentError, match="order has 2 entries, the session takes 1 inputs"):
+        dispatch.add([x], tuned.session, [0, 0], None)
+    with pytest.raises(aitune.InvalidArgumentError, match="order names argument 3 of a call of 1"):
+        dispatch.add([x], tuned.session, [3], None)
+    with pytest.raises(aitune.InvalidArgumentError, match="tensor_type must be a type"):
+        _core.TorchDispatch(len, len, "Tensor", len, len, [], [], [], [])
+    with pytest.raises(aitune.InvalidArgumentError, match="global_dicts must be dicts"):
+        _core.TorchDispatch(len, len, torch.Tensor, len, len, [[]], [], [], [])
+    with pytest.raises(aitune.InvalidArgumentError, match="context_vars must be ContextVars"):
+        _core.TorchDispatch(len, len, torch.Tensor, len, len, [], [None], [], [])
+    with pytest.raises(aitune.InvalidArgumentError, match="attributes must be str"):
+        _core.TorchDispatch(len, len, torch.Tensor, len, len, [], [], [], [1])
+    assert len(dispatch) == 0
+    assert dispatch.serve((x,)) is NotImplemented  # no route
+    dispatch.add([x], tuned.session, [0], None)
+    with torch.no_grad():
+        torch.testing.assert_close(dispatch.serve((x,)), model(x))
+    assert dispatch.serve((x, x)) is NotImplemented  # arity
+    assert dispatch.serve((x.double(),)) is NotImplemented  # dtype
+    assert dispatch.serve((x[None],)) is NotImplemented  # rank
+    assert dispatch.serve((x.numpy(),)) is NotImplemented  # not a tensor
