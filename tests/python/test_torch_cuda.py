@@ -77,6 +77,12 @@ def test_torch_work_before_and_after_forward_is_ordered():
             x = (big @ big)[:64, :256] * 1e-3 + i  # a long kernel queued right before forward
             y = model(x) * 2  # and work queued right after
             torch.testing.assert_close(y, eager(x) * 2, atol=1e-4, rtol=1e-4)
+    _assert_hot_path_served(model)
+
+
+def _assert_hot_path_served(model):
+    """All calls after the first ran in the C++ hot path (TorchDispatch): one route."""
+    assert model._ait_direct is not None and len(model._ait_direct) == 1
 
 
 def _cuda_backend(**config):
@@ -134,6 +140,7 @@ def test_forward_on_another_stream_is_still_ordered():
             x = (big @ big)[:64, :256] * 1e-3 + i
             y = model(x) * 2
             torch.testing.assert_close(y, eager(x) * 2, atol=1e-4, rtol=1e-4)
+    _assert_hot_path_served(model)
 
 
 def _graph_module(name: str, eager: torch.nn.Module, batch: int):
@@ -160,6 +167,7 @@ def test_cuda_graph_replays_follow_changing_inputs_and_keep_earlier_outputs():
         outs = [model(x) for x in xs]  # all queued before any is read
         for x, y in zip(xs, outs):
             torch.testing.assert_close(y, eager(x), atol=1e-4, rtol=1e-4)
+    _assert_hot_path_served(model)
 
 
 def test_cuda_graph_is_ordered_with_torch_work_on_a_side_stream():
@@ -173,3 +181,4 @@ def test_cuda_graph_is_ordered_with_torch_work_on_a_side_stream():
             x = (big @ big)[:64, :256] * 1e-3 + i  # a long kernel queued right before forward
             y = model(x) * 2
             torch.testing.assert_close(y, eager(x) * 2, atol=1e-4, rtol=1e-4)
+    _assert_hot_path_served(model)
