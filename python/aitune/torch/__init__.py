@@ -17,7 +17,8 @@ from aitune.torch.backend import (
     TorchEagerBackend,
 )
 from aitune.torch.cache import cache_root
-from aitune.torch.checkpoint import CheckpointStructureError, load, save
+from aitune.torch.checkpoint import load, save
+from aitune.torch.checkpoint_structure import CheckpointStructureError
 from aitune.torch.export import ExportError
 from aitune.torch.graph import RecordedGraph
 from aitune.torch.module import GraphNotRecordedError, Module, ModuleState
