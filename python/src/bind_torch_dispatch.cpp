@@ -9,10 +9,12 @@
 // The dispatch only serves calls it recognises: a route is added by the front end after
 // its general path resolved such a call (binding, flattening, graph identity), keyed by
 // what that path depends on for positional tensors: how many there are and each one's
-// dtype, rank and device. Anything else (keywords, a non-tensor or a tensor subclass, a
-// tensor that requires grad, a strided view, an unseen dtype or rank) returns
-// NotImplemented and the front end takes its general path, which owns every error
-// message. Shapes are checked by the session, as on the general path.
+// dtype, rank and device. Calling it with the module checks first what nn.Module.__call__
+// and aitune's forward would check (hooks, tracing, recording, eager mode: CallGuards).
+// Anything it does not serve (keywords, a guard set, a non-tensor or a tensor subclass,
+// a tensor that requires grad, a strided view, an unseen dtype or rank, a shape the
+// session refuses) goes to the fallback, nn.Module.__call__, whose general path owns
+// every error message and the eager fallback.
 #include <dlpack/dlpack.h>
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
