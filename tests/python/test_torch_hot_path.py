@@ -224,3 +224,17 @@ def test_dispatch_add_rejects_what_it_cannot_serve():
     assert dispatch.serve((x.double(),)) is NotImplemented  # dtype
     assert dispatch.serve((x[None],)) is NotImplemented  # rank
     assert dispatch.serve((x.numpy(),)) is NotImplemented  # not a tensor
+
+
+def test_a_graph_run_eagerly_gets_no_dispatch(python_path_calls):
+    from aitune.torch.backend import TorchEagerBackend
+
+    inner = MLP().eval()
+    model = ait.Module(inner, "eager-mlp", strategy=ait.OneBackendStrategy(TorchEagerBackend()))
+    ait.tune(model, torch.randn(16))
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        for _ in range(3):
+            assert torch.equal(model(x), inner(x))
+    assert model._ait_direct is None  # no route: calls skip the C++ detour
+    assert len(python_path_calls) == 3

@@ -350,10 +350,10 @@ class Module(torch.nn.Module):
     def _ait_add_route(self, values: tuple, graph, tuned: TunedGraph) -> None:
         """Hands calls like this one (positional plain tensors, resolved to ``graph``) to
         the C++ hot path, where the tuned graph's backend has one."""
-        if self._ait_direct is None:
-            self._ait_direct = new_dispatch()
+        dispatch = self._ait_direct or new_dispatch()
         rebuild = None if graph.returns_one_tensor else graph.rebuild_outputs
-        tuned.add_route(self._ait_direct, [v.detach() for v in values], rebuild)  # DLPack refuses grad
+        if tuned.add_route(dispatch, [v.detach() for v in values], rebuild):  # detach: DLPack refuses grad
+            self._ait_direct = dispatch  # only with a route: a dispatch without one is a detour
 
     def _ait_keyword_layout(self, n: int, keywords: tuple) -> tuple | None:
         """``_call_layout`` of a call with keywords, computed once per call form."""
