@@ -56,10 +56,13 @@ def _spec(static: bool):
 def test_only_cuda_with_provider_tuning_offers_the_fp16_model(static):
     spec = _spec(static)
     cuda = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cuda"))
-    candidate = cuda._fp16_candidate(cuda._core_config(torch.device("cuda", 0)), spec)
+    core = cuda._core_config(torch.device("cuda", 0))
+    candidate = cuda._fp16_candidate(core, _core.provider_variants(core, spec))
     assert candidate.precision == _core.Precision.FP16 and candidate.name.endswith("fp16 model")
     assert ("enable_cuda_graph" in candidate.config.provider_options) == static
     fixed = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cuda", tune_provider_options=False))
-    assert fixed._fp16_candidate(fixed._core_config(torch.device("cuda", 0)), spec) is None
+    fixed_core = fixed._core_config(torch.device("cuda", 0))
+    assert fixed._fp16_candidate(fixed_core, _core.provider_variants(fixed_core, spec)) is None
     cpu = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cpu"))
-    assert cpu._fp16_candidate(cpu._core_config(torch.device("cpu")), spec) is None
+    cpu_core = cpu._core_config(torch.device("cpu"))
+    assert cpu._fp16_candidate(cpu_core, _core.provider_variants(cpu_core, spec)) is None

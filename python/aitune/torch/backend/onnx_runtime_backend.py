@@ -220,27 +220,28 @@ class ONNXRuntimeBackend(Backend):
             out.append(_core.OnnxCandidate(variant.name, config, variant.precision))
         return out
 
-    def _fp16_candidate(self, core: _core.OnnxRuntimeBackendConfig, spec):
-        """The fp16-model candidate (CUDA, with provider-option tuning): the last CUDA
-        variant (a CUDA graph where shapes are static, else TF32) on an fp16 copy of the
-        model, judged by the fp16 tolerance. None where not offered."""
+    def _fp16_candidate(self, core: _core.OnnxRuntimeBackendConfig, variants: list):
+        """The fp16-model candidate (CUDA, with provider-option tuning): the last of the
+        CUDA ``variants`` (a CUDA graph where shapes are static, else TF32) on an fp16
+        copy of the model, judged by the fp16 tolerance. None where not offered."""
         if not self.config.tune_provider_options or core.provider != _core.ExecutionProvider.CUDA:
             return None
-        base = _core.provider_variants(core, spec)[-1]
+        base = variants[-1]
         return _core.OnnxCandidate(f"{base.name} fp16 model", base.config, _core.Precision.FP16)
 
     def candidate_count(self, graph: RecordedGraph) -> int:
         if not self.config.tune_provider_options:
             return 1
-        core, spec = self._core_config(graph.device), graph.graph_spec()
-        return len(_core.provider_variants(core, spec)) + (self._fp16_candidate(core, spec) is not None)
+        core = self._core_config(graph.device)
+        variants = _core.provider_variants(core, graph.graph_spec())
+        return len(variants) + (self._fp16_candidate(core, variants) is not None)
 
     def add_candidates(self, graph: RecordedGraph, tuner, group: int, advance):
         directory = cache.backend_dir(graph.module_name, graph.key, self.key())
         spec = graph.graph_spec()
         core_config = self._core_config(graph.device)
         candidates = self._candidates(core_config, spec, directory)
-        fp16 = self._fp16_candidate(core_config, spec)
+        fp16 = self._fp16_candidate(core_config, candidates)  # CUDA with tuning: candidates are the variants
         (directory / "config.json").write_text(
             json.dumps(
                 {
