@@ -69,6 +69,13 @@ const DLTensor* capsule_tensor(PyObject* capsule) noexcept {
 // When a module call may skip its Python path: what nn.Module.__call__ checks before it
 // goes straight to forward (hooks, a compiled call, JIT tracing), and what aitune's own
 // forward checks before it dispatches (no recording, not eager). All of it must be falsy.
+// PyObject_IsTrue, with its error raised rather than read as true.
+bool truthy(PyObject* value) {
+  int result = PyObject_IsTrue(value);
+  if (result < 0) throw nb::python_error();
+  return result != 0;
+}
+
 struct CallGuards {
   std::vector<nb::object> global_dicts;   // process-wide hook registries
   std::vector<nb::object> context_vars;   // ContextVars
@@ -82,17 +89,17 @@ struct CallGuards {
       PyObject* value = nullptr;
       if (PyContextVar_Get(var.ptr(), nullptr, &value) < 0) throw nb::python_error();
       nb::object held = nb::steal(value);
-      if (value != nullptr && PyObject_IsTrue(value) != 0) return false;
+      if (value != nullptr && truthy(value)) return false;
     }
     for (const auto& call : calls) {
       nb::object value = nb::steal(PyObject_CallNoArgs(call.ptr()));
       if (!value.is_valid()) throw nb::python_error();
-      if (PyObject_IsTrue(value.ptr()) != 0) return false;
+      if (truthy(value.ptr())) return false;
     }
     for (const auto& name : attributes) {
       nb::object value = nb::steal(PyObject_GetAttr(module, name.ptr()));
       if (!value.is_valid()) throw nb::python_error();
-      if (PyObject_IsTrue(value.ptr()) != 0) return false;
+      if (truthy(value.ptr())) return false;
     }
     return true;
   }
