@@ -19,11 +19,19 @@ bool cuda_runtime_available() noexcept;
 /// naming the libraries tried when no CUDA runtime loads. Not thread-safe.
 std::unique_ptr<DeviceTimer> make_cuda_event_timer(std::uintptr_t stream, int device_id = 0);
 
-/// A CUDA stream owned by aitune (cudaStreamNonBlocking), for callers that have none
-/// (the CLI). Destroyed with the object.
+/// How a stream aitune creates relates to the legacy default stream (stream 0).
+enum class StreamSync {
+  kNonBlocking,  // cudaStreamNonBlocking: independent of stream 0
+  // A blocking stream (cudaStreamDefault): CUDA orders it with stream 0 both ways, so a
+  // caller on stream 0 needs no events. Stream 0 may not be used while it captures a graph.
+  kWithLegacyStream,
+};
+
+/// A CUDA stream owned by aitune, for callers that have none (the CLI) and for sessions.
+/// Destroyed with the object.
 class CudaStream {
  public:
-  static std::unique_ptr<CudaStream> create(int device_id = 0);
+  static std::unique_ptr<CudaStream> create(int device_id = 0, StreamSync sync = StreamSync::kNonBlocking);
   ~CudaStream();
   CudaStream(const CudaStream&) = delete;
   CudaStream& operator=(const CudaStream&) = delete;

@@ -110,18 +110,24 @@ class OnnxRuntimeBackend {
   /// kInvalidArgument) naming the input with expected vs actual. Inputs are bound
   /// without copies and must stay alive until `infer` returns. Outputs are allocated by
   /// ORT on the session's device and returned in the order of `outputs()`; each owns
-  /// its ORT value. The inputs must be ready when `infer` is called (no pending device
-  /// work on them); on return the outputs are ready to read (the host waits for the
-  /// session's stream).
+  /// its ORT value. With CUDA graphs (enable_cuda_graph=1) inputs are copied into the
+  /// graph's fixed buffers, and the outputs are one of two fixed output buffers of that
+  /// shape, handed over without a copy and written again only once every output of that
+  /// call is released; while both are held, outputs are copies. The inputs must be ready
+  /// when `infer` is called (no pending device work on them); on return the outputs are
+  /// ready to read (the host waits for the session's stream).
   std::vector<Tensor> infer(const std::vector<TensorView>& inputs) const;
 
   /// As `infer`, ordered with the caller's CUDA stream `stream` (a cudaStream_t as an
-  /// integer; 0 is the legacy default stream) by CUDA events instead of host waits: the
-  /// run starts after the work queued on `stream` so far (e.g. what produces the
-  /// inputs), and work queued on `stream` afterwards sees the outputs. Returns without
-  /// waiting for the device. Inputs and outputs follow the stream rules of CUDA caching
-  /// allocators: used on `stream` only, they need nothing more. TensorRT sessions (ORT's
-  /// own stream) wait on the host for `stream` first. On the CPU it is `infer`.
+  /// integer; 0 is the legacy default stream) without host waits: the run starts after
+  /// the work queued on `stream` so far (e.g. what produces the inputs), and work queued
+  /// on `stream` afterwards sees the outputs. CUDA events order the two, except for the
+  /// legacy stream, which CUDA itself orders with the session's own stream (a blocking
+  /// one). So while a CUDA-graph session captures (the first calls of an input shape),
+  /// other threads must not use the legacy stream. Returns without waiting for the
+  /// device. Inputs and outputs follow the stream rules of CUDA caching allocators: used
+  /// on `stream` only, they need nothing more. TensorRT sessions (ORT's own stream) wait
+  /// on the host for `stream` first. On the CPU it is `infer`.
   std::vector<Tensor> infer_on_stream(const std::vector<TensorView>& inputs, std::uintptr_t stream) const;
 
   /// The CUDA stream the session runs on (cudaStream_t as an integer), for device timing;

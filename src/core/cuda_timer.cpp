@@ -57,11 +57,12 @@ std::unique_ptr<DeviceTimer> make_cuda_event_timer(std::uintptr_t stream, int de
   return std::make_unique<CudaEventTimer>(stream, device_id);
 }
 
-std::unique_ptr<CudaStream> CudaStream::create(int device_id) {
-  const auto& rt = detail::require_cuda_runtime("CUDA timing");
+std::unique_ptr<CudaStream> CudaStream::create(int device_id, StreamSync sync) {
+  const auto& rt = detail::require_cuda_runtime("a CUDA stream");
   cuda_check(rt.set_device(device_id), "cudaSetDevice");
   cudaStream_t stream = nullptr;
-  cuda_check(rt.stream_create_with_flags(&stream, detail::kCudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+  const unsigned flags = sync == StreamSync::kNonBlocking ? detail::kCudaStreamNonBlocking : 0u;
+  cuda_check(rt.stream_create_with_flags(&stream, flags), "cudaStreamCreateWithFlags");
   return std::unique_ptr<CudaStream>(new CudaStream(reinterpret_cast<std::uintptr_t>(stream), device_id));
 }
 

@@ -120,8 +120,9 @@ struct OnnxRuntimeBackend::Impl {
   // The CUDA stream the session runs on (user_compute_stream): aitune's own, created
   // with the session and destroyed after it, or the caller's. 0 where unknown (TensorRT).
   std::uintptr_t stream = 0;
-  // The session's device allocator (CUDA graphs: fixed buffers and output copies).
-  std::shared_ptr<Ort::Allocator> device_allocator;
+  // True when `stream` is aitune's own blocking stream (StreamSync::kWithLegacyStream):
+  // CUDA itself orders it with a caller on the legacy default stream, so no events.
+  bool stream_syncs_with_legacy = false;
   Ort::RunOptions run_async{nullptr};  // disable_synchronize_execution_providers=1
   const Ort::RunOptions run_default{nullptr};  // ORT's defaults: Run waits for the device
   BackendState state = BackendState::kBuilt;
@@ -139,22 +140,39 @@ struct OnnxRuntimeBackend::Impl {
   };
   std::vector<std::unique_ptr<PooledBinding>> binding_pool;
   // CUDA graphs (provider option enable_cuda_graph=1): a captured graph replays fixed
-  // device addresses, so each input shape gets a slot: input buffers of its own, outputs
-  // that stay bound, and ORT graph id `id`. Calls copy inputs in and outputs out, all on
-  // the session's stream, so no host wait orders them.
+  // device addresses, so each input shape gets a slot of lanes, each lane a graph of its
+  // own (ORT graph id `id`) with fixed input buffers that calls copy into, all on the
+  // session's stream, so no host wait orders them.
   bool cuda_graph = false;
-  struct GraphSlot {
-    explicit GraphSlot(Ort::Session& session) : binding(session) {}
+  struct GraphLane {
+    explicit GraphLane(Ort::Session& session) : binding(session) {}
     Ort::IoBinding binding;
-    std::vector<Ort::Value> inputs;
+    std::vector<Tensor> inputs;
+    std::vector<Ort::Value> bound;  // ORT's views of `inputs` and `outputs`
     Ort::RunOptions run;
+    // Lent lanes: outputs in buffers of their own (not the arena, see StreamBuffer) that
+    // calls hand to the caller without a copy. The lane is free again once every tensor
+    // of its last call is gone (`lease` expired); until then its graph does not replay.
+    std::vector<Tensor> outputs;
+    std::weak_ptr<void> lease;
+  };
+  struct GraphSlot {
+    // Outputs bound once to ORT's allocation and copied out on every call: the first call
+    // of a shape (which tells the output shapes) and calls made while every lent lane is held.
+    std::unique_ptr<GraphLane> copy_lane;
+    // Made on demand, up to kLentLanes: a caller that keeps the last output while making
+    // the next call (`y = m(x)` in a loop) alternates between two.
+    std::vector<std::unique_ptr<GraphLane>> lent_lanes;
+    std::vector<Shape> output_shapes;  // known after the first call
+    int first_graph_id = 0;
     StreamEvent before, after;
   };
-  std::mutex graph_mutex;  // one graph call at a time: a slot's buffers are shared
+  static constexpr std::size_t kLentLanes = 2;
+  std::mutex graph_mutex;  // one graph call at a time: a lane's buffers are shared
   std::map<std::vector<Shape>, std::unique_ptr<GraphSlot>> graph_slots;
   // Shapes past this many run without a graph (gpu_graph_id -1): each captured graph
   // keeps its activations reserved.
-  static constexpr std::size_t kMaxCudaGraphs = 8;
+  static constexpr std::size_t kMaxGraphShapes = 8;
   mutable std::shared_mutex state_mutex;  // infer: shared; activate/deactivate: exclusive
 
 
@@ -163,9 +181,15 @@ struct OnnxRuntimeBackend::Impl {
   std::vector<Tensor> adopt_outputs(std::vector<Ort::Value> values) const;
   std::vector<Tensor> run_device(const std::vector<TensorView>& views, std::optional<std::uintptr_t> caller);
   std::vector<Tensor> run_graph(const std::vector<TensorView>& views, std::optional<std::uintptr_t> caller);
+  // A lane of `slot` for graph id `id`: input buffers shaped like `views`; outputs bound to
+  // buffers of `output_shapes` (a lent lane) or, where that is empty, to ORT's allocation.
+  std::unique_ptr<GraphLane> make_lane(const std::vector<TensorView>& views, int id,
+                                       const std::vector<Shape>& output_shapes) const;
   // CUDA graphs: copies of `values` in stream-ordered memory (see StreamBuffer), on the
   // session's stream.
-  std::vector<Tensor> copy_out(const std::vector<Ort::Value>& values, std::optional<std::uintptr_t> caller) const;
+  std::vector<Tensor> copy_out(const std::vector<Ort::Value>& values) const;
+  // Whether a call from `caller` needs events to order the session's stream with it.
+  bool needs_events(std::optional<std::uintptr_t> caller) const;
 };
 
 namespace {
@@ -354,10 +378,10 @@ void OnnxRuntimeBackend::Impl::create_session() {
   keep_alive.reserve(config.provider_options.size());
   binding_pool.clear();
   graph_slots.clear();
-  device_allocator.reset();
   owned_memory_info.reset();
   memory_info = nullptr;
   stream = 0;
+  stream_syncs_with_legacy = false;
   std::shared_ptr<CudaStream> owned_stream;  // handed to the session's deleter below
   auto option_on = [&](const char* key) {
     auto it = config.provider_options.find(key);
@@ -394,8 +418,11 @@ void OnnxRuntimeBackend::Impl::create_session() {
                       "provider option user_compute_stream='" + it->second + "' is not a stream address");
         }
       } else {
-        owned_stream = CudaStream::create(config.device_id);
+        // Blocking: torch's default stream is the legacy stream, and calls from there are
+        // then ordered by CUDA with no events (two record/wait pairs less per call).
+        owned_stream = CudaStream::create(config.device_id, StreamSync::kWithLegacyStream);
         stream = owned_stream->handle();
+        stream_syncs_with_legacy = true;
         options["user_compute_stream"] = std::to_string(stream);
       }
       options["has_user_compute_stream"] = "1";
@@ -451,9 +478,6 @@ void OnnxRuntimeBackend::Impl::create_session() {
   });
   run_async = Ort::RunOptions();
   run_async.AddConfigEntry("disable_synchronize_execution_providers", "1");
-  if (cuda_graph)
-    device_allocator = ort_call(ErrorCode::kInternal, "the device allocator of '" + model_path + "'",
-                                [&] { return std::make_shared<Ort::Allocator>(*session, memory_info); });
 }
 
 OnnxRuntimeBackend::OnnxRuntimeBackend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -524,7 +548,6 @@ void OnnxRuntimeBackend::deactivate() {
   std::unique_lock lock(impl_->state_mutex);
   impl_->binding_pool.clear();
   impl_->graph_slots.clear();
-  impl_->device_allocator.reset();
   impl_->session.reset();
   impl_->state = BackendState::kInactive;
 }
@@ -630,7 +653,7 @@ std::vector<Tensor> OnnxRuntimeBackend::Impl::run_device(const std::vector<Tenso
   // Outputs are bound afresh each call, so ORT allocates new ones: tensors returned by
   // earlier calls stay the caller's.
   for (const auto& o : outputs) binding.BindOutput(o.name.c_str(), mem);
-  const bool ordered = caller && stream != 0 && *caller != stream;
+  const bool ordered = needs_events(caller);
   if (ordered) {
     if (!pooled->before) pooled->before = std::make_unique<StreamEvent>(), pooled->after = std::make_unique<StreamEvent>();
     pooled->before->order(*caller, stream);  // inputs the caller is still producing
@@ -651,8 +674,13 @@ std::vector<Tensor> OnnxRuntimeBackend::Impl::run_device(const std::vector<Tenso
   return adopt_outputs(std::move(values));
 }
 
-std::vector<Tensor> OnnxRuntimeBackend::Impl::copy_out(const std::vector<Ort::Value>& values,
-                                                       std::optional<std::uintptr_t> caller) const {
+bool OnnxRuntimeBackend::Impl::needs_events(std::optional<std::uintptr_t> caller) const {
+  if (!caller || stream == 0 || *caller == stream) return false;
+  // 0 and cudaStreamLegacy (1) name the legacy default stream.
+  return !(stream_syncs_with_legacy && *caller <= 1);
+}
+
+std::vector<Tensor> OnnxRuntimeBackend::Impl::copy_out(const std::vector<Ort::Value>& values) const {
   const auto& rt = detail::cuda_runtime();
   auto on_stream = reinterpret_cast<detail::cudaStream_t>(stream);
   std::vector<Tensor> copies;
@@ -664,22 +692,51 @@ std::vector<Tensor> OnnxRuntimeBackend::Impl::copy_out(const std::vector<Ort::Va
                                        detail::kCudaMemcpyDeviceToDevice, on_stream),
                        "copying a CUDA graph's output");
   }
-  // Without a caller's stream the outputs are ready on return; with one, the caller orders.
-  if (!caller) detail::cuda_check(rt.stream_synchronize(on_stream), "cudaStreamSynchronize");
   return copies;
+}
+
+std::unique_ptr<OnnxRuntimeBackend::Impl::GraphLane> OnnxRuntimeBackend::Impl::make_lane(
+    const std::vector<TensorView>& views, int id, const std::vector<Shape>& output_shapes) const {
+  auto lane = std::make_unique<GraphLane>(*session);
+  for (std::size_t i = 0; i < views.size(); ++i) {
+    lane->inputs.push_back(stream_buffer_tensor(views[i].dtype, views[i].shape, config.device(), stream, session));
+    lane->bound.push_back(value_over(lane->inputs.back().view(), memory_info));
+    lane->binding.BindInput(input_names_storage[i].c_str(), lane->bound.back());
+  }
+  // Bound once and never cleared: the captured graph writes there on every replay.
+  for (std::size_t i = 0; i < outputs.size(); ++i) {
+    if (output_shapes.empty()) {
+      lane->binding.BindOutput(outputs[i].name.c_str(), Ort::ConstMemoryInfo(memory_info));
+      continue;
+    }
+    lane->outputs.push_back(stream_buffer_tensor(outputs[i].dtype, output_shapes[i], config.device(), stream, session));
+    lane->bound.push_back(value_over(lane->outputs.back().view(), memory_info));
+    lane->binding.BindOutput(outputs[i].name.c_str(), lane->bound.back());
+  }
+  lane->run = Ort::RunOptions();
+  lane->run.AddConfigEntry("gpu_graph_id", std::to_string(id).c_str());
+  lane->run.AddConfigEntry("disable_synchronize_execution_providers", "1");
+  return lane;
 }
 
 std::vector<Tensor> OnnxRuntimeBackend::Impl::run_graph(const std::vector<TensorView>& views,
                                                         std::optional<std::uintptr_t> caller) {
   const auto& rt = detail::require_cuda_runtime("CUDA graphs");
   auto on_stream = reinterpret_cast<detail::cudaStream_t>(stream);
+  const bool ordered = needs_events(caller);
+  // Without a caller's stream the outputs are ready on return; with one, the caller orders.
+  auto finish = [&](std::vector<Tensor> results, StreamEvent* after) {
+    if (ordered) after->order(stream, *caller);
+    if (!caller) detail::cuda_check(rt.stream_synchronize(on_stream), "cudaStreamSynchronize");
+    return results;
+  };
   std::vector<Shape> key;
   key.reserve(views.size());
   for (const auto& v : views) key.push_back(v.shape);
   std::lock_guard lock(graph_mutex);
   auto it = graph_slots.find(key);
   if (it == graph_slots.end()) {
-    if (graph_slots.size() >= kMaxCudaGraphs) {
+    if (graph_slots.size() >= kMaxGraphShapes) {
       // Past the limit a new shape runs as a plain call. gpu_graph_id -1 tells ORT not to
       // capture it.
       Ort::IoBinding binding(*session);
@@ -691,43 +748,53 @@ std::vector<Tensor> OnnxRuntimeBackend::Impl::run_graph(const std::vector<Tensor
       for (const auto& o : outputs) binding.BindOutput(o.name.c_str(), Ort::ConstMemoryInfo(memory_info));
       Ort::RunOptions run;
       run.AddConfigEntry("gpu_graph_id", "-1");
-      const bool ordered = caller && *caller != stream;
       StreamEvent before, after;
       if (ordered) before.order(*caller, stream);
       session->Run(run, binding);  // synchronises the session's stream
       // ORT allocated these in the arena, where captured graphs' activations may live.
-      auto copies = copy_out(binding.GetOutputValues(), caller);
-      if (ordered) after.order(stream, *caller);
-      return copies;
+      return finish(copy_out(binding.GetOutputValues()), &after);
     }
-    auto slot = std::make_unique<GraphSlot>(*session);
-    for (std::size_t i = 0; i < views.size(); ++i) {
-      const auto& v = views[i];
-      slot->inputs.push_back(Ort::Value::CreateTensor(*device_allocator, v.shape.data(), v.shape.size(),
-                                                      static_cast<ONNXTensorElementDataType>(dtype_to_onnx(v.dtype))));
-      slot->binding.BindInput(input_names_storage[i].c_str(), slot->inputs.back());
-    }
-    // Bound once and never cleared: ORT allocates them on the first run and the captured
-    // graph writes there on every replay.
-    for (const auto& o : outputs) slot->binding.BindOutput(o.name.c_str(), Ort::ConstMemoryInfo(memory_info));
-    slot->run = Ort::RunOptions();
+    auto slot = std::make_unique<GraphSlot>();
     // ORT graph ids start at 1 (0 is its default id, -1 means "do not capture").
-    slot->run.AddConfigEntry("gpu_graph_id", std::to_string(graph_slots.size() + 1).c_str());
-    slot->run.AddConfigEntry("disable_synchronize_execution_providers", "1");
+    slot->first_graph_id = static_cast<int>(graph_slots.size() * (1 + kLentLanes)) + 1;
+    slot->copy_lane = make_lane(views, slot->first_graph_id, {});
     it = graph_slots.emplace(key, std::move(slot)).first;
   }
   GraphSlot& slot = *it->second;
-  const bool ordered = caller && *caller != stream;
+  GraphLane* lane = slot.copy_lane.get();
+  if (!slot.output_shapes.empty()) {
+    for (auto& lent : slot.lent_lanes)
+      if (lent->lease.expired()) {
+        lane = lent.get();
+        break;
+      }
+    if (lane == slot.copy_lane.get() && slot.lent_lanes.size() < kLentLanes) {
+      const int id = slot.first_graph_id + 1 + static_cast<int>(slot.lent_lanes.size());
+      slot.lent_lanes.push_back(make_lane(views, id, slot.output_shapes));
+      lane = slot.lent_lanes.back().get();
+    }
+  }
   if (ordered) slot.before.order(*caller, stream);
   for (std::size_t i = 0; i < views.size(); ++i)
-    detail::cuda_check(rt.memcpy_async(slot.inputs[i].GetTensorMutableRawData(), views[i].data, views[i].nbytes(),
+    detail::cuda_check(rt.memcpy_async(lane->inputs[i].data(), views[i].data, views[i].nbytes(),
                                        detail::kCudaMemcpyDeviceToDevice, on_stream),
                        "copying an input into the CUDA graph's buffer");
-  session->Run(slot.run, slot.binding);  // the first call per slot runs, then captures
-  // The slot's outputs are overwritten by the next replay: the caller gets copies.
-  auto copies = copy_out(slot.binding.GetOutputValues(), caller);
-  if (ordered) slot.after.order(stream, *caller);
-  return copies;
+  session->Run(lane->run, lane->binding);  // a lane's first call runs, then ORT captures
+  if (lane == slot.copy_lane.get()) {
+    // The copy lane's outputs are overwritten by its next replay: the caller gets copies.
+    auto values = lane->binding.GetOutputValues();
+    if (slot.output_shapes.empty())
+      for (const auto& v : values) slot.output_shapes.push_back(v.GetTensorTypeAndShapeInfo().GetShape());
+    return finish(copy_out(values), &slot.after);
+  }
+  // Every tensor handed out shares one lease, which also keeps the buffers alive should
+  // the slot go first (deactivate).
+  auto lease = std::make_shared<std::vector<Tensor>>(lane->outputs);
+  lane->lease = lease;
+  std::vector<Tensor> lent;
+  lent.reserve(lane->outputs.size());
+  for (const auto& o : lane->outputs) lent.push_back(Tensor::adopt(o.view(), lease));
+  return finish(std::move(lent), &slot.after);
 }
 
 std::vector<Tensor> OnnxRuntimeBackend::Impl::adopt_outputs(std::vector<Ort::Value> values) const {

@@ -3,6 +3,7 @@
 #include <array>
 #include <limits>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -764,6 +765,45 @@ TEST(OnnxRuntimeBackendCuda, CudaGraphReplaysFollowChangingInputs) {
     expect_allclose_f32(graph->to_host(kept[i]), expected[i], 1e-6);
     expect_allclose_f32(graph->to_host(graph->infer({inputs[i].view()}).at(0)), expected[i], 1e-6);
   }
+}
+
+// A caller that drops each output before its next-but-one call (`y = infer(x)` in a loop)
+// gets the graph's own output buffers, two in turn, with no copy; outputs it keeps are
+// never written again, even past deactivate().
+TEST(OnnxRuntimeBackendCuda, CudaGraphLendsOutputBuffersInTurnAndKeepsHeldOnes) {
+  AITUNE_REQUIRE_CUDA();
+  OnnxRuntimeBackendConfig config = strict_cuda_config();
+  config.provider_options["enable_cuda_graph"] = "1";
+  auto graph = OnnxRuntimeBackend::create(fixture("mlp.onnx"), config);
+  auto cpu = cpu_backend("mlp.onnx");
+  const auto xs = changing_inputs(4, 8);
+  std::vector<const void*> buffers;
+  Tensor y;
+  for (const Tensor& x : xs) {
+    y = graph->infer_on_stream({graph->to_device(x).view()}, 0).at(0);
+    buffers.push_back(y.data());
+    expect_allclose_f32(graph->to_host(y), cpu->infer({x.view()}).at(0), kTol);
+  }
+  // The first call of a shape is copied out (it tells the output shapes); then two lanes.
+  const std::set<const void*> lent(buffers.begin() + 1, buffers.end());
+  EXPECT_EQ(lent.size(), 2u);
+  for (std::size_t i = 2; i < buffers.size(); ++i) EXPECT_NE(buffers[i], buffers[i - 1]) << "call " << i;
+  // Held outputs: both lanes are taken, so later calls fall back to copies.
+  const Tensor held_a = y;
+  const Tensor held_b = graph->infer_on_stream({graph->to_device(xs[0]).view()}, 0).at(0);
+  for (int k = 0; k < 3; ++k) {
+    const Tensor extra = graph->infer_on_stream({graph->to_device(xs[k + 1]).view()}, 0).at(0);
+    EXPECT_NE(extra.data(), held_a.data());
+    EXPECT_NE(extra.data(), held_b.data());
+    expect_allclose_f32(graph->to_host(extra), cpu->infer({xs[k + 1].view()}).at(0), kTol);
+  }
+  y = Tensor();
+  graph->deactivate();
+  expect_allclose_f32(graph->to_host(held_a), cpu->infer({xs.back().view()}).at(0), kTol);
+  expect_allclose_f32(graph->to_host(held_b), cpu->infer({xs[0].view()}).at(0), kTol);
+  graph->activate();
+  expect_allclose_f32(graph->to_host(graph->infer({graph->to_device(xs[2]).view()}).at(0)),
+                      cpu->infer({xs[2].view()}).at(0), kTol);
 }
 
 TEST(OnnxRuntimeBackendCuda, InferOnStreamOrdersWithTheLegacyStream) {

@@ -170,15 +170,49 @@ def test_cuda_graph_replays_follow_changing_inputs_and_keep_earlier_outputs():
     _assert_hot_path_served(model)
 
 
-def test_cuda_graph_is_ordered_with_torch_work_on_a_side_stream():
+@pytest.mark.parametrize("on_side_stream", [False, True], ids=["default_stream", "side_stream"])
+def test_cuda_graph_is_ordered_with_torch_work(on_side_stream):
+    """On torch's default stream CUDA orders the session's (blocking) stream by itself; on
+    a side stream aitune orders it by events. A long kernel writes each input right before
+    forward and a kernel reads the output right after: a race fails the comparison."""
+    import contextlib
+
     torch.manual_seed(0)
     eager = _mlp().eval().cuda()
     model = _graph_module("graph_stream", eager, 64)
-    side = torch.cuda.Stream()
-    with torch.no_grad(), torch.cuda.stream(side):
+    stream = torch.cuda.stream(torch.cuda.Stream()) if on_side_stream else contextlib.nullcontext()
+    with torch.no_grad(), stream:
         for i in range(10):
             big = torch.randn(4096, 4096, device="cuda")
             x = (big @ big)[:64, :256] * 1e-3 + i  # a long kernel queued right before forward
             y = model(x) * 2
             torch.testing.assert_close(y, eager(x) * 2, atol=1e-4, rtol=1e-4)
     _assert_hot_path_served(model)
+
+
+def test_cuda_graph_lends_its_output_buffers_in_turn_and_never_overwrites_kept_outputs():
+    """`y = model(x)` in a loop gets the graphs' own output buffers, two in turn (no copy);
+    outputs still held are never written by later calls, nor freed with the module."""
+    import gc
+
+    torch.manual_seed(0)
+    eager = _mlp().eval().cuda()
+    model = _graph_module("graph_lanes", eager, 4)
+    xs = [torch.randn(4, 256, device="cuda") * (i + 1) for i in range(8)]
+    with torch.no_grad():
+        pointers = []
+        for x in xs:
+            y = model(x)
+            pointers.append(y.data_ptr())
+            torch.testing.assert_close(y, eager(x), atol=1e-4, rtol=1e-4)
+        assert len(set(pointers[2:])) == 2 and all(a != b for a, b in zip(pointers[2:], pointers[3:])), pointers
+        kept = [y, model(xs[0])]  # both lent buffers held: later calls get copies
+        later = [model(x) for x in xs[1:4]]
+        assert not {t.data_ptr() for t in later} & {t.data_ptr() for t in kept}
+        _assert_hot_path_served(model)
+        del model, y
+        gc.collect()
+        torch.testing.assert_close(kept[0], eager(xs[-1]), atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(kept[1], eager(xs[0]), atol=1e-4, rtol=1e-4)
+        for x, t in zip(xs[1:4], later):
+            torch.testing.assert_close(t, eager(x), atol=1e-4, rtol=1e-4)
