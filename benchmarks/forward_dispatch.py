@@ -3,8 +3,9 @@ provider: the MLP of benchmarks/models.py at batch 1, p50 µs of one call, side 
 
 - module forward: ``tuned(x)``, served by the C++ hot path (``_core.TorchDispatch``:
   guards, DLPack in and out, the session run) after the first call
-- module forward, m(x=x): a keyword call, which takes the Python path (binding, graph
-  lookup, numpy hand-over, output rebuild)
+- module forward, m(x=x): a keyword call, served by the hot path too (its own route)
+- module.forward(x): the Python path, which calls the hot path does not serve take
+  (binding, graph lookup, numpy hand-over, output rebuild), without nn.Module's call
 - hot path alone: ``_core.TorchDispatch.serve`` without nn.Module's call and the guards
 - session.infer: the engine's session called directly (numpy views in and out,
   outputs wrapped by ``torch.from_numpy``)
@@ -17,7 +18,7 @@ provider: the MLP of benchmarks/models.py at batch 1, p50 µs of one call, side 
 Columns are measured in alternating short blocks (``--rounds`` of ``--iterations``) so
 drift on a shared machine hits each alike; each column reports the median and the
 fastest of its block medians. ``--profile N`` prints cProfile's top functions over N
-keyword calls (the Python path).
+calls of the Python path.
 """
 
 from __future__ import annotations
@@ -87,11 +88,12 @@ def main() -> int:
         np.testing.assert_allclose(ort_session.run(None, {input_name: x_np})[0], expected, atol=1e-4, rtol=1e-4)
 
     with torch.no_grad():
-        module(x)  # resolves the call: the next ones take the hot path
-    assert module._ait_direct is not None and len(module._ait_direct) == 1
+        module(x), module(x=x)  # resolve the two call forms: the next ones take the hot path
+    assert module._ait_direct is not None and len(module._ait_direct) == 2
     columns = {
         "module forward": lambda: module(x),
         "module forward, m(x=x)": lambda: module(x=x),
+        "module.forward(x)": lambda: module.forward(x),
         "hot path alone": lambda: module._ait_direct.serve((x,)),
         "session.infer": lambda: [torch.from_numpy(a) for a in session.infer([x_np], framework="numpy")],
         "onnxruntime run": lambda: ort_session.run(None, {input_name: x_np}),
@@ -108,14 +110,14 @@ def main() -> int:
     fastest = min(blocks["module forward"]) / min(blocks["onnxruntime run"])
     print(f"  module forward / onnxruntime run: {ratio:.2f} (fastest blocks: {fastest:.2f})")
     print(f"  dispatch over session.infer: {p50['module forward'] - p50['session.infer']:.1f} us (hot path), "
-          f"{p50['module forward, m(x=x)'] - p50['session.infer']:.1f} us (Python path)")
+          f"{p50['module.forward(x)'] - p50['session.infer']:.1f} us (Python path)")
 
     if args.profile:
         profiler = cProfile.Profile()
         with torch.no_grad():
             profiler.enable()
             for _ in range(args.profile):
-                module(x=x)
+                module.forward(x)
             profiler.disable()
         pstats.Stats(profiler).sort_stats("tottime").print_stats(20)
     return 0

@@ -8,10 +8,11 @@
 //
 // The dispatch only serves calls it recognises: a route is added by the front end after
 // its general path resolved such a call (binding, flattening, graph identity), keyed by
-// what that path depends on for positional tensors: how many there are and each one's
-// dtype, rank and device. Calling it with the module checks first what nn.Module.__call__
-// and aitune's forward would check (hooks, tracing, recording, eager mode: CallGuards).
-// Anything it does not serve (keywords, a guard set, a non-tensor or a tensor subclass,
+// what that path depends on for calls of tensors: how many are positional, the names of
+// the keyword ones, and each one's dtype, rank and device. Calling it with the module
+// checks first what nn.Module.__call__ and aitune's forward would check (hooks, tracing,
+// recording, eager mode: CallGuards).
+// Anything it does not serve (other keywords, a guard set, a non-tensor or a tensor subclass,
 // a tensor that requires grad, a strided view, an unseen dtype or rank, a shape the
 // session refuses) goes to the fallback, nn.Module.__call__, whose general path owns
 // every error message and the eager fallback.
@@ -47,6 +48,10 @@ struct ArgumentKind {
 };
 
 struct Route {
+  // The call's tensors: `positional` positional ones, then `keywords` by name (in the
+  // order the front end binds them), each of the kind arguments[i].
+  std::size_t positional = 0;
+  std::vector<nb::object> keywords;  // interned str
   std::vector<ArgumentKind> arguments;
   nb::object session_object;  // keeps the session alive while the route exists
   const OnnxRuntimeBackend* session = nullptr;
@@ -130,10 +135,12 @@ class TorchDispatch {
     }
   }
 
-  /// Serves calls like `sample` (a sequence of tensors, in call order) with `session`:
-  /// session input i takes argument order[i]; `rebuild` turns the list of outputs into
-  /// the module's output (None: the session's one output is the module's output).
-  void add(const nb::sequence& sample, nb::object session, std::vector<std::size_t> order, nb::object rebuild) {
+  /// Serves calls like `sample` (a sequence of tensors: the positional ones, then those
+  /// passed by the names in `keywords`, in that order) with `session`: session input i
+  /// takes argument order[i]; `rebuild` turns the list of outputs into the module's
+  /// output (None: the session's one output is the module's output).
+  void add(const nb::sequence& sample, nb::object session, std::vector<std::size_t> order, nb::object rebuild,
+           std::vector<nb::object> keywords) {
     if (!nb::isinstance<OnnxRuntimeBackend>(session))
       throw Error(ErrorCode::kInvalidArgument, "TorchDispatch.add: session must be an OnnxRuntimeBackend, got " +
                                                    nb::cast<std::string>(nb::str(session.type())));
@@ -160,6 +167,20 @@ class TorchDispatch {
       if (i >= route->arguments.size())
         throw Error(ErrorCode::kInvalidArgument, "TorchDispatch.add: order names argument " + std::to_string(i) +
                                                      " of a call of " + std::to_string(route->arguments.size()));
+    if (keywords.size() > route->arguments.size())
+      throw Error(ErrorCode::kInvalidArgument, "TorchDispatch.add: " + std::to_string(keywords.size()) +
+                                                   " keywords for a call of " +
+                                                   std::to_string(route->arguments.size()) + " tensors");
+    for (auto& name : keywords) {
+      if (!PyUnicode_Check(name.ptr()))
+        throw Error(ErrorCode::kInvalidArgument, "TorchDispatch.add: keywords must be str, got " +
+                                                     nb::cast<std::string>(nb::str(name.type())));
+      PyObject* interned = name.release().ptr();
+      PyUnicode_InternInPlace(&interned);
+      name = nb::steal(interned);
+    }
+    route->positional = route->arguments.size() - keywords.size();
+    route->keywords = std::move(keywords);
     route->order = std::move(order);
     route->rebuild = std::move(rebuild);
     const Device device = route->session->device();
@@ -171,9 +192,9 @@ class TorchDispatch {
   /// `module(*args, **kwargs)`: served by a route when one matches and the guards are
   /// clear, else by `fallback(module, *args, **kwargs)` (nn.Module.__call__).
   nb::object call_module(nb::handle module, const nb::tuple& args, const nb::dict& kwargs) const {
-    if (kwargs.size() == 0 && guards_.clear(module.ptr())) {
+    if (guards_.clear(module.ptr())) {
       try {
-        nb::object result = serve(args);
+        nb::object result = serve(args, kwargs);
         if (!result.is(nb::handle(Py_NotImplemented))) return result;
       } catch (const Error& e) {
         // The general path raises it with the recorded graphs named, or runs eagerly.
@@ -187,17 +208,27 @@ class TorchDispatch {
     return result;
   }
 
-  /// The module's output for `args`, or NotImplemented when no route serves them.
-  nb::object serve(const nb::tuple& args) const {
-    const std::size_t n = args.size();
-    bool arity_served = false;
-    for (const auto& r : routes_) arity_served |= r->arguments.size() == n;
-    if (!arity_served) return nb::borrow(Py_NotImplemented);
+  /// The module's output for `args` and `kwargs`, or NotImplemented when no route serves them.
+  nb::object serve(const nb::tuple& args, const nb::dict& kwargs) const {
+    // The call's form: the first route with as many positional tensors and the same
+    // keyword names; its tensors in route order.
+    const std::size_t n_positional = args.size(), n_keywords = kwargs.size();
+    const Route* form = nullptr;
+    for (const auto& r : routes_)
+      if (r->positional == n_positional && r->keywords.size() == n_keywords && has_keywords(*r, kwargs)) {
+        form = r.get();
+        break;
+      }
+    if (form == nullptr) return nb::borrow(Py_NotImplemented);
+    const std::size_t n = n_positional + n_keywords;
+    std::vector<PyObject*> values(n);  // borrowed from args and kwargs
+    for (std::size_t i = 0; i < n_positional; ++i) values[i] = args[i].ptr();
+    for (std::size_t k = 0; k < n_keywords; ++k) values[n_positional + k] = PyDict_GetItem(kwargs.ptr(), form->keywords[k].ptr());
 
     std::vector<nb::object> capsules(n);  // alive until the run is over: they own the inputs
     std::vector<const DLTensor*> tensors(n);
     for (std::size_t i = 0; i < n; ++i) {
-      PyObject* argument = args[i].ptr();
+      PyObject* argument = values[i];
       if (Py_TYPE(argument) != reinterpret_cast<PyTypeObject*>(tensor_type_.ptr())) return nb::borrow(Py_NotImplemented);
       PyObject* capsule = PyObject_CallOneArg(to_dlpack_.ptr(), argument);
       if (capsule == nullptr) {  // e.g. a tensor that requires grad: the general path detaches it
@@ -209,7 +240,7 @@ class TorchDispatch {
     }
     std::shared_ptr<const Route> route;  // shared: add() may run while this call has the GIL released
     for (const auto& r : routes_) {
-      if (r->arguments.size() != n) continue;
+      if (r->positional != n_positional || !same_keywords(*r, *form)) continue;
       bool all = true;
       for (std::size_t i = 0; i < n && all; ++i) all = r->arguments[i].matches(*tensors[i]);
       if (all) {
@@ -246,6 +277,24 @@ class TorchDispatch {
   std::size_t size() const noexcept { return routes_.size(); }
 
  private:
+  // Whether `kwargs` (as many as the route's keywords) names each of the route's keywords.
+  static bool has_keywords(const Route& r, const nb::dict& kwargs) {
+    for (const auto& name : r.keywords) {
+      PyObject* value = PyDict_GetItemWithError(kwargs.ptr(), name.ptr());
+      if (value == nullptr) {
+        if (PyErr_Occurred()) throw nb::python_error();
+        return false;
+      }
+    }
+    return true;
+  }
+  static bool same_keywords(const Route& a, const Route& b) {
+    if (a.keywords.size() != b.keywords.size()) return false;
+    for (std::size_t k = 0; k < a.keywords.size(); ++k)  // interned: equal names are one object
+      if (!a.keywords[k].is(b.keywords[k])) return false;
+    return true;
+  }
+
   nb::object to_dlpack_, from_dlpack_, tensor_type_, current_stream_, fallback_;
   CallGuards guards_;
   std::vector<std::shared_ptr<const Route>> routes_;
@@ -277,14 +326,17 @@ void bind_torch_dispatch(nb::module_& m) {
           "for a call to be served: global_dicts (dicts), context_vars (ContextVars), calls (no-argument "
           "callables), attributes (names of attributes of the module).")
       .def("add", &TorchDispatch::add, nb::arg("sample"), nb::arg("session").none(), nb::arg("order"),
-           nb::arg("rebuild").none(),
-           "Serve calls with the count, dtypes, ranks and devices of `sample` (tensors in call order) with "
-           "`session`; session input i takes argument order[i]; rebuild(list of outputs) makes the module's "
-           "output, None when the session's one output is the output.")
+           nb::arg("rebuild").none(), nb::arg("keywords") = std::vector<nb::object>{},
+           "Serve calls with the count, dtypes, ranks and devices of `sample` (the positional tensors, then "
+           "those passed by the names in `keywords`, in that order) with `session`; session input i takes "
+           "argument order[i]; rebuild(list of outputs) makes the module's output, None when the session's "
+           "one output is the output.")
       .def("__call__", &TorchDispatch::call_module, nb::arg("module"), nb::arg("args"), nb::arg("kwargs"),
            "module(*args, **kwargs): by a route, or by fallback.")
-      .def("serve", &TorchDispatch::serve, nb::arg("args"),
-           "The module's output for these tensors by a route, or NotImplemented (no guards, no fallback).")
+      .def(
+          "serve", [](const TorchDispatch& self, const nb::tuple& args, const nb::dict& kwargs) { return self.serve(args, kwargs); },
+          nb::arg("args"), nb::arg("kwargs") = nb::dict(),
+          "The module's output for these tensors by a route, or NotImplemented (no guards, no fallback).")
       .def("__len__", &TorchDispatch::size, "Number of routes.");
 }
 

@@ -1,7 +1,7 @@
 """The C++ hot path of a tuned ait.Module (``_core.TorchDispatch``): calls of plain
 tensors that an earlier call resolved run in one C++ call; it gives what the Python path
-gives, and every call it does not serve (hooks, keywords, recording, eager, unusual
-tensors) goes through nn.Module.__call__ as before."""
+gives, and every call it does not serve (hooks, recording, eager, unusual tensors, a
+keyword form not seen before) goes through nn.Module.__call__ as before."""
 
 from __future__ import annotations
 
@@ -125,16 +125,43 @@ def test_hooks_and_tracing_take_the_module_path(python_path_calls):
     assert traced is not None
 
 
-def test_keywords_eager_and_recording_are_not_served(python_path_calls):
+def test_keyword_calls_run_in_cpp_after_the_first_of_their_form(python_path_calls):
+    inner = TwoOutputs().eval()
+    model = _tuned(inner, "two-out-kw", [(torch.randn(16), torch.randn(8)) for _ in range(2)])
+    x, y = torch.randn(2, 16), torch.randn(2, 8)
+    with torch.no_grad():
+        expected = inner(x, y)
+        # Only the first call of a form takes the Python path. The order of the keywords
+        # does not make a form: y=, x= is served by the route of x=, y=.
+        forms = [(lambda: model(x, y=y), 1), (lambda: model(x=x, y=y), 1), (lambda: model(y=y, x=x), 0)]
+        for form, python_calls in forms:
+            calls = len(python_path_calls)
+            for _ in range(3):
+                out = form()
+                assert out.keys() == expected.keys()
+                for key in expected:
+                    torch.testing.assert_close(out[key], expected[key])
+            assert len(python_path_calls) == calls + python_calls
+        assert len(model._ait_direct) == 2
+        served = model._ait_direct.serve((x,), {"y": y})
+        torch.testing.assert_close(served["out"], expected["out"])
+        assert model._ait_direct.serve((x,), {"z": y}) is NotImplemented
+        assert model._ait_direct.serve((), {"x": x, "y": y, "z": y}) is NotImplemented
+        assert model._ait_direct.serve((x, y)) is NotImplemented  # never called positionally
+        calls = len(python_path_calls)
+        with pytest.raises(TypeError, match="z"):
+            model(x, y=y, z=y)  # the general path gives the binding error
+        assert len(python_path_calls) == calls + 1
+
+
+def test_eager_and_recording_are_not_served(python_path_calls):
     Counted.calls = 0
     inner = Counted().eval()
     model = _tuned(inner, "counted", torch.randn(16))
     x = torch.randn(2, 16)
     with torch.no_grad():
         model(x)
-        calls, eager = len(python_path_calls), Counted.calls
-        model(x=x)
-        assert len(python_path_calls) == calls + 1
+        eager = Counted.calls
         with context.run_eagerly():
             torch.testing.assert_close(model(x), inner(x))
         assert Counted.calls == eager + 2  # the module and the reference both ran eagerly

@@ -253,11 +253,10 @@ def _target_device(module, device_map: Any) -> torch.device | None:
 
 def _overrides(saved: _core.OnnxRuntimeBackendConfig, device: torch.device | None) -> _core.CheckpointBackendOverrides:
     overrides = _core.CheckpointBackendOverrides()
-    provider, device_id, options = saved.provider, saved.device_id, dict(saved.provider_options)
+    provider, device_id = saved.provider, saved.device_id
     if device is not None and device.type == "cpu":
         if provider != _core.ExecutionProvider.CPU:
             overrides.provider = provider = _core.ExecutionProvider.CPU
-            options = {}
     elif device is not None:  # cuda:N
         overrides.device_id = device_id = device.index
         if provider == _core.ExecutionProvider.CPU:

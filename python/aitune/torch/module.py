@@ -343,16 +343,18 @@ class Module(torch.nn.Module):
                 raise
             self._ait_warn_once(identity, f"{error}; running eagerly")
             return self._ait_module(*args, **kwargs)
-        if cached is None and fast_key is not None and not kwargs:  # resolved, and ran: next time in C++
-            self._ait_add_route(values, graph, tuned)
+        if cached is None and fast_key is not None:  # resolved, and ran: next time in C++
+            self._ait_add_route(values, keywords, graph, tuned)
         return graph.rebuild_outputs(outputs)
 
-    def _ait_add_route(self, values: tuple, graph, tuned: TunedGraph) -> None:
-        """Hands calls like this one (positional plain tensors, resolved to ``graph``) to
-        the C++ hot path, where the tuned graph's backend has one."""
+    def _ait_add_route(self, values: tuple, keywords: tuple, graph, tuned: TunedGraph) -> None:
+        """Hands calls like this one (plain tensors, the last ``len(keywords)`` of
+        ``values`` passed by those names; resolved to ``graph``) to the C++ hot path,
+        where the tuned graph's backend has one."""
         dispatch = self._ait_direct or new_dispatch()
         rebuild = None if graph.returns_one_tensor else graph.rebuild_outputs
-        if tuned.add_route(dispatch, [v.detach() for v in values], rebuild):  # detach: DLPack refuses grad
+        sample = [v.detach() for v in values]  # detach: DLPack refuses grad
+        if tuned.add_route(dispatch, sample, rebuild, keywords):
             self._ait_direct = dispatch  # only with a route: a dispatch without one is a detour
 
     def _ait_keyword_layout(self, n: int, keywords: tuple) -> tuple | None:

@@ -66,11 +66,12 @@ class TunedGraph:
     def infer(self, inputs: list) -> list:
         raise NotImplementedError
 
-    def add_route(self, dispatch, sample: list, rebuild) -> bool:
+    def add_route(self, dispatch, sample: list, rebuild, keywords: tuple = ()) -> bool:
         """Lets ``dispatch`` (the module's ``_core.TorchDispatch``) serve calls of plain
-        tensors like ``sample`` (in call order) without the module's Python path;
-        ``rebuild`` makes the module's output from the flat outputs (None: the one output
-        is the module's output). False where the backend has no such path."""
+        tensors like ``sample`` (the positional ones, then those passed by the names in
+        ``keywords``) without the module's Python path; ``rebuild`` makes the module's
+        output from the flat outputs (None: the one output is the module's output).
+        False where the backend has no such path."""
         return False
 
     def describe(self) -> str:

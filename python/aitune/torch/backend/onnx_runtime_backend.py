@@ -147,8 +147,8 @@ class OnnxRuntimeTunedGraph(TunedGraph):
             return self.session.infer([to_dlpack(t) for t in ordered], framework="torch", stream=stream)
         return self.session.infer(ordered, framework="torch")
 
-    def add_route(self, dispatch, sample: list[torch.Tensor], rebuild) -> bool:
-        dispatch.add(sample, self.session, self._order, rebuild)
+    def add_route(self, dispatch, sample: list[torch.Tensor], rebuild, keywords: tuple = ()) -> bool:
+        dispatch.add(sample, self.session, self._order, rebuild, list(keywords))
         return True
 
     def _infer_host(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
