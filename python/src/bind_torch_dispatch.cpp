@@ -74,6 +74,13 @@ const DLTensor* capsule_tensor(PyObject* capsule) noexcept {
 // When a module call may skip its Python path: what nn.Module.__call__ checks before it
 // goes straight to forward (hooks, a compiled call, JIT tracing), and what aitune's own
 // forward checks before it dispatches (no recording, not eager). All of it must be falsy.
+// `name` as the interned string equal to it, so names compare by identity.
+nb::object interned(nb::object name) {
+  PyObject* object = name.release().ptr();
+  PyUnicode_InternInPlace(&object);
+  return nb::steal(object);
+}
+
 // PyObject_IsTrue, with its error raised rather than read as true.
 bool truthy(PyObject* value) {
   int result = PyObject_IsTrue(value);
@@ -129,9 +136,7 @@ class TorchDispatch {
         throw Error(ErrorCode::kInvalidArgument, "TorchDispatch: context_vars must be ContextVars");
     for (auto& name : guards_.attributes) {
       if (!PyUnicode_Check(name.ptr())) throw Error(ErrorCode::kInvalidArgument, "TorchDispatch: attributes must be str");
-      PyObject* interned = name.release().ptr();
-      PyUnicode_InternInPlace(&interned);
-      name = nb::steal(interned);
+      name = interned(std::move(name));
     }
   }
 
@@ -175,9 +180,7 @@ class TorchDispatch {
       if (!PyUnicode_Check(name.ptr()))
         throw Error(ErrorCode::kInvalidArgument, "TorchDispatch.add: keywords must be str, got " +
                                                      nb::cast<std::string>(nb::str(name.type())));
-      PyObject* interned = name.release().ptr();
-      PyUnicode_InternInPlace(&interned);
-      name = nb::steal(interned);
+      name = interned(std::move(name));
     }
     route->positional = route->arguments.size() - keywords.size();
     route->keywords = std::move(keywords);
@@ -212,18 +215,15 @@ class TorchDispatch {
   nb::object serve(const nb::tuple& args, const nb::dict& kwargs) const {
     // The call's form: the first route with as many positional tensors and the same
     // keyword names; its tensors in route order.
-    const std::size_t n_positional = args.size(), n_keywords = kwargs.size();
+    const std::size_t n_positional = args.size(), n = n_positional + kwargs.size();
+    std::vector<PyObject*> values(n);  // borrowed from args and kwargs
     const Route* form = nullptr;
     for (const auto& r : routes_)
-      if (r->positional == n_positional && r->keywords.size() == n_keywords && has_keywords(*r, kwargs)) {
+      if (take_form(*r, args, kwargs, values)) {
         form = r.get();
         break;
       }
     if (form == nullptr) return nb::borrow(Py_NotImplemented);
-    const std::size_t n = n_positional + n_keywords;
-    std::vector<PyObject*> values(n);  // borrowed from args and kwargs
-    for (std::size_t i = 0; i < n_positional; ++i) values[i] = args[i].ptr();
-    for (std::size_t k = 0; k < n_keywords; ++k) values[n_positional + k] = PyDict_GetItem(kwargs.ptr(), form->keywords[k].ptr());
 
     std::vector<nb::object> capsules(n);  // alive until the run is over: they own the inputs
     std::vector<const DLTensor*> tensors(n);
@@ -277,15 +277,20 @@ class TorchDispatch {
   std::size_t size() const noexcept { return routes_.size(); }
 
  private:
-  // Whether `kwargs` (as many as the route's keywords) names each of the route's keywords.
-  static bool has_keywords(const Route& r, const nb::dict& kwargs) {
-    for (const auto& name : r.keywords) {
-      PyObject* value = PyDict_GetItemWithError(kwargs.ptr(), name.ptr());
+  // Whether the call is of route `r`'s form (its positional count and keyword names);
+  // if so, `values` (sized for the call) holds the call's tensors in the route's order.
+  static bool take_form(const Route& r, const nb::tuple& args, const nb::dict& kwargs,
+                        std::vector<PyObject*>& values) {
+    if (r.positional != args.size() || r.keywords.size() != kwargs.size()) return false;
+    for (std::size_t k = 0; k < r.keywords.size(); ++k) {
+      PyObject* value = PyDict_GetItemWithError(kwargs.ptr(), r.keywords[k].ptr());
       if (value == nullptr) {
         if (PyErr_Occurred()) throw nb::python_error();
         return false;
       }
+      values[r.positional + k] = value;
     }
+    for (std::size_t i = 0; i < r.positional; ++i) values[i] = args[i].ptr();
     return true;
   }
   static bool same_keywords(const Route& a, const Route& b) {
