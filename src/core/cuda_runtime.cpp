@@ -45,6 +45,10 @@ const CudaRuntime& cuda_runtime() {
     sym(r.free_async, "cudaFreeAsync");
     sym(r.device_get_default_mem_pool, "cudaDeviceGetDefaultMemPool");
     sym(r.mem_pool_set_attribute, "cudaMemPoolSetAttribute");
+    sym(r.stream_is_capturing, "cudaStreamIsCapturing");
+    sym(r.stream_end_capture, "cudaStreamEndCapture");
+    sym(r.graph_destroy, "cudaGraphDestroy");
+    sym(r.get_last_error, "cudaGetLastError");
     sym(r.get_error_string, "cudaGetErrorString");
     return r;
   }();

@@ -10,10 +10,12 @@ namespace aitune::detail {
 // cudaError_t is an int enum (0 = cudaSuccess); handles are opaque pointers.
 using cudaEvent_t = void*;
 using cudaStream_t = void*;
+using cudaGraph_t = void*;
 inline constexpr unsigned kCudaStreamNonBlocking = 1;
 inline constexpr unsigned kCudaEventDisableTiming = 2;
 inline constexpr int kCudaMemcpyDeviceToDevice = 3;
 inline constexpr int kCudaMemPoolAttrReleaseThreshold = 4;
+inline constexpr int kCudaStreamCaptureStatusNone = 0;
 
 struct CudaRuntime {
   int (*set_device)(int) = nullptr;
@@ -33,6 +35,10 @@ struct CudaRuntime {
   int (*free_async)(void*, cudaStream_t) = nullptr;
   int (*device_get_default_mem_pool)(void**, int) = nullptr;
   int (*mem_pool_set_attribute)(void*, int, void*) = nullptr;
+  int (*stream_is_capturing)(cudaStream_t, int*) = nullptr;  // status: cudaStreamCaptureStatus
+  int (*stream_end_capture)(cudaStream_t, cudaGraph_t*) = nullptr;
+  int (*graph_destroy)(cudaGraph_t) = nullptr;
+  int (*get_last_error)() = nullptr;
   const char* (*get_error_string)(int) = nullptr;
   std::string error;  // why loading failed; empty when loaded
 };

@@ -1,4 +1,4 @@
-// CUDA-event device timing and aitune-owned streams, through the dlopened CUDA runtime.
+// CUDA-event device timing, through the dlopened CUDA runtime.
 #include "aitune/cuda_timer.hpp"
 
 #include "aitune/error.hpp"
@@ -55,20 +55,6 @@ bool cuda_runtime_available() noexcept {
 
 std::unique_ptr<DeviceTimer> make_cuda_event_timer(std::uintptr_t stream, int device_id) {
   return std::make_unique<CudaEventTimer>(stream, device_id);
-}
-
-std::unique_ptr<CudaStream> CudaStream::create(int device_id, StreamSync sync) {
-  const auto& rt = detail::require_cuda_runtime("a CUDA stream");
-  cuda_check(rt.set_device(device_id), "cudaSetDevice");
-  cudaStream_t stream = nullptr;
-  const unsigned flags = sync == StreamSync::kNonBlocking ? detail::kCudaStreamNonBlocking : 0u;
-  cuda_check(rt.stream_create_with_flags(&stream, flags), "cudaStreamCreateWithFlags");
-  return std::unique_ptr<CudaStream>(new CudaStream(reinterpret_cast<std::uintptr_t>(stream), device_id));
-}
-
-CudaStream::~CudaStream() {
-  const auto& rt = cuda_runtime();
-  if (rt.error.empty()) rt.stream_destroy(reinterpret_cast<cudaStream_t>(handle_));
 }
 
 }  // namespace aitune

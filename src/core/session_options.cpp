@@ -1,0 +1,210 @@
+// OnnxRuntimeBackendConfig's names and JSON, and the ORT session options it makes per provider.
+#include "session_options.hpp"
+
+#include <nlohmann/json.hpp>
+#include <unordered_map>
+
+#include "aitune/error.hpp"
+#include "ort_runtime_impl.hpp"
+
+namespace aitune {
+
+using detail::ort_call;
+
+std::string_view graph_optimization_level_name(GraphOptimizationLevel level) noexcept {
+  switch (level) {
+    case GraphOptimizationLevel::kDisableAll: return "disable_all";
+    case GraphOptimizationLevel::kBasic: return "basic";
+    case GraphOptimizationLevel::kExtended: return "extended";
+    case GraphOptimizationLevel::kAll: return "all";
+  }
+  return "all";
+}
+
+GraphOptimizationLevel parse_graph_optimization_level(std::string_view text) {
+  for (auto level : {GraphOptimizationLevel::kDisableAll, GraphOptimizationLevel::kBasic,
+                     GraphOptimizationLevel::kExtended, GraphOptimizationLevel::kAll})
+    if (graph_optimization_level_name(level) == text) return level;
+  throw Error(ErrorCode::kInvalidArgument, "unknown graph optimization level '" + std::string(text) +
+                                               "'; valid values: disable_all, basic, extended, all");
+}
+
+Device OnnxRuntimeBackendConfig::device() const {
+  return provider == ExecutionProvider::kCPU ? Device::cpu() : Device::cuda(device_id);
+}
+
+std::string OnnxRuntimeBackendConfig::to_json(int indent) const {
+  nlohmann::json j{{"provider", execution_provider_name(provider)},
+                   {"device_id", device_id},
+                   {"graph_optimization_level", graph_optimization_level_name(graph_optimization_level)},
+                   {"intra_op_threads", intra_op_threads},
+                   {"inter_op_threads", inter_op_threads},
+                   {"provider_options", provider_options},
+                   {"session_config", session_config}};
+  return j.dump(indent);
+}
+
+OnnxRuntimeBackendConfig OnnxRuntimeBackendConfig::from_json(const std::string& text) {
+  OnnxRuntimeBackendConfig c;
+  try {
+    auto j = nlohmann::json::parse(text);
+    c.provider = parse_execution_provider(j.at("provider").get<std::string>());
+    c.device_id = j.value("device_id", 0);
+    c.graph_optimization_level = parse_graph_optimization_level(j.value("graph_optimization_level", "all"));
+    c.intra_op_threads = j.value("intra_op_threads", 0);
+    c.inter_op_threads = j.value("inter_op_threads", 0);
+    c.provider_options = j.value("provider_options", std::map<std::string, std::string>{});
+    c.session_config = j.value("session_config", std::map<std::string, std::string>{});
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(ErrorCode::kInvalidArgument, std::string("backend config JSON is malformed: ") + e.what());
+  }
+  return c;
+}
+
+namespace detail {
+namespace {
+
+::GraphOptimizationLevel to_ort(GraphOptimizationLevel level) {
+  switch (level) {
+    case GraphOptimizationLevel::kDisableAll: return ORT_DISABLE_ALL;
+    case GraphOptimizationLevel::kBasic: return ORT_ENABLE_BASIC;
+    case GraphOptimizationLevel::kExtended: return ORT_ENABLE_EXTENDED;
+    case GraphOptimizationLevel::kAll: return ORT_ENABLE_ALL;
+  }
+  return ORT_ENABLE_ALL;
+}
+
+// The V1 TensorRT options struct holds only these; unknown keys are an error here
+// rather than silently ignored.
+void apply_tensorrt_option(OrtTensorRTProviderOptions& o, const std::string& key, const std::string& value,
+                           std::list<std::string>& keep_alive) {
+  auto as_int = [&] {
+    try {
+      return std::stoi(value);
+    } catch (...) {
+      throw Error(ErrorCode::kInvalidArgument, "TensorRT option " + key + "='" + value + "' is not an integer");
+    }
+  };
+  if (key == "trt_fp16_enable") o.trt_fp16_enable = as_int();
+  else if (key == "trt_int8_enable") o.trt_int8_enable = as_int();
+  else if (key == "trt_max_workspace_size") o.trt_max_workspace_size = static_cast<size_t>(std::stoull(value));
+  else if (key == "trt_max_partition_iterations") o.trt_max_partition_iterations = as_int();
+  else if (key == "trt_min_subgraph_size") o.trt_min_subgraph_size = as_int();
+  else if (key == "trt_engine_cache_enable") o.trt_engine_cache_enable = as_int();
+  else if (key == "trt_engine_cache_path") o.trt_engine_cache_path = keep_alive.emplace_back(value).c_str();
+  else if (key == "trt_dump_subgraphs") o.trt_dump_subgraphs = as_int();
+  else if (key == "trt_force_sequential_engine_build") o.trt_force_sequential_engine_build = as_int();
+  else
+    throw Error(ErrorCode::kInvalidArgument,
+                "unsupported TensorRT option '" + key +
+                    "' (this ONNX Runtime build cannot create TensorRT V2 options, so only the V1 "
+                    "struct's fields are available); supported: trt_fp16_enable, trt_int8_enable, trt_max_workspace_size, "
+                    "trt_max_partition_iterations, trt_min_subgraph_size, trt_engine_cache_enable, "
+                    "trt_engine_cache_path, trt_dump_subgraphs, trt_force_sequential_engine_build");
+}
+
+void append_cpu(SessionSetup& setup, const OnnxRuntimeBackendConfig& config) {
+  if (!config.provider_options.empty())
+    throw Error(ErrorCode::kInvalidArgument, "the CPU execution provider takes no provider options (got '" +
+                                                 config.provider_options.begin()->first +
+                                                 "'); use intra_op_threads / graph_optimization_level");
+  setup.owned_memory_info.emplace(Ort::MemoryInfo::CreateCpu(OrtDeviceAllocator, OrtMemTypeDefault));
+  setup.memory_info = *setup.owned_memory_info;
+}
+
+void append_cuda(SessionSetup& setup, OrtRuntime::Impl& rt, const OnnxRuntimeBackendConfig& config) {
+  // Plugin-EP route: the only one in this ORT build that takes every CUDA option as a string.
+  const auto& devices = rt.cuda_ep_devices();
+  if (config.device_id < 0 || static_cast<std::size_t>(config.device_id) >= devices.size())
+    throw Error(ErrorCode::kInvalidArgument, "device_id " + std::to_string(config.device_id) + " but " +
+                                                 std::to_string(devices.size()) + " CUDA device(s) are present");
+  const auto& device = devices[config.device_id];
+  std::unordered_map<std::string, std::string> options(config.provider_options.begin(), config.provider_options.end());
+  // The session runs on a stream aitune knows, so calls can be ordered with the
+  // caller's stream by events. Verified on an H200: this plugin route honours
+  // user_compute_stream only together with has_user_compute_stream=1 (without it,
+  // cuBLAS crashed in the first run).
+  if (auto it = options.find("user_compute_stream"); it != options.end()) {
+    try {
+      setup.stream = static_cast<std::uintptr_t>(std::stoull(it->second));
+    } catch (const std::exception&) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "provider option user_compute_stream='" + it->second + "' is not a stream address");
+    }
+  } else {
+    // Blocking: torch's default stream is the legacy stream, and calls from there are
+    // then ordered by CUDA with no events (two record/wait pairs less per call).
+    setup.owned_stream = CudaStream::create(config.device_id, StreamSync::kWithLegacyStream);
+    setup.stream = setup.owned_stream->handle();
+    setup.stream_syncs_with_legacy = true;
+    options["user_compute_stream"] = std::to_string(setup.stream);
+  }
+  options["has_user_compute_stream"] = "1";
+  ort_call(ErrorCode::kInvalidArgument, "CUDA provider options",
+           [&] { setup.options.AppendExecutionProvider_V2(*rt.env, {device}, options); });
+  setup.memory_info = device.GetMemoryInfo(OrtDeviceMemoryType_DEFAULT);
+}
+
+void append_tensorrt(SessionSetup& setup, OrtRuntime& runtime, const OnnxRuntimeBackendConfig& config) {
+  auto status = runtime.provider_status(ExecutionProvider::kTensorRT);
+  if (!status.available) throw Error(ErrorCode::kProviderUnavailable, status.reason);
+  // The V2 options object takes every TensorRT option as a string (profiles, timing
+  // cache, builder level); where this ORT build cannot create it, the V1 struct
+  // takes the subset it has fields for and names any other option as unsupported.
+  bool v2 = false;
+  try {
+    Ort::TensorRTProviderOptions options;
+    std::unordered_map<std::string, std::string> all(config.provider_options.begin(), config.provider_options.end());
+    all["device_id"] = std::to_string(config.device_id);
+    options.Update(all);
+    setup.options.AppendExecutionProvider_TensorRT_V2(*options);
+    v2 = true;
+  } catch (const Ort::Exception& e) {
+    if (std::string(e.what()).find("not enabled in this build") == std::string::npos &&
+        std::string(e.what()).find("not supported") == std::string::npos)
+      throw Error(ErrorCode::kInvalidArgument, std::string("TensorRT provider options: ") + e.what());
+  }
+  if (!v2) {
+    OrtTensorRTProviderOptions trt{};
+    trt.device_id = config.device_id;
+    trt.trt_max_partition_iterations = 1000;
+    trt.trt_min_subgraph_size = 1;
+    trt.trt_max_workspace_size = size_t{1} << 30;
+    for (const auto& [k, v] : config.provider_options) apply_tensorrt_option(trt, k, v, setup.keep_alive);
+    ort_call(ErrorCode::kProviderUnavailable, "TensorRT execution provider",
+             [&] { setup.options.AppendExecutionProvider_TensorRT(trt); });
+  }
+  OrtCUDAProviderOptions cuda{};  // fallback for nodes TensorRT does not take, as the guide does
+  cuda.device_id = config.device_id;
+  ort_call(ErrorCode::kProviderUnavailable, "CUDA fallback of the TensorRT execution provider",
+           [&] { setup.options.AppendExecutionProvider_CUDA(cuda); });
+  setup.owned_memory_info.emplace("Cuda", OrtDeviceAllocator, config.device_id, OrtMemTypeDefault);
+  setup.memory_info = *setup.owned_memory_info;
+}
+
+}  // namespace
+
+bool provider_option_on(const OnnxRuntimeBackendConfig& config, const char* key) {
+  auto it = config.provider_options.find(key);
+  return it != config.provider_options.end() && it->second != "0" && it->second != "false";
+}
+
+SessionSetup make_session_setup(OrtRuntime& runtime, const OnnxRuntimeBackendConfig& config) {
+  SessionSetup setup;
+  auto& so = setup.options;
+  so.SetGraphOptimizationLevel(to_ort(config.graph_optimization_level));
+  if (config.intra_op_threads > 0) so.SetIntraOpNumThreads(config.intra_op_threads);
+  if (config.inter_op_threads > 0) so.SetInterOpNumThreads(config.inter_op_threads);
+  for (const auto& [k, v] : config.session_config)
+    ort_call(ErrorCode::kInvalidArgument, "session config entry '" + k + "'", [&] { so.AddConfigEntry(k.c_str(), v.c_str()); });
+  setup.cuda_graph = config.provider == ExecutionProvider::kCUDA && provider_option_on(config, "enable_cuda_graph");
+  switch (config.provider) {
+    case ExecutionProvider::kCPU: append_cpu(setup, config); break;
+    case ExecutionProvider::kCUDA: append_cuda(setup, runtime.impl(), config); break;
+    case ExecutionProvider::kTensorRT: append_tensorrt(setup, runtime, config); break;
+  }
+  return setup;
+}
+
+}  // namespace detail
+}  // namespace aitune

@@ -1,0 +1,49 @@
+// Private: the ORT session options an OnnxRuntimeBackendConfig makes, per provider (CPU, CUDA plugin EP, TensorRT).
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "aitune/onnx_runtime_backend.hpp"
+#include "aitune/ort_runtime.hpp"
+#include "cuda_stream.hpp"
+#include "ort_api.hpp"
+
+namespace aitune::detail {
+
+/// Everything session creation needs besides the model, and what the runners need to
+/// know about where the session computes.
+struct SessionSetup {
+  Ort::SessionOptions options;
+  /// Where inputs must live and outputs are allocated: the session's device. Points into
+  /// `owned_memory_info` or into the runtime's CUDA EP device (which outlives sessions).
+  std::optional<Ort::MemoryInfo> owned_memory_info;
+  const OrtMemoryInfo* memory_info = nullptr;
+  /// The CUDA stream the session runs on (user_compute_stream): `owned_stream`'s, or the
+  /// caller's. 0 where unknown (CPU, TensorRT).
+  std::uintptr_t stream = 0;
+  /// The stream aitune created for the session; the session's deleter takes it over so
+  /// that it is destroyed after the session.
+  std::shared_ptr<CudaStream> owned_stream;
+  /// True when `stream` is aitune's own blocking stream (StreamSync::kWithLegacyStream):
+  /// CUDA itself orders it with a caller on the legacy default stream, so no events.
+  bool stream_syncs_with_legacy = false;
+  /// enable_cuda_graph is on (CUDA only).
+  bool cuda_graph = false;
+  /// Strings the V1 TensorRT struct points into; alive until the session is created.
+  std::list<std::string> keep_alive;
+};
+
+/// Builds the session options for `config` (threads, optimisation level, session config
+/// entries, the provider and its options). Throws Error(kInvalidArgument) for options
+/// the provider does not take, Error(kProviderUnavailable) when the provider cannot be
+/// used here.
+SessionSetup make_session_setup(OrtRuntime& runtime, const OnnxRuntimeBackendConfig& config);
+
+/// True when provider option `key` is set to something other than "0" / "false".
+bool provider_option_on(const OnnxRuntimeBackendConfig& config, const char* key);
+
+}  // namespace aitune::detail
