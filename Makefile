@@ -1,5 +1,6 @@
 # aitune: `make demo` (the main job) and `make test` (every test) set up a fresh machine
-# first (scripts/setup.sh: Debian packages, .venv, ONNX Runtime from npm).
+# first (scripts/setup.sh: Debian packages, .venv with ONNX Runtime from PyPI (the CUDA
+# wheel and a CUDA torch where nvidia-smi finds a GPU), the pinned ORT headers from npm).
 PYTHON ?= .venv/bin/python
 BUILD_DIR ?= build/py
 PIP_BUILD = $(PYTHON) -m pip install --no-build-isolation --no-deps -q \

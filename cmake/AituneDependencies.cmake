@@ -1,6 +1,7 @@
 # Finds the header-only dependencies (nlohmann/json, CLI11, DLPack), the ONNX Runtime
-# headers and library fetched by scripts/fetch-onnxruntime.sh, and GoogleTest.
-# Nothing is downloaded here: scripts/setup.sh installs what a machine lacks.
+# headers fetched by scripts/fetch-onnxruntime.sh, the ONNX Runtime library compiled in as
+# a default, and GoogleTest. Nothing is downloaded here: scripts/setup.sh installs what a
+# machine lacks.
 
 find_package(Threads REQUIRED)
 
@@ -21,7 +22,47 @@ if(NOT EXISTS "${AITUNE_ORT_ROOT}/include/onnxruntime_cxx_api.h")
                       "run scripts/fetch-onnxruntime.sh or set AITUNE_ORT_ROOT")
 endif()
 set(AITUNE_ORT_INCLUDE "${AITUNE_ORT_ROOT}/include")
-set(AITUNE_ORT_LIBRARY_FILE "${AITUNE_ORT_ROOT}/lib/libonnxruntime.so.1")
+
+# Nothing links libonnxruntime: the engine loads it at run time (include/aitune/ort_runtime.hpp),
+# from AITUNE_ORT_LIBRARY (environment), the Python environment's onnxruntime wheel, then
+# this library compiled in (for programs without the Python front end: C++ consumers, the
+# CLI executable, the C++ tests), then the system loader. Likewise the folders of the CUDA
+# libraries that the GPU providers need. A build with tests takes both from the wheels of
+# the Python that configures it (python/aitune/_ort_wheel.py) unless they are named.
+set(AITUNE_ORT_LIBRARY "" CACHE FILEPATH
+    "ONNX Runtime library (>= 1.29; the 1.31.1 wheel's onnxruntime/capi/libonnxruntime.so.1.31.1) compiled in as a default")
+set(AITUNE_CUDA_LIBRARY_DIRS "" CACHE STRING
+    "Folders (a CMake list) holding the CUDA 13 / cuDNN 9 libraries of the GPU providers, compiled in as a default")
+set(AITUNE_DEFAULT_ORT_LIBRARY "${AITUNE_ORT_LIBRARY}")
+set(AITUNE_DEFAULT_CUDA_LIBRARY_DIRS "${AITUNE_CUDA_LIBRARY_DIRS}")
+if(AITUNE_BUILD_TESTS AND (NOT AITUNE_ORT_LIBRARY OR NOT AITUNE_CUDA_LIBRARY_DIRS))
+  find_package(Python3 COMPONENTS Interpreter REQUIRED)
+  execute_process(COMMAND "${Python3_EXECUTABLE}" "${PROJECT_SOURCE_DIR}/python/aitune/_ort_wheel.py"
+                  RESULT_VARIABLE aitune_wheel_rc OUTPUT_VARIABLE aitune_wheel_json ERROR_VARIABLE aitune_wheel_err
+                  OUTPUT_STRIP_TRAILING_WHITESPACE)
+  if(NOT aitune_wheel_rc EQUAL 0)
+    message(FATAL_ERROR "aitune: python/aitune/_ort_wheel.py failed under ${Python3_EXECUTABLE}: ${aitune_wheel_err}")
+  endif()
+  if(NOT AITUNE_ORT_LIBRARY)
+    string(JSON AITUNE_DEFAULT_ORT_LIBRARY GET "${aitune_wheel_json}" library)
+  endif()
+  if(NOT AITUNE_CUDA_LIBRARY_DIRS)
+    string(JSON aitune_n LENGTH "${aitune_wheel_json}" cuda_library_dirs)
+    if(aitune_n GREATER 0)
+      math(EXPR aitune_last "${aitune_n} - 1")
+      foreach(i RANGE ${aitune_last})
+        string(JSON aitune_dir GET "${aitune_wheel_json}" cuda_library_dirs ${i})
+        list(APPEND AITUNE_DEFAULT_CUDA_LIBRARY_DIRS "${aitune_dir}")
+      endforeach()
+    endif()
+  endif()
+  if(NOT AITUNE_DEFAULT_ORT_LIBRARY)
+    message(WARNING "aitune: ${Python3_EXECUTABLE} has no onnxruntime wheel with libonnxruntime.so.1*; the C++ "
+                    "tests will need AITUNE_ORT_LIBRARY (pip install onnxruntime==1.31.1, or scripts/setup.sh)")
+  endif()
+endif()
+message(STATUS "aitune: ONNX Runtime library compiled in: ${AITUNE_DEFAULT_ORT_LIBRARY}")
+message(STATUS "aitune: CUDA library folders compiled in: ${AITUNE_DEFAULT_CUDA_LIBRARY_DIRS}")
 
 if(AITUNE_BUILD_TESTS)
   find_package(GTest QUIET)

@@ -1,12 +1,13 @@
 # Install rules of the C++ package: libaitune_core.a as aitune::core with its public
-# headers, DLPack's header (the public headers include it), ONNX Runtime's core library,
-# the aitune executable, and a CMake package for `find_package(aitune CONFIG)`:
+# headers, DLPack's header (the public headers include it), the aitune executable, and a
+# CMake package for `find_package(aitune CONFIG)`:
 #   cmake --install BUILD --prefix PREFIX --component aitune_cpp
 # In a wheel build (scikit-build-core sets SKBUILD) these rules are EXCLUDE_FROM_ALL, so
 # the wheel holds only what python/src installs; they still run when the component is
 # named, which is how tests/cpp installs the `make test` tree. Elsewhere a plain
-# `cmake --install BUILD` installs them too. Everything goes to bin/, include/, lib/:
-# an installed program finds libonnxruntime.so.1 in <its dir>/../lib (OrtRuntime).
+# `cmake --install BUILD` installs them too. Everything goes to bin/, include/, lib/.
+# ONNX Runtime is not installed: programs load it at run time (AITUNE_ORT_LIBRARY, or the
+# library compiled in with the CMake option AITUNE_ORT_LIBRARY; see aitune/ort_runtime.hpp).
 include(CMakePackageConfigHelpers)
 
 set(aitune_install_exclude "")
@@ -23,20 +24,15 @@ install(DIRECTORY "${PROJECT_SOURCE_DIR}/include/aitune" DESTINATION include
         COMPONENT aitune_cpp ${aitune_install_exclude} FILES_MATCHING PATTERN "*.hpp")
 install(FILES "${AITUNE_DLPACK_INCLUDE}/dlpack/dlpack.h" DESTINATION include/aitune/deps/dlpack
         COMPONENT aitune_cpp ${aitune_install_exclude})
-get_filename_component(aitune_ort_real "${AITUNE_ORT_LIBRARY_FILE}" REALPATH)
-install(FILES "${aitune_ort_real}" DESTINATION lib RENAME libonnxruntime.so.1
-        COMPONENT aitune_cpp ${aitune_install_exclude})
 if(TARGET aitune)
   install(TARGETS aitune RUNTIME DESTINATION bin COMPONENT aitune_cpp ${aitune_install_exclude})
 endif()
 
 install(EXPORT aituneTargets NAMESPACE aitune:: FILE aituneTargets.cmake DESTINATION ${aitune_cmake_dir}
         COMPONENT aitune_cpp ${aitune_install_exclude})
-set(AITUNE_INSTALL_ORT_LIBRARY lib/libonnxruntime.so.1)
 configure_package_config_file("${CMAKE_CURRENT_LIST_DIR}/aituneConfig.cmake.in"
                               "${CMAKE_CURRENT_BINARY_DIR}/aituneConfig.cmake"
-                              INSTALL_DESTINATION ${aitune_cmake_dir}
-                              PATH_VARS AITUNE_INSTALL_ORT_LIBRARY)
+                              INSTALL_DESTINATION ${aitune_cmake_dir})
 write_basic_package_version_file("${CMAKE_CURRENT_BINARY_DIR}/aituneConfigVersion.cmake"
                                  COMPATIBILITY SameMinorVersion)
 install(FILES "${CMAKE_CURRENT_BINARY_DIR}/aituneConfig.cmake" "${CMAKE_CURRENT_BINARY_DIR}/aituneConfigVersion.cmake"

@@ -3,9 +3,15 @@
 # installs only what is missing.
 #   1. Debian packages: compiler, CMake, Ninja, header-only libraries, GoogleTest,
 #      OpenSSL headers (libcrypto: sha256 of checkpoint files), npm;
-#   2. a virtual environment .venv with pinned Python packages (torch pinned to the
-#      2.13.0 CPU wheel; an unpinned torch would pull a multi-GB CUDA build);
-#   3. ONNX Runtime 1.29.0 from npm, sha256-checked (scripts/fetch-onnxruntime.sh).
+#   2. a virtual environment .venv with pinned Python packages, ONNX Runtime among them as
+#      its PyPI wheel (the engine loads the wheel's libonnxruntime). Without an NVIDIA GPU:
+#      onnxruntime==1.31.1 and torch 2.13.0 (the CPU wheel where the index has it). With
+#      one (`nvidia-smi -L` succeeds; AITUNE_GPU=0/1 overrides): onnxruntime-gpu[cuda,cudnn]
+#      ==1.31.1 (its CUDA 13 / cuDNN 9 libraries as pip nvidia-* packages) and a CUDA build
+#      of torch 2.13.0 (from ${AITUNE_TORCH_CUDA_INDEX:-https://download.pytorch.org/whl/cu130}).
+#      The two ORT wheels install the same `onnxruntime` package, so only one is kept;
+#   3. the ONNX Runtime C API headers (1.29.0) from npm, sha256-checked
+#      (scripts/fetch-onnxruntime.sh); no runtime library is downloaded there.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
@@ -37,16 +43,47 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
 fi
 
-python_pins=(torch==2.13.0 numpy onnx==1.23.1 onnxscript==0.7.2 onnxconverter-common==1.16.0 onnxruntime==1.30.0 pytest
+gpu=${AITUNE_GPU:-}
+if [ -z "$gpu" ]; then
+  gpu=0
+  nvidia-smi -L >/dev/null 2>&1 && gpu=1
+fi
+torch_cuda_index=${AITUNE_TORCH_CUDA_INDEX:-https://download.pytorch.org/whl/cu130}
+common_pins=(numpy onnx==1.23.1 onnxscript==0.7.2 onnxconverter-common==1.16.0 pytest
              nanobind==3.1.0 scikit-build-core==1.1.2 tqdm)
+if [ "$gpu" = 1 ]; then
+  ort_pin="onnxruntime-gpu[cuda,cudnn]==1.31.1"; ort_dist=onnxruntime-gpu; other_dist=onnxruntime
+  pip_index=(--extra-index-url "$torch_cuda_index")
+else
+  ort_pin="onnxruntime==1.31.1"; ort_dist=onnxruntime; other_dist=onnxruntime-gpu
+  pip_index=()
+fi
+python_pins=(torch==2.13.0 "$ort_pin" "${common_pins[@]}")
 if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv" >&2
   python3 -m venv .venv
 fi
+pip=(.venv/bin/python -m pip)
+installed() { "${pip[@]}" show -q "$1" >/dev/null 2>&1; }
 stamp=.venv/.aitune-pins
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "${python_pins[*]}" ]; then
   echo "setup: installing Python packages into .venv: ${python_pins[*]}" >&2
-  .venv/bin/python -m pip install -q "${python_pins[@]}"
+  reinstall_ort=0
+  if installed "$other_dist"; then
+    # Uninstalling it removes files of the shared `onnxruntime` package: reinstall ours after.
+    echo "setup: replacing $other_dist by $ort_dist (they share the onnxruntime package)" >&2
+    "${pip[@]}" uninstall -q -y "$other_dist"
+    reinstall_ort=1
+  fi
+  "${pip[@]}" install -q "${pip_index[@]}" "${python_pins[@]}"
+  if [ "$reinstall_ort" = 1 ]; then
+    "${pip[@]}" install -q --force-reinstall --no-deps "$ort_dist==1.31.1"
+  fi
+  if [ "$gpu" = 1 ] && ! .venv/bin/python -c "import sys, torch; sys.exit(torch.version.cuda is None)"; then
+    echo "setup: .venv has a CPU build of torch; installing the CUDA build from $torch_cuda_index" >&2
+    "${pip[@]}" install -q --force-reinstall --no-deps --index-url "$torch_cuda_index" torch==2.13.0
+    "${pip[@]}" install -q "${pip_index[@]}" torch==2.13.0  # its nvidia-* dependencies
+  fi
   echo "${python_pins[*]}" > "$stamp"
 fi
 

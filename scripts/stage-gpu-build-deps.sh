@@ -8,7 +8,7 @@
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 dest=${1:?usage: stage-gpu-build-deps.sh DEST}
-rm -rf "$dest" && mkdir -p "$dest/include" "$dest/onnxruntime/lib"
+rm -rf "$dest" && mkdir -p "$dest/include" "$dest/onnxruntime"
 cp -r /usr/include/nlohmann /usr/include/CLI /usr/include/dlpack "$dest/include/"
 # OpenSSL's headers are split: the portable ones and the per-architecture configuration
 # (configuration.h, opensslconf.h); merged into one DEST/include/openssl.

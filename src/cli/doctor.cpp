@@ -1,4 +1,5 @@
-// `aitune doctor`: where ONNX Runtime was found and, per provider, available or why not.
+// `aitune doctor`: where ONNX Runtime was found (which wheel), and per provider: available
+// or why not, with the CUDA / cuDNN libraries the GPU providers resolved.
 #include <iostream>
 
 #include "aitune/error.hpp"
@@ -23,10 +24,25 @@ Command add_doctor(CLI::App& app) {
               return 3;
             }
             std::cout << "ONNX Runtime " << rt->version() << ": " << rt->library_path() << "\n";
+            const OrtWheel& wheel = rt->wheel();
+            if (!wheel.distribution.empty()) {
+              std::cout << "  from the Python package " << wheel.distribution << " " << wheel.version << " ("
+                        << wheel.capi_dir << ")\n";
+            } else if (!wheel.capi_dir.empty()) {
+              std::cout << "  from a wheel's layout without its metadata (" << wheel.capi_dir << ")\n";
+            } else {
+              std::cout << "  not from a Python package\n";
+            }
+            if (!wheel.warning.empty()) std::cout << "  warning: " << wheel.warning << "\n";
             std::cout << "  searched: ";
             auto paths = OrtRuntime::search_paths(*options);
             for (std::size_t i = 0; i < paths.size(); ++i) std::cout << (i ? ", " : "") << paths[i];
             std::cout << "\n  provider libraries looked for in: " << rt->providers_dir() << "\n";
+            std::cout << "  CUDA libraries looked for in: ";
+            const auto& dirs = rt->cuda_library_dirs();
+            for (std::size_t i = 0; i < dirs.size(); ++i) std::cout << (i ? ", " : "") << dirs[i];
+            std::cout << (dirs.empty() ? "(no folder; the system loader's path)" : ", then the system loader's path")
+                      << "\n";
             std::cout << "execution providers:\n";
             for (auto p : {ExecutionProvider::kCPU, ExecutionProvider::kCUDA, ExecutionProvider::kTensorRT}) {
               auto s = rt->provider_status(p);
@@ -35,6 +51,8 @@ Command add_doctor(CLI::App& app) {
               std::cout << "  " << name << (s.available ? "available" : "unavailable");
               if (!s.available) std::cout << ": " << s.reason;
               std::cout << "\n";
+              if (p == ExecutionProvider::kCUDA)
+                for (const auto& lib : s.cuda_libraries) std::cout << "            " << lib << "\n";
             }
             return 0;
           }};

@@ -3,11 +3,13 @@
 
 #include <dlfcn.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
 
 #include "aitune/error.hpp"
+#include "ort_library_search.hpp"
 #include "ort_runtime_impl.hpp"
 
 namespace aitune {
@@ -35,21 +37,41 @@ constexpr const char* kCudaProvider = "libonnxruntime_providers_cuda.so";
 constexpr const char* kTensorRTProvider = "libonnxruntime_providers_tensorrt.so";
 constexpr const char* kSharedProvider = "libonnxruntime_providers_shared.so";
 constexpr const char* kGpuPackageHint =
-    "install the ONNX Runtime 1.29.0 GPU providers (npm package com.github.asus4.onnxruntime.linux-x64-gpu@0.4.9, "
-    "directory package/Plugins/Linux/x64) next to libonnxruntime.so or into AITUNE_ORT_PROVIDERS_DIR";
+    "install the GPU wheel (pip install 'onnxruntime-gpu[cuda,cudnn]==1.31.1', or aitune[cuda]) in place of "
+    "onnxruntime, or point AITUNE_ORT_LIBRARY at its onnxruntime/capi/libonnxruntime.so.1.31.1 (the providers sit "
+    "beside it)";
+constexpr const char* kCudaLibrariesHint =
+    "install the pip CUDA libraries (pip install 'onnxruntime-gpu[cuda,cudnn]==1.31.1'), name their folders in "
+    "AITUNE_CUDA_LIBRARY_DIRS, or put CUDA 13, cuBLAS 13 and cuDNN 9 on LD_LIBRARY_PATH";
+
+#ifndef AITUNE_DEFAULT_ORT_LIBRARY
+#define AITUNE_DEFAULT_ORT_LIBRARY ""
+#endif
+#ifndef AITUNE_DEFAULT_CUDA_LIBRARY_DIRS
+#define AITUNE_DEFAULT_CUDA_LIBRARY_DIRS ""
+#endif
 
 std::string env_or_empty(const char* name) {
   const char* v = std::getenv(name);
   return v ? std::string(v) : std::string();
 }
 
-// Directory of the binary (extension module or executable) this code was linked into.
-std::string self_dir() {
-  Dl_info info{};
-  if (dladdr(reinterpret_cast<void*>(&OrtRuntime::search_paths), &info) == 0 || !info.dli_fname) return {};
+std::vector<std::string> split(const std::string& text, char sep) {
+  std::vector<std::string> parts;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    std::size_t end = text.find(sep, start);
+    if (end == std::string::npos) end = text.size();
+    if (end > start) parts.push_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  return parts;
+}
+
+std::string canonical_or_same(const std::string& path) {
   std::error_code ec;
-  auto p = fs::weakly_canonical(fs::path(info.dli_fname), ec);
-  return ec ? std::string() : p.parent_path().string();
+  auto p = fs::weakly_canonical(path, ec);
+  return ec ? path : p.string();
 }
 
 std::string last_dlerror() {
@@ -57,24 +79,90 @@ std::string last_dlerror() {
   return e ? std::string(e) : std::string("unknown dlopen error");
 }
 
+std::string joined(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& item : items) out += (out.empty() ? "" : ", ") + item;
+  return out.empty() ? "(none)" : out;
+}
+
 // Leaked on purpose: ORT tears its globals down in its own library destructor, and
 // releasing the Env after that (from a static destructor at exit) crashes.
 std::mutex g_load_mutex;
 std::shared_ptr<OrtRuntime>* g_runtime = nullptr;
 
+std::mutex g_python_mutex;
+OrtPythonPackages g_python_packages;  // guarded by g_python_mutex
+
+// The CUDA library folders, in OrtRuntimeOptions' documented order, existing ones once.
+std::vector<std::string> cuda_library_dirs_for(const OrtRuntimeOptions& options, const OrtWheel& wheel,
+                                               const OrtPythonPackages& python) {
+  std::vector<std::string> candidates = options.cuda_library_dirs;
+  for (auto& d : split(env_or_empty("AITUNE_CUDA_LIBRARY_DIRS"), ':')) candidates.push_back(std::move(d));
+  for (const auto& d : python.cuda_library_dirs) candidates.push_back(d);
+  if (!wheel.capi_dir.empty())
+    for (auto& d : detail::nvidia_library_dirs_beside(wheel.capi_dir)) candidates.push_back(std::move(d));
+  for (auto& d : split(AITUNE_DEFAULT_CUDA_LIBRARY_DIRS, ':')) candidates.push_back(std::move(d));
+  std::vector<std::string> dirs;
+  for (const auto& d : candidates) {
+    std::error_code ec;
+    if (!fs::is_directory(d, ec)) continue;
+    std::string c = canonical_or_same(d);
+    if (std::find(dirs.begin(), dirs.end(), c) == dirs.end()) dirs.push_back(std::move(c));
+  }
+  return dirs;
+}
+
+// Opens one candidate and checks its API version; "" and the outputs set on success, the
+// reason it cannot be used otherwise.
+std::string try_open(const std::string& path, void*& handle, const OrtApiBase*& base, const OrtApi*& api,
+                     std::string& resolved) {
+  if (path.find('/') != std::string::npos && !fs::exists(path)) return "no such file";
+  handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!handle) return last_dlerror();
+  using GetApiBase = const OrtApiBase* (*)();
+  auto get_api_base = reinterpret_cast<GetApiBase>(dlsym(handle, "OrtGetApiBase"));
+  if (!get_api_base) return "no symbol OrtGetApiBase (not ONNX Runtime?)";
+  base = get_api_base();
+  // The C API is versioned: a library serves every API version up to its own, so one
+  // older than the headers returns null here.
+  api = base->GetApi(ORT_API_VERSION);
+  if (!api)
+    return "ONNX Runtime " + std::string(base->GetVersionString()) + " is older than the C API aitune was built with (ORT_API_VERSION " +
+           std::to_string(ORT_API_VERSION) + "): it needs ONNX Runtime >= 1." + std::to_string(ORT_API_VERSION) +
+           " (pip install onnxruntime==1.31.1)";
+  Dl_info info{};
+  resolved = path;
+  if (dladdr(reinterpret_cast<void*>(get_api_base), &info) && info.dli_fname) resolved = info.dli_fname;
+  resolved = canonical_or_same(resolved);
+  return {};
+}
+
 }  // namespace
 
+void OrtRuntime::use_python_packages(const OrtPythonPackages& packages) {
+  std::lock_guard lock(g_python_mutex);
+  g_python_packages = packages;
+}
+
+OrtPythonPackages OrtRuntime::python_packages() {
+  std::lock_guard lock(g_python_mutex);
+  return g_python_packages;
+}
+
 std::vector<std::string> OrtRuntime::search_paths(const OrtRuntimeOptions& options) {
+  // A library named by the caller or by AITUNE_ORT_LIBRARY is the only candidate: falling
+  // back to another one would hide that the one asked for cannot be used.
+  if (!options.library_path.empty()) return {options.library_path};
+  if (auto env = env_or_empty("AITUNE_ORT_LIBRARY"); !env.empty()) return {env};
   std::vector<std::string> paths;
-  if (!options.library_path.empty()) paths.push_back(options.library_path);
-  if (auto env = env_or_empty("AITUNE_ORT_LIBRARY"); !env.empty()) paths.push_back(env);
-  if (auto dir = self_dir(); !dir.empty()) {
-    paths.push_back((fs::path(dir) / "lib" / kOrtSoname).string());
-    paths.push_back((fs::path(dir) / ".." / "lib" / kOrtSoname).lexically_normal().string());
+  const auto python = python_packages();
+  if (const auto& capi = python.onnxruntime.capi_dir; !capi.empty()) {
+    auto lib = detail::ort_library_in(capi);
+    paths.push_back(lib.empty() ? (fs::path(capi) / "libonnxruntime.so.1*").string() : lib);
   }
-#ifdef AITUNE_FETCHED_ORT_LIBRARY
-  paths.push_back(AITUNE_FETCHED_ORT_LIBRARY);
-#endif
+  if (std::string built_in = AITUNE_DEFAULT_ORT_LIBRARY; !built_in.empty()) {
+    if (std::find(paths.begin(), paths.end(), built_in) == paths.end()) paths.push_back(built_in);
+  }
   paths.push_back(kOrtSoname);  // the system loader's search path
   return paths;
 }
@@ -93,45 +181,42 @@ std::shared_ptr<OrtRuntime> OrtRuntime::load(const OrtRuntimeOptions& options) {
     return rt;
   }
 
+  const auto paths = search_paths(options);
+  const bool named = !options.library_path.empty() || !env_or_empty("AITUNE_ORT_LIBRARY").empty();
   std::string tried;
-  for (const auto& path : search_paths(options)) {
-    bool is_file_path = path.find('/') != std::string::npos;
-    if (is_file_path && !fs::exists(path)) {
-      tried += "\n  " + path + ": no such file";
-      continue;
-    }
-    void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (!handle) {
-      tried += "\n  " + path + ": " + last_dlerror();
-      continue;
-    }
-    using GetApiBase = const OrtApiBase* (*)();
-    auto get_api_base = reinterpret_cast<GetApiBase>(dlsym(handle, "OrtGetApiBase"));
-    if (!get_api_base) {
-      tried += "\n  " + path + ": no symbol OrtGetApiBase (not ONNX Runtime?)";
-      continue;
-    }
-    const OrtApiBase* base = get_api_base();
-    const OrtApi* api = base->GetApi(ORT_API_VERSION);
-    if (!api) {
-      tried += "\n  " + path + ": ONNX Runtime " + base->GetVersionString() + " does not provide API version " +
-               std::to_string(ORT_API_VERSION) + " (aitune needs ORT >= 1.29)";
-      continue;
+  for (const auto& path : paths) {
+    void* handle = nullptr;
+    const OrtApiBase* base = nullptr;
+    const OrtApi* api = nullptr;
+    std::string resolved;
+    if (std::string why = try_open(path, handle, base, api, resolved); !why.empty()) {
+      if (named) {
+        const char* by = options.library_path.empty() ? "AITUNE_ORT_LIBRARY" : "the library path given";
+        throw Error(ErrorCode::kProviderUnavailable,
+                    std::string("cannot load ONNX Runtime from ") + path + " (" + by + "): " + why);
+      }
+      tried += "\n  " + path + ": " + why;
+      continue;  // a handle of a library that is not usable stays open: harmless, never used
     }
     Ort::InitApi(api);
 
     auto impl = std::make_unique<Impl>();
     impl->handle = handle;
     impl->api_base = base;
-    Dl_info info{};
-    std::string resolved = path;
-    if (dladdr(reinterpret_cast<void*>(get_api_base), &info) && info.dli_fname) resolved = info.dli_fname;
+    impl->library_path = resolved;
+    const auto python = python_packages();
+    const auto& registered = python.onnxruntime;
     std::error_code ec;
-    auto canonical = fs::weakly_canonical(resolved, ec);
-    impl->library_path = ec ? resolved : canonical.string();
+    if (!registered.capi_dir.empty() && !registered.distribution.empty() &&
+        fs::equivalent(registered.capi_dir, fs::path(resolved).parent_path(), ec)) {
+      impl->wheel = registered;
+    } else {
+      impl->wheel = detail::wheel_of_library(resolved);
+    }
     impl->providers_dir = !options.providers_dir.empty()                      ? options.providers_dir
                           : !env_or_empty("AITUNE_ORT_PROVIDERS_DIR").empty() ? env_or_empty("AITUNE_ORT_PROVIDERS_DIR")
                                                                                : fs::path(resolved).parent_path().string();
+    impl->cuda_library_dirs = cuda_library_dirs_for(options, impl->wheel, python);
     impl->env.emplace(detail::ort_call(ErrorCode::kInternal, "creating the ONNX Runtime environment", [&] {
       return Ort::Env(static_cast<OrtLoggingLevel>(options.log_severity), "aitune");
     }));
@@ -140,15 +225,19 @@ std::shared_ptr<OrtRuntime> OrtRuntime::load(const OrtRuntimeOptions& options) {
   }
   throw Error(ErrorCode::kProviderUnavailable,
               "cannot load ONNX Runtime; tried:" + tried +
-                  "\nrun scripts/fetch-onnxruntime.sh (or `make setup`), or set AITUNE_ORT_LIBRARY to a "
-                  "libonnxruntime.so of version 1.29");
+                  "\ninstall it into the Python environment (pip install onnxruntime==1.31.1, or "
+                  "'onnxruntime-gpu[cuda,cudnn]==1.31.1' for CUDA), or set AITUNE_ORT_LIBRARY to a "
+                  "libonnxruntime.so of ONNX Runtime >= 1." +
+                  std::to_string(ORT_API_VERSION));
 }
 
 OrtRuntime::OrtRuntime(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 OrtRuntime::~OrtRuntime() = default;
 
 const std::string& OrtRuntime::library_path() const noexcept { return impl_->library_path; }
+const OrtWheel& OrtRuntime::wheel() const noexcept { return impl_->wheel; }
 const std::string& OrtRuntime::providers_dir() const noexcept { return impl_->providers_dir; }
+const std::vector<std::string>& OrtRuntime::cuda_library_dirs() const noexcept { return impl_->cuda_library_dirs; }
 std::string OrtRuntime::version() const { return impl_->api_base->GetVersionString(); }
 
 std::vector<std::string> OrtRuntime::compiled_providers() const {
@@ -179,21 +268,31 @@ std::string dependency_problem(const std::string& path) {
 
 }  // namespace
 
+void OrtRuntime::Impl::preload_cuda_libraries_locked() {
+  if (cuda_libraries_preloaded) return;
+  cuda_preload_failures = detail::preload_cuda_libraries(cuda_library_dirs);
+  cuda_libraries_preloaded = true;
+}
+
 const std::vector<Ort::ConstEpDevice>& OrtRuntime::Impl::cuda_ep_devices() {
   std::lock_guard lock(mutex);
   if (cuda_registered) return cuda_devices;
   std::string lib = (fs::path(providers_dir) / kCudaProvider).string();
   if (!fs::exists(lib))
     throw Error(ErrorCode::kProviderUnavailable,
-                "CUDA execution provider unavailable: " + lib + " not found; " + kGpuPackageHint +
-                    " (needs CUDA 13, cuBLAS 13 and cuDNN 9 on the loader path)");
+                "CUDA execution provider unavailable: " + lib + " not found (ONNX Runtime " +
+                    api_base->GetVersionString() + " here is a CPU build); " + kGpuPackageHint);
+  preload_cuda_libraries_locked();
   try {
     env->RegisterExecutionProviderLibrary("aitune_cuda", lib);
   } catch (const Ort::Exception& e) {
     std::string dep = dependency_problem(lib);
+    std::string failures;
+    for (const auto& f : cuda_preload_failures) failures += "; preloading " + f;
     throw Error(ErrorCode::kProviderUnavailable,
                 "CUDA execution provider unavailable: cannot load " + lib + ": " + (dep.empty() ? e.what() : dep) +
-                    "; put the CUDA 13, cuBLAS 13 and cuDNN 9 libraries on LD_LIBRARY_PATH");
+                    failures + "; CUDA libraries looked for in: " + joined(cuda_library_dirs) + "; " +
+                    kCudaLibrariesHint);
   }
   std::vector<Ort::ConstEpDevice> found;
   for (const auto& d : env->GetEpDevices())
@@ -224,6 +323,7 @@ ProviderStatus OrtRuntime::Impl::probe(ExecutionProvider provider) {
       } catch (const Error& e) {
         s.reason = e.what();
       }
+      s.cuda_libraries = detail::loaded_cuda_libraries();
       return s;
     case ExecutionProvider::kTensorRT: {
       // The TensorRT EP loads through ORT's provider bridge, which looks next to libonnxruntime.
@@ -238,6 +338,11 @@ ProviderStatus OrtRuntime::Impl::probe(ExecutionProvider provider) {
                    " not found (it ships with the GPU providers); " + kGpuPackageHint;
         return s;
       }
+      {
+        std::lock_guard lock(mutex);
+        preload_cuda_libraries_locked();
+      }
+      s.cuda_libraries = detail::loaded_cuda_libraries();
       // The provider links TensorRT itself; probing those libraries names the missing one
       // without loading the provider outside ORT.
       for (const char* trt_lib : {"libnvinfer.so.10", "libnvonnxparser.so.10"}) {

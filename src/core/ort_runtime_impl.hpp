@@ -13,7 +13,9 @@ namespace aitune {
 
 struct OrtRuntime::Impl {
   std::string library_path;
+  OrtWheel wheel;
   std::string providers_dir;
+  std::vector<std::string> cuda_library_dirs;
   void* handle = nullptr;  // dlopen handle; never closed (see ort_runtime.cpp)
   const OrtApiBase* api_base = nullptr;
   std::optional<Ort::Env> env;
@@ -21,11 +23,16 @@ struct OrtRuntime::Impl {
   std::mutex mutex;  // guards the members below
   std::map<ExecutionProvider, ProviderStatus> status_cache;
   bool cuda_registered = false;
+  bool cuda_libraries_preloaded = false;
+  std::vector<std::string> cuda_preload_failures;  // "path: why" of preloads that failed
   std::vector<Ort::ConstEpDevice> cuda_devices;  // plugin CUDA EP devices, in ORT's order
 
   /// Registers the CUDA plugin EP library once and returns its devices. Throws
   /// Error(kProviderUnavailable) with the reason when it cannot be used.
   const std::vector<Ort::ConstEpDevice>& cuda_ep_devices();
+
+  /// Preloads the CUDA / cuDNN libraries from cuda_library_dirs once (caller holds mutex).
+  void preload_cuda_libraries_locked();
 
   /// Probes (uncached) one provider.
   ProviderStatus probe(ExecutionProvider provider);

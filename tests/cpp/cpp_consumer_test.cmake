@@ -2,8 +2,10 @@
 # package into a fresh prefix, configures and builds the example against it alone
 # (find_package(aitune CONFIG)), saves a checkpoint of a fixture model with
 # make_test_checkpoint, runs the example on it and compares its output with numpy's.
+# ONNX Runtime comes from the library compiled into the package (ORT_LIBRARY, the CMake
+# option AITUNE_ORT_LIBRARY), then from AITUNE_ORT_LIBRARY in the environment.
 # Needs: BUILD_DIR SOURCE_DIR WORK_DIR MODELS_DIR MAKE_CHECKPOINT GENERATOR MAKE_PROGRAM
-#        CXX_COMPILER PYTHON
+#        CXX_COMPILER PYTHON ORT_LIBRARY
 cmake_minimum_required(VERSION 3.22)
 
 # Runs a command; fails the test with its output unless it exits 0. Sets step_output.
@@ -26,7 +28,7 @@ file(REMOVE_RECURSE "${WORK_DIR}")
 set(prefix "${WORK_DIR}/prefix")
 step(install ${CMAKE_COMMAND} --install "${BUILD_DIR}" --prefix "${prefix}" --component aitune_cpp)
 foreach(f include/aitune/checkpoint.hpp include/aitune/deps/dlpack/dlpack.h lib/libaitune_core.a
-          lib/libonnxruntime.so.1 lib/cmake/aitune/aituneConfig.cmake)
+          lib/cmake/aitune/aituneConfig.cmake)
   if(NOT EXISTS "${prefix}/${f}")
     message(FATAL_ERROR "cpp_consumer_example: the install lacks ${f}")
   endif()
@@ -52,14 +54,23 @@ set(example "${WORK_DIR}/build/cpp_consumer")
 step(make_checkpoint "${MAKE_CHECKPOINT}" "${WORK_DIR}/ckpt" "${MODELS_DIR}/mlp_ext.onnx" mlp)
 expect_output("graph mlp, 2 artifacts")  # the model and its external data
 
-# ONNX Runtime from the package's copy beside the example, not from the environment.
+if(EXISTS "${prefix}/lib/libonnxruntime.so.1")
+  message(FATAL_ERROR "cpp_consumer_example: the install carries an ONNX Runtime; it comes from the wheel")
+endif()
+file(READ "${prefix}/lib/cmake/aitune/aituneConfig.cmake" config_text)
+if(NOT config_text MATCHES "set\\(aitune_ORT_LIBRARY \"([^\"]*)\"\\)" OR NOT CMAKE_MATCH_1 STREQUAL ORT_LIBRARY)
+  message(FATAL_ERROR "cpp_consumer_example: aituneConfig.cmake should name the default ONNX Runtime ${ORT_LIBRARY}")
+endif()
+
+# ONNX Runtime from the library compiled in (the CMake option), not from the environment.
 unset(ENV{AITUNE_ORT_LIBRARY})
 step(run_inputs "${example}" "${WORK_DIR}/ckpt" --iterations 5 --input "x=${MODELS_DIR}/mlp_x.npy"
      --save-outputs "${WORK_DIR}/out")
 message("${step_output}")
 expect_output("module 'make_test_checkpoint', format version 1")
 expect_output("graph mlp on cpu")
-expect_output("ONNX Runtime [0-9.]+ loaded from [^\n]*/build/lib/libonnxruntime.so")  # the package's copy
+get_filename_component(ort_real "${ORT_LIBRARY}" REALPATH)
+expect_output("ONNX Runtime [0-9.]+ loaded from ${ort_real}\n")  # the compiled-in default
 expect_output("input x: float32\\[3, 64\\] from file")
 expect_output("5 inferences")
 expect_output("output y: float32\\[3, 16\\] min")
@@ -70,7 +81,13 @@ print('max abs difference', abs(a - b).max())"
      "${WORK_DIR}/out/y.npy" "${MODELS_DIR}/mlp_y.npy")
 expect_output("max abs difference")
 
+# AITUNE_ORT_LIBRARY (here a copy of the same library elsewhere) goes before the default.
+file(MAKE_DIRECTORY "${WORK_DIR}/ort")
+file(COPY_FILE "${ort_real}" "${WORK_DIR}/ort/libonnxruntime.so.1")
+set(ENV{AITUNE_ORT_LIBRARY} "${WORK_DIR}/ort/libonnxruntime.so.1")
 step(run_zeros "${example}" "${WORK_DIR}/ckpt" --iterations 2)
+unset(ENV{AITUNE_ORT_LIBRARY})
+expect_output("loaded from ${WORK_DIR}/ort/libonnxruntime.so.1\n")
 expect_output("input x: float32\\[1, 64\\] zeros")  # the saved spec's smallest batch
 expect_output("output y: float32\\[1, 16\\]")
 

@@ -1,11 +1,13 @@
-// Tests for OrtRuntime: loading the fetched ONNX Runtime, its version, search paths and
+// Tests for OrtRuntime: loading the default ONNX Runtime (the wheel of the Python that
+// configured the build), its version and wheel, search paths, CUDA library folders and
 // provider probing.
 #include <cstdlib>
+#include <fstream>
 
 #include "test_support.hpp"
 
-#ifndef AITUNE_TEST_FETCHED_ORT_LIBRARY
-#error "tests/cpp/CMakeLists.txt defines AITUNE_TEST_FETCHED_ORT_LIBRARY"
+#ifndef AITUNE_TEST_DEFAULT_ORT_LIBRARY
+#error "tests/cpp/CMakeLists.txt defines AITUNE_TEST_DEFAULT_ORT_LIBRARY"
 #endif
 
 namespace aitune {
@@ -48,14 +50,14 @@ TEST(Version, Values) {
   EXPECT_EQ(ort_api_version(), 29);
 }
 
-TEST(OrtRuntime, LoadsTheFetchedLibrary) {
+TEST(OrtRuntime, LoadsTheDefaultLibrary) {
   std::shared_ptr<OrtRuntime> rt = OrtRuntime::load();
   ASSERT_NE(rt, nullptr);
   EXPECT_FALSE(rt->library_path().empty());
   EXPECT_TRUE(fs::exists(rt->library_path())) << rt->library_path();
   if (std::getenv("AITUNE_ORT_LIBRARY") == nullptr) {
-    EXPECT_TRUE(same_file(rt->library_path(), AITUNE_TEST_FETCHED_ORT_LIBRARY))
-        << rt->library_path() << " vs " << AITUNE_TEST_FETCHED_ORT_LIBRARY;
+    EXPECT_TRUE(same_file(rt->library_path(), AITUNE_TEST_DEFAULT_ORT_LIBRARY))
+        << rt->library_path() << " vs " << AITUNE_TEST_DEFAULT_ORT_LIBRARY;
   }
 }
 
@@ -81,9 +83,30 @@ TEST(OrtRuntime, LoadingADifferentLibraryLaterThrowsState) {
   EXPECT_EQ(OrtRuntime::load().get(), rt.get()) << "the loaded runtime stays";
 }
 
-TEST(OrtRuntime, VersionIs129) {
+TEST(OrtRuntime, VersionIsAtLeastTheHeaders) {
   auto rt = OrtRuntime::load();
-  EXPECT_EQ(rt->version().rfind("1.29", 0), 0u) << rt->version();
+  const std::string v = rt->version();
+  ASSERT_EQ(v.rfind("1.", 0), 0u) << v;
+  EXPECT_GE(std::stoi(v.substr(2)), ort_api_version()) << v << " is older than the headers' API";
+}
+
+TEST(OrtRuntime, KnowsTheWheelItLoadedFrom) {
+  auto rt = OrtRuntime::load();
+  const OrtWheel& wheel = rt->wheel();
+  if (fs::path(rt->library_path()).parent_path().filename() != "capi")
+    GTEST_SKIP() << "not loaded from a wheel: " << rt->library_path();
+  EXPECT_TRUE(same_file(wheel.capi_dir, fs::path(rt->library_path()).parent_path().string())) << wheel.capi_dir;
+  EXPECT_TRUE(wheel.distribution == "onnxruntime" || wheel.distribution == "onnxruntime-gpu") << wheel.distribution;
+  EXPECT_EQ(wheel.version, rt->version()) << "the wheel's metadata and the library agree";
+}
+
+TEST(OrtRuntime, CudaLibraryFoldersAreExistingAndDistinct) {
+  auto rt = OrtRuntime::load();
+  const auto& dirs = rt->cuda_library_dirs();
+  for (std::size_t i = 0; i < dirs.size(); ++i) {
+    EXPECT_TRUE(fs::is_directory(dirs[i])) << dirs[i];
+    for (std::size_t j = 0; j < i; ++j) EXPECT_NE(dirs[i], dirs[j]);
+  }
 }
 
 TEST(OrtRuntime, CompiledProvidersIncludeCpu) {
@@ -144,31 +167,45 @@ TEST(OrtRuntime, CudaProviderAvailableOnGpuMachines) {
 
 TEST(OrtRuntime, SearchPathsInDocumentedOrder) {
   ScopedEnv unset_env("AITUNE_ORT_LIBRARY", nullptr);
-  const auto defaults = OrtRuntime::search_paths();
-  ASSERT_FALSE(defaults.empty());
+  const OrtPythonPackages saved = OrtRuntime::python_packages();
   auto index_of = [](const std::vector<std::string>& paths, const std::string& p) -> std::ptrdiff_t {
     for (std::size_t i = 0; i < paths.size(); ++i) {
       if (paths[i] == p || same_file(paths[i], p)) return static_cast<std::ptrdiff_t>(i);
     }
     return -1;
   };
-  const std::ptrdiff_t fetched = index_of(defaults, AITUNE_TEST_FETCHED_ORT_LIBRARY);
-  EXPECT_GE(fetched, 0) << "the fetched copy is a candidate";
-  const std::ptrdiff_t system = index_of(defaults, "libonnxruntime.so.1");
-  EXPECT_GE(system, 0) << "the system loader's name is a candidate";
-  EXPECT_EQ(system, static_cast<std::ptrdiff_t>(defaults.size()) - 1) << "the system loader comes last";
-  EXPECT_LT(fetched, system);
+  // Without a Python environment: the compiled-in default, then the system loader.
+  OrtRuntime::use_python_packages({});
+  const auto defaults = OrtRuntime::search_paths();
+  ASSERT_FALSE(defaults.empty());
+  const std::ptrdiff_t built_in = index_of(defaults, AITUNE_TEST_DEFAULT_ORT_LIBRARY);
+  EXPECT_GE(built_in, 0) << "the compiled-in library is a candidate";
+  EXPECT_EQ(defaults.back(), "libonnxruntime.so.1") << "the system loader comes last";
+  EXPECT_LT(built_in, static_cast<std::ptrdiff_t>(defaults.size()) - 1);
 
-  // An explicit path comes first, then AITUNE_ORT_LIBRARY, then the rest.
+  // A registered wheel goes first: its newest libonnxruntime.so.1.* (the wheel has no symlink).
+  test::ScopedTempDir site;
+  const fs::path capi = fs::path(site.path()) / "onnxruntime" / "capi";
+  fs::create_directories(capi);
+  for (const char* name : {"libonnxruntime.so.1.30.0", "libonnxruntime.so.1.31.1", "libonnxruntime.so.10",
+                           "libonnxruntime_providers_shared.so"})
+    std::ofstream(capi / name) << "x";
+  OrtPythonPackages packages;
+  packages.onnxruntime.capi_dir = capi.string();
+  OrtRuntime::use_python_packages(packages);
+  const auto with_wheel = OrtRuntime::search_paths();
+  ASSERT_GE(with_wheel.size(), 2u);
+  EXPECT_EQ(with_wheel[0], (capi / "libonnxruntime.so.1.31.1").string());
+  EXPECT_GT(index_of(with_wheel, AITUNE_TEST_DEFAULT_ORT_LIBRARY), 0);
+  EXPECT_EQ(with_wheel.back(), "libonnxruntime.so.1");
+
+  // AITUNE_ORT_LIBRARY, or an explicit path, is the only candidate.
   ScopedEnv env("AITUNE_ORT_LIBRARY", "/opt/from_env/libonnxruntime.so.1");
+  EXPECT_EQ(OrtRuntime::search_paths(), std::vector<std::string>{"/opt/from_env/libonnxruntime.so.1"});
   OrtRuntimeOptions options;
   options.library_path = "/opt/explicit/libonnxruntime.so.1";
-  const auto paths = OrtRuntime::search_paths(options);
-  ASSERT_GE(paths.size(), 3u);
-  EXPECT_EQ(paths[0], "/opt/explicit/libonnxruntime.so.1");
-  EXPECT_EQ(paths[1], "/opt/from_env/libonnxruntime.so.1");
-  EXPECT_GE(index_of(paths, AITUNE_TEST_FETCHED_ORT_LIBRARY), 2);
-  EXPECT_EQ(paths.back(), defaults.back());
+  EXPECT_EQ(OrtRuntime::search_paths(options), std::vector<std::string>{"/opt/explicit/libonnxruntime.so.1"});
+  OrtRuntime::use_python_packages(saved);
 }
 
 }  // namespace

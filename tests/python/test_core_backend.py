@@ -195,7 +195,7 @@ def test_concurrent_infer_is_correct(mlp_model):
 
 def test_provider_status_and_doctor(capfd):
     rt = _core.OrtRuntime.load()
-    assert rt.version.startswith("1.29")
+    assert int(rt.version.split(".")[1]) >= _core.ort_api_version  # not older than the headers
     assert rt.provider_status(_core.ExecutionProvider.CPU).available
     cuda = rt.provider_status(_core.ExecutionProvider.CUDA)
     assert cuda.available or cuda.reason
