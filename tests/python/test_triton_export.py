@@ -284,7 +284,7 @@ def _onnx(path: Path, op: str, source: str, target: str) -> None:
         [helper.make_tensor_value_info(source, TensorProto.FLOAT, ["batch", 4])],
         [helper.make_tensor_value_info(target, TensorProto.FLOAT, ["batch", 4])],
     )
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), path)
 
 
 def _spec(source: str, target: str) -> _core.GraphSpec:
