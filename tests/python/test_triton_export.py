@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -62,6 +63,14 @@ def _run_exported(model_dir: Path, config, feeds: dict[str, np.ndarray]) -> dict
     session = ort.InferenceSession(str(model_dir / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
     to_numpy = {PB2.TYPE_FP32: np.float32, PB2.TYPE_INT64: np.int64, PB2.TYPE_BOOL: np.bool_}
     assert [i.name for i in config.input] == [i.name for i in session.get_inputs()]
+    assert [o.name for o in config.output] == [o.name for o in session.get_outputs()]
+    # Triton's backend checks the configured dims against the model's: same rank (batch
+    # axis prepended when batching), a fixed model extent equal to the configured one.
+    for declared, actual in [*zip(config.input, session.get_inputs()), *zip(config.output, session.get_outputs())]:
+        dims = ([-1] if config.max_batch_size > 0 else []) + list(declared.dims)
+        assert len(dims) == len(actual.shape), (declared.name, dims, actual.shape)
+        for configured, model_dim in zip(dims, actual.shape):
+            assert not isinstance(model_dim, int) or model_dim in (-1, configured), (declared.name, dims, actual.shape)
     for declared in config.input:
         assert feeds[declared.name].dtype == to_numpy[declared.data_type], declared.name
     outputs = session.run([o.name for o in config.output], feeds)
@@ -255,6 +264,34 @@ def test_cuda_winner_options_and_cuda_graphs():
     assert not config.optimization.HasField("cuda")
     (note,) = cfg.not_expressed
     assert "enable_cuda_graph=1" in note and "not expressible" in note
+
+
+def test_cuda_tuned_module_exports_its_winner():
+    """On a GPU: the winner of a real CUDA tuning, its provider options as tuned."""
+    status = _core.OrtRuntime.load().provider_status(_core.ExecutionProvider.CUDA)
+    if not (status.available and torch.cuda.is_available()):
+        pytest.skip(f"CUDA execution provider or device unavailable: {status.reason or 'no CUDA device'}")
+    from aitune.torch.backend import ONNXExecutionProvider, ONNXRuntimeBackend, ONNXRuntimeBackendConfig
+
+    backend = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider=ONNXExecutionProvider.CUDA))
+    model = ait.Module(MLP().eval().cuda(), "mlp_cuda", strategy=ait.OneBackendStrategy(backend))
+    ait.tune(model, [torch.randn(16, device="cuda") for _ in range(4)], batch_sizes=[1, 4],
+             ignore_failing_modules=False)
+    options = dict(_session_of(model).config.provider_options)
+    with tempfile.TemporaryDirectory() as repo:
+        result = ait.export_triton(model, repo)
+        config = parse_config(Path(repo) / "mlp_cuda")
+    (group,) = config.instance_group
+    assert group.kind == PB2.ModelInstanceGroup.KIND_GPU
+    moved = {"cudnn_conv_algo_search", "gpu_mem_limit", "arena_extend_strategy", "do_copy_in_default_stream"}
+    said = {"enable_cuda_graph", "user_compute_stream", "has_user_compute_stream", "device_id"}
+    expected = {k: v for k, v in options.items() if k not in moved | said}
+    accelerators = config.optimization.execution_accelerators.gpu_execution_accelerator
+    assert {a.name: dict(a.parameters) for a in accelerators} == {"cuda": expected}
+    for key in moved & options.keys():
+        assert key in config.parameters, key
+    print(f"CUDA winner {options} -> config {text_format.MessageToString(config.optimization, as_one_line=True)}; "
+          f"not expressed: {result.models[0].not_expressed}")
 
 
 # -- several graphs -----------------------------------------------------------------------
