@@ -18,6 +18,7 @@
 #include "aitune/strategy.hpp"
 #include "aitune/tensor.hpp"
 #include "aitune/tensorrt_options.hpp"
+#include "aitune/triton_export.hpp"
 #include "aitune/tune_report.hpp"
 #include "aitune/tuner.hpp"
 #include "aitune/version.hpp"

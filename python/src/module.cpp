@@ -17,4 +17,5 @@ NB_MODULE(_core, m) {
   aitune::python::bind_cli(m);
   aitune::python::bind_tuning(m);
   aitune::python::bind_torch_dispatch(m);
+  aitune::python::bind_triton(m);
 }

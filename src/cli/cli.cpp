@@ -49,6 +49,10 @@ int run(const std::vector<std::string>& args) {
     Command command = add(app);
     actions[command.sub] = std::move(command.action);
   }
+  {  // export-triton, registered apart from the list above so that edits to either stay independent
+    Command command = add_export_triton(app);
+    actions[command.sub] = std::move(command.action);
+  }
   try {
     std::vector<std::string> reversed(args.rbegin(), args.rend() - (args.empty() ? 0 : 1));
     app.parse(reversed);

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
-GUIDES = ["onnxruntime-backend.md", "tuning.md"]
+GUIDES = ["onnxruntime-backend.md", "tuning.md", "deploying-triton.md"]
 SNIPPETS = [
     (guide, i, code)
     for guide in GUIDES
@@ -19,6 +19,7 @@ SNIPPETS = [
 def test_the_guides_have_snippets():
     assert sum(1 for guide, _, _ in SNIPPETS if guide == "onnxruntime-backend.md") >= 8
     assert any(guide == "tuning.md" for guide, _, _ in SNIPPETS)
+    assert sum(1 for guide, _, _ in SNIPPETS if guide == "deploying-triton.md") >= 3
 
 
 @pytest.mark.parametrize("guide, index, code", SNIPPETS, ids=[f"{g}-{i}" for g, i, _ in SNIPPETS])

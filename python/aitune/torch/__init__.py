@@ -39,6 +39,7 @@ from aitune.torch.strategy import (
     TuningError,
 )
 from aitune.torch.tuning import tune
+from aitune.torch.triton import export_triton
 
 __all__ = [
     "Backend",
@@ -65,6 +66,7 @@ __all__ = [
     "cache_root",
     "enable_find_max_batch_size",
     "enable_performance_validation",
+    "export_triton",
     "find_max_batch_size_enabled",
     "load",
     "performance_validation_enabled",
