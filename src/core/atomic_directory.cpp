@@ -60,6 +60,9 @@ Fd create_file(const fs::path& path) {
   return Fd(fd);
 }
 
+// ".<target's name><infix><random>", built by appending (GCC 12 warns falsely on "." + ...).
+std::string hidden_name(const fs::path& target, const std::string& infix);
+
 void sync_and_close(Fd& fd, const fs::path& path) {
   if (::fsync(fd.get()) != 0) fail(ErrorCode::kIo, "cannot flush '" + path.string() + "' to disk: " + errno_text());
   fd.close_checked(path.string());
@@ -74,6 +77,16 @@ std::string random_token() {
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(dist(rd)));
   return buf;
 }
+
+namespace {
+std::string hidden_name(const fs::path& target, const std::string& infix) {
+  std::string name = ".";
+  name += target.filename().string();
+  name += infix;
+  name += random_token();
+  return name;
+}
+}  // namespace
 
 FileDigest copy_and_hash(const fs::path& source, const fs::path& dest) {
   Fd in(::open(source.c_str(), O_RDONLY | O_CLOEXEC));
@@ -112,8 +125,7 @@ void sync_directory(const fs::path& dir) {
 
 fs::path create_directory_beside(const fs::path& target) {
   for (int attempt = 0;; ++attempt) {
-    fs::path candidate = target.parent_path() / ("." + target.filename().string() + ".tmp-" +
-                                                 std::to_string(::getpid()) + "-" + random_token());
+    fs::path candidate = target.parent_path() / hidden_name(target, ".tmp-" + std::to_string(::getpid()) + "-");
     if (::mkdir(candidate.c_str(), 0755) == 0) return candidate;
     if (errno != EEXIST || attempt > 8)
       fail(ErrorCode::kIo, "cannot create a temporary directory next to '" + target.string() + "': " + errno_text());
@@ -135,7 +147,7 @@ void replace_directory(const fs::path& tmp, const fs::path& target, bool target_
     fail(ErrorCode::kIo, "cannot swap '" + tmp.string() + "' into '" + target.string() + "': " + errno_text());
   // No atomic exchange here: move the old tree aside, the new one in, then drop the old
   // one; put the old one back if the second rename fails.
-  fs::path aside = target.parent_path() / ("." + target.filename().string() + ".old-" + random_token());
+  fs::path aside = target.parent_path() / hidden_name(target, ".old-");
   if (::rename(target.c_str(), aside.c_str()) != 0)
     fail(ErrorCode::kIo, "cannot move the previous '" + target.string() + "' aside: " + errno_text());
   if (::rename(tmp.c_str(), target.c_str()) != 0) {

@@ -613,7 +613,8 @@ TEST_F(CheckpointTest, SaveRejectsBadInput) {
 }
 
 TEST(CheckpointDocs, ManifestExampleIsAValidManifest) {
-  const auto doc = fs::path(__FILE__).parent_path().parent_path().parent_path() / "docs" / "checkpoints.md";
+  // (Not __FILE__: ccache's CCACHE_BASEDIR makes it relative to the build directory.)
+  const auto doc = fs::path(AITUNE_SOURCE_DIR) / "docs" / "checkpoints.md";
   const std::string text = test::read_file_bytes(doc.string());
   const auto start = text.find("```json\n");
   ASSERT_NE(start, std::string::npos) << doc << " has no ```json example";
