@@ -122,6 +122,10 @@ int run(const Args& args) {
     aitune::Tensor host = backend->to_host(outputs[i]);
     print_summary(name, host);
     if (!args.save_outputs.empty()) {
+      // Output names come from the checkpoint: only a plain file name may become one.
+      if (name.find('/') != std::string::npos || !aitune::is_safe_relative_path(name))
+        throw aitune::Error(aitune::ErrorCode::kInvalidArgument,
+                            "output '" + name + "' is not a plain file name; --save-outputs cannot write it");
       std::filesystem::create_directories(args.save_outputs);
       aitune::save_npy((std::filesystem::path(args.save_outputs) / (name + ".npy")).string(), host);
     }

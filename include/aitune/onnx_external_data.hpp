@@ -1,20 +1,40 @@
 // External data of an ONNX model: the files beside a model that hold its tensors.
 #pragma once
 
+#include <cstddef>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace aitune {
 
+/// Bounds of the ONNX protobuf walk in `onnx_external_data_locations`: a model nested
+/// deeper than this (subgraphs in attributes in nodes ...) is refused, like protobuf's
+/// own default recursion limit of 100 would.
+inline constexpr std::size_t kOnnxMaxMessageDepth = 100;
+/// Longest external data location accepted (a path; PATH_MAX on Linux).
+inline constexpr std::size_t kOnnxMaxLocationBytes = 4096;
+
 /// The external data files an ONNX model file references, as written in the model
-/// (each tensor's "location", relative to the model's directory), sorted and without
-/// duplicates; empty for a model that keeps its tensors inline. ORT offers no query
-/// for this, so the model's bytes are scanned for the protobuf record of a "location"
-/// entry (no protobuf dependency; the file is memory-mapped, not parsed). The names are
-/// returned unchecked: callers decide whether a location is acceptable (see
-/// `is_safe_relative_path`). Throws Error(kIo) naming the file when it cannot be read.
-/// Thread safe.
+/// (each tensor's "location" entry, relative to the model's directory), sorted and
+/// without duplicates; empty for a model that keeps its tensors inline. ORT offers no
+/// query for this, so the model's protobuf wire format is walked (no protobuf
+/// dependency; the file is memory-mapped): ModelProto.graph, .functions and
+/// .training_info; in every GraphProto the initializers, sparse initializers and node
+/// attributes (t, tensors, sparse_tensor(s), g, graphs: subgraphs recursively); in
+/// every TensorProto each external_data entry whose key is "location", whatever order
+/// its fields are written in. Every location is returned whatever the tensor's
+/// data_location says (stricter than ORT, never laxer). The names are returned
+/// unchecked: callers decide whether a location is acceptable (see
+/// `is_safe_relative_path`). Throws Error(kIo) naming the file when it cannot be read,
+/// Error(kModelInvalid) when its bytes are not a well-formed protobuf along the walked
+/// path (truncated, nested deeper than kOnnxMaxMessageDepth, a location longer than
+/// kOnnxMaxLocationBytes). Thread safe.
 std::vector<std::string> onnx_external_data_locations(const std::string& model_path);
+
+/// The same walk over a serialized ModelProto held in memory; `what` names it in error
+/// messages. Throws Error(kModelInvalid) as above.
+std::vector<std::string> onnx_external_data_locations_in(std::string_view model_bytes, const std::string& what);
 
 /// True when `path` is a non-empty relative path of '/'-separated components that
 /// cannot leave the directory it is resolved against: not absolute, no empty, "." or

@@ -1,6 +1,7 @@
 // aitune::Error -> one Python exception type per ErrorCode (also subclassing the
 // built-in type a Python user would catch: ValueError, TypeError, OSError).
 #include <map>
+#include <string_view>
 
 #include "aitune/error.hpp"
 #include "bindings.hpp"
@@ -54,7 +55,13 @@ void bind_errors(nb::module_& m) {
     try {
       std::rethrow_exception(p);
     } catch (const Error& e) {
-      PyErr_SetString(types().at(e.code()), e.what());
+      // Messages quote file contents (a manifest's bytes, a path); Python needs valid
+      // UTF-8, so bytes that are not become \xNN escapes instead of a UnicodeDecodeError.
+      const std::string_view what(e.what());
+      PyObject* message = PyUnicode_DecodeUTF8(what.data(), static_cast<Py_ssize_t>(what.size()), "backslashreplace");
+      if (!message) return;  // the decode error stays set
+      PyErr_SetObject(types().at(e.code()), message);
+      Py_DECREF(message);
     }
   });
 }

@@ -57,7 +57,9 @@ int run(const std::vector<std::string>& args) {
     std::vector<std::string> reversed(args.rbegin(), args.rend() - (args.empty() ? 0 : 1));
     app.parse(reversed);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // CLI11 prints the message (or the help) and has its own codes (105, 106, 109...);
+    // every usage error exits with the documented 2.
+    return app.exit(e) == 0 ? 0 : 2;
   }
   try {
     for (auto* sub : app.get_subcommands())

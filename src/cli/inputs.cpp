@@ -1,6 +1,8 @@
 // Inputs of the CLI's subcommands: NAME=VALUE options, random tensors, .npy samples.
 #include "inputs.hpp"
 
+#include <set>
+
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
@@ -9,6 +11,7 @@
 #include "aitune/error.hpp"
 #include "aitune/npy.hpp"
 #include "aitune/ort_runtime.hpp"
+#include "arguments.hpp"
 
 namespace aitune::cli {
 
@@ -30,6 +33,16 @@ Tensor random_input(const IoInfo& io, const TensorSpec* spec, const std::map<std
     shape[i] = it != dims.end() ? it->second
                : spec && i < spec->rank() ? std::max<int64_t>(spec->min_shape[i], 1)
                                           : 1;
+  }
+  // Bound the allocation before making it: --dim and --batch-sizes are checked one by
+  // one, their product here (a bad_alloc was the answer before).
+  int64_t bytes = static_cast<int64_t>(dtype_size(io.dtype));
+  for (auto d : shape) {
+    if (d != 0 && bytes > kMaxRandomInputBytes / d)
+      throw Error(ErrorCode::kInvalidArgument, "random input '" + io.name + "' of shape " + shape_to_string(shape) +
+                                                   " would take more than " + std::to_string(kMaxRandomInputBytes) +
+                                                   " bytes; choose smaller --dim / --batch-sizes or give it as a .npy");
+    bytes *= d;
   }
   Tensor t = Tensor::empty_host(io.dtype, shape);
   std::uniform_real_distribution<float> real(-1.f, 1.f);
@@ -79,17 +92,21 @@ ExecutionProvider resolve_provider(const std::string& text) {
   return provider;
 }
 
-std::map<std::string, int64_t> parse_dims(const std::vector<std::string>& dims) {
+std::map<std::string, int64_t> parse_dims(const std::vector<std::string>& dims, const std::vector<IoInfo>& inputs) {
+  std::set<std::string> symbols;
+  for (const auto& io : inputs)
+    for (std::size_t i = 0; i < io.shape.size() && i < io.symbolic_dims.size(); ++i)
+      if (io.shape[i] < 0 && !io.symbolic_dims[i].empty()) symbols.insert(io.symbolic_dims[i]);
   std::map<std::string, int64_t> out;
   for (const auto& d : dims) {
     auto [k, v] = split_assignment(d, "--dim");
-    try {
-      std::size_t used = 0;
-      out[k] = std::stoll(v, &used);
-      if (used != v.size()) throw std::invalid_argument(v);
-    } catch (const std::exception&) {
-      throw Error(ErrorCode::kInvalidArgument, "--dim " + d + ": '" + v + "' is not an integer");
+    if (!symbols.count(k)) {
+      std::string names;
+      for (const auto& s : symbols) names += (names.empty() ? "" : ", ") + s;
+      throw Error(ErrorCode::kInvalidArgument, "--dim " + d + ": the model's inputs have no symbolic dimension '" + k +
+                                                   "'; they have: " + (names.empty() ? "none" : names));
     }
+    out[k] = parse_integer(v, 1, kMaxExtent, "--dim " + k);
   }
   return out;
 }

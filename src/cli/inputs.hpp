@@ -18,11 +18,13 @@ namespace aitune::cli {
 /// "NAME=VALUE" -> {NAME, VALUE}; Error(kInvalidArgument) naming `what` otherwise.
 std::pair<std::string, std::string> split_assignment(const std::string& text, const char* what);
 
-/// --dim SYMBOL=VALUE options as a map; Error(kInvalidArgument) for a non-integer.
-std::map<std::string, int64_t> parse_dims(const std::vector<std::string>& dims);
+/// --dim SYMBOL=VALUE options as a map; Error(kInvalidArgument) for a SYMBOL that is no
+/// symbolic dimension of `inputs` or a VALUE that is not an integer in [1, kMaxExtent].
+std::map<std::string, int64_t> parse_dims(const std::vector<std::string>& dims, const std::vector<IoInfo>& inputs);
 
 /// A host tensor with reproducible values every dtype can hold. A symbolic extent takes
 /// its `dims` value, else the smallest `spec` accepts (1 without a spec).
+/// Error(kInvalidArgument) when it would exceed kMaxRandomInputBytes.
 Tensor random_input(const IoInfo& io, const TensorSpec* spec, const std::map<std::string, int64_t>& dims,
                     std::mt19937& rng);
 

@@ -7,6 +7,7 @@
 #include <iomanip>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <random>
 
@@ -15,6 +16,7 @@
 #include "aitune/latency_stats.hpp"
 #include "aitune/npy.hpp"
 #include "aitune/onnx_runtime_backend.hpp"
+#include "arguments.hpp"
 #include "commands.hpp"
 #include "inputs.hpp"
 
@@ -25,7 +27,7 @@ struct RunOptions {
   std::string model;     // an .onnx file or a checkpoint directory
   std::string graph;     // checkpoint graph key ("" = its only graph)
   std::string provider;  // "" = cpu for a model, the saved provider for a checkpoint
-  int device_id = -1;    // -1 = 0 for a model, the saved device for a checkpoint
+  std::optional<int> device_id;  // unset: 0 for a model, the saved device for a checkpoint
   std::vector<std::string> inputs;   // NAME=FILE.npy
   std::vector<std::string> dims;     // SYMBOL=VALUE for random inputs
   std::vector<std::string> provider_options;  // KEY=VALUE
@@ -83,16 +85,26 @@ std::unique_ptr<OnnxRuntimeBackend> checkpoint_backend(const RunOptions& o,
   const auto& graph = checkpoint.graph(key);
   CheckpointBackendOverrides overrides;
   if (!o.provider.empty()) overrides.provider = resolve_provider(o.provider);
-  if (o.device_id >= 0) overrides.device_id = o.device_id;
+  if (o.device_id) overrides.device_id = *o.device_id;
   if (!provider_options.empty()) overrides.provider_options = provider_options;
   std::cout << "checkpoint: " << checkpoint.directory() << " (module '" << checkpoint.manifest().module_name
             << "', graph '" << key << "', " << graph.artifacts.size() << " artifacts verified)\n";
   return checkpoint.create_backend(key, overrides);
 }
 
+// Creates --save-outputs DIR (or checks the one there) before anything runs.
+void prepare_output_directory(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  auto st = fs::status(dir, ec);
+  if (fs::exists(st) && !fs::is_directory(st))
+    throw Error(ErrorCode::kIo, "--save-outputs '" + dir + "' exists and is not a directory");
+  fs::create_directories(dir, ec);
+  if (ec) throw Error(ErrorCode::kIo, "--save-outputs: cannot create the directory '" + dir + "': " + ec.message());
+}
+
 int run_model(const RunOptions& o) {
-  if (o.iterations < 1) throw Error(ErrorCode::kInvalidArgument, "--iterations must be >= 1");
-  if (o.warmup < 0) throw Error(ErrorCode::kInvalidArgument, "--warmup must be >= 0");
+  if (!o.save_outputs.empty()) prepare_output_directory(o.save_outputs);
   std::map<std::string, std::string> provider_options;
   for (const auto& kv : o.provider_options) provider_options.insert(split_assignment(kv, "--provider-option"));
   std::unique_ptr<OnnxRuntimeBackend> backend;
@@ -104,13 +116,13 @@ int run_model(const RunOptions& o) {
                                                    "' is not a directory");
     OnnxRuntimeBackendConfig config;
     config.provider = resolve_provider(o.provider.empty() ? "cpu" : o.provider);
-    config.device_id = std::max(o.device_id, 0);
+    config.device_id = o.device_id.value_or(0);
     config.provider_options = provider_options;
     backend = OnnxRuntimeBackend::create(o.model, config);
   }
   const OnnxRuntimeBackendConfig& config = backend->config();
 
-  const auto dims = parse_dims(o.dims);
+  const auto dims = parse_dims(o.dims, backend->inputs());
   std::map<std::string, Tensor> given;
   for (const auto& spec : o.inputs) {
     auto [name, file] = split_assignment(spec, "--input");
@@ -154,8 +166,10 @@ int run_model(const RunOptions& o) {
     std::cout << "output " << name << ": " << dtype_name(host.dtype()) << shape_to_string(host.shape()) << " on "
               << outputs[i].device().to_string() << ", " << summary(host) << "\n";
     if (!o.save_outputs.empty()) {
-      std::filesystem::create_directories(o.save_outputs);
-      save_npy((std::filesystem::path(o.save_outputs) / (name + ".npy")).string(), host);
+      // Output names come from the model (or a checkpoint): never a path of their own.
+      const auto file = std::filesystem::path(o.save_outputs) / output_file_name(name);
+      save_npy(file.string(), host);
+      std::cout << "  saved as " << file.string() << "\n";
     }
   }
   auto stats = summarize_latencies(samples);
@@ -175,14 +189,16 @@ Command add_run(CLI::App& app) {
   sub->add_option("--provider", o->provider,
                   "cpu, cuda, tensorrt or auto (CUDA if available, else CPU); default: cpu for a model, "
                   "the saved provider for a checkpoint");
-  sub->add_option("--device-id", o->device_id, "CUDA device index (default: 0 for a model, the saved one for a checkpoint)");
+  sub->add_option("--device-id", o->device_id, "CUDA device index (default: 0 for a model, the saved one for a checkpoint)")
+      ->check(CLI::Range(0, kMaxDeviceId));
   sub->add_option("--input", o->inputs, "NAME=FILE.npy (repeatable); others are random");
-  sub->add_option("--dim", o->dims, "SYMBOL=VALUE for symbolic dims of random inputs (default: the smallest extent the graph spec accepts, 1 for a model)");
+  sub->add_option("--dim", o->dims, "SYMBOL=VALUE for symbolic dims of random inputs, VALUE in [1, 2^31-1] (default: the smallest extent the graph spec accepts, 1 for a model)");
   sub->add_option("--provider-option", o->provider_options,
                   "KEY=VALUE passed to the provider (repeatable; over a checkpoint's saved options)");
-  sub->add_option("--iterations", o->iterations, "timed runs")->capture_default_str();
-  sub->add_option("--warmup", o->warmup, "untimed runs before timing")->capture_default_str();
-  sub->add_option("--save-outputs", o->save_outputs, "directory to write each output as NAME.npy");
+  sub->add_option("--iterations", o->iterations, "timed runs")->capture_default_str()->check(CLI::Range(1, kMaxIterations));
+  sub->add_option("--warmup", o->warmup, "untimed runs before timing")->capture_default_str()->check(CLI::Range(0, kMaxIterations));
+  sub->add_option("--save-outputs", o->save_outputs,
+                  "directory to write each output as NAME.npy (bytes other than A-Z a-z 0-9 _ - . in NAME become %XX)");
   return {sub, [o] { return run_model(*o); }};
 }
 

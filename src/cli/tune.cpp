@@ -4,6 +4,8 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <algorithm>
+#include <cmath>
 #include <map>
 #include <optional>
 #include <random>
@@ -11,6 +13,8 @@
 #include "aitune/checkpoint.hpp"
 #include "aitune/error.hpp"
 #include "aitune/tuner.hpp"
+#include "aitune/ort_runtime.hpp"
+#include "arguments.hpp"
 #include "commands.hpp"
 #include "inputs.hpp"
 
@@ -45,10 +49,12 @@ Tolerance parse_tolerance(const std::string& text, const std::string& what) {
     if (comma == std::string::npos) throw std::invalid_argument(text);
     std::size_t a = 0, r = 0;
     double atol = std::stod(text.substr(0, comma), &a), rtol = std::stod(text.substr(comma + 1), &r);
-    if (a != comma || r != text.size() - comma - 1 || atol < 0 || rtol < 0) throw std::invalid_argument(text);
+    if (a != comma || r != text.size() - comma - 1 || !std::isfinite(atol) || !std::isfinite(rtol) || atol < 0 ||
+        rtol < 0)
+      throw std::invalid_argument(text);
     return {atol, rtol};
   } catch (const std::exception&) {
-    throw Error(ErrorCode::kInvalidArgument, what + " '" + text + "' is not ATOL,RTOL (two non-negative numbers)");
+    throw Error(ErrorCode::kInvalidArgument, what + " '" + text + "' is not ATOL,RTOL (two finite non-negative numbers)");
   }
 }
 
@@ -66,13 +72,12 @@ std::vector<TensorRecord> records_of(const std::vector<IoInfo>& ios, const std::
 }
 
 std::vector<std::map<std::string, Tensor>> random_samples(const OnnxRuntimeBackend& reference, const TuneOptions& o) {
-  auto dims = parse_dims(o.dims);
+  auto dims = parse_dims(o.dims, reference.inputs());
   std::mt19937 rng(0);
   std::vector<std::map<std::string, Tensor>> samples;
   bool batched = false;
   for (const auto& io : reference.inputs()) batched |= !io.shape.empty() && io.shape[0] < 0;
   for (int64_t batch : batched ? o.batch_sizes : std::vector<int64_t>{1}) {
-    if (batch < 1) throw Error(ErrorCode::kInvalidArgument, "--batch-sizes must be positive, got " + std::to_string(batch));
     auto with_batch = dims;
     for (const auto& io : reference.inputs())
       if (!io.shape.empty() && io.shape[0] < 0) with_batch[io.symbolic_dims[0]] = batch;
@@ -92,6 +97,11 @@ int tune_model(const TuneOptions& o) {
 
   OnnxRuntimeBackendConfig base;
   base.provider = resolve_provider(o.provider);
+  // Asked for by name, an unavailable provider is the documented exit 3, not "no
+  // candidate chosen" (1) after every candidate failed.
+  if (auto status = OrtRuntime::load()->provider_status(base.provider); !status.available)
+    throw Error(ErrorCode::kProviderUnavailable, "--provider " + std::string(execution_provider_name(base.provider)) +
+                                                     " is not available here: " + status.reason);
   base.device_id = o.device_id;
   for (const auto& kv : o.provider_options) base.provider_options.insert(split_assignment(kv, "--provider-option"));
 
@@ -124,6 +134,13 @@ int tune_model(const TuneOptions& o) {
   if (o.atol || o.rtol) options.tolerances.all = Tolerance{o.atol.value_or(0), o.rtol.value_or(0)};
   for (const auto& t : o.output_tolerances) {
     auto [name, value] = split_assignment(t, "--output-tolerance");
+    const auto& outs = reference->outputs();
+    if (std::none_of(outs.begin(), outs.end(), [&](const IoInfo& io) { return io.name == name; })) {
+      std::string names;
+      for (const auto& io : reference->outputs()) names += (names.empty() ? "" : ", ") + io.name;
+      throw Error(ErrorCode::kInvalidArgument, "--output-tolerance names unknown output '" + name +
+                                                   "'; the model's outputs: " + names);
+    }
     options.tolerances.per_output[name] = parse_tolerance(value, "--output-tolerance " + name);
   }
   options.batch_search.enabled = o.find_max_batch_size;
@@ -188,24 +205,28 @@ Command add_tune(CLI::App& app) {
   sub->add_option("model", o->model, "path to an .onnx file")->required();
   sub->add_option("--provider", o->provider, "cpu, cuda, tensorrt or auto (CUDA if available, else CPU)")
       ->capture_default_str();
-  sub->add_option("--device-id", o->device_id, "CUDA device index")->capture_default_str();
+  sub->add_option("--device-id", o->device_id, "CUDA device index")->capture_default_str()->check(CLI::Range(0, kMaxDeviceId));
   sub->add_option("--strategy", o->strategy,
                   "one-backend, first-wins, max-throughput, min-latency or latency-budget")->capture_default_str();
-  sub->add_option("--latency-budget-ms", o->latency_budget_ms, "p50 budget of the latency-budget strategy");
+  sub->add_option("--latency-budget-ms", o->latency_budget_ms, "p50 budget of the latency-budget strategy")
+      ->check(finite_in(0, 1e9));
   sub->add_option("--samples", o->samples, "directory of NAME.npy files (one sample) or of sample subdirectories");
   sub->add_option("--batch-sizes", o->batch_sizes, "random samples: extents of symbolic first axes")
-      ->delimiter(',')->capture_default_str();
-  sub->add_option("--dim", o->dims, "SYMBOL=VALUE for other symbolic extents of random samples (default 1)");
+      ->delimiter(',')->capture_default_str()->check(CLI::Range(int64_t{1}, kMaxBatchSize));
+  sub->add_option("--dim", o->dims, "SYMBOL=VALUE for other symbolic extents of random samples, VALUE in [1, 2^31-1] (default 1)");
   sub->add_option("--provider-option", o->provider_options, "KEY=VALUE fixed in every candidate (repeatable)");
-  sub->add_option("--atol", o->atol, "absolute tolerance for every output (default: by dtype and precision)");
-  sub->add_option("--rtol", o->rtol, "relative tolerance for every output");
+  sub->add_option("--atol", o->atol, "absolute tolerance for every output (default: by dtype and precision)")
+      ->check(finite_in(0, 1e30));
+  sub->add_option("--rtol", o->rtol, "relative tolerance for every output")->check(finite_in(0, 1e30));
   sub->add_option("--output-tolerance", o->output_tolerances, "NAME=ATOL,RTOL for one output (repeatable)");
   sub->add_flag("--no-variants", o->no_variants, "one strict candidate instead of the provider-option variants");
   sub->add_flag("--performance-validation", o->performance_validation,
                 "keep nothing unless the winner beats the CPU reference by 1.01x");
   sub->add_flag("--find-max-batch-size", o->find_max_batch_size, "search the largest useful batch for the winner");
-  sub->add_option("--max-batch-size", o->max_batch_size, "upper limit of the batch search")->capture_default_str();
-  sub->add_option("--time-cap", o->time_cap_s, "seconds of profiling per candidate at most")->capture_default_str();
+  sub->add_option("--max-batch-size", o->max_batch_size, "upper limit of the batch search")
+      ->capture_default_str()->check(CLI::Range(int64_t{1}, kMaxBatchSize));
+  sub->add_option("--time-cap", o->time_cap_s, "seconds of profiling per candidate at most")
+      ->capture_default_str()->check(finite_in(1e-3, kMaxTimeCapS));
   sub->add_option("--report", o->report, "write the JSON report to this file");
   sub->add_option("--checkpoint", o->checkpoint, "save the winner as a checkpoint directory (aitune run loads it)");
   sub->add_flag("--quiet", o->quiet, "no progress lines on stderr");

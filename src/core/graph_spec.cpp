@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "aitune/error.hpp"
+#include "bounded_json.hpp"
 
 namespace aitune {
 
@@ -188,12 +189,8 @@ std::string GraphSpec::to_json(int indent) const {
 }
 
 GraphSpec GraphSpec::from_json(const std::string& text) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {
-    throw Error(ErrorCode::kInvalidArgument, std::string("graph spec JSON does not parse: ") + e.what());
-  }
+  // Bounded nesting: copying a deep value below would recurse once per level.
+  const json j = detail::parse_bounded_json<json>(text, ErrorCode::kInvalidArgument, "graph spec JSON");
   GraphSpec spec;
   for (const char* key : {"inputs", "outputs"}) {
     auto list = field<std::vector<json>>(j, key, "graph spec");

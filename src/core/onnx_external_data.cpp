@@ -1,4 +1,4 @@
-// Finds the external data files an ONNX model references by scanning its protobuf bytes.
+// Finds the external data files an ONNX model references by walking its protobuf wire format.
 #include "aitune/onnx_external_data.hpp"
 
 #include <fcntl.h>
@@ -10,11 +10,163 @@
 #include <cstdint>
 #include <cstring>
 #include <set>
-#include <string_view>
 
 #include "aitune/error.hpp"
 
 namespace aitune {
+namespace {
+
+// Which ONNX messages the walk descends into. Field numbers are those of onnx.proto3
+// (onnx 1.x); only fields that can (transitively) hold a TensorProto are followed.
+enum class Message { kModel, kGraph, kNode, kAttribute, kTensor, kSparseTensor, kFunction, kTrainingInfo, kEntry };
+
+// The message type of field `field` of a message of type `m` when that field is an
+// embedded message the walk follows; false otherwise.
+bool child_of(Message m, std::uint32_t field, Message& child) {
+  switch (m) {
+    case Message::kModel:  // graph = 7, training_info = 20, functions = 25
+      if (field == 7) return child = Message::kGraph, true;
+      if (field == 20) return child = Message::kTrainingInfo, true;
+      if (field == 25) return child = Message::kFunction, true;
+      return false;
+    case Message::kTrainingInfo:  // initialization = 1, algorithm = 2
+      if (field == 1 || field == 2) return child = Message::kGraph, true;
+      return false;
+    case Message::kGraph:  // node = 1, initializer = 5, sparse_initializer = 15
+      if (field == 1) return child = Message::kNode, true;
+      if (field == 5) return child = Message::kTensor, true;
+      if (field == 15) return child = Message::kSparseTensor, true;
+      return false;
+    case Message::kFunction:  // node = 7, attribute_proto = 11
+      if (field == 7) return child = Message::kNode, true;
+      if (field == 11) return child = Message::kAttribute, true;
+      return false;
+    case Message::kNode:  // attribute = 5
+      if (field == 5) return child = Message::kAttribute, true;
+      return false;
+    case Message::kAttribute:  // t = 5, g = 6, tensors = 10, graphs = 11, sparse_tensor = 22, sparse_tensors = 23
+      if (field == 5 || field == 10) return child = Message::kTensor, true;
+      if (field == 6 || field == 11) return child = Message::kGraph, true;
+      if (field == 22 || field == 23) return child = Message::kSparseTensor, true;
+      return false;
+    case Message::kSparseTensor:  // values = 1, indices = 2
+      if (field == 1 || field == 2) return child = Message::kTensor, true;
+      return false;
+    case Message::kTensor:  // external_data = 13 (StringStringEntryProto)
+      if (field == 13) return child = Message::kEntry, true;
+      return false;
+    case Message::kEntry: return false;
+  }
+  return false;
+}
+
+class Walker {
+ public:
+  Walker(std::string_view bytes, const std::string& what) : bytes_(bytes), what_(what) {}
+
+  std::set<std::string> run() {
+    walk(0, bytes_.size(), Message::kModel, 0);
+    return std::move(locations_);
+  }
+
+ private:
+  [[noreturn]] void malformed(std::size_t at, const std::string& why) const {
+    throw Error(ErrorCode::kModelInvalid, "ONNX model '" + what_ + "' is not a well-formed protobuf: " + why +
+                                              " at byte " + std::to_string(at));
+  }
+
+  std::uint64_t varint(std::size_t& i, std::size_t end) const {
+    std::uint64_t value = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      if (i >= end) malformed(i, "truncated varint");
+      auto b = static_cast<unsigned char>(bytes_[i++]);
+      value |= static_cast<std::uint64_t>(b & 0x7f) << shift;
+      if (!(b & 0x80)) return value;
+    }
+    malformed(i, "varint longer than 10 bytes");
+  }
+
+  // Skips the payload of a field of `wire_type` that starts at `i`.
+  void skip(std::size_t& i, std::size_t end, std::uint32_t wire_type, std::uint32_t field, std::size_t depth) {
+    switch (wire_type) {
+      case 0: varint(i, end); return;
+      case 1: advance(i, end, 8); return;
+      case 5: advance(i, end, 4); return;
+      case 2: advance(i, end, length(i, end)); return;
+      case 3: {  // a (deprecated) group: fields up to the matching end-group tag
+        if (depth + 1 > kOnnxMaxMessageDepth) malformed(i, "groups nested deeper than " + std::to_string(kOnnxMaxMessageDepth));
+        for (;;) {
+          if (i >= end) malformed(i, "unterminated group");
+          const std::uint64_t tag = varint(i, end);
+          const auto wt = static_cast<std::uint32_t>(tag & 7);
+          const auto f = tag >> 3;
+          if (wt == 4) {
+            if (f != field) malformed(i, "mismatched end of group");
+            return;
+          }
+          skip(i, end, wt, static_cast<std::uint32_t>(f), depth + 1);
+        }
+      }
+      default: malformed(i, "invalid wire type " + std::to_string(wire_type));
+    }
+  }
+
+  std::size_t length(std::size_t& i, std::size_t end) const {
+    const std::uint64_t n = varint(i, end);
+    if (n > end - i) malformed(i, "length " + std::to_string(n) + " runs past the end of its message");
+    return static_cast<std::size_t>(n);
+  }
+
+  void advance(std::size_t& i, std::size_t end, std::size_t n) const {
+    if (n > end - i) malformed(i, "field runs past the end of its message");
+    i += n;
+  }
+
+  void walk(std::size_t begin, std::size_t end, Message type, std::size_t depth) {
+    if (depth > kOnnxMaxMessageDepth)
+      malformed(begin, "messages nested deeper than " + std::to_string(kOnnxMaxMessageDepth));
+    std::string_view key, value;  // of a StringStringEntryProto; the last of each wins, as in protobuf
+    bool has_value = false;
+    for (std::size_t i = begin; i < end;) {
+      const std::uint64_t tag = varint(i, end);
+      const auto wire_type = static_cast<std::uint32_t>(tag & 7);
+      const std::uint64_t field = tag >> 3;
+      if (field == 0 || field > 0x1fffffff) malformed(i, "invalid field number " + std::to_string(field));
+      if (wire_type == 4) malformed(i, "end of a group that was not started");
+      Message child{};
+      if (wire_type == 2 && type == Message::kEntry && (field == 1 || field == 2)) {
+        const std::size_t n = length(i, end);
+        (field == 1 ? key : value) = bytes_.substr(i, n);
+        has_value = has_value || field == 2;
+        i += n;
+      } else if (wire_type == 2 && child_of(type, static_cast<std::uint32_t>(field), child)) {
+        const std::size_t n = length(i, end);
+        walk(i, i + n, child, depth + 1);
+        i += n;
+      } else {
+        skip(i, end, wire_type, static_cast<std::uint32_t>(field), depth);
+      }
+    }
+    if (type == Message::kEntry && key == "location") {
+      if (!has_value) malformed(begin, "an external_data \"location\" entry without a value");
+      if (value.size() > kOnnxMaxLocationBytes)
+        malformed(begin, "an external data location of " + std::to_string(value.size()) + " bytes (limit " +
+                             std::to_string(kOnnxMaxLocationBytes) + ")");
+      locations_.emplace(value);
+    }
+  }
+
+  std::string_view bytes_;
+  const std::string& what_;
+  std::set<std::string> locations_;
+};
+
+}  // namespace
+
+std::vector<std::string> onnx_external_data_locations_in(std::string_view model_bytes, const std::string& what) {
+  auto files = Walker(model_bytes, what).run();
+  return {files.begin(), files.end()};
+}
 
 std::vector<std::string> onnx_external_data_locations(const std::string& model_path) {
   int fd = ::open(model_path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -26,6 +178,7 @@ std::vector<std::string> onnx_external_data_locations(const std::string& model_p
   struct stat st{};
   if (::fstat(fd, &st) != 0)
     throw Error(ErrorCode::kIo, "cannot stat ONNX model '" + model_path + "': " + std::strerror(errno));
+  if (!S_ISREG(st.st_mode)) throw Error(ErrorCode::kIo, "ONNX model '" + model_path + "' is not a regular file");
   if (st.st_size == 0) return {};
   const auto size = static_cast<std::size_t>(st.st_size);
   void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -36,26 +189,7 @@ std::vector<std::string> onnx_external_data_locations(const std::string& model_p
     std::size_t n;
     ~Unmapper() { ::munmap(p, n); }
   } unmapper{map, size};
-  std::string_view bytes(static_cast<const char*>(map), size);
-
-  // Each external data reference is a StringStringEntryProto {key: "location", value:
-  // <file>}: field 1 (tag 0x0a) of length 8 holding "location", then field 2 (tag 0x12),
-  // a varint length and the file name.
-  static constexpr std::string_view kMarker("\x0a\x08location\x12", 11);
-  std::set<std::string> files;
-  for (auto pos = bytes.find(kMarker); pos != std::string_view::npos; pos = bytes.find(kMarker, pos + 1)) {
-    std::size_t i = pos + kMarker.size();
-    std::uint64_t len = 0;
-    int shift = 0;
-    while (i < bytes.size() && shift < 35) {
-      auto b = static_cast<unsigned char>(bytes[i++]);
-      len |= static_cast<std::uint64_t>(b & 0x7f) << shift;
-      if (!(b & 0x80)) break;
-      shift += 7;
-    }
-    if (len > 0 && len < 4096 && i + len <= bytes.size()) files.emplace(bytes.substr(i, len));
-  }
-  return {files.begin(), files.end()};
+  return onnx_external_data_locations_in(std::string_view(static_cast<const char*>(map), size), model_path);
 }
 
 bool is_safe_relative_path(const std::string& path) noexcept {

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "onnx_wire.hpp"
 #include "test_support.hpp"
 
 namespace aitune {
@@ -403,6 +404,79 @@ TEST_F(CheckpointTest, UnlistedExternalDataIsRefused) {
   expect_corrupt(dir_, {}, {"mlp_ext.onnx.data", "not an artifact"});
 }
 
+// Regression (issue 17): the same entry written value-first (valid protobuf) was missed by
+// the byte-pattern scan, so an unlisted file ran as weights while load said "verified".
+TEST_F(CheckpointTest, UnlistedExternalDataWrittenValueFirstIsRefused) {
+  ScopedTempDir src;
+  std::string bytes = test::read_file_bytes(fixture("mlp_ext.onnx"));
+  ASSERT_GT(test::onnx_wire::put_location_values_first(bytes), 0u);
+  test::write_file_bytes(src.file("mlp_ext.onnx"), bytes);
+  fs::copy_file(fixture("mlp_ext.onnx.data"), src.file("mlp_ext.onnx.data"));
+  const auto saved = Checkpoint::save(dir_, mlp_manifest(), {{"graphs/mlp/model_raw.onnx", src.file("mlp_ext.onnx")}});
+  ASSERT_EQ(saved.graphs[0].artifacts.size(), 2u) << "save must find the value-first data file and keep it";
+  edit_manifest([](json& j) {
+    auto& arts = j["graphs"][0]["artifacts"];
+    arts.erase(arts.begin());  // graphs/mlp/mlp_ext.onnx.data sorts first
+  });
+  expect_corrupt(dir_, {}, {"mlp_ext.onnx.data", "not an artifact"});
+}
+
+// Regression (issue 17): arrays nested 80,000 deep overflowed the stack when re-serialised.
+TEST_F(CheckpointTest, DeeplyNestedManifestIsCorruptNotACrash) {
+  save_mlp();
+  const std::string manifest = test::read_file_bytes(artifact("manifest.json"));
+  for (const std::string field : {"\"metadata\": ", "\"structure\": ", "\"graph_spec\": ", "\"backend_config\": "}) {
+    SCOPED_TRACE(field);
+    const auto at = manifest.find(field);
+    ASSERT_NE(at, std::string::npos);
+    const std::string deep = std::string(80000, '[') + std::string(80000, ']') + ", \"x\": ";
+    std::string edited = manifest;
+    // `"field": [[[...]]], "x": <the original value>` keeps the JSON valid.
+    edited.insert(at + field.size(), deep);
+    edited.replace(at, field.size(), field);
+    test::write_file_bytes(artifact("manifest.json"), edited);
+    expect_corrupt(dir_, {}, {"nested deeper than"});
+  }
+  // On save, the front end's JSON is bounded the same way.
+  auto m = mlp_manifest();
+  m.metadata_json = std::string(1000, '[') + std::string(1000, ']');
+  expect_error([&] { Checkpoint::save(tmp_.file("deep"), m, mlp_files()); },
+               test::ErrorExpectation{{ErrorCode::kInvalidArgument}, {}, {"nested deeper than"}});
+  // 100 levels are fine.
+  m.metadata_json = std::string(100, '[') + std::string(100, ']');
+  Checkpoint::save(tmp_.file("deep_ok"), m, mlp_files());
+  EXPECT_EQ(Checkpoint::load(tmp_.file("deep_ok")).manifest().metadata_json, m.metadata_json);
+}
+
+// Regression (issue 17): 100,000 intra-op threads hung a load for minutes; 1.5, 2^32 + 1,
+// -5 and a device 2^40 were accepted (truncated).
+TEST_F(CheckpointTest, UnboundedNumbersInTheBackendConfigAreCorrupt) {
+  save_mlp();
+  const std::vector<std::pair<std::string, json>> cases = {
+      {"intra_op_threads", 100000}, {"intra_op_threads", 4294967297ull}, {"inter_op_threads", -5},
+      {"intra_op_threads", 1.5},    {"device_id", 1099511627776ull},     {"device_id", -1},
+      {"inter_op_threads", "2"},
+  };
+  for (const auto& [key, value] : cases) {
+    SCOPED_TRACE(key + "=" + value.dump());
+    edit_manifest([&](json& j) {
+      j["graphs"][0]["backend_config"] = json::parse(mlp_config().to_json());
+      j["graphs"][0]["backend_config"][key] = value;
+    });
+    expect_corrupt(dir_, {}, {key});
+  }
+  auto m = mlp_manifest();
+  m.graphs[0].backend_config.intra_op_threads = 100000;
+  expect_error([&] { Checkpoint::save(tmp_.file("threads"), m, mlp_files()); },
+               test::ErrorExpectation{{ErrorCode::kInvalidArgument}, {}, {"intra_op_threads"}});
+}
+
+TEST_F(CheckpointTest, ManifestWithoutGraphsIsCorrupt) {
+  save_mlp();
+  edit_manifest([](json& j) { j["graphs"] = json::array(); });
+  expect_corrupt(dir_, {}, {"at least one graph"});
+}
+
 // ---------------------------------------------------------------------------------
 // Atomic save
 
@@ -539,7 +613,8 @@ TEST_F(CheckpointTest, SaveRejectsBadInput) {
 }
 
 TEST(CheckpointDocs, ManifestExampleIsAValidManifest) {
-  const auto doc = fs::path(__FILE__).parent_path().parent_path().parent_path() / "docs" / "checkpoints.md";
+  // (Not __FILE__: ccache's CCACHE_BASEDIR makes it relative to the build directory.)
+  const auto doc = fs::path(AITUNE_SOURCE_DIR) / "docs" / "checkpoints.md";
   const std::string text = test::read_file_bytes(doc.string());
   const auto start = text.find("```json\n");
   ASSERT_NE(start, std::string::npos) << doc << " has no ```json example";

@@ -247,5 +247,80 @@ TEST(Npy, SaveIntoMissingDirectoryThrowsIo) {
   EXPECT_NE(msg.find(path), std::string::npos) << msg;
 }
 
+// Regressions of issue 17: headers that crashed std::regex, allocated what they
+// claimed, or were read differently from numpy. Each must be a clean kInvalidArgument.
+class NpyHostileHeader : public ::testing::Test {
+ protected:
+  // A version-1 file with `header` verbatim (padded) and `data` after it.
+  std::string write(const std::string& name, std::string header, std::string_view data = std::string_view("\0\0\0\0\0\0\0\0", 8)) {
+    while ((10 + header.size() + 1) % 64 != 0) header += ' ';
+    header += '\n';
+    if (header.size() > 0xffff) header.resize(0xffff);
+    std::string bytes = "\x93NUMPY\x01";
+    bytes += '\0';
+    bytes += static_cast<char>(header.size() & 0xff);
+    bytes += static_cast<char>(header.size() >> 8);
+    bytes += header;
+    bytes += data;
+    test::write_file_bytes(dir_.file(name), bytes);
+    return dir_.file(name);
+  }
+  std::string refused(const std::string& path, std::vector<std::string> substrings = {}) {
+    return expect_error([&] { load_npy(path); }, ErrorExpectation{{ErrorCode::kInvalidArgument}, {}, std::move(substrings)});
+  }
+  ScopedTempDir dir_;
+};
+
+TEST_F(NpyHostileHeader, SpacesInsideTheShapeTuple) {
+  // 30,000 spaces crashed std::regex (exit 139); numpy's limit is 10,000 header bytes.
+  refused(write("spaces.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (" + std::string(30000, ' ') + "2,), }"),
+          {"10000"});
+  // Within the limit, spaces are fine, as for numpy.
+  EXPECT_EQ(load_npy(write("some.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (" + std::string(5000, ' ') +
+                                            "2,), }"))
+                .shape(),
+            (Shape{2}));
+}
+
+TEST_F(NpyHostileHeader, LongDescrAndManyDimensions) {
+  refused(write("descr.npy", "{'descr': '" + std::string(60000, 'f') + "', 'fortran_order': False, 'shape': (2,), }"));
+  std::string dims;
+  for (int i = 0; i < 20000; ++i) dims += "1,";
+  refused(write("dims.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (" + dims + "), }"));
+  dims.clear();
+  for (int i = 0; i < 65; ++i) dims += "1,";
+  refused(write("dims65.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (" + dims + "), }"), {"64"});
+}
+
+TEST_F(NpyHostileHeader, DeclaredHeaderLongerThanTheFileIsRefusedBeforeAllocating) {
+  // 12 bytes declaring a 0xFFFFFFFF-byte (v2) header: allocated 4.2 GB before.
+  std::string bytes = "\x93NUMPY\x02";
+  bytes += '\0';
+  bytes += "\xff\xff\xff\xff";
+  test::write_file_bytes(dir_.file("huge.npy"), bytes);
+  refused(dir_.file("huge.npy"), {"truncated header", "4294967295"});
+}
+
+TEST_F(NpyHostileHeader, ExactlyNumpysKeys) {
+  // An extra key whose text holds "'shape': (1, 16)" was read as that shape; numpy refuses the file.
+  refused(write("extra.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), 'x': \"'shape': (1, 16)\"}"),
+          {"'x'"});
+  refused(write("twice.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), 'shape': (2,)}"), {"twice"});
+  refused(write("missing.npy", "{'descr': '<f4', 'shape': (2,)}"), {"fortran_order"});
+  refused(write("int.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (2)}"));
+  refused(write("neg.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (-2,)}"));
+  refused(write("after.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (2,)} junk"));
+  refused(write("big.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999999,)}"), {"64 bits"});
+  // Shapes whose byte count overflows, even with a zero extent (int64 element counts).
+  refused(write("overflow.npy", "{'descr': '<f8', 'fortran_order': False, 'shape': (4294967296, 4294967296, 0)}"));
+  refused(write("overflow2.npy", "{'descr': '<f8', 'fortran_order': False, 'shape': (4294967296, 4294967296)}"));
+  // What numpy also accepts: double quotes, no trailing comma, any key order, a 0-d shape.
+  EXPECT_EQ(load_npy(write("dq.npy", "{\"shape\": (1, 2), \"fortran_order\": False, \"descr\": \"<f4\"}")).shape(),
+            (Shape{1, 2}));
+  EXPECT_EQ(load_npy(write("zero.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': ()}")).shape(), Shape{});
+  EXPECT_EQ(load_npy(write("empty.npy", "{'descr': '<f4', 'fortran_order': False, 'shape': (0, 7)}", "")).shape(),
+            (Shape{0, 7}));
+}
+
 }  // namespace
 }  // namespace aitune

@@ -274,7 +274,7 @@ def _overrides(saved: _core.OnnxRuntimeBackendConfig, device: torch.device | Non
 def _metadata(manifest, where: str) -> dict:
     try:
         metadata = json.loads(manifest.metadata_json)
-    except ValueError as error:
+    except (ValueError, RecursionError) as error:
         raise corrupt(where, f"metadata is not JSON: {error}") from None
     ours = metadata.get(METADATA_KEY) if isinstance(metadata, dict) else None
     if not isinstance(ours, dict):
@@ -300,7 +300,7 @@ def _read_report(checkpoint, saved, where: str) -> dict | None:
         return None
     try:
         return json.loads(Path(checkpoint.artifact_path(relative)).read_text())
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, RecursionError) as error:  # RecursionError: JSON nested too deep
         raise corrupt(where, f"{relative} cannot be read as JSON: {error}") from None
 
 
@@ -355,7 +355,7 @@ def load(module, path: str | os.PathLike, device_map: DeviceLike | Mapping[str, 
             raise corrupt(graph_where, f"backend '{saved.backend}' is not one ait.load runs")
         try:
             structure = json.loads(saved.structure_json)
-        except ValueError as error:
+        except (ValueError, RecursionError) as error:
             raise corrupt(graph_where, f"structure is not JSON: {error}") from None
         spec = saved.graph_spec
         graph = saved_graph(module, structure, key, graph_where, spec)

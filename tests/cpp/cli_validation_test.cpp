@@ -1,0 +1,122 @@
+// `aitune run` / `aitune tune` in a separate process on hostile or careless input: every
+// number outside its range, every unknown name and every parse error exits with the
+// documented code (2 usage, 3 provider unavailable, 6 I/O) and one readable line, and
+// output files never leave --save-outputs DIR (issue 17).
+#include <filesystem>
+
+#include <gtest/gtest.h>
+
+#include "aitune/npy.hpp"
+#include "aitune/ort_runtime.hpp"
+#include "onnx_wire.hpp"
+#include "test_support.hpp"
+
+namespace aitune {
+namespace {
+using namespace test;
+namespace fs = std::filesystem;
+
+CommandResult cli(const std::string& args) { return run_command(std::string("'") + AITUNE_TEST_CLI + "' " + args); }
+
+// Exit `code`, no "internal error", and the output names what was wrong.
+void expect_exit(const std::string& args, int code, const std::string& names) {
+  SCOPED_TRACE(args);
+  auto r = cli(args);
+  EXPECT_EQ(r.exit_code, code) << r.output;
+  EXPECT_EQ(r.output.find("internal error"), std::string::npos) << r.output;
+  EXPECT_TRUE(contains_icase(r.output, names)) << "expected '" << names << "' in: " << r.output;
+}
+
+TEST(CliValidation, RunNumbersAndNamesOutOfRange) {
+  const std::string mlp = fixture("mlp.onnx") + " --iterations 1 --warmup 0";
+  expect_exit("run " + mlp + " --dim batch=1000000000", 2, "random input 'x'");       // was std::bad_alloc
+  expect_exit("run " + mlp + " --dim batch=10000000000000000000000", 2, "--dim batch");  // was stoll
+  expect_exit("run " + mlp + " --dim batch=0", 2, "--dim batch");
+  expect_exit("run " + mlp + " --dim nosuch=3", 2, "nosuch");
+  expect_exit("run " + mlp + " --device-id -7", 2, "--device-id");
+  expect_exit("run " + mlp + " --device-id 99999999999", 2, "--device-id");
+  expect_exit("run " + fixture("mlp.onnx") + " --iterations 0", 2, "--iterations");
+  expect_exit("run " + fixture("mlp.onnx") + " --iterations 1e3", 2, "--iterations");
+  expect_exit("run " + fixture("mlp.onnx") + " --warmup -1", 2, "--warmup");
+  expect_exit("run " + mlp + " --no-such-flag", 2, "no-such-flag");  // CLI11's code was 109
+  expect_exit("run", 2, "model");                                       // CLI11's code was 106
+  expect_exit("run " + mlp + " --input nosuch=" + fixture("mlp_x.npy"), 2, "nosuch");
+  // A valid --dim still works.
+  auto r = cli("run " + mlp + " --dim batch=3");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains_icase(r.output, "input x: float32[3, 64] random")) << r.output;
+  EXPECT_EQ(cli("--help").exit_code, 0);
+  EXPECT_EQ(cli("--version").exit_code, 0);
+}
+
+TEST(CliValidation, TuneNumbersAndNamesOutOfRange) {
+  const std::string mlp = "tune " + fixture("mlp.onnx") + " --provider cpu --quiet --time-cap 0.2";
+  expect_exit(mlp + " --batch-sizes 1000000000", 2, "--batch-sizes");  // was std::bad_alloc
+  expect_exit(mlp + " --batch-sizes 0", 2, "--batch-sizes");
+  expect_exit(mlp + " --batch-sizes 10000000000000000000000", 2, "--batch-sizes");
+  expect_exit(mlp + " --dim nosuch=3", 2, "nosuch");
+  expect_exit(mlp + " --output-tolerance nosuch=1,1", 2, "nosuch");
+  expect_exit(mlp + " --output-tolerance y=nan,1", 2, "--output-tolerance");
+  expect_exit(mlp + " --max-batch-size -5", 2, "--max-batch-size");
+  expect_exit(mlp + " --atol nan", 2, "--atol");
+  expect_exit(mlp + " --rtol inf", 2, "--rtol");
+  expect_exit(mlp + " --atol -1", 2, "--atol");
+  expect_exit(mlp + " --device-id -7", 2, "--device-id");
+  expect_exit(mlp + " --strategy latency-budget --latency-budget-ms nan", 2, "--latency-budget-ms");
+  expect_exit("tune " + fixture("mlp.onnx") + " --time-cap nan", 2, "--time-cap");
+  expect_exit("tune " + fixture("mlp.onnx") + " --time-cap -1", 2, "--time-cap");
+}
+
+TEST(CliValidation, TuneOnAnUnavailableProviderExits3) {
+  if (OrtRuntime::load()->provider_status(ExecutionProvider::kCUDA).available)
+    GTEST_SKIP() << "CUDA is available here";
+  expect_exit("tune " + fixture("mlp.onnx") + " --provider cuda --quiet --time-cap 0.2", 3, "cuda");
+}
+
+TEST(CliValidation, HostileNpyInputsAreUsageErrors) {
+  ScopedTempDir tmp;
+  std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + std::string(30000, ' ') + "3, 64), }\n";
+  std::string bytes = "\x93NUMPY\x01";
+  bytes += '\0';
+  bytes += static_cast<char>(header.size() & 0xff);
+  bytes += static_cast<char>(header.size() >> 8);
+  write_file_bytes(tmp.file("x.npy"), bytes + header + std::string(3 * 64 * 4, '\0'));
+  expect_exit("run " + fixture("mlp.onnx") + " --iterations 1 --input x=" + tmp.file("x.npy"), 2, "x.npy");  // was 139
+  fs::create_directories(tmp.file("samples"));
+  fs::copy_file(tmp.file("x.npy"), tmp.file("samples/x.npy"));
+  expect_exit("tune " + fixture("mlp.onnx") + " --provider cpu --quiet --samples " + tmp.file("samples"), 2, "x.npy");
+}
+
+TEST(CliValidation, SaveOutputsStaysInsideItsDirectory) {
+  ScopedTempDir tmp;
+  // Output names that are paths: each becomes one escaped file inside DIR.
+  const std::vector<std::pair<std::string, std::string>> names = {
+      {"../../escaped", "%2E.%2F..%2Fescaped.npy"},
+      {tmp.file("abs_escaped"), ""},
+      {".hidden", "%2Ehidden.npy"},
+      {"y", "y.npy"},
+  };
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    const auto& [name, file] = names[i];
+    SCOPED_TRACE(name);
+    const std::string model = tmp.file("m" + std::to_string(i) + ".onnx");
+    write_file_bytes(model, onnx_wire::identity_model(name));
+    const std::string out = tmp.file("out" + std::to_string(i));
+    auto r = cli("run '" + model + "' --iterations 1 --warmup 0 --save-outputs '" + out + "'");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    std::vector<std::string> written;
+    for (const auto& e : fs::recursive_directory_iterator(out)) written.push_back(e.path().filename().string());
+    ASSERT_EQ(written.size(), 1u) << r.output;
+    if (!file.empty()) EXPECT_EQ(written[0], file);
+    EXPECT_EQ(load_npy(out + "/" + written[0]).shape(), (Shape{2}));
+  }
+  EXPECT_FALSE(fs::exists(tmp.path().parent_path().parent_path() / "escaped.npy"));
+  EXPECT_FALSE(fs::exists(tmp.file("abs_escaped.npy")));
+  // DIR that is a file: an I/O error (6), not "internal error: filesystem error".
+  write_file_bytes(tmp.file("a_file"), "x");
+  expect_exit("run " + fixture("mlp.onnx") + " --iterations 1 --save-outputs '" + tmp.file("a_file") + "'", 6,
+              "not a directory");
+}
+
+}  // namespace
+}  // namespace aitune
