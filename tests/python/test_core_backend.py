@@ -242,8 +242,9 @@ def test_cuda_graph_session_cannot_reenable_cpu_fallback(mlp_model):
     config = _core.OnnxRuntimeBackendConfig(
         provider_options={"enable_cuda_graph": "1"}, session_config={"session.disable_cpu_ep_fallback": "0"}
     )
+    path, _ = mlp_model
     with pytest.raises(aitune.InvalidArgumentError, match="session.disable_cpu_ep_fallback"):
-        _core.OnnxRuntimeBackend.create(str(mlp_model), config)
+        _core.OnnxRuntimeBackend.create(str(path), config)
 
 
 @needs_cuda
