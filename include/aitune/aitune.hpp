@@ -1,9 +1,10 @@
-// Umbrella header: everything a C++ user of aitune needs.
+// Umbrella header: the user-facing API of aitune (sessions, checkpoints, tuning, reports).
+// Helpers the engine and the front ends use internally (CUDA event timing, ONNX external
+// data scanning, TensorRT option composition) have headers of their own, included by name.
 #pragma once
 
 #include "aitune/checkpoint.hpp"
 #include "aitune/correctness.hpp"
-#include "aitune/cuda_timer.hpp"
 #include "aitune/device.hpp"
 #include "aitune/dtype.hpp"
 #include "aitune/error.hpp"
@@ -11,13 +12,11 @@
 #include "aitune/graph_spec.hpp"
 #include "aitune/latency_stats.hpp"
 #include "aitune/npy.hpp"
-#include "aitune/onnx_external_data.hpp"
 #include "aitune/onnx_runtime_backend.hpp"
 #include "aitune/ort_runtime.hpp"
 #include "aitune/profiler.hpp"
 #include "aitune/strategy.hpp"
 #include "aitune/tensor.hpp"
-#include "aitune/tensorrt_options.hpp"
 #include "aitune/triton_export.hpp"
 #include "aitune/tune_report.hpp"
 #include "aitune/tuner.hpp"

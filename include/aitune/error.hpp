@@ -19,6 +19,8 @@ enum class ErrorCode {
   kState,                ///< the object is in a state where the call is not allowed
   kIo,                   ///< a file could not be read or written
   kInternal,             ///< an unexpected failure inside ORT or aitune
+  kOutOfMemory,          ///< host or device memory ran out (ORT's allocator, CUDA, std::bad_alloc)
+  kCudaGraphCapture,     ///< a model cannot be captured as a CUDA graph, or a capture/replay failed
 };
 
 /// Stable lower-case name of a code ("invalid_argument", ...), used in JSON and logs.

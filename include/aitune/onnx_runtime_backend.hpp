@@ -71,8 +71,14 @@ std::string_view backend_state_name(BackendState state) noexcept;
 /// input shapes (up to 8; further shapes run without a graph) gets fixed device buffers
 /// and its own captured graph, recorded on its first call. Each call copies the inputs
 /// into those buffers and the outputs out of them on the session's stream, so outputs
-/// handed out are never overwritten by a later replay. ORT refuses graph capture at
-/// session creation for models with nodes outside the CUDA provider or with control flow.
+/// handed out are never overwritten by a later replay. Capture is safe by construction:
+/// the session is created with session.disable_cpu_ep_fallback=1, so a model with a node
+/// the CUDA provider cannot place (or with control flow) is refused at creation with
+/// Error(kCudaGraphCapture) naming why; inputs and outputs are bound to device buffers
+/// only. A capture or replay that fails throws Error(kCudaGraphCapture) (kOutOfMemory
+/// when memory ran out), leaves no capture open on the session's stream, and every later
+/// call throws Error(kCudaGraphCapture) until deactivate() and activate() recreate the
+/// session.
 class OnnxRuntimeBackend {
  public:
   /// Loads `model_path` (external data files next to it) into a session for
@@ -80,7 +86,9 @@ class OnnxRuntimeBackend {
   /// model's declared shapes do (symbolic dims unbounded). Throws
   /// Error(kModelInvalid) for a missing or corrupt model, Error(kProviderUnavailable)
   /// with the reason when the provider cannot be used, Error(kInvalidArgument) for a
-  /// spec that does not match the model's inputs.
+  /// spec that does not match the model's inputs, Error(kCudaGraphCapture) for a model
+  /// that cannot be captured with enable_cuda_graph=1, Error(kInvalidArgument) when
+  /// enable_cuda_graph=1 comes with session.disable_cpu_ep_fallback other than "1".
   static std::unique_ptr<OnnxRuntimeBackend> create(const std::string& model_path,
                                                     const OnnxRuntimeBackendConfig& config,
                                                     const std::optional<GraphSpec>& spec = std::nullopt,

@@ -50,6 +50,10 @@ void bind_errors(nb::module_& m) {
   t[ErrorCode::kState] = make_type(m, "StateError", {base}, "The object is in a state where the call is not allowed.");
   t[ErrorCode::kIo] = make_type(m, "AituneIOError", {base, PyExc_OSError}, "A file could not be read or written.");
   t[ErrorCode::kInternal] = make_type(m, "InternalError", {base}, "An unexpected failure inside ONNX Runtime or aitune.");
+  t[ErrorCode::kOutOfMemory] =
+      make_type(m, "OutOfMemoryError", {base}, "Host or device memory ran out (a session, a run, a copy).");
+  t[ErrorCode::kCudaGraphCapture] = make_type(m, "CudaGraphCaptureError", {base},
+                                              "A model cannot be captured as a CUDA graph, or a capture or replay failed.");
 
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {

@@ -3,6 +3,8 @@
 
 #include <string>
 
+#include "aitune/error.hpp"
+
 namespace aitune::detail {
 
 Tensor CudaGraphRunner::stream_buffer(DType dtype, const Shape& shape) const {
@@ -75,6 +77,20 @@ std::vector<Tensor> CudaGraphRunner::run_uncaptured(const std::vector<TensorView
   return copy_out(binding.GetOutputValues());
 }
 
+void CudaGraphRunner::run_lane(Lane& lane, const std::vector<TensorView>& views) {
+  try {
+    ctx_.session->Run(lane.run, lane.binding);  // a lane's first calls run, then ORT captures
+  } catch (const Ort::Exception& e) {
+    const bool left_open = abandon_capture(ctx_.stream);
+    std::string shapes;
+    for (const auto& v : views) shapes += (shapes.empty() ? "" : ", ") + shape_to_string(v.shape);
+    broken_ = "CUDA graph capture or replay of '" + ctx_.model_path + "' failed for input shapes " + shapes + ": " +
+              e.what() + (left_open ? " (the capture it left open on the session's stream was ended and dropped)" : "");
+    const ErrorCode code = ort_failure_code(e, ErrorCode::kCudaGraphCapture);
+    throw Error(code == ErrorCode::kOutOfMemory ? code : ErrorCode::kCudaGraphCapture, *broken_);
+  }
+}
+
 std::vector<Tensor> CudaGraphRunner::run(const std::vector<TensorView>& views, std::optional<std::uintptr_t> caller) {
   const auto& rt = require_cuda_runtime("CUDA graphs");
   auto on_stream = reinterpret_cast<cudaStream_t>(ctx_.stream);
@@ -89,6 +105,15 @@ std::vector<Tensor> CudaGraphRunner::run(const std::vector<TensorView>& views, s
   key.reserve(views.size());
   for (const auto& v : views) key.push_back(v.shape);
   std::lock_guard lock(mutex_);
+  if (broken_)
+    throw Error(ErrorCode::kCudaGraphCapture, "an earlier call broke this session: " + *broken_ +
+                                                  "; deactivate() and activate() recreate the session");
+  // Only ORT captures on the session's stream, inside run_lane; a capture still open here
+  // was left by a failure that escaped it, and would swallow this call's work.
+  if (abandon_capture(ctx_.stream)) {
+    broken_ = "the CUDA stream of '" + ctx_.model_path + "' was left capturing a graph (that capture was ended and dropped)";
+    throw Error(ErrorCode::kCudaGraphCapture, *broken_ + "; deactivate() and activate() recreate the session");
+  }
   auto it = slots_.find(key);
   if (it == slots_.end()) {
     if (slots_.size() >= kMaxGraphShapes) {
@@ -109,7 +134,7 @@ std::vector<Tensor> CudaGraphRunner::run(const std::vector<TensorView>& views, s
     cuda_check(rt.memcpy_async(lane->inputs[i].data(), views[i].data, views[i].nbytes(), kCudaMemcpyDeviceToDevice,
                                on_stream),
                "copying an input into the CUDA graph's buffer");
-  ctx_.session->Run(lane->run, lane->binding);  // a lane's first calls run, then ORT captures
+  run_lane(*lane, views);
   if (lane == slot.copy_lane.get()) {
     // The copy lane's outputs are overwritten by its next replay: the caller gets copies.
     auto values = lane->binding.GetOutputValues();

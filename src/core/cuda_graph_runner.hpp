@@ -6,6 +6,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "cuda_stream.hpp"
@@ -24,6 +25,13 @@ class CudaGraphRunner {
   /// Inputs (checked, on the session's device) copied into the slot's buffers; outputs
   /// lent from a lane or copied out (see OnnxRuntimeBackend::infer). With `caller`,
   /// ordered with that stream; without, the outputs are ready on return.
+  ///
+  /// A run that fails while a graph is captured or replayed throws
+  /// Error(kCudaGraphCapture) (kOutOfMemory when an allocation failed) naming the model
+  /// and the input shapes; a capture it left open on the session's stream is ended and
+  /// dropped first, so the stream (and a caller on the legacy stream) can be used again.
+  /// ORT's state for a graph that failed half-way is unknown, so every later call throws
+  /// Error(kCudaGraphCapture) too, until the session is recreated (deactivate, activate).
   std::vector<Tensor> run(const std::vector<TensorView>& views, std::optional<std::uintptr_t> caller);
 
   /// Shapes past this many run without a graph (gpu_graph_id -1): each captured graph
@@ -68,10 +76,13 @@ class CudaGraphRunner {
   // Copies of `values` in stream-ordered memory, on the session's stream.
   std::vector<Tensor> copy_out(const std::vector<Ort::Value>& values) const;
   Tensor stream_buffer(DType dtype, const Shape& shape) const;
+  // Session::Run for a lane; a failure is typed, any open capture abandoned, the runner broken.
+  void run_lane(Lane& lane, const std::vector<TensorView>& views);
 
   const SessionContext& ctx_;
   std::mutex mutex_;
   std::map<std::vector<Shape>, std::unique_ptr<Slot>> slots_;
+  std::optional<std::string> broken_;  // why an earlier capture or replay failed
 };
 
 }  // namespace aitune::detail

@@ -64,7 +64,7 @@ const CudaRuntime& require_cuda_runtime(const char* what) {
 void cuda_check(int status, const char* what) {
   if (status != 0) {
     const auto& rt = cuda_runtime();
-    throw Error(ErrorCode::kInternal,
+    throw Error(status == kCudaErrorMemoryAllocation ? ErrorCode::kOutOfMemory : ErrorCode::kInternal,
                 std::string(what) + " failed: " + (rt.get_error_string ? rt.get_error_string(status) : "?"));
   }
 }

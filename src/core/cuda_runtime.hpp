@@ -16,6 +16,7 @@ inline constexpr unsigned kCudaEventDisableTiming = 2;
 inline constexpr int kCudaMemcpyDeviceToDevice = 3;
 inline constexpr int kCudaMemPoolAttrReleaseThreshold = 4;
 inline constexpr int kCudaStreamCaptureStatusNone = 0;
+inline constexpr int kCudaErrorMemoryAllocation = 2;  // cudaErrorMemoryAllocation: out of memory
 
 struct CudaRuntime {
   int (*set_device)(int) = nullptr;
@@ -48,7 +49,8 @@ const CudaRuntime& cuda_runtime();
 /// As cuda_runtime(), but Error(kProviderUnavailable) saying `what` needed it and which
 /// libraries were tried when none loads.
 const CudaRuntime& require_cuda_runtime(const char* what);
-/// Error(kInternal) "`what` failed: <CUDA's message>" for a non-zero status.
+/// Error(kInternal) "`what` failed: <CUDA's message>" for a non-zero status
+/// (kOutOfMemory for cudaErrorMemoryAllocation).
 void cuda_check(int status, const char* what);
 
 }  // namespace aitune::detail

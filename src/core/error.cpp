@@ -1,21 +1,27 @@
 // Names of error codes.
 #include "aitune/error.hpp"
 
-namespace aitune {
+#include "enum_names.hpp"
 
-std::string_view error_code_name(ErrorCode code) noexcept {
-  switch (code) {
-    case ErrorCode::kInvalidArgument: return "invalid_argument";
-    case ErrorCode::kShapeMismatch: return "shape_mismatch";
-    case ErrorCode::kDTypeMismatch: return "dtype_mismatch";
-    case ErrorCode::kProviderUnavailable: return "provider_unavailable";
-    case ErrorCode::kModelInvalid: return "model_invalid";
-    case ErrorCode::kCheckpointCorrupt: return "checkpoint_corrupt";
-    case ErrorCode::kState: return "state";
-    case ErrorCode::kIo: return "io";
-    case ErrorCode::kInternal: return "internal";
-  }
-  return "internal";
-}
+namespace aitune {
+namespace {
+
+constexpr detail::EnumNames<ErrorCode, 11> kNames{{
+    {ErrorCode::kInvalidArgument, "invalid_argument"},
+    {ErrorCode::kShapeMismatch, "shape_mismatch"},
+    {ErrorCode::kDTypeMismatch, "dtype_mismatch"},
+    {ErrorCode::kProviderUnavailable, "provider_unavailable"},
+    {ErrorCode::kModelInvalid, "model_invalid"},
+    {ErrorCode::kCheckpointCorrupt, "checkpoint_corrupt"},
+    {ErrorCode::kState, "state"},
+    {ErrorCode::kIo, "io"},
+    {ErrorCode::kInternal, "internal"},
+    {ErrorCode::kOutOfMemory, "out_of_memory"},
+    {ErrorCode::kCudaGraphCapture, "cuda_graph_capture"},
+}};
+
+}  // namespace
+
+std::string_view error_code_name(ErrorCode code) noexcept { return detail::enum_name(kNames, code, "internal"); }
 
 }  // namespace aitune

@@ -6,39 +6,47 @@
 #include <string>
 
 #include "aitune/error.hpp"
+#include "enum_names.hpp"
 
 namespace aitune {
+namespace {
+
+constexpr detail::EnumNames<ExecutionProvider, 3> kNames{{
+    {ExecutionProvider::kCPU, "cpu"},
+    {ExecutionProvider::kCUDA, "cuda"},
+    {ExecutionProvider::kTensorRT, "tensorrt"},
+}};
+
+// ORT's own names (what OrtApi::GetAvailableProviders lists).
+constexpr detail::EnumNames<ExecutionProvider, 3> kOrtNames{{
+    {ExecutionProvider::kCPU, "CPUExecutionProvider"},
+    {ExecutionProvider::kCUDA, "CUDAExecutionProvider"},
+    {ExecutionProvider::kTensorRT, "TensorrtExecutionProvider"},
+}};
+
+std::string lower(std::string_view text) {
+  std::string out(text);
+  std::transform(out.begin(), out.end(), out.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+  return out;
+}
+
+}  // namespace
 
 std::string_view execution_provider_name(ExecutionProvider provider) noexcept {
-  switch (provider) {
-    case ExecutionProvider::kCPU: return "cpu";
-    case ExecutionProvider::kCUDA: return "cuda";
-    case ExecutionProvider::kTensorRT: return "tensorrt";
-  }
-  return "cpu";
+  return detail::enum_name(kNames, provider, "cpu");
 }
 
 std::string_view execution_provider_ort_name(ExecutionProvider provider) noexcept {
-  switch (provider) {
-    case ExecutionProvider::kCPU: return "CPUExecutionProvider";
-    case ExecutionProvider::kCUDA: return "CUDAExecutionProvider";
-    case ExecutionProvider::kTensorRT: return "TensorrtExecutionProvider";
-  }
-  return "CPUExecutionProvider";
+  return detail::enum_name(kOrtNames, provider, "CPUExecutionProvider");
 }
 
 ExecutionProvider parse_execution_provider(std::string_view text) {
-  std::string lower(text);
-  std::transform(lower.begin(), lower.end(), lower.begin(),
-                 [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-  for (auto provider : {ExecutionProvider::kCPU, ExecutionProvider::kCUDA, ExecutionProvider::kTensorRT}) {
-    std::string ort(execution_provider_ort_name(provider));
-    std::transform(ort.begin(), ort.end(), ort.begin(),
-                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-    if (lower == execution_provider_name(provider) || lower == ort) return provider;
-  }
-  throw Error(ErrorCode::kInvalidArgument,
-              "unknown execution provider '" + std::string(text) + "'; valid values: cpu, cuda, tensorrt");
+  const std::string wanted = lower(text);
+  for (const auto& row : kOrtNames)
+    if (wanted == lower(row.name)) return row.value;
+  if (auto provider = detail::enum_value(kNames, wanted)) return *provider;
+  throw Error(ErrorCode::kInvalidArgument, "unknown execution provider '" + std::string(text) +
+                                               "'; valid values: " + detail::enum_names_list(kNames));
 }
 
 }  // namespace aitune

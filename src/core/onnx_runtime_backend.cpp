@@ -8,6 +8,7 @@
 
 #include "aitune/error.hpp"
 #include "cuda_graph_runner.hpp"
+#include "enum_names.hpp"
 #include "io_binding_runner.hpp"
 #include "ort_api.hpp"
 #include "ort_runtime_impl.hpp"
@@ -19,14 +20,17 @@ namespace fs = std::filesystem;
 using detail::ort_call;
 using detail::value_over;
 
-std::string_view backend_state_name(BackendState state) noexcept {
-  switch (state) {
-    case BackendState::kBuilt: return "built";
-    case BackendState::kActive: return "active";
-    case BackendState::kInactive: return "inactive";
-  }
-  return "built";
-}
+namespace {
+
+constexpr detail::EnumNames<BackendState, 3> kStateNames{{
+    {BackendState::kBuilt, "built"},
+    {BackendState::kActive, "active"},
+    {BackendState::kInactive, "inactive"},
+}};
+
+}  // namespace
+
+std::string_view backend_state_name(BackendState state) noexcept { return detail::enum_name(kStateNames, state, "built"); }
 
 struct OnnxRuntimeBackend::Impl {
   std::shared_ptr<OrtRuntime> runtime;
@@ -132,9 +136,18 @@ void OnnxRuntimeBackend::Impl::create_session() {
   release_session();
   auto setup = detail::make_session_setup(*runtime, config);
   auto& rt = runtime->impl();
+  // A graph session is created with CPU fallback disabled, so ORT refuses a model with a
+  // node off the CUDA provider (or with control flow) here, before any capture; ORT says
+  // so with ORT_FAIL, which ort_call turns into the fallback code.
+  const ErrorCode failure = setup.cuda_graph ? ErrorCode::kCudaGraphCapture : ErrorCode::kModelInvalid;
+  const std::string context =
+      setup.cuda_graph ? "model '" + model_path() +
+                             "' cannot run as a CUDA graph (enable_cuda_graph=1: every node must run on the CUDA "
+                             "provider, CPU fallback is disabled)"
+                       : "cannot load model '" + model_path() + "'";
   // The stream is released after the session (the deleter owns it): tensors handed out
   // keep the session, and so its stream, alive.
-  ctx.session = ort_call(ErrorCode::kModelInvalid, "cannot load model '" + model_path() + "'", [&] {
+  ctx.session = ort_call(failure, context, [&] {
     return std::shared_ptr<Ort::Session>(new Ort::Session(*rt.env, model_path().c_str(), setup.options),
                                          [owned = setup.owned_stream](Ort::Session* s) { delete s; });
   });
@@ -179,6 +192,7 @@ std::unique_ptr<OnnxRuntimeBackend> OnnxRuntimeBackend::create(const std::string
     throw Error(ErrorCode::kInvalidArgument, std::string("provider option enable_cuda_graph is for the CUDA "
                                                          "execution provider, not ") +
                                                  std::string(execution_provider_name(config.provider)));
+  detail::check_cuda_graph_config(config);
   auto impl = std::make_unique<Impl>();
   impl->runtime = runtime ? std::move(runtime) : OrtRuntime::load();
   impl->ctx.model_path = model_path;

@@ -18,7 +18,20 @@ namespace aitune::detail {
 /// Maps an ORT error code to ours, `fallback` where ORT's code says nothing useful.
 ErrorCode error_code_from_ort(OrtErrorCode code, ErrorCode fallback) noexcept;
 
-/// Runs `fn`; an Ort::Exception becomes Error(code, context + ": " + ORT's message).
+/// The code of an ORT failure: kOutOfMemory for a failed allocation, else
+/// error_code_from_ort. ORT reports allocation failures (its arena's "Failed to allocate
+/// memory", CUDA's "out of memory", a std::bad_alloc it caught) as ORT_FAIL or
+/// ORT_RUNTIME_EXCEPTION with no code of their own, so this is the one place ORT's text is
+/// read; everything downstream decides by the code.
+inline ErrorCode ort_failure_code(const Ort::Exception& e, ErrorCode fallback) {
+  std::string text(e.what());
+  for (auto& c : text) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+  for (const char* sign : {"out of memory", "failed to allocate", "bad_alloc"})
+    if (text.find(sign) != std::string::npos) return ErrorCode::kOutOfMemory;
+  return error_code_from_ort(e.GetOrtErrorCode(), fallback);
+}
+
+/// Runs `fn`; an Ort::Exception becomes Error(ort_failure_code, context + ": " + ORT's message).
 /// `context` is a string, or a callable returning one, so that hot paths build the
 /// message only when something failed.
 template <typename Context, typename Fn>
@@ -32,7 +45,7 @@ decltype(auto) ort_call(ErrorCode fallback, Context&& context, Fn&& fn) {
     } else {
       where = context;
     }
-    throw Error(error_code_from_ort(e.GetOrtErrorCode(), fallback), where + ": " + e.what());
+    throw Error(ort_failure_code(e, fallback), where + ": " + e.what());
   }
 }
 

@@ -2,31 +2,34 @@
 #include "session_options.hpp"
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <unordered_map>
 
 #include "aitune/error.hpp"
+#include "enum_names.hpp"
 #include "ort_runtime_impl.hpp"
 
 namespace aitune {
 
 using detail::ort_call;
 
+namespace {
+
+constexpr detail::EnumNames<GraphOptimizationLevel, 4> kLevelNames{{
+    {GraphOptimizationLevel::kDisableAll, "disable_all"},
+    {GraphOptimizationLevel::kBasic, "basic"},
+    {GraphOptimizationLevel::kExtended, "extended"},
+    {GraphOptimizationLevel::kAll, "all"},
+}};
+
+}  // namespace
+
 std::string_view graph_optimization_level_name(GraphOptimizationLevel level) noexcept {
-  switch (level) {
-    case GraphOptimizationLevel::kDisableAll: return "disable_all";
-    case GraphOptimizationLevel::kBasic: return "basic";
-    case GraphOptimizationLevel::kExtended: return "extended";
-    case GraphOptimizationLevel::kAll: return "all";
-  }
-  return "all";
+  return detail::enum_name(kLevelNames, level, "all");
 }
 
 GraphOptimizationLevel parse_graph_optimization_level(std::string_view text) {
-  for (auto level : {GraphOptimizationLevel::kDisableAll, GraphOptimizationLevel::kBasic,
-                     GraphOptimizationLevel::kExtended, GraphOptimizationLevel::kAll})
-    if (graph_optimization_level_name(level) == text) return level;
-  throw Error(ErrorCode::kInvalidArgument, "unknown graph optimization level '" + std::string(text) +
-                                               "'; valid values: disable_all, basic, extended, all");
+  return detail::parse_enum(kLevelNames, text, "graph optimization level");
 }
 
 Device OnnxRuntimeBackendConfig::device() const {
@@ -149,22 +152,22 @@ void append_tensorrt(SessionSetup& setup, OrtRuntime& runtime, const OnnxRuntime
   auto status = runtime.provider_status(ExecutionProvider::kTensorRT);
   if (!status.available) throw Error(ErrorCode::kProviderUnavailable, status.reason);
   // The V2 options object takes every TensorRT option as a string (profiles, timing
-  // cache, builder level); where this ORT build cannot create it, the V1 struct
-  // takes the subset it has fields for and names any other option as unsupported.
-  bool v2 = false;
+  // cache, builder level); an ORT build without it fails to create the object
+  // (CreateTensorRTProviderOptions), and then the V1 struct takes the subset it has
+  // fields for and names any other option as unsupported.
+  std::optional<Ort::TensorRTProviderOptions> v2;
   try {
-    Ort::TensorRTProviderOptions options;
+    v2.emplace();
+  } catch (const Ort::Exception&) {
+    v2.reset();  // this build cannot create V2 options: the V1 struct below
+  }
+  if (v2) {
     std::unordered_map<std::string, std::string> all(config.provider_options.begin(), config.provider_options.end());
     all["device_id"] = std::to_string(config.device_id);
-    options.Update(all);
-    setup.options.AppendExecutionProvider_TensorRT_V2(*options);
-    v2 = true;
-  } catch (const Ort::Exception& e) {
-    if (std::string(e.what()).find("not enabled in this build") == std::string::npos &&
-        std::string(e.what()).find("not supported") == std::string::npos)
-      throw Error(ErrorCode::kInvalidArgument, std::string("TensorRT provider options: ") + e.what());
-  }
-  if (!v2) {
+    ort_call(ErrorCode::kInvalidArgument, "TensorRT provider options", [&] { v2->Update(all); });
+    ort_call(ErrorCode::kProviderUnavailable, "TensorRT execution provider",
+             [&] { setup.options.AppendExecutionProvider_TensorRT_V2(**v2); });
+  } else {
     OrtTensorRTProviderOptions trt{};
     trt.device_id = config.device_id;
     trt.trt_max_partition_iterations = 1000;
@@ -184,6 +187,17 @@ void append_tensorrt(SessionSetup& setup, OrtRuntime& runtime, const OnnxRuntime
 
 }  // namespace
 
+void check_cuda_graph_config(const OnnxRuntimeBackendConfig& config) {
+  if (!provider_option_on(config, "enable_cuda_graph")) return;
+  auto it = config.session_config.find(kDisableCpuEpFallback);
+  if (it != config.session_config.end() && it->second != "1")
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string("enable_cuda_graph=1 needs every node on the CUDA provider, but session config ") +
+                    kDisableCpuEpFallback + "='" + it->second +
+                    "' would let nodes fall back to the CPU inside a captured graph; leave it unset (aitune sets it "
+                    "to 1 for CUDA-graph sessions)");
+}
+
 bool provider_option_on(const OnnxRuntimeBackendConfig& config, const char* key) {
   auto it = config.provider_options.find(key);
   return it != config.provider_options.end() && it->second != "0" && it->second != "false";
@@ -198,6 +212,10 @@ SessionSetup make_session_setup(OrtRuntime& runtime, const OnnxRuntimeBackendCon
   for (const auto& [k, v] : config.session_config)
     ort_call(ErrorCode::kInvalidArgument, "session config entry '" + k + "'", [&] { so.AddConfigEntry(k.c_str(), v.c_str()); });
   setup.cuda_graph = config.provider == ExecutionProvider::kCUDA && provider_option_on(config, "enable_cuda_graph");
+  // Safe by construction: a node the CUDA provider cannot place would run on the CPU
+  // inside a captured graph (host work and copies a replay does not redo), so a session
+  // that will be captured refuses it at creation instead (check_cuda_graph_config).
+  if (setup.cuda_graph) so.AddConfigEntry(kDisableCpuEpFallback, "1");
   switch (config.provider) {
     case ExecutionProvider::kCPU: append_cpu(setup, config); break;
     case ExecutionProvider::kCUDA: append_cuda(setup, runtime.impl(), config); break;

@@ -43,6 +43,15 @@ struct SessionSetup {
 /// used here.
 SessionSetup make_session_setup(OrtRuntime& runtime, const OnnxRuntimeBackendConfig& config);
 
+/// The session config key (kOrtSessionOptionsDisableCPUEPFallback) that makes session
+/// creation fail when a node would fall back to the CPU provider.
+inline constexpr const char* kDisableCpuEpFallback = "session.disable_cpu_ep_fallback";
+
+/// For enable_cuda_graph=1: Error(kInvalidArgument) when the session config would let
+/// nodes fall back to the CPU (kDisableCpuEpFallback set to anything but "1"). Checked
+/// before any session is created; make_session_setup sets the key itself.
+void check_cuda_graph_config(const OnnxRuntimeBackendConfig& config);
+
 /// True when provider option `key` is set to something other than "0" / "false".
 bool provider_option_on(const OnnxRuntimeBackendConfig& config, const char* key);
 

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "aitune/error.hpp"
+#include "enum_names.hpp"
 
 namespace aitune {
 namespace {
@@ -18,28 +19,34 @@ std::string fmt(double v, int precision = 3) {
 
 double p50_ms(const CandidateResult& c) { return c.profile->host_us.p50 / 1e3; }
 
+constexpr detail::EnumNames<StrategyKind, 5> kStrategyNames{{
+    {StrategyKind::kOneBackend, "one-backend"},
+    {StrategyKind::kFirstWins, "first-wins"},
+    {StrategyKind::kMaxThroughput, "max-throughput"},
+    {StrategyKind::kMinLatency, "min-latency"},
+    {StrategyKind::kLatencyBudget, "latency-budget"},
+}};
+
+constexpr detail::EnumNames<CandidateStatus, 7> kStatusNames{{
+    {CandidateStatus::kFailed, "failed"},
+    {CandidateStatus::kIncorrect, "incorrect"},
+    {CandidateStatus::kPassed, "passed"},
+    {CandidateStatus::kSelected, "selected"},
+    {CandidateStatus::kNotChosen, "not chosen"},
+    {CandidateStatus::kOverBudget, "over budget"},
+    {CandidateStatus::kSlowerThanEager, "slower than eager"},
+}};
+
 }  // namespace
 
-std::string_view strategy_kind_name(StrategyKind kind) noexcept {
-  switch (kind) {
-    case StrategyKind::kOneBackend: return "one-backend";
-    case StrategyKind::kFirstWins: return "first-wins";
-    case StrategyKind::kMaxThroughput: return "max-throughput";
-    case StrategyKind::kMinLatency: return "min-latency";
-    case StrategyKind::kLatencyBudget: return "latency-budget";
-  }
-  return "?";
-}
+std::string_view strategy_kind_name(StrategyKind kind) noexcept { return detail::enum_name(kStrategyNames, kind); }
 
 StrategyKind parse_strategy_kind(std::string_view text) {
   std::string normalized(text);
   std::replace(normalized.begin(), normalized.end(), '_', '-');
-  for (auto kind : {StrategyKind::kOneBackend, StrategyKind::kFirstWins, StrategyKind::kMaxThroughput,
-                    StrategyKind::kMinLatency, StrategyKind::kLatencyBudget})
-    if (normalized == strategy_kind_name(kind)) return kind;
-  throw Error(ErrorCode::kInvalidArgument,
-              "unknown strategy '" + std::string(text) +
-                  "'; valid values: one-backend, first-wins, max-throughput, min-latency, latency-budget");
+  if (auto kind = detail::enum_value(kStrategyNames, normalized)) return *kind;
+  throw Error(ErrorCode::kInvalidArgument, "unknown strategy '" + std::string(text) +
+                                               "'; valid values: " + detail::enum_names_list(kStrategyNames));
 }
 
 void StrategyConfig::validate() const {
@@ -58,16 +65,7 @@ std::string StrategyConfig::describe() const {
 }
 
 std::string_view candidate_status_name(CandidateStatus status) noexcept {
-  switch (status) {
-    case CandidateStatus::kFailed: return "failed";
-    case CandidateStatus::kIncorrect: return "incorrect";
-    case CandidateStatus::kPassed: return "passed";
-    case CandidateStatus::kSelected: return "selected";
-    case CandidateStatus::kNotChosen: return "not chosen";
-    case CandidateStatus::kOverBudget: return "over budget";
-    case CandidateStatus::kSlowerThanEager: return "slower than eager";
-  }
-  return "?";
+  return detail::enum_name(kStatusNames, status);
 }
 
 std::optional<std::size_t> select_candidate(const StrategyConfig& strategy, std::vector<CandidateResult>& candidates,

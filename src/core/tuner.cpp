@@ -22,13 +22,6 @@ double ms_since(SteadyTime::time_point start) {
 // helpers, which take Tensors, can read it.
 Tensor borrowed(const TensorView& view) { return Tensor::adopt(view, std::make_shared<int>(0)); }
 
-bool is_out_of_memory(const std::string& message) {
-  std::string lower(message);
-  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
-  return lower.find("out of memory") != std::string::npos || lower.find("failed to allocate") != std::string::npos ||
-         lower.find("bad_alloc") != std::string::npos;
-}
-
 // The looser of two precisions: strict < TF32 < FP16.
 Precision looser(Precision a, Precision b) { return static_cast<int>(a) > static_cast<int>(b) ? a : b; }
 
@@ -456,7 +449,8 @@ void GraphTuner::Impl::search_batch(std::size_t index) {
     } catch (const Error& e) {
       step.error = e.what();
       result.steps.push_back(step);
-      result.stop_reason = (is_out_of_memory(step.error) ? "out of memory at batch " : "failed at batch ") +
+      // The code says why: kOutOfMemory is set where ORT's or CUDA's allocation failed.
+      result.stop_reason = (e.code() == ErrorCode::kOutOfMemory ? "out of memory at batch " : "failed at batch ") +
                            std::to_string(batch);
       break;
     } catch (const std::bad_alloc&) {

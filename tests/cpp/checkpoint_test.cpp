@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "aitune/onnx_external_data.hpp"  // not in aitune.hpp: the checkpoint's own file scanning
 #include "onnx_wire.hpp"
 #include "test_support.hpp"
 

@@ -229,3 +229,41 @@ def test_cuda_session_rejects_host_tensor(mlp_model):
     with pytest.raises(aitune.InvalidArgumentError, match="'x': tensor is on cpu"):
         cuda.infer([torch.randn(2, 16)])
     assert cuda.infer([torch.randn(2, 16, device="cuda")])[0].is_cuda
+
+
+def test_memory_and_cuda_graph_errors_have_types_of_their_own():
+    for error in (aitune.OutOfMemoryError, aitune.CudaGraphCaptureError):
+        assert issubclass(error, aitune.AituneError) and error is getattr(_core, error.__name__)
+    assert not issubclass(aitune.CudaGraphCaptureError, aitune.InvalidArgumentError)
+
+
+def test_cuda_graph_session_cannot_reenable_cpu_fallback(mlp_model):
+    # Refused before any session exists, so this runs without a GPU too.
+    config = _core.OnnxRuntimeBackendConfig(
+        provider_options={"enable_cuda_graph": "1"}, session_config={"session.disable_cpu_ep_fallback": "0"}
+    )
+    path, _ = mlp_model
+    with pytest.raises(aitune.InvalidArgumentError, match="session.disable_cpu_ep_fallback"):
+        _core.OnnxRuntimeBackend.create(str(path), config)
+
+
+@needs_cuda
+def test_cuda_graph_session_refuses_a_node_off_the_cuda_provider(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    # ORT's CUDA provider has no Det kernel: captured, that node would be host work.
+    m = helper.make_tensor_value_info("m", TensorProto.FLOAT, [2, 3, 3])
+    d = helper.make_tensor_value_info("d", TensorProto.FLOAT, [2])
+    model = helper.make_model(helper.make_graph([helper.make_node("Det", ["m"], ["d"])], "det", [m], [d]),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "det.onnx")
+    config = _core.OnnxRuntimeBackendConfig(provider_options={"use_tf32": "0", "enable_cuda_graph": "1"})
+    with pytest.raises(aitune.CudaGraphCaptureError, match="CPU"):
+        _core.OnnxRuntimeBackend.create(str(tmp_path / "det.onnx"), config)
+    plain = _core.OnnxRuntimeBackendConfig(provider_options={"use_tf32": "0"})
+    session = _core.OnnxRuntimeBackend.create(str(tmp_path / "det.onnx"), plain)  # the CPU takes Det here
+    x = torch.eye(3, device="cuda").repeat(2, 1, 1) * 2
+    (out,) = session.infer([torch.utils.dlpack.to_dlpack(x)], stream=torch.cuda.current_stream().cuda_stream)
+    torch.testing.assert_close(out.cpu(), torch.tensor([8.0, 8.0]))
