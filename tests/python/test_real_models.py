@@ -41,7 +41,7 @@ def _assert_same_output(actual, expected) -> None:
 
 def _bert() -> torch.nn.Module:
     config = transformers.BertConfig(
-        vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
         max_position_embeddings=64,
     )
     return transformers.BertModel(config).eval()
@@ -113,7 +113,7 @@ def test_bert_model_output_survives_save_and_load(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("use_dynamo", EXPORTERS)
 def test_gpt2_with_attention_mask_and_dynamic_sequence_length(use_dynamo, monkeypatch):
-    config = transformers.GPT2Config(vocab_size=100, n_embd=32, n_layer=2, n_head=2, n_positions=64)
+    config = transformers.GPT2Config(vocab_size=100, n_embd=32, n_layer=1, n_head=2, n_positions=64)
     inner = transformers.GPT2Model(config).eval()
     samples = [{**_token_sample(n), "use_cache": False} for n in (6, 14)]
     model = _tune(inner, "gpt2", samples, use_dynamo, batch_sizes=[1, 2])
@@ -132,7 +132,7 @@ def test_gpt2_with_attention_mask_and_dynamic_sequence_length(use_dynamo, monkey
 @pytest.mark.parametrize("use_dynamo", EXPORTERS)
 def test_vit_image_model(use_dynamo, monkeypatch):
     config = transformers.ViTConfig(
-        image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        image_size=32, patch_size=8, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
     )
     inner = transformers.ViTModel(config).eval()
     model = _tune(inner, "vit", [torch.randn(3, 32, 32) for _ in range(2)], use_dynamo, batch_sizes=[1, 3])
@@ -188,3 +188,52 @@ def test_inputs_that_require_grad_run_eagerly_with_autograd_intact(caplog):
     assert sum("require grad" in r.getMessage() for r in caplog.records) == 1  # said once
     with torch.no_grad():  # without gradients the tuned graph serves the same input
         torch.testing.assert_close(model(leaf), inner(x), **TOL)
+
+
+# -- the reference ------------------------------------------------------------------------
+
+
+def test_exact_float32_turns_tf32_off_and_restores_the_users_settings():
+    from aitune.torch.graph_tuning import exact_float32
+
+    before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = True, True
+    try:
+        with pytest.raises(RuntimeError, match="inside"):
+            with exact_float32():
+                assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+                raise RuntimeError("inside")
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+
+
+def test_large_activations_pass_the_scaled_default_and_a_wrong_export_still_fails():
+    """Outputs in the hundreds: the strict candidate's float32 rounding passes the scaled
+    atol; the trace exporter baking in the wrong branch of a data-dependent model fails."""
+
+    class Amplified(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(64, 64)
+
+        def forward(self, x):
+            y = self.fc(x) * 300.0
+            return y if x.sum() > 0 else -y  # the trace exporter records one branch
+
+    inner = Amplified().eval()
+    samples = [torch.randn(64).abs() for _ in range(2)] + [-torch.randn(64).abs() for _ in range(2)]
+    backend = cpu_strategy(use_dynamo=False, tune_provider_options=False).backends[0]
+    model = ait.Module(inner, "amplified", strategy=ait.FirstWinsStrategy([backend, ait.TorchEagerBackend()]))
+    ait.tune(model, samples, batch_sizes=[1], progress=False, disable_external_logging=True)
+    (report,) = model.ait_reports.values()
+    (candidate,) = report.candidates
+    assert candidate.status == "incorrect" and "x output RMS" in candidate.reason, report.summary_table()
+    assert model.ait_backends[report.graph.split("/")[-1]].startswith("TorchEagerBackend")
+
+    positive = ait.Module(Amplified().eval(), "amplified-positive", strategy=cpu_strategy(use_dynamo=False,
+                                                                                         tune_provider_options=False))
+    ait.tune(positive, samples[:2], batch_sizes=[1, 2], progress=False, ignore_failing_modules=False,
+             disable_external_logging=True)
+    (report,) = positive.ait_reports.values()
+    assert report.winner is not None, report.summary_table()
