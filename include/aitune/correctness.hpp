@@ -16,11 +16,24 @@ namespace aitune {
 
 /// An element passes when |actual - expected| <= atol OR |actual - expected| <= rtol * |expected|:
 /// it fails only when it exceeds both (as Polygraphy decides).
+///
+/// With `scaled`, atol is relative to the output's magnitude: the atol applied is
+/// atol * max(1, RMS of the expected output's finite elements). Rounding errors of
+/// fp32/TF32/fp16 arithmetic grow with the size of the values computed, so an output
+/// whose values are in the hundreds gets an absolute bound in proportion, while a wrong
+/// result (an error of the order of the values themselves) still fails. The defaults
+/// (`default_tolerance`) are scaled; a tolerance a user gives is absolute.
 struct Tolerance {
   double atol = 0;
   double rtol = 0;
+  bool scaled = false;
   bool operator==(const Tolerance&) const = default;
 };
+
+/// The factor a scaled atol is multiplied by for this expected output: max(1, RMS of its
+/// finite elements); 1 for integer and bool outputs. `expected` must be in host memory
+/// and contiguous.
+double atol_scale(const TensorView& expected);
 
 /// Numeric precision a candidate computes in, which sets its default tolerance for
 /// floating-point outputs: a TF32 or fp16 variant is not held to strict fp32 bounds.
@@ -29,7 +42,8 @@ std::string_view precision_name(Precision precision) noexcept;
 
 /// The documented defaults. Strict: float64 1e-6/1e-6, float32 1e-4/1e-4, float16 and
 /// bfloat16 1e-2/1e-2; TF32: floating outputs 5e-3/5e-3 (fp16/bf16 outputs keep 1e-2);
-/// FP16: floating outputs 1e-2/1e-2. Integer and bool outputs must match exactly (0/0).
+/// FP16: floating outputs 1e-2/1e-2, all with a scaled atol (`Tolerance::scaled`). Integer
+/// and bool outputs must match exactly (0/0).
 Tolerance default_tolerance(DType dtype, Precision precision = Precision::kStrict) noexcept;
 
 /// Tolerances for one comparison: per-output overrides win over `all`, which wins over
@@ -50,7 +64,9 @@ struct OutputCheck {
   std::string failure;  ///< why it failed ("" when passed): shape, dtype, NaN, Inf or values
   DType dtype = DType::kFloat32;
   Shape shape;          ///< the actual shape
-  Tolerance tolerance;  ///< what was applied
+  Tolerance tolerance;  ///< as given (a scaled atol before scaling)
+  double atol_applied = 0;  ///< the atol applied: tolerance.atol, times atol_scale when scaled
+  double scale = 1;         ///< atol_scale(expected) (computed for every floating output)
   double max_abs_error = 0;
   double max_rel_error = 0;     ///< |a - e| / |e| over elements with e != 0
   int64_t mismatched = 0;       ///< elements beyond both atol and rtol

@@ -13,7 +13,7 @@
 // checks first what nn.Module.__call__ and aitune's forward would check (hooks, tracing,
 // recording, eager mode: CallGuards).
 // Anything it does not serve (other keywords, a guard set, a non-tensor or a tensor subclass,
-// a tensor that requires grad, a strided view, an unseen dtype or rank, a shape the
+// a tensor that requires grad (issue 17: it was exported detached), a strided view, an unseen dtype or rank, a shape the
 // session refuses) goes to the fallback, nn.Module.__call__, whose general path owns
 // every error message and the eager fallback.
 #include <dlpack/dlpack.h>
@@ -230,8 +230,14 @@ class TorchDispatch {
     for (std::size_t i = 0; i < n; ++i) {
       PyObject* argument = values[i];
       if (Py_TYPE(argument) != reinterpret_cast<PyTypeObject*>(tensor_type_.ptr())) return nb::borrow(Py_NotImplemented);
+      // A tensor that requires grad goes to the general path, which runs the call eagerly
+      // when gradients are enabled (autograd intact) and detaches it otherwise;
+      // torch._C._to_dlpack would export it silently, dropping its gradient.
+      nb::object requires_grad = nb::steal(PyObject_GetAttr(argument, requires_grad_name_.ptr()));
+      if (!requires_grad.is_valid()) throw nb::python_error();
+      if (requires_grad.ptr() == Py_True) return nb::borrow(Py_NotImplemented);
       PyObject* capsule = PyObject_CallOneArg(to_dlpack_.ptr(), argument);
-      if (capsule == nullptr) {  // e.g. a tensor that requires grad: the general path detaches it
+      if (capsule == nullptr) {
         PyErr_Clear();
         return nb::borrow(Py_NotImplemented);
       }
@@ -301,6 +307,7 @@ class TorchDispatch {
   }
 
   nb::object to_dlpack_, from_dlpack_, tensor_type_, current_stream_, fallback_;
+  nb::object requires_grad_name_ = interned(nb::str("requires_grad"));
   CallGuards guards_;
   std::vector<std::shared_ptr<const Route>> routes_;
 };

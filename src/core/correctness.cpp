@@ -99,12 +99,27 @@ Tolerance default_tolerance(DType dtype, Precision precision) noexcept {
   bool half = dtype == DType::kFloat16 || dtype == DType::kBFloat16;
   switch (precision) {
     case Precision::kStrict:
-      if (dtype == DType::kFloat64) return {1e-6, 1e-6};
-      return half ? Tolerance{1e-2, 1e-2} : Tolerance{1e-4, 1e-4};
-    case Precision::kTF32: return half ? Tolerance{1e-2, 1e-2} : Tolerance{5e-3, 5e-3};
-    case Precision::kFP16: return {1e-2, 1e-2};
+      if (dtype == DType::kFloat64) return {1e-6, 1e-6, true};
+      return half ? Tolerance{1e-2, 1e-2, true} : Tolerance{1e-4, 1e-4, true};
+    case Precision::kTF32: return half ? Tolerance{1e-2, 1e-2, true} : Tolerance{5e-3, 5e-3, true};
+    case Precision::kFP16: return {1e-2, 1e-2, true};
   }
   return {0, 0};
+}
+
+double atol_scale(const TensorView& expected) {
+  require_host_contiguous(expected, "(expected)", "expected");
+  if (!is_floating(expected.dtype)) return 1;
+  const auto n = static_cast<std::size_t>(expected.numel());
+  double sum = 0;
+  std::size_t finite = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    double e = element(expected, i);
+    if (!std::isfinite(e)) continue;
+    sum += e * e;
+    ++finite;
+  }
+  return finite ? std::max(1.0, std::sqrt(sum / static_cast<double>(finite))) : 1.0;
 }
 
 Tolerance ToleranceSpec::for_output(const std::string& name, DType dtype) const {
@@ -122,6 +137,7 @@ OutputCheck compare_output(const std::string& name, const TensorView& actual, co
   check.dtype = actual.dtype;
   check.shape = actual.shape;
   check.tolerance = tolerance;
+  check.atol_applied = tolerance.atol;
   if (actual.dtype != expected.dtype)
     return failed(check, "dtype " + std::string(dtype_name(actual.dtype)) + ", expected " +
                              std::string(dtype_name(expected.dtype)));
@@ -129,6 +145,9 @@ OutputCheck compare_output(const std::string& name, const TensorView& actual, co
     return failed(check, "shape " + shape_to_string(actual.shape) + ", expected " + shape_to_string(expected.shape));
 
   const auto n = static_cast<std::size_t>(actual.numel());
+  check.scale = atol_scale(expected);
+  const double atol = tolerance.scaled ? tolerance.atol * check.scale : tolerance.atol;
+  check.atol_applied = atol;
   // required_atol: the largest error among elements the rtol alone does not cover;
   // required_rtol: the largest relative error among elements the atol alone does not cover.
   double required_atol = 0, required_rtol = 0;
@@ -149,7 +168,7 @@ OutputCheck compare_output(const std::string& name, const TensorView& actual, co
     double rel = scale > 0 ? diff / scale : (diff > 0 ? kInf : 0);
     check.max_abs_error = std::max(check.max_abs_error, diff);
     if (std::isfinite(rel)) check.max_rel_error = std::max(check.max_rel_error, rel);
-    bool within_atol = diff <= tolerance.atol, within_rtol = diff <= tolerance.rtol * scale;
+    bool within_atol = diff <= atol, within_rtol = diff <= tolerance.rtol * scale;
     if (!within_rtol) required_atol = std::max(required_atol, diff);
     if (!within_atol) required_rtol = std::max(required_rtol, rel);
     if (!within_atol && !within_rtol) ++check.mismatched;
@@ -167,7 +186,8 @@ OutputCheck compare_output(const std::string& name, const TensorView& actual, co
   check.passed = check.mismatched == 0;
   if (!check.passed) {
     check.failure = std::to_string(check.mismatched) + " of " + std::to_string(n) + " elements beyond atol=" +
-                    fmt(tolerance.atol) + " and rtol=" + fmt(tolerance.rtol) + " (max abs error " +
+                    fmt(atol) + (tolerance.scaled ? " (" + fmt(tolerance.atol) + " x output RMS " + fmt(check.scale) + ")" : "") +
+                    " and rtol=" + fmt(tolerance.rtol) + " (max abs error " +
                     fmt(check.max_abs_error) + ", max rel error " + fmt(check.max_rel_error) +
                     "; would pass with atol=" + fmt(required_atol) + " or rtol=" + fmt(required_rtol) + ")";
   }
@@ -224,8 +244,10 @@ std::string CorrectnessReport::to_json(int indent) const {
                          {"failure", o.failure},
                          {"dtype", dtype_name(o.dtype)},
                          {"shape", o.shape},
-                         {"atol", o.tolerance.atol},
+                         {"atol", o.atol_applied},
                          {"rtol", o.tolerance.rtol},
+                         {"atol_scaled", o.tolerance.scaled},
+                         {"atol_scale", o.scale},
                          {"max_abs_error", o.max_abs_error},
                          {"max_rel_error", o.max_rel_error},
                          {"mismatched", o.mismatched},

@@ -128,20 +128,59 @@ TEST(Correctness, HalfPrecisionValuesAreCompared) {
 }
 
 TEST(Correctness, DocumentedDefaults) {
-  EXPECT_EQ(default_tolerance(DType::kFloat32), (Tolerance{1e-4, 1e-4}));
-  EXPECT_EQ(default_tolerance(DType::kFloat16), (Tolerance{1e-2, 1e-2}));
-  EXPECT_EQ(default_tolerance(DType::kBFloat16), (Tolerance{1e-2, 1e-2}));
-  EXPECT_EQ(default_tolerance(DType::kFloat64), (Tolerance{1e-6, 1e-6}));
+  EXPECT_EQ(default_tolerance(DType::kFloat32), (Tolerance{1e-4, 1e-4, true}));
+  EXPECT_EQ(default_tolerance(DType::kFloat16), (Tolerance{1e-2, 1e-2, true}));
+  EXPECT_EQ(default_tolerance(DType::kBFloat16), (Tolerance{1e-2, 1e-2, true}));
+  EXPECT_EQ(default_tolerance(DType::kFloat64), (Tolerance{1e-6, 1e-6, true}));
   EXPECT_EQ(default_tolerance(DType::kInt32), (Tolerance{0, 0}));
-  EXPECT_EQ(default_tolerance(DType::kFloat32, Precision::kTF32), (Tolerance{5e-3, 5e-3}));
-  EXPECT_EQ(default_tolerance(DType::kFloat32, Precision::kFP16), (Tolerance{1e-2, 1e-2}));
+  EXPECT_EQ(default_tolerance(DType::kFloat32, Precision::kTF32), (Tolerance{5e-3, 5e-3, true}));
+  EXPECT_EQ(default_tolerance(DType::kFloat32, Precision::kFP16), (Tolerance{1e-2, 1e-2, true}));
+}
+
+TEST(Correctness, AtolScaleIsTheRmsOfTheFiniteExpectedValuesAtLeastOne) {
+  EXPECT_DOUBLE_EQ(atol_scale(f64({300, -400}).view()), std::sqrt((300.0 * 300 + 400.0 * 400) / 2));
+  EXPECT_DOUBLE_EQ(atol_scale(f64({0.1, -0.2}).view()), 1.0);  // small outputs keep the absolute atol
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_DOUBLE_EQ(atol_scale(f64({10, inf, nan}).view()), 10.0);
+  EXPECT_DOUBLE_EQ(atol_scale(f64({nan}).view()), 1.0);
+  auto ints = make_host<int64_t>(DType::kInt64, {2}, {1000, 2000});
+  EXPECT_DOUBLE_EQ(atol_scale(ints.view()), 1.0);
+}
+
+// The case of a network with large activations: logits of RMS ~100 from a TF32 candidate
+// carry rounding errors of ~1e-1 near zero crossings. Against an exact reference the scaled
+// default passes them, the absolute atol would not, and a wrong result still fails.
+TEST(Correctness, ScaledAtolFollowsTheOutputsMagnitude) {
+  std::vector<double> reference, tf32_like, wrong;
+  for (int i = 0; i < 1000; ++i) {
+    double e = 100.0 * std::sin(0.37 * i);  // RMS ~70.7, many elements near zero
+    reference.push_back(e);
+    tf32_like.push_back(e + 0.15 * std::cos(1.3 * i));  // error 2e-3 of the RMS
+    wrong.push_back(i == 500 ? -e : e);               // one sign flipped
+  }
+  const auto expected = f64(reference);
+  const Tolerance tf32 = default_tolerance(DType::kFloat32, Precision::kTF32);
+  auto scaled = compare_output("logits", f64(tf32_like).view(), expected.view(), tf32);
+  EXPECT_TRUE(scaled.passed) << scaled.failure;
+  EXPECT_NEAR(scaled.scale, 100.0 / std::sqrt(2.0), 0.5);
+  EXPECT_DOUBLE_EQ(scaled.atol_applied, 5e-3 * scaled.scale);
+  auto absolute = compare_output("logits", f64(tf32_like).view(), expected.view(), {5e-3, 5e-3});
+  EXPECT_FALSE(absolute.passed);  // the unscaled rule rejects a correct TF32 result
+  auto flipped = compare_output("logits", f64(wrong).view(), expected.view(), tf32);
+  EXPECT_FALSE(flipped.passed);
+  EXPECT_EQ(flipped.mismatched, 1);
+  EXPECT_NE(flipped.failure.find("x output RMS"), std::string::npos) << flipped.failure;
+  // Overrides a user gives stay absolute.
+  ToleranceSpec spec;
+  spec.all = Tolerance{5e-3, 5e-3};
+  EXPECT_FALSE(spec.for_output("logits", DType::kFloat32).scaled);
 }
 
 TEST(Correctness, PerOutputOverrideWinsOverAllWhichWinsOverDefaults) {
   ToleranceSpec spec;
-  EXPECT_EQ(spec.for_output("a", DType::kFloat32), (Tolerance{1e-4, 1e-4}));
+  EXPECT_EQ(spec.for_output("a", DType::kFloat32), (Tolerance{1e-4, 1e-4, true}));
   spec.precision = Precision::kTF32;
-  EXPECT_EQ(spec.for_output("a", DType::kFloat32), (Tolerance{5e-3, 5e-3}));
+  EXPECT_EQ(spec.for_output("a", DType::kFloat32), (Tolerance{5e-3, 5e-3, true}));
   spec.all = Tolerance{1e-3, 0};
   EXPECT_EQ(spec.for_output("a", DType::kFloat32), (Tolerance{1e-3, 0}));
   spec.per_output["b"] = {0.5, 0.5};

@@ -150,9 +150,12 @@ def test_tensor_subclasses_requires_grad_and_strided_views_give_equal_outputs():
         expected = model(x.t().contiguous())
         _assert_identical(model(x.t()), expected)  # a strided view (the backend copies it)
         _assert_identical(model(torch.nn.Parameter(x.t().contiguous())), expected)  # subclass: general path
-    out = model(x.t().contiguous().requires_grad_())  # outside no_grad: detached for the session
-    _assert_identical(out, expected)
-    assert not out.requires_grad
+    leaf = x.t().contiguous().requires_grad_()
+    with torch.no_grad():  # gradients off: the session serves it (detached for DLPack)
+        _assert_identical(model(leaf), expected)
+    out = model(leaf)  # gradients on: eager, autograd intact (issue 17), not a detached session output
+    assert out.requires_grad
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
 
 
 def test_retuning_drops_the_cached_graphs():

@@ -179,8 +179,14 @@ def test_unusual_tensors_fall_back_and_give_equal_outputs(python_path_calls):
         assert torch.equal(model(x.t()), expected)  # strided view
         assert torch.equal(model(torch.nn.Parameter(x.t().contiguous())), expected)  # subclass
         assert len(python_path_calls) == calls + 2
-    out = model(x.t().contiguous().requires_grad_())  # to_dlpack refuses grad: the Python path detaches
-    assert torch.equal(out, expected) and not out.requires_grad
+    leaf = x.t().contiguous().requires_grad_()
+    calls = len(python_path_calls)
+    with torch.no_grad():  # requires grad: never served in C++; the Python path detaches it
+        assert torch.equal(model(leaf), expected)
+    assert len(python_path_calls) == calls + 1
+    out = model(leaf)  # gradients on: run eagerly with autograd intact (issue 17)
+    assert out.requires_grad
+    torch.testing.assert_close(out, expected, atol=1e-4, rtol=1e-4)
     with pytest.raises(ait.GraphNotRecordedError, match="float64"):
         model(x.t().double())
     with pytest.raises(aitune.ShapeMismatchError) as info:

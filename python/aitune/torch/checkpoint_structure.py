@@ -21,7 +21,7 @@ import torch.utils._pytree as pytree
 
 from aitune import _core
 from aitune.torch import flatten
-from aitune.torch.graph import SavedGraph, _Tree
+from aitune.torch.graph import CallForm, SavedGraph, _Tree
 
 #: Version of the JSON aitune.torch writes into ``metadata`` and each graph's ``structure``.
 STRUCTURE_FORMAT_VERSION = 1
@@ -348,6 +348,8 @@ def graph_structure(graph, module_name: str) -> dict:
         "outputs": {"treespec": _dump_spec(out_tree.spec, types, f"{where}, outputs"), "leaves": out_leaves},
         "types": types,
         "recorded": graph.describe(),
+        # How the user called it, so a graph run eagerly after ait.load replays that call.
+        "call": graph.call_form.to_json() if graph.call_form is not None else None,
     }
 
 
@@ -393,6 +395,12 @@ def saved_graph(module, structure: Any, key: str, where: str, spec: _core.GraphS
     in_spec, inputs, input_names, in_descriptors = trees["inputs"]
     _, outputs, output_names, _ = trees["outputs"]
     _check_signature(module, in_spec, where)
+    call_form = None
+    if structure.get("call") is not None:  # absent from checkpoints written before call forms were kept
+        try:
+            call_form = CallForm.from_json(structure["call"], module._ait_signature)
+        except ValueError as error:
+            raise corrupt(where, f"field 'call': {error}") from None
     recorded = structure.get("recorded")
     return SavedGraph(
         module.ait_name,
@@ -406,6 +414,7 @@ def saved_graph(module, structure: Any, key: str, where: str, spec: _core.GraphS
         output_names,
         recorded if isinstance(recorded, str) else "(saved graph)",
         spec,
+        call_form,
     )
 
 

@@ -53,6 +53,74 @@ class _Tree:
         return pytree.tree_unflatten(leaves, self.spec)
 
 
+_POSITIONAL_KINDS = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+@dataclasses.dataclass(frozen=True)
+class CallForm:
+    """How the user called the module: which parameters were passed positionally (in
+    order; a ``*args`` parameter's name stands for all the extra positional values) and
+    which keywords were passed (in call order; a ``**kwargs`` key by itself).
+
+    A graph's calls are replayed in this form (for the eager reference, profiling and the
+    export), never with the defaults a binding fills in: forwards wrapped by decorators
+    that add keywords of their own (Hugging Face's) would get a value twice.
+    """
+
+    positional: tuple[str, ...]
+    keywords: tuple[str, ...]
+
+    @classmethod
+    def of(cls, signature: inspect.Signature, n_positional: int, keywords) -> CallForm:
+        """The form of a call with ``n_positional`` positional values and these keywords
+        (a call that binds to ``signature``)."""
+        parameters = list(signature.parameters.values())
+        named = [p.name for p in parameters if p.kind in _POSITIONAL_KINDS][:n_positional]
+        if n_positional > len(named):
+            named += [p.name for p in parameters if p.kind is p.VAR_POSITIONAL]
+        return cls(tuple(named), tuple(keywords))
+
+    def replay(self, signature: inspect.Signature, arguments: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+        """``(args, kwargs)`` in this form, from bound ``arguments`` (by parameter name,
+        a ``**kwargs`` parameter's keys under its name)."""
+        parameters = signature.parameters
+        args: list = []
+        for name in self.positional:
+            if parameters[name].kind is inspect.Parameter.VAR_POSITIONAL:
+                args.extend(arguments[name])
+            else:
+                args.append(arguments[name])
+        var_keyword = next((p.name for p in parameters.values() if p.kind is p.VAR_KEYWORD), None)
+        kwargs = {}
+        for name in self.keywords:
+            parameter = parameters.get(name)
+            if parameter is not None and parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY):
+                kwargs[name] = arguments[name]
+            else:
+                kwargs[name] = arguments[var_keyword][name]
+        return tuple(args), kwargs
+
+    def to_json(self) -> dict:
+        return {"positional": list(self.positional), "keywords": list(self.keywords)}
+
+    @classmethod
+    def from_json(cls, data: Any, signature: inspect.Signature) -> CallForm:
+        """The form saved by ``to_json``; ValueError when it is malformed or names a
+        parameter ``signature`` does not have (and it has no ``**kwargs``)."""
+        if not isinstance(data, dict) or set(data) != {"positional", "keywords"}:
+            raise ValueError(f"a call form must be {{'positional': [...], 'keywords': [...]}}, got {data!r:.120}")
+        positional, keywords = data["positional"], data["keywords"]
+        if not all(isinstance(v, list) and all(isinstance(n, str) for n in v) for v in (positional, keywords)):
+            raise ValueError(f"a call form lists parameter names (strings), got {data!r:.120}")
+        parameters = signature.parameters
+        unknown = [n for n in positional if n not in parameters]
+        if not any(p.kind is p.VAR_KEYWORD for p in parameters.values()):
+            unknown += [n for n in keywords if n not in parameters]
+        if unknown:
+            raise ValueError(f"the call passed {unknown}, which forward({', '.join(parameters)}) does not take")
+        return cls(tuple(positional), tuple(keywords))
+
+
 def _argument_path(signature: inspect.Signature, path: tuple) -> tuple:
     """Key path of a bound argument, without the name of a ``**kwargs`` parameter: its
     keys are the keywords the caller wrote."""
@@ -70,13 +138,18 @@ class _GraphCalls:
 
     signature: inspect.Signature
     module: torch.nn.Module
+    call_form: CallForm | None
     _inputs: _Tree
     _outputs: _Tree
 
     def call_arguments(self, input_tensors) -> tuple[tuple, dict[str, Any]]:
-        """``(args, kwargs)`` for the wrapped module: the recorded call with these tensors."""
-        bound = self.signature.bind_partial()
-        bound.arguments = self._inputs.fill(input_tensors)
+        """``(args, kwargs)`` for the wrapped module: the recorded call with these tensors,
+        in the form the user called it (``CallForm``)."""
+        arguments = self._inputs.fill(input_tensors)
+        if self.call_form is not None:
+            return self.call_form.replay(self.signature, arguments)
+        bound = self.signature.bind_partial()  # a checkpoint saved before call forms were kept
+        bound.arguments = arguments
         return bound.args, bound.kwargs
 
     def output_tensors(self, outputs: Any) -> list[torch.Tensor]:
@@ -100,7 +173,9 @@ class _GraphCalls:
 
 class RecordedGraph(_GraphCalls):
     """Calls of one module with equal input structure, tensor dtypes and ranks, and
-    non-tensor values. Built from the first such call; ``add_sample`` adds the others.
+    non-tensor values (bound to the forward signature, defaults filled in, so ``m(x)`` and
+    ``m(x=x)`` are one graph). Built from the first such call, whose ``call_form`` every
+    replay keeps; ``add_sample`` adds the others.
 
     Tensor inputs are named ``input_<path>`` after their place in the call bound to the
     forward signature (``input_x``, ``input_batch_image``; keys of ``**kwargs`` without
@@ -114,10 +189,12 @@ class RecordedGraph(_GraphCalls):
         signature: inspect.Signature,
         arguments: dict[str, Any],
         outputs: Any,
+        call_form: CallForm | None = None,
     ):
         self.module_name = module_name
         self.module = module
         self.signature = signature
+        self.call_form = call_form
         in_paths_leaves, in_spec = pytree.tree_flatten_with_path(arguments)
         in_leaves = [leaf for _, leaf in in_paths_leaves]
         self.identity = flatten.identity(in_spec, in_leaves)
@@ -215,10 +292,12 @@ class SavedGraph(_GraphCalls):
         output_names: list[str],
         description: str,
         spec: _core.GraphSpec | None = None,
+        call_form: CallForm | None = None,
     ):
         self.module_name = module_name
         self.module = module
         self.signature = signature
+        self.call_form = call_form
         self.key = key
         self.identity = identity
         self._inputs = inputs

@@ -8,6 +8,7 @@ import contextlib
 import logging
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,6 +19,7 @@ from aitune.torch import cache
 from aitune.torch.backend.base import TunedGraph
 from aitune.torch.backend.onnx_runtime_backend import NumericMismatchError
 from aitune.torch.backend.torch_eager import EagerGraph, TorchEagerBackend
+from aitune.torch.candidate_isolation import CudaContextLostError
 from aitune.torch.context import run_eagerly
 from aitune.torch.settings import TuneOptions
 from aitune.torch.strategy import TuningError
@@ -56,22 +58,41 @@ def _write_report(graph: RecordedGraph, report: _core.TuneReport) -> Path:
     return path
 
 
-def _eager_uses_tf32(module: torch.nn.Module) -> bool:
-    """Whether eager PyTorch computes this module's outputs in TF32 on a GPU: convolutions
-    do by default (cudnn.allow_tf32), matmuls when torch.backends.cuda.matmul.allow_tf32."""
-    if torch.backends.cuda.matmul.allow_tf32:
-        return True
-    return torch.backends.cudnn.allow_tf32 and any(
-        isinstance(m, torch.nn.modules.conv._ConvNd) for m in module.modules()
-    )
+@contextlib.contextmanager
+def exact_float32() -> Iterator[None]:
+    """float32 matmuls and convolutions of eager PyTorch in full fp32 (TF32 off) on CUDA,
+    the settings restored afterwards. On a GPU torch computes convolutions in TF32 by
+    default (``torch.backends.cudnn.allow_tf32``), matmuls too where the user allowed it;
+    the correctness reference must be the most exact output the machine gives instead."""
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = matmul
+        torch.backends.cudnn.allow_tf32 = cudnn
+
+
+def reference_outputs(graph: RecordedGraph) -> list[list[torch.Tensor]]:
+    """Per sample, the outputs every candidate is compared with, in host memory. On CUDA
+    the module runs again on each sample with TF32 off (``exact_float32``): the outputs
+    recorded while the user's code ran were computed with the user's (TF32) settings. On
+    the host they are the recorded outputs (no TF32 there)."""
+    if graph.device.type != "cuda":
+        return [[t.detach().cpu().contiguous() for t in s.outputs] for s in graph.samples]
+    outputs = []
+    with torch.no_grad(), exact_float32():
+        for sample in graph.samples:
+            outputs.append([t.detach().cpu().contiguous() for t in graph.run_eager(sample.inputs)])
+    return outputs
 
 
 def _samples(graph: RecordedGraph) -> list[tuple[list[torch.Tensor], list[torch.Tensor], int]]:
-    """Inputs on the module's device, eager outputs in host memory (the engine compares there)."""
+    """Inputs on the module's device, reference outputs in host memory (the engine compares there)."""
     return [
-        ([t.detach().contiguous() for t in s.inputs], [t.detach().cpu().contiguous() for t in s.outputs],
-         max(s.batch_size, 1))
-        for s in graph.samples
+        ([t.detach().contiguous() for t in s.inputs], expected, max(s.batch_size, 1))
+        for s, expected in zip(graph.samples, reference_outputs(graph), strict=True)
     ]
 
 
@@ -94,8 +115,6 @@ def tune_graph(strategy: TuneStrategy, graph: RecordedGraph, options: TuneOption
         # Eager runs on torch's stream: device time by events there, and host time that
         # includes the wait for the device (candidates are timed on their own streams).
         tuner_options.cuda_stream = torch.cuda.current_stream(graph.device).cuda_stream
-        if _eager_uses_tf32(graph.module):
-            tuner_options.reference_precision = _core.Precision.TF32
     name = f"{graph.module_name}/{graph.key}"
     tuner_options.log = lambda line: logger.debug("%s", line)
     tuner = _core.GraphTuner(name, graph.graph_spec(), _samples(graph), tuner_options)
@@ -116,6 +135,8 @@ def tune_graph(strategy: TuneStrategy, graph: RecordedGraph, options: TuneOption
             advance = (lambda: bar.update(1)) if bar is not None else (lambda: None)
             try:
                 wrappers[group] = backend.add_candidates(graph, tuner, group, advance)
+            except CudaContextLostError:
+                raise  # nothing after it can run: never reported as one backend's failure
             except Exception as error:
                 if strategy.propagate_errors:
                     error.add_note(f"while building {name} with {backend.describe()}")

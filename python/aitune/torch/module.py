@@ -17,7 +17,7 @@ from aitune import _core
 from aitune.torch import cache, flatten
 from aitune.torch.backend.base import TunedGraph
 from aitune.torch.context import current_session, eager_only
-from aitune.torch.graph import RecordedGraph, describe_call
+from aitune.torch.graph import CallForm, RecordedGraph, describe_call
 from aitune.torch.strategy import OneBackendStrategy, TuneStrategy
 from aitune.torch.torch_dispatch import new_dispatch
 
@@ -56,6 +56,18 @@ def _positional_defaults(signature: inspect.Signature) -> tuple[list[str], dict[
 
 
 _module_call = torch.nn.Module.__call__
+
+
+def _requires_grad(args: tuple, kwargs: dict) -> bool:
+    """Whether any tensor of the call requires grad (plain tensor arguments are checked
+    without flattening)."""
+    for value in (*args, *kwargs.values()):
+        if type(value) is _Tensor:
+            if value.requires_grad:
+                return True
+        elif any(leaf.requires_grad for leaf in pytree.tree_leaves(value) if isinstance(leaf, torch.Tensor)):
+            return True
+    return False
 
 
 # Defaults that cannot change between calls (immutable values). A call that leaves
@@ -136,6 +148,7 @@ class Module(torch.nn.Module):
             "_ait_fast": {},  # (keywords, dtypes and ranks) of a call -> (identity, _ait_tuned entry)
             "_ait_direct": None,  # _core.TorchDispatch serving positional tensor calls, once one was seen
             "_ait_warned": set(),
+            "_ait_grad_logged": False,  # the first call run eagerly for autograd was logged
             "_ait_record_errors": [],
             "training": module.training,
         }
@@ -264,7 +277,8 @@ class Module(torch.nn.Module):
 
     def _ait_bind(self, args: tuple, kwargs: dict) -> dict[str, Any]:
         """The call's arguments by parameter name, defaults filled in: ``m(x)``,
-        ``m(x=x)`` and ``m(x, mask=None)`` are one call."""
+        ``m(x=x)`` and ``m(x, mask=None)`` are one call (one graph). Only for telling
+        graphs apart: calls are replayed in the user's own form (``CallForm``)."""
         fast = self._ait_positional_defaults
         if not kwargs and fast is not None and len(args) <= len(fast[0]):
             # The common call m(x, y): what Signature.bind + apply_defaults would give,
@@ -294,7 +308,8 @@ class Module(torch.nn.Module):
             identity = flatten.identity(spec, leaves)
             graph = self._ait_graphs.get(identity)
             if graph is None:
-                graph = RecordedGraph(self._ait_name, self._ait_module, self._ait_signature, arguments, outputs)
+                form = CallForm.of(self._ait_signature, len(args), kwargs)
+                graph = RecordedGraph(self._ait_name, self._ait_module, self._ait_signature, arguments, outputs, form)
                 self._ait_graphs[identity] = graph
             graph.add_sample([leaf for leaf in leaves if isinstance(leaf, torch.Tensor)], outputs, session.batch_size)
         except Exception as error:  # keep feeding samples; tuning reports it
@@ -302,6 +317,8 @@ class Module(torch.nn.Module):
         return outputs
 
     def _ait_dispatch(self, args: tuple, kwargs: dict) -> Any:
+        if torch.is_grad_enabled() and _requires_grad(args, kwargs):
+            return self._ait_run_with_autograd(args, kwargs)
         # Fast path: a call of plain tensors (positional, or keywords as well) that
         # matched a graph before matches it again when its keywords, dtypes and ranks
         # are the same, so binding, pytree flattening and the graph identity (TreeSpecs
@@ -346,6 +363,21 @@ class Module(torch.nn.Module):
         if cached is None and fast_key is not None:  # resolved, and ran: next time in C++
             self._ait_add_route(values, keywords, graph, tuned)
         return graph.rebuild_outputs(outputs)
+
+    def _ait_run_with_autograd(self, args: tuple, kwargs: dict) -> Any:
+        """A call whose inputs require grad, with gradients enabled, runs eagerly so that
+        autograd sees it (a tuned graph's outputs carry no gradient history); said once
+        in the log. The C++ hot path never serves such calls (DLPack refuses tensors
+        that require grad), so they all come here."""
+        if not self._ait_grad_logged:
+            self._ait_grad_logged = True
+            logger.warning(
+                "ait.Module '%s': called with inputs that require grad while gradients are enabled; such calls "
+                "run eagerly in PyTorch (autograd intact), the tuned graph serves calls without gradients "
+                "(torch.no_grad() / torch.inference_mode(), or inputs that do not require grad)",
+                self._ait_name,
+            )
+        return self._ait_module(*args, **kwargs)
 
     def _ait_add_route(self, values: tuple, keywords: tuple, graph, tuned: TunedGraph) -> None:
         """Hands calls like this one (plain tensors, the last ``len(keywords)`` of

@@ -11,6 +11,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from aitune.torch.context import TuneSession, recording
+from aitune.torch.candidate_isolation import CudaContextLostError
 from aitune.torch.dataset import iterate_calls
 from aitune.torch.export import quiet_external_logging
 from aitune import _core
@@ -88,8 +89,8 @@ def tune(
             try:
                 module._ait_tune(clear_cache=clear_cache, options=options)
             except Exception as error:
-                if not ignore_failing_modules:
-                    raise
+                if not ignore_failing_modules or isinstance(error, CudaContextLostError):
+                    raise  # a broken CUDA context fails every later module too
                 logger.warning(
                     "ait.Module '%s' stays eager, tuning failed: %s: %s", module.ait_name, type(error).__name__, error
                 )

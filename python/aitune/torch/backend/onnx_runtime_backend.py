@@ -12,7 +12,7 @@ import torch
 from torch.utils.dlpack import to_dlpack
 
 from aitune import _core
-from aitune.torch import cache, export
+from aitune.torch import cache, candidate_isolation, export
 from aitune.torch.torch_dispatch import current_raw_stream
 from aitune.torch.backend.base import Backend, BackendConfig, TunedGraph
 from aitune.torch.graph import RecordedGraph
@@ -278,8 +278,8 @@ class ONNXRuntimeBackend(Backend):
         if model_outputs != graph.output_names:
             raise _core.ModelInvalidError(f"{model_path} declares outputs {model_outputs}, expected {graph.output_names}")
         order = [graph.input_names.index(name) for name in model_inputs]
-        for candidate in candidates:
-            tuner.evaluate_onnx(str(model_path), candidate, self.describe(), group, order)
+        for candidate in candidates:  # contained: a failing candidate never takes the process down
+            candidate_isolation.evaluate(tuner, str(model_path), candidate, self.describe(), group, order, graph)
             advance()
         if fp16 is not None:
             try:
@@ -290,7 +290,7 @@ class ONNXRuntimeBackend(Backend):
             except Exception as error:  # a model the converter cannot handle: the others stand
                 tuner.add_failed(fp16.name, self.describe(), group, f"fp16 conversion failed: {error}")
             else:
-                tuner.evaluate_onnx(str(fp16_path), fp16, self.describe(), group, order)
+                candidate_isolation.evaluate(tuner, str(fp16_path), fp16, self.describe(), group, order, graph)
             advance()
 
         def make(session, candidate) -> TunedGraph:
