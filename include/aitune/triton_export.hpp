@@ -2,6 +2,7 @@
 // repository (config.pbtxt + 1/model.onnx per graph), the tuned configuration kept.
 #pragma once
 
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>

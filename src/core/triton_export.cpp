@@ -246,8 +246,6 @@ TritonModelConfig triton_model_config(const CheckpointGraph& graph, const std::s
                       "to batch)");
     } else {
       mbs = static_cast<int>(batch.recorded_max);
-      if (batch.recorded_min == batch.recorded_max)
-        mbs = 0;  // one batch size recorded: the axis is static, not a batch dimension
     }
   } else if (!spec.batch_sizes.empty() && spec.batch_sizes.size() > 1) {
     notes.push_back("no batching (max_batch_size 0): " + batch.why_not);

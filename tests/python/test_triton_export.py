@@ -432,3 +432,21 @@ def test_triton_server_loads_the_export_on_cpu(tmp_path):
             torch.testing.assert_close(torch.from_numpy(np.from_dlpack(value)), model(x), **TOL)
     finally:
         server.stop()
+
+
+def test_a_batched_vector_is_dims_one_with_an_empty_reshape():
+    """A [batch] tensor has no dims left once the batch axis is dropped: Triton wants
+    dims [1] and an empty reshape for it, as its own auto-complete writes."""
+    spec = _core.GraphSpec.from_json(json.dumps({
+        "inputs": [{"name": "x", "dtype": "int64", "min_shape": [1], "max_shape": [8], "batch_axis": 0}],
+        "outputs": [{"name": "score", "dtype": "float16", "min_shape": [1], "max_shape": [8], "batch_axis": 0}],
+        "batch_sizes": [1, 8]}))
+    graph = _core.CheckpointGraph(key="g", graph_spec=spec,
+                                  backend_config=_core.OnnxRuntimeBackendConfig(provider=_core.ExecutionProvider.CPU))
+    config = text_format.Parse(_core.triton_model_config(graph, "vec").text, PB2.ModelConfig())
+    assert config.max_batch_size == 8
+    for tensor, dtype in [(config.input[0], PB2.TYPE_INT64), (config.output[0], PB2.TYPE_FP16)]:
+        assert tensor.data_type == dtype and list(tensor.dims) == [1]
+        assert tensor.HasField("reshape") and list(tensor.reshape.shape) == []
+    unbatched = text_format.Parse(_core.triton_model_config(graph, "vec", 0).text, PB2.ModelConfig())
+    assert list(unbatched.input[0].dims) == [-1] and not unbatched.input[0].HasField("reshape")
