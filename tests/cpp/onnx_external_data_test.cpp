@@ -1,5 +1,6 @@
 // Tests for onnx_external_data_locations: every place of an ONNX model a tensor can live,
 // every field order of an external_data entry, malformed and hostile protobuf bytes.
+#include "aitune/onnx_external_data.hpp"  // not in aitune.hpp
 #include "onnx_wire.hpp"
 #include "test_support.hpp"
 

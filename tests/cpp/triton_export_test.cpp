@@ -1,6 +1,7 @@
 // Tests of the Triton export: config.pbtxt text from graph specs and backend
 // configurations, the repository layout, atomic writes, bad input, the CLI subcommand.
 // (tests/python/test_triton_export.py parses the configs with Triton's protobuf.)
+#include "aitune/onnx_external_data.hpp"  // not in aitune.hpp
 #include "test_support.hpp"
 
 namespace aitune {

@@ -65,7 +65,7 @@ def test_bert_dynamo_export_with_cuda_graph_candidates_keeps_the_process_healthy
     ait.tune(model, _token_samples(config.vocab_size), batch_sizes=[8], progress=False, ignore_failing_modules=False)
     check_cuda_health(torch.device("cuda"), "the BERT tune")
     (report,) = model.ait_reports.values()
-    graphs = [c for c in report.candidates if "enable_cuda_graph=1" in c.config_json]
+    graphs = [c for c in report.candidates if "enable_cuda_graph=1" in c.name]
     assert graphs, report.summary_table()  # static shapes: the CUDA-graph variants were offered
     for c in graphs:  # each either ran or failed with a reason, never took the process down
         assert c.status != "failed" or c.reason, report.summary_table()
