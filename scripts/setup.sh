@@ -37,7 +37,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
 fi
 
-python_pins=(torch==2.13.0 numpy onnx==1.23.1 onnxscript==0.7.2 onnxconverter-common==1.16.0 onnxruntime==1.30.0 pytest
+python_pins=(torch==2.13.0 numpy onnx==1.23.1 onnxscript==0.7.2 onnxconverter-common==1.16.0 onnxruntime==1.30.0 transformers==5.24.0 pytest
              nanobind==3.1.0 scikit-build-core==1.1.2 tqdm)
 if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv" >&2
