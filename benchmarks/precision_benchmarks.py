@@ -11,13 +11,16 @@ Per model, one row (p50 us of one call + torch.cuda.synchronize()):
   one ait.tune of MaxThroughputStrategy([ONNXRuntimeBackend(cuda), TorchCompileBackend(tf32, fp16)]):
     aitune ORT fp32/TF32: the fastest correct ONNX Runtime candidate of precision fp32 or tf32
     aitune ORT fp16: the fastest correct ONNX Runtime candidate of precision fp16
-      (both as the engine measured them while tuning: p50 of the session call, which waits
+    tuned fp32/TF32: the fastest correct candidate of either backend at fp32 or tf32 (what
+      the strategy with precision="tf32" would choose)
+      (these three as the engine measured them while tuning: p50 of the call, which waits
       for the device, the same per-call + sync measure as the other columns)
     tuned winner: the strategy's choice over ONNX Runtime and torch.compile, measured
       through the tuned module like eager
   each winner's max |error| against eager, and the tuning time.
 Ratios: compile p50 / aitune p50 at the same precision (> 1: aitune faster).
-A model that fails is recorded with its error; the others still run. BatchNorm
+Each model runs in a process of its own (--model-timeout seconds at most): a model that
+fails, crashes or hangs is recorded with its error; the others still run. BatchNorm
 statistics are calibrated by a few training-mode forward passes of random inputs.
 """
 
@@ -28,6 +31,7 @@ import copy
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -160,8 +164,11 @@ def aitune_columns(name, model, x, reference, iterations, profile) -> dict:
                  "max_abs_error": c.max_abs_error, "transform": c.transform,
                  "fused_operators": dict(c.fused_operators), "reason": c.reason}
                 for c in report.candidates]}
-    for column, precisions in (("aitune ORT fp32/TF32", ("fp32", "tf32")), ("aitune ORT fp16", ("fp16",))):
-        c = best(report.candidates, 0, precisions)
+    for column, groups, precisions in (("aitune ORT fp32/TF32", (0,), ("fp32", "tf32")),
+                                       ("aitune ORT fp16", (0,), ("fp16",)),
+                                       ("tuned fp32/TF32", (0, 1), ("fp32", "tf32"))):
+        found = [c for c in (best(report.candidates, g, precisions) for g in groups) if c is not None]
+        c = min(found, key=lambda c: c.p50_us) if found else None
         cols[column] = None if c is None else {"p50_us": c.p50_us, "max_error": c.max_abs_error, "candidate": c.name,
                                                "precision": _core.precision_name(c.precision)}
     with torch.no_grad():
@@ -198,8 +205,12 @@ def bench(name: str, iterations: int, profile) -> dict:
     return row
 
 
-def ratio(row, aitune: str, compile_: str) -> str:
-    a, c = row.get(aitune) or {}, row.get(compile_) or {}
+def ratio(row, aitune: str, compile_: str | None = None) -> str:
+    """compile p50 / aitune p50; compile_ None: compile at the aitune cell's own precision."""
+    a = row.get(aitune) or {}
+    if compile_ is None:
+        compile_ = "compile fp16" if a.get("precision") == "fp16" else "compile TF32"
+    c = row.get(compile_) or {}
     if not a.get("p50_us") or not c.get("p50_us"):
         return "-"
     return f"{c['p50_us'] / a['p50_us']:.2f}x"
@@ -213,21 +224,39 @@ def markdown(rows: list[dict], header: str) -> str:
         err = f" ({v['max_error']:.1e})" if v.get("max_error") is not None else ""
         return f"{v['p50_us']:.0f}{err}"
 
-    columns = ["eager", "compile TF32", "compile fp16", "aitune ORT fp32/TF32", "aitune ORT fp16", "tuned winner"]
+    columns = ["eager", "compile TF32", "compile fp16", "aitune ORT fp32/TF32", "aitune ORT fp16", "tuned fp32/TF32",
+               "tuned winner"]
     lines = [header, "",
              "p50 us per call + sync (max |error| vs eager); ratios = compile / aitune at the same precision "
              "(> 1: aitune faster)", "",
              "| model | " + " | ".join(columns) + " | ORT TF32 vs compile TF32 | ORT fp16 vs compile fp16 "
-             "| winner vs compile fp16 | winner | tuning s |",
-             "|---" * (len(columns) + 6) + "|"]
+             "| tuned TF32 vs compile TF32 | winner vs compile (its precision) | winner | tuning s |",
+             "|---" * (len(columns) + 7) + "|"]
     for r in rows:
-        winner = (r.get("tuned winner") or {}).get("candidate", r.get("aitune error", "-"))
+        failure = r.get("aitune error") or r.get("error")
+        winner = (r.get("tuned winner") or {}).get("candidate") or (failure or "-")[:120]
+        precision = (r.get("tuned winner") or {}).get("precision")
         tuning = f"{r['tuning_s']:.0f}" if isinstance(r.get("tuning_s"), (int, float)) else "-"
         lines.append(
             f"| {r['model']} | " + " | ".join(cell(r, c) for c in columns)
             + f" | {ratio(r, 'aitune ORT fp32/TF32', 'compile TF32')} | {ratio(r, 'aitune ORT fp16', 'compile fp16')}"
-            + f" | {ratio(r, 'tuned winner', 'compile fp16')} | {winner} | {tuning} |")
+            + f" | {ratio(r, 'tuned fp32/TF32', 'compile TF32')} | {ratio(r, 'tuned winner')}"
+            + f" | {winner}{f' ({precision})' if precision else ''} | {tuning} |")
     return "\n".join(lines)
+
+
+def run_child(name: str, args, out: Path) -> dict:
+    """One model in a process of its own: a crash (a CUDA-graph capture that segfaults) or a
+    hang costs that row only."""
+    command = [sys.executable, __file__, "--child", name, "--out", str(out), "--iterations", str(args.iterations),
+               "--profile-time-cap", str(args.profile_time_cap)]
+    try:
+        done = subprocess.run(command, timeout=args.model_timeout)
+    except subprocess.TimeoutExpired:
+        return {"model": name, "error": f"timed out after {args.model_timeout} s"}
+    if done.returncode != 0 or not out.exists():
+        return {"model": name, "error": f"the model's process exited with {done.returncode}"}
+    return json.loads(out.read_text())
 
 
 def main() -> int:
@@ -236,38 +265,46 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=100)
     parser.add_argument("--profile-time-cap", type=float, default=2.0,
                         help="seconds of profiling per candidate while tuning (keeps the run short)")
+    parser.add_argument("--model-timeout", type=float, default=270, help="seconds per model (its own process)")
     parser.add_argument("--out", required=True, help="JSON results")
     parser.add_argument("--markdown", help="markdown table (also printed)")
+    parser.add_argument("--child", help=argparse.SUPPRESS)  # one model, in this process
     args = parser.parse_args()
-    names = [n for n in args.models.split(",") if n]
-    unknown = [n for n in names if n not in MODELS]
-    if unknown:
-        parser.error(f"unknown models {unknown}; choose from {list(MODELS)}")
     if not torch.cuda.is_available():
         print("no CUDA device: this benchmark needs the GPU", file=sys.stderr)
         return 2
     os.environ.setdefault("AITUNE_CACHE_DIR", tempfile.mkdtemp(prefix="aitune-precision-"))
-    profile = _core.ProfileConfig()
-    profile.warmup_calls, profile.window_calls, profile.time_cap_s = 10, 20, args.profile_time_cap
+    if args.child:
+        profile = _core.ProfileConfig()
+        profile.warmup_calls, profile.window_calls, profile.time_cap_s = 10, 20, args.profile_time_cap
+        start = time.perf_counter()
+        try:
+            row = bench(args.child, args.iterations, profile)
+        except Exception as error:
+            traceback.print_exc()
+            row = {"model": args.child, "error": f"{type(error).__name__}: {error}"}
+        row["wall_s"] = time.perf_counter() - start
+        Path(args.out).write_text(json.dumps(row, indent=2, default=str))
+        return 0
+    names = [n for n in args.models.split(",") if n]
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        parser.error(f"unknown models {unknown}; choose from {list(MODELS)}")
     import onnxruntime
 
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
             "onnxruntime_python": onnxruntime.__version__,
-            "onnxruntime_engine": _core.OrtRuntime.load().version()}
+            "onnxruntime_engine": _core.OrtRuntime.load().version}
     rows = []
-    for name in names:
-        start = time.perf_counter()
-        try:
-            row = bench(name, args.iterations, profile)
-        except Exception as error:  # one model failing must not stop the others
-            traceback.print_exc()
-            row = {"model": name, "error": f"{type(error).__name__}: {error}"}
-        row["wall_s"] = time.perf_counter() - start
-        rows.append(row)
-        print(json.dumps({k: v for k, v in row.items() if k not in ("table", "candidates")}, default=str), flush=True)
-        if "table" in row:
-            print(row["table"], flush=True)
-        Path(args.out).write_text(json.dumps({**meta, "rows": rows}, indent=2, default=str))  # after every model
+    with tempfile.TemporaryDirectory(prefix="precision-rows-") as scratch:
+        for name in names:
+            row = run_child(name, args, Path(scratch) / f"{name}.json")
+            rows.append(row)
+            print(json.dumps({k: v for k, v in row.items() if k not in ("table", "candidates")}, default=str),
+                  flush=True)
+            if "table" in row:
+                print(row["table"], flush=True)
+            Path(args.out).write_text(json.dumps({**meta, "rows": rows}, indent=2, default=str))  # after every model
     text = markdown(rows, f"{meta['device']}, torch {meta['torch']}, ONNX Runtime {meta['onnxruntime_engine']}")
     print(text)
     if args.markdown:

@@ -46,6 +46,10 @@ REPORT_FILE = "tune_report.json"
 
 DeviceLike = str | torch.device | None
 
+#: The metadata format_version of a checkpoint with torch.compile graphs: an aitune that
+#: does not know them refuses it rather than dropping those graphs.
+COMPILED_GRAPHS_FORMAT_VERSION = STRUCTURE_FORMAT_VERSION + 1
+
 
 class SavedReport:
     """A tuning report as saved in a checkpoint: the engine's TuneReport JSON."""
@@ -162,7 +166,7 @@ def save(
         )
     metadata = {
         METADATA_KEY: {
-            "format_version": STRUCTURE_FORMAT_VERSION,
+            "format_version": COMPILED_GRAPHS_FORMAT_VERSION if compiled else STRUCTURE_FORMAT_VERSION,
             "module_class": class_name(type(module.ait_module)),
             "torch_version": torch.__version__,
             "eager_graphs": eager,
@@ -290,10 +294,10 @@ def _metadata(manifest, where: str) -> dict:
             "(a C++ checkpoint runs with `aitune run` or aitune::Checkpoint, not into an ait.Module)",
         )
     version = field(ours, "format_version", int, where + ", metadata")
-    if version > STRUCTURE_FORMAT_VERSION or version < 1:
+    if version > COMPILED_GRAPHS_FORMAT_VERSION or version < 1:
         raise corrupt(
             where,
-            f"metadata format_version {version} is not supported (this aitune reads 1..{STRUCTURE_FORMAT_VERSION}); "
+            f"metadata format_version {version} is not supported (this aitune reads 1..{COMPILED_GRAPHS_FORMAT_VERSION}); "
             "it was written by a newer aitune",
         )
     return ours
