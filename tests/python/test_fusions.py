@@ -139,3 +139,29 @@ def test_nothing_to_fuse_writes_nothing(tmp_path):
     torch.onnx.export(_relu_mlp(), (torch.randn(2, 16),), str(source), dynamo=True)
     assert transforms.fuse_for_ort(source, tmp_path / "fused.onnx", use_dynamo=True) is None
     assert not (tmp_path / "fused.onnx").exists()
+
+
+def _cuda_ready() -> bool:
+    if not torch.cuda.is_available():
+        return False
+    from aitune import _core
+
+    return _core.OrtRuntime.load().provider_status(_core.ExecutionProvider.CUDA).available
+
+
+@pytest.mark.skipif(not _cuda_ready(), reason="CUDA execution provider or CUDA device unavailable")
+def test_fused_graphs_capture_into_cuda_graphs_on_the_gpu():
+    """Static shapes: the fused candidates run with enable_cuda_graph=1, in fp32, TF32 and
+    fp16, and each is correct (a capture failure would make it 'failed')."""
+    from aitune.torch.backend import ONNXRuntimeBackend, ONNXRuntimeBackendConfig
+
+    backend = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cuda"))
+    model = ait.Module(TinyBert().eval().cuda(), "bert-cuda-fused", strategy=ait.OneBackendStrategy(backend))
+    ait.tune(model, [t.cuda() for t in _ids()], batch_sizes=[2], disable_external_logging=True)
+    (report,) = model.ait_reports.values()
+    fused = _fused(report)
+    assert {c.precision_name for c in fused} == {"fp32", "tf32", "fp16"}, report.summary_table()
+    for c in fused:
+        assert dict(c.fused_operators) == DYNAMO_FUSED
+        assert "enable_cuda_graph=1" in c.name
+        assert c.status in ("selected", "not chosen"), f"{c.name}: {c.reason}\n{report.summary_table()}"

@@ -89,8 +89,9 @@ def _tf32(enabled: bool) -> Iterator[None]:
 
 
 class _PrecisionForward(torch.nn.Module):
-    """The graph's module as ``forward(*tensors) -> tuple``, under autocast when the
-    candidate asks for it, outputs cast back to the module's own dtypes: what is compiled."""
+    """The graph's module as ``forward(*args, **kwargs) -> tuple of its output tensors``,
+    under autocast when the candidate asks for it, outputs cast back to the module's own
+    dtypes: what is compiled."""
 
     def __init__(self, graph, device_type: str, autocast: torch.dtype | None, output_dtypes: list[torch.dtype]):
         super().__init__()
@@ -100,8 +101,9 @@ class _PrecisionForward(torch.nn.Module):
         self.autocast = autocast
         self.output_dtypes = output_dtypes
 
-    def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        args, kwargs = self.graph.call_arguments(tensors)
+    def forward(self, *args, **kwargs) -> tuple[torch.Tensor, ...]:
+        # The recorded call is rebuilt outside (infer): binding a signature inside the
+        # compiled region would break its graph.
         if self.autocast is None:
             outputs = self.inner(*args, **kwargs)
         else:
@@ -128,14 +130,15 @@ class TorchCompileTunedGraph(TunedGraph):
         forward = _PrecisionForward(graph, self.device.type, autocast, self.output_dtypes)
         self._compiled = torch.compile(forward, mode=mode, dynamic=dynamic)
         # TF32 is a CUDA setting; fp16 / bf16 candidates leave the user's flags alone.
-        self._flags = _tf32(precision == "tf32") if self.device.type == "cuda" and autocast is None else None
+        self._sets_tf32 = self.device.type == "cuda" and autocast is None
         self._cuda_graphs = self.device.type == "cuda" and mode in ("reduce-overhead", "max-autotune")
 
     def infer(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        with run_eagerly(), (_tf32(self.precision == "tf32") if self._flags is not None else contextlib.nullcontext()):
+        with run_eagerly(), (_tf32(self.precision == "tf32") if self._sets_tf32 else contextlib.nullcontext()):
             if self._cuda_graphs:
                 torch.compiler.cudagraph_mark_step_begin()
-            outputs = self._compiled(*inputs)
+            args, kwargs = self.graph.call_arguments(inputs)
+            outputs = self._compiled(*args, **kwargs)
         if self._cuda_graphs:  # the next replay overwrites the graph's output memory
             return [t.clone() for t in outputs]
         return list(outputs)
