@@ -37,13 +37,28 @@ double atol_scale(const TensorView& expected);
 
 /// Numeric precision a candidate computes in, which sets its default tolerance for
 /// floating-point outputs: a TF32 or fp16 variant is not held to strict fp32 bounds.
-enum class Precision { kStrict, kTF32, kFP16 };
+/// Ordered from exact to loose (kStrict is the model's own dtype, fp32 for fp32 models).
+enum class Precision { kStrict, kTF32, kFP16, kBF16 };
+/// "fp32", "tf32", "fp16", "bf16": the names reports, the CLI and the Python API use.
 std::string_view precision_name(Precision precision) noexcept;
+/// Inverse of precision_name ("strict" is accepted for kStrict); Error(kInvalidArgument) otherwise.
+Precision parse_precision(std::string_view text);
+
+/// The loosest precision tuning may choose (`ONNXRuntimeBackendConfig.precision`,
+/// `aitune tune --precision`); nullopt means "any". A limit admits itself and every
+/// stricter precision: "fp32" only kStrict, "tf32" adds kTF32, "fp16" adds kFP16, "bf16"
+/// adds kBF16 (not kFP16: fp16's narrower range is not what a bf16 user asked for).
+using PrecisionLimit = std::optional<Precision>;
+/// "any" or a precision_name; Error(kInvalidArgument) naming the valid values otherwise.
+PrecisionLimit parse_precision_limit(std::string_view text);
+std::string_view precision_limit_name(const PrecisionLimit& limit) noexcept;
+bool precision_allowed(Precision candidate, const PrecisionLimit& limit) noexcept;
 
 /// The documented defaults. Strict: float64 1e-6/1e-6, float32 1e-4/1e-4, float16 and
 /// bfloat16 1e-2/1e-2; TF32: floating outputs 5e-3/5e-3 (fp16/bf16 outputs keep 1e-2);
-/// FP16: floating outputs 1e-2/1e-2, all with a scaled atol (`Tolerance::scaled`). Integer
-/// and bool outputs must match exactly (0/0).
+/// FP16: floating outputs 1e-2/1e-2; BF16 (8 mantissa bits, 8x coarser than fp16):
+/// floating outputs 5e-2/5e-2; all with a scaled atol (`Tolerance::scaled`). Integer and
+/// bool outputs must match exactly (0/0).
 Tolerance default_tolerance(DType dtype, Precision precision = Precision::kStrict) noexcept;
 
 /// Tolerances for one comparison: per-output overrides win over `all`, which wins over

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -53,6 +55,10 @@ struct CandidateResult {
   int group = 0;             ///< index of that backend in the strategy's order
   std::string config_json;   ///< the full configuration (OnnxRuntimeBackendConfig JSON for ORT)
   Precision precision = Precision::kStrict;
+  /// The graph transform its model went through ("" for the export as it is), e.g.
+  /// "ort_fusions" (onnxscript's optimize_for_ort), and the fused operators it made.
+  std::string transform;
+  std::map<std::string, int64_t> fused_operators;
   CandidateStatus status = CandidateStatus::kFailed;
   std::string reason;        ///< why it failed, was rejected or was chosen
   std::optional<CorrectnessReport> correctness;

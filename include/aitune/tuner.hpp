@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -35,6 +36,25 @@ struct OnnxCandidate {
   std::string name;
   OnnxRuntimeBackendConfig config;
   Precision precision = Precision::kStrict;
+  /// The graph transform the model went through and the fused operators it made (copied
+  /// into the CandidateResult; see CandidateResult::transform).
+  std::string transform;
+  std::map<std::string, int64_t> fused_operators;
+};
+
+/// A candidate that runs outside ONNX Runtime (the front end's torch.compile backend):
+/// the tuner checks and measures it like any other through the functions the front end
+/// gives it. No session is created, so it has no batch search and take_winner() gives
+/// nullptr for it (the front end keeps its own runnable).
+struct ExternalCandidate {
+  std::string name;
+  std::string config_json;  ///< the configuration, shown in the report
+  Precision precision = Precision::kStrict;
+  /// Runs sample `index` and returns its outputs in host memory, in output order.
+  std::function<std::vector<Tensor>(std::size_t index)> outputs;
+  /// Runs the profile sample (the largest batch) without copying outputs; what is timed.
+  /// CUDA work runs on TunerOptions::cuda_stream (device time is measured there).
+  std::function<void()> run;
 };
 
 /// The variants a backend configuration expands into (the first is `base` itself, made
@@ -99,6 +119,11 @@ class GraphTuner {
   std::size_t evaluate_onnx(const std::string& model_path, const OnnxCandidate& candidate,
                             const std::string& backend, int group,
                             const std::vector<std::size_t>& model_inputs = {});
+
+  /// Checks and profiles `candidate` (first call timed as its first run: a compiler
+  /// compiles there). Never throws for a failing candidate: an exception from its
+  /// functions makes it kFailed with the message as the reason.
+  std::size_t evaluate_external(const ExternalCandidate& candidate, const std::string& backend, int group);
 
   /// Lets `strategy` choose; runs the batch search on the winner when enabled.
   const TuneReport& select(const StrategyConfig& strategy);

@@ -7,6 +7,8 @@
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
+#include <cstring>
+
 #include "aitune/error.hpp"
 #include "aitune/tensorrt_options.hpp"
 #include "aitune/tuner.hpp"
@@ -36,7 +38,19 @@ void bind_tuning(nb::module_& m) {
   nb::enum_<Precision>(m, "Precision", "Numeric precision of a candidate; sets its default tolerances.")
       .value("STRICT", Precision::kStrict)
       .value("TF32", Precision::kTF32)
-      .value("FP16", Precision::kFP16);
+      .value("FP16", Precision::kFP16)
+      .value("BF16", Precision::kBF16);
+  m.def("precision_name", [](Precision p) { return std::string(precision_name(p)); }, nb::arg("precision"),
+        "'fp32', 'tf32', 'fp16' or 'bf16'.");
+  m.def("parse_precision", [](const std::string& s) { return parse_precision(s); }, nb::arg("text"));
+  m.def(
+      "precision_allowed",
+      [](Precision candidate, const std::string& limit) {
+        return precision_allowed(candidate, parse_precision_limit(limit));
+      },
+      nb::arg("candidate"), nb::arg("limit"),
+      "Whether a candidate of this precision may be chosen under limit ('any', 'fp32', 'tf32', 'fp16', 'bf16'); "
+      "ValueError for another limit.");
 
   nb::class_<Tolerance>(m, "Tolerance", "An element fails only when beyond both atol and rtol * |expected|.")
       .def(nb::init<>())
@@ -89,13 +103,17 @@ void bind_tuning(nb::module_& m) {
 
   nb::class_<OnnxCandidate>(m, "OnnxCandidate", "A full session configuration to try.")
       .def("__init__",
-           [](OnnxCandidate* c, std::string name, OnnxRuntimeBackendConfig config, Precision precision) {
-             new (c) OnnxCandidate{std::move(name), std::move(config), precision};
+           [](OnnxCandidate* c, std::string name, OnnxRuntimeBackendConfig config, Precision precision,
+              std::string transform, std::map<std::string, int64_t> fused) {
+             new (c) OnnxCandidate{std::move(name), std::move(config), precision, std::move(transform), std::move(fused)};
            },
-           nb::arg("name"), nb::arg("config"), nb::arg("precision") = Precision::kStrict)
+           nb::arg("name"), nb::arg("config"), nb::arg("precision") = Precision::kStrict, nb::arg("transform") = "",
+           nb::arg("fused_operators") = std::map<std::string, int64_t>{})
       .def_ro("name", &OnnxCandidate::name)
       .def_ro("config", &OnnxCandidate::config)
       .def_ro("precision", &OnnxCandidate::precision)
+      .def_ro("transform", &OnnxCandidate::transform)
+      .def_ro("fused_operators", &OnnxCandidate::fused_operators)
       .def("__repr__", [](const OnnxCandidate& c) { return "OnnxCandidate(" + c.name + ")"; });
   m.def("provider_variants", &provider_variants, nb::arg("base"), nb::arg("spec"),
         "The variants a backend configuration expands into (see tuner.hpp).");
@@ -110,6 +128,9 @@ void bind_tuning(nb::module_& m) {
       .def_ro("group", &CandidateResult::group)
       .def_ro("config_json", &CandidateResult::config_json)
       .def_ro("precision", &CandidateResult::precision)
+      .def_prop_ro("precision_name", [](const CandidateResult& c) { return std::string(precision_name(c.precision)); })
+      .def_ro("transform", &CandidateResult::transform)
+      .def_ro("fused_operators", &CandidateResult::fused_operators)
       .def_prop_ro("status", [](const CandidateResult& c) { return std::string(candidate_status_name(c.status)); })
       .def_ro("reason", &CandidateResult::reason)
       .def_prop_ro("max_abs_error", &max_abs_error)
@@ -233,6 +254,35 @@ void bind_tuning(nb::module_& m) {
           },
           nb::arg("model_path"), nb::arg("candidate"), nb::arg("backend"), nb::arg("group"),
           nb::arg("model_inputs") = std::vector<std::size_t>{})
+      .def(
+          "evaluate_external",
+          [](PyGraphTuner& t, const std::string& name, const std::string& backend, int group, Precision precision,
+             const std::string& config_json, nb::callable outputs, nb::callable run) {
+            ExternalCandidate c;
+            c.name = name;
+            c.precision = precision;
+            c.config_json = config_json;
+            // Called with the GIL held (evaluate_external does not release it). Outputs are
+            // copied into engine-owned host memory: the arrays may be reused by the caller.
+            c.outputs = [&outputs](std::size_t index) {
+              std::vector<Tensor> out;
+              for (nb::handle item : outputs(index)) {
+                TensorView v = view_of(nb::cast<AnyArray>(item), "output " + std::to_string(out.size()));
+                if (v.device.kind != DeviceKind::kCPU || !v.is_contiguous())
+                  throw Error(ErrorCode::kInvalidArgument, "external candidate outputs must be contiguous host arrays");
+                Tensor host = Tensor::empty_host(v.dtype, v.shape);
+                if (v.nbytes()) std::memcpy(host.data(), v.data, v.nbytes());
+                out.push_back(std::move(host));
+              }
+              return out;
+            };
+            c.run = [&run] { run(); };
+            return t.tuner->evaluate_external(c, backend, group);
+          },
+          nb::arg("name"), nb::arg("backend"), nb::arg("group"), nb::arg("precision"), nb::arg("config_json"),
+          nb::arg("outputs"), nb::arg("run"),
+          "A candidate run outside ONNX Runtime: outputs(i) -> host arrays of sample i; run() runs the profile "
+          "sample (timed). Checked and profiled like an ONNX candidate; take_winner() is None for it.")
       .def(
           "select",
           [](PyGraphTuner& t, const StrategyConfig& strategy) {

@@ -34,6 +34,7 @@ struct TuneOptions {
   std::optional<double> atol, rtol;
   std::vector<std::string> output_tolerances;  // NAME=ATOL,RTOL
   bool no_variants = false;
+  std::string precision = "any";  // the loosest precision a chosen candidate may compute in
   bool performance_validation = false;
   bool find_max_batch_size = false;
   int64_t max_batch_size = 4096;
@@ -159,8 +160,13 @@ int tune_model(const TuneOptions& o) {
   tuner.profile_reference([&](const std::vector<TensorView>& inputs) { reference->infer(inputs); },
                           "reference (cpu fp32)");
 
+  const PrecisionLimit precision_limit = parse_precision_limit(o.precision);
   auto candidates = provider_variants(base, tuner.spec());
   if (o.no_variants) candidates.resize(1);
+  std::erase_if(candidates, [&](const OnnxCandidate& c) { return !precision_allowed(c.precision, precision_limit); });
+  if (candidates.empty())
+    throw Error(ErrorCode::kInvalidArgument, "no candidate of the " + std::string(execution_provider_name(base.provider)) +
+                                                 " provider computes within --precision " + o.precision);
   for (std::size_t i = 0; i < candidates.size(); ++i) {
     if (!o.quiet) std::cerr << "aitune: [" << i + 1 << "/" << candidates.size() << "] " << candidates[i].name << "\n";
     tuner.evaluate_onnx(o.model, candidates[i], "OnnxRuntimeBackend", 0);
@@ -219,6 +225,9 @@ Command add_tune(CLI::App& app) {
       ->check(finite_in(0, 1e30));
   sub->add_option("--rtol", o->rtol, "relative tolerance for every output")->check(finite_in(0, 1e30));
   sub->add_option("--output-tolerance", o->output_tolerances, "NAME=ATOL,RTOL for one output (repeatable)");
+  sub->add_option("--precision", o->precision,
+                  "loosest precision tuning may choose: any, fp32, tf32 (fp32 or TF32), fp16 (adds fp16), bf16")
+      ->capture_default_str();
   sub->add_flag("--no-variants", o->no_variants, "one strict candidate instead of the provider-option variants");
   sub->add_flag("--performance-validation", o->performance_validation,
                 "keep nothing unless the winner beats the CPU reference by 1.01x");

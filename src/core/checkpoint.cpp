@@ -184,6 +184,8 @@ CheckpointManifest Checkpoint::save(const std::string& dir, const CheckpointMani
     g.backend_config.provider_options.erase("has_user_compute_stream");
   }
   detail::validate_manifest(m, ErrorCode::kInvalidArgument, false);
+  // No graph is allowed: a front end may keep only its own decisions in the metadata
+  // (aitune.torch's torch.compile graphs are recompiled on load, docs/checkpoints.md).
   try {
     m.onnxruntime_version = (options.runtime ? options.runtime : OrtRuntime::load())->version();
   } catch (const Error&) {

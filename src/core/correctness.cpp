@@ -87,11 +87,45 @@ double json_number(double v) { return std::isfinite(v) ? v : -1; }  // JSON has 
 
 std::string_view precision_name(Precision precision) noexcept {
   switch (precision) {
-    case Precision::kStrict: return "strict";
+    case Precision::kStrict: return "fp32";
     case Precision::kTF32: return "tf32";
     case Precision::kFP16: return "fp16";
+    case Precision::kBF16: return "bf16";
   }
   return "?";
+}
+
+Precision parse_precision(std::string_view text) {
+  for (auto p : {Precision::kStrict, Precision::kTF32, Precision::kFP16, Precision::kBF16})
+    if (text == precision_name(p)) return p;
+  if (text == "strict") return Precision::kStrict;
+  throw Error(ErrorCode::kInvalidArgument,
+              "precision must be one of 'fp32', 'tf32', 'fp16', 'bf16', got '" + std::string(text) + "'");
+}
+
+PrecisionLimit parse_precision_limit(std::string_view text) {
+  if (text == "any") return std::nullopt;
+  try {
+    return parse_precision(text);
+  } catch (const Error&) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "precision must be one of 'any', 'fp32', 'tf32', 'fp16', 'bf16', got '" + std::string(text) + "'");
+  }
+}
+
+std::string_view precision_limit_name(const PrecisionLimit& limit) noexcept {
+  return limit ? precision_name(*limit) : std::string_view("any");
+}
+
+bool precision_allowed(Precision candidate, const PrecisionLimit& limit) noexcept {
+  if (!limit || candidate == *limit) return true;
+  switch (candidate) {
+    case Precision::kStrict: return true;
+    case Precision::kTF32: return *limit != Precision::kStrict;
+    case Precision::kFP16:
+    case Precision::kBF16: return false;  // equal to the limit was handled above
+  }
+  return false;
 }
 
 Tolerance default_tolerance(DType dtype, Precision precision) noexcept {
@@ -103,6 +137,7 @@ Tolerance default_tolerance(DType dtype, Precision precision) noexcept {
       return half ? Tolerance{1e-2, 1e-2, true} : Tolerance{1e-4, 1e-4, true};
     case Precision::kTF32: return half ? Tolerance{1e-2, 1e-2, true} : Tolerance{5e-3, 5e-3, true};
     case Precision::kFP16: return {1e-2, 1e-2, true};
+    case Precision::kBF16: return {5e-2, 5e-2, true};
   }
   return {0, 0};
 }

@@ -37,6 +37,8 @@ std::string TuneReport::to_json(int indent) const {
         {"group", c.group},
         {"config", parse_or_null(c.config_json)},
         {"precision", precision_name(c.precision)},
+        {"transform", c.transform},
+        {"fused_operators", c.fused_operators},
         {"status", candidate_status_name(c.status)},
         {"reason", c.reason},
         {"correctness", c.correctness ? parse_or_null(c.correctness->to_json(-1)) : nlohmann::json(nullptr)},
@@ -76,14 +78,14 @@ std::string TuneReport::to_json(int indent) const {
 
 std::string TuneReport::summary_table() const {
   struct Row {
-    std::string name, status, error, p50, throughput, speedup, reason;
+    std::string name, precision, status, error, p50, throughput, speedup, reason;
   };
   std::vector<Row> rows;
   if (eager)
-    rows.push_back({eager_label, "reference", "-", fixed(eager->host_us.p50, 1), fixed(eager->throughput, 1), "1.00x",
+    rows.push_back({eager_label, "-", "reference", "-", fixed(eager->host_us.p50, 1), fixed(eager->throughput, 1), "1.00x",
                     ""});
   for (const auto& c : candidates) {
-    Row r{c.name, std::string(candidate_status_name(c.status)), "-", "-", "-", "-", c.reason};
+    Row r{c.name, std::string(precision_name(c.precision)), std::string(candidate_status_name(c.status)), "-", "-", "-", "-", c.reason};
     if (c.correctness) r.error = sci(c.correctness->max_abs_error());
     if (c.profile) {
       r.p50 = fixed(c.profile->host_us.p50, 1);
@@ -92,10 +94,12 @@ std::string TuneReport::summary_table() const {
     if (c.speedup_vs_eager > 0) r.speedup = fixed(c.speedup_vs_eager, 2) + "x";
     rows.push_back(std::move(r));
   }
-  Row header{"candidate", "status", "max abs err", "p50 us", "samples/s", "speed-up", "reason"};
+  Row header{"candidate", "precision", "status", "max abs err", "p50 us", "samples/s", "speed-up", "reason"};
   std::size_t w[6] = {header.name.size(), header.status.size(), header.error.size(),
                       header.p50.size(),  header.throughput.size(), header.speedup.size()};
+  std::size_t wp = header.precision.size();
   for (const auto& r : rows) {
+    wp = std::max(wp, r.precision.size());
     w[0] = std::max(w[0], r.name.size());
     w[1] = std::max(w[1], r.status.size());
     w[2] = std::max(w[2], r.error.size());
@@ -105,7 +109,8 @@ std::string TuneReport::summary_table() const {
   }
   std::ostringstream out;
   auto line = [&](const Row& r) {
-    out << std::left << std::setw(static_cast<int>(w[0])) << r.name << "  " << std::setw(static_cast<int>(w[1]))
+    out << std::left << std::setw(static_cast<int>(w[0])) << r.name << "  " << std::setw(static_cast<int>(wp))
+        << r.precision << "  " << std::setw(static_cast<int>(w[1]))
         << r.status << "  " << std::right << std::setw(static_cast<int>(w[2])) << r.error << "  "
         << std::setw(static_cast<int>(w[3])) << r.p50 << "  " << std::setw(static_cast<int>(w[4])) << r.throughput
         << "  " << std::setw(static_cast<int>(w[5])) << r.speedup << "  " << r.reason << "\n";
@@ -113,6 +118,17 @@ std::string TuneReport::summary_table() const {
   out << graph << " (" << strategy.describe() << ")\n";
   line(header);
   for (const auto& r : rows) line(r);
+  // Fused operators per transformed candidate: what a fusion pass made of the graph.
+  for (const auto& c : candidates) {
+    if (c.transform.empty()) continue;
+    out << "graph of " << c.name << ": " << c.transform;
+    std::string sep = " (";
+    for (const auto& [op, count] : c.fused_operators) {
+      out << sep << op << ": " << count;
+      sep = ", ";
+    }
+    out << (c.fused_operators.empty() ? "" : ")") << "\n";
+  }
   out << "decision: " << decision << "\n";
   if (batch_search) {
     out << "max batch size: " << batch_search->max_batch << " (recorded up to " << batch_search->recorded_max_batch

@@ -318,6 +318,8 @@ std::size_t GraphTuner::evaluate_onnx(const std::string& model_path, const OnnxC
   r.backend = backend_name;
   r.group = group;
   r.precision = candidate.precision;
+  r.transform = candidate.transform;
+  r.fused_operators = candidate.fused_operators;
   OnnxRuntimeBackendConfig config = candidate.config;
   r.config_json = config.to_json(-1);
   impl.log(r.name + ": creating the session");
@@ -364,6 +366,55 @@ std::size_t GraphTuner::evaluate_onnx(const std::string& model_path, const OnnxC
   return impl.push(std::move(r), std::move(backend), model_path, map);
 }
 
+std::size_t GraphTuner::evaluate_external(const ExternalCandidate& candidate, const std::string& backend_name,
+                                          int group) {
+  auto& impl = *impl_;
+  CandidateResult r;
+  r.name = candidate.name;
+  r.backend = backend_name;
+  r.group = group;
+  r.precision = candidate.precision;
+  r.config_json = candidate.config_json;
+  if (!candidate.outputs || !candidate.run)
+    throw Error(ErrorCode::kInvalidArgument, impl.report.graph + ": external candidate '" + candidate.name +
+                                                 "' needs both an outputs and a run function");
+  impl.log(r.name + ": first run");
+  try {
+    auto start = SteadyTime::now();
+    candidate.run();  // a compiler compiles (and captures) here
+    r.first_run_ms = ms_since(start);
+    const ToleranceSpec tolerances = impl.tolerances_for(candidate.precision);
+    CorrectnessReport correctness;
+    for (std::size_t i = 0; i < impl.samples.size(); ++i) {
+      auto outputs = candidate.outputs(i);
+      correctness.samples.push_back(compare_sample(
+          "sample " + std::to_string(i) + " (batch " + std::to_string(impl.samples[i].batch_size) + ")",
+          impl.output_names, views_of(outputs), impl.samples[i].expected, tolerances));
+    }
+    r.correctness = std::move(correctness);
+    if (!r.correctness->passed()) {
+      r.status = CandidateStatus::kIncorrect;
+      r.reason = r.correctness->first_failure();
+      impl.log(r.name + ": rejected: " + r.reason);
+      return impl.push(std::move(r), nullptr, "");
+    }
+    const auto& sample = impl.samples[impl.profile_sample];
+    std::unique_ptr<DeviceTimer> timer;
+    if (impl.options.cuda_stream && !sample.inputs.empty() && sample.inputs.front().device.kind == DeviceKind::kCUDA)
+      timer = make_cuda_event_timer(*impl.options.cuda_stream, sample.inputs.front().device.index);
+    r.profile = profile_calls([&] { candidate.run(); }, sample.batch_size, impl.options.profile, timer.get());
+  } catch (const std::exception& e) {  // the front end's errors arrive as whatever it raised
+    r.status = CandidateStatus::kFailed;
+    r.reason = e.what();
+    impl.log(r.name + ": failed: " + r.reason);
+    return impl.push(std::move(r), nullptr, "");
+  }
+  r.status = CandidateStatus::kPassed;
+  impl.log(r.name + ": correct (max abs error " + std::to_string(r.correctness->max_abs_error()) + "), p50 " +
+           std::to_string(r.profile->host_us.p50) + " us");
+  return impl.push(std::move(r), nullptr, "");
+}
+
 const TuneReport& GraphTuner::select(const StrategyConfig& strategy) {
   auto& impl = *impl_;
   impl.report.strategy = strategy;
@@ -371,7 +422,17 @@ const TuneReport& GraphTuner::select(const StrategyConfig& strategy) {
   impl.log("decision: " + impl.report.decision);
   if (impl.report.winner) {
     std::size_t w = *impl.report.winner;
-    if (impl.options.batch_search.enabled) impl.search_batch(w);
+    if (impl.options.batch_search.enabled) {
+      if (impl.backends[w]) {
+        impl.search_batch(w);
+      } else {  // an external candidate: the front end runs it, there is no session to widen
+        BatchSearchResult none;
+        none.recorded_max_batch = none.max_batch = impl.samples[impl.profile_sample].batch_size;
+        none.stop_reason = "not searched: the winner runs outside ONNX Runtime";
+        none.correctness = "not run";
+        impl.report.batch_search = none;
+      }
+    }
     if (!impl.winner) impl.winner = std::move(impl.backends[w]);
     if (impl.winner) impl.winner->activate();
   }

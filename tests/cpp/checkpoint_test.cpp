@@ -472,12 +472,6 @@ TEST_F(CheckpointTest, UnboundedNumbersInTheBackendConfigAreCorrupt) {
                test::ErrorExpectation{{ErrorCode::kInvalidArgument}, {}, {"intra_op_threads"}});
 }
 
-TEST_F(CheckpointTest, ManifestWithoutGraphsIsCorrupt) {
-  save_mlp();
-  edit_manifest([](json& j) { j["graphs"] = json::array(); });
-  expect_corrupt(dir_, {}, {"at least one graph"});
-}
-
 // ---------------------------------------------------------------------------------
 // Atomic save
 
@@ -606,11 +600,19 @@ TEST_F(CheckpointTest, SaveRejectsBadInput) {
   auto bad_json = mlp_manifest();
   bad_json.graphs[0].structure_json = "{not json";
   expect_error([&] { Checkpoint::save(dir_, bad_json, files); }, ErrorCode::kInvalidArgument, {"structure_json"});
-  auto no_graphs = mlp_manifest();
-  no_graphs.graphs.clear();
-  expect_error([&] { Checkpoint::save(dir_, no_graphs, {}); }, ErrorCode::kInvalidArgument, {"graph"});
   EXPECT_FALSE(fs::exists(dir_));
   EXPECT_EQ(siblings(), std::vector<std::string>{});
+}
+
+TEST_F(CheckpointTest, AManifestWithoutGraphsKeepsOnlyItsMetadata) {
+  // A front end's own decisions (aitune.torch's torch.compile graphs) need no ONNX model.
+  auto no_graphs = mlp_manifest();
+  no_graphs.graphs.clear();
+  no_graphs.metadata_json = R"({"front_end": {"compiled": 1}})";
+  Checkpoint::save(dir_, no_graphs, {});
+  auto loaded = Checkpoint::load(dir_);
+  EXPECT_TRUE(loaded.graph_keys().empty());
+  EXPECT_NE(loaded.manifest().metadata_json.find("compiled"), std::string::npos);
 }
 
 TEST(CheckpointDocs, ManifestExampleIsAValidManifest) {

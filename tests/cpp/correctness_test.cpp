@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "aitune/correctness.hpp"
+#include "aitune/error.hpp"
 #include "test_support.hpp"
 
 namespace aitune {
@@ -232,6 +233,30 @@ TEST(Correctness, ReportSummarisesSamples) {
   EXPECT_EQ(j["passed"], false);
   EXPECT_EQ(j["samples"].size(), 2u);
   EXPECT_EQ(j["samples"][1]["outputs"][0]["mismatched"], 1);
+}
+
+TEST(Precision, NamesLimitsAndBf16Tolerance) {
+  EXPECT_EQ(precision_name(Precision::kStrict), "fp32");
+  EXPECT_EQ(precision_name(Precision::kBF16), "bf16");
+  for (auto p : {Precision::kStrict, Precision::kTF32, Precision::kFP16, Precision::kBF16})
+    EXPECT_EQ(parse_precision(precision_name(p)), p);
+  EXPECT_EQ(parse_precision("strict"), Precision::kStrict);
+  EXPECT_THROW(parse_precision("fp8"), Error);
+  EXPECT_FALSE(parse_precision_limit("any").has_value());
+  EXPECT_EQ(precision_limit_name(parse_precision_limit("tf32")), "tf32");
+  EXPECT_THROW(parse_precision_limit("half"), Error);
+  const PrecisionLimit fp32 = Precision::kStrict, tf32 = Precision::kTF32, fp16 = Precision::kFP16,
+                       bf16 = Precision::kBF16;
+  EXPECT_TRUE(precision_allowed(Precision::kBF16, std::nullopt));
+  EXPECT_TRUE(precision_allowed(Precision::kStrict, fp32));
+  EXPECT_FALSE(precision_allowed(Precision::kTF32, fp32));
+  EXPECT_TRUE(precision_allowed(Precision::kTF32, tf32));
+  EXPECT_FALSE(precision_allowed(Precision::kFP16, tf32));
+  EXPECT_TRUE(precision_allowed(Precision::kTF32, fp16));
+  EXPECT_FALSE(precision_allowed(Precision::kBF16, fp16));
+  EXPECT_FALSE(precision_allowed(Precision::kFP16, bf16));
+  EXPECT_TRUE(precision_allowed(Precision::kStrict, bf16));
+  EXPECT_EQ(default_tolerance(DType::kFloat32, Precision::kBF16), (Tolerance{5e-2, 5e-2}));
 }
 
 }  // namespace

@@ -2,10 +2,12 @@
 // tolerance overrides, performance validation, batch search, failing candidates.
 #include <chrono>
 #include <cstring>
+#include <stdexcept>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "aitune/error.hpp"
 #include "aitune/tuner.hpp"
 #include "test_support.hpp"
 
@@ -275,6 +277,62 @@ TEST(Tuner, CudaAndTensorRtVariantsAreDocumentedSets) {
   ASSERT_EQ(t.size(), 3u);
   EXPECT_EQ(t[1].precision, Precision::kFP16);
   EXPECT_EQ(t[2].config.provider_options.at("trt_builder_optimization_level"), "5");
+}
+
+TEST(Tuner, ExternalCandidatesAreCheckedProfiledAndReportedWithTheirPrecision) {
+  MlpSamples m;
+  GraphTuner tuner("mlp", m.spec(), m.samples(), quick_options());
+  int runs = 0;
+  ExternalCandidate right{"compiled", "{\"mode\":\"default\"}", Precision::kTF32,
+                          [&](std::size_t i) { return std::vector<Tensor>{i == 0 ? m.y1 : m.y3}; },
+                          [&] { ++runs; }};
+  ExternalCandidate wrong = right;
+  wrong.name = "wrong";
+  wrong.outputs = [&](std::size_t) { return std::vector<Tensor>{m.y3}; };  // sample 0 has 1 row, not 3
+  ExternalCandidate throws = right;
+  throws.name = "throws";
+  throws.run = [] { throw std::runtime_error("compile failed"); };
+  auto a = tuner.evaluate_external(right, "TorchCompileBackend", 1);
+  auto b = tuner.evaluate_external(wrong, "TorchCompileBackend", 1);
+  auto c = tuner.evaluate_external(throws, "TorchCompileBackend", 1);
+  EXPECT_THROW(tuner.evaluate_external(ExternalCandidate{"empty"}, "X", 1), Error);
+  auto variants = provider_variants(cpu(), tuner.spec());
+  variants[0].transform = "ort_fusions";
+  variants[0].fused_operators = {{"Attention", 2}, {"SkipLayerNormalization", 4}};
+  tuner.evaluate_onnx(fixture("mlp.onnx"), variants[0], "ONNXRuntimeBackend", 0);
+  const auto& report = tuner.select(max_throughput());
+  const auto& r = report.candidates;
+  EXPECT_EQ(r[a].status == CandidateStatus::kSelected || r[a].status == CandidateStatus::kNotChosen, true)
+      << r[a].reason;
+  EXPECT_GT(runs, 10);  // first run + profile
+  EXPECT_EQ(r[a].precision, Precision::kTF32);
+  EXPECT_EQ(r[b].status, CandidateStatus::kIncorrect);
+  EXPECT_EQ(r[c].status, CandidateStatus::kFailed);
+  EXPECT_NE(r[c].reason.find("compile failed"), std::string::npos);
+  auto j = nlohmann::json::parse(report.to_json());
+  EXPECT_EQ(j["candidates"][a]["precision"], "tf32");
+  EXPECT_EQ(j["candidates"][a]["config"]["mode"], "default");
+  EXPECT_EQ(j["candidates"][3]["transform"], "ort_fusions");
+  EXPECT_EQ(j["candidates"][3]["fused_operators"]["Attention"], 2);
+  auto table = report.summary_table();
+  EXPECT_NE(table.find("precision"), std::string::npos) << table;
+  EXPECT_NE(table.find("tf32"), std::string::npos) << table;
+  EXPECT_NE(table.find("ort_fusions (Attention: 2, SkipLayerNormalization: 4)"), std::string::npos) << table;
+}
+
+TEST(Tuner, AnExternalWinnerHasNoSessionAndNoBatchSearch) {
+  MlpSamples m;
+  TunerOptions options = quick_options();
+  options.batch_search.enabled = true;
+  GraphTuner tuner("mlp", m.spec(), m.samples(), options);
+  ExternalCandidate ext{"compiled", "{}", Precision::kStrict,
+                        [&](std::size_t i) { return std::vector<Tensor>{i == 0 ? m.y1 : m.y3}; }, [] {}};
+  tuner.evaluate_external(ext, "TorchCompileBackend", 0);
+  const auto& report = tuner.select(max_throughput());
+  ASSERT_TRUE(report.winner.has_value()) << report.decision;
+  ASSERT_TRUE(report.batch_search.has_value());
+  EXPECT_NE(report.batch_search->stop_reason.find("outside ONNX Runtime"), std::string::npos);
+  EXPECT_EQ(tuner.take_winner(), nullptr);
 }
 
 }  // namespace

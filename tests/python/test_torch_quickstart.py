@@ -51,4 +51,5 @@ def test_the_other_spec_snippets_construct():
     assert issubclass(ONNXRuntimeBackendConfig, BackendConfig)
     fields = [(f.name, f.default) for f in dataclasses.fields(ONNXRuntimeBackendConfig)]
     assert fields[:3] == [("use_dynamo", True), ("execution_provider", None), ("opset_version", None)]
-    assert fields[3:] == [("tune_provider_options", True), ("provider_options", None)]
+    assert fields[3:] == [("tune_provider_options", True), ("provider_options", None), ("precision", "any"),
+                          ("transformer_fusions", True)]

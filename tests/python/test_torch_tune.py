@@ -48,6 +48,8 @@ def test_mlp_matches_eager(use_dynamo, cache_dir):
         "opset_version": None,
         "tune_provider_options": True,
         "provider_options": None,
+        "precision": "any",
+        "transformer_fusions": True,
     }
     assert not list(backend_dir.glob(".export-*"))  # scratch directory gone
 

@@ -14,6 +14,8 @@ from aitune.torch.backend import (
     ONNXExecutionProvider,
     ONNXRuntimeBackend,
     ONNXRuntimeBackendConfig,
+    TorchCompileBackend,
+    TorchCompileBackendConfig,
     TorchEagerBackend,
 )
 from aitune.torch.cache import cache_root
@@ -59,6 +61,8 @@ __all__ = [
     "ONNXRuntimeBackendConfig",
     "OneBackendStrategy",
     "RecordedGraph",
+    "TorchCompileBackend",
+    "TorchCompileBackendConfig",
     "TorchEagerBackend",
     "TuneOptions",
     "TuneStrategy",

@@ -25,6 +25,7 @@ import torch
 from aitune import _core
 from aitune.torch.backend.base import TunedGraph
 from aitune.torch.backend.onnx_runtime_backend import OnnxRuntimeTunedGraph, model_file_identity
+from aitune.torch.backend.torch_compile_backend import TorchCompileTunedGraph, dtype_from_name
 from aitune.torch.backend.torch_eager import EagerGraph
 from aitune.torch.checkpoint_structure import (
     STRUCTURE_FORMAT_VERSION,
@@ -44,6 +45,10 @@ METADATA_KEY = "aitune.torch"
 REPORT_FILE = "tune_report.json"
 
 DeviceLike = str | torch.device | None
+
+#: The metadata format_version of a checkpoint with torch.compile graphs: an aitune that
+#: does not know them refuses it rather than dropping those graphs.
+COMPILED_GRAPHS_FORMAT_VERSION = STRUCTURE_FORMAT_VERSION + 1
 
 
 class SavedReport:
@@ -135,7 +140,7 @@ def save(
             "can be saved (run ait.tune on it first)"
         )
     start = time.perf_counter()
-    graphs, files, eager, reports = [], {}, [], {}
+    graphs, files, eager, reports, compiled = [], {}, [], {}, []
     for graph, tuned in module._ait_tuned.values():
         structure = graph_structure(graph, module.ait_name)
         report = _report_data(tuned.report)
@@ -145,24 +150,29 @@ def save(
                 reports[f"{_core.Checkpoint.graph_directory(graph.key)}/{REPORT_FILE}"] = report
         elif isinstance(tuned, EagerGraph):
             eager.append({"key": graph.key, "note": tuned.note, "structure": structure, "report": report})
+        elif isinstance(tuned, TorchCompileTunedGraph):
+            # The decision and its configuration, not compiled code: ait.load compiles again.
+            compiled.append({"key": graph.key, "config": tuned.config(), "structure": structure, "report": report})
         else:
             raise _core.InvalidArgumentError(
                 f"ait.save: '{module.ait_name}' graph '{graph.key}' runs on {tuned.describe()}, which a checkpoint "
-                "cannot store (ONNX Runtime and eager graphs only)"
+                "cannot store (ONNX Runtime, torch.compile and eager graphs only)"
             )
-    if not graphs:
+    if not graphs and not compiled:
         raise _core.InvalidArgumentError(
             f"ait.save: every graph of ait.Module '{module.ait_name}' runs eagerly "
             f"({'; '.join(e['note'] or 'TorchEagerBackend' for e in eager)}); a checkpoint needs at least one graph "
-            "in ONNX Runtime, so there is nothing to save"
+            "in ONNX Runtime or torch.compile, so there is nothing to save"
         )
     metadata = {
         METADATA_KEY: {
-            "format_version": STRUCTURE_FORMAT_VERSION,
+            "format_version": COMPILED_GRAPHS_FORMAT_VERSION if compiled else STRUCTURE_FORMAT_VERSION,
             "module_class": class_name(type(module.ait_module)),
             "torch_version": torch.__version__,
             "eager_graphs": eager,
-            "tuning_s": sum(SavedReport(r).tuning_s for r in [*reports.values(), *(e["report"] or {} for e in eager)]),
+            "compiled_graphs": compiled,
+            "tuning_s": sum(SavedReport(r).tuning_s
+                            for r in [*reports.values(), *(e["report"] or {} for e in [*eager, *compiled])]),
         }
     }
     manifest = _core.CheckpointManifest(module_name=module.ait_name, metadata_json=json.dumps(metadata), graphs=graphs)
@@ -284,10 +294,10 @@ def _metadata(manifest, where: str) -> dict:
             "(a C++ checkpoint runs with `aitune run` or aitune::Checkpoint, not into an ait.Module)",
         )
     version = field(ours, "format_version", int, where + ", metadata")
-    if version > STRUCTURE_FORMAT_VERSION or version < 1:
+    if version > COMPILED_GRAPHS_FORMAT_VERSION or version < 1:
         raise corrupt(
             where,
-            f"metadata format_version {version} is not supported (this aitune reads 1..{STRUCTURE_FORMAT_VERSION}); "
+            f"metadata format_version {version} is not supported (this aitune reads 1..{COMPILED_GRAPHS_FORMAT_VERSION}); "
             "it was written by a newer aitune",
         )
     return ours
@@ -383,6 +393,24 @@ def load(module, path: str | os.PathLike, device_map: DeviceLike | Mapping[str, 
         graph = saved_graph(module, entry.get("structure"), key, f"{where}, eager graph '{key}'", None)
         add(graph, EagerGraph(graph, note=note if isinstance(note, str) else None), entry.get("report"), entry_where)
 
+    # torch.compile graphs: compiled again here (lazily, on their first call) from the
+    # saved precision and mode, with the weights of the module loaded into.
+    for i, entry in enumerate(meta.get("compiled_graphs", [])):
+        entry_where = f"{where}, torch.compile graph {i}"
+        key = field(entry, "key", str, entry_where)
+        config = field(entry, "config", dict, entry_where)
+        graph = saved_graph(module, entry.get("structure"), key, f"{where}, torch.compile graph '{key}'", None)
+        try:
+            dtypes = [dtype_from_name(d) for d in field(config, "output_dtypes", list, entry_where)]
+            tuned = TorchCompileTunedGraph(graph, field(config, "precision", str, entry_where),
+                                           field(config, "mode", str, entry_where), dtypes, config.get("dynamic"))
+        except (ValueError, TypeError) as error:
+            raise corrupt(entry_where, f"configuration {config} is not one TorchCompileBackend runs: {error}") from None
+        add(graph, tuned, entry.get("report"), entry_where)
+
+    if not restored:
+        raise corrupt(where, 'a checkpoint needs at least one graph; "graphs" is empty and the metadata '
+                             "lists no eager or torch.compile graph")
     module._ait_restore(restored)
     elapsed = time.perf_counter() - start
     tuning_s = meta.get("tuning_s")

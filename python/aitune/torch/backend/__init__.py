@@ -7,6 +7,7 @@ from aitune.torch.backend.onnx_runtime_backend import (
     ONNXRuntimeBackend,
     ONNXRuntimeBackendConfig,
 )
+from aitune.torch.backend.torch_compile_backend import TorchCompileBackend, TorchCompileBackendConfig
 from aitune.torch.backend.torch_eager import TorchEagerBackend
 
 __all__ = [
@@ -16,6 +17,8 @@ __all__ = [
     "ONNXExecutionProvider",
     "ONNXRuntimeBackend",
     "ONNXRuntimeBackendConfig",
+    "TorchCompileBackend",
+    "TorchCompileBackendConfig",
     "TorchEagerBackend",
     "TunedGraph",
 ]

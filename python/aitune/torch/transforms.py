@@ -1,0 +1,103 @@
+"""Graph transforms that make fused-graph candidates: ONNX Runtime's transformer fusions
+(Attention, SkipLayerNormalization, BiasGelu, ...) applied to an exported model, and an
+fp16 copy of a fused model."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+from pathlib import Path
+
+import onnx
+
+#: The transform names candidates and reports carry.
+ORT_FUSIONS = "ort_fusions"  # onnxscript.rewriter.ort_fusions.optimize_for_ort (dynamo exports)
+ORT_TRANSFORMERS_OPTIMIZER = "ort_transformers_optimizer"  # onnxruntime.transformers.optimizer (trace exports)
+
+#: ONNX Runtime's contrib domain: every fused operator lives there.
+_CONTRIB_DOMAIN = "com.microsoft"
+#: protobuf's 2 GB limit: larger models keep their weights in a side file.
+_LARGE_MODEL_BYTES = 1_800_000_000
+
+
+@dataclasses.dataclass
+class FusedModel:
+    """A transformed model file and what the transform made of the graph."""
+
+    transform: str
+    path: Path
+    fused_operators: dict[str, int]  # op type -> count of com.microsoft nodes in the result
+    nodes_before: int
+    nodes_after: int
+
+    def describe(self) -> str:
+        """``"ort_fusions (Attention: 2, SkipLayerNormalization: 4)"``."""
+        ops = ", ".join(f"{op}: {n}" for op, n in sorted(self.fused_operators.items()))
+        return f"{self.transform} ({ops})"
+
+
+def fused_operator_counts(model: onnx.ModelProto) -> dict[str, int]:
+    """Nodes of ONNX Runtime's contrib domain (the fused operators), by op type, counted
+    on the graph itself, so both transforms are reported the same way."""
+    return dict(collections.Counter(n.op_type for n in model.graph.node if n.domain == _CONTRIB_DOMAIN))
+
+
+def _node_count(path: Path) -> int:
+    return len(onnx.load(str(path), load_external_data=False).graph.node)
+
+
+def _save(model: onnx.ModelProto, target: Path) -> None:
+    """Written to a sibling first, so a failed save leaves no half-written model."""
+    scratch = target.with_name(target.name + ".partial")
+    large = model.ByteSize() > _LARGE_MODEL_BYTES
+    onnx.save(model, str(scratch), save_as_external_data=large, location=target.name + ".data" if large else None)
+    os.replace(scratch, target)
+
+
+def fuse_for_ort(source: Path, target: Path, *, use_dynamo: bool, model_type: str = "bert") -> FusedModel | None:
+    """Writes ``target``: ``source`` with ONNX Runtime's transformer fusions applied.
+    A dynamo export goes through onnxscript's ``optimize_for_ort`` (it matches today's
+    transformers attention); a trace export through ``onnxruntime.transformers.optimizer``
+    (``model_type`` picks its fusion set: "bert", "gpt2", ...; its attention patterns do not
+    match today's transformers, so it fuses normalisations and GELUs only). Returns None
+    and writes nothing when no fused operator results (the transform does not apply to
+    this graph). Raises ImportError when the transform's package is missing."""
+    if use_dynamo:
+        import onnx_ir as ir
+        from onnxscript.rewriter import ort_fusions
+
+        model = ir.load(str(source))
+        fused, _ = ort_fusions.optimize_for_ort(model)
+        proto = ir.serde.serialize_model(fused)
+        transform = ORT_FUSIONS
+    else:
+        from onnxruntime.transformers import optimizer
+
+        # opt_level=0: only the Python fusions, no ORT session here (the candidate's own
+        # session applies ORT's graph optimisations, on its provider). num_heads=0 and
+        # hidden_size=0: read from the graph.
+        optimized = optimizer.optimize_model(
+            str(source), model_type=model_type, num_heads=0, hidden_size=0, opt_level=0, use_gpu=False
+        )
+        proto = optimized.model
+        transform = ORT_TRANSFORMERS_OPTIMIZER
+    counts = fused_operator_counts(proto)
+    if not counts:
+        return None
+    _save(proto, target)
+    return FusedModel(transform, target, counts, _node_count(source), len(proto.graph.node))
+
+
+def fused_to_fp16(fused: FusedModel, target: Path) -> FusedModel:
+    """An fp16 copy of a fused model: onnxruntime.transformers' converter, which knows the
+    fused operators' fp16 inputs (onnxconverter-common's does not), inputs and outputs
+    kept in their dtypes so the interface and the correctness check are unchanged."""
+    from onnxruntime.transformers.onnx_model import OnnxModel
+
+    model = OnnxModel(onnx.load(str(fused.path)))
+    model.convert_float_to_float16(keep_io_types=True)
+    _save(model.model, target)
+    return dataclasses.replace(
+        fused, path=target, fused_operators=fused_operator_counts(model.model), nodes_after=len(model.model.graph.node)
+    )

@@ -1,0 +1,137 @@
+"""Precision as a property of every candidate: the engine's names and limits, the
+ONNXRuntimeBackendConfig.precision field that limits what tuning may choose, reports and
+ait_backends that show it, the CLI's --precision."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+import aitune.torch as ait
+from aitune import _core
+from aitune.torch.backend import ONNXRuntimeBackend, ONNXRuntimeBackendConfig
+from aitune.torch.backend.onnx_runtime_backend import module_precision
+from torch_models import MLP, cpu_backend
+
+P = _core.Precision
+
+
+def test_names_round_trip_and_strict_is_reported_as_fp32():
+    for precision, name in [(P.STRICT, "fp32"), (P.TF32, "tf32"), (P.FP16, "fp16"), (P.BF16, "bf16")]:
+        assert _core.precision_name(precision) == name
+        assert _core.parse_precision(name) == precision
+    assert _core.parse_precision("strict") == P.STRICT
+    with pytest.raises(ValueError, match="'fp32', 'tf32', 'fp16', 'bf16'"):
+        _core.parse_precision("fp8")
+
+
+@pytest.mark.parametrize(
+    "limit, allowed",
+    [
+        ("any", {P.STRICT, P.TF32, P.FP16, P.BF16}),
+        ("fp32", {P.STRICT}),
+        ("tf32", {P.STRICT, P.TF32}),
+        ("fp16", {P.STRICT, P.TF32, P.FP16}),
+        ("bf16", {P.STRICT, P.TF32, P.BF16}),
+    ],
+)
+def test_a_limit_admits_itself_and_every_stricter_precision(limit, allowed):
+    assert {p for p in (P.STRICT, P.TF32, P.FP16, P.BF16) if _core.precision_allowed(p, limit)} == allowed
+
+
+def test_bf16_has_a_looser_default_tolerance_than_fp16():
+    fp16, bf16 = _core.default_tolerance("float32", P.FP16), _core.default_tolerance("float32", P.BF16)
+    assert bf16.atol > fp16.atol and bf16.rtol > fp16.rtol
+    assert _core.default_tolerance("int64", P.BF16) == _core.Tolerance(0, 0)
+
+
+def test_config_validates_and_keys_the_precision():
+    assert ONNXRuntimeBackendConfig().precision == "any"  # today's behaviour: every candidate competes
+    assert ONNXRuntimeBackendConfig(precision="FP16").precision == "fp16"
+    with pytest.raises(ValueError, match="precision must be one of 'any', 'fp32'"):
+        ONNXRuntimeBackendConfig(precision="fp64")
+    with pytest.raises(ValueError, match="precision"):
+        ONNXRuntimeBackendConfig(precision=16)
+    assert ONNXRuntimeBackendConfig(precision="fp32").key() != ONNXRuntimeBackendConfig().key()
+
+
+def _cuda_variants(precision: str, module: torch.nn.Module):
+    """The CUDA candidates a config keeps (computed without a GPU: only the list)."""
+    backend = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cuda", precision=precision))
+    core = backend._core_config(torch.device("cuda", 0))
+    builder = _core.GraphSpecBuilder()
+    builder.record([("x", "float32", [4, 16])], [("y", "float32", [4, 8])], 4)
+    variants = backend._with_precision(_core.provider_variants(core, builder.build()),
+                                       types.SimpleNamespace(module=module))
+    return variants, backend._fp16_candidates(core, variants, module)
+
+
+def test_the_limit_filters_cuda_candidates():
+    everything, fp16 = _cuda_variants("any", MLP())
+    assert {c.precision for c in everything} == {P.STRICT, P.TF32} and len(fp16) == 1
+    strict, fp16 = _cuda_variants("fp32", MLP())
+    assert strict and {c.precision for c in strict} == {P.STRICT} and fp16 == []
+    assert all(c.config.provider_options["use_tf32"] == "0" for c in strict)
+    tf32, fp16 = _cuda_variants("tf32", MLP())
+    assert {c.precision for c in tf32} == {P.STRICT, P.TF32} and fp16 == []
+    assert len(_cuda_variants("fp16", MLP())[1]) == 1
+
+
+def test_an_fp16_module_computes_in_fp16_whatever_the_provider_options():
+    half = MLP().half()
+    assert module_precision(half) == P.FP16 and module_precision(MLP()) == P.STRICT
+    assert module_precision(MLP().to(torch.bfloat16)) == P.BF16
+    variants, fp16 = _cuda_variants("any", half)
+    assert {c.precision for c in variants} == {P.FP16} and fp16 == []  # already fp16: no conversion
+    assert _cuda_variants("tf32", half)[0] == []
+
+
+def test_a_limit_no_candidate_meets_is_a_clear_error():
+    model = ait.Module(MLP().half(), "half-fp32",
+                       strategy=ait.OneBackendStrategy(cpu_backend(precision="fp32")))
+    with pytest.raises(_core.InvalidArgumentError, match="precision='fp32'.*computes in fp16"):
+        ait.tune(model, [torch.randn(16).half() for _ in range(2)], ignore_failing_modules=False,
+                 disable_external_logging=True)
+
+
+def test_reports_and_backends_show_each_candidates_precision():
+    model = ait.Module(MLP().eval(), "mlp-fp32", strategy=ait.OneBackendStrategy(cpu_backend(precision="fp32")))
+    ait.tune(model, [torch.randn(16) for _ in range(4)], disable_external_logging=True)
+    (report,) = model.ait_reports.values()
+    assert report.candidates and all(c.precision == P.STRICT for c in report.candidates)
+    assert all(c.precision_name == "fp32" for c in report.candidates)
+    data = json.loads(report.to_json())
+    assert {c["precision"] for c in data["candidates"]} == {"fp32"}
+    header = report.summary_table().splitlines()[1]
+    assert header.split()[:3] == ["candidate", "precision", "status"]
+    (described,) = model.ait_backends.values()
+    assert described.endswith("(fp32)")
+
+
+def _cli():
+    """The console script of this environment (the one `make build` installed), else PATH's."""
+    beside = Path(sys.executable).parent / "aitune"
+    return str(beside) if beside.exists() else shutil.which("aitune")
+
+
+@pytest.mark.skipif(_cli() is None, reason="the aitune CLI is not installed in this environment")
+def test_cli_precision_flag(tmp_path):
+    path = tmp_path / "mlp.onnx"
+    torch.onnx.export(MLP().eval(), (torch.randn(2, 16),), str(path), dynamo=False, input_names=["x"],
+                      output_names=["y"], dynamic_axes={"x": {0: "batch"}, "y": {0: "batch"}})
+    report = tmp_path / "report.json"
+    ok = subprocess.run([_cli(), "tune", str(path), "--provider", "cpu", "--precision", "fp32", "--time-cap", "0.5",
+                         "--quiet", "--report", str(report)], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    assert "precision" in ok.stdout and {c["precision"] for c in json.loads(report.read_text())["candidates"]} == {
+        "fp32"}
+    bad = subprocess.run([_cli(), "tune", str(path), "--provider", "cpu", "--precision", "fp8", "--quiet"],
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and "precision must be one of 'any'" in bad.stderr

@@ -1,0 +1,154 @@
+"""TorchCompileBackend: torch.compile candidates checked and measured by the engine next
+to ONNX Runtime's, external candidates in the engine, and the checkpoint that stores the
+decision and recompiles on load (CPU)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+
+import aitune.torch as ait
+from aitune import _core
+from aitune.torch.backend import TorchCompileBackend, TorchCompileBackendConfig
+from aitune.torch.backend.torch_compile_backend import TorchCompileTunedGraph
+from torch_models import MLP, cpu_backend
+
+P = _core.Precision
+
+
+def test_config_validates_and_limits_precisions():
+    assert TorchCompileBackendConfig().mode == "reduce-overhead"
+    with pytest.raises(ValueError, match="mode must be one of"):
+        TorchCompileBackendConfig(mode="fast")
+    with pytest.raises(ValueError, match="precisions must be None or a non-empty sequence"):
+        TorchCompileBackendConfig(precisions=("fp8",))
+    with pytest.raises(ValueError, match="precisions"):
+        TorchCompileBackendConfig(precisions="fp16")
+    with pytest.raises(ValueError, match="precision must be one of 'any'"):
+        TorchCompileBackendConfig(precision="half")
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert TorchCompileBackendConfig().candidate_precisions(cuda) == ["fp32", "tf32", "fp16"]
+    assert TorchCompileBackendConfig().candidate_precisions(cpu) == ["fp32"]
+    assert TorchCompileBackendConfig(precision="tf32").candidate_precisions(cuda) == ["fp32", "tf32"]
+    assert TorchCompileBackendConfig(precisions=("fp16", "bf16"), precision="bf16").candidate_precisions(cuda) == [
+        "bf16"]
+
+
+def _tuner(outputs_scale: float = 1.0):
+    builder = _core.GraphSpecBuilder()
+    x = torch.randn(2, 4)
+    builder.record([("x", "float32", [2, 4])], [("y", "float32", [2, 4])], 2)
+    options = _core.TunerOptions()
+    options.profile.warmup_calls, options.profile.window_calls, options.profile.time_cap_s = 1, 5, 0.5
+    tuner = _core.GraphTuner("g", builder.build(), [([x], [x * 2], 2)], options)
+    tuner.profile_reference(lambda: None)
+    return tuner, x
+
+
+def test_external_candidates_are_checked_profiled_and_chosen_like_any():
+    tuner, x = _tuner()
+    calls = []
+    right = tuner.evaluate_external("double", "Ext", 0, P.STRICT, '{"k": 1}', lambda i: [x * 2],
+                                    lambda: calls.append(1))
+    wrong = tuner.evaluate_external("triple", "Ext", 0, P.STRICT, "{}", lambda i: [x * 3], lambda: None)
+
+    def boom():
+        raise RuntimeError("compiler exploded")
+
+    failed = tuner.evaluate_external("boom", "Ext", 0, P.FP16, "{}", lambda i: [x * 2], boom)
+    report = tuner.select(_core.StrategyConfig(_core.StrategyKind.MIN_LATENCY, performance_validation=False))
+    c = report.candidates
+    assert c[right].status == "selected" and c[right].p50_us is not None and len(calls) > 5
+    assert json.loads(c[right].config_json) == {"k": 1}
+    assert c[wrong].status == "incorrect" and "beyond" in c[wrong].reason
+    assert c[failed].status == "failed" and "compiler exploded" in c[failed].reason
+    assert c[failed].precision == P.FP16
+    assert tuner.take_winner() is None  # the front end keeps its own runnable
+
+
+def test_external_outputs_must_be_host_arrays():
+    tuner, x = _tuner()
+    i = tuner.evaluate_external("bad", "Ext", 0, P.STRICT, "{}", lambda i: [x.t()], lambda: None)  # not contiguous
+    assert tuner.report.candidates[i].status == "failed"
+    assert "contiguous host arrays" in tuner.report.candidates[i].reason
+
+
+@pytest.fixture(scope="module")
+def compiled_mlp():
+    """One compile for the tests below (a CPU compile takes tens of seconds)."""
+    import os
+    import tempfile
+
+    cache = tempfile.mkdtemp(prefix="aitune-compile-test-")
+    old = os.environ.get("AITUNE_CACHE_DIR")
+    os.environ["AITUNE_CACHE_DIR"] = cache
+    ait.enable_performance_validation(False)
+    try:
+        torch.manual_seed(0)
+        inner = MLP().eval()
+        strategy = ait.MaxThroughputStrategy([
+            cpu_backend(tune_provider_options=False),
+            TorchCompileBackend(TorchCompileBackendConfig(mode="default")),
+        ])
+        model = ait.Module(inner, "compiled-mlp", strategy=strategy)
+        ait.tune(model, [torch.randn(16) for _ in range(4)], batch_sizes=[2], disable_external_logging=True)
+        yield model, inner
+    finally:
+        ait.enable_performance_validation(True)
+        if old is None:
+            os.environ.pop("AITUNE_CACHE_DIR", None)
+        else:
+            os.environ["AITUNE_CACHE_DIR"] = old
+
+
+def test_compile_candidate_competes_with_onnx_runtime_in_one_report(compiled_mlp):
+    model, _ = compiled_mlp
+    (report,) = model.ait_reports.values()
+    (compiled,) = [c for c in report.candidates if c.backend.startswith("TorchCompileBackend")]
+    assert compiled.name == "torch.compile[mode=default] fp32" and compiled.precision == P.STRICT
+    assert compiled.status in ("selected", "not chosen"), compiled.reason
+    assert compiled.max_abs_error < 1e-4 and compiled.p50_us > 0
+    assert json.loads(compiled.config_json)["precision"] == "fp32"
+    assert any(c.backend.startswith("ONNXRuntimeBackend") and c.status in ("selected", "not chosen")
+               for c in report.candidates)
+    assert "torch.compile[mode=default] fp32" in report.summary_table()
+
+
+def _force_compiled(model, inner):
+    """The module's graph running in the compile candidate, whichever won on this machine."""
+    ((key, (graph, _)),) = model._ait_tuned.items()
+    tuned = TorchCompileTunedGraph(graph, "fp32", "default", [torch.float32])
+    model._ait_tuned[key] = (graph, tuned)
+    return tuned
+
+
+def test_compiled_graph_runs_saves_its_decision_and_recompiles_on_load(compiled_mlp, tmp_path):
+    model, inner = compiled_mlp
+    tuned = _force_compiled(model, inner)
+    x = torch.randn(2, 16)
+    torch.testing.assert_close(model(x), inner(x), atol=1e-5, rtol=1e-5)
+    assert "TorchCompileBackend[mode=default, precision=fp32]" in model.ait_backends.values()
+
+    path = ait.save(model, tmp_path / "ckpt")
+    manifest = json.loads((path / "manifest.json").read_text())
+    meta = json.loads(manifest["metadata"]) if isinstance(manifest.get("metadata"), str) else manifest["metadata"]
+    assert meta["aitune.torch"]["format_version"] == 2  # an aitune without compiled graphs refuses it
+    (entry,) = meta["aitune.torch"]["compiled_graphs"]
+    assert entry["config"] == tuned.config() == {"precision": "fp32", "mode": "default", "dynamic": None,
+                                                 "output_dtypes": ["float32"]}
+    assert manifest["graphs"] == []  # no ONNX model: nothing but the decision is stored
+
+    fresh = ait.Module(MLP().eval(), "compiled-mlp")
+    fresh.ait_module.load_state_dict(inner.state_dict())  # a compiled graph runs the module's own weights
+    start = time.perf_counter()
+    ait.load(fresh, path)
+    load_s = time.perf_counter() - start
+    start = time.perf_counter()
+    out = fresh(x)  # compiles here
+    first_call_s = time.perf_counter() - start
+    torch.testing.assert_close(out, inner(x), atol=1e-5, rtol=1e-5)
+    assert "TorchCompileBackend[mode=default, precision=fp32]" in fresh.ait_backends.values()
+    print(f"ait.load {load_s:.3f} s, first call (recompile) {first_call_s:.1f} s")
