@@ -21,7 +21,10 @@ ort_version=1.29.0
 headers='package/Plugins/iOS~/onnxruntime.xcframework/ios-arm64/onnxruntime.framework/Headers'
 stamp="headers $ort_version $sha"
 
-if [ -f "$dest/VERSION" ] && [ "$(cat "$dest/VERSION")" = "$stamp" ]; then
+# A tree fetched by the earlier version of this script ("$ort_version $sha": the same
+# headers plus a runtime library, which nothing uses now) is kept as it is.
+if [ -f "$dest/VERSION" ] && { [ "$(cat "$dest/VERSION")" = "$stamp" ] ||
+                               [ "$(cat "$dest/VERSION")" = "$ort_version $sha" ]; }; then
   exit 0
 fi
 mkdir -p "$cache"

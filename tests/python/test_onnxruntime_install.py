@@ -137,6 +137,50 @@ def test_aitune_and_python_onnxruntime_work_in_one_process(order):
     assert os.path.samefile(last[2], WHEEL["library"])
 
 
+@pytest.mark.parametrize("order", ["onnxruntime_first", "aitune_first"])
+def test_aitune_and_python_onnxruntime_gpu_both_on_cuda_in_one_process(order):
+    """With the GPU wheel, `import onnxruntime` registers the CUDA provider library in its
+    own ONNX Runtime, and aitune registers the same file in the wheel's libonnxruntime:
+    both must run on CUDA in one process. Skipped unless both have CUDA here."""
+    out = _python(f"""
+        import sys, numpy as np, torch, tempfile, pathlib
+        from onnx_models import mlp
+        from aitune import _core
+        if "{order}" == "aitune_first":  # aitune registers the CUDA provider before onnxruntime's import does
+            _core.OrtRuntime.load().provider_status(_core.ExecutionProvider.CUDA)
+        import onnxruntime as ort
+        cuda = _core.OrtRuntime.load().provider_status(_core.ExecutionProvider.CUDA)
+        if "CUDAExecutionProvider" not in ort.get_available_providers() or not cuda.available \\
+                or not torch.cuda.is_available():
+            print("skip", ort.__version__, ort.get_available_providers(), cuda.reason[:120])
+            sys.exit(0)
+        path, ref = mlp(pathlib.Path(tempfile.mkdtemp()) / "mlp.onnx")
+        x = np.random.default_rng(0).standard_normal((3, 16)).astype(np.float32)
+
+        def with_onnxruntime():
+            s = ort.InferenceSession(str(path), providers=[("CUDAExecutionProvider", {{"use_tf32": "0"}})])
+            assert s.get_providers()[0] == "CUDAExecutionProvider", s.get_providers()
+            return s.run(None, {{"x": x}})[0]
+
+        def with_aitune():
+            b = _core.OnnxRuntimeBackend.create(str(path), _core.OnnxRuntimeBackendConfig(
+                provider=_core.ExecutionProvider.CUDA, provider_options={{"use_tf32": "0"}}))
+            (y,) = b.infer([torch.from_numpy(x).cuda()])
+            torch.cuda.synchronize()
+            return torch.from_dlpack(y).cpu().numpy()
+
+        first, second = (with_onnxruntime, with_aitune) if "{order}" == "onnxruntime_first" else (with_aitune, with_onnxruntime)
+        ys = [first(), second(), first(), second()]
+        for y in ys:
+            np.testing.assert_allclose(y, ref(x), atol=1e-5, rtol=1e-5)
+        print("ok")
+    """).stdout
+    last = out.strip().splitlines()[-1]
+    if last.startswith("skip"):
+        pytest.skip(f"needs CUDA in both ONNX Runtimes: {last}")
+    assert last == "ok"
+
+
 @needs_wheel
 def test_doctor_names_the_wheel_and_where_it_looked():
     out = _doctor()
