@@ -2,6 +2,7 @@
 // configurations, the repository layout, atomic writes, bad input, the CLI subcommand.
 // (tests/python/test_triton_export.py parses the configs with Triton's protobuf.)
 #include "aitune/onnx_external_data.hpp"  // not in aitune.hpp
+#include "aitune/tensorrt_options.hpp"
 #include "test_support.hpp"
 
 namespace aitune {
