@@ -32,6 +32,7 @@ def main() -> int:
     parser.add_argument("--cycles", type=int, default=30)
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--frames", type=int, default=6, help="traceback depth kept by tracemalloc")
     args = parser.parse_args()
 
     import torch
@@ -58,13 +59,14 @@ def main() -> int:
     for i in range(args.warmup):
         cycle(i)
     gc.collect()
-    tracemalloc.start(25)
+    tracemalloc.start(args.frames)
     before_snapshot = tracemalloc.take_snapshot()
     rss = [rss_mb()]
     for i in range(args.cycles):
         cycle(i)
         gc.collect()
         rss.append(rss_mb())
+        print(f"cycle {i + 1}/{args.cycles}: RSS {rss[-1]:.1f} MB", flush=True)
     after_snapshot = tracemalloc.take_snapshot()
     traced, _ = tracemalloc.get_traced_memory()
 

@@ -93,8 +93,11 @@ struct CheckpointManifest {
   /// format_version (1..kCheckpointFormatVersion; a newer one is refused first, before
   /// any other field is read), every field's presence and type, graph keys, safe and
   /// unique artifact paths, sha256 digests of 64 hex digits, `model` among the graph's
-  /// artifacts, `path_options` naming provider options that hold safe relative paths.
-  /// Throws Error(kCheckpointCorrupt) naming the field and what is wrong.
+  /// artifacts, `path_options` naming provider options that hold safe relative paths,
+  /// at least one graph, thread counts in 0..1024 and device ids in 0..1023 (integers,
+  /// not 1.5 or 2^32 + 1). JSON nested deeper than 128 levels or text over 64 MB is
+  /// refused while parsing. Throws Error(kCheckpointCorrupt) naming the field and what
+  /// is wrong.
   static CheckpointManifest from_json(const std::string& text);
 
   bool operator==(const CheckpointManifest&) const = default;
