@@ -4,6 +4,7 @@
 //   cpp_consumer CHECKPOINT [--graph KEY] [--iterations N] [--input NAME=FILE.npy]...
 //                [--provider cpu|cuda|tensorrt] [--device-id N] [--save-outputs DIR]
 #include <aitune/aitune.hpp>
+#include <aitune/onnx_external_data.hpp>  // is_safe_relative_path: not in aitune.hpp
 
 #include <algorithm>
 #include <chrono>

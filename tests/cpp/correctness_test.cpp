@@ -256,7 +256,7 @@ TEST(Precision, NamesLimitsAndBf16Tolerance) {
   EXPECT_FALSE(precision_allowed(Precision::kBF16, fp16));
   EXPECT_FALSE(precision_allowed(Precision::kFP16, bf16));
   EXPECT_TRUE(precision_allowed(Precision::kStrict, bf16));
-  EXPECT_EQ(default_tolerance(DType::kFloat32, Precision::kBF16), (Tolerance{5e-2, 5e-2}));
+  EXPECT_EQ(default_tolerance(DType::kFloat32, Precision::kBF16), (Tolerance{5e-2, 5e-2, true}));
 }
 
 }  // namespace

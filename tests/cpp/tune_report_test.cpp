@@ -82,7 +82,7 @@ TEST(TuneReportJson, CarriesEveryCandidateAndTheDecision) {
   const auto& fast = j["candidates"][0];
   EXPECT_EQ(fast["name"], "cpu");
   EXPECT_EQ(fast["status"], "selected");
-  EXPECT_EQ(fast["precision"], "strict");
+  EXPECT_EQ(fast["precision"], "fp32");
   // The config is embedded as JSON, not as a string.
   EXPECT_EQ(fast["config"]["provider"], "cpu");
   EXPECT_TRUE(fast["correctness"].is_object());
@@ -150,12 +150,15 @@ TEST(TuneReportTable, RowsForEagerAndEachCandidateInAlignedColumns) {
   EXPECT_EQ(broken.rfind("cpu[intra_op_threads=1]", 0), 0u);
   EXPECT_NE(broken.find("failed"), std::string::npos);
   EXPECT_NE(broken.find("session creation failed"), std::string::npos);
-  // The status column starts at the same offset on every row (the widest name sets it).
+  // Columns start at the same offset on every row; the widest name sets where the second
+  // (precision) begins.
+  const auto precision_at = header.find("precision");
+  EXPECT_EQ(precision_at, std::string("cpu[intra_op_threads=1]").size() + 2);
+  EXPECT_EQ(fast.find("fp32"), precision_at);
   const auto status_at = header.find("status");
   EXPECT_EQ(eager.find("reference"), status_at);
   EXPECT_EQ(fast.find("selected"), status_at);
   EXPECT_EQ(broken.find("failed"), status_at);
-  EXPECT_EQ(status_at, std::string("cpu[intra_op_threads=1]").size() + 2);
   EXPECT_EQ(lines[5], "decision: cpu: 2.50x eager");
 }
 
