@@ -134,6 +134,37 @@ def test_fp16_copy_of_a_fused_model_keeps_operators_and_interface(tmp_path):
     torch.testing.assert_close(torch.from_numpy(out), bert(ids).detach(), atol=2e-2, rtol=2e-2)
 
 
+class TinyGpt2(torch.nn.Module):
+    """A 2-layer GPT2Model (random weights, no KV cache) as ``forward(input_ids) -> last_hidden_state``."""
+
+    def __init__(self):
+        super().__init__()
+        config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=100, n_positions=64)
+        self.gpt2 = transformers.GPT2Model(config)
+
+    def forward(self, input_ids):
+        return self.gpt2(input_ids=input_ids, use_cache=False).last_hidden_state
+
+
+def test_gpt2_attention_fusion_keeps_the_2d_projection_input(tmp_path):
+    """GPT-2's Conv1D flattens the attention output to (batch * sequence, hidden) for a 2-D
+    Gemm; optimize_for_ort's MultiHeadAttention swallows that Reshape, and ONNX Runtime
+    then refuses the graph ("Gemm: Input 0 expected to have rank 2 but has rank 3"; on the
+    H200 all three GPT-2 fused candidates failed so). The transform restores the reshape:
+    the fused graph loads and matches eager."""
+    gpt2 = TinyGpt2().eval()
+    ids = torch.randint(0, 100, (2, 16))
+    source = tmp_path / "gpt2.onnx"
+    torch.onnx.export(gpt2, (ids,), str(source), dynamo=True, input_names=["ids"], output_names=["y"])
+    fused = transforms.fuse_for_ort(source, tmp_path / "fused.onnx", use_dynamo=True)
+    assert fused.fused_operators.get("MultiHeadAttention") == 2, fused.fused_operators
+    restored = [n for n in onnx.load(str(fused.path)).graph.node if n.op_type == "Flatten"]
+    assert len(restored) == 2, [n.name for n in restored]
+    session = onnxruntime.InferenceSession(str(fused.path), providers=["CPUExecutionProvider"])
+    (out,) = session.run(None, {"ids": ids.numpy()})
+    torch.testing.assert_close(torch.from_numpy(out), gpt2(ids).detach(), atol=1e-4, rtol=1e-4)
+
+
 def test_nothing_to_fuse_writes_nothing(tmp_path):
     source = tmp_path / "mlp.onnx"
     torch.onnx.export(_relu_mlp(), (torch.randn(2, 16),), str(source), dynamo=True)

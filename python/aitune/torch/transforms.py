@@ -68,7 +68,9 @@ def fuse_for_ort(source: Path, target: Path, *, use_dynamo: bool, model_type: st
         from onnxscript.rewriter import ort_fusions
 
         model = ir.load(str(source))
+        ranks = {v.name: len(v.shape) for v in _values(model.graph) if v.name and v.shape is not None}
         fused, _ = ort_fusions.optimize_for_ort(model)
+        _restore_flat_attention_outputs(fused, ranks)
         proto = ir.serde.serialize_model(fused)
         transform = ORT_FUSIONS
     else:
@@ -87,6 +89,49 @@ def fuse_for_ort(source: Path, target: Path, *, use_dynamo: bool, model_type: st
         return None
     _save(proto, target)
     return FusedModel(transform, target, counts, _node_count(source), len(proto.graph.node))
+
+
+#: Fused attention operators: their output is (batch, sequence, hidden), always rank 3.
+_ATTENTION_OPS = ("Attention", "MultiHeadAttention")
+
+
+def _values(graph):
+    for node in graph:
+        yield from node.outputs
+    yield from graph.inputs
+
+
+def _restore_flat_attention_outputs(model, ranks_before: dict[str, int]) -> int:
+    """Where an attention fusion swallowed a final ``Reshape`` to (batch * sequence,
+    hidden) (GPT-2's ``Conv1D`` feeds a 2-D ``Gemm``: onnxscript's MHA pattern matches
+    that Reshape as if it restored (batch, sequence, hidden)), the fused operator's rank-3
+    output now reaches consumers built for the 2-D value, and ONNX Runtime refuses the
+    graph ("Gemm: Input 0 expected to have rank 2 but has rank 3"). ``Flatten(axis=2)``
+    restores exactly the swallowed reshape (same memory order), whatever the shapes.
+    Returns the number of outputs repaired."""
+    import onnx_ir as ir
+
+    repaired = 0
+    for node in list(model.graph):
+        if node.domain != _CONTRIB_DOMAIN or node.op_type not in _ATTENTION_OPS:
+            continue
+        out = node.outputs[0]
+        if ranks_before.get(out.name, len(out.shape) if out.shape is not None else 3) != 2:
+            continue
+        name, flat_shape = out.name, out.shape
+        out.name, out.shape = f"{name}_3d", None
+        flatten = ir.node("Flatten", [out], {"axis": 2}, name=f"{node.name}_restore_2d")
+        flat = flatten.outputs[0]
+        ir.convenience.replace_all_uses_with(out, flat)
+        flatten.replace_input_with(0, out)  # replace_all_uses_with also rewired the Flatten itself
+        flat.name, flat.shape, flat.dtype = name, flat_shape, out.dtype
+        outputs = model.graph.outputs
+        for i, value in enumerate(outputs):
+            if value is out:
+                outputs[i] = flat
+        model.graph.insert_after(node, flatten)
+        repaired += 1
+    return repaired
 
 
 def fused_to_fp16(fused: FusedModel, target: Path) -> FusedModel:
