@@ -83,6 +83,8 @@ def main() -> int:
     parser.add_argument("--model", default="resnet50_b16", choices=list(MODELS))
     parser.add_argument("--precision", default="fp16", choices=["fp16", "tf32"])
     parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--provider-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="a CUDA provider option set in every candidate (e.g. fuse_conv_bias=1)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     if not torch.cuda.is_available():
@@ -92,7 +94,8 @@ def main() -> int:
     torch.manual_seed(0)
     torch.backends.cudnn.benchmark = True
     model, x = MODELS[args.model]()
-    result = {"model": args.model, "precision": args.precision}
+    options = dict(o.split("=", 1) for o in args.provider_option)
+    result = {"model": args.model, "precision": args.precision, "provider_options": options}
     with torch.no_grad():
         torch.set_float32_matmul_precision("high")
         compiled = torch.compile(copy.deepcopy(model), mode="reduce-overhead")
@@ -108,13 +111,16 @@ def main() -> int:
         torch.set_float32_matmul_precision("highest")
         torch._dynamo.reset()
 
-        backend = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cuda", precision=args.precision))
+        backend = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cuda", precision=args.precision,
+                                                             provider_options=options or None))
         module = ait.Module(copy.deepcopy(model), f"kernels-{args.model}", strategy=ait.OneBackendStrategy(backend))
         ait.tune(module, [x[i] for i in range(x.shape[0])], batch_sizes=[x.shape[0]], progress=False)
         (report,) = module.ait_reports.values()
         winner = report.candidates[report.winner] if report.winner is not None else None
         result["aitune_candidate"] = winner.name if winner else f"eager kept ({report.decision})"
         result["aitune"] = kernel_profile(lambda: module(x), args.calls)
+        result["candidates"] = [{"name": c.name, "status": c.status, "p50_us": c.p50_us} for c in report.candidates]
+        print(report.summary_table())
     for side in ("compile", "aitune"):
         r = result[side]
         print(f"\n== {side} ({result.get('aitune_candidate') if side == 'aitune' else 'reduce-overhead'}): "
