@@ -61,10 +61,14 @@ def test_only_cuda_with_provider_tuning_offers_the_fp16_model(static):
     [candidate] = cuda._fp16_candidates(core, _core.provider_variants(core, spec), linear)
     assert candidate.precision == _core.Precision.FP16 and candidate.name.endswith("fp16 model")
     assert ("enable_cuda_graph" in candidate.config.provider_options) == static
-    # Convolutions add the NHWC variant (cuDNN's fp16 tensor-core layout); same base otherwise.
-    plain, nhwc = cuda._fp16_candidates(core, _core.provider_variants(core, spec), conv)
+    # Convolutions add the NHWC variants (cuDNN's fp16 tensor-core layout), without and with
+    # the bias fused into the convolution; same base otherwise.
+    plain, nhwc, fused = cuda._fp16_candidates(core, _core.provider_variants(core, spec), conv)
     assert "prefer_nhwc" not in plain.config.provider_options
     assert nhwc.config.provider_options["prefer_nhwc"] == "1" and nhwc.precision == _core.Precision.FP16
+    assert "fuse_conv_bias" not in nhwc.config.provider_options
+    assert fused.config.provider_options["prefer_nhwc"] == "1" and fused.config.provider_options["fuse_conv_bias"] == "1"
+    assert fused.precision == _core.Precision.FP16
     # An fp16 module is already an fp16 model: nothing to convert.
     assert cuda._fp16_candidates(core, _core.provider_variants(core, spec), linear.half()) == []
     fixed = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cuda", tune_provider_options=False))
