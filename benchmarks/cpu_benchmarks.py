@@ -18,7 +18,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -26,21 +25,12 @@ import onnxruntime as ort
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import p50_us  # noqa: E402
 import models  # noqa: E402
 
 import aitune.torch as ait  # noqa: E402
 from aitune.torch.backend import ONNXRuntimeBackend, ONNXRuntimeBackendConfig  # noqa: E402
 
-
-def p50_us(fn, iterations: int, warmup: int = 10) -> float:
-    for _ in range(warmup):
-        fn()
-    samples = []
-    for _ in range(iterations):
-        start = time.perf_counter()
-        fn()
-        samples.append((time.perf_counter() - start) * 1e6)
-    return statistics.median(samples)
 
 
 def bench_case(name, model, shape, iterations, rounds):
@@ -77,7 +67,7 @@ def bench_case(name, model, shape, iterations, rounds):
     with torch.no_grad():
         for _ in range(rounds):
             for column, fn in columns.items():
-                measured[column].append(p50_us(fn, iterations))
+                measured[column].append(p50_us(fn, iterations, warmup=10, sync=False))
     row = {"model": name, **{c: statistics.median(v) for c, v in measured.items()}}
     row["aitune / onnxruntime run"] = row["aitune ORT CPU"] / row["onnxruntime run (numpy)"]
     row["aitune / onnxruntime IOBinding"] = row["aitune ORT CPU"] / row["onnxruntime IOBinding"]

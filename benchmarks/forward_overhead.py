@@ -18,7 +18,8 @@ from torch.utils.dlpack import to_dlpack
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import models  # noqa: E402
-from gpu_benchmarks import p50_us, tuned_module  # noqa: E402
+from gpu_benchmarks import tuned_module  # noqa: E402
+from timing import p50_us  # noqa: E402
 
 import aitune.torch as ait  # noqa: E402
 from aitune.torch.backend import ONNXRuntimeBackend, ONNXRuntimeBackendConfig  # noqa: E402

@@ -30,7 +30,6 @@ import argparse
 import copy
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -48,6 +47,9 @@ from aitune.torch.backend import (
     TorchCompileBackend,
     TorchCompileBackendConfig,
 )
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import p50_us  # noqa: E402  (benchmarks/timing.py)
 
 
 class LastHidden(torch.nn.Module):
@@ -95,18 +97,6 @@ MODELS = {
     "gpt2_b8_s128": lambda: gpt2(8, 128),
 }
 
-
-def p50_us(fn, iterations: int, warmup: int = 10) -> float:
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(iterations):
-        start = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        samples.append((time.perf_counter() - start) * 1e6)
-    return statistics.median(samples)
 
 
 def max_error(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import time
@@ -45,17 +44,10 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _p50_us(fn, device: str, iterations: int = 50, warmup: int = 10) -> float:
-    for _ in range(warmup):
-        fn()
-    _sync(device)
-    times = []
-    for _ in range(iterations):
-        start = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append((time.perf_counter() - start) * 1e6)
-    return statistics.median(times)
+def _p50_us(fn, device: str, iterations: int = 50) -> float:
+    from timing import p50_us
+
+    return p50_us(fn, iterations, sync=device == "cuda")
 
 
 def _bert(exporter: str, device: str, smoke: bool):
