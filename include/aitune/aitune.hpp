@@ -12,7 +12,7 @@
 #include "aitune/graph_spec.hpp"
 #include "aitune/latency_stats.hpp"
 #include "aitune/npy.hpp"
-#include "aitune/onnx_runtime_backend.hpp"
+#include "aitune/onnx_session.hpp"
 #include "aitune/ort_runtime.hpp"
 #include "aitune/profiler.hpp"
 #include "aitune/strategy.hpp"

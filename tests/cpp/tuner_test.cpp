@@ -45,8 +45,8 @@ TunerOptions quick_options() {
   return o;
 }
 
-OnnxRuntimeBackendConfig cpu() {
-  OnnxRuntimeBackendConfig c;
+OnnxSessionConfig cpu() {
+  OnnxSessionConfig c;
   c.provider = ExecutionProvider::kCPU;
   return c;
 }
@@ -89,7 +89,7 @@ TEST(Tuner, CpuVariantsAreCheckedProfiledAndTheWinnerRuns) {
 
   auto backend = tuner.take_winner();
   ASSERT_NE(backend, nullptr);
-  EXPECT_EQ(backend->state(), BackendState::kActive);
+  EXPECT_EQ(backend->state(), SessionState::kActive);
   auto out = backend->infer({m.x3.view()});
   expect_allclose_f32(out.at(0), m.y3, 1e-4);
   EXPECT_EQ(tuner.take_winner(), nullptr);  // handed over once
@@ -245,7 +245,7 @@ TEST(Tuner, TileAlongAxisRepeatsTheTensor) {
 
 TEST(Tuner, CudaAndTensorRtVariantsAreDocumentedSets) {
   MlpSamples m;
-  OnnxRuntimeBackendConfig cuda;
+  OnnxSessionConfig cuda;
   auto v = provider_variants(cuda, m.spec());
   ASSERT_EQ(v.size(), 4u);
   EXPECT_EQ(v[0].config.provider_options.at("use_tf32"), "0");
@@ -271,7 +271,7 @@ TEST(Tuner, CudaAndTensorRtVariantsAreDocumentedSets) {
     EXPECT_EQ(c.precision, Precision::kTF32);
   }
   EXPECT_EQ(provider_variants(cuda, m.spec()).size(), 3u);  // {tf32=1} twice collapsed into one
-  OnnxRuntimeBackendConfig trt;
+  OnnxSessionConfig trt;
   trt.provider = ExecutionProvider::kTensorRT;
   auto t = provider_variants(trt, m.spec());
   ASSERT_EQ(t.size(), 3u);

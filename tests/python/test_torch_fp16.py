@@ -31,8 +31,8 @@ def test_conversion_keeps_io_dtypes_and_halves_the_weights(tmp_path):
     assert {init.data_type for init in converted.graph.initializer} == {onnx.TensorProto.FLOAT16}
     assert not (tmp_path / "m16.onnx.partial").exists()
     # It still computes the model, within fp16's tolerance (the CPU provider runs it).
-    session = _core.OnnxRuntimeBackend.create(
-        str(out), _core.OnnxRuntimeBackendConfig(provider=_core.ExecutionProvider.CPU))
+    session = _core.OnnxSession.create(
+        str(out), _core.OnnxSessionConfig(provider=_core.ExecutionProvider.CPU))
     x = torch.randn(2, 16)  # the export's static shape
     (y,) = session.infer([x])
     np.testing.assert_allclose(y.numpy(), model(x).detach().numpy(), atol=1e-2, rtol=1e-2)
