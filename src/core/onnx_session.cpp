@@ -135,7 +135,7 @@ std::vector<TensorSpec> align_spec(const std::vector<TensorSpec>& given, const s
 void OnnxSession::Impl::create_session() {
   release_session();
   auto setup = detail::make_session_setup(*runtime, config);
-  auto& rt = runtime->impl();
+  auto& rt = detail::runtime_impl(*runtime);
   // A graph session is created with CPU fallback disabled, so ORT refuses a model with a
   // node off the CUDA provider (or with control flow) here, before any capture; ORT says
   // so with ORT_FAIL, which ort_call turns into the fallback code.
@@ -368,8 +368,8 @@ Tensor OnnxSession::to_device(const Tensor& host) const {
   std::shared_lock lock(impl_->state_mutex);
   if (!impl_->ctx.session) throw Error(ErrorCode::kState, "session is inactive; call activate()");
   // ORT's data transfer comes with the CUDA plugin EP; register it for TensorRT sessions too.
-  const auto& devices = impl_->runtime->impl().cuda_ep_devices();
-  auto& env = *impl_->runtime->impl().env;
+  const auto& devices = detail::runtime_impl(*impl_->runtime).cuda_ep_devices();
+  auto& env = *detail::runtime_impl(*impl_->runtime).env;
   return ort_call(ErrorCode::kInternal, "copying a tensor to " + device().to_string(), [&] {
     auto mem = devices.at(impl_->config.device_id).GetMemoryInfo(OrtDeviceMemoryType_DEFAULT);
     auto cpu = Ort::MemoryInfo::CreateCpu(OrtDeviceAllocator, OrtMemTypeDefault);
@@ -395,8 +395,8 @@ Tensor OnnxSession::to_device(const Tensor& host) const {
 
 Tensor OnnxSession::to_host(const Tensor& tensor) const {
   if (tensor.device().kind == DeviceKind::kCPU) return tensor;
-  const auto& devices = impl_->runtime->impl().cuda_ep_devices();
-  auto& env = *impl_->runtime->impl().env;
+  const auto& devices = detail::runtime_impl(*impl_->runtime).cuda_ep_devices();
+  auto& env = *detail::runtime_impl(*impl_->runtime).env;
   Tensor host = Tensor::empty_host(tensor.dtype(), tensor.shape());
   ort_call(ErrorCode::kInternal, "copying a tensor from " + tensor.device().to_string(), [&] {
     auto mem = devices.at(tensor.device().index).GetMemoryInfo(OrtDeviceMemoryType_DEFAULT);

@@ -218,7 +218,7 @@ SessionSetup make_session_setup(OrtRuntime& runtime, const OnnxSessionConfig& co
   if (setup.cuda_graph) so.AddConfigEntry(kDisableCpuEpFallback, "1");
   switch (config.provider) {
     case ExecutionProvider::kCPU: append_cpu(setup, config); break;
-    case ExecutionProvider::kCUDA: append_cuda(setup, runtime.impl(), config); break;
+    case ExecutionProvider::kCUDA: append_cuda(setup, detail::runtime_impl(runtime), config); break;
     case ExecutionProvider::kTensorRT: append_tensorrt(setup, runtime, config); break;
   }
   return setup;
