@@ -177,7 +177,7 @@ void append_tensorrt(SessionSetup& setup, OrtRuntime& runtime, const OnnxSession
     ort_call(ErrorCode::kProviderUnavailable, "TensorRT execution provider",
              [&] { setup.options.AppendExecutionProvider_TensorRT(trt); });
   }
-  OrtCUDAProviderOptions cuda{};  // fallback for nodes TensorRT does not take, as the guide does
+  OrtCUDAProviderOptions cuda{};  // fallback for nodes TensorRT does not take, as the AITune ONNX Runtime backend guide does
   cuda.device_id = config.device_id;
   ort_call(ErrorCode::kProviderUnavailable, "CUDA fallback of the TensorRT execution provider",
            [&] { setup.options.AppendExecutionProvider_CUDA(cuda); });
