@@ -1,6 +1,6 @@
 // GraphTuner: the tuning engine for one graph. Creates each ONNX Runtime candidate,
 // checks it against reference outputs, profiles it and the reference, lets a strategy
-// choose, searches the maximum batch size, and hands over the winning backend.
+// choose, searches the maximum batch size, and hands over the winning session.
 #pragma once
 
 #include <cstdint>

@@ -215,9 +215,12 @@ class OnnxRuntimeTunedGraph(TunedGraph):
 class ONNXRuntimeBackend(Backend):
     """Exports each graph to ``model_raw.onnx`` and runs it with ONNX Runtime.
 
-    Per graph: write ``config.json``, check the provider, export (checked by
-    onnx.checker), then hand every candidate configuration to the engine, which creates
-    its session, compares every recorded sample with eager PyTorch and measures it.
+    Per graph: ask the engine for the candidate plan (``_core.plan_candidates``, the
+    same plan ``aitune tune --list-candidates`` prints), write ``config.json``, check the
+    provider, export (checked by onnx.checker), make the models the plan names with the
+    registered transforms (``transforms.MODEL_TRANSFORMS``), then hand every candidate to
+    the engine, which creates its session, compares every recorded sample with eager
+    PyTorch and measures it.
     """
 
     config: ONNXRuntimeBackendConfig
