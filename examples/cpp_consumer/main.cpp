@@ -81,7 +81,7 @@ int run(const Args& args) {
   const auto checkpoint = aitune::Checkpoint::load(args.checkpoint);
   const auto& m = checkpoint.manifest();
   const std::string key = args.graph.empty() ? checkpoint.graph_keys().front() : args.graph;
-  auto backend = checkpoint.create_backend(key, args.overrides);
+  auto backend = checkpoint.create_session(key, args.overrides);
   const double load_ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
   std::cout << "checkpoint " << checkpoint.directory() << ": module '" << m.module_name << "', format version "
             << m.format_version << ", written by aitune " << m.aitune_version << " with ONNX Runtime "

@@ -1,8 +1,9 @@
-// Umbrella header: the user-facing API of aitune (sessions, checkpoints, tuning, reports).
+// Umbrella header: the user-facing API of aitune (sessions, checkpoints, the candidate plan, tuning, reports).
 // Helpers the engine and the front ends use internally (CUDA event timing, ONNX external
 // data scanning, TensorRT option composition) have headers of their own, included by name.
 #pragma once
 
+#include "aitune/candidates.hpp"
 #include "aitune/checkpoint.hpp"
 #include "aitune/correctness.hpp"
 #include "aitune/device.hpp"
@@ -12,7 +13,7 @@
 #include "aitune/graph_spec.hpp"
 #include "aitune/latency_stats.hpp"
 #include "aitune/npy.hpp"
-#include "aitune/onnx_runtime_backend.hpp"
+#include "aitune/onnx_session.hpp"
 #include "aitune/ort_runtime.hpp"
 #include "aitune/profiler.hpp"
 #include "aitune/strategy.hpp"

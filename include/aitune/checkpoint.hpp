@@ -14,7 +14,7 @@
 
 #include "aitune/execution_provider.hpp"
 #include "aitune/graph_spec.hpp"
-#include "aitune/onnx_runtime_backend.hpp"
+#include "aitune/onnx_session.hpp"
 #include "aitune/ort_runtime.hpp"
 
 namespace aitune {
@@ -25,7 +25,7 @@ inline constexpr int kCheckpointFormatVersion = 1;
 inline constexpr std::string_view kCheckpointManifestFile = "manifest.json";
 /// Value of the manifest's "format" field, which marks a directory as an aitune checkpoint.
 inline constexpr std::string_view kCheckpointFormatName = "aitune-checkpoint";
-/// The backend name a graph run by OnnxRuntimeBackend is saved under (the only one so far).
+/// The backend name a graph run by OnnxSession is saved under (the only one so far).
 inline constexpr std::string_view kOnnxRuntimeBackendName = "onnxruntime";
 
 /// One file of a checkpoint. Value type.
@@ -48,7 +48,7 @@ struct CheckpointGraph {
   std::string backend = std::string(kOnnxRuntimeBackendName);
   /// The backend's full configuration, provider options included, as saved (path
   /// options named in `path_options` hold checkpoint-relative paths here).
-  OnnxRuntimeBackendConfig backend_config;
+  OnnxSessionConfig backend_config;
   /// Keys of provider options whose values are paths relative to the checkpoint
   /// directory (a TensorRT engine or timing cache saved as an artifact); they are made
   /// absolute by `Checkpoint::backend_config`. Filled in by `Checkpoint::save`.
@@ -201,13 +201,13 @@ class Checkpoint {
 
   /// The configuration a backend for graph `key` is created with: the saved one, its
   /// path options made absolute inside this directory, then `overrides` applied.
-  OnnxRuntimeBackendConfig backend_config(const std::string& key,
+  OnnxSessionConfig backend_config(const std::string& key,
                                           const CheckpointBackendOverrides& overrides = {}) const;
 
-  /// Creates the backend for graph `key` (`OnnxRuntimeBackend::create` on the model
+  /// Creates the backend for graph `key` (`OnnxSession::create` on the model
   /// with `backend_config(key, overrides)` and the saved graph spec). Errors are those
-  /// of `OnnxRuntimeBackend::create`, prefixed with the checkpoint and graph.
-  std::unique_ptr<OnnxRuntimeBackend> create_backend(const std::string& key,
+  /// of `OnnxSession::create`, prefixed with the checkpoint and graph.
+  std::unique_ptr<OnnxSession> create_session(const std::string& key,
                                                      const CheckpointBackendOverrides& overrides = {},
                                                      std::shared_ptr<OrtRuntime> runtime = nullptr) const;
 

@@ -67,6 +67,10 @@ struct ProviderStatus {
   std::vector<std::string> cuda_libraries;
 };
 
+namespace detail {
+struct OrtRuntimeAccess;  // the engine's way to OrtRuntime::Impl
+}  // namespace detail
+
 /// The process's ONNX Runtime. ORT's C++ API keeps one global API table, so a process
 /// loads ORT once: the first `load` decides the library; a later `load` naming a
 /// different library throws Error(kState). Thread safe.
@@ -109,11 +113,12 @@ class OrtRuntime {
   OrtRuntime(const OrtRuntime&) = delete;
   OrtRuntime& operator=(const OrtRuntime&) = delete;
 
+  /// Private state (the Ort::Env, registered EP libraries), defined and reached inside the
+  /// engine only (src/core/ort_runtime_impl.hpp).
   struct Impl;
-  /// Private state (the Ort::Env, registered EP libraries); used inside the engine only.
-  Impl& impl() noexcept { return *impl_; }
 
  private:
+  friend struct detail::OrtRuntimeAccess;
   explicit OrtRuntime(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

@@ -53,7 +53,7 @@ struct CandidateResult {
   std::string name;          ///< e.g. "cuda[cudnn_conv_algo_search=HEURISTIC,use_tf32=0]"
   std::string backend;       ///< front-end backend that produced it, e.g. "ONNXRuntimeBackend"
   int group = 0;             ///< index of that backend in the strategy's order
-  std::string config_json;   ///< the full configuration (OnnxRuntimeBackendConfig JSON for ORT)
+  std::string config_json;   ///< the full configuration (OnnxSessionConfig JSON for ORT)
   Precision precision = Precision::kStrict;
   /// The graph transform its model went through ("" for the export as it is), e.g.
   /// "ort_fusions" (onnxscript's optimize_for_ort), and the fused operators it made.

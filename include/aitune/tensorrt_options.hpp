@@ -13,7 +13,7 @@ namespace aitune {
 /// caller's own options, as ORT spells them) winning over each:
 ///   trt_engine_cache_enable=1, trt_engine_cache_path=<cache_dir>/trt_engines,
 ///   trt_timing_cache_enable=1, trt_timing_cache_path=<cache_dir>/trt_timing,
-///   trt_profile_min_shapes / _opt_ / _max_ = "name:1x3x224x224,..." from the spec's
+///   trt_profile_min_shapes / _opt_ / _max_ = "name:1x3x224x224,..." from the graph spec's
 ///   min shape, max shape (opt: the largest, which throughput is tuned for) and max shape.
 /// Profiles are set only when every input axis has a finite upper bound (an unbounded
 /// axis has no maximum to build for); static inputs are listed too (TensorRT wants all).

@@ -1,6 +1,6 @@
 // GraphTuner: the tuning engine for one graph. Creates each ONNX Runtime candidate,
 // checks it against reference outputs, profiles it and the reference, lets a strategy
-// choose, searches the maximum batch size, and hands over the winning backend.
+// choose, searches the maximum batch size, and hands over the winning session.
 #pragma once
 
 #include <cstdint>
@@ -11,9 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "aitune/candidates.hpp"
 #include "aitune/correctness.hpp"
 #include "aitune/graph_spec.hpp"
-#include "aitune/onnx_runtime_backend.hpp"
+#include "aitune/onnx_session.hpp"
 #include "aitune/profiler.hpp"
 #include "aitune/strategy.hpp"
 #include "aitune/tune_report.hpp"
@@ -30,18 +31,6 @@ struct TuneSample {
   int64_t batch_size = 1;
 };
 
-/// A full session configuration to try, with the precision it computes in (which sets
-/// its default tolerance).
-struct OnnxCandidate {
-  std::string name;
-  OnnxRuntimeBackendConfig config;
-  Precision precision = Precision::kStrict;
-  /// The graph transform the model went through and the fused operators it made (copied
-  /// into the CandidateResult; see CandidateResult::transform).
-  std::string transform;
-  std::map<std::string, int64_t> fused_operators;
-};
-
 /// A candidate that runs outside ONNX Runtime (the front end's torch.compile backend):
 /// the tuner checks and measures it like any other through the functions the front end
 /// gives it. No session is created, so it has no batch search and take_winner() gives
@@ -56,16 +45,6 @@ struct ExternalCandidate {
   /// CUDA work runs on TunerOptions::cuda_stream (device time is measured there).
   std::function<void()> run;
 };
-
-/// The variants a backend configuration expands into (the first is `base` itself, made
-/// strict where the provider's default is not). `base.provider_options` and session
-/// settings the caller fixed are kept in every variant.
-///   CPU: intra-op threads {ORT default, 1} x graph optimisation {all, extended};
-///   CUDA: use_tf32 0 (strict) with cudnn_conv_algo_search EXHAUSTIVE / HEURISTIC,
-///         prefer_nhwc=1, and use_tf32=1 (TF32 tolerance);
-///   TensorRT: fp32 and fp16 (FP16 tolerance), builder optimisation level 3 and 5.
-std::string candidate_name(const OnnxRuntimeBackendConfig& config);
-std::vector<OnnxCandidate> provider_variants(const OnnxRuntimeBackendConfig& base, const GraphSpec& spec);
 
 /// Maximum batch size search settings.
 struct BatchSearchConfig {
@@ -108,8 +87,11 @@ class GraphTuner {
   void profile_reference(const std::function<void(const std::vector<TensorView>&)>& run,
                          const std::string& label = "eager");
 
-  /// Records a candidate that failed before it could run (e.g. its export).
-  std::size_t add_failed(const std::string& name, const std::string& backend, int group, const std::string& reason);
+  /// Records a candidate that failed before it could run (e.g. its export or its model
+  /// transform), with the precision it would have computed in, so the report says which
+  /// precision was lost.
+  std::size_t add_failed(const std::string& name, const std::string& backend, int group, const std::string& reason,
+                         Precision precision = Precision::kStrict);
 
   /// Creates a session for `candidate` on `model_path` (timing creation and first run),
   /// runs every sample and compares with the expected outputs, and profiles it when
@@ -130,7 +112,7 @@ class GraphTuner {
 
   /// The winning session, its spec widened by the batch search (nullptr when eager was
   /// kept or already taken). Its state is kActive.
-  std::unique_ptr<OnnxRuntimeBackend> take_winner();
+  std::unique_ptr<OnnxSession> take_winner();
 
   const TuneReport& report() const noexcept;
   const GraphSpec& spec() const noexcept;

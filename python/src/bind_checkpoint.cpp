@@ -39,7 +39,7 @@ void bind_checkpoint(nb::module_& m) {
                               "One saved graph: key, graph spec, backend configuration, structure, files.")
       .def(
           "__init__",
-          [](CheckpointGraph* self, std::string key, GraphSpec graph_spec, OnnxRuntimeBackendConfig backend_config,
+          [](CheckpointGraph* self, std::string key, GraphSpec graph_spec, OnnxSessionConfig backend_config,
              std::string structure_json, std::string model, std::string backend) {
             auto* g = new (self) CheckpointGraph{};
             g->key = std::move(key);
@@ -50,7 +50,7 @@ void bind_checkpoint(nb::module_& m) {
             g->backend = std::move(backend);
           },
           nb::arg("key") = "", nb::arg("graph_spec") = GraphSpec{},
-          nb::arg("backend_config") = OnnxRuntimeBackendConfig{}, nb::arg("structure_json") = "null",
+          nb::arg("backend_config") = OnnxSessionConfig{}, nb::arg("structure_json") = "null",
           nb::arg("model") = "", nb::arg("backend") = std::string(kOnnxRuntimeBackendName))
       .def_rw("key", &CheckpointGraph::key)
       .def_rw("graph_spec", &CheckpointGraph::graph_spec)
@@ -149,14 +149,14 @@ void bind_checkpoint(nb::module_& m) {
       .def("backend_config", &Checkpoint::backend_config, nb::arg("key"),
            nb::arg("overrides") = CheckpointBackendOverrides{})
       .def(
-          "create_backend",
+          "create_session",
           [](const Checkpoint& c, const std::string& key, const CheckpointBackendOverrides& overrides,
              std::shared_ptr<OrtRuntime> runtime) {
             nb::gil_scoped_release release;
-            return c.create_backend(key, overrides, std::move(runtime));
+            return c.create_session(key, overrides, std::move(runtime));
           },
           nb::arg("key"), nb::arg("overrides") = CheckpointBackendOverrides{}, nb::arg("runtime").none() = nb::none(),
-          "Creates graph `key`'s OnnxRuntimeBackend with the saved configuration and graph spec, then `overrides`.")
+          "Creates graph `key`'s OnnxSession with the saved configuration and graph spec, then `overrides`.")
       .def("__repr__", [](const Checkpoint& c) {
         return "Checkpoint(" + c.directory() + ", " + std::to_string(c.manifest().graphs.size()) + " graphs)";
       });

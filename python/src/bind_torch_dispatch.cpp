@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "aitune/error.hpp"
-#include "aitune/onnx_runtime_backend.hpp"
+#include "aitune/onnx_session.hpp"
 #include "bindings.hpp"
 
 namespace nb = nanobind;
@@ -54,7 +54,7 @@ struct Route {
   std::vector<nb::object> keywords;  // interned str
   std::vector<ArgumentKind> arguments;
   nb::object session_object;  // keeps the session alive while the route exists
-  const OnnxRuntimeBackend* session = nullptr;
+  const OnnxSession* session = nullptr;
   std::vector<std::size_t> order;  // session input i <- call argument order[i]
   nb::object rebuild;              // list of outputs -> the module's output; None: the one output itself
   bool cuda = false;
@@ -146,11 +146,11 @@ class TorchDispatch {
   /// output (None: the session's one output is the module's output).
   void add(const nb::sequence& sample, nb::object session, std::vector<std::size_t> order, nb::object rebuild,
            std::vector<nb::object> keywords) {
-    if (!nb::isinstance<OnnxRuntimeBackend>(session))
-      throw Error(ErrorCode::kInvalidArgument, "TorchDispatch.add: session must be an OnnxRuntimeBackend, got " +
+    if (!nb::isinstance<OnnxSession>(session))
+      throw Error(ErrorCode::kInvalidArgument, "TorchDispatch.add: session must be an OnnxSession, got " +
                                                    nb::cast<std::string>(nb::str(session.type())));
     auto route = std::make_shared<Route>();
-    route->session = nb::inst_ptr<OnnxRuntimeBackend>(session);
+    route->session = nb::inst_ptr<OnnxSession>(session);
     route->session_object = std::move(session);
     std::vector<nb::object> capsules;
     for (nb::handle argument : sample) {

@@ -9,6 +9,7 @@
 
 #include <cstring>
 
+#include "aitune/candidates.hpp"
 #include "aitune/error.hpp"
 #include "aitune/tensorrt_options.hpp"
 #include "aitune/tuner.hpp"
@@ -103,7 +104,7 @@ void bind_tuning(nb::module_& m) {
 
   nb::class_<OnnxCandidate>(m, "OnnxCandidate", "A full session configuration to try.")
       .def("__init__",
-           [](OnnxCandidate* c, std::string name, OnnxRuntimeBackendConfig config, Precision precision,
+           [](OnnxCandidate* c, std::string name, OnnxSessionConfig config, Precision precision,
               std::string transform, std::map<std::string, int64_t> fused) {
              new (c) OnnxCandidate{std::move(name), std::move(config), precision, std::move(transform), std::move(fused)};
            },
@@ -116,8 +117,41 @@ void bind_tuning(nb::module_& m) {
       .def_ro("fused_operators", &OnnxCandidate::fused_operators)
       .def("__repr__", [](const OnnxCandidate& c) { return "OnnxCandidate(" + c.name + ")"; });
   m.def("provider_variants", &provider_variants, nb::arg("base"), nb::arg("spec"),
-        "The variants a backend configuration expands into (see tuner.hpp).");
+        "The variants a session configuration expands into (see candidates.hpp).");
   m.def("candidate_name", &candidate_name, nb::arg("config"));
+
+  nb::class_<CandidateRequest>(m, "CandidateRequest", "What the candidate plan is made from (candidates.hpp).")
+      .def(nb::init<>())
+      .def_rw("base", &CandidateRequest::base)
+      .def_rw("spec", &CandidateRequest::spec)
+      .def_prop_rw(
+          "precision_limit",
+          [](const CandidateRequest& r) { return std::string(precision_limit_name(r.precision_limit)); },
+          [](CandidateRequest& r, const std::string& limit) { r.precision_limit = parse_precision_limit(limit); },
+          "'any', 'fp32', 'tf32', 'fp16' or 'bf16'.")
+      .def_rw("model_precision", &CandidateRequest::model_precision)
+      .def_rw("has_convolutions", &CandidateRequest::has_convolutions)
+      .def_rw("tune_provider_options", &CandidateRequest::tune_provider_options)
+      .def_rw("transformer_fusions", &CandidateRequest::transformer_fusions)
+      .def_rw("use_dynamo", &CandidateRequest::use_dynamo)
+      .def_rw("tensorrt_cache_root", &CandidateRequest::tensorrt_cache_root);
+  nb::class_<PlannedCandidate>(m, "PlannedCandidate", "One candidate of the plan and the model it runs on.")
+      .def_ro("name", &PlannedCandidate::name)
+      .def_ro("config", &PlannedCandidate::config)
+      .def_ro("precision", &PlannedCandidate::precision)
+      .def_ro("model_transform", &PlannedCandidate::model_transform,
+              "'' (the export), or transform steps joined by '+' ('fp16', 'ort_fusions', 'ort_fusions+fp16').")
+      .def_prop_ro("needs_front_end", &PlannedCandidate::needs_front_end)
+      .def_prop_ro("only_where_fusion_applies", &PlannedCandidate::only_where_fusion_applies)
+      .def("__repr__", [](const PlannedCandidate& c) {
+        return "PlannedCandidate(" + c.name + ", " + std::string(precision_name(c.precision)) +
+               (c.model_transform.empty() ? "" : ", model_transform=" + c.model_transform) + ")";
+      });
+  m.def("plan_candidates", &plan_candidates, nb::arg("request"),
+        "The candidates tuning evaluates for one graph, in order (the same plan `aitune tune --list-candidates` "
+        "prints); empty when none computes within the precision limit.");
+  m.def("model_transform_steps", [](const std::string& name) { return model_transform::steps(name); }, nb::arg("name"),
+        "The steps of a model transform name ('ort_fusions+fp16' -> ['ort_fusions', 'fp16']).");
   m.def("tensorrt_provider_options", &tensorrt_provider_options, nb::arg("spec"), nb::arg("cache_dir"),
         nb::arg("user") = std::map<std::string, std::string>{},
         "TensorRT options: engine/timing caches under cache_dir, profiles from the spec, `user` winning.");
@@ -241,10 +275,10 @@ void bind_tuning(nb::module_& m) {
           "Profiles `run()` (eager on the largest-batch sample, CUDA work on options.cuda_stream).")
       .def(
           "add_failed",
-          [](PyGraphTuner& t, const std::string& name, const std::string& backend, int group, const std::string& why) {
-            return t.tuner->add_failed(name, backend, group, why);
-          },
-          nb::arg("name"), nb::arg("backend"), nb::arg("group"), nb::arg("reason"))
+          [](PyGraphTuner& t, const std::string& name, const std::string& backend, int group, const std::string& why,
+             Precision precision) { return t.tuner->add_failed(name, backend, group, why, precision); },
+          nb::arg("name"), nb::arg("backend"), nb::arg("group"), nb::arg("reason"),
+          nb::arg("precision") = Precision::kStrict)
       .def(
           "evaluate_onnx",
           [](PyGraphTuner& t, const std::string& model_path, const OnnxCandidate& candidate,

@@ -2,7 +2,7 @@
 #include <nanobind/stl/string.h>
 
 #include "aitune/execution_provider.hpp"
-#include "aitune/onnx_runtime_backend.hpp"
+#include "aitune/onnx_session.hpp"
 #include "bindings.hpp"
 
 namespace nb = nanobind;

@@ -14,7 +14,7 @@ void bind_errors(nanobind::module_& m);
 void bind_types(nanobind::module_& m);        // ExecutionProvider, GraphOptimizationLevel
 void bind_graph_spec(nanobind::module_& m);   // TensorSpec, GraphSpec, GraphSpecBuilder
 void bind_runtime(nanobind::module_& m);      // OrtRuntime, ProviderStatus
-void bind_backend(nanobind::module_& m);      // OnnxRuntimeBackendConfig, OnnxRuntimeBackend
+void bind_session(nanobind::module_& m);      // OnnxSessionConfig, OnnxSession
 void bind_checkpoint(nanobind::module_& m);   // Checkpoint, CheckpointManifest/Graph/Artifact, overrides
 void bind_cli(nanobind::module_& m);          // cli_main
 void bind_tuning(nanobind::module_& m);       // correctness, profiler, strategies, GraphTuner

@@ -12,7 +12,7 @@ NB_MODULE(_core, m) {
   aitune::python::bind_types(m);
   aitune::python::bind_graph_spec(m);
   aitune::python::bind_runtime(m);
-  aitune::python::bind_backend(m);
+  aitune::python::bind_session(m);
   aitune::python::bind_checkpoint(m);
   aitune::python::bind_cli(m);
   aitune::python::bind_tuning(m);

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One GPU lease, after the ORT GPU parts were unpacked into /root/ortgpu (see DESIGN.md):
+# One GPU lease, after the ORT GPU parts were unpacked into /root/ortgpu (see docs/gpu.md):
 # builds aitune there (no network), runs the C++ and Python tests with the CUDA provider
 # and the MLP latency comparison, writing logs to $OUT.
 #   scripts/gpu/session.sh [pytest args...]

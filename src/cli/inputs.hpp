@@ -10,7 +10,7 @@
 
 #include "aitune/execution_provider.hpp"
 #include "aitune/graph_spec.hpp"
-#include "aitune/onnx_runtime_backend.hpp"
+#include "aitune/onnx_session.hpp"
 #include "aitune/tensor.hpp"
 
 namespace aitune::cli {

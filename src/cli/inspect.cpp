@@ -6,7 +6,7 @@
 #include "aitune/checkpoint.hpp"
 #include "aitune/error.hpp"
 #include "aitune/onnx_external_data.hpp"
-#include "aitune/onnx_runtime_backend.hpp"
+#include "aitune/onnx_session.hpp"
 #include "commands.hpp"
 
 namespace aitune::cli {
@@ -52,10 +52,10 @@ Command add_inspect(CLI::App& app) {
   sub->add_option("model", *model, "path to an .onnx file or a checkpoint directory")->required();
   return {sub, [model] {
             if (fs::is_directory(*model)) return inspect_checkpoint(*model);
-            OnnxRuntimeBackendConfig config;
+            OnnxSessionConfig config;
             config.provider = ExecutionProvider::kCPU;  // introspection needs no device
             config.graph_optimization_level = GraphOptimizationLevel::kDisableAll;
-            auto backend = OnnxRuntimeBackend::create(*model, config);
+            auto backend = OnnxSession::create(*model, config);
             std::cout << "model: " << *model << " (" << human_bytes(fs::file_size(*model)) << ")\n";
             std::cout << "opset: " << backend->opset() << "\n";
             for (auto [title, list] : {std::pair{"inputs", &backend->inputs()}, std::pair{"outputs", &backend->outputs()}}) {

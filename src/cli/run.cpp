@@ -15,7 +15,7 @@
 #include "aitune/error.hpp"
 #include "aitune/latency_stats.hpp"
 #include "aitune/npy.hpp"
-#include "aitune/onnx_runtime_backend.hpp"
+#include "aitune/onnx_session.hpp"
 #include "arguments.hpp"
 #include "commands.hpp"
 #include "inputs.hpp"
@@ -67,7 +67,7 @@ std::string summary(const Tensor& t) {
 
 // The backend of a checkpoint's graph: everything verified, the saved configuration
 // with the command line's provider, device and options over it.
-std::unique_ptr<OnnxRuntimeBackend> checkpoint_backend(const RunOptions& o,
+std::unique_ptr<OnnxSession> checkpoint_backend(const RunOptions& o,
                                                        const std::map<std::string, std::string>& provider_options) {
   auto checkpoint = Checkpoint::load(o.model);
   std::string key = o.graph;
@@ -89,7 +89,7 @@ std::unique_ptr<OnnxRuntimeBackend> checkpoint_backend(const RunOptions& o,
   if (!provider_options.empty()) overrides.provider_options = provider_options;
   std::cout << "checkpoint: " << checkpoint.directory() << " (module '" << checkpoint.manifest().module_name
             << "', graph '" << key << "', " << graph.artifacts.size() << " artifacts verified)\n";
-  return checkpoint.create_backend(key, overrides);
+  return checkpoint.create_session(key, overrides);
 }
 
 // Creates --save-outputs DIR (or checks the one there) before anything runs.
@@ -107,20 +107,20 @@ int run_model(const RunOptions& o) {
   if (!o.save_outputs.empty()) prepare_output_directory(o.save_outputs);
   std::map<std::string, std::string> provider_options;
   for (const auto& kv : o.provider_options) provider_options.insert(split_assignment(kv, "--provider-option"));
-  std::unique_ptr<OnnxRuntimeBackend> backend;
+  std::unique_ptr<OnnxSession> backend;
   if (std::filesystem::is_directory(o.model)) {
     backend = checkpoint_backend(o, provider_options);
   } else {
     if (!o.graph.empty())
       throw Error(ErrorCode::kInvalidArgument, "--graph selects a graph of a checkpoint directory; '" + o.model +
                                                    "' is not a directory");
-    OnnxRuntimeBackendConfig config;
+    OnnxSessionConfig config;
     config.provider = resolve_provider(o.provider.empty() ? "cpu" : o.provider);
     config.device_id = o.device_id.value_or(0);
     config.provider_options = provider_options;
-    backend = OnnxRuntimeBackend::create(o.model, config);
+    backend = OnnxSession::create(o.model, config);
   }
-  const OnnxRuntimeBackendConfig& config = backend->config();
+  const OnnxSessionConfig& config = backend->config();
 
   const auto dims = parse_dims(o.dims, backend->inputs());
   std::map<std::string, Tensor> given;

@@ -1,6 +1,7 @@
 // `aitune tune MODEL.onnx`: the tuning engine on an ONNX file, no Python: samples from
-// .npy files (or random), the CPU provider in fp32 as the reference, provider-option
-// variants checked and measured, a strategy's choice, a report and optionally a checkpoint.
+// .npy files (or random), the CPU provider in fp32 as the reference, the engine's
+// candidate plan (the one `ait.tune` evaluates) checked and measured, a strategy's choice,
+// a report and optionally a checkpoint. `--list-candidates` prints the plan only.
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -10,6 +11,7 @@
 #include <optional>
 #include <random>
 
+#include "aitune/candidates.hpp"
 #include "aitune/checkpoint.hpp"
 #include "aitune/error.hpp"
 #include "aitune/tuner.hpp"
@@ -17,11 +19,14 @@
 #include "arguments.hpp"
 #include "commands.hpp"
 #include "inputs.hpp"
+#include "model_facts.hpp"
 
 namespace aitune::cli {
 namespace {
 
-struct TuneOptions {
+// The command line of `aitune tune` (what the engine gets of it is TunerOptions and a
+// CandidateRequest).
+struct CliTuneArgs {
   std::string model;
   std::string provider = "auto";
   int device_id = 0;
@@ -34,6 +39,9 @@ struct TuneOptions {
   std::optional<double> atol, rtol;
   std::vector<std::string> output_tolerances;  // NAME=ATOL,RTOL
   bool no_variants = false;
+  bool no_transformer_fusions = false;
+  std::string exporter = "dynamo";  // how the model was exported: picks the fusion ait.tune would try
+  bool list_candidates = false;
   std::string precision = "any";  // the loosest precision a chosen candidate may compute in
   bool performance_validation = false;
   bool find_max_batch_size = false;
@@ -72,7 +80,7 @@ std::vector<TensorRecord> records_of(const std::vector<IoInfo>& ios, const std::
   return out;
 }
 
-std::vector<std::map<std::string, Tensor>> random_samples(const OnnxRuntimeBackend& reference, const TuneOptions& o) {
+std::vector<std::map<std::string, Tensor>> random_samples(const OnnxSession& reference, const CliTuneArgs& o) {
   auto dims = parse_dims(o.dims, reference.inputs());
   std::mt19937 rng(0);
   std::vector<std::map<std::string, Tensor>> samples;
@@ -89,27 +97,43 @@ std::vector<std::map<std::string, Tensor>> random_samples(const OnnxRuntimeBacke
   return samples;
 }
 
-int tune_model(const TuneOptions& o) {
+constexpr const char* kNeedsFrontEnd = "needs ait.tune (Python front end)";
+
+// One line per planned candidate: name, precision, the model it runs on, and whether only
+// the Python front end can make that model. Tab-separated, so scripts can read it.
+void print_plan(const std::vector<PlannedCandidate>& plan) {
+  for (const auto& c : plan) {
+    std::cout << c.name << "\t" << precision_name(c.precision) << "\t"
+              << (c.model_transform.empty() ? "exported" : c.model_transform);
+    if (c.needs_front_end()) {
+      std::cout << "\t" << kNeedsFrontEnd;
+      if (c.only_where_fusion_applies()) std::cout << ", only where the fusion applies";
+    }
+    std::cout << "\n";
+  }
+}
+
+int tune_model(const CliTuneArgs& o) {
   StrategyConfig strategy;
   strategy.kind = parse_strategy_kind(o.strategy);
   strategy.latency_budget_ms = o.latency_budget_ms;
   strategy.performance_validation = o.performance_validation;
   strategy.validate();
 
-  OnnxRuntimeBackendConfig base;
+  OnnxSessionConfig base;
   base.provider = resolve_provider(o.provider);
   // Asked for by name, an unavailable provider is the documented exit 3, not "no
   // candidate chosen" (1) after every candidate failed.
-  if (auto status = OrtRuntime::load()->provider_status(base.provider); !status.available)
+  if (auto status = OrtRuntime::load()->provider_status(base.provider); !status.available && !o.list_candidates)
     throw Error(ErrorCode::kProviderUnavailable, "--provider " + std::string(execution_provider_name(base.provider)) +
                                                      " is not available here: " + status.reason);
   base.device_id = o.device_id;
   for (const auto& kv : o.provider_options) base.provider_options.insert(split_assignment(kv, "--provider-option"));
 
   // The reference: the CPU provider in fp32 with ORT's defaults.
-  OnnxRuntimeBackendConfig cpu;
+  OnnxSessionConfig cpu;
   cpu.provider = ExecutionProvider::kCPU;
-  auto reference = OnnxRuntimeBackend::create(o.model, cpu);
+  auto reference = OnnxSession::create(o.model, cpu);
   const auto& ins = reference->inputs();
   auto given = o.samples.empty() ? random_samples(*reference, o) : load_sample_dir(o.samples, ins);
 
@@ -129,6 +153,24 @@ int tune_model(const TuneOptions& o) {
     recorded.push_back(std::move(r));
   }
   GraphSpec spec = builder.build();
+
+  CandidateRequest request;
+  request.base = base;
+  request.spec = spec;
+  request.precision_limit = parse_precision_limit(o.precision);
+  request.model_precision = model_precision(ins, reference->outputs());
+  request.has_convolutions = has_convolutions(onnx_operator_types(o.model));
+  request.tune_provider_options = !o.no_variants;
+  request.transformer_fusions = !o.no_transformer_fusions;
+  request.use_dynamo = o.exporter == "dynamo";
+  const auto plan = plan_candidates(request);
+  if (plan.empty())
+    throw Error(ErrorCode::kInvalidArgument, "no candidate of the " + std::string(execution_provider_name(base.provider)) +
+                                                 " provider computes within --precision " + o.precision);
+  if (o.list_candidates) {
+    print_plan(plan);
+    return 0;
+  }
 
   TunerOptions options;
   options.profile.time_cap_s = o.time_cap_s;
@@ -160,19 +202,26 @@ int tune_model(const TuneOptions& o) {
   tuner.profile_reference([&](const std::vector<TensorView>& inputs) { reference->infer(inputs); },
                           "reference (cpu fp32)");
 
-  const PrecisionLimit precision_limit = parse_precision_limit(o.precision);
-  auto candidates = provider_variants(base, tuner.spec());
-  if (o.no_variants) candidates.resize(1);
-  std::erase_if(candidates, [&](const OnnxCandidate& c) { return !precision_allowed(c.precision, precision_limit); });
-  if (candidates.empty())
-    throw Error(ErrorCode::kInvalidArgument, "no candidate of the " + std::string(execution_provider_name(base.provider)) +
-                                                 " provider computes within --precision " + o.precision);
-  for (std::size_t i = 0; i < candidates.size(); ++i) {
-    if (!o.quiet) std::cerr << "aitune: [" << i + 1 << "/" << candidates.size() << "] " << candidates[i].name << "\n";
-    tuner.evaluate_onnx(o.model, candidates[i], "OnnxRuntimeBackend", 0);
+  std::vector<std::string> front_end_only;
+  for (std::size_t i = 0; i < plan.size(); ++i) {
+    const auto& c = plan[i];
+    if (c.needs_front_end()) {  // its model is made by a Python transform
+      front_end_only.push_back(c.name);
+      if (!o.quiet)
+        std::cerr << "aitune: [" << i + 1 << "/" << plan.size() << "] " << c.name << ": skipped: " << kNeedsFrontEnd
+                  << " (model transform '" << c.model_transform << "')\n";
+      continue;
+    }
+    if (!o.quiet) std::cerr << "aitune: [" << i + 1 << "/" << plan.size() << "] " << c.name << "\n";
+    tuner.evaluate_onnx(o.model, {c.name, c.config, c.precision}, "OnnxSession", 0);
   }
   const auto& report = tuner.select(strategy);
   std::cout << report.summary_table();
+  if (!front_end_only.empty()) {
+    std::cout << "not evaluated here, " << kNeedsFrontEnd << ":";
+    for (const auto& name : front_end_only) std::cout << " " << name << (&name == &front_end_only.back() ? "" : ";");
+    std::cout << "\n";
+  }
   if (!o.report.empty()) {
     std::ofstream out(o.report);
     out << report.to_json() << "\n";
@@ -207,7 +256,7 @@ int tune_model(const TuneOptions& o) {
 
 Command add_tune(CLI::App& app) {
   auto* sub = app.add_subcommand("tune", "Tune an ONNX model: check and measure provider-option variants, choose one");
-  auto o = std::make_shared<TuneOptions>();
+  auto o = std::make_shared<CliTuneArgs>();
   sub->add_option("model", o->model, "path to an .onnx file")->required();
   sub->add_option("--provider", o->provider, "cpu, cuda, tensorrt or auto (CUDA if available, else CPU)")
       ->capture_default_str();
@@ -229,6 +278,14 @@ Command add_tune(CLI::App& app) {
                   "loosest precision tuning may choose: any, fp32, tf32 (fp32 or TF32), fp16 (adds fp16), bf16")
       ->capture_default_str();
   sub->add_flag("--no-variants", o->no_variants, "one strict candidate instead of the provider-option variants");
+  sub->add_flag("--no-transformer-fusions", o->no_transformer_fusions,
+                "plan no fused-graph candidates (ait.tune's transformer_fusions=False)");
+  sub->add_option("--exporter", o->exporter,
+                  "how the model was exported, which picks the fusion pass ait.tune would plan: dynamo or trace")
+      ->capture_default_str()->check(CLI::IsMember({"dynamo", "trace"}));
+  sub->add_flag("--list-candidates", o->list_candidates,
+                "print the candidates ait.tune would evaluate for this model (name, precision, model transform; "
+                "those whose model needs the Python front end marked) and exit");
   sub->add_flag("--performance-validation", o->performance_validation,
                 "keep nothing unless the winner beats the CPU reference by 1.01x");
   sub->add_flag("--find-max-batch-size", o->find_max_batch_size, "search the largest useful batch for the winner");

@@ -407,10 +407,10 @@ std::string Checkpoint::model_path(const std::string& key) const {
   return (fs::path(directory_) / graph(key).model).string();
 }
 
-OnnxRuntimeBackendConfig Checkpoint::backend_config(const std::string& key,
+OnnxSessionConfig Checkpoint::backend_config(const std::string& key,
                                                     const CheckpointBackendOverrides& overrides) const {
   const auto& g = graph(key);
-  OnnxRuntimeBackendConfig config = g.backend_config;
+  OnnxSessionConfig config = g.backend_config;
   for (const auto& opt : g.path_options)
     config.provider_options[opt] = (fs::path(directory_) / config.provider_options.at(opt)).string();
   if (overrides.provider && *overrides.provider != config.provider) {
@@ -423,13 +423,13 @@ OnnxRuntimeBackendConfig Checkpoint::backend_config(const std::string& key,
   return config;
 }
 
-std::unique_ptr<OnnxRuntimeBackend> Checkpoint::create_backend(const std::string& key,
+std::unique_ptr<OnnxSession> Checkpoint::create_session(const std::string& key,
                                                                const CheckpointBackendOverrides& overrides,
                                                                std::shared_ptr<OrtRuntime> runtime) const {
   const auto& g = graph(key);
   auto config = backend_config(key, overrides);
   try {
-    return OnnxRuntimeBackend::create(model_path(key), config, g.graph_spec, std::move(runtime));
+    return OnnxSession::create(model_path(key), config, g.graph_spec, std::move(runtime));
   } catch (const Error& e) {
     throw Error(e.code(), "checkpoint '" + directory_ + "', graph '" + key + "': " + e.what());
   }

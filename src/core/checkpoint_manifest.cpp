@@ -159,7 +159,7 @@ CheckpointGraph graph_from_json(const Json& j, const std::string& where) {
                                               v.dump());
   }
   try {
-    g.backend_config = OnnxRuntimeBackendConfig::from_json(config.dump());
+    g.backend_config = OnnxSessionConfig::from_json(config.dump());
   } catch (const Error& e) {
     fail(ErrorCode::kCheckpointCorrupt, "field '" + where + ".backend_config' is invalid: " + e.what());
   }

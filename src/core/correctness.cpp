@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "aitune/error.hpp"
+#include "enum_names.hpp"
 
 namespace aitune {
 namespace {
@@ -83,21 +84,19 @@ OutputCheck failed(OutputCheck check, std::string why) {
 
 double json_number(double v) { return std::isfinite(v) ? v : -1; }  // JSON has no infinity
 
+constexpr detail::EnumNames<Precision, 4> kPrecisionNames{{
+    {Precision::kStrict, "fp32"},
+    {Precision::kTF32, "tf32"},
+    {Precision::kFP16, "fp16"},
+    {Precision::kBF16, "bf16"},
+}};
+
 }  // namespace
 
-std::string_view precision_name(Precision precision) noexcept {
-  switch (precision) {
-    case Precision::kStrict: return "fp32";
-    case Precision::kTF32: return "tf32";
-    case Precision::kFP16: return "fp16";
-    case Precision::kBF16: return "bf16";
-  }
-  return "?";
-}
+std::string_view precision_name(Precision precision) noexcept { return detail::enum_name(kPrecisionNames, precision); }
 
 Precision parse_precision(std::string_view text) {
-  for (auto p : {Precision::kStrict, Precision::kTF32, Precision::kFP16, Precision::kBF16})
-    if (text == precision_name(p)) return p;
+  if (auto precision = detail::enum_value(kPrecisionNames, text)) return *precision;
   if (text == "strict") return Precision::kStrict;
   throw Error(ErrorCode::kInvalidArgument,
               "precision must be one of 'fp32', 'tf32', 'fp16', 'bf16', got '" + std::string(text) + "'");

@@ -23,7 +23,7 @@ class CudaGraphRunner {
  public:
   explicit CudaGraphRunner(const SessionContext& context) : ctx_(context) {}
   /// Inputs (checked, on the session's device) copied into the slot's buffers; outputs
-  /// lent from a lane or copied out (see OnnxRuntimeBackend::infer). With `caller`,
+  /// lent from a lane or copied out (see OnnxSession::infer). With `caller`,
   /// ordered with that stream; without, the outputs are ready on return.
   ///
   /// A run that fails while a graph is captured or replayed throws

@@ -19,7 +19,7 @@ class IoBindingRunner {
   explicit IoBindingRunner(const SessionContext& context) : ctx_(context) {}
   /// Inputs (checked, on the session's device) bound without copies; outputs allocated
   /// by ORT and handed to the caller. With `caller`, ordered with that stream and
-  /// returning without a host wait (see OnnxRuntimeBackend::infer_on_stream).
+  /// returning without a host wait (see OnnxSession::infer_on_stream).
   std::vector<Tensor> run(const std::vector<TensorView>& views, std::optional<std::uintptr_t> caller);
 
  private:

@@ -38,4 +38,12 @@ struct OrtRuntime::Impl {
   ProviderStatus probe(ExecutionProvider provider);
 };
 
+namespace detail {
+/// The engine's access to OrtRuntime's private state (the public header keeps it opaque).
+struct OrtRuntimeAccess {
+  static OrtRuntime::Impl& impl(OrtRuntime& runtime) noexcept { return *runtime.impl_; }
+};
+inline OrtRuntime::Impl& runtime_impl(OrtRuntime& runtime) noexcept { return OrtRuntimeAccess::impl(runtime); }
+}  // namespace detail
+
 }  // namespace aitune

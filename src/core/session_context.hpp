@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "aitune/onnx_runtime_backend.hpp"
+#include "aitune/onnx_session.hpp"
 #include "aitune/tensor.hpp"
 #include "ort_api.hpp"
 

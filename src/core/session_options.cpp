@@ -1,4 +1,4 @@
-// OnnxRuntimeBackendConfig's names and JSON, and the ORT session options it makes per provider.
+// OnnxSessionConfig's names and JSON, and the ORT session options it makes per provider.
 #include "session_options.hpp"
 
 #include <nlohmann/json.hpp>
@@ -32,11 +32,11 @@ GraphOptimizationLevel parse_graph_optimization_level(std::string_view text) {
   return detail::parse_enum(kLevelNames, text, "graph optimization level");
 }
 
-Device OnnxRuntimeBackendConfig::device() const {
+Device OnnxSessionConfig::device() const {
   return provider == ExecutionProvider::kCPU ? Device::cpu() : Device::cuda(device_id);
 }
 
-std::string OnnxRuntimeBackendConfig::to_json(int indent) const {
+std::string OnnxSessionConfig::to_json(int indent) const {
   nlohmann::json j{{"provider", execution_provider_name(provider)},
                    {"device_id", device_id},
                    {"graph_optimization_level", graph_optimization_level_name(graph_optimization_level)},
@@ -47,8 +47,8 @@ std::string OnnxRuntimeBackendConfig::to_json(int indent) const {
   return j.dump(indent);
 }
 
-OnnxRuntimeBackendConfig OnnxRuntimeBackendConfig::from_json(const std::string& text) {
-  OnnxRuntimeBackendConfig c;
+OnnxSessionConfig OnnxSessionConfig::from_json(const std::string& text) {
+  OnnxSessionConfig c;
   try {
     auto j = nlohmann::json::parse(text);
     c.provider = parse_execution_provider(j.at("provider").get<std::string>());
@@ -106,7 +106,7 @@ void apply_tensorrt_option(OrtTensorRTProviderOptions& o, const std::string& key
                     "trt_engine_cache_path, trt_dump_subgraphs, trt_force_sequential_engine_build");
 }
 
-void append_cpu(SessionSetup& setup, const OnnxRuntimeBackendConfig& config) {
+void append_cpu(SessionSetup& setup, const OnnxSessionConfig& config) {
   if (!config.provider_options.empty())
     throw Error(ErrorCode::kInvalidArgument, "the CPU execution provider takes no provider options (got '" +
                                                  config.provider_options.begin()->first +
@@ -115,7 +115,7 @@ void append_cpu(SessionSetup& setup, const OnnxRuntimeBackendConfig& config) {
   setup.memory_info = *setup.owned_memory_info;
 }
 
-void append_cuda(SessionSetup& setup, OrtRuntime::Impl& rt, const OnnxRuntimeBackendConfig& config) {
+void append_cuda(SessionSetup& setup, OrtRuntime::Impl& rt, const OnnxSessionConfig& config) {
   // Plugin-EP route: the only one in this ORT build that takes every CUDA option as a string.
   const auto& devices = rt.cuda_ep_devices();
   if (config.device_id < 0 || static_cast<std::size_t>(config.device_id) >= devices.size())
@@ -148,7 +148,7 @@ void append_cuda(SessionSetup& setup, OrtRuntime::Impl& rt, const OnnxRuntimeBac
   setup.memory_info = device.GetMemoryInfo(OrtDeviceMemoryType_DEFAULT);
 }
 
-void append_tensorrt(SessionSetup& setup, OrtRuntime& runtime, const OnnxRuntimeBackendConfig& config) {
+void append_tensorrt(SessionSetup& setup, OrtRuntime& runtime, const OnnxSessionConfig& config) {
   auto status = runtime.provider_status(ExecutionProvider::kTensorRT);
   if (!status.available) throw Error(ErrorCode::kProviderUnavailable, status.reason);
   // The V2 options object takes every TensorRT option as a string (profiles, timing
@@ -177,7 +177,7 @@ void append_tensorrt(SessionSetup& setup, OrtRuntime& runtime, const OnnxRuntime
     ort_call(ErrorCode::kProviderUnavailable, "TensorRT execution provider",
              [&] { setup.options.AppendExecutionProvider_TensorRT(trt); });
   }
-  OrtCUDAProviderOptions cuda{};  // fallback for nodes TensorRT does not take, as the guide does
+  OrtCUDAProviderOptions cuda{};  // fallback for nodes TensorRT does not take, as the AITune ONNX Runtime backend guide does
   cuda.device_id = config.device_id;
   ort_call(ErrorCode::kProviderUnavailable, "CUDA fallback of the TensorRT execution provider",
            [&] { setup.options.AppendExecutionProvider_CUDA(cuda); });
@@ -187,7 +187,7 @@ void append_tensorrt(SessionSetup& setup, OrtRuntime& runtime, const OnnxRuntime
 
 }  // namespace
 
-void check_cuda_graph_config(const OnnxRuntimeBackendConfig& config) {
+void check_cuda_graph_config(const OnnxSessionConfig& config) {
   if (!provider_option_on(config, "enable_cuda_graph")) return;
   auto it = config.session_config.find(kDisableCpuEpFallback);
   if (it != config.session_config.end() && it->second != "1")
@@ -198,12 +198,12 @@ void check_cuda_graph_config(const OnnxRuntimeBackendConfig& config) {
                     "to 1 for CUDA-graph sessions)");
 }
 
-bool provider_option_on(const OnnxRuntimeBackendConfig& config, const char* key) {
+bool provider_option_on(const OnnxSessionConfig& config, const char* key) {
   auto it = config.provider_options.find(key);
   return it != config.provider_options.end() && it->second != "0" && it->second != "false";
 }
 
-SessionSetup make_session_setup(OrtRuntime& runtime, const OnnxRuntimeBackendConfig& config) {
+SessionSetup make_session_setup(OrtRuntime& runtime, const OnnxSessionConfig& config) {
   SessionSetup setup;
   auto& so = setup.options;
   so.SetGraphOptimizationLevel(to_ort(config.graph_optimization_level));
@@ -218,7 +218,7 @@ SessionSetup make_session_setup(OrtRuntime& runtime, const OnnxRuntimeBackendCon
   if (setup.cuda_graph) so.AddConfigEntry(kDisableCpuEpFallback, "1");
   switch (config.provider) {
     case ExecutionProvider::kCPU: append_cpu(setup, config); break;
-    case ExecutionProvider::kCUDA: append_cuda(setup, runtime.impl(), config); break;
+    case ExecutionProvider::kCUDA: append_cuda(setup, detail::runtime_impl(runtime), config); break;
     case ExecutionProvider::kTensorRT: append_tensorrt(setup, runtime, config); break;
   }
   return setup;

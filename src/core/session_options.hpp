@@ -1,4 +1,4 @@
-// Private: the ORT session options an OnnxRuntimeBackendConfig makes, per provider (CPU, CUDA plugin EP, TensorRT).
+// Private: the ORT session options an OnnxSessionConfig makes, per provider (CPU, CUDA plugin EP, TensorRT).
 #pragma once
 
 #include <cstdint>
@@ -7,7 +7,7 @@
 #include <optional>
 #include <string>
 
-#include "aitune/onnx_runtime_backend.hpp"
+#include "aitune/onnx_session.hpp"
 #include "aitune/ort_runtime.hpp"
 #include "cuda_stream.hpp"
 #include "ort_api.hpp"
@@ -41,7 +41,7 @@ struct SessionSetup {
 /// entries, the provider and its options). Throws Error(kInvalidArgument) for options
 /// the provider does not take, Error(kProviderUnavailable) when the provider cannot be
 /// used here.
-SessionSetup make_session_setup(OrtRuntime& runtime, const OnnxRuntimeBackendConfig& config);
+SessionSetup make_session_setup(OrtRuntime& runtime, const OnnxSessionConfig& config);
 
 /// The session config key (kOrtSessionOptionsDisableCPUEPFallback) that makes session
 /// creation fail when a node would fall back to the CPU provider.
@@ -50,9 +50,9 @@ inline constexpr const char* kDisableCpuEpFallback = "session.disable_cpu_ep_fal
 /// For enable_cuda_graph=1: Error(kInvalidArgument) when the session config would let
 /// nodes fall back to the CPU (kDisableCpuEpFallback set to anything but "1"). Checked
 /// before any session is created; make_session_setup sets the key itself.
-void check_cuda_graph_config(const OnnxRuntimeBackendConfig& config);
+void check_cuda_graph_config(const OnnxSessionConfig& config);
 
 /// True when provider option `key` is set to something other than "0" / "false".
-bool provider_option_on(const OnnxRuntimeBackendConfig& config, const char* key);
+bool provider_option_on(const OnnxSessionConfig& config, const char* key);
 
 }  // namespace aitune::detail

@@ -32,8 +32,8 @@ GraphSpec mlp_spec() {
   return builder.build();
 }
 
-OnnxRuntimeBackendConfig mlp_config() {
-  OnnxRuntimeBackendConfig config = test::cpu_config();
+OnnxSessionConfig mlp_config() {
+  OnnxSessionConfig config = test::cpu_config();
   config.graph_optimization_level = GraphOptimizationLevel::kBasic;
   config.intra_op_threads = 1;
   config.session_config = {{"session.disable_prepacking", "1"}};
@@ -95,7 +95,7 @@ class CheckpointTest : public ::testing::Test {
   std::string abc_, dir_;
 };
 
-std::vector<float> run_mlp(const OnnxRuntimeBackend& backend) {
+std::vector<float> run_mlp(const OnnxSession& backend) {
   const Tensor x = test::load_fixture_npy("mlp_x.npy");
   auto out = backend.infer({x.view()});
   EXPECT_EQ(out.size(), 1u);
@@ -103,7 +103,7 @@ std::vector<float> run_mlp(const OnnxRuntimeBackend& backend) {
 }
 
 std::vector<float> run_original_mlp() {
-  auto backend = OnnxRuntimeBackend::create(fixture("mlp.onnx"), mlp_config(), mlp_spec());
+  auto backend = OnnxSession::create(fixture("mlp.onnx"), mlp_config(), mlp_spec());
   return run_mlp(*backend);
 }
 
@@ -144,7 +144,7 @@ TEST_F(CheckpointTest, RoundTripKeepsManifestAndGivesIdenticalOutputs) {
   EXPECT_EQ(loaded.model_path("mlp"), fs::canonical(model_file()).string());
   EXPECT_EQ(loaded.artifact_path("graphs/mlp/notes/abc.txt"), fs::canonical(artifact("graphs/mlp/notes/abc.txt")).string());
 
-  auto backend = loaded.create_backend("mlp");
+  auto backend = loaded.create_session("mlp");
   EXPECT_EQ(backend->config(), mlp_config());
   EXPECT_EQ(backend->graph_spec(), mlp_spec());
   const auto outputs = run_mlp(*backend);
@@ -180,7 +180,7 @@ TEST_F(CheckpointTest, ExternalDataIsSavedBesideTheModelAutomatically) {
   EXPECT_EQ(arts[1].path, "graphs/mlp/model_raw.onnx");
 
   const auto loaded = Checkpoint::load(dir_);
-  EXPECT_EQ(run_mlp(*loaded.create_backend("mlp")), run_original_mlp());
+  EXPECT_EQ(run_mlp(*loaded.create_session("mlp")), run_original_mlp());
   // The data file's digest is checked like any other.
   auto data = test::read_file_bytes(artifact("graphs/mlp/mlp_ext.onnx.data"));
   data[data.size() / 2] = static_cast<char>(data[data.size() / 2] ^ 0x01);
@@ -234,7 +234,7 @@ TEST_F(CheckpointTest, CacheDirectoryIsSavedAndItsPathOptionReRootedOnLoad) {
   CheckpointBackendOverrides cpu;
   cpu.provider = ExecutionProvider::kCPU;
   EXPECT_TRUE(loaded.backend_config("mlp", cpu).provider_options.empty());
-  EXPECT_EQ(run_mlp(*loaded.create_backend("mlp", cpu)), run_original_mlp());
+  EXPECT_EQ(run_mlp(*loaded.create_session("mlp", cpu)), run_original_mlp());
   CheckpointBackendOverrides merged;
   merged.provider_options = std::map<std::string, std::string>{{"trt_fp16_enable", "0"}};
   EXPECT_EQ(loaded.backend_config("mlp", merged).provider_options.at("trt_fp16_enable"), "0");
@@ -254,13 +254,13 @@ TEST_F(CheckpointTest, SeveralGraphsAndUnknownKey) {
   const auto loaded = Checkpoint::load(dir_);
   EXPECT_EQ(loaded.graph_keys(), (std::vector<std::string>{"mlp", "add_graph"}));
   EXPECT_EQ(loaded.graph("add_graph").model, "graphs/add_graph/add.onnx");
-  auto backend = loaded.create_backend("add_graph");
+  auto backend = loaded.create_session("add_graph");
   const Tensor x = test::make_pattern_f32({2, 4}, 3), y = test::make_pattern_f32({2, 4}, 4);
   auto z = values_of<float>(backend->infer({x.view(), y.view()})[0]);
   auto xv = values_of<float>(x), yv = values_of<float>(y);
   for (std::size_t i = 0; i < z.size(); ++i) EXPECT_EQ(z[i], xv[i] + yv[i]);
   expect_error([&] { loaded.graph("nope"); }, ErrorCode::kInvalidArgument, {"nope", "mlp", "add_graph"});
-  expect_error([&] { loaded.create_backend("nope"); }, ErrorCode::kInvalidArgument, {"nope"});
+  expect_error([&] { loaded.create_session("nope"); }, ErrorCode::kInvalidArgument, {"nope"});
   expect_error([&] { loaded.artifact_path("graphs/mlp/other.bin"); }, ErrorCode::kInvalidArgument, {});
 }
 
@@ -361,7 +361,7 @@ TEST_F(CheckpointTest, SymlinkInsideTheCheckpointIsAccepted) {
   fs::rename(model_file(), artifact("store/model.onnx"));
   fs::create_symlink("../../store/model.onnx", model_file());
   const auto loaded = Checkpoint::load(dir_);
-  EXPECT_EQ(run_mlp(*loaded.create_backend("mlp")), run_original_mlp());
+  EXPECT_EQ(run_mlp(*loaded.create_session("mlp")), run_original_mlp());
 }
 
 TEST_F(CheckpointTest, ExternalDataOutsideTheCheckpointIsRefused) {
@@ -492,7 +492,7 @@ TEST_F(CheckpointTest, FailureMidSaveLeavesThePreviousCheckpointLoadable) {
   const auto loaded = Checkpoint::load(dir_);
   EXPECT_EQ(loaded.manifest().module_name, "first");
   EXPECT_FALSE(fs::exists(artifact("graphs/mlp/notes/more.txt")));
-  EXPECT_EQ(run_mlp(*loaded.create_backend("mlp")), run_original_mlp());
+  EXPECT_EQ(run_mlp(*loaded.create_session("mlp")), run_original_mlp());
   EXPECT_EQ(siblings(), std::vector<std::string>{"ckpt"}) << "the temporary directory was left behind";
 }
 
@@ -525,7 +525,7 @@ TEST_F(CheckpointTest, SaveReplacesAnExistingCheckpointCompletely) {
   EXPECT_EQ(siblings(), std::vector<std::string>{"ckpt"});
   // Re-saving a loaded checkpoint onto itself, from its own files, works too.
   Checkpoint::save(dir_, mlp_manifest("third"), {{"graphs/mlp/model_raw.onnx", loaded.model_path("mlp")}});
-  EXPECT_EQ(run_mlp(*Checkpoint::load(dir_).create_backend("mlp")), run_original_mlp());
+  EXPECT_EQ(run_mlp(*Checkpoint::load(dir_).create_session("mlp")), run_original_mlp());
   EXPECT_EQ(Checkpoint::load(dir_).manifest().module_name, "third");
 }
 
@@ -709,17 +709,17 @@ TEST_F(CheckpointTest, CliExitsWith5OnACorruptCheckpoint) {
 TEST_F(CheckpointTest, CudaCheckpointGivesIdenticalOutputsHereAndInAFreshProcess) {
   AITUNE_REQUIRE_CUDA();
   auto manifest = mlp_manifest();
-  OnnxRuntimeBackendConfig cuda = test::cuda_config();
+  OnnxSessionConfig cuda = test::cuda_config();
   cuda.provider_options = {{"use_tf32", "0"}};
   manifest.graphs[0].backend_config = cuda;
   Checkpoint::save(dir_, manifest, mlp_files());
   const auto loaded = Checkpoint::load(dir_);
-  auto backend = loaded.create_backend("mlp");
+  auto backend = loaded.create_session("mlp");
   EXPECT_EQ(backend->device(), Device::cuda(0));
   EXPECT_EQ(backend->config(), cuda);
   const Tensor x = test::load_fixture_npy("mlp_x.npy");
   const Tensor out = backend->to_host(backend->infer({backend->to_device(x).view()}).at(0));
-  auto original = OnnxRuntimeBackend::create(fixture("mlp.onnx"), cuda, mlp_spec());
+  auto original = OnnxSession::create(fixture("mlp.onnx"), cuda, mlp_spec());
   const Tensor expected = original->to_host(original->infer({original->to_device(x).view()}).at(0));
   EXPECT_EQ(values_of<float>(out), values_of<float>(expected));
   test::expect_allclose_f32(out, test::load_fixture_npy("mlp_y.npy"), 1e-5);
@@ -734,7 +734,7 @@ TEST_F(CheckpointTest, CudaCheckpointGivesIdenticalOutputsHereAndInAFreshProcess
   CheckpointBackendOverrides on_gpu;
   on_gpu.provider = ExecutionProvider::kCUDA;
   on_gpu.provider_options = std::map<std::string, std::string>{{"use_tf32", "0"}};
-  auto moved = Checkpoint::load(dir_).create_backend("mlp", on_gpu);
+  auto moved = Checkpoint::load(dir_).create_session("mlp", on_gpu);
   EXPECT_EQ(moved->device(), Device::cuda(0));
   const Tensor moved_out = moved->to_host(moved->infer({moved->to_device(x).view()}).at(0));
   EXPECT_EQ(values_of<float>(moved_out), values_of<float>(expected));

@@ -9,17 +9,17 @@ using test::expect_allclose_f32;
 using test::expect_error;
 using test::fixture;
 
-OnnxRuntimeBackendConfig graph_config() {
-  OnnxRuntimeBackendConfig config = test::cuda_config();
+OnnxSessionConfig graph_config() {
+  OnnxSessionConfig config = test::cuda_config();
   config.provider_options = {{"use_tf32", "0"}, {"enable_cuda_graph", "1"}};
   return config;
 }
 
 // Checked before any session exists, so it runs without a GPU too.
 TEST(CudaGraphSafety, CpuFallbackCannotBeReenabledForAGraphSession) {
-  OnnxRuntimeBackendConfig config = graph_config();
+  OnnxSessionConfig config = graph_config();
   config.session_config["session.disable_cpu_ep_fallback"] = "0";
-  expect_error([&] { OnnxRuntimeBackend::create(fixture("mlp.onnx"), config); },
+  expect_error([&] { OnnxSession::create(fixture("mlp.onnx"), config); },
                test::ErrorExpectation{{ErrorCode::kInvalidArgument}, {"enable_cuda_graph"},
                                       {"session.disable_cpu_ep_fallback"}});
 }
@@ -27,24 +27,24 @@ TEST(CudaGraphSafety, CpuFallbackCannotBeReenabledForAGraphSession) {
 TEST(CudaGraphSafety, ModelWithANodeOffTheCudaProviderIsRefusedBeforeCapture) {
   AITUNE_REQUIRE_CUDA();
   // ORT's CUDA provider has no Det kernel. Without a graph the node runs on the CPU...
-  OnnxRuntimeBackendConfig plain = graph_config();
+  OnnxSessionConfig plain = graph_config();
   plain.provider_options.erase("enable_cuda_graph");
-  auto fallback = OnnxRuntimeBackend::create(fixture("det.onnx"), plain);
+  auto fallback = OnnxSession::create(fixture("det.onnx"), plain);
   const Tensor m = test::make_host<float>(DType::kFloat32, {2, 3, 3},
                                           {2, 0, 0, 0, 2, 0, 0, 0, 2, 1, 2, 3, 0, 1, 4, 5, 6, 0});
   const Tensor d = fallback->to_host(fallback->infer({fallback->to_device(m).view()}).at(0));
   expect_allclose_f32(d, test::make_host<float>(DType::kFloat32, {2}, {8, 1}), 1e-4);
   // ...a graph session refuses it at creation, saying why, instead of capturing host work.
   const std::string message =
-      expect_error([&] { OnnxRuntimeBackend::create(fixture("det.onnx"), graph_config()); },
+      expect_error([&] { OnnxSession::create(fixture("det.onnx"), graph_config()); },
                    test::ErrorExpectation{{ErrorCode::kCudaGraphCapture}, {"det.onnx"}, {"CPU"}});
   EXPECT_NE(message.find("CUDA graph"), std::string::npos) << message;
 }
 
 TEST(CudaGraphSafety, ReplaysLeaveNoCaptureOpen) {
   AITUNE_REQUIRE_CUDA();
-  auto graph = OnnxRuntimeBackend::create(fixture("mlp.onnx"), graph_config());
-  auto cpu = OnnxRuntimeBackend::create(fixture("mlp.onnx"), test::cpu_config());
+  auto graph = OnnxSession::create(fixture("mlp.onnx"), graph_config());
+  auto cpu = OnnxSession::create(fixture("mlp.onnx"), test::cpu_config());
   for (int call = 0; call < 6; ++call) {
     const Tensor x = test::make_pattern_f32({4, 64}, static_cast<uint32_t>(70 + call));
     const Tensor y = graph->infer({graph->to_device(x).view()}).at(0);
@@ -58,14 +58,14 @@ TEST(CudaGraphSafety, ReplaysLeaveNoCaptureOpen) {
 // not be left capturing, later calls must fail the same way, and CUDA must stay usable.
 TEST(CudaGraphSafety, FailedCaptureIsTypedAndLeavesCudaUsable) {
   AITUNE_REQUIRE_CUDA();
-  std::unique_ptr<OnnxRuntimeBackend> graph;
+  std::unique_ptr<OnnxSession> graph;
   try {
-    graph = OnnxRuntimeBackend::create(fixture("nonzero.onnx"), graph_config());
+    graph = OnnxSession::create(fixture("nonzero.onnx"), graph_config());
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kCudaGraphCapture) << e.what();
   }
   if (graph) {
-    auto cpu = OnnxRuntimeBackend::create(fixture("nonzero.onnx"), test::cpu_config());
+    auto cpu = OnnxSession::create(fixture("nonzero.onnx"), test::cpu_config());
     std::optional<std::string> failure;
     for (int call = 0; call < 5 && !failure; ++call) {
       Tensor x = test::make_pattern_f32({4, 8}, static_cast<uint32_t>(30 + call));
@@ -91,7 +91,7 @@ TEST(CudaGraphSafety, FailedCaptureIsTypedAndLeavesCudaUsable) {
     }
   }
   // The process's CUDA context is healthy: a new session, graphs included, still computes.
-  auto after = OnnxRuntimeBackend::create(fixture("mlp.onnx"), graph_config());
+  auto after = OnnxSession::create(fixture("mlp.onnx"), graph_config());
   const Tensor x = test::load_fixture_npy("mlp_x.npy");
   expect_allclose_f32(after->to_host(after->infer({after->to_device(x).view()}).at(0)),
                       test::load_fixture_npy("mlp_y.npy"), 1e-4);

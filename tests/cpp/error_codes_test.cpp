@@ -6,7 +6,7 @@
 
 #include "aitune/error.hpp"
 #include "aitune/execution_provider.hpp"
-#include "aitune/onnx_runtime_backend.hpp"
+#include "aitune/onnx_session.hpp"
 #include "aitune/strategy.hpp"
 #include "cuda_runtime.hpp"
 #include "enum_names.hpp"
@@ -119,7 +119,7 @@ TEST(EnumNames, EngineTablesRoundTrip) {
   std::set<std::string_view> statuses;
   for (int i = 0; i <= static_cast<int>(CandidateStatus::kSlowerThanEager); ++i)
     EXPECT_TRUE(statuses.insert(candidate_status_name(static_cast<CandidateStatus>(i))).second) << i;
-  EXPECT_EQ(backend_state_name(BackendState::kInactive), "inactive");
+  EXPECT_EQ(session_state_name(SessionState::kInactive), "inactive");
 }
 
 }  // namespace

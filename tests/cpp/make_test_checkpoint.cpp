@@ -13,9 +13,9 @@ int main(int argc, char** argv) {
   }
   const std::string out = argv[1], model = argv[2], key = argc == 4 ? argv[3] : "graph_0";
   try {
-    aitune::OnnxRuntimeBackendConfig config;
+    aitune::OnnxSessionConfig config;
     config.provider = aitune::ExecutionProvider::kCPU;
-    auto backend = aitune::OnnxRuntimeBackend::create(model, config);
+    auto backend = aitune::OnnxSession::create(model, config);
 
     // What a front end records: the model's symbolic extents follow the batch size.
     aitune::GraphSpecBuilder builder;

@@ -120,7 +120,7 @@ TEST(OnnxExternalData, ValueFirstModelIsWhatOrtReads) {
   test::write_file_bytes(dir.file("m.onnx"), bytes);
   std::filesystem::copy_file(fixture("mlp_ext.onnx.data"), dir.file("mlp_ext.onnx.data"));
   EXPECT_EQ(onnx_external_data_locations(dir.file("m.onnx")), Locations{"mlp_ext.onnx.data"});
-  auto backend = OnnxRuntimeBackend::create(dir.file("m.onnx"), test::cpu_config());
+  auto backend = OnnxSession::create(dir.file("m.onnx"), test::cpu_config());
   const Tensor x = test::load_fixture_npy("mlp_x.npy");
   test::expect_allclose_f32(backend->infer({x.view()}).at(0), test::load_fixture_npy("mlp_y.npy"), 1e-5);
 }

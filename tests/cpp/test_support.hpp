@@ -40,7 +40,7 @@ namespace aitune {
 inline void PrintTo(ErrorCode code, std::ostream* os) { *os << error_code_name(code); }
 inline void PrintTo(DType dtype, std::ostream* os) { *os << dtype_name(dtype); }
 inline void PrintTo(ExecutionProvider provider, std::ostream* os) { *os << execution_provider_name(provider); }
-inline void PrintTo(BackendState state, std::ostream* os) { *os << backend_state_name(state); }
+inline void PrintTo(SessionState state, std::ostream* os) { *os << session_state_name(state); }
 inline void PrintTo(DeviceKind kind, std::ostream* os) { *os << (kind == DeviceKind::kCPU ? "cpu" : "cuda"); }
 inline void PrintTo(const Device& device, std::ostream* os) { *os << device.to_string(); }
 }  // namespace aitune
@@ -323,14 +323,14 @@ inline bool cuda_available() { return runtime()->provider_status(ExecutionProvid
 
 inline std::string cuda_unavailable_reason() { return runtime()->provider_status(ExecutionProvider::kCUDA).reason; }
 
-inline OnnxRuntimeBackendConfig cpu_config() {
-  OnnxRuntimeBackendConfig config;
+inline OnnxSessionConfig cpu_config() {
+  OnnxSessionConfig config;
   config.provider = ExecutionProvider::kCPU;
   return config;
 }
 
-inline OnnxRuntimeBackendConfig cuda_config() {
-  OnnxRuntimeBackendConfig config;
+inline OnnxSessionConfig cuda_config() {
+  OnnxSessionConfig config;
   config.provider = ExecutionProvider::kCUDA;
   return config;
 }

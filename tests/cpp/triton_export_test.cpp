@@ -13,9 +13,9 @@ using test::ScopedTempDir;
 
 // A graph spec recorded at batch sizes 1 and 4 from the model's declared shapes.
 GraphSpec spec_of(const std::string& model) {
-  OnnxRuntimeBackendConfig cpu;
+  OnnxSessionConfig cpu;
   cpu.provider = ExecutionProvider::kCPU;
-  auto backend = OnnxRuntimeBackend::create(model, cpu);
+  auto backend = OnnxSession::create(model, cpu);
   GraphSpecBuilder builder;
   for (int64_t batch : {1, 4}) {
     auto records = [batch](const std::vector<IoInfo>& ios) {
@@ -35,7 +35,7 @@ GraphSpec spec_of(const std::string& model) {
 struct GraphSource {
   std::string key;
   std::string model;  // fixture file name
-  OnnxRuntimeBackendConfig config;
+  OnnxSessionConfig config;
   std::map<std::string, std::string> extra_files = {};  // relative path in the graph dir -> source
 };
 
@@ -59,8 +59,8 @@ Checkpoint make_checkpoint(const fs::path& dir, const std::vector<GraphSource>& 
   return Checkpoint::load(dir.string());
 }
 
-OnnxRuntimeBackendConfig cpu_config() {
-  OnnxRuntimeBackendConfig c;
+OnnxSessionConfig cpu_config() {
+  OnnxSessionConfig c;
   c.provider = ExecutionProvider::kCPU;
   return c;
 }
@@ -122,7 +122,7 @@ TEST(TritonExport, TensorRtOptionsBecomeTheTensorRtAccelerator) {
   ScopedTempDir tmp;
   fs::create_directories(tmp.path() / "engines");
   test::write_file_bytes((tmp.path() / "engines" / "a.engine").string(), "ENGINE");
-  OnnxRuntimeBackendConfig config;
+  OnnxSessionConfig config;
   config.provider = ExecutionProvider::kTensorRT;
   config.device_id = 1;
   config.provider_options = tensorrt_provider_options(spec_of(test::fixture("mlp.onnx")), "");
@@ -167,7 +167,7 @@ TEST(TritonExport, TensorRtOptionsBecomeTheTensorRtAccelerator) {
 
 TEST(TritonExport, CudaOptionsAndCudaGraphs) {
   ScopedTempDir tmp;
-  OnnxRuntimeBackendConfig config;
+  OnnxSessionConfig config;
   config.provider = ExecutionProvider::kCUDA;
   config.provider_options = {{"enable_cuda_graph", "1"},
                              {"cudnn_conv_algo_search", "HEURISTIC"},

@@ -45,8 +45,8 @@ TunerOptions quick_options() {
   return o;
 }
 
-OnnxRuntimeBackendConfig cpu() {
-  OnnxRuntimeBackendConfig c;
+OnnxSessionConfig cpu() {
+  OnnxSessionConfig c;
   c.provider = ExecutionProvider::kCPU;
   return c;
 }
@@ -89,7 +89,7 @@ TEST(Tuner, CpuVariantsAreCheckedProfiledAndTheWinnerRuns) {
 
   auto backend = tuner.take_winner();
   ASSERT_NE(backend, nullptr);
-  EXPECT_EQ(backend->state(), BackendState::kActive);
+  EXPECT_EQ(backend->state(), SessionState::kActive);
   auto out = backend->infer({m.x3.view()});
   expect_allclose_f32(out.at(0), m.y3, 1e-4);
   EXPECT_EQ(tuner.take_winner(), nullptr);  // handed over once
@@ -212,10 +212,15 @@ TEST(Tuner, FailingCandidatesAreReportedAndTheOthersCompete) {
   MlpSamples m;
   GraphTuner tuner("mlp", m.spec(), m.samples(), quick_options());
   tuner.add_failed("export", "ONNXRuntimeBackend[trace]", 0, "torch.onnx.export failed: boom");
+  // A candidate whose model transform failed keeps the precision it would have computed in.
+  auto half = tuner.add_failed("cuda fp16 model", "ORT", 0, "fp16 conversion failed", Precision::kFP16);
   auto bad_model = tuner.evaluate_onnx(fixture("corrupt.onnx"), provider_variants(cpu(), tuner.spec())[0], "ORT", 1);
   auto good = tuner.evaluate_onnx(fixture("mlp.onnx"), provider_variants(cpu(), tuner.spec())[0], "ORT", 1);
   const auto& r = tuner.select(max_throughput());
   EXPECT_EQ(r.candidates[0].status, CandidateStatus::kFailed);
+  EXPECT_EQ(r.candidates[0].precision, Precision::kStrict);
+  EXPECT_EQ(r.candidates[half].status, CandidateStatus::kFailed);
+  EXPECT_EQ(r.candidates[half].precision, Precision::kFP16);
   EXPECT_EQ(r.candidates[bad_model].status, CandidateStatus::kFailed);
   EXPECT_NE(r.candidates[bad_model].reason.find("corrupt.onnx"), std::string::npos) << r.candidates[bad_model].reason;
   EXPECT_EQ(r.winner, good);
@@ -245,7 +250,7 @@ TEST(Tuner, TileAlongAxisRepeatsTheTensor) {
 
 TEST(Tuner, CudaAndTensorRtVariantsAreDocumentedSets) {
   MlpSamples m;
-  OnnxRuntimeBackendConfig cuda;
+  OnnxSessionConfig cuda;
   auto v = provider_variants(cuda, m.spec());
   ASSERT_EQ(v.size(), 4u);
   EXPECT_EQ(v[0].config.provider_options.at("use_tf32"), "0");
@@ -271,7 +276,7 @@ TEST(Tuner, CudaAndTensorRtVariantsAreDocumentedSets) {
     EXPECT_EQ(c.precision, Precision::kTF32);
   }
   EXPECT_EQ(provider_variants(cuda, m.spec()).size(), 3u);  // {tf32=1} twice collapsed into one
-  OnnxRuntimeBackendConfig trt;
+  OnnxSessionConfig trt;
   trt.provider = ExecutionProvider::kTensorRT;
   auto t = provider_variants(trt, m.spec());
   ASSERT_EQ(t.size(), 3u);

@@ -113,7 +113,7 @@ def _external_data_model(directory: Path) -> Path:
 def test_unlisted_external_data_written_value_first_is_refused(tmp_path, pristine):
     source = _external_data_model(tmp_path)
     ckpt = tmp_path / "ckpt"
-    graph = _core.CheckpointGraph(key="g", backend_config=_core.OnnxRuntimeBackendConfig())
+    graph = _core.CheckpointGraph(key="g", backend_config=_core.OnnxSessionConfig())
     saved = _core.Checkpoint.save(str(ckpt), _core.CheckpointManifest(module_name="m", graphs=[graph]),
                                   {"graphs/g/model.onnx": str(source)})
     assert sorted(a.path for a in saved.graphs[0].artifacts) == ["graphs/g/model.onnx", "graphs/g/weights.bin"]
@@ -272,7 +272,7 @@ def test_output_names_that_are_paths_stay_inside_save_outputs(tmp_path):
         return {"name": name, "dtype": "float32", "min_shape": [2], "max_shape": [2], "batch_axis": None}
 
     graph_spec = _core.GraphSpec.from_json(json.dumps({"inputs": [spec("x")], "outputs": [spec(n) for n in outputs]}))
-    graph = _core.CheckpointGraph(key="g", graph_spec=graph_spec, backend_config=_core.OnnxRuntimeBackendConfig())
+    graph = _core.CheckpointGraph(key="g", graph_spec=graph_spec, backend_config=_core.OnnxSessionConfig())
     _core.Checkpoint.save(str(ckpt), _core.CheckpointManifest(module_name="m", graphs=[graph]),
                           {"graphs/g/model.onnx": str(tmp_path / "paths.onnx")})
     for i, source in enumerate([tmp_path / "paths.onnx", ckpt]):

@@ -114,8 +114,8 @@ def test_aitune_and_python_onnxruntime_work_in_one_process(order):
 
         def with_aitune():
             from aitune import _core
-            b = _core.OnnxRuntimeBackend.create(
-                str(path), _core.OnnxRuntimeBackendConfig(provider=_core.ExecutionProvider.CPU))
+            b = _core.OnnxSession.create(
+                str(path), _core.OnnxSessionConfig(provider=_core.ExecutionProvider.CPU))
             (y,) = b.infer([torch.from_numpy(x)])
             return y.numpy(), _core.OrtRuntime.load().library_path
 
@@ -163,7 +163,7 @@ def test_aitune_and_python_onnxruntime_gpu_both_on_cuda_in_one_process(order):
             return s.run(None, {{"x": x}})[0]
 
         def with_aitune():
-            b = _core.OnnxRuntimeBackend.create(str(path), _core.OnnxRuntimeBackendConfig(
+            b = _core.OnnxSession.create(str(path), _core.OnnxSessionConfig(
                 provider=_core.ExecutionProvider.CUDA, provider_options={{"use_tf32": "0"}}))
             (y,) = b.infer([torch.from_numpy(x).cuda()])
             torch.cuda.synchronize()

@@ -63,14 +63,14 @@ def test_config_validates_and_keys_the_precision():
 
 
 def _cuda_variants(precision: str, module: torch.nn.Module):
-    """The CUDA candidates a config keeps (computed without a GPU: only the list)."""
-    backend = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cuda", precision=precision))
-    core = backend._core_config(torch.device("cuda", 0))
+    """The CUDA candidates a config plans (computed without a GPU: only the list): those on
+    the exported model, and those on its fp16 copy."""
+    backend = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cuda", precision=precision,
+                                                          transformer_fusions=False))
     builder = _core.GraphSpecBuilder()
     builder.record([("x", "float32", [4, 16])], [("y", "float32", [4, 8])], 4)
-    variants = backend._with_precision(_core.provider_variants(core, builder.build()),
-                                       types.SimpleNamespace(module=module))
-    return variants, backend._fp16_candidates(core, variants, module)
+    plan = backend.plan(builder.build(), module, torch.device("cuda", 0))
+    return [c for c in plan if not c.model_transform], [c for c in plan if c.model_transform == "fp16"]
 
 
 def test_the_limit_filters_cuda_candidates():

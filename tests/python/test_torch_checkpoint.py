@@ -583,9 +583,9 @@ def test_bad_device_map_is_refused_before_anything_loads(target, pristine, devic
 def test_device_map_overrides_follow_the_documented_rules():
     from aitune.torch.checkpoint import _overrides
 
-    cpu = _core.OnnxRuntimeBackendConfig(provider=_core.ExecutionProvider.CPU)
+    cpu = _core.OnnxSessionConfig(provider=_core.ExecutionProvider.CPU)
     assert _overrides(cpu, None).provider is None
-    to_cpu = _overrides(_core.OnnxRuntimeBackendConfig(provider_options={"use_tf32": "0"}), torch.device("cpu"))
+    to_cpu = _overrides(_core.OnnxSessionConfig(provider_options={"use_tf32": "0"}), torch.device("cpu"))
     assert to_cpu.provider == _core.ExecutionProvider.CPU and to_cpu.provider_options is None
     if not torch.cuda.is_available():  # with CUDA the stream is added too (see the CUDA test)
         to_cuda = _overrides(cpu, torch.device("cuda", 1))

@@ -31,8 +31,8 @@ def test_conversion_keeps_io_dtypes_and_halves_the_weights(tmp_path):
     assert {init.data_type for init in converted.graph.initializer} == {onnx.TensorProto.FLOAT16}
     assert not (tmp_path / "m16.onnx.partial").exists()
     # It still computes the model, within fp16's tolerance (the CPU provider runs it).
-    session = _core.OnnxRuntimeBackend.create(
-        str(out), _core.OnnxRuntimeBackendConfig(provider=_core.ExecutionProvider.CPU))
+    session = _core.OnnxSession.create(
+        str(out), _core.OnnxSessionConfig(provider=_core.ExecutionProvider.CPU))
     x = torch.randn(2, 16)  # the export's static shape
     (y,) = session.infer([x])
     np.testing.assert_allclose(y.numpy(), model(x).detach().numpy(), atol=1e-2, rtol=1e-2)
@@ -55,27 +55,28 @@ def _spec(static: bool):
 @pytest.mark.parametrize("static", [True, False])
 def test_only_cuda_with_provider_tuning_offers_the_fp16_model(static):
     spec = _spec(static)
-    cuda = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cuda"))
-    core = cuda._core_config(torch.device("cuda", 0))
+    cuda_device = torch.device("cuda", 0)
+
+    def fp16_models(config: ONNXRuntimeBackendConfig, module, device=cuda_device):
+        plan = ONNXRuntimeBackend(config).plan(spec, module, device)
+        return [c for c in plan if c.model_transform == "fp16"]
+
+    cuda = ONNXRuntimeBackendConfig(execution_provider="cuda")
     linear, conv = torch.nn.Linear(16, 8), torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3))
-    [candidate] = cuda._fp16_candidates(core, _core.provider_variants(core, spec), linear)
+    [candidate] = fp16_models(cuda, linear)
     assert candidate.precision == _core.Precision.FP16 and candidate.name.endswith("fp16 model")
+    assert candidate.needs_front_end
     assert ("enable_cuda_graph" in candidate.config.provider_options) == static
     # Convolutions add the NHWC variants (cuDNN's fp16 tensor-core layout), without and with
     # the bias fused into the convolution; same base otherwise.
-    plain, nhwc, fused = cuda._fp16_candidates(core, _core.provider_variants(core, spec), conv)
+    plain, nhwc, fused = fp16_models(cuda, conv)
     assert "prefer_nhwc" not in plain.config.provider_options
     assert nhwc.config.provider_options["prefer_nhwc"] == "1" and nhwc.precision == _core.Precision.FP16
     assert "fuse_conv_bias" not in nhwc.config.provider_options
     assert fused.config.provider_options["prefer_nhwc"] == "1" and fused.config.provider_options["fuse_conv_bias"] == "1"
     assert fused.precision == _core.Precision.FP16
     # An fp16 module is already an fp16 model: nothing to convert.
-    assert cuda._fp16_candidates(core, _core.provider_variants(core, spec), linear.half()) == []
-    fixed = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cuda", tune_provider_options=False))
-    fixed_core = fixed._core_config(torch.device("cuda", 0))
-    assert fixed._fp16_candidates(fixed_core, _core.provider_variants(fixed_core, spec), linear) == []
-    strict = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cuda", precision="tf32"))
-    assert strict._fp16_candidates(core, _core.provider_variants(core, spec), linear) == []
-    cpu = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cpu"))
-    cpu_core = cpu._core_config(torch.device("cpu"))
-    assert cpu._fp16_candidates(cpu_core, _core.provider_variants(cpu_core, spec), linear) == []
+    assert fp16_models(cuda, linear.half()) == []
+    assert fp16_models(ONNXRuntimeBackendConfig(execution_provider="cuda", tune_provider_options=False), linear) == []
+    assert fp16_models(ONNXRuntimeBackendConfig(execution_provider="cuda", precision="tf32"), linear) == []
+    assert fp16_models(ONNXRuntimeBackendConfig(execution_provider="cpu"), linear, torch.device("cpu")) == []

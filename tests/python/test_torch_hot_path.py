@@ -232,7 +232,7 @@ def test_dispatch_add_rejects_what_it_cannot_serve():
     ((_, tuned),) = model._ait_tuned.values()
     dispatch = new_dispatch()
     x = torch.randn(2, 16)
-    with pytest.raises(aitune.InvalidArgumentError, match="session must be an OnnxRuntimeBackend, got <class 'str'>"):
+    with pytest.raises(aitune.InvalidArgumentError, match="session must be an OnnxSession, got <class 'str'>"):
         dispatch.add([x], "session", [0], None)
     with pytest.raises(aitune.InvalidArgumentError, match="argument 0 is not a <class 'torch.Tensor'>"):
         dispatch.add([x.numpy()], tuned.session, [0], None)

@@ -15,7 +15,7 @@ def test_quick_start_verbatim_apart_from_the_provider():
     x = torch.randn(2, 3, 32, 32)
     expected = eager(x)
 
-    # ---- the spec's Quick Start; only the provider differs (CUDA there, CPU here) ----
+    # ---- the Quick Start of the AITune ONNX Runtime backend guide; only the provider differs (CUDA there, CPU here) ----
     from aitune.torch.backend import ONNXExecutionProvider, ONNXRuntimeBackend, ONNXRuntimeBackendConfig
     import aitune.torch as ait
 

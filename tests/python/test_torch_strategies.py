@@ -245,7 +245,9 @@ def test_progress_bar_counts_every_candidate(monkeypatch):
     model = ait.Module(MLP().eval(), "mlp", strategy=ait.MaxThroughputStrategy([cpu_backend(), cpu_backend(use_dynamo=False)]))
     ait.tune(model, torch.randn(16))
     (bar,) = bars
-    assert bar.total == 6 and bar.updates == 6
+    # Per backend: three CPU variants and one fused candidate, planned and dropped (a ReLU
+    # MLP has nothing to fuse); every planned candidate advances the bar once.
+    assert bar.total == 8 and bar.updates == 8
 
 
 def test_tensorrt_variants_get_their_own_engine_and_timing_caches(tmp_path):
@@ -257,8 +259,7 @@ def test_tensorrt_variants_get_their_own_engine_and_timing_caches(tmp_path):
     for batch in (1, 4):
         builder.record([("input_x", "float32", [batch, 16])], [("output_0", "float32", [batch, 8])], batch)
     spec = builder.build()
-    core = backend._core_config(torch.device("cuda", 0))
-    candidates = backend._candidates(core, spec, tmp_path)
+    candidates = backend.plan(spec, torch.nn.Linear(16, 8), torch.device("cuda", 0), tmp_path)
     assert [c.name.split("[")[0] for c in candidates] == ["tensorrt"] * 3
     paths = set()
     for i, c in enumerate(candidates):

@@ -201,7 +201,7 @@ def test_two_input_transformer(tmp_path):
 def _graph_with(provider, options, *, intra=0, level=None):
     model = _tune(MLP().eval(), "mlp", [torch.randn(16) for _ in range(2)], batch_sizes=[1, 4])
     session = _session_of(model)
-    config = _core.OnnxRuntimeBackendConfig(
+    config = _core.OnnxSessionConfig(
         provider=provider,
         provider_options=options,
         intra_op_threads=intra,
@@ -336,7 +336,7 @@ def test_a_chain_of_graphs_becomes_an_ensemble(tmp_path):
     # Listed out of order: the chain is found by the tensors, x -> relu -> h -> neg -> y.
     _onnx(tmp_path / "neg.onnx", "Neg", "h", "y")
     _onnx(tmp_path / "relu.onnx", "Relu", "x", "h")
-    cpu = _core.OnnxRuntimeBackendConfig(provider=_core.ExecutionProvider.CPU)
+    cpu = _core.OnnxSessionConfig(provider=_core.ExecutionProvider.CPU)
     manifest = _core.CheckpointManifest(module_name="pipeline", graphs=[
         _core.CheckpointGraph(key="second", graph_spec=_spec("h", "y"), backend_config=cpu),
         _core.CheckpointGraph(key="first", graph_spec=_spec("x", "h"), backend_config=cpu),
@@ -442,7 +442,7 @@ def test_a_batched_vector_is_dims_one_with_an_empty_reshape():
         "outputs": [{"name": "score", "dtype": "float16", "min_shape": [1], "max_shape": [8], "batch_axis": 0}],
         "batch_sizes": [1, 8]}))
     graph = _core.CheckpointGraph(key="g", graph_spec=spec,
-                                  backend_config=_core.OnnxRuntimeBackendConfig(provider=_core.ExecutionProvider.CPU))
+                                  backend_config=_core.OnnxSessionConfig(provider=_core.ExecutionProvider.CPU))
     config = text_format.Parse(_core.triton_model_config(graph, "vec").text, PB2.ModelConfig())
     assert config.max_batch_size == 8
     for tensor, dtype in [(config.input[0], PB2.TYPE_INT64), (config.output[0], PB2.TYPE_FP16)]:

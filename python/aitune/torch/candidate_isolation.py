@@ -133,14 +133,14 @@ def evaluate(tuner, model_path: str, candidate: _core.OnnxCandidate, backend: st
         reason = probe(model_path, candidate, graph, model_inputs)
         if reason is not None:
             logger.warning("%s: %s", candidate.name, reason)
-            tuner.add_failed(candidate.name, backend, group, reason)
+            tuner.add_failed(candidate.name, backend, group, reason, candidate.precision)
             return
     if cuda:
         torch.cuda.empty_cache()  # memory torch cached but does not use is ONNX Runtime's to take
     try:
         tuner.evaluate_onnx(model_path, candidate, backend, group, model_inputs)
     except Exception as error:  # the engine reports failures itself; this is anything that escaped it
-        tuner.add_failed(candidate.name, backend, group, f"{type(error).__name__}: {error}")
+        tuner.add_failed(candidate.name, backend, group, f"{type(error).__name__}: {error}", candidate.precision)
     if cuda:
         check_cuda_health(graph.device, candidate.name)
 

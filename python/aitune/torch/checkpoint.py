@@ -261,7 +261,7 @@ def _target_device(module, device_map: Any) -> torch.device | None:
     return device
 
 
-def _overrides(saved: _core.OnnxRuntimeBackendConfig, device: torch.device | None) -> _core.CheckpointBackendOverrides:
+def _overrides(saved: _core.OnnxSessionConfig, device: torch.device | None) -> _core.CheckpointBackendOverrides:
     overrides = _core.CheckpointBackendOverrides()
     provider, device_id = saved.provider, saved.device_id
     if device is not None and device.type == "cpu":
@@ -379,7 +379,7 @@ def load(module, path: str | os.PathLike, device_map: DeviceLike | Mapping[str, 
                 f"the graph spec's tensors ({[t.name for t in spec.inputs]} -> {[t.name for t in spec.outputs]}) "
                 f"are not the structure's ({model_inputs} -> {graph.output_names})",
             )
-        session = checkpoint.create_backend(key, _overrides(saved.backend_config, device))
+        session = checkpoint.create_session(key, _overrides(saved.backend_config, device))
         describe = structure.get("backend")
         tuned = OnnxRuntimeTunedGraph(
             session, order, graph.input_names, describe if isinstance(describe, str) else "ONNXRuntimeBackend"

@@ -1,15 +1,19 @@
-"""Graph transforms that make fused-graph candidates: ONNX Runtime's transformer fusions
-(Attention, SkipLayerNormalization, BiasGelu, ...) applied to an exported model, and an
-fp16 copy of a fused model."""
+"""The model transforms the front end registers for the engine's candidate plan: ONNX
+Runtime's transformer fusions (Attention, SkipLayerNormalization, BiasGelu, ...) applied to
+an exported model, fp16 copies of exported and fused models, and the registry the plan's
+transform names are looked up in."""
 
 from __future__ import annotations
 
 import collections
 import dataclasses
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import onnx
+
+from aitune import _core
 
 #: The transform names candidates and reports carry.
 ORT_FUSIONS = "ort_fusions"  # onnxscript.rewriter.ort_fusions.optimize_for_ort (dynamo exports)
@@ -146,3 +150,99 @@ def fused_to_fp16(fused: FusedModel, target: Path) -> FusedModel:
     return dataclasses.replace(
         fused, path=target, fused_operators=fused_operator_counts(model.model), nodes_after=len(model.model.graph.node)
     )
+
+
+# -- the named model transforms the engine's candidate plan asks for --------------------
+
+
+@dataclasses.dataclass
+class ModelFile:
+    """A model a candidate runs on: the export, or what a transform made of it. ``transform``
+    and ``fused_operators`` are what the candidate reports (a fusion's name and counts)."""
+
+    path: Path
+    transform: str = ""
+    fused_operators: dict[str, int] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class TransformContext:
+    """What a transform step needs besides its source model."""
+
+    directory: Path  # where the transformed models are written
+    model_type: str = "bert"  # onnxruntime.transformers.optimizer's fusion set (trace exports)
+
+
+def _to_fp16(source, context: TransformContext):
+    if isinstance(source, FusedModel):  # onnxruntime.transformers' converter knows fused operators
+        return fused_to_fp16(source, context.directory / "model_fused_fp16.onnx")
+    from aitune.torch import export
+
+    return ModelFile(export.convert_to_fp16(source.path, context.directory / "model_fp16.onnx"))
+
+
+def _fusion(use_dynamo: bool):
+    def fuse(source, context: TransformContext):
+        # fuse_for_ort is looked up when called, so tests can substitute it.
+        return fuse_for_ort(source.path, context.directory / "model_fused.onnx", use_dynamo=use_dynamo,
+                            model_type=context.model_type)
+
+    return fuse
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelTransform:
+    """One registered step: ``apply(source, context)`` returns the new model, or None where
+    the step does not apply (a fusion that finds nothing to fuse); ``package`` is what
+    ``pip install`` gets when its import fails."""
+
+    apply: Callable
+    package: str
+
+
+#: The steps of the engine's model transform names (candidates.hpp, ``model_transform``),
+#: by name. A plan's name joins steps with '+'; each applies to the previous step's model.
+MODEL_TRANSFORMS: dict[str, ModelTransform] = {
+    "fp16": ModelTransform(_to_fp16, "onnxconverter-common"),
+    ORT_FUSIONS: ModelTransform(_fusion(True), "onnxscript"),
+    ORT_TRANSFORMERS_OPTIMIZER: ModelTransform(_fusion(False), "onnxruntime"),
+}
+
+
+class TransformFailed(Exception):
+    """A model transform could not make its model; the message says which and why."""
+
+
+class TransformedModels:
+    """The models a plan's candidates run on, each made once on first use: ``get("")`` is
+    the export, ``get("ort_fusions+fp16")`` the fused model converted to fp16."""
+
+    def __init__(self, exported: Path, context: TransformContext):
+        self._context = context
+        self._made: dict[str, ModelFile | FusedModel | None | TransformFailed] = {"": ModelFile(Path(exported))}
+
+    def get(self, name: str):
+        """The model, None where a step does not apply; raises TransformFailed."""
+        if name not in self._made:
+            self._made[name] = self._make(name)
+        made = self._made[name]
+        if isinstance(made, TransformFailed):
+            raise made
+        return made
+
+    def _make(self, name: str):
+        *before, step = _core.model_transform_steps(name)
+        source = self.get("+".join(before))
+        if source is None:
+            return None
+        transform = MODEL_TRANSFORMS.get(step)
+        if transform is None:
+            return TransformFailed(f"model transform '{step}' is not registered by the front end "
+                                   f"(known: {', '.join(sorted(MODEL_TRANSFORMS))})")
+        try:
+            return transform.apply(source, self._context)
+        except ImportError as error:
+            return TransformFailed(f"model transform '{step}' needs {transform.package}: pip install "
+                                   f"{transform.package} ({error})")
+        except Exception as error:  # a model the transform cannot handle: the other candidates stand
+            return TransformFailed(f"model transform '{step}' failed: {type(error).__name__}: {error}")

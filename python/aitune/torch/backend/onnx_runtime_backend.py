@@ -1,5 +1,5 @@
 """ONNXRuntimeBackend: export a graph to ONNX and run it in an ONNX Runtime session of
-the C++ engine (``aitune._core.OnnxRuntimeBackend``)."""
+the C++ engine (``aitune._core.OnnxSession``)."""
 
 from __future__ import annotations
 
@@ -7,20 +7,22 @@ import dataclasses
 import enum
 import json
 import os
+from pathlib import Path
 
 import torch
 from torch.utils.dlpack import to_dlpack
 
 from aitune import _core
-from aitune.torch import cache, candidate_isolation, export
+from aitune.torch import cache, candidate_isolation, export, transforms
 from aitune.torch.torch_dispatch import current_raw_stream
 from aitune.torch.backend.base import Backend, BackendConfig, TunedGraph
 from aitune.torch.graph import RecordedGraph
 
 
 class ONNXExecutionProvider(str, enum.Enum):
-    """ONNX Runtime execution providers. CUDA and TENSORRT are the spec's; CPU is
-    aitune's addition so the whole pipeline runs on machines without a GPU."""
+    """ONNX Runtime execution providers. CUDA and TENSORRT are those of the AITune ONNX
+    Runtime backend guide; CPU is aitune's addition so the whole pipeline runs on machines
+    without a GPU."""
 
     CUDA = "cuda"
     TENSORRT = "tensorrt"
@@ -144,7 +146,7 @@ def model_file_identity(path: str) -> tuple | None:
 
 
 class OnnxRuntimeTunedGraph(TunedGraph):
-    """A graph running in a ``_core.OnnxRuntimeBackend`` session."""
+    """A graph running in a ``_core.OnnxSession`` session."""
 
     def __init__(self, session, order: list[int], input_names: list[str], describe: str):
         self.session = session
@@ -213,9 +215,12 @@ class OnnxRuntimeTunedGraph(TunedGraph):
 class ONNXRuntimeBackend(Backend):
     """Exports each graph to ``model_raw.onnx`` and runs it with ONNX Runtime.
 
-    Per graph: write ``config.json``, check the provider, export (checked by
-    onnx.checker), then hand every candidate configuration to the engine, which creates
-    its session, compares every recorded sample with eager PyTorch and measures it.
+    Per graph: ask the engine for the candidate plan (``_core.plan_candidates``, the
+    same plan ``aitune tune --list-candidates`` prints), write ``config.json``, check the
+    provider, export (checked by onnx.checker), make the models the plan names with the
+    registered transforms (``transforms.MODEL_TRANSFORMS``), then hand every candidate to
+    the engine, which creates its session, compares every recorded sample with eager
+    PyTorch and measures it.
     """
 
     config: ONNXRuntimeBackendConfig
@@ -227,98 +232,45 @@ class ONNXRuntimeBackend(Backend):
             raise TypeError(f"config must be an ONNXRuntimeBackendConfig, got {type(config).__name__}")
         super().__init__(config)
 
-    def _core_config(self, device: torch.device) -> _core.OnnxRuntimeBackendConfig:
-        core = _core.OnnxRuntimeBackendConfig()
+    def _core_config(self, device: torch.device) -> _core.OnnxSessionConfig:
+        core = _core.OnnxSessionConfig()
         core.provider = _core.parse_execution_provider(self.config.provider.value)
         if device.type == "cuda":
             core.device_id = device.index or 0
         core.provider_options = dict(self.config.provider_options or {})
         return core
 
-    def _candidates(self, core: _core.OnnxRuntimeBackendConfig, spec, directory=None) -> list:
-        variants = _core.provider_variants(core, spec)
-        if not self.config.tune_provider_options:
-            # One candidate: strict fp32 as eager matmuls run by default (the CUDA EP's TF32
-            # default differs by ~1e-3 on conv/attention models, DESIGN.md).
-            variants = variants[:1]
-        if core.provider != _core.ExecutionProvider.TENSORRT or directory is None:
-            return variants
-        # TensorRT: engine and timing caches of each variant in a directory of its own (an
-        # fp16 engine must not be found by the fp32 variant), profiles from the spec, so
-        # engines are built once per shape range and saved with a checkpoint.
-        out = []
-        for i, variant in enumerate(variants):
-            config = _core.OnnxRuntimeBackendConfig.from_json(variant.config.to_json())
-            config.provider_options = _core.tensorrt_provider_options(
-                spec, str(directory / "trt" / f"variant_{i}"), dict(variant.config.provider_options)
-            )
-            out.append(_core.OnnxCandidate(variant.name, config, variant.precision))
-        return out
+    def candidate_request(self, spec, module: torch.nn.Module, device: torch.device,
+                          cache_root: Path | None = None) -> _core.CandidateRequest:
+        """What the engine's plan is made from: this config, the graph's spec, and what the
+        front end knows of the module (its own precision, whether it has convolutions).
+        ``cache_root``: TensorRT caches per variant go below it (None: no cache options)."""
+        request = _core.CandidateRequest()
+        request.base = self._core_config(device)
+        request.spec = spec
+        request.precision_limit = self.config.precision
+        request.model_precision = module_precision(module)
+        request.has_convolutions = _has_convolutions(module)
+        request.tune_provider_options = self.config.tune_provider_options
+        request.transformer_fusions = self.config.transformer_fusions
+        request.use_dynamo = self.config.use_dynamo
+        request.tensorrt_cache_root = "" if cache_root is None else str(cache_root)
+        return request
 
-    def _fp16_candidates(self, core: _core.OnnxRuntimeBackendConfig, variants: list, module: torch.nn.Module) -> list:
-        """The fp16-model candidates (CUDA, with provider-option tuning, an fp32 module):
-        the last of the CUDA ``variants`` (a CUDA graph where shapes are static, else TF32)
-        on an fp16 copy of the model, judged by the fp16 tolerance; for models with
-        convolutions also the same with ``prefer_nhwc=1`` (cuDNN's fp16 tensor-core
-        convolutions want NHWC: ResNet-50 b16 fp16 2074 -> 1635 us on the H200, issue 16).
-        Empty where not offered or not allowed by ``precision``."""
-        if (not self.config.tune_provider_options or core.provider != _core.ExecutionProvider.CUDA
-                or module_precision(module) != _core.Precision.STRICT
-                or not self._allowed(_core.Precision.FP16)):
-            return []
-        base = variants[-1]
-        out = [_core.OnnxCandidate(f"{base.name} fp16 model", base.config, _core.Precision.FP16)]
-        if _has_convolutions(module) and "prefer_nhwc" not in base.config.provider_options:
-            # NHWC, then NHWC with the bias fused into the convolution (cuDNN frontend):
-            # ResNet-50 b16 fp16 1629 -> 1278 us on the H200; fuse_conv_bias=1 gave wrong
-            # results in fp32/TF32 NCHW there, so it is offered in fp16 NHWC only.
-            for extra in ({"prefer_nhwc": "1"}, {"prefer_nhwc": "1", "fuse_conv_bias": "1"}):
-                if any(k in base.config.provider_options for k in extra):
-                    continue
-                nhwc = _core.OnnxRuntimeBackendConfig.from_json(base.config.to_json())
-                nhwc.provider_options = {**dict(base.config.provider_options), **extra}
-                out.append(_core.OnnxCandidate(f"{_core.candidate_name(nhwc)} fp16 model", nhwc, _core.Precision.FP16))
-        return out
-
-    def _allowed(self, precision) -> bool:
-        return _core.precision_allowed(precision, self.config.precision)
-
-    def _with_precision(self, variants: list, graph: RecordedGraph) -> list:
-        """The variants relabelled for an fp16 / bf16 module (its model computes in that
-        dtype whatever the provider options), then those ``precision`` allows."""
-        own = module_precision(graph.module)
-        if own != _core.Precision.STRICT:
-            variants = [_core.OnnxCandidate(v.name, v.config, own) for v in variants]
-        return [v for v in variants if self._allowed(v.precision)]
-
-    def _fused_candidates(self, variants: list, fp16: list) -> list[tuple[object, bool]]:
-        """(candidate, on the fp16 fused model) pairs for a fused graph: per precision the
-        variant most likely to win (CUDA: the last of its precision, a CUDA graph where
-        shapes are static; CPU: ORT's defaults), and the first fp16 candidate's configuration on the fp16 fused model, so a
-        fusion adds at most three candidates."""
-        best = {}
-        for v in variants:  # CUDA: the last (graph capture); CPU: the first (ORT's defaults)
-            if v.config.provider == _core.ExecutionProvider.CUDA or v.precision not in best:
-                best[v.precision] = v
-        out = [(v, False) for v in best.values()]
-        if fp16:
-            out.append((fp16[0], True))
-        return out
+    def plan(self, spec, module: torch.nn.Module, device: torch.device, cache_root: Path | None = None) -> list:
+        """The candidates the engine plans for a graph (``_core.plan_candidates``), in the
+        order they are evaluated: the same list ``aitune tune --list-candidates`` prints."""
+        return _core.plan_candidates(self.candidate_request(spec, module, device, cache_root))
 
     def candidate_count(self, graph: RecordedGraph) -> int:
-        if not self.config.tune_provider_options:
-            return 1
-        core = self._core_config(graph.device)
-        variants = self._with_precision(_core.provider_variants(core, graph.graph_spec()), graph)
-        return len(variants) + len(self._fp16_candidates(core, variants, graph.module))
+        return max(1, len(self.plan(graph.graph_spec(), graph.module, graph.device)))
 
     def add_candidates(self, graph: RecordedGraph, tuner, group: int, advance):
         directory = cache.backend_dir(graph.module_name, graph.key, self.key())
         spec = graph.graph_spec()
         core_config = self._core_config(graph.device)
-        candidates = self._with_precision(self._candidates(core_config, spec, directory), graph)
-        fp16 = self._fp16_candidates(core_config, candidates, graph.module)  # CUDA with tuning: candidates are the variants
-        if not candidates and not fp16:
+        plan = self.plan(spec, graph.module, graph.device, directory)
+        if not plan:
             raise _core.InvalidArgumentError(
                 f"{self.describe()}: no {self.config.provider.value} candidate computes within precision="
                 f"{self.config.precision!r} (this module computes in "
@@ -330,7 +282,7 @@ class ONNXRuntimeBackend(Backend):
                     "backend": type(self).__name__,
                     "config": self.config.to_dict(),
                     "session": json.loads(core_config.to_json()),
-                    "candidates": [c.name for c in candidates] + [c.name for c in fp16],
+                    "candidates": [c.name for c in plan],
                     "graph_spec": json.loads(spec.to_json()),
                 },
                 indent=2,
@@ -360,25 +312,14 @@ class ONNXRuntimeBackend(Backend):
         if model_outputs != graph.output_names:
             raise _core.ModelInvalidError(f"{model_path} declares outputs {model_outputs}, expected {graph.output_names}")
         order = [graph.input_names.index(name) for name in model_inputs]
-        for candidate in candidates:  # contained: a failing candidate never takes the process down
-            candidate_isolation.evaluate(tuner, str(model_path), candidate, self.describe(), group, order, graph)
+        model_type = getattr(getattr(graph.module, "config", None), "model_type", None) or "bert"
+        models = transforms.TransformedModels(model_path, transforms.TransformContext(directory, model_type))
+        for planned in plan:
+            made = self._model_for(planned, models, tuner, group)
+            if made is not None:  # contained: a failing candidate never takes the process down
+                model, candidate = made
+                candidate_isolation.evaluate(tuner, str(model), candidate, self.describe(), group, order, graph)
             advance()
-        if fp16:
-            try:
-                fp16_path = export.convert_to_fp16(model_path, directory / "model_fp16.onnx")
-            except ImportError:
-                fp16_path = "the fp16 model needs onnxconverter-common: pip install onnxconverter-common"
-            except Exception as error:  # a model the converter cannot handle: the others stand
-                fp16_path = f"fp16 conversion failed: {error}"
-            for candidate in fp16:
-                if isinstance(fp16_path, str):
-                    tuner.add_failed(candidate.name, self.describe(), group, fp16_path)
-                else:
-                    candidate_isolation.evaluate(tuner, str(fp16_path), candidate, self.describe(), group, order, graph)
-                advance()
-        if self.config.transformer_fusions and self.config.tune_provider_options and \
-                core_config.provider != _core.ExecutionProvider.TENSORRT:  # TensorRT takes no contrib operators
-            self._add_fused(graph, model_path, directory, candidates, fp16, tuner, group, order)
 
         def make(session, candidate) -> TunedGraph:
             # The precision in the description: ait_backends says what the graph computes in.
@@ -388,35 +329,21 @@ class ONNXRuntimeBackend(Backend):
 
         return make
 
-    def _add_fused(self, graph, model_path, directory, candidates, fp16, tuner, group, order) -> None:
-        """Fused-graph candidates (transforms.py), each named ``<variant> + <transform>``
-        and carrying the fused-operator counts; checked like any candidate, so a fusion
-        that changes results is rejected by the correctness check."""
-        from aitune.torch import transforms
-
-        model_type = getattr(getattr(graph.module, "config", None), "model_type", None) or "bert"
-        name = transforms.ORT_FUSIONS if self.config.use_dynamo else transforms.ORT_TRANSFORMERS_OPTIMIZER
+    def _model_for(self, planned, models: transforms.TransformedModels, tuner, group: int):
+        """(model path, OnnxCandidate) for a planned candidate, or None when it is not
+        evaluated: its transform failed (recorded as its failure) or does not apply (a
+        fusion that finds nothing to fuse makes no candidate). A fused candidate carries the
+        fusion's name and fused-operator counts; the correctness check judges it like any
+        other, so a fusion that changes results is rejected."""
         try:
-            fused = transforms.fuse_for_ort(model_path, directory / "model_fused.onnx",
-                                            use_dynamo=self.config.use_dynamo, model_type=model_type)
-        except Exception as error:  # a transform that cannot handle the graph: the raw candidates stand
-            tuner.add_failed(f"{name}", self.describe(), group, f"graph transform failed: {type(error).__name__}: {error}")
-            return
-        if fused is None:  # nothing to fuse (not a transformer): no candidate
-            return
-        fused16 = None
-        for candidate, half in self._fused_candidates(candidates, fp16):
-            label = f"{candidate.name.removesuffix(' fp16 model')} + {fused.transform}" + (" fp16" if half else "")
-            if half and fused16 is None:
-                try:
-                    fused16 = transforms.fused_to_fp16(fused, directory / "model_fused_fp16.onnx")
-                except Exception as error:
-                    tuner.add_failed(label, self.describe(), group, f"fp16 conversion failed: {error}")
-                    continue
-            model = fused16 if half else fused
-            tagged = _core.OnnxCandidate(label, candidate.config, candidate.precision, model.transform,
-                                         model.fused_operators)
-            candidate_isolation.evaluate(tuner, str(model.path), tagged, self.describe(), group, order, graph)
+            model = models.get(planned.model_transform)
+        except transforms.TransformFailed as failed:
+            tuner.add_failed(planned.name, self.describe(), group, str(failed), planned.precision)
+            return None
+        if model is None:
+            return None
+        return model.path, _core.OnnxCandidate(planned.name, planned.config, planned.precision, model.transform,
+                                               model.fused_operators)
 
     @staticmethod
     def _check_provider(core_config) -> None:

@@ -1,4 +1,4 @@
-// OnnxRuntimeBackend: one ONNX model in one ORT session, run on host or device memory
+// OnnxSession: one ONNX model in one ORT session, run on host or device memory
 // (IOBinding on CUDA, a plain Run over the caller's buffers on the CPU), inputs validated
 // against the graph spec; CUDA sessions run on a stream of their own and can be ordered
 // with a caller's stream, and replay CUDA graphs with enable_cuda_graph=1.
@@ -27,8 +27,8 @@ std::string_view graph_optimization_level_name(GraphOptimizationLevel level) noe
 GraphOptimizationLevel parse_graph_optimization_level(std::string_view text);
 
 /// How a session is created. Value type.
-struct OnnxRuntimeBackendConfig {
-  ExecutionProvider provider = ExecutionProvider::kCUDA;  ///< the spec's default
+struct OnnxSessionConfig {
+  ExecutionProvider provider = ExecutionProvider::kCUDA;  ///< the default of the AITune ONNX Runtime backend guide
   int device_id = 0;
   GraphOptimizationLevel graph_optimization_level = GraphOptimizationLevel::kAll;
   int intra_op_threads = 0;  ///< 0 = ORT's default
@@ -44,8 +44,8 @@ struct OnnxRuntimeBackendConfig {
   /// The device the session's inputs and outputs live on.
   Device device() const;
   std::string to_json(int indent = 2) const;
-  static OnnxRuntimeBackendConfig from_json(const std::string& text);
-  bool operator==(const OnnxRuntimeBackendConfig&) const = default;
+  static OnnxSessionConfig from_json(const std::string& text);
+  bool operator==(const OnnxSessionConfig&) const = default;
 };
 
 /// One graph input or output as the ONNX model declares it.
@@ -58,10 +58,10 @@ struct IoInfo {
 
 /// Life cycle: `create` builds the session (kBuilt); `activate` marks it the one in use
 /// (kActive); `deactivate` releases the session and its device memory (kInactive);
-/// `activate` on an inactive backend recreates the session. `infer` works in kBuilt and
+/// `activate` on an inactive session recreates the session. `infer` works in kBuilt and
 /// kActive and throws Error(kState) in kInactive.
-enum class BackendState { kBuilt, kActive, kInactive };
-std::string_view backend_state_name(BackendState state) noexcept;
+enum class SessionState { kBuilt, kActive, kInactive };
+std::string_view session_state_name(SessionState state) noexcept;
 
 /// An ORT session over one model file. `infer` is safe to call from several threads
 /// at once (each call has its own IOBinding or Run; CUDA-graph calls take turns); state
@@ -79,7 +79,7 @@ std::string_view backend_state_name(BackendState state) noexcept;
 /// when memory ran out), leaves no capture open on the session's stream, and every later
 /// call throws Error(kCudaGraphCapture) until deactivate() and activate() recreate the
 /// session.
-class OnnxRuntimeBackend {
+class OnnxSession {
  public:
   /// Loads `model_path` (external data files next to it) into a session for
   /// `config.provider`. `spec` bounds what inputs `infer` accepts; without it the
@@ -89,23 +89,23 @@ class OnnxRuntimeBackend {
   /// spec that does not match the model's inputs, Error(kCudaGraphCapture) for a model
   /// that cannot be captured with enable_cuda_graph=1, Error(kInvalidArgument) when
   /// enable_cuda_graph=1 comes with session.disable_cpu_ep_fallback other than "1".
-  static std::unique_ptr<OnnxRuntimeBackend> create(const std::string& model_path,
-                                                    const OnnxRuntimeBackendConfig& config,
+  static std::unique_ptr<OnnxSession> create(const std::string& model_path,
+                                                    const OnnxSessionConfig& config,
                                                     const std::optional<GraphSpec>& spec = std::nullopt,
                                                     std::shared_ptr<OrtRuntime> runtime = nullptr);
 
-  ~OnnxRuntimeBackend();
-  OnnxRuntimeBackend(const OnnxRuntimeBackend&) = delete;
-  OnnxRuntimeBackend& operator=(const OnnxRuntimeBackend&) = delete;
+  ~OnnxSession();
+  OnnxSession(const OnnxSession&) = delete;
+  OnnxSession& operator=(const OnnxSession&) = delete;
 
   const std::vector<IoInfo>& inputs() const noexcept;
   const std::vector<IoInfo>& outputs() const noexcept;
   /// The spec `infer` validates against (given, or derived from the model).
   const GraphSpec& graph_spec() const noexcept;
-  const OnnxRuntimeBackendConfig& config() const noexcept;
+  const OnnxSessionConfig& config() const noexcept;
   const std::string& model_path() const noexcept;
   Device device() const noexcept;
-  BackendState state() const noexcept;
+  SessionState state() const noexcept;
   /// Default-domain ONNX opset of the model.
   int opset() const;
 
@@ -156,7 +156,7 @@ class OnnxRuntimeBackend {
   struct Impl;
 
  private:
-  explicit OnnxRuntimeBackend(std::unique_ptr<Impl> impl);
+  explicit OnnxSession(std::unique_ptr<Impl> impl);
   std::vector<Tensor> run(const std::vector<TensorView>& inputs, std::optional<std::uintptr_t> caller) const;
   std::unique_ptr<Impl> impl_;
 };

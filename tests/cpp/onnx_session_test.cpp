@@ -1,4 +1,4 @@
-// Tests for OnnxRuntimeBackend on the CPU provider (model metadata, numerics, dtypes,
+// Tests for OnnxSession on the CPU provider (model metadata, numerics, dtypes,
 // input validation, life cycle, concurrency) and, where a GPU is usable, on CUDA.
 #include <array>
 #include <limits>
@@ -23,9 +23,9 @@ using test::values_of;
 
 constexpr double kTol = 1e-5;
 
-std::unique_ptr<OnnxRuntimeBackend> cpu_backend(const std::string& model,
+std::unique_ptr<OnnxSession> cpu_backend(const std::string& model,
                                                 const std::optional<GraphSpec>& spec = std::nullopt) {
-  return OnnxRuntimeBackend::create(fixture(model), test::cpu_config(), spec);
+  return OnnxSession::create(fixture(model), test::cpu_config(), spec);
 }
 
 // ---------------------------------------------------------------------------------
@@ -68,7 +68,7 @@ void expect_multi_dtype_outputs(const std::vector<Tensor>& out, const MultiDtype
 }
 
 // A successful call, to show that the backend still works after an error.
-void expect_multi_dtype_still_works(const OnnxRuntimeBackend& b,
+void expect_multi_dtype_still_works(const OnnxSession& b,
                                     std::source_location loc = std::source_location::current()) {
   const auto c = multi_dtype_case(3, 5);
   std::vector<Tensor> out;
@@ -81,7 +81,7 @@ void expect_multi_dtype_still_works(const OnnxRuntimeBackend& b,
   expect_multi_dtype_outputs(out, c, loc);
 }
 
-void expect_mlp_still_works(const OnnxRuntimeBackend& b, std::source_location loc = std::source_location::current()) {
+void expect_mlp_still_works(const OnnxSession& b, std::source_location loc = std::source_location::current()) {
   const Tensor x = test::load_fixture_npy("mlp_x.npy");
   const Tensor y = test::load_fixture_npy("mlp_y.npy");
   std::vector<Tensor> out;
@@ -110,7 +110,7 @@ TensorView transposed_view(const Tensor& storage, int64_t rows, int64_t cols) {
 // ---------------------------------------------------------------------------------
 // Names and small enums
 
-TEST(OnnxRuntimeBackendEnums, GraphOptimizationLevel) {
+TEST(OnnxSessionEnums, GraphOptimizationLevel) {
   const std::vector<std::pair<GraphOptimizationLevel, const char*>> levels = {
       {GraphOptimizationLevel::kDisableAll, "disable_all"},
       {GraphOptimizationLevel::kBasic, "basic"},
@@ -124,17 +124,17 @@ TEST(OnnxRuntimeBackendEnums, GraphOptimizationLevel) {
                {"max", "disable_all", "basic", "extended", "all"});
 }
 
-TEST(OnnxRuntimeBackendEnums, BackendStateNames) {
-  EXPECT_EQ(backend_state_name(BackendState::kBuilt), "built");
-  EXPECT_EQ(backend_state_name(BackendState::kActive), "active");
-  EXPECT_EQ(backend_state_name(BackendState::kInactive), "inactive");
+TEST(OnnxSessionEnums, SessionStateNames) {
+  EXPECT_EQ(session_state_name(SessionState::kBuilt), "built");
+  EXPECT_EQ(session_state_name(SessionState::kActive), "active");
+  EXPECT_EQ(session_state_name(SessionState::kInactive), "inactive");
 }
 
 // ---------------------------------------------------------------------------------
 // Config
 
-TEST(OnnxRuntimeBackendConfig, DefaultsFollowTheSpec) {
-  OnnxRuntimeBackendConfig c;
+TEST(OnnxSessionConfig, DefaultsFollowTheSpec) {
+  OnnxSessionConfig c;
   EXPECT_EQ(c.provider, ExecutionProvider::kCUDA);
   EXPECT_EQ(c.device_id, 0);
   EXPECT_EQ(c.graph_optimization_level, GraphOptimizationLevel::kAll);
@@ -147,8 +147,8 @@ TEST(OnnxRuntimeBackendConfig, DefaultsFollowTheSpec) {
   EXPECT_EQ(c.device(), Device::cuda(1));
 }
 
-TEST(OnnxRuntimeBackendConfig, JsonRoundTrip) {
-  OnnxRuntimeBackendConfig c;
+TEST(OnnxSessionConfig, JsonRoundTrip) {
+  OnnxSessionConfig c;
   c.provider = ExecutionProvider::kTensorRT;
   c.device_id = 1;
   c.graph_optimization_level = GraphOptimizationLevel::kBasic;
@@ -159,11 +159,11 @@ TEST(OnnxRuntimeBackendConfig, JsonRoundTrip) {
   const std::string text = c.to_json();
   SCOPED_TRACE(text);
   EXPECT_TRUE(nlohmann::json::parse(text).is_object());
-  EXPECT_EQ(OnnxRuntimeBackendConfig::from_json(text), c);
-  EXPECT_EQ(OnnxRuntimeBackendConfig::from_json(OnnxRuntimeBackendConfig{}.to_json()), OnnxRuntimeBackendConfig{});
+  EXPECT_EQ(OnnxSessionConfig::from_json(text), c);
+  EXPECT_EQ(OnnxSessionConfig::from_json(OnnxSessionConfig{}.to_json()), OnnxSessionConfig{});
 }
 
-TEST(OnnxRuntimeBackendConfig, UnknownProviderStringThrowsInvalidArgument) {
+TEST(OnnxSessionConfig, UnknownProviderStringThrowsInvalidArgument) {
   expect_error([] { parse_execution_provider("rocm"); }, ErrorCode::kInvalidArgument, {"rocm", "cpu", "cuda"});
   // The same through a config file: find the field holding the provider and spoil it.
   auto doc = nlohmann::json::parse(test::cpu_config().to_json());
@@ -173,8 +173,8 @@ TEST(OnnxRuntimeBackendConfig, UnknownProviderStringThrowsInvalidArgument) {
   }
   ASSERT_FALSE(key.empty()) << "no field with the provider \"cpu\" in " << doc.dump();
   doc[key] = "rocm";
-  expect_error([&] { OnnxRuntimeBackendConfig::from_json(doc.dump()); }, ErrorCode::kInvalidArgument, {"rocm"});
-  expect_error([] { OnnxRuntimeBackendConfig::from_json("{not json"); }, ErrorCode::kInvalidArgument);
+  expect_error([&] { OnnxSessionConfig::from_json(doc.dump()); }, ErrorCode::kInvalidArgument, {"rocm"});
+  expect_error([] { OnnxSessionConfig::from_json("{not json"); }, ErrorCode::kInvalidArgument);
 }
 
 // ---------------------------------------------------------------------------------
@@ -189,7 +189,7 @@ void expect_io(const IoInfo& io, const std::string& name, DType dtype, const Sha
   EXPECT_EQ(io.symbolic_dims, symbolic);
 }
 
-TEST(OnnxRuntimeBackend, AddModelIo) {
+TEST(OnnxSession, AddModelIo) {
   auto b = cpu_backend("add.onnx");
   ASSERT_EQ(b->inputs().size(), 2u);
   ASSERT_EQ(b->outputs().size(), 1u);
@@ -198,9 +198,9 @@ TEST(OnnxRuntimeBackend, AddModelIo) {
   expect_io(b->outputs()[0], "z", DType::kFloat32, {-1, 4}, {"batch", ""});
 }
 
-TEST(OnnxRuntimeBackend, MlpModelIoAndAccessors) {
+TEST(OnnxSession, MlpModelIoAndAccessors) {
   const std::string path = fixture("mlp.onnx");
-  auto b = OnnxRuntimeBackend::create(path, test::cpu_config());
+  auto b = OnnxSession::create(path, test::cpu_config());
   ASSERT_EQ(b->inputs().size(), 1u);
   ASSERT_EQ(b->outputs().size(), 1u);
   expect_io(b->inputs()[0], "x", DType::kFloat32, {-1, 64}, {"batch", ""});
@@ -208,11 +208,11 @@ TEST(OnnxRuntimeBackend, MlpModelIoAndAccessors) {
   EXPECT_EQ(b->model_path(), path);
   EXPECT_EQ(b->config(), test::cpu_config());
   EXPECT_EQ(b->device(), Device::cpu());
-  EXPECT_EQ(b->state(), BackendState::kBuilt);
+  EXPECT_EQ(b->state(), SessionState::kBuilt);
   EXPECT_EQ(b->opset(), 17);
 }
 
-TEST(OnnxRuntimeBackend, MultiDtypeAndFp16ModelIo) {
+TEST(OnnxSession, MultiDtypeAndFp16ModelIo) {
   auto m = cpu_backend("multi_dtype.onnx");
   ASSERT_EQ(m->inputs().size(), 2u);
   ASSERT_EQ(m->outputs().size(), 2u);
@@ -229,7 +229,7 @@ TEST(OnnxRuntimeBackend, MultiDtypeAndFp16ModelIo) {
   EXPECT_EQ(h->opset(), 17);
 }
 
-TEST(OnnxRuntimeBackend, GraphSpecDerivedFromTheModel) {
+TEST(OnnxSession, GraphSpecDerivedFromTheModel) {
   auto b = cpu_backend("mlp.onnx");
   const GraphSpec& spec = b->graph_spec();
   ASSERT_EQ(spec.inputs.size(), 1u);
@@ -256,7 +256,7 @@ TEST(OnnxRuntimeBackend, GraphSpecDerivedFromTheModel) {
 // ---------------------------------------------------------------------------------
 // Numerics
 
-TEST(OnnxRuntimeBackend, MlpMatchesNumpyReference) {
+TEST(OnnxSession, MlpMatchesNumpyReference) {
   auto b = cpu_backend("mlp.onnx");
   const Tensor x = test::load_fixture_npy("mlp_x.npy");
   const Tensor y = test::load_fixture_npy("mlp_y.npy");
@@ -272,7 +272,7 @@ TEST(OnnxRuntimeBackend, MlpMatchesNumpyReference) {
   expect_allclose_f32(o, y, kTol);
 }
 
-TEST(OnnxRuntimeBackend, MlpBatchOfOneRowMatchesThatRow) {
+TEST(OnnxSession, MlpBatchOfOneRowMatchesThatRow) {
   // Row 1 of the reference on its own: a different batch size through the same session.
   auto b = cpu_backend("mlp.onnx");
   const Tensor x = test::load_fixture_npy("mlp_x.npy");
@@ -288,7 +288,7 @@ TEST(OnnxRuntimeBackend, MlpBatchOfOneRowMatchesThatRow) {
   for (int i = 0; i < 16; ++i) EXPECT_NEAR(got[i], want[16 + i], kTol) << i;
 }
 
-TEST(OnnxRuntimeBackend, InferNamed) {
+TEST(OnnxSession, InferNamed) {
   auto b = cpu_backend("mlp.onnx");
   const Tensor x = test::load_fixture_npy("mlp_x.npy");
   const auto out = b->infer_named({{"x", x.view()}});
@@ -306,7 +306,7 @@ TEST(OnnxRuntimeBackend, InferNamed) {
   for (std::size_t i = 0; i < 8; ++i) EXPECT_EQ(zv[i], av[i] + cv[i]) << i;
 }
 
-TEST(OnnxRuntimeBackend, AddIsExact) {
+TEST(OnnxSession, AddIsExact) {
   auto b = cpu_backend("add.onnx");
   const Tensor x = test::make_pattern_f32({5, 4}, 11);
   const Tensor y = test::make_pattern_f32({5, 4}, 12);
@@ -318,7 +318,7 @@ TEST(OnnxRuntimeBackend, AddIsExact) {
   for (std::size_t i = 0; i < zv.size(); ++i) EXPECT_EQ(zv[i], xv[i] + yv[i]) << i;
 }
 
-TEST(OnnxRuntimeBackend, ExternalDataModelGivesTheSameOutput) {
+TEST(OnnxSession, ExternalDataModelGivesTheSameOutput) {
   auto b = cpu_backend("mlp_ext.onnx");
   EXPECT_EQ(b->inputs()[0].name, "x");
   EXPECT_EQ(b->opset(), 17);
@@ -330,7 +330,7 @@ TEST(OnnxRuntimeBackend, ExternalDataModelGivesTheSameOutput) {
   expect_allclose_f32(out[0], inline_out[0], 0.0);
 }
 
-TEST(OnnxRuntimeBackend, MultiDtypeOutputs) {
+TEST(OnnxSession, MultiDtypeOutputs) {
   auto b = cpu_backend("multi_dtype.onnx");
   for (int64_t batch : {1, 2, 7}) {
     SCOPED_TRACE(batch);
@@ -340,7 +340,7 @@ TEST(OnnxRuntimeBackend, MultiDtypeOutputs) {
   }
 }
 
-TEST(OnnxRuntimeBackend, Float16Relu) {
+TEST(OnnxSession, Float16Relu) {
   auto b = cpu_backend("fp16.onnx");
   // -1.5, 0, 2, 0.5, -3, 65504 (largest half)
   const Tensor h = make_host<uint16_t>(DType::kFloat16, {2, 3}, {0xBE00, 0x0000, 0x4000, 0x3800, 0xC200, 0x7BFF});
@@ -354,13 +354,13 @@ TEST(OnnxRuntimeBackend, Float16Relu) {
   for (std::size_t i = 0; i < 6; ++i) EXPECT_EQ(test::half_to_float(bits[i]), want[i]) << i;
 }
 
-TEST(OnnxRuntimeBackend, SessionOptionsDoNotChangeResults) {
-  OnnxRuntimeBackendConfig config = test::cpu_config();
+TEST(OnnxSession, SessionOptionsDoNotChangeResults) {
+  OnnxSessionConfig config = test::cpu_config();
   config.graph_optimization_level = GraphOptimizationLevel::kDisableAll;
   config.intra_op_threads = 1;
   config.inter_op_threads = 1;
   config.session_config = {{"session.disable_prepacking", "1"}};
-  auto b = OnnxRuntimeBackend::create(fixture("mlp.onnx"), config);
+  auto b = OnnxSession::create(fixture("mlp.onnx"), config);
   EXPECT_EQ(b->config(), config);
   const Tensor x = test::load_fixture_npy("mlp_x.npy");
   const auto out = b->infer({x.view()});
@@ -368,7 +368,7 @@ TEST(OnnxRuntimeBackend, SessionOptionsDoNotChangeResults) {
   expect_allclose_f32(out[0], test::load_fixture_npy("mlp_y.npy"), kTol);
 }
 
-TEST(OnnxRuntimeBackend, OutputsOutliveTheBackend) {
+TEST(OnnxSession, OutputsOutliveTheBackend) {
   std::vector<Tensor> out;
   const Tensor x = test::load_fixture_npy("mlp_x.npy");
   {
@@ -386,7 +386,7 @@ TEST(OnnxRuntimeBackend, OutputsOutliveTheBackend) {
   m->deleter(m);
 }
 
-TEST(OnnxRuntimeBackend, ToDeviceAndToHostOnCpu) {
+TEST(OnnxSession, ToDeviceAndToHostOnCpu) {
   auto b = cpu_backend("mlp.onnx");
   const Tensor x = test::load_fixture_npy("mlp_x.npy");
   const Tensor d = b->to_device(x);
@@ -401,14 +401,14 @@ TEST(OnnxRuntimeBackend, ToDeviceAndToHostOnCpu) {
 // Input validation: each error has its code, names the input with expected vs actual,
 // and leaves the backend working.
 
-TEST(OnnxRuntimeBackendErrors, MissingInputName) {
+TEST(OnnxSessionErrors, MissingInputName) {
   auto b = cpu_backend("multi_dtype.onnx");
   const auto c = multi_dtype_case(2);
   expect_error([&] { b->infer_named({{"ids", c.ids.view()}}); }, ErrorCode::kInvalidArgument, {"mask", "ids"});
   expect_multi_dtype_still_works(*b);
 }
 
-TEST(OnnxRuntimeBackendErrors, UnknownInputName) {
+TEST(OnnxSessionErrors, UnknownInputName) {
   auto b = cpu_backend("multi_dtype.onnx");
   const auto c = multi_dtype_case(2);
   expect_error([&] { b->infer_named({{"ids", c.ids.view()}, {"mask", c.mask.view()}, {"bogus_input", c.ids.view()}}); },
@@ -419,7 +419,7 @@ TEST(OnnxRuntimeBackendErrors, UnknownInputName) {
   expect_multi_dtype_still_works(*b);
 }
 
-TEST(OnnxRuntimeBackendErrors, WrongDtype) {
+TEST(OnnxSessionErrors, WrongDtype) {
   auto b = cpu_backend("multi_dtype.onnx");
   const auto c = multi_dtype_case(2);
   const Tensor ids32 = Tensor::empty_host(DType::kInt32, {2, 8});
@@ -434,7 +434,7 @@ TEST(OnnxRuntimeBackendErrors, WrongDtype) {
   expect_multi_dtype_still_works(*b);
 }
 
-TEST(OnnxRuntimeBackendErrors, WrongRank) {
+TEST(OnnxSessionErrors, WrongRank) {
   auto b = cpu_backend("multi_dtype.onnx");
   const auto c = multi_dtype_case(3);
   TensorView ids3 = c.ids.view();
@@ -452,7 +452,7 @@ TEST(OnnxRuntimeBackendErrors, WrongRank) {
   expect_multi_dtype_still_works(*b);
 }
 
-TEST(OnnxRuntimeBackendErrors, StaticExtentMismatch) {
+TEST(OnnxSessionErrors, StaticExtentMismatch) {
   auto b = cpu_backend("multi_dtype.onnx");
   const auto c = multi_dtype_case(2);
   const Tensor ids = Tensor::empty_host(DType::kInt64, {2, 9});
@@ -474,7 +474,7 @@ GraphSpec mlp_spec_up_to_batch_4() {
   return builder.build();
 }
 
-TEST(OnnxRuntimeBackendErrors, ShapeOutsideTheSpec) {
+TEST(OnnxSessionErrors, ShapeOutsideTheSpec) {
   const GraphSpec spec = mlp_spec_up_to_batch_4();
   ASSERT_EQ(spec.inputs[0].max_shape, (Shape{4, 64}));
   auto b = cpu_backend("mlp.onnx", spec);
@@ -491,7 +491,7 @@ TEST(OnnxRuntimeBackendErrors, ShapeOutsideTheSpec) {
   EXPECT_EQ(out8[0].shape(), (Shape{8, 16}));
 }
 
-TEST(OnnxRuntimeBackendErrors, SpecNotMatchingTheModelThrowsInvalidArgument) {
+TEST(OnnxSessionErrors, SpecNotMatchingTheModelThrowsInvalidArgument) {
   // The header: "Error(kInvalidArgument) for a spec that does not match the model's inputs".
   GraphSpec wrong_name = mlp_spec_up_to_batch_4();
   wrong_name.inputs[0].name = "pixels";
@@ -512,14 +512,14 @@ TEST(OnnxRuntimeBackendErrors, SpecNotMatchingTheModelThrowsInvalidArgument) {
   expect_error([&] { cpu_backend("mlp.onnx", two_inputs); }, ErrorCode::kInvalidArgument);
 }
 
-TEST(OnnxRuntimeBackendErrors, CpuProviderRejectsProviderOptions) {
-  OnnxRuntimeBackendConfig config = test::cpu_config();
+TEST(OnnxSessionErrors, CpuProviderRejectsProviderOptions) {
+  OnnxSessionConfig config = test::cpu_config();
   config.provider_options = {{"use_tf32", "0"}};
-  expect_error([&] { OnnxRuntimeBackend::create(fixture("mlp.onnx"), config); }, ErrorCode::kInvalidArgument,
+  expect_error([&] { OnnxSession::create(fixture("mlp.onnx"), config); }, ErrorCode::kInvalidArgument,
                {"use_tf32"});
 }
 
-TEST(OnnxRuntimeBackendErrors, NonContiguousInput) {
+TEST(OnnxSessionErrors, NonContiguousInput) {
   auto b = cpu_backend("multi_dtype.onnx");
   const auto c = multi_dtype_case(2);
   const TensorView ids_t = transposed_view(c.ids, 2, 8);  // [2, 8] view of [8, 2] storage
@@ -530,7 +530,7 @@ TEST(OnnxRuntimeBackendErrors, NonContiguousInput) {
   expect_multi_dtype_still_works(*b);
 }
 
-TEST(OnnxRuntimeBackendErrors, EmptyInput) {
+TEST(OnnxSessionErrors, EmptyInput) {
   auto b = cpu_backend("multi_dtype.onnx");
   const Tensor ids0 = Tensor::empty_host(DType::kInt64, {0, 8});
   const Tensor mask0 = Tensor::empty_host(DType::kBool, {0, 8});
@@ -541,7 +541,7 @@ TEST(OnnxRuntimeBackendErrors, EmptyInput) {
   expect_multi_dtype_still_works(*b);
 }
 
-TEST(OnnxRuntimeBackendErrors, WrongNumberOfInputs) {
+TEST(OnnxSessionErrors, WrongNumberOfInputs) {
   auto b = cpu_backend("multi_dtype.onnx");
   const auto c = multi_dtype_case(2);
   const std::string msg = expect_error([&] { b->infer({c.ids.view()}); }, ErrorCode::kInvalidArgument, {"1"});
@@ -554,7 +554,7 @@ TEST(OnnxRuntimeBackendErrors, WrongNumberOfInputs) {
   expect_multi_dtype_still_works(*b);
 }
 
-TEST(OnnxRuntimeBackendErrors, InputOnTheWrongDevice) {
+TEST(OnnxSessionErrors, InputOnTheWrongDevice) {
   auto b = cpu_backend("multi_dtype.onnx");
   const auto c = multi_dtype_case(2);
   TensorView on_gpu = c.ids.view();  // claims CUDA; must be rejected before anything reads it
@@ -564,60 +564,60 @@ TEST(OnnxRuntimeBackendErrors, InputOnTheWrongDevice) {
   expect_multi_dtype_still_works(*b);
 }
 
-TEST(OnnxRuntimeBackendErrors, MissingModelFile) {
+TEST(OnnxSessionErrors, MissingModelFile) {
   const std::string path = (test::models_dir() / "no_such_model.onnx").string();
   const std::string msg =
-      expect_error([&] { OnnxRuntimeBackend::create(path, test::cpu_config()); }, ErrorCode::kModelInvalid);
+      expect_error([&] { OnnxSession::create(path, test::cpu_config()); }, ErrorCode::kModelInvalid);
   EXPECT_NE(msg.find(path), std::string::npos) << "message must name the file: " << msg;
 }
 
-TEST(OnnxRuntimeBackendErrors, CorruptModelFile) {
+TEST(OnnxSessionErrors, CorruptModelFile) {
   const std::string path = fixture("corrupt.onnx");
   const std::string msg =
-      expect_error([&] { OnnxRuntimeBackend::create(path, test::cpu_config()); }, ErrorCode::kModelInvalid);
+      expect_error([&] { OnnxSession::create(path, test::cpu_config()); }, ErrorCode::kModelInvalid);
   EXPECT_NE(msg.find(path), std::string::npos) << "message must name the file: " << msg;
   // A directory is not a model either.
-  expect_error([&] { OnnxRuntimeBackend::create(test::models_dir().string(), test::cpu_config()); },
+  expect_error([&] { OnnxSession::create(test::models_dir().string(), test::cpu_config()); },
                ErrorCode::kModelInvalid);
 }
 
-TEST(OnnxRuntimeBackendErrors, ExternalDataMissing) {
+TEST(OnnxSessionErrors, ExternalDataMissing) {
   test::ScopedTempDir dir;
   std::filesystem::copy_file(fixture("mlp_ext.onnx"), dir.file("mlp_ext.onnx"));  // without its .data
-  expect_error([&] { OnnxRuntimeBackend::create(dir.file("mlp_ext.onnx"), test::cpu_config()); },
+  expect_error([&] { OnnxSession::create(dir.file("mlp_ext.onnx"), test::cpu_config()); },
                ErrorCode::kModelInvalid);
 }
 
 void expect_gpu_provider_unavailable(ExecutionProvider provider, const char* library_stem) {
   const ProviderStatus st = test::runtime()->provider_status(provider);
   if (st.available) GTEST_SKIP() << execution_provider_name(provider) << " is available here";
-  OnnxRuntimeBackendConfig config;
+  OnnxSessionConfig config;
   config.provider = provider;
   // The message carries the reason: which provider library failed to load.
-  expect_error([&] { OnnxRuntimeBackend::create(fixture("mlp.onnx"), config); },
+  expect_error([&] { OnnxSession::create(fixture("mlp.onnx"), config); },
                ErrorExpectation{{ErrorCode::kProviderUnavailable}, {}, {library_stem}});
 }
 
-TEST(OnnxRuntimeBackendErrors, CudaProviderUnavailable) {
+TEST(OnnxSessionErrors, CudaProviderUnavailable) {
   expect_gpu_provider_unavailable(ExecutionProvider::kCUDA, "onnxruntime_providers_cuda");
 }
 
-TEST(OnnxRuntimeBackendErrors, TensorRtProviderUnavailable) {
+TEST(OnnxSessionErrors, TensorRtProviderUnavailable) {
   expect_gpu_provider_unavailable(ExecutionProvider::kTensorRT, "onnxruntime_providers_tensorrt");
 }
 
 // ---------------------------------------------------------------------------------
 // Life cycle
 
-TEST(OnnxRuntimeBackend, StateMachine) {
+TEST(OnnxSession, StateMachine) {
   auto b = cpu_backend("mlp.onnx");
-  EXPECT_EQ(b->state(), BackendState::kBuilt);
+  EXPECT_EQ(b->state(), SessionState::kBuilt);
   expect_mlp_still_works(*b);
   b->activate();
-  EXPECT_EQ(b->state(), BackendState::kActive);
+  EXPECT_EQ(b->state(), SessionState::kActive);
   expect_mlp_still_works(*b);
   b->deactivate();
-  EXPECT_EQ(b->state(), BackendState::kInactive);
+  EXPECT_EQ(b->state(), SessionState::kInactive);
   const Tensor x = test::load_fixture_npy("mlp_x.npy");
   expect_error([&] { b->infer({x.view()}); }, ErrorCode::kState);
   expect_error([&] { b->infer_named({{"x", x.view()}}); }, ErrorCode::kState);
@@ -625,18 +625,18 @@ TEST(OnnxRuntimeBackend, StateMachine) {
   EXPECT_EQ(b->inputs().size(), 1u);
   EXPECT_EQ(b->graph_spec().inputs.size(), 1u);
   b->activate();
-  EXPECT_EQ(b->state(), BackendState::kActive);
+  EXPECT_EQ(b->state(), SessionState::kActive);
   expect_mlp_still_works(*b);
   b->deactivate();
   b->activate();
-  EXPECT_EQ(b->state(), BackendState::kActive);
+  EXPECT_EQ(b->state(), SessionState::kActive);
   expect_mlp_still_works(*b);
 }
 
 // ---------------------------------------------------------------------------------
 // Concurrency
 
-TEST(OnnxRuntimeBackend, ConcurrentInferGivesPerThreadResults) {
+TEST(OnnxSession, ConcurrentInferGivesPerThreadResults) {
   constexpr int kThreads = 8;
   constexpr int kCalls = 50;
   auto b = cpu_backend("mlp.onnx");
@@ -666,7 +666,7 @@ TEST(OnnxRuntimeBackend, ConcurrentInferGivesPerThreadResults) {
   EXPECT_EQ(failures, 0) << first_failure;
 }
 
-TEST(OnnxRuntimeBackend, ConcurrentInferOnExactModel) {
+TEST(OnnxSession, ConcurrentInferOnExactModel) {
   constexpr int kThreads = 8;
   constexpr int kCalls = 50;
   auto b = cpu_backend("add.onnx");
@@ -693,15 +693,15 @@ TEST(OnnxRuntimeBackend, ConcurrentInferOnExactModel) {
 // ---------------------------------------------------------------------------------
 // GPU: run where the CUDA provider is usable, skip elsewhere.
 
-OnnxRuntimeBackendConfig strict_cuda_config() {
-  OnnxRuntimeBackendConfig config = test::cuda_config();
+OnnxSessionConfig strict_cuda_config() {
+  OnnxSessionConfig config = test::cuda_config();
   config.provider_options = {{"use_tf32", "0"}};  // strict fp32, comparable to the CPU within 1e-5
   return config;
 }
 
-TEST(OnnxRuntimeBackendCuda, MlpMatchesCpu) {
+TEST(OnnxSessionCuda, MlpMatchesCpu) {
   AITUNE_REQUIRE_CUDA();
-  auto gpu = OnnxRuntimeBackend::create(fixture("mlp.onnx"), strict_cuda_config());
+  auto gpu = OnnxSession::create(fixture("mlp.onnx"), strict_cuda_config());
   EXPECT_EQ(gpu->device(), Device::cuda(0));
   const Tensor x = test::load_fixture_npy("mlp_x.npy");
   const Tensor xd = gpu->to_device(x);
@@ -718,14 +718,14 @@ TEST(OnnxRuntimeBackendCuda, MlpMatchesCpu) {
   expect_allclose_f32(host, test::load_fixture_npy("mlp_y.npy"), kTol);
 }
 
-TEST(OnnxRuntimeBackendErrors, CudaGraphOptionIsForTheCudaProviderOnly) {
-  OnnxRuntimeBackendConfig config = test::cpu_config();
+TEST(OnnxSessionErrors, CudaGraphOptionIsForTheCudaProviderOnly) {
+  OnnxSessionConfig config = test::cpu_config();
   config.provider_options["enable_cuda_graph"] = "1";
-  expect_error([&] { OnnxRuntimeBackend::create(fixture("mlp.onnx"), config); }, ErrorCode::kInvalidArgument,
+  expect_error([&] { OnnxSession::create(fixture("mlp.onnx"), config); }, ErrorCode::kInvalidArgument,
                {"enable_cuda_graph", "CUDA", "cpu"});
 }
 
-TEST(OnnxRuntimeBackendCpu, InferOnStreamIsInferAndThereIsNoStream) {
+TEST(OnnxSessionCpu, InferOnStreamIsInferAndThereIsNoStream) {
   auto b = cpu_backend("mlp.onnx");
   const Tensor x = test::load_fixture_npy("mlp_x.npy");
   EXPECT_EQ(b->cuda_stream(), 0u);
@@ -740,12 +740,12 @@ std::vector<Tensor> changing_inputs(int64_t rows, int count) {
   return xs;
 }
 
-TEST(OnnxRuntimeBackendCuda, CudaGraphReplaysFollowChangingInputs) {
+TEST(OnnxSessionCuda, CudaGraphReplaysFollowChangingInputs) {
   AITUNE_REQUIRE_CUDA();
-  OnnxRuntimeBackendConfig config = strict_cuda_config();
+  OnnxSessionConfig config = strict_cuda_config();
   config.provider_options["enable_cuda_graph"] = "1";
-  auto graph = OnnxRuntimeBackend::create(fixture("mlp.onnx"), config);
-  auto plain = OnnxRuntimeBackend::create(fixture("mlp.onnx"), strict_cuda_config());
+  auto graph = OnnxSession::create(fixture("mlp.onnx"), config);
+  auto plain = OnnxSession::create(fixture("mlp.onnx"), strict_cuda_config());
   EXPECT_NE(graph->cuda_stream(), 0u);
   std::vector<Tensor> inputs, kept, expected;
   // Two shapes in turn: two captured graphs, each replayed with new inputs.
@@ -770,11 +770,11 @@ TEST(OnnxRuntimeBackendCuda, CudaGraphReplaysFollowChangingInputs) {
 // A caller that drops each output before its next-but-one call (`y = infer(x)` in a loop)
 // gets the graph's own output buffers, two in turn, with no copy; outputs it keeps are
 // never written again, even past deactivate().
-TEST(OnnxRuntimeBackendCuda, CudaGraphLendsOutputBuffersInTurnAndKeepsHeldOnes) {
+TEST(OnnxSessionCuda, CudaGraphLendsOutputBuffersInTurnAndKeepsHeldOnes) {
   AITUNE_REQUIRE_CUDA();
-  OnnxRuntimeBackendConfig config = strict_cuda_config();
+  OnnxSessionConfig config = strict_cuda_config();
   config.provider_options["enable_cuda_graph"] = "1";
-  auto graph = OnnxRuntimeBackend::create(fixture("mlp.onnx"), config);
+  auto graph = OnnxSession::create(fixture("mlp.onnx"), config);
   auto cpu = cpu_backend("mlp.onnx");
   const auto xs = changing_inputs(4, 8);
   std::vector<const void*> buffers;
@@ -806,12 +806,12 @@ TEST(OnnxRuntimeBackendCuda, CudaGraphLendsOutputBuffersInTurnAndKeepsHeldOnes) 
                       cpu->infer({xs[2].view()}).at(0), kTol);
 }
 
-TEST(OnnxRuntimeBackendCuda, InferOnStreamOrdersWithTheLegacyStream) {
+TEST(OnnxSessionCuda, InferOnStreamOrdersWithTheLegacyStream) {
   AITUNE_REQUIRE_CUDA();
   for (bool with_graph : {false, true}) {
-    OnnxRuntimeBackendConfig config = strict_cuda_config();
+    OnnxSessionConfig config = strict_cuda_config();
     if (with_graph) config.provider_options["enable_cuda_graph"] = "1";
-    auto gpu = OnnxRuntimeBackend::create(fixture("mlp.onnx"), config);
+    auto gpu = OnnxSession::create(fixture("mlp.onnx"), config);
     auto cpu = cpu_backend("mlp.onnx");
     for (const Tensor& x : changing_inputs(4, 4)) {
       // to_device / to_host copy on the legacy default stream (0), the caller's stream here.
@@ -821,9 +821,9 @@ TEST(OnnxRuntimeBackendCuda, InferOnStreamOrdersWithTheLegacyStream) {
   }
 }
 
-TEST(OnnxRuntimeBackendCuda, DefaultOptionsAndDeviceRoundTrip) {
+TEST(OnnxSessionCuda, DefaultOptionsAndDeviceRoundTrip) {
   AITUNE_REQUIRE_CUDA();
-  auto gpu = OnnxRuntimeBackend::create(fixture("mlp.onnx"), test::cuda_config());
+  auto gpu = OnnxSession::create(fixture("mlp.onnx"), test::cuda_config());
   const Tensor x = test::load_fixture_npy("mlp_x.npy");
   const Tensor back = gpu->to_host(gpu->to_device(x));
   expect_allclose_f32(back, x, 0.0);
@@ -832,9 +832,9 @@ TEST(OnnxRuntimeBackendCuda, DefaultOptionsAndDeviceRoundTrip) {
   expect_allclose_f32(gpu->to_host(out.at(0)), test::load_fixture_npy("mlp_y.npy"), 1e-3);
 }
 
-TEST(OnnxRuntimeBackendCuda, MultiDtype) {
+TEST(OnnxSessionCuda, MultiDtype) {
   AITUNE_REQUIRE_CUDA();
-  auto gpu = OnnxRuntimeBackend::create(fixture("multi_dtype.onnx"), test::cuda_config());
+  auto gpu = OnnxSession::create(fixture("multi_dtype.onnx"), test::cuda_config());
   const auto c = multi_dtype_case(4, 9);
   const Tensor ids = gpu->to_device(c.ids);
   const Tensor mask = gpu->to_device(c.mask);
@@ -844,9 +844,9 @@ TEST(OnnxRuntimeBackendCuda, MultiDtype) {
   expect_multi_dtype_outputs({gpu->to_host(out[0]), gpu->to_host(out[1])}, c);
 }
 
-TEST(OnnxRuntimeBackendCuda, HostInputIsRejectedNamingTheInput) {
+TEST(OnnxSessionCuda, HostInputIsRejectedNamingTheInput) {
   AITUNE_REQUIRE_CUDA();
-  auto gpu = OnnxRuntimeBackend::create(fixture("multi_dtype.onnx"), test::cuda_config());
+  auto gpu = OnnxSession::create(fixture("multi_dtype.onnx"), test::cuda_config());
   const auto c = multi_dtype_case(2);
   const Tensor mask = gpu->to_device(c.mask);
   expect_error([&] { gpu->infer({c.ids.view(), mask.view()}); }, ErrorCode::kInvalidArgument, {"ids"});
@@ -854,26 +854,26 @@ TEST(OnnxRuntimeBackendCuda, HostInputIsRejectedNamingTheInput) {
   expect_multi_dtype_outputs({gpu->to_host(out.at(0)), gpu->to_host(out.at(1))}, c);
 }
 
-TEST(OnnxRuntimeBackendCuda, StateMachineReleasesAndRecreates) {
+TEST(OnnxSessionCuda, StateMachineReleasesAndRecreates) {
   AITUNE_REQUIRE_CUDA();
-  auto gpu = OnnxRuntimeBackend::create(fixture("mlp.onnx"), strict_cuda_config());
+  auto gpu = OnnxSession::create(fixture("mlp.onnx"), strict_cuda_config());
   const Tensor x = test::load_fixture_npy("mlp_x.npy");
   const Tensor y = test::load_fixture_npy("mlp_y.npy");
   const Tensor xd = gpu->to_device(x);
   gpu->activate();
   expect_allclose_f32(gpu->to_host(gpu->infer({xd.view()}).at(0)), y, kTol);
   gpu->deactivate();
-  EXPECT_EQ(gpu->state(), BackendState::kInactive);
+  EXPECT_EQ(gpu->state(), SessionState::kInactive);
   expect_error([&] { gpu->infer({xd.view()}); }, ErrorCode::kState);
   gpu->activate();
   expect_allclose_f32(gpu->to_host(gpu->infer({gpu->to_device(x).view()}).at(0)), y, kTol);
 }
 
-TEST(OnnxRuntimeBackendCuda, ConcurrentInfer) {
+TEST(OnnxSessionCuda, ConcurrentInfer) {
   AITUNE_REQUIRE_CUDA();
   constexpr int kThreads = 8;
   constexpr int kCalls = 50;
-  auto gpu = OnnxRuntimeBackend::create(fixture("mlp.onnx"), strict_cuda_config());
+  auto gpu = OnnxSession::create(fixture("mlp.onnx"), strict_cuda_config());
   auto cpu = cpu_backend("mlp.onnx");
   std::vector<Tensor> dev_inputs(kThreads), expected(kThreads);
   for (int t = 0; t < kThreads; ++t) {
@@ -893,12 +893,12 @@ TEST(OnnxRuntimeBackendCuda, ConcurrentInfer) {
   EXPECT_EQ(failures, 0) << first_failure;
 }
 
-TEST(OnnxRuntimeBackendTensorRt, MlpMatchesCpu) {
+TEST(OnnxSessionTensorRt, MlpMatchesCpu) {
   const ProviderStatus st = test::runtime()->provider_status(ExecutionProvider::kTensorRT);
   if (!st.available) GTEST_SKIP() << "TensorRT execution provider unavailable: " << st.reason;
-  OnnxRuntimeBackendConfig config;
+  OnnxSessionConfig config;
   config.provider = ExecutionProvider::kTensorRT;
-  auto trt = OnnxRuntimeBackend::create(fixture("mlp.onnx"), config);
+  auto trt = OnnxSession::create(fixture("mlp.onnx"), config);
   const Tensor x = test::load_fixture_npy("mlp_x.npy");
   const auto out = trt->infer({trt->to_device(x).view()});
   ASSERT_EQ(out.size(), 1u);

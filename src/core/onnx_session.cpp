@@ -1,5 +1,5 @@
-// OnnxRuntimeBackend: the life cycle of one model's session, input checks, and the choice of runner per call.
-#include "aitune/onnx_runtime_backend.hpp"
+// OnnxSession: the life cycle of one model's session, input checks, and the choice of runner per call.
+#include "aitune/onnx_session.hpp"
 
 #include <algorithm>
 #include <filesystem>
@@ -22,26 +22,26 @@ using detail::value_over;
 
 namespace {
 
-constexpr detail::EnumNames<BackendState, 3> kStateNames{{
-    {BackendState::kBuilt, "built"},
-    {BackendState::kActive, "active"},
-    {BackendState::kInactive, "inactive"},
+constexpr detail::EnumNames<SessionState, 3> kStateNames{{
+    {SessionState::kBuilt, "built"},
+    {SessionState::kActive, "active"},
+    {SessionState::kInactive, "inactive"},
 }};
 
 }  // namespace
 
-std::string_view backend_state_name(BackendState state) noexcept { return detail::enum_name(kStateNames, state, "built"); }
+std::string_view session_state_name(SessionState state) noexcept { return detail::enum_name(kStateNames, state, "built"); }
 
-struct OnnxRuntimeBackend::Impl {
+struct OnnxSession::Impl {
   std::shared_ptr<OrtRuntime> runtime;
-  OnnxRuntimeBackendConfig config;
+  OnnxSessionConfig config;
   GraphSpec spec;
   detail::SessionContext ctx;  // the session and the model's I/O
   bool cuda_graph = false;     // enable_cuda_graph=1: calls go to `graphs`
   // Made with each session and released before it: device calls without / with CUDA graphs.
   std::unique_ptr<detail::IoBindingRunner> bindings;
   std::unique_ptr<detail::CudaGraphRunner> graphs;
-  BackendState state = BackendState::kBuilt;
+  SessionState state = SessionState::kBuilt;
   mutable std::shared_mutex state_mutex;  // infer: shared; activate/deactivate: exclusive
 
   void create_session();
@@ -132,10 +132,10 @@ std::vector<TensorSpec> align_spec(const std::vector<TensorSpec>& given, const s
 
 }  // namespace
 
-void OnnxRuntimeBackend::Impl::create_session() {
+void OnnxSession::Impl::create_session() {
   release_session();
   auto setup = detail::make_session_setup(*runtime, config);
-  auto& rt = runtime->impl();
+  auto& rt = detail::runtime_impl(*runtime);
   // A graph session is created with CPU fallback disabled, so ORT refuses a model with a
   // node off the CUDA provider (or with control flow) here, before any capture; ORT says
   // so with ORT_FAIL, which ort_call turns into the fallback code.
@@ -165,7 +165,7 @@ void OnnxRuntimeBackend::Impl::create_session() {
   }
 }
 
-void OnnxRuntimeBackend::Impl::release_session() {
+void OnnxSession::Impl::release_session() {
   // Runners first: their bindings refer to the session.
   bindings.reset();
   graphs.reset();
@@ -176,11 +176,11 @@ void OnnxRuntimeBackend::Impl::release_session() {
   ctx.stream_syncs_with_legacy = false;
 }
 
-OnnxRuntimeBackend::OnnxRuntimeBackend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-OnnxRuntimeBackend::~OnnxRuntimeBackend() = default;
+OnnxSession::OnnxSession(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+OnnxSession::~OnnxSession() = default;
 
-std::unique_ptr<OnnxRuntimeBackend> OnnxRuntimeBackend::create(const std::string& model_path,
-                                                               const OnnxRuntimeBackendConfig& config,
+std::unique_ptr<OnnxSession> OnnxSession::create(const std::string& model_path,
+                                                               const OnnxSessionConfig& config,
                                                                const std::optional<GraphSpec>& spec,
                                                                std::shared_ptr<OrtRuntime> runtime) {
   std::error_code ec;
@@ -213,41 +213,41 @@ std::unique_ptr<OnnxRuntimeBackend> OnnxRuntimeBackend::create(const std::string
   }
   for (const auto& io : ctx.inputs) ctx.input_names.push_back(io.name.c_str());
   for (const auto& io : ctx.outputs) ctx.output_names.push_back(io.name.c_str());
-  return std::unique_ptr<OnnxRuntimeBackend>(new OnnxRuntimeBackend(std::move(impl)));
+  return std::unique_ptr<OnnxSession>(new OnnxSession(std::move(impl)));
 }
 
-const std::vector<IoInfo>& OnnxRuntimeBackend::inputs() const noexcept { return impl_->ctx.inputs; }
-const std::vector<IoInfo>& OnnxRuntimeBackend::outputs() const noexcept { return impl_->ctx.outputs; }
-const GraphSpec& OnnxRuntimeBackend::graph_spec() const noexcept { return impl_->spec; }
-const OnnxRuntimeBackendConfig& OnnxRuntimeBackend::config() const noexcept { return impl_->config; }
-const std::string& OnnxRuntimeBackend::model_path() const noexcept { return impl_->ctx.model_path; }
-Device OnnxRuntimeBackend::device() const noexcept { return impl_->config.device(); }
+const std::vector<IoInfo>& OnnxSession::inputs() const noexcept { return impl_->ctx.inputs; }
+const std::vector<IoInfo>& OnnxSession::outputs() const noexcept { return impl_->ctx.outputs; }
+const GraphSpec& OnnxSession::graph_spec() const noexcept { return impl_->spec; }
+const OnnxSessionConfig& OnnxSession::config() const noexcept { return impl_->config; }
+const std::string& OnnxSession::model_path() const noexcept { return impl_->ctx.model_path; }
+Device OnnxSession::device() const noexcept { return impl_->config.device(); }
 
-BackendState OnnxRuntimeBackend::state() const noexcept {
+SessionState OnnxSession::state() const noexcept {
   std::shared_lock lock(impl_->state_mutex);
   return impl_->state;
 }
 
-int OnnxRuntimeBackend::opset() const {
+int OnnxSession::opset() const {
   std::shared_lock lock(impl_->state_mutex);
-  if (!impl_->ctx.session) throw Error(ErrorCode::kState, "backend is inactive; call activate() first");
+  if (!impl_->ctx.session) throw Error(ErrorCode::kState, "session is inactive; call activate() first");
   return ort_call(ErrorCode::kModelInvalid, "opset of '" + impl_->model_path() + "'",
                   [&] { return impl_->ctx.session->GetOpset(""); });
 }
 
-void OnnxRuntimeBackend::activate() {
+void OnnxSession::activate() {
   std::unique_lock lock(impl_->state_mutex);
   if (!impl_->ctx.session) impl_->create_session();
-  impl_->state = BackendState::kActive;
+  impl_->state = SessionState::kActive;
 }
 
-void OnnxRuntimeBackend::deactivate() {
+void OnnxSession::deactivate() {
   std::unique_lock lock(impl_->state_mutex);
   impl_->release_session();
-  impl_->state = BackendState::kInactive;
+  impl_->state = SessionState::kInactive;
 }
 
-void OnnxRuntimeBackend::Impl::check_inputs(const std::vector<TensorView>& views) const {
+void OnnxSession::Impl::check_inputs(const std::vector<TensorView>& views) const {
   if (views.size() != spec.inputs.size())
     throw Error(ErrorCode::kInvalidArgument, "model '" + model_path() + "' takes " + std::to_string(spec.inputs.size()) +
                                                  " input(s) (" + join_names(spec.inputs) + "), got " +
@@ -283,25 +283,25 @@ void OnnxRuntimeBackend::Impl::check_inputs(const std::vector<TensorView>& views
   }
 }
 
-std::vector<Tensor> OnnxRuntimeBackend::infer(const std::vector<TensorView>& views) const {
+std::vector<Tensor> OnnxSession::infer(const std::vector<TensorView>& views) const {
   return run(views, std::nullopt);
 }
 
-std::vector<Tensor> OnnxRuntimeBackend::infer_on_stream(const std::vector<TensorView>& views,
+std::vector<Tensor> OnnxSession::infer_on_stream(const std::vector<TensorView>& views,
                                                         std::uintptr_t stream) const {
   return run(views, stream);
 }
 
-std::uintptr_t OnnxRuntimeBackend::cuda_stream() const noexcept {
+std::uintptr_t OnnxSession::cuda_stream() const noexcept {
   std::shared_lock lock(impl_->state_mutex);
   return impl_->ctx.stream;
 }
 
-std::vector<Tensor> OnnxRuntimeBackend::run(const std::vector<TensorView>& views,
+std::vector<Tensor> OnnxSession::run(const std::vector<TensorView>& views,
                                             std::optional<std::uintptr_t> caller) const {
   std::shared_lock lock(impl_->state_mutex);
   auto& ctx = impl_->ctx;
-  if (!ctx.session) throw Error(ErrorCode::kState, "backend for '" + ctx.model_path + "' is inactive; call activate()");
+  if (!ctx.session) throw Error(ErrorCode::kState, "session for '" + ctx.model_path + "' is inactive; call activate()");
   impl_->check_inputs(views);
   auto where = [&] { return "running '" + ctx.model_path + "'"; };
   if (impl_->config.provider == ExecutionProvider::kCPU) {
@@ -321,7 +321,7 @@ std::vector<Tensor> OnnxRuntimeBackend::run(const std::vector<TensorView>& views
   });
 }
 
-std::vector<Tensor> OnnxRuntimeBackend::infer_named(const std::map<std::string, TensorView>& named) const {
+std::vector<Tensor> OnnxSession::infer_named(const std::map<std::string, TensorView>& named) const {
   std::vector<TensorView> ordered;
   for (const auto& [name, view] : named)
     if (std::none_of(impl_->ctx.inputs.begin(), impl_->ctx.inputs.end(), [&](const IoInfo& io) { return io.name == name; }))
@@ -361,15 +361,15 @@ void copy_tensor(Ort::Env& env, const TensorView& from, const OrtMemoryInfo* fro
 
 }  // namespace
 
-Tensor OnnxRuntimeBackend::to_device(const Tensor& host) const {
+Tensor OnnxSession::to_device(const Tensor& host) const {
   if (host.device().kind != DeviceKind::kCPU)
     throw Error(ErrorCode::kInvalidArgument, "to_device: tensor is on " + host.device().to_string() + ", not the host");
   if (impl_->config.provider == ExecutionProvider::kCPU) return host;
   std::shared_lock lock(impl_->state_mutex);
-  if (!impl_->ctx.session) throw Error(ErrorCode::kState, "backend is inactive; call activate()");
+  if (!impl_->ctx.session) throw Error(ErrorCode::kState, "session is inactive; call activate()");
   // ORT's data transfer comes with the CUDA plugin EP; register it for TensorRT sessions too.
-  const auto& devices = impl_->runtime->impl().cuda_ep_devices();
-  auto& env = *impl_->runtime->impl().env;
+  const auto& devices = detail::runtime_impl(*impl_->runtime).cuda_ep_devices();
+  auto& env = *detail::runtime_impl(*impl_->runtime).env;
   return ort_call(ErrorCode::kInternal, "copying a tensor to " + device().to_string(), [&] {
     auto mem = devices.at(impl_->config.device_id).GetMemoryInfo(OrtDeviceMemoryType_DEFAULT);
     auto cpu = Ort::MemoryInfo::CreateCpu(OrtDeviceAllocator, OrtMemTypeDefault);
@@ -393,10 +393,10 @@ Tensor OnnxRuntimeBackend::to_device(const Tensor& host) const {
   });
 }
 
-Tensor OnnxRuntimeBackend::to_host(const Tensor& tensor) const {
+Tensor OnnxSession::to_host(const Tensor& tensor) const {
   if (tensor.device().kind == DeviceKind::kCPU) return tensor;
-  const auto& devices = impl_->runtime->impl().cuda_ep_devices();
-  auto& env = *impl_->runtime->impl().env;
+  const auto& devices = detail::runtime_impl(*impl_->runtime).cuda_ep_devices();
+  auto& env = *detail::runtime_impl(*impl_->runtime).env;
   Tensor host = Tensor::empty_host(tensor.dtype(), tensor.shape());
   ort_call(ErrorCode::kInternal, "copying a tensor from " + tensor.device().to_string(), [&] {
     auto mem = devices.at(tensor.device().index).GetMemoryInfo(OrtDeviceMemoryType_DEFAULT);

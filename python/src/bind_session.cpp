@@ -1,4 +1,4 @@
-// OnnxRuntimeBackendConfig and OnnxRuntimeBackend; tensors cross by DLPack, no copies.
+// OnnxSessionConfig and OnnxSession; tensors cross by DLPack, no copies.
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
@@ -7,7 +7,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "aitune/error.hpp"
-#include "aitune/onnx_runtime_backend.hpp"
+#include "aitune/onnx_session.hpp"
 #include "bindings.hpp"
 
 namespace nb = nanobind;
@@ -73,31 +73,31 @@ nb::list outputs_to_python(const std::vector<Tensor>& outputs, const std::string
 
 nb::object to_dlpack_capsule(const Tensor& tensor) { return array_of<>(tensor); }
 
-void bind_backend(nb::module_& m) {
-  nb::class_<OnnxRuntimeBackendConfig>(m, "OnnxRuntimeBackendConfig", "How an ONNX Runtime session is created.")
+void bind_session(nb::module_& m) {
+  nb::class_<OnnxSessionConfig>(m, "OnnxSessionConfig", "How an ONNX Runtime session is created.")
       .def(
           "__init__",
-          [](OnnxRuntimeBackendConfig* self, ExecutionProvider provider, int device_id,
+          [](OnnxSessionConfig* self, ExecutionProvider provider, int device_id,
              GraphOptimizationLevel level, int intra, int inter, std::map<std::string, std::string> provider_options,
              std::map<std::string, std::string> session_config) {
-            new (self) OnnxRuntimeBackendConfig{provider, device_id, level, intra, inter, std::move(provider_options),
+            new (self) OnnxSessionConfig{provider, device_id, level, intra, inter, std::move(provider_options),
                                                 std::move(session_config)};
           },
           nb::arg("provider") = ExecutionProvider::kCUDA, nb::arg("device_id") = 0,
           nb::arg("graph_optimization_level") = GraphOptimizationLevel::kAll, nb::arg("intra_op_threads") = 0,
           nb::arg("inter_op_threads") = 0, nb::arg("provider_options") = std::map<std::string, std::string>{},
           nb::arg("session_config") = std::map<std::string, std::string>{})
-      .def_rw("provider", &OnnxRuntimeBackendConfig::provider)
-      .def_rw("device_id", &OnnxRuntimeBackendConfig::device_id)
-      .def_rw("graph_optimization_level", &OnnxRuntimeBackendConfig::graph_optimization_level)
-      .def_rw("intra_op_threads", &OnnxRuntimeBackendConfig::intra_op_threads)
-      .def_rw("inter_op_threads", &OnnxRuntimeBackendConfig::inter_op_threads)
-      .def_rw("provider_options", &OnnxRuntimeBackendConfig::provider_options)
-      .def_rw("session_config", &OnnxRuntimeBackendConfig::session_config)
-      .def("to_json", &OnnxRuntimeBackendConfig::to_json, nb::arg("indent") = 2)
-      .def_static("from_json", &OnnxRuntimeBackendConfig::from_json, nb::arg("text"))
-      .def("__eq__", [](const OnnxRuntimeBackendConfig& a, const OnnxRuntimeBackendConfig& b) { return a == b; })
-      .def("__repr__", [](const OnnxRuntimeBackendConfig& c) { return "OnnxRuntimeBackendConfig(" + c.to_json(-1) + ")"; });
+      .def_rw("provider", &OnnxSessionConfig::provider)
+      .def_rw("device_id", &OnnxSessionConfig::device_id)
+      .def_rw("graph_optimization_level", &OnnxSessionConfig::graph_optimization_level)
+      .def_rw("intra_op_threads", &OnnxSessionConfig::intra_op_threads)
+      .def_rw("inter_op_threads", &OnnxSessionConfig::inter_op_threads)
+      .def_rw("provider_options", &OnnxSessionConfig::provider_options)
+      .def_rw("session_config", &OnnxSessionConfig::session_config)
+      .def("to_json", &OnnxSessionConfig::to_json, nb::arg("indent") = 2)
+      .def_static("from_json", &OnnxSessionConfig::from_json, nb::arg("text"))
+      .def("__eq__", [](const OnnxSessionConfig& a, const OnnxSessionConfig& b) { return a == b; })
+      .def("__repr__", [](const OnnxSessionConfig& c) { return "OnnxSessionConfig(" + c.to_json(-1) + ")"; });
 
   nb::class_<IoInfo>(m, "IoInfo", "A graph input or output as the model declares it.")
       .def_ro("name", &IoInfo::name)
@@ -108,29 +108,29 @@ void bind_backend(nb::module_& m) {
         return "IoInfo(" + io.name + ": " + std::string(dtype_name(io.dtype)) + shape_to_string(io.shape) + ")";
       });
 
-  nb::class_<OnnxRuntimeBackend>(m, "OnnxRuntimeBackend", "One ONNX model in one ONNX Runtime session.")
+  nb::class_<OnnxSession>(m, "OnnxSession", "One ONNX model in one ONNX Runtime session.")
       .def_static(
           "create",
-          [](const std::string& path, const OnnxRuntimeBackendConfig& config, std::optional<GraphSpec> spec) {
+          [](const std::string& path, const OnnxSessionConfig& config, std::optional<GraphSpec> spec) {
             nb::gil_scoped_release release;
-            return OnnxRuntimeBackend::create(path, config, spec);
+            return OnnxSession::create(path, config, spec);
           },
           nb::arg("model_path"), nb::arg("config"), nb::arg("spec") = nb::none())
-      .def_prop_ro("inputs", &OnnxRuntimeBackend::inputs)
-      .def_prop_ro("outputs", &OnnxRuntimeBackend::outputs)
-      .def_prop_ro("graph_spec", &OnnxRuntimeBackend::graph_spec)
-      .def_prop_ro("config", &OnnxRuntimeBackend::config)
-      .def_prop_ro("model_path", &OnnxRuntimeBackend::model_path)
-      .def_prop_ro("device", [](const OnnxRuntimeBackend& b) { return b.device().to_string(); })
-      .def_prop_ro("state", [](const OnnxRuntimeBackend& b) { return std::string(backend_state_name(b.state())); })
-      .def_prop_ro("opset", &OnnxRuntimeBackend::opset)
-      .def_prop_ro("cuda_stream", &OnnxRuntimeBackend::cuda_stream,
+      .def_prop_ro("inputs", &OnnxSession::inputs)
+      .def_prop_ro("outputs", &OnnxSession::outputs)
+      .def_prop_ro("graph_spec", &OnnxSession::graph_spec)
+      .def_prop_ro("config", &OnnxSession::config)
+      .def_prop_ro("model_path", &OnnxSession::model_path)
+      .def_prop_ro("device", [](const OnnxSession& b) { return b.device().to_string(); })
+      .def_prop_ro("state", [](const OnnxSession& b) { return std::string(session_state_name(b.state())); })
+      .def_prop_ro("opset", &OnnxSession::opset)
+      .def_prop_ro("cuda_stream", &OnnxSession::cuda_stream,
                    "The CUDA stream the session runs on (an int); 0 for CPU and TensorRT sessions.")
-      .def("activate", &OnnxRuntimeBackend::activate, nb::call_guard<nb::gil_scoped_release>())
-      .def("deactivate", &OnnxRuntimeBackend::deactivate, nb::call_guard<nb::gil_scoped_release>())
+      .def("activate", &OnnxSession::activate, nb::call_guard<nb::gil_scoped_release>())
+      .def("deactivate", &OnnxSession::deactivate, nb::call_guard<nb::gil_scoped_release>())
       .def(
           "infer",
-          [](const OnnxRuntimeBackend& b, const std::vector<AnyArray>& arrays, const std::string& framework,
+          [](const OnnxSession& b, const std::vector<AnyArray>& arrays, const std::string& framework,
              std::optional<std::uintptr_t> stream) {
             std::vector<TensorView> views;
             views.reserve(arrays.size());
@@ -151,7 +151,7 @@ void bind_backend(nb::module_& m) {
           "ordered after the work queued there and work queued there afterwards sees the outputs.")
       .def(
           "infer_named",
-          [](const OnnxRuntimeBackend& b, const std::map<std::string, AnyArray>& arrays, const std::string& framework) {
+          [](const OnnxSession& b, const std::map<std::string, AnyArray>& arrays, const std::string& framework) {
             std::map<std::string, TensorView> views;
             for (const auto& [name, a] : arrays) views.emplace(name, view_of(a, name));
             std::vector<Tensor> outputs;

@@ -9,7 +9,7 @@ import aitune
 from aitune import _core
 from onnx_models import mlp, two_inputs
 
-CPU = _core.OnnxRuntimeBackendConfig(provider=_core.ExecutionProvider.CPU)
+CPU = _core.OnnxSessionConfig(provider=_core.ExecutionProvider.CPU)
 
 
 def cuda_available() -> bool:
@@ -31,7 +31,7 @@ def two_input_model(tmp_path_factory):
 
 def test_introspection(mlp_model):
     path, _ = mlp_model
-    b = _core.OnnxRuntimeBackend.create(str(path), CPU)
+    b = _core.OnnxSession.create(str(path), CPU)
     assert [(i.name, i.dtype, i.shape, i.symbolic_dims) for i in b.inputs] == [("x", "float32", [-1, 16], ["batch", ""])]
     assert [o.name for o in b.outputs] == ["y"]
     assert b.opset == 17 and b.device == "cpu" and b.state == "built"
@@ -39,7 +39,7 @@ def test_introspection(mlp_model):
 
 def test_torch_in_torch_out_matches_reference(mlp_model):
     path, ref = mlp_model
-    b = _core.OnnxRuntimeBackend.create(str(path), CPU)
+    b = _core.OnnxSession.create(str(path), CPU)
     x = torch.randn(5, 16)
     (y,) = b.infer([x])
     assert isinstance(y, torch.Tensor) and y.shape == (5, 8) and y.dtype == torch.float32
@@ -50,7 +50,7 @@ def test_dlpack_capsules_and_the_stream_argument(mlp_model):
     """The torch front end hands CUDA inputs over as capsules with torch's stream; on the
     CPU both work too (stream ignored) and the session reports no stream."""
     path, ref = mlp_model
-    b = _core.OnnxRuntimeBackend.create(str(path), CPU)
+    b = _core.OnnxSession.create(str(path), CPU)
     assert b.cuda_stream == 0
     x = torch.randn(4, 16)
     (y,) = b.infer([torch.utils.dlpack.to_dlpack(x)], stream=0)
@@ -62,8 +62,8 @@ def test_dlpack_capsules_and_the_stream_argument(mlp_model):
 @needs_cuda
 def test_cuda_graph_session_from_core(mlp_model):
     path, ref = mlp_model
-    config = _core.OnnxRuntimeBackendConfig(provider_options={"use_tf32": "0", "enable_cuda_graph": "1"})
-    b = _core.OnnxRuntimeBackend.create(str(path), config)
+    config = _core.OnnxSessionConfig(provider_options={"use_tf32": "0", "enable_cuda_graph": "1"})
+    b = _core.OnnxSession.create(str(path), config)
     assert b.cuda_stream != 0
     xs = [torch.randn(3, 16, device="cuda") for _ in range(4)]
     ys = [b.infer([torch.utils.dlpack.to_dlpack(x)], stream=torch.cuda.current_stream().cuda_stream)[0] for x in xs]
@@ -73,7 +73,7 @@ def test_cuda_graph_session_from_core(mlp_model):
 
 def test_numpy_in_numpy_out(mlp_model):
     path, ref = mlp_model
-    b = _core.OnnxRuntimeBackend.create(str(path), CPU)
+    b = _core.OnnxSession.create(str(path), CPU)
     x = np.random.default_rng(1).standard_normal((3, 16)).astype(np.float32)
     (y,) = b.infer([x], framework="numpy")
     assert isinstance(y, np.ndarray)
@@ -82,7 +82,7 @@ def test_numpy_in_numpy_out(mlp_model):
 
 def test_outputs_are_zero_copy_and_outlive_the_backend(mlp_model):
     path, ref = mlp_model
-    b = _core.OnnxRuntimeBackend.create(str(path), CPU)
+    b = _core.OnnxSession.create(str(path), CPU)
     x = torch.randn(2, 16)
     (y,) = b.infer([x])
     # A second DLPack view of the same output shares its memory: nothing was copied.
@@ -92,7 +92,7 @@ def test_outputs_are_zero_copy_and_outlive_the_backend(mlp_model):
 
 
 def test_named_inputs_and_bool(two_input_model):
-    b = _core.OnnxRuntimeBackend.create(str(two_input_model), CPU)
+    b = _core.OnnxSession.create(str(two_input_model), CPU)
     x, y = torch.randn(3, 4), torch.randn(3, 4)
     mask = torch.rand(3, 4) > 0.5
     z, c = b.infer_named({"x": x, "y": y, "mask": mask})
@@ -114,7 +114,7 @@ def test_named_inputs_and_bool(two_input_model):
 )
 def test_bad_inputs_raise_typed_errors_and_backend_keeps_working(mlp_model, make, error, words):
     path, ref = mlp_model
-    b = _core.OnnxRuntimeBackend.create(str(path), CPU)
+    b = _core.OnnxSession.create(str(path), CPU)
     with pytest.raises(error) as info:
         b.infer(make())
     for w in words:
@@ -124,7 +124,7 @@ def test_bad_inputs_raise_typed_errors_and_backend_keeps_working(mlp_model, make
 
 
 def test_missing_and_unknown_names(two_input_model):
-    b = _core.OnnxRuntimeBackend.create(str(two_input_model), CPU)
+    b = _core.OnnxSession.create(str(two_input_model), CPU)
     x = torch.randn(1, 4)
     with pytest.raises(aitune.InvalidArgumentError, match="missing input 'mask'"):
         b.infer_named({"x": x, "y": x})
@@ -139,7 +139,7 @@ def test_spec_bounds_shapes(mlp_model):
         builder.record([("x", "float32", [n, 16])], [("y", "float32", [n, 8])], n)
     spec = builder.build()
     assert spec.inputs[0].batch_axis == 0 and spec.inputs[0].max_shape == [4, 16]
-    b = _core.OnnxRuntimeBackend.create(str(path), CPU, spec)
+    b = _core.OnnxSession.create(str(path), CPU, spec)
     b.infer([torch.randn(3, 16)])
     with pytest.raises(aitune.ShapeMismatchError, match=r"\[8, 16\] is outside"):
         b.infer([torch.randn(8, 16)])
@@ -147,21 +147,21 @@ def test_spec_bounds_shapes(mlp_model):
 
 def test_model_and_provider_errors(tmp_path, mlp_model):
     with pytest.raises(aitune.ModelInvalidError, match="not found"):
-        _core.OnnxRuntimeBackend.create(str(tmp_path / "missing.onnx"), CPU)
+        _core.OnnxSession.create(str(tmp_path / "missing.onnx"), CPU)
     corrupt = tmp_path / "corrupt.onnx"
     corrupt.write_bytes(b"\x08\x07not a model at all" * 10)
     with pytest.raises(aitune.ModelInvalidError, match="corrupt.onnx"):
-        _core.OnnxRuntimeBackend.create(str(corrupt), CPU)
+        _core.OnnxSession.create(str(corrupt), CPU)
     with pytest.raises(aitune.InvalidArgumentError, match="cpu, cuda, tensorrt"):
         _core.parse_execution_provider("rocm")
     if not cuda_available():
         with pytest.raises(aitune.ProviderUnavailableError, match="libonnxruntime_providers_cuda.so"):
-            _core.OnnxRuntimeBackend.create(str(mlp_model[0]), _core.OnnxRuntimeBackendConfig())
+            _core.OnnxSession.create(str(mlp_model[0]), _core.OnnxSessionConfig())
 
 
 def test_state_machine(mlp_model):
     path, _ = mlp_model
-    b = _core.OnnxRuntimeBackend.create(str(path), CPU)
+    b = _core.OnnxSession.create(str(path), CPU)
     b.activate()
     assert b.state == "active"
     b.deactivate()
@@ -174,7 +174,7 @@ def test_state_machine(mlp_model):
 
 def test_concurrent_infer_is_correct(mlp_model):
     path, ref = mlp_model
-    b = _core.OnnxRuntimeBackend.create(str(path), CPU)
+    b = _core.OnnxSession.create(str(path), CPU)
     errors = []
 
     def worker(seed):
@@ -208,9 +208,9 @@ def test_provider_status_and_doctor(capfd):
 def test_cuda_inputs_outputs_on_cuda_match_cpu(mlp_model):
     path, ref = mlp_model
     # Strict fp32 on the GPU: TF32 (the CUDA EP's default) differs from the CPU by ~1e-3.
-    strict = _core.OnnxRuntimeBackendConfig(provider=_core.ExecutionProvider.CUDA, provider_options={"use_tf32": "0"})
-    cuda = _core.OnnxRuntimeBackend.create(str(path), strict)
-    cpu = _core.OnnxRuntimeBackend.create(str(path), CPU)
+    strict = _core.OnnxSessionConfig(provider=_core.ExecutionProvider.CUDA, provider_options={"use_tf32": "0"})
+    cuda = _core.OnnxSession.create(str(path), strict)
+    cpu = _core.OnnxSession.create(str(path), CPU)
     x = torch.randn(7, 16)
     xc = x.cuda()
     torch.cuda.synchronize()
@@ -225,7 +225,7 @@ def test_cuda_inputs_outputs_on_cuda_match_cpu(mlp_model):
 @needs_cuda
 def test_cuda_session_rejects_host_tensor(mlp_model):
     path, _ = mlp_model
-    cuda = _core.OnnxRuntimeBackend.create(str(path), _core.OnnxRuntimeBackendConfig(provider=_core.ExecutionProvider.CUDA))
+    cuda = _core.OnnxSession.create(str(path), _core.OnnxSessionConfig(provider=_core.ExecutionProvider.CUDA))
     with pytest.raises(aitune.InvalidArgumentError, match="'x': tensor is on cpu"):
         cuda.infer([torch.randn(2, 16)])
     assert cuda.infer([torch.randn(2, 16, device="cuda")])[0].is_cuda
@@ -239,12 +239,12 @@ def test_memory_and_cuda_graph_errors_have_types_of_their_own():
 
 def test_cuda_graph_session_cannot_reenable_cpu_fallback(mlp_model):
     # Refused before any session exists, so this runs without a GPU too.
-    config = _core.OnnxRuntimeBackendConfig(
+    config = _core.OnnxSessionConfig(
         provider_options={"enable_cuda_graph": "1"}, session_config={"session.disable_cpu_ep_fallback": "0"}
     )
     path, _ = mlp_model
     with pytest.raises(aitune.InvalidArgumentError, match="session.disable_cpu_ep_fallback"):
-        _core.OnnxRuntimeBackend.create(str(path), config)
+        _core.OnnxSession.create(str(path), config)
 
 
 @needs_cuda
@@ -259,11 +259,11 @@ def test_cuda_graph_session_refuses_a_node_off_the_cuda_provider(tmp_path):
                               opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.save(model, tmp_path / "det.onnx")
-    config = _core.OnnxRuntimeBackendConfig(provider_options={"use_tf32": "0", "enable_cuda_graph": "1"})
+    config = _core.OnnxSessionConfig(provider_options={"use_tf32": "0", "enable_cuda_graph": "1"})
     with pytest.raises(aitune.CudaGraphCaptureError, match="CPU"):
-        _core.OnnxRuntimeBackend.create(str(tmp_path / "det.onnx"), config)
-    plain = _core.OnnxRuntimeBackendConfig(provider_options={"use_tf32": "0"})
-    session = _core.OnnxRuntimeBackend.create(str(tmp_path / "det.onnx"), plain)  # the CPU takes Det here
+        _core.OnnxSession.create(str(tmp_path / "det.onnx"), config)
+    plain = _core.OnnxSessionConfig(provider_options={"use_tf32": "0"})
+    session = _core.OnnxSession.create(str(tmp_path / "det.onnx"), plain)  # the CPU takes Det here
     x = torch.eye(3, device="cuda").repeat(2, 1, 1) * 2
     (out,) = session.infer([torch.utils.dlpack.to_dlpack(x)], stream=torch.cuda.current_stream().cuda_stream)
     torch.testing.assert_close(out.cpu(), torch.tensor([8.0, 8.0]))

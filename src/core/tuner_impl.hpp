@@ -1,0 +1,153 @@
+// Private: GraphTuner's state and the helpers its parts share (tuner.cpp evaluates and
+// chooses, tuner_batch_search.cpp widens the winner's batch range).
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "aitune/cuda_timer.hpp"
+#include "aitune/error.hpp"
+#include "aitune/tuner.hpp"
+
+namespace aitune {
+namespace detail {
+
+using SteadyTime = std::chrono::steady_clock;
+
+inline double ms_since(SteadyTime::time_point start) {
+  return std::chrono::duration<double, std::milli>(SteadyTime::now() - start).count();
+}
+
+// A Tensor over memory the caller owns (the views of TuneSample), so that ORT's copy
+// helpers, which take Tensors, can read it.
+inline Tensor borrowed(const TensorView& view) { return Tensor::adopt(view, std::make_shared<int>(0)); }
+
+// The looser of two precisions: strict < TF32 < FP16.
+inline Precision looser(Precision a, Precision b) { return static_cast<int>(a) > static_cast<int>(b) ? a : b; }
+
+inline std::string pct(double fraction) {
+  std::ostringstream out;
+  out.precision(3);
+  out << fraction * 100 << " %";
+  return out.str();
+}
+
+// Sample inputs on `backend`'s device: views of the caller's memory where it already
+// is there, copies made by ORT's data transfer for host inputs.
+struct DeviceInputs {
+  std::vector<Tensor> copies;
+  std::vector<TensorView> views;
+};
+
+inline DeviceInputs inputs_on(const OnnxSession& backend, const std::vector<TensorView>& inputs,
+                       const GraphSpec& spec) {
+  DeviceInputs out;
+  out.copies.reserve(inputs.size());
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const auto& v = inputs[i];
+    if (v.device == backend.device()) {
+      out.views.push_back(v);
+    } else if (v.device.kind == DeviceKind::kCPU) {
+      out.copies.push_back(backend.to_device(borrowed(v)));
+      out.views.push_back(out.copies.back().view());
+    } else {
+      throw Error(ErrorCode::kInvalidArgument, "sample input '" + spec.inputs[i].name + "' is on " +
+                                                   v.device.to_string() + ", but the candidate runs on " +
+                                                   backend.device().to_string());
+    }
+  }
+  return out;
+}
+
+inline std::vector<Tensor> host_outputs(const OnnxSession& backend, const std::vector<Tensor>& outputs) {
+  std::vector<Tensor> host;
+  host.reserve(outputs.size());
+  for (const auto& t : outputs) host.push_back(backend.to_host(t));
+  return host;
+}
+
+inline std::vector<TensorView> views_of(const std::vector<Tensor>& tensors) {
+  std::vector<TensorView> views;
+  views.reserve(tensors.size());
+  for (const auto& t : tensors) views.push_back(t.view());
+  return views;
+}
+
+}  // namespace detail
+
+struct GraphTuner::Impl {
+  using SteadyTime = detail::SteadyTime;
+  GraphSpec spec;
+  std::vector<TuneSample> samples;
+  TunerOptions options;
+  TuneReport report;
+  std::vector<std::string> output_names;
+  std::size_t profile_sample = 0;  // largest batch
+  std::vector<std::unique_ptr<OnnxSession>> backends;  // per candidate; null unless passed
+  std::vector<std::string> model_paths;
+  std::vector<std::vector<std::size_t>> input_maps;  // per candidate: model input i <- graph input map[i]
+  std::unique_ptr<OnnxSession> winner;
+  SteadyTime::time_point started = SteadyTime::now();
+
+  void log(const std::string& line) const {
+    if (options.log) options.log(report.graph + ": " + line);
+  }
+
+  std::size_t push(CandidateResult r, std::unique_ptr<OnnxSession> backend, std::string model_path,
+                   std::vector<std::size_t> input_map = {}) {
+    report.candidates.push_back(std::move(r));
+    backends.push_back(std::move(backend));
+    model_paths.push_back(std::move(model_path));
+    input_maps.push_back(std::move(input_map));
+    report.tuning_s = detail::ms_since(started) / 1e3;
+    return report.candidates.size() - 1;
+  }
+
+  // Device time of a session's calls, by events on the stream it runs on.
+  static std::unique_ptr<DeviceTimer> timer_for(const OnnxSession& backend) {
+    if (backend.config().provider != ExecutionProvider::kCUDA || backend.cuda_stream() == 0) return nullptr;
+    return make_cuda_event_timer(backend.cuda_stream(), backend.config().device_id);
+  }
+
+  // The graph's spec / a sample's inputs as the model with `map` sees them.
+  GraphSpec spec_for(const std::vector<std::size_t>& map) const {
+    GraphSpec s = spec;
+    s.inputs.clear();
+    for (auto i : map) s.inputs.push_back(spec.inputs.at(i));
+    return s;
+  }
+  static std::vector<TensorView> select(const std::vector<TensorView>& inputs, const std::vector<std::size_t>& map) {
+    std::vector<TensorView> out;
+    for (auto i : map) out.push_back(inputs.at(i));
+    return out;
+  }
+
+  // The user's overrides, with defaults for the looser of the candidate's and the
+  // reference's precision.
+  ToleranceSpec tolerances_for(Precision precision) const {
+    ToleranceSpec tolerances = options.tolerances;
+    tolerances.precision = detail::looser(precision, options.reference_precision);
+    return tolerances;
+  }
+
+  CorrectnessReport check(const OnnxSession& backend, Precision precision,
+                          const std::vector<std::size_t>& map) const {
+    const ToleranceSpec tolerances = tolerances_for(precision);
+    CorrectnessReport report_;
+    for (std::size_t i = 0; i < samples.size(); ++i) {
+      auto inputs = detail::inputs_on(backend, select(samples[i].inputs, map), backend.graph_spec());
+      auto outputs = detail::host_outputs(backend, backend.infer(inputs.views));
+      report_.samples.push_back(compare_sample(
+          "sample " + std::to_string(i) + " (batch " + std::to_string(samples[i].batch_size) + ")", output_names,
+          detail::views_of(outputs), samples[i].expected, tolerances));
+    }
+    return report_;
+  }
+
+  void search_batch(std::size_t index);
+};
+
+}  // namespace aitune
