@@ -89,12 +89,12 @@ def main() -> int:
 
     with torch.no_grad():
         module(x), module(x=x)  # resolve the two call forms: the next ones take the hot path
-    assert module._ait_direct is not None and len(module._ait_direct) == 2
+    assert module._ait_calls.direct is not None and len(module._ait_calls.direct) == 2
     columns = {
         "module forward": lambda: module(x),
         "module forward, m(x=x)": lambda: module(x=x),
         "module.forward(x)": lambda: module.forward(x),
-        "hot path alone": lambda: module._ait_direct.serve((x,)),
+        "hot path alone": lambda: module._ait_calls.direct.serve((x,)),
         "session.infer": lambda: [torch.from_numpy(a) for a in session.infer([x_np], framework="numpy")],
         "onnxruntime run": lambda: ort_session.run(None, {input_name: x_np}),
         "eager": lambda: model(x),

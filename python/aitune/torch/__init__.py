@@ -23,8 +23,10 @@ from aitune.torch.checkpoint import load, save
 from aitune.torch.checkpoint_structure import CheckpointStructureError
 from aitune.torch.export import ExportError
 from aitune.torch.graph import RecordedGraph
-from aitune.torch.module import GraphNotRecordedError, Module, ModuleState
-from aitune.torch.settings import (
+from aitune.torch.dispatch import GraphNotRecordedError
+from aitune.torch.graph_tuning import TuningError
+from aitune.torch.module import Module, ModuleState
+from aitune.torch.options import (
     TuneOptions,
     enable_find_max_batch_size,
     enable_performance_validation,
@@ -38,7 +40,6 @@ from aitune.torch.strategy import (
     MinLatencyStrategy,
     OneBackendStrategy,
     TuneStrategy,
-    TuningError,
 )
 from aitune.torch.tuning import tune
 from aitune.torch.triton import export_triton

@@ -1,14 +1,13 @@
-"""Process-wide switches that change what an ait.Module does when called."""
+"""The context of a call: whether ``ait.tune`` is recording (and into which session) or
+everything runs eagerly. ContextVars, read by ait.Module's forward and its C++ dispatch."""
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from aitune.torch.module import Module
+import torch
 
 
 class TuneSession:
@@ -17,9 +16,9 @@ class TuneSession:
 
     def __init__(self) -> None:
         self.batch_size = 0
-        self.modules: dict[int, Module] = {}  # id -> module, in order of first call
+        self.modules: dict[int, torch.nn.Module] = {}  # id -> ait.Module, in order of first call
 
-    def enlist(self, module: Module) -> bool:
+    def enlist(self, module: torch.nn.Module) -> bool:
         """Adds ``module``; True the first time (the module then drops older recordings)."""
         if id(module) in self.modules:
             return False
