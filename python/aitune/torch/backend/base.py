@@ -65,7 +65,7 @@ class TunedGraph:
     backend_name: str = "?"
     report = None
     session = None
-    order: list[int] = []
+    order: tuple[int, ...] = ()
 
     def infer(self, inputs: list) -> list:
         raise NotImplementedError
