@@ -21,9 +21,9 @@ from aitune.torch.backend import (
 from aitune.torch.cache import cache_root
 from aitune.torch.checkpoint import load, save
 from aitune.torch.checkpoint_structure import CheckpointStructureError
+from aitune.torch.dispatch import GraphNotRecordedError
 from aitune.torch.export import ExportError
 from aitune.torch.graph import RecordedGraph
-from aitune.torch.dispatch import GraphNotRecordedError
 from aitune.torch.graph_tuning import TuningError
 from aitune.torch.module import Module, ModuleState
 from aitune.torch.options import (
@@ -41,8 +41,8 @@ from aitune.torch.strategy import (
     OneBackendStrategy,
     TuneStrategy,
 )
-from aitune.torch.tuning import tune
 from aitune.torch.triton import export_triton
+from aitune.torch.tuning import tune
 
 __all__ = [
     "Backend",

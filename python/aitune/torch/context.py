@@ -1,5 +1,6 @@
-"""The context of a call: whether ``ait.tune`` is recording (and into which session) or
-everything runs eagerly. ContextVars, read by ait.Module's forward and its C++ dispatch."""
+"""The context of a call: whether ``ait.tune`` is recording (and into which session),
+whether everything runs eagerly, whether the exporters keep quiet. ContextVars, read by
+ait.Module's forward, its C++ dispatch and the exporter."""
 
 from __future__ import annotations
 
@@ -28,13 +29,15 @@ class TuneSession:
 
 session_var: contextvars.ContextVar[TuneSession | None] = contextvars.ContextVar("aitune_session", default=None)
 eager_var: contextvars.ContextVar[bool] = contextvars.ContextVar("aitune_eager", default=False)
+quiet_var: contextvars.ContextVar[bool] = contextvars.ContextVar("aitune_quiet_export", default=False)
 
 
 # The ContextVars' own bound ``get``s rather than wrappers: both run on every
 # ait.Module call, and a Python frame around a C call doubles its cost. (The C++ hot
-# path, torch_dispatch, reads the variables themselves.)
+# half of the dispatch reads the variables themselves.)
 current_session = session_var.get  # () -> TuneSession | None
 eager_only = eager_var.get  # () -> bool: inside run_eagerly()
+exporters_quiet = quiet_var.get  # () -> bool: what the exporters print is swallowed (ait.tune's disable_external_logging)
 
 
 @contextlib.contextmanager

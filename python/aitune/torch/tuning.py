@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -12,15 +13,35 @@ import torch.utils._pytree as pytree
 
 from aitune import _core
 from aitune.torch.candidate_isolation import CudaContextLostError
-from aitune.torch.context import TuneSession, recording
+from aitune.torch.context import TuneSession, quiet_var, recording
 from aitune.torch.dataset import iterate_calls
-from aitune.torch.export import quiet_external_logging
 from aitune.torch.module import Module
 from aitune.torch.options import TuneOptions
 
 logger = logging.getLogger("aitune")
 
 DEFAULT_BATCH_SIZES = (1, 2)
+
+
+@contextlib.contextmanager
+def quiet_external_logging() -> Iterator[None]:
+    """Silences torch.onnx / torch.export while tuning: their warnings, log records, and
+    what the exporters print (torch.export prints the graph when it fails; export.py
+    swallows it while ``context.exporters_quiet()``); aitune's own log records still come
+    through (``ait.tune``'s ``disable_external_logging``)."""
+    loggers = [logging.getLogger(n) for n in ("torch", "torch.onnx", "torch.export", "torch._dynamo", "onnxscript")]
+    levels = [lg.level for lg in loggers]
+    token = quiet_var.set(True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for lg in loggers:
+            lg.setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            for lg, level in zip(loggers, levels):
+                lg.setLevel(level)
+            quiet_var.reset(token)
 
 
 def tune(
