@@ -310,3 +310,20 @@ def test_a_graph_run_eagerly_gets_no_dispatch(python_path_calls):
             assert torch.equal(model(x), inner(x))
     assert model._ait_calls.direct is None  # no route: calls skip the C++ detour
     assert len(python_path_calls) == 3
+
+
+def test_a_module_in_a_cycle_through_its_dispatch_is_collected():
+    """The C++ half holds the graph's rebuild, which reaches the wrapped module; a module
+    that refers back to its ait.Module (or a script's globals holding both) makes a cycle
+    the collector must see through TorchDispatch, or the sessions leak."""
+    import weakref
+
+    model = _tuned(TwoOutputs().eval(), "two-out-cycle", [(torch.randn(16), torch.randn(8)) for _ in range(2)])
+    with torch.no_grad():
+        model(torch.randn(2, 16), torch.randn(2, 8))
+    assert len(model._ait_calls.direct) == 1
+    model.owner = model  # lands on the wrapped module: wrapped -> ait.Module -> dispatch -> rebuild -> wrapped
+    ref = weakref.ref(model)
+    del model
+    gc.collect()
+    assert ref() is None

@@ -350,6 +350,27 @@ class TorchDispatch {
   std::size_t size() const noexcept { return routes_.size(); }
   std::size_t graph_count() const noexcept { return graphs_.size(); }
 
+  /// For Python's cycle collector: every Python object the dispatch holds. A graph's
+  /// `rebuild` reaches the module's graph and through it the user's code, which may hold
+  /// the ait.Module that holds this dispatch (e.g. a model in a module's globals).
+  int traverse(visitproc visit, void* arg) const {
+    for (const nb::object* o : {&to_dlpack_, &from_dlpack_, &tensor_type_, &current_stream_, &fallback_})
+      Py_VISIT(o->ptr());
+    for (const auto* list : {&guards_.global_dicts, &guards_.context_vars, &guards_.calls, &guards_.attributes})
+      for (const auto& o : *list) Py_VISIT(o.ptr());
+    for (const auto& g : graphs_) {
+      Py_VISIT(g->session_object.ptr());
+      Py_VISIT(g->rebuild.ptr());
+    }
+    return 0;
+  }
+  /// Breaks such a cycle: the dispatch forgets its graphs and routes (it then serves
+  /// nothing; the collector only clears objects nothing else can reach).
+  void clear() {
+    routes_.clear();
+    graphs_.clear();
+  }
+
  private:
   std::shared_ptr<const Graph> graph_at(std::size_t index, const char* who) const {
     if (index >= graphs_.size())
@@ -425,10 +446,27 @@ class TorchDispatch {
   std::vector<std::shared_ptr<const Route>> routes_;
 };
 
+int dispatch_traverse(PyObject* self, visitproc visit, void* arg) {
+  Py_VISIT(Py_TYPE(self));  // heap types: the instance holds its type
+  if (!nb::inst_ready(self)) return 0;
+  return nb::inst_ptr<TorchDispatch>(self)->traverse(visit, arg);
+}
+
+int dispatch_clear(PyObject* self) {
+  if (nb::inst_ready(self)) nb::inst_ptr<TorchDispatch>(self)->clear();
+  return 0;
+}
+
+PyType_Slot dispatch_slots[] = {
+    {Py_tp_traverse, reinterpret_cast<void*>(dispatch_traverse)},
+    {Py_tp_clear, reinterpret_cast<void*>(dispatch_clear)},
+    {0, nullptr},
+};
+
 }  // namespace
 
 void bind_torch_dispatch(nb::module_& m) {
-  nb::class_<TorchDispatch>(m, "TorchDispatch",
+  nb::class_<TorchDispatch>(m, "TorchDispatch", nb::type_slots(dispatch_slots),
                             "The torch front end's C++ half: the one path of a tuned ait.Module's tensors into "
                             "and out of its sessions. `run` serves the front end's general path; routes serve "
                             "calls like those they were added for without Python, when the guards are clear, and "
