@@ -5,7 +5,8 @@ provider: the MLP of benchmarks/models.py at batch 1, p50 µs of one call, side 
   guards, DLPack in and out, the session run) after the first call
 - module forward, m(x=x): a keyword call, served by the hot path too (its own route)
 - module.forward(x): the Python path, which calls the hot path does not serve take
-  (binding, graph lookup, numpy hand-over, output rebuild), without nn.Module's call
+  (binding, graph lookup, then TorchDispatch.run: DLPack in and out, output rebuild),
+  without nn.Module's call
 - hot path alone: ``_core.TorchDispatch.serve`` without nn.Module's call and the guards
 - session.infer: the engine's session called directly (numpy views in and out,
   outputs wrapped by ``torch.from_numpy``)

@@ -190,3 +190,22 @@ def test_a_loaded_module_starts_without_routes(tmp_path):
         _assert_identical(loaded(x), expected)
         _assert_identical(loaded(x), expected)  # served by the route the first call added
     assert len(loaded._ait_calls.direct) == 1
+
+
+def test_routes_serve_forward_past_the_guards(monkeypatch):
+    """A module with hooks reaches forward through nn.Module.__call__; forward still finds
+    the route (no binding, no flattening), and the hooks still run."""
+    inner = MLP().eval()
+    model = _tuned(inner, "mlp", torch.randn(16))
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        plain = model(x)  # adds the route
+        handle = model.register_forward_hook(lambda module, args, output: output * 2)
+        _no_general_path(monkeypatch)
+        _assert_identical(model(x), plain * 2)
+        _assert_identical(model.forward(x), plain)
+        handle.remove()
+        monkeypatch.undo()
+        with pytest.raises(aitune.ShapeMismatchError) as info:  # the route matches, the session refuses
+            model.forward(torch.randn(2, 17))
+        assert any("recorded for this graph" in note for note in info.value.__notes__)

@@ -173,6 +173,15 @@ class ModuleDispatch:
         """The general path of a tuned call: bind, flatten, find the graph, run it."""
         if torch.is_grad_enabled() and _requires_grad(args, kwargs):
             return self._run_with_autograd(args, kwargs)
+        if self.direct is not None:
+            # Calls that reach forward past the C++ half's guards (a module with hooks,
+            # JIT tracing) still match its routes: the forward itself is the graph.
+            try:
+                outputs = self.direct.serve(args, kwargs)
+                if outputs is not NotImplemented:
+                    return outputs
+            except _core.ShapeMismatchError:
+                pass  # below, the general path raises it naming the graph, or runs eagerly
         arguments = self.bind(args, kwargs)
         leaves, spec = flatten.flatten_arguments(arguments)
         identity = flatten.identity(spec, leaves)
