@@ -5,7 +5,8 @@ provider: the MLP of benchmarks/models.py at batch 1, p50 µs of one call, side 
   guards, DLPack in and out, the session run) after the first call
 - module forward, m(x=x): a keyword call, served by the hot path too (its own route)
 - module.forward(x): the Python path, which calls the hot path does not serve take
-  (binding, graph lookup, numpy hand-over, output rebuild), without nn.Module's call
+  (binding, graph lookup, then TorchDispatch.run: DLPack in and out, output rebuild),
+  without nn.Module's call
 - hot path alone: ``_core.TorchDispatch.serve`` without nn.Module's call and the guards
 - session.infer: the engine's session called directly (numpy views in and out,
   outputs wrapped by ``torch.from_numpy``)
@@ -89,12 +90,12 @@ def main() -> int:
 
     with torch.no_grad():
         module(x), module(x=x)  # resolve the two call forms: the next ones take the hot path
-    assert module._ait_direct is not None and len(module._ait_direct) == 2
+    assert module._ait_calls.direct is not None and len(module._ait_calls.direct) == 2
     columns = {
         "module forward": lambda: module(x),
         "module forward, m(x=x)": lambda: module(x=x),
         "module.forward(x)": lambda: module.forward(x),
-        "hot path alone": lambda: module._ait_direct.serve((x,)),
+        "hot path alone": lambda: module._ait_calls.direct.serve((x,)),
         "session.infer": lambda: [torch.from_numpy(a) for a in session.infer([x_np], framework="numpy")],
         "onnxruntime run": lambda: ort_session.run(None, {input_name: x_np}),
         "eager": lambda: model(x),

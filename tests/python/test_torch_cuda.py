@@ -81,8 +81,8 @@ def test_torch_work_before_and_after_forward_is_ordered():
 
 
 def _assert_hot_path_served(model):
-    """All calls after the first ran in the C++ hot path (TorchDispatch): one route."""
-    assert model._ait_direct is not None and len(model._ait_direct) == 1
+    """All calls after the first ran in the C++ half of the dispatch (TorchDispatch): one route."""
+    assert model._ait_calls.direct is not None and len(model._ait_calls.direct) == 1
 
 
 def _cuda_backend(**config):

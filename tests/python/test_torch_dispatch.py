@@ -1,5 +1,6 @@
-"""The cached fast path of a tuned ait.Module's forward: it gives what the general path
-gives, and rejects, falls back or raises exactly as that path does."""
+"""The routes of a tuned ait.Module's dispatch (calls of plain tensors served in C++ after
+the first of their form): they give what the general path gives, and reject, fall back
+or raise exactly as that path does."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from torch_models import MLP, cpu_strategy
 import aitune
 import aitune.torch as ait
 from aitune.torch import flatten
-from aitune.torch.module import _call_layout, _positional_defaults
+from aitune.torch.dispatch import call_layout, positional_defaults
 
 
 class TwoInputs(torch.nn.Module):
@@ -37,7 +38,7 @@ def _tuned(module, name, samples, **kwargs):
 
 
 def _no_general_path(monkeypatch):
-    """From now on, a call that does not take the fast path fails the test."""
+    """From now on, a call that a route does not serve fails the test."""
     monkeypatch.setattr(flatten, "flatten_arguments", lambda *a: pytest.fail("the general path ran"))
 
 
@@ -63,27 +64,27 @@ def test_call_layout_admits_only_calls_that_leave_fixed_defaults_out():
 
     import inspect
 
-    positional = _positional_defaults(inspect.signature(forward))
-    assert _call_layout(positional, 1, ()) is None  # y is required
-    assert _call_layout(positional, 2, ()) is None  # weights' default is mutable
-    assert _call_layout(positional, 2, ("weights",)) == ("weights",)
-    assert _call_layout(positional, 5, ()) == ()
-    assert _call_layout(positional, 6, ()) is None  # too many arguments: binding raises
-    assert _call_layout(positional, 1, ("weights", "y")) == ("y", "weights")  # binding order
-    assert _call_layout(positional, 1, ("x", "y", "weights")) is None  # x given twice
-    assert _call_layout(positional, 0, ("z",)) is None  # no such parameter
-    assert _call_layout(None, 1, ()) is None  # *args, **kwargs or keyword-only parameters
+    positional = positional_defaults(inspect.signature(forward))
+    assert call_layout(positional, 1, ()) is None  # y is required
+    assert call_layout(positional, 2, ()) is None  # weights' default is mutable
+    assert call_layout(positional, 2, ("weights",)) == ("weights",)
+    assert call_layout(positional, 5, ()) == ()
+    assert call_layout(positional, 6, ()) is None  # too many arguments: binding raises
+    assert call_layout(positional, 1, ("weights", "y")) == ("y", "weights")  # binding order
+    assert call_layout(positional, 1, ("x", "y", "weights")) is None  # x given twice
+    assert call_layout(positional, 0, ("z",)) is None  # no such parameter
+    assert call_layout(None, 1, ()) is None  # *args, **kwargs or keyword-only parameters
 
 
-def test_fast_path_gives_the_general_paths_outputs_for_every_call_form(monkeypatch):
+def test_routes_give_the_general_paths_outputs_for_every_call_form(monkeypatch):
     inner = TwoInputs().eval()
     model = _tuned(inner, "two", [(torch.randn(16), torch.randn(8)) for _ in range(2)])
     x, y = torch.randn(2, 16), torch.randn(2, 8)
     fast_forms = [((x, y), {}), ((x,), {"y": y}), ((), {"y": y, "x": x})]
     general_forms = [((x, y, 2.0), {}), ((x, y), {"scale": 2.0})]  # non-tensor values: always the general path
     with torch.no_grad():
-        general = [model(*a, **k) for a, k in fast_forms + general_forms]  # first calls fill the cache
-        assert len(model._ait_fast) == 3  # one per keyword layout
+        general = [model(*a, **k) for a, k in fast_forms + general_forms]  # first calls add routes
+        assert len(model._ait_calls.direct) == 3  # one per keyword layout
         for (args, kwargs), expected in zip(fast_forms + general_forms, general):
             _assert_identical(model(*args, **kwargs), expected)
             _assert_identical(expected, general[0])
@@ -93,7 +94,7 @@ def test_fast_path_gives_the_general_paths_outputs_for_every_call_form(monkeypat
         torch.testing.assert_close(general[0], inner(x, y), atol=1e-4, rtol=1e-4)
 
 
-def test_fast_path_still_rejects_wrong_dtype_rank_shape_device_and_structure(monkeypatch):
+def test_routes_still_reject_wrong_dtype_rank_shape_device_and_structure(monkeypatch):
     model = _tuned(TwoInputs().eval(), "two", [(torch.randn(16), torch.randn(8)) for _ in range(2)])
     x, y = torch.randn(2, 16), torch.randn(2, 8)
     bad_calls = [
@@ -109,7 +110,7 @@ def test_fast_path_still_rejects_wrong_dtype_rank_shape_device_and_structure(mon
     with torch.no_grad():
         model(x, y)
         model(x, y=y)
-    assert model._ait_fast
+    assert model._ait_calls.direct
     warm = [_error_text(call) for call in bad_calls]
     assert warm == cold
     types = [t for t, _, _ in warm]
@@ -120,22 +121,26 @@ def test_fast_path_still_rejects_wrong_dtype_rank_shape_device_and_structure(mon
     assert any("recorded for this graph" in note for note in warm[2][2])
     assert "input_y" in warm[3][1] and "meta" in warm[3][1]
 
-    _no_general_path(monkeypatch)  # shape and device errors come from the fast path itself
-    assert _error_text(bad_calls[2]) == cold[2] and _error_text(bad_calls[3]) == cold[3]
+    # A shape the session refuses matches a route; the call then goes to the general path,
+    # which owns the message (the note naming the recorded graph): once more, same error.
+    assert _error_text(bad_calls[2]) == cold[2]
 
 
-def test_fast_path_falls_back_eagerly_with_one_warning(monkeypatch):
+def test_routes_fall_back_eagerly_with_one_warning(monkeypatch):
     inner = MLP().eval()
     model = _tuned(inner, "mlp", torch.randn(16), eager_fallback=True)  # batch sizes 1..2
     with torch.no_grad():
-        model(torch.randn(2, 16))  # fills the cache
-        big = torch.randn(5, 16)  # outside the graph's batch range: the backend refuses it
-        monkeypatch.setattr(flatten, "flatten_arguments", lambda *a: pytest.fail("the general path ran"))
+        model(torch.randn(2, 16))  # adds a route
+        assert len(model._ait_calls.direct) == 1
+        big = torch.randn(5, 16)  # outside the graph's batch range: the session refuses it
         with pytest.warns(RuntimeWarning, match="outside the graph spec.*running eagerly"):
             _assert_identical(model(big), inner(big))
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             _assert_identical(model(big), inner(big))  # warned once
+        _no_general_path(monkeypatch)
+        x = torch.randn(2, 16)
+        torch.testing.assert_close(model(x), inner(x), atol=1e-4, rtol=1e-4)  # still served by the route
         monkeypatch.undo()
         bad = torch.randn(2, 3, 16)  # rank: no graph, eager
         with pytest.warns(RuntimeWarning, match="no recorded graph matches"):
@@ -163,17 +168,17 @@ def test_retuning_drops_the_cached_graphs():
     x = torch.randn(2, 16)
     with torch.no_grad():
         model(x)
-    assert model._ait_fast
+    assert model._ait_calls.direct
     ait.tune(model, torch.randn(3, 16), clear_cache=True)  # now rank 3 inputs
-    assert not model._ait_fast
+    assert model._ait_calls.direct is None
     with pytest.raises(ait.GraphNotRecordedError):
         model(x)
     with torch.no_grad():
         model(torch.randn(2, 3, 16))
-    assert model._ait_fast
+    assert model._ait_calls.direct
 
 
-def test_a_loaded_module_starts_with_an_empty_cache(tmp_path):
+def test_a_loaded_module_starts_without_routes(tmp_path):
     inner = MLP().eval()
     model = _tuned(inner, "mlp", torch.randn(16))
     x = torch.randn(2, 16)
@@ -181,7 +186,26 @@ def test_a_loaded_module_starts_with_an_empty_cache(tmp_path):
         expected = model(x)
         ait.save(model, tmp_path / "mlp.ait")
         loaded = ait.load(ait.Module(inner, "mlp"), tmp_path / "mlp.ait")
-        assert not loaded._ait_fast
+        assert loaded._ait_calls.direct is None
         _assert_identical(loaded(x), expected)
-        _assert_identical(loaded(x), expected)  # the fast path
-    assert loaded._ait_fast
+        _assert_identical(loaded(x), expected)  # served by the route the first call added
+    assert len(loaded._ait_calls.direct) == 1
+
+
+def test_routes_serve_forward_past_the_guards(monkeypatch):
+    """A module with hooks reaches forward through nn.Module.__call__; forward still finds
+    the route (no binding, no flattening), and the hooks still run."""
+    inner = MLP().eval()
+    model = _tuned(inner, "mlp", torch.randn(16))
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        plain = model(x)  # adds the route
+        handle = model.register_forward_hook(lambda module, args, output: output * 2)
+        _no_general_path(monkeypatch)
+        _assert_identical(model(x), plain * 2)
+        _assert_identical(model.forward(x), plain)
+        handle.remove()
+        monkeypatch.undo()
+        with pytest.raises(aitune.ShapeMismatchError) as info:  # the route matches, the session refuses
+            model.forward(torch.randn(2, 17))
+        assert any("recorded for this graph" in note for note in info.value.__notes__)

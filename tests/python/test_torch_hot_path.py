@@ -1,7 +1,8 @@
-"""The C++ hot path of a tuned ait.Module (``_core.TorchDispatch``): calls of plain
-tensors that an earlier call resolved run in one C++ call; it gives what the Python path
+"""The C++ half of a tuned ait.Module's dispatch (``_core.TorchDispatch``): calls of plain
+tensors that an earlier call resolved run in one C++ call; it gives what the general path
 gives, and every call it does not serve (hooks, recording, eager, unusual tensors, a
-keyword form not seen before) goes through nn.Module.__call__ as before."""
+keyword form not seen before) goes through nn.Module.__call__ to the general path, which
+runs sessions through the same C++ half (``run``)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,7 @@ import aitune
 import aitune.torch as ait
 from aitune import _core
 from aitune.torch import context
-from aitune.torch.module import Module
-from aitune.torch.torch_dispatch import new_dispatch
+from aitune.torch.dispatch import ModuleDispatch, new_dispatch
 
 
 class TwoOutputs(torch.nn.Module):
@@ -47,15 +47,15 @@ def _tuned(module, name, samples, **kwargs):
 
 @pytest.fixture
 def python_path_calls(monkeypatch):
-    """Counts the calls that reach the module's Python dispatch."""
+    """Counts the calls that reach the module's general path (Python)."""
     calls = []
-    original = Module._ait_dispatch
+    original = ModuleDispatch.call
 
     def counting(self, args, kwargs):
         calls.append((args, kwargs))
         return original(self, args, kwargs)
 
-    monkeypatch.setattr(Module, "_ait_dispatch", counting)
+    monkeypatch.setattr(ModuleDispatch, "call", counting)
     return calls
 
 
@@ -64,9 +64,9 @@ def test_positional_tensor_calls_run_in_cpp_after_the_first(python_path_calls):
     model = _tuned(inner, "two-out", [(torch.randn(16), torch.randn(8)) for _ in range(2)])
     x, y = torch.randn(2, 16), torch.randn(2, 8)
     with torch.no_grad():
-        assert model._ait_direct is None
+        assert model._ait_calls.direct is None
         first = model(x, y)
-        assert len(python_path_calls) == 1 and len(model._ait_direct) == 1
+        assert len(python_path_calls) == 1 and len(model._ait_calls.direct) == 1
         for _ in range(3):
             again = model(x, y)
             assert again.keys() == first.keys()
@@ -116,7 +116,7 @@ def test_hooks_and_tracing_take_the_module_path(python_path_calls):
             model(x)
         finally:
             global_hook.remove()
-        assert Module in seen
+        assert ait.Module in seen
         calls = len(python_path_calls)
         torch.testing.assert_close(model(x), plain)
         assert len(python_path_calls) == calls  # hooks gone: C++ again
@@ -142,12 +142,12 @@ def test_keyword_calls_run_in_cpp_after_the_first_of_their_form(python_path_call
                 for key in expected:
                     torch.testing.assert_close(out[key], expected[key])
             assert len(python_path_calls) == calls + python_calls
-        assert len(model._ait_direct) == 2
-        served = model._ait_direct.serve((x,), {"y": y})
+        assert len(model._ait_calls.direct) == 2
+        served = model._ait_calls.direct.serve((x,), {"y": y})
         torch.testing.assert_close(served["out"], expected["out"])
-        assert model._ait_direct.serve((x,), {"z": y}) is NotImplemented
-        assert model._ait_direct.serve((), {"x": x, "y": y, "z": y}) is NotImplemented
-        assert model._ait_direct.serve((x, y)) is NotImplemented  # never called positionally
+        assert model._ait_calls.direct.serve((x,), {"z": y}) is NotImplemented
+        assert model._ait_calls.direct.serve((), {"x": x, "y": y, "z": y}) is NotImplemented
+        assert model._ait_calls.direct.serve((x, y)) is NotImplemented  # never called positionally
         calls = len(python_path_calls)
         with pytest.raises(TypeError, match="z"):
             model(x, y=y, z=y)  # the general path gives the binding error
@@ -167,7 +167,7 @@ def test_eager_and_recording_are_not_served(python_path_calls):
         assert Counted.calls == eager + 2  # the module and the reference both ran eagerly
     ait.tune(model, torch.randn(3, 16))  # recording calls the (tuned) module: it must record
     assert model.ait_state is ait.ModuleState.TUNED
-    assert [g.describe() for g in model.ait_graphs] and model._ait_direct is None  # routes dropped with the graphs
+    assert [g.describe() for g in model.ait_graphs] and model._ait_calls.direct is None  # routes dropped with the graphs
 
 
 def test_unusual_tensors_fall_back_and_give_equal_outputs(python_path_calls):
@@ -227,19 +227,19 @@ def test_threads_share_one_module():
     assert not errors
 
 
-def test_dispatch_add_rejects_what_it_cannot_serve():
+def test_dispatch_rejects_what_it_cannot_serve():
     model = _tuned(MLP().eval(), "mlp", torch.randn(16))
     ((_, tuned),) = model._ait_tuned.values()
     dispatch = new_dispatch()
     x = torch.randn(2, 16)
     with pytest.raises(aitune.InvalidArgumentError, match="session must be an OnnxSession, got <class 'str'>"):
-        dispatch.add([x], "session", [0], None)
-    with pytest.raises(aitune.InvalidArgumentError, match="argument 0 is not a <class 'torch.Tensor'>"):
-        dispatch.add([x.numpy()], tuned.session, [0], None)
+        dispatch.add_graph("session", [0], 1, None)
     with pytest.raises(aitune.InvalidArgumentError, match="order has 2 entries, the session takes 1 inputs"):
-        dispatch.add([x], tuned.session, [0, 0], None)
-    with pytest.raises(aitune.InvalidArgumentError, match="order names argument 3 of a call of 1"):
-        dispatch.add([x], tuned.session, [3], None)
+        dispatch.add_graph(tuned.session, [0, 0], 1, None)
+    with pytest.raises(aitune.InvalidArgumentError, match="order names tensor 3 of a call of 1"):
+        dispatch.add_graph(tuned.session, [3], 1, None)
+    with pytest.raises(aitune.InvalidArgumentError, match="no graph 0 \\(0 registered\\)"):
+        dispatch.add_route([x], 0)
     with pytest.raises(aitune.InvalidArgumentError, match="tensor_type must be a type"):
         _core.TorchDispatch(len, len, "Tensor", len, len, [], [], [], [])
     with pytest.raises(aitune.InvalidArgumentError, match="global_dicts must be dicts"):
@@ -248,15 +248,54 @@ def test_dispatch_add_rejects_what_it_cannot_serve():
         _core.TorchDispatch(len, len, torch.Tensor, len, len, [], [None], [], [])
     with pytest.raises(aitune.InvalidArgumentError, match="attributes must be str"):
         _core.TorchDispatch(len, len, torch.Tensor, len, len, [], [], [], [1])
-    assert len(dispatch) == 0
+    assert dispatch.graph_count == 0 and len(dispatch) == 0
+    index = dispatch.add_graph(tuned.session, [0], 1, None)
+    assert index == 0 and dispatch.graph_count == 1
+    with pytest.raises(aitune.InvalidArgumentError, match="argument 0 is not a <class 'torch.Tensor'>"):
+        dispatch.add_route([x.numpy()], index)
+    with pytest.raises(aitune.InvalidArgumentError, match="a call of 2 tensors for graph 0, which takes 1"):
+        dispatch.add_route([x, x], index)
+    with pytest.raises(aitune.InvalidArgumentError, match="2 tensors for graph 0, which takes 1"):
+        dispatch.run(index, [x, x])
+    with pytest.raises(aitune.InvalidArgumentError, match="input 'input_x': expected a torch.Tensor, got <class 'str'>"):
+        dispatch.run(index, ["x"])
     assert dispatch.serve((x,)) is NotImplemented  # no route
-    dispatch.add([x], tuned.session, [0], None)
     with torch.no_grad():
-        torch.testing.assert_close(dispatch.serve((x,)), model(x))
+        expected = model(x)
+    torch.testing.assert_close(dispatch.run(index, [x]), expected)  # the general path's way in, no route needed
+    torch.testing.assert_close(dispatch.run(index, [x.t().contiguous().t()]), expected)  # a view: copied
+    assert dispatch.add_route([x], index) is True
+    assert dispatch.add_route([torch.randn(1, 16)], index) is False  # the same kinds: the same route
+    torch.testing.assert_close(dispatch.serve((x,)), expected)
     assert dispatch.serve((x, x)) is NotImplemented  # arity
     assert dispatch.serve((x.double(),)) is NotImplemented  # dtype
     assert dispatch.serve((x[None],)) is NotImplemented  # rank
     assert dispatch.serve((x.numpy(),)) is NotImplemented  # not a tensor
+
+
+def test_the_general_path_runs_sessions_through_the_cpp_half(monkeypatch):
+    """Calls no route serves (non-tensor values, nested inputs, hooks) still reach the
+    session only through ``TorchDispatch.run``: there is no other way in."""
+    model = _tuned(MLP().eval(), "mlp", torch.randn(16))
+    runs = []
+    dispatch = model._ait_calls.cpp
+    original = type(dispatch).run
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(dispatch, name)
+
+        def run(self, index, tensors):
+            runs.append(index)
+            return original(dispatch, index, tensors)
+
+    monkeypatch.setattr(model._ait_calls, "cpp", Counting())
+    x = torch.randn(2, 16)
+    handle = model.register_forward_hook(lambda module, args, output: output)  # no route serves it
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), model._ait_module(x), atol=1e-4, rtol=1e-4)
+    handle.remove()
+    assert runs == [0]
 
 
 def test_a_graph_run_eagerly_gets_no_dispatch(python_path_calls):
@@ -269,5 +308,22 @@ def test_a_graph_run_eagerly_gets_no_dispatch(python_path_calls):
     with torch.no_grad():
         for _ in range(3):
             assert torch.equal(model(x), inner(x))
-    assert model._ait_direct is None  # no route: calls skip the C++ detour
+    assert model._ait_calls.direct is None  # no route: calls skip the C++ detour
     assert len(python_path_calls) == 3
+
+
+def test_a_module_in_a_cycle_through_its_dispatch_is_collected():
+    """The C++ half holds the graph's rebuild, which reaches the wrapped module; a module
+    that refers back to its ait.Module (or a script's globals holding both) makes a cycle
+    the collector must see through TorchDispatch, or the sessions leak."""
+    import weakref
+
+    model = _tuned(TwoOutputs().eval(), "two-out-cycle", [(torch.randn(16), torch.randn(8)) for _ in range(2)])
+    with torch.no_grad():
+        model(torch.randn(2, 16), torch.randn(2, 8))
+    assert len(model._ait_calls.direct) == 1
+    model.owner = model  # lands on the wrapped module: wrapped -> ait.Module -> dispatch -> rebuild -> wrapped
+    ref = weakref.ref(model)
+    del model
+    gc.collect()
+    assert ref() is None

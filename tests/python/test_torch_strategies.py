@@ -167,6 +167,49 @@ def test_find_max_batch_size_widens_the_batch_range():
     assert json.loads(report.to_json())["batch_search"]["correctness"] == "passed"
 
 
+def test_the_switches_are_per_call_tune_options_with_process_defaults():
+    """ait.tune(performance_validation=, min_speedup=, find_max_batch_size=, max_batch_size=)
+    decide for one call; left out, the defaults set by ait.enable_* apply (conftest turns
+    validation off for every test)."""
+    assert not ait.performance_validation_enabled()
+    model = ait.Module(ManySmallOps().eval(), "ops", strategy=ait.OneBackendStrategy(cpu_backend()))
+    ait.tune(model, torch.randn(8), performance_validation=True, min_speedup=1e6)  # this call only
+    (described,) = model.ait_backends.values()
+    assert "eager kept" in described
+    assert not ait.performance_validation_enabled()  # the default is untouched
+    ait.tune(model, torch.randn(8))  # the default again: no validation, the backend stays
+    assert "ONNXRuntimeBackend" in next(iter(model.ait_backends.values()))
+
+    assert ait.TuneOptions().find_max_batch_size is False
+    ait.enable_find_max_batch_size(True, max_batch_size=8)
+    options = ait.TuneOptions()
+    assert options.find_max_batch_size and options.max_batch_size == 8
+    assert options.tuner_options().max_batch_size == 8
+    assert not ait.TuneOptions(find_max_batch_size=False).tuner_options().find_max_batch_size
+    config = ait.TuneOptions(performance_validation=True, min_speedup=2.0).strategy_config(_core.StrategyKind.MIN_LATENCY)
+    assert config.performance_validation and config.min_speedup == 2.0
+    with pytest.raises(ValueError, match="min_speedup"):
+        ait.tune(model, torch.randn(8), min_speedup=-1.0)
+    with pytest.raises(ValueError, match="max_batch_size"):
+        ait.TuneOptions(max_batch_size=0)
+
+
+def test_strategies_are_plain_data():
+    backend = cpu_backend()
+    one = ait.OneBackendStrategy(backend=backend)
+    assert one.backends == [backend] and one.kind is _core.StrategyKind.ONE_BACKEND and one.propagate_errors
+    budget = ait.LatencyBudgetStrategy([backend], budget_ms=5)
+    assert budget.backends == [backend] and budget.latency_budget_ms == 5.0 and budget.budget_ms == 5.0
+    first = ait.FirstWinsStrategy((backend, TorchEagerBackend()))
+    assert first.stop_at_first_success and isinstance(first.backends, list) and len(first.backends) == 2
+    assert not hasattr(first, "tune")  # the driver (graph_tuning.tune_graph) reads strategies, they do not drive
+    with pytest.raises(TypeError, match="backend must be a Backend"):
+        ait.OneBackendStrategy("cpu")
+    with pytest.raises(TypeError, match="one Backend"):
+        ait.MaxThroughputStrategy(backend)
+    assert repr(budget).startswith("LatencyBudgetStrategy([ONNXRuntimeBackend[")
+
+
 def test_tolerance_overrides_accept_a_known_deviation():
     class Noisy(torch.nn.Module):
         def forward(self, x):

@@ -21,10 +21,12 @@ from aitune.torch.backend import (
 from aitune.torch.cache import cache_root
 from aitune.torch.checkpoint import load, save
 from aitune.torch.checkpoint_structure import CheckpointStructureError
+from aitune.torch.dispatch import GraphNotRecordedError
 from aitune.torch.export import ExportError
 from aitune.torch.graph import RecordedGraph
-from aitune.torch.module import GraphNotRecordedError, Module, ModuleState
-from aitune.torch.settings import (
+from aitune.torch.graph_tuning import TuningError
+from aitune.torch.module import Module, ModuleState
+from aitune.torch.options import (
     TuneOptions,
     enable_find_max_batch_size,
     enable_performance_validation,
@@ -38,10 +40,9 @@ from aitune.torch.strategy import (
     MinLatencyStrategy,
     OneBackendStrategy,
     TuneStrategy,
-    TuningError,
 )
-from aitune.torch.tuning import tune
 from aitune.torch.triton import export_triton
+from aitune.torch.tuning import tune
 
 __all__ = [
     "Backend",

@@ -36,6 +36,7 @@ from aitune.torch.checkpoint_structure import (
     saved_graph,
 )
 from aitune.torch.graph import SavedGraph
+from aitune.torch.module import Module, ModuleState
 
 logger = logging.getLogger("aitune")
 
@@ -81,8 +82,6 @@ class SavedReport:
 
 
 def _check_module(module: Any, verb: str):
-    from aitune.torch.module import Module
-
     if not isinstance(module, Module):
         raise TypeError(f"ait.{verb} takes an ait.Module, got {type(module).__name__}")
     return module
@@ -127,8 +126,6 @@ def save(
     describe, ``aitune.InvalidArgumentError`` / ``aitune.AituneIOError`` from the
     engine's save (see docs/checkpoints.md).
     """
-    from aitune.torch.module import ModuleState
-
     module = _check_module(module, "save")
     if module.ait_state is not ModuleState.TUNED:
         why = {
@@ -204,7 +201,7 @@ def _graph_entry(graph, tuned: OnnxRuntimeTunedGraph, structure: dict, files: di
             f"module named '{graph.module_name}' rewrites its cache directory, and saving a loaded module over or "
             "after removing the checkpoint it came from loses its files); tune or load the module again, then save"
         )
-    structure["order"] = list(tuned._order)
+    structure["order"] = list(tuned.order)
     structure["backend"] = tuned.describe()
     directory = _core.Checkpoint.graph_directory(graph.key)
     model_path = Path(session.model_path).resolve()

@@ -1,14 +1,14 @@
-"""Process-wide switches that change what an ait.Module does when called."""
+"""The context of a call: whether ``ait.tune`` is recording (and into which session),
+whether everything runs eagerly, whether the exporters keep quiet. ContextVars, read by
+ait.Module's forward, its C++ dispatch and the exporter."""
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from aitune.torch.module import Module
+import torch
 
 
 class TuneSession:
@@ -17,9 +17,9 @@ class TuneSession:
 
     def __init__(self) -> None:
         self.batch_size = 0
-        self.modules: dict[int, Module] = {}  # id -> module, in order of first call
+        self.modules: dict[int, torch.nn.Module] = {}  # id -> ait.Module, in order of first call
 
-    def enlist(self, module: Module) -> bool:
+    def enlist(self, module: torch.nn.Module) -> bool:
         """Adds ``module``; True the first time (the module then drops older recordings)."""
         if id(module) in self.modules:
             return False
@@ -29,13 +29,15 @@ class TuneSession:
 
 session_var: contextvars.ContextVar[TuneSession | None] = contextvars.ContextVar("aitune_session", default=None)
 eager_var: contextvars.ContextVar[bool] = contextvars.ContextVar("aitune_eager", default=False)
+quiet_var: contextvars.ContextVar[bool] = contextvars.ContextVar("aitune_quiet_export", default=False)
 
 
 # The ContextVars' own bound ``get``s rather than wrappers: both run on every
 # ait.Module call, and a Python frame around a C call doubles its cost. (The C++ hot
-# path, torch_dispatch, reads the variables themselves.)
+# half of the dispatch reads the variables themselves.)
 current_session = session_var.get  # () -> TuneSession | None
 eager_only = eager_var.get  # () -> bool: inside run_eagerly()
+exporters_quiet = quiet_var.get  # () -> bool: what the exporters print is swallowed (ait.tune's disable_external_logging)
 
 
 @contextlib.contextmanager

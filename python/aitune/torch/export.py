@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import io
-import logging
 import os
 import re
 import shutil
@@ -18,7 +16,7 @@ import onnx
 import torch
 
 from aitune import _core
-from aitune.torch.context import run_eagerly
+from aitune.torch.context import exporters_quiet, run_eagerly
 from aitune.torch.graph import RecordedGraph
 
 
@@ -81,32 +79,9 @@ def _trace_axes(spec: _core.GraphSpec) -> dict[str, dict[int, str]]:
     return axes
 
 
-_quiet: contextvars.ContextVar[bool] = contextvars.ContextVar("aitune_quiet_export", default=False)
-
-
-@contextlib.contextmanager
-def quiet_external_logging() -> Iterator[None]:
-    """Silences torch.onnx / torch.export while exporting: their warnings, log records,
-    and what they print (torch.export prints the graph when it fails); aitune's own log
-    records still come through (``ait.tune``'s ``disable_external_logging``)."""
-    loggers = [logging.getLogger(n) for n in ("torch", "torch.onnx", "torch.export", "torch._dynamo", "onnxscript")]
-    levels = [lg.level for lg in loggers]
-    token = _quiet.set(True)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for lg in loggers:
-            lg.setLevel(logging.ERROR)
-        try:
-            yield
-        finally:
-            for lg, level in zip(loggers, levels):
-                lg.setLevel(level)
-            _quiet.reset(token)
-
-
 @contextlib.contextmanager
 def _exporter_output() -> Iterator[None]:
-    if not _quiet.get():
+    if not exporters_quiet():
         yield
         return
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):

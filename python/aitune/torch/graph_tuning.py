@@ -1,6 +1,7 @@
-"""Drives the C++ tuning engine for one recorded graph: hands it the samples and the
-eager reference, lets each backend add its candidates, and turns the winner into a
-TunedGraph. Writes the JSON report and logs the summary table."""
+"""The tuning driver: drives the C++ tuning engine for one recorded graph as a strategy
+(plain data, strategy.py) says: hands it the samples and the eager reference, lets each
+backend add its candidates, and turns the winner into a TunedGraph. Writes the JSON
+report and logs the summary table."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import os
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -21,16 +21,17 @@ from aitune.torch.backend.onnx_runtime_backend import NumericMismatchError
 from aitune.torch.backend.torch_eager import EagerGraph, TorchEagerBackend
 from aitune.torch.candidate_isolation import CudaContextLostError
 from aitune.torch.context import run_eagerly
-from aitune.torch.settings import TuneOptions
-from aitune.torch.strategy import TuningError
-
-if TYPE_CHECKING:
-    from aitune.torch.graph import RecordedGraph
-    from aitune.torch.strategy import TuneStrategy
+from aitune.torch.graph import RecordedGraph
+from aitune.torch.options import TuneOptions
+from aitune.torch.strategy import TuneStrategy
 
 logger = logging.getLogger("aitune")
 
 REPORT_FILE = "tune_report.json"
+
+
+class TuningError(_core.AituneError):
+    """No backend of a strategy produced a correct candidate; the message lists why each failed."""
 
 
 def _progress_bar(total: int, description: str, enabled: bool):
@@ -109,6 +110,7 @@ def _failure(strategy: TuneStrategy, graph: RecordedGraph, report: _core.TuneRep
 
 
 def tune_graph(strategy: TuneStrategy, graph: RecordedGraph, options: TuneOptions | None = None) -> TunedGraph:
+    """The TunedGraph ``strategy`` chooses for ``graph``, or raises saying why there is none."""
     options = options or TuneOptions()
     tuner_options = options.tuner_options()
     if graph.device.type == "cuda":

@@ -13,6 +13,8 @@ import tempfile
 from pathlib import Path
 
 from aitune import _core
+from aitune.torch.checkpoint import save
+from aitune.torch.module import Module, ModuleState
 
 
 def export_triton(
@@ -41,9 +43,6 @@ def export_triton(
     ``aitune.InvalidArgumentError`` for a bad name, an existing entry without
     ``overwrite``, a ``max_batch_size`` the graphs cannot take; nothing is written then.
     """
-    from aitune.torch.checkpoint import save
-    from aitune.torch.module import Module, ModuleState
-
     if not isinstance(module, Module):
         raise TypeError(f"ait.export_triton takes an ait.Module, got {type(module).__name__}")
     if module.ait_state is not ModuleState.TUNED:

@@ -4,23 +4,44 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
 
-from aitune.torch.context import TuneSession, recording
-from aitune.torch.candidate_isolation import CudaContextLostError
-from aitune.torch.dataset import iterate_calls
-from aitune.torch.export import quiet_external_logging
 from aitune import _core
+from aitune.torch.candidate_isolation import CudaContextLostError
+from aitune.torch.context import TuneSession, quiet_var, recording
+from aitune.torch.dataset import iterate_calls
 from aitune.torch.module import Module
-from aitune.torch.settings import TuneOptions
+from aitune.torch.options import TuneOptions
 
 logger = logging.getLogger("aitune")
 
 DEFAULT_BATCH_SIZES = (1, 2)
+
+
+@contextlib.contextmanager
+def quiet_external_logging() -> Iterator[None]:
+    """Silences torch.onnx / torch.export while tuning: their warnings, log records, and
+    what the exporters print (torch.export prints the graph when it fails; export.py
+    swallows it while ``context.exporters_quiet()``); aitune's own log records still come
+    through (``ait.tune``'s ``disable_external_logging``)."""
+    loggers = [logging.getLogger(n) for n in ("torch", "torch.onnx", "torch.export", "torch._dynamo", "onnxscript")]
+    levels = [lg.level for lg in loggers]
+    token = quiet_var.set(True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for lg in loggers:
+            lg.setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            for lg, level in zip(loggers, levels):
+                lg.setLevel(level)
+            quiet_var.reset(token)
 
 
 def tune(
@@ -38,6 +59,10 @@ def tune(
     output_tolerances: dict[str, tuple[float, float]] | None = None,
     profile_config: _core.ProfileConfig | None = None,
     progress: bool = True,
+    performance_validation: bool | None = None,
+    min_speedup: float | None = None,
+    find_max_batch_size: bool | None = None,
+    max_batch_size: int | None = None,
 ) -> None:
     """Records every ait.Module that ``func`` calls on the dataset's samples, then tunes each.
 
@@ -62,8 +87,17 @@ def tune(
         output_tolerances: ``{output name: (atol, rtol)}``, winning over ``tolerance``.
         profile_config: how candidates and eager are timed (``aitune._core.ProfileConfig``).
         progress: a progress bar per graph while candidates are measured (on a terminal).
+        performance_validation, min_speedup: the winner must beat eager's p50 latency by
+            ``min_speedup``, else the graph keeps running eagerly. None: the default set
+            by ``ait.enable_performance_validation`` (on, 1.01).
+        find_max_batch_size, max_batch_size: search the largest batch the winner takes,
+            up to ``max_batch_size``. None: the default set by
+            ``ait.enable_find_max_batch_size`` (off, 4096).
     """
-    options = TuneOptions(tolerance, output_tolerances, profile_config, progress)
+    switches = dict(performance_validation=performance_validation, min_speedup=min_speedup,
+                    find_max_batch_size=find_max_batch_size, max_batch_size=max_batch_size)
+    options = TuneOptions(tolerance, output_tolerances, profile_config, progress,
+                          **{name: value for name, value in switches.items() if value is not None})
     options.tuner_options()  # bad tolerances or profile settings fail now, before recording
     batch_sizes = list(DEFAULT_BATCH_SIZES if batch_sizes is None else batch_sizes)
     if not batch_sizes or not all(isinstance(b, int) and b > 0 for b in batch_sizes):

@@ -7,10 +7,9 @@ import enum
 import hashlib
 import json
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # imported for annotations only, to keep the import graph acyclic
-    from aitune.torch.module import RecordedGraph
+from aitune.torch.graph import RecordedGraph
 
 
 @dataclasses.dataclass
@@ -53,26 +52,23 @@ class BackendConfig:
 
 
 class TunedGraph:
-    """One recorded graph made runnable by a backend: flat tensors in, flat tensors out.
+    """One recorded graph made runnable by a backend.
 
-    ``infer`` takes the graph's tensor inputs in recording order and returns its tensor
-    outputs in recording order; the module rebuilds the output structure around them.
+    A graph that runs in an engine session sets ``session`` (a ``_core`` session) and
+    ``order`` (session input i takes graph tensor input order[i]); the module's dispatch
+    runs it in C++ (``_core.TorchDispatch``). A graph that runs in Python (eager,
+    torch.compile) leaves ``session`` None and implements ``infer``: the graph's tensor
+    inputs in recording order in, its tensor outputs in recording order out.
     ``report`` is the engine's TuneReport of the tuning that chose it.
     """
 
     backend_name: str = "?"
     report = None
+    session = None
+    order: tuple[int, ...] = ()
 
     def infer(self, inputs: list) -> list:
         raise NotImplementedError
-
-    def add_route(self, dispatch, sample: list, rebuild, keywords: tuple = ()) -> bool:
-        """Lets ``dispatch`` (the module's ``_core.TorchDispatch``) serve calls of plain
-        tensors like ``sample`` (the positional ones, then those passed by the names in
-        ``keywords``) without the module's Python path; ``rebuild`` makes the module's
-        output from the flat outputs (None: the one output is the module's output).
-        False where the backend has no such path."""
-        return False
 
     def describe(self) -> str:
         return self.backend_name

@@ -10,11 +10,9 @@ import os
 from pathlib import Path
 
 import torch
-from torch.utils.dlpack import to_dlpack
 
 from aitune import _core
 from aitune.torch import cache, candidate_isolation, export, transforms
-from aitune.torch.torch_dispatch import current_raw_stream
 from aitune.torch.backend.base import Backend, BackendConfig, TunedGraph
 from aitune.torch.graph import RecordedGraph
 
@@ -146,67 +144,16 @@ def model_file_identity(path: str) -> tuple | None:
 
 
 class OnnxRuntimeTunedGraph(TunedGraph):
-    """A graph running in a ``_core.OnnxSession`` session."""
+    """A graph running in a ``_core.OnnxSession`` session. The module's dispatch
+    runs it (``_core.TorchDispatch``, the one path of tensors into and out of a session);
+    this holds what that needs and what a checkpoint stores."""
 
     def __init__(self, session, order: list[int], input_names: list[str], describe: str):
         self.session = session
-        self.device = torch.device(session.device)
-        self._order = order  # session input i <- graph tensor input order[i]
-        self._names = input_names
+        self.order = list(order)  # session input i <- graph tensor input order[i]
+        self.input_names = list(input_names)
         self._describe = describe
         self.model_file = model_file_identity(session.model_path)  # ait.save checks it is still this file
-        # numpy has no bfloat16: such graphs keep torch's DLPack path on the host too.
-        self._host_numpy = self.device.type == "cpu" and all(
-            io.dtype != "bfloat16" for io in [*session.inputs, *session.outputs]
-        )
-
-    def infer(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        if self._host_numpy:
-            return self._infer_host(inputs)
-        ordered = []
-        for i in self._order:
-            tensor = inputs[i]
-            if tensor.device != self.device:
-                self._wrong_device(i, tensor)
-            # detach: DLPack refuses tensors that require grad (only those: under no_grad it
-            # would cost a new tensor per call); contiguous: ORT reads dense memory (a copy
-            # only for strided views, kept alive in `ordered`).
-            if tensor.requires_grad:
-                tensor = tensor.detach()
-            ordered.append(tensor.contiguous())
-        if self.device.type == "cuda":
-            # Ordered with torch's current stream by CUDA events, no host wait: the session
-            # starts after torch's queued work and torch's later work sees the outputs.
-            # Capsules, not tensors: a CUDA tensor's __dlpack__ records and waits on a new
-            # torch.cuda.Event per call to order with the legacy stream, which the session
-            # does itself (benchmarks/forward_overhead.py measures both).
-            stream = current_raw_stream(self.device.index or 0)
-            return self.session.infer([to_dlpack(t) for t in ordered], framework="torch", stream=stream)
-        return self.session.infer(ordered, framework="torch")
-
-    def add_route(self, dispatch, sample: list[torch.Tensor], rebuild, keywords: tuple = ()) -> bool:
-        dispatch.add(sample, self.session, self._order, rebuild, list(keywords))
-        return True
-
-    def _infer_host(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        # Host tensors cross as numpy views both ways: the same memory without a copy, and
-        # cheaper per call than torch's DLPack export and import (~2 us of ~15 on a small MLP).
-        # detach as in infer: numpy() refuses tensors that require grad.
-        ordered = []
-        for i in self._order:
-            tensor = inputs[i]
-            if not tensor.is_cpu:
-                self._wrong_device(i, tensor)
-            if tensor.requires_grad:
-                tensor = tensor.detach()
-            ordered.append(tensor.contiguous().numpy())
-        return list(map(torch.from_numpy, self.session.infer(ordered, framework="numpy")))
-
-    def _wrong_device(self, i: int, tensor: torch.Tensor):
-        raise _core.InvalidArgumentError(
-            f"input '{self._names[i]}' is on {tensor.device}, but the ONNX Runtime session runs on "
-            f"{self.device}; move the input (or the module before tuning) to {self.device}"
-        )
 
     def describe(self) -> str:
         return self._describe

@@ -1,0 +1,248 @@
+"""The dispatch of a tuned ait.Module's calls: which tuned graph a call is, and running it.
+
+Every call of tensors into and out of an ONNX Runtime session goes through the C++ half,
+``_core.TorchDispatch`` (python/src/frontend/torch_dispatch.cpp). This Python half
+resolves what that half cannot: it binds a call to the forward's parameters, flattens it
+and finds its graph (``ModuleDispatch.call``, the general path), then hands the call's
+tensors to the C++ half, and adds a route there for calls of plain tensors like it, which
+the C++ half then serves before any Python runs. Graphs that run in Python (eager,
+torch.compile) are run here by their ``TunedGraph.infer``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import warnings
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch import Tensor as _Tensor
+from torch.nn.modules import module as _nn_module
+
+from aitune import _core
+from aitune.torch import context, flatten
+from aitune.torch.backend.base import TunedGraph
+from aitune.torch.graph import describe_call
+
+logger = logging.getLogger("aitune")
+
+
+class GraphNotRecordedError(_core.InvalidArgumentError):
+    """A tuned module was called with an input structure, dtype, rank or non-tensor
+    value that no recorded sample had."""
+
+
+# torch.cuda.current_stream(device).cuda_stream builds a Stream object per call (~9 us on
+# the H200's host, measured by benchmarks/forward_overhead.py); torch's own compiled code
+# reads the raw handle with this private call. Fall back where a torch build lacks it.
+current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None) or (
+    lambda index: torch.cuda.current_stream(index).cuda_stream
+)
+
+# The C-level converters: torch.utils.dlpack.from_dlpack is a Python function that
+# probes for __dlpack__ before calling this one (~0.5 us per output on a small model).
+# Capsules, not tensors: a CUDA tensor's __dlpack__ records and waits on a new
+# torch.cuda.Event per call to order with the legacy stream, which the session does itself.
+_to_dlpack = torch._C._to_dlpack
+_from_dlpack = getattr(torch._C, "_from_dlpack", None) or torch.utils.dlpack.from_dlpack
+
+# A call may skip the Python path only where nn.Module.__call__ would go straight to
+# forward (no hooks, no compiled call, no JIT tracing) and the proxy's forward would
+# dispatch (not recording for ait.tune, not inside run_eagerly()). torch fills the global
+# hook dicts in place, so they are bound once; the module's own are read per call.
+_GUARDS = dict(
+    global_dicts=[
+        _nn_module._global_forward_pre_hooks,
+        _nn_module._global_forward_hooks,
+        _nn_module._global_backward_pre_hooks,
+        _nn_module._global_backward_hooks,
+    ],
+    context_vars=[context.session_var, context.eager_var],
+    calls=[torch._C._get_tracing_state],
+    attributes=["_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks", "_compiled_call_impl"],
+)
+
+
+def new_dispatch() -> _core.TorchDispatch:
+    """An empty C++ half for one ait.Module; calls it does not serve go to nn.Module.__call__."""
+    return _core.TorchDispatch(
+        _to_dlpack, _from_dlpack, torch.Tensor, current_raw_stream, torch.nn.Module.__call__, **_GUARDS
+    )
+
+
+def positional_defaults(signature: inspect.Signature) -> tuple[list[str], dict[str, Any]] | None:
+    """Names and defaults of a forward whose parameters are all positional-or-keyword
+    (the shape of most forwards), for the quick binding of ``ModuleDispatch.bind``; None otherwise."""
+    parameters = list(signature.parameters.values())
+    if any(p.kind is not p.POSITIONAL_OR_KEYWORD for p in parameters):
+        return None
+    return [p.name for p in parameters], {p.name: p.default for p in parameters}
+
+
+# Defaults that cannot change between calls (immutable values). A call that leaves
+# only such defaults unfilled binds to the same graph identity every time, so its tensors'
+# dtypes, ranks and devices alone name its graph: such calls may get a route.
+_FIXED_DEFAULT_TYPES = (type(None), bool, int, float, complex, str, bytes)
+
+
+def call_layout(positional: tuple[list[str], dict[str, Any]] | None, n: int, keywords: tuple) -> tuple | None:
+    """For a call with ``n`` positional arguments and these keyword arguments: the
+    keywords in the forward's parameter order (the order binding puts them in), when
+    every parameter the call leaves out has a fixed default; None when not (or when the
+    call does not bind): such calls get no route."""
+    if positional is None or n > len(positional[0]):
+        return None
+    names, defaults = positional
+    rest = names[n:]
+    if not set(keywords) <= set(rest):
+        return None
+    if any(type(defaults[name]) not in _FIXED_DEFAULT_TYPES for name in rest if name not in keywords):
+        return None
+    return tuple(name for name in rest if name in keywords)
+
+
+def _requires_grad(args: tuple, kwargs: dict) -> bool:
+    """Whether any tensor of the call requires grad (plain tensor arguments are checked
+    without flattening)."""
+    for value in (*args, *kwargs.values()):
+        if type(value) is _Tensor:
+            if value.requires_grad:
+                return True
+        elif any(leaf.requires_grad for leaf in pytree.tree_leaves(value) if isinstance(leaf, torch.Tensor)):
+            return True
+    return False
+
+
+class ModuleDispatch:
+    """The tuned graphs of one ait.Module and the way to them. Replaced as a whole when the
+    module is tuned or loaded again, so its graphs, its C++ half and that half's routes
+    are never out of step.
+
+    Args:
+        name: the module's name (for messages).
+        module: the wrapped PyTorch module (runs calls eagerly where asked).
+        signature: its forward's signature.
+        eager_fallback: run calls no graph covers eagerly with a warning instead of raising.
+        tuned: identity -> (graph, TunedGraph); empty for a module that is not tuned.
+        recorded: the recorded graphs, named in the error for an unrecorded call.
+    """
+
+    def __init__(self, name: str, module: torch.nn.Module, signature: inspect.Signature, eager_fallback: bool,
+                 tuned: dict[Any, tuple[Any, TunedGraph]] | None = None, recorded: list | None = None):
+        self.name = name
+        self.module = module
+        self.signature = signature
+        self.eager_fallback = eager_fallback
+        self.tuned = dict(tuned or {})
+        self.recorded = list(recorded or [])
+        self.positional = positional_defaults(signature)
+        self.cpp = new_dispatch() if any(t.session is not None for _, t in self.tuned.values()) else None
+        # identity -> the graph's index in the C++ half (graphs that run in a session)
+        self.indices = {
+            identity: self.cpp.add_graph(tuned.session, list(tuned.order), len(graph.input_names),
+                                         None if graph.returns_one_tensor else graph.rebuild_outputs)
+            for identity, (graph, tuned) in self.tuned.items() if tuned.session is not None
+        }
+        self.direct = None  # the C++ half, once it has a route (before: a detour for every call)
+        self.warned: set = set()
+        self.grad_logged = False  # the first call run eagerly for autograd was logged
+
+    def bind(self, args: tuple, kwargs: dict) -> dict[str, Any]:
+        """The call's arguments by parameter name, defaults filled in: ``m(x)``,
+        ``m(x=x)`` and ``m(x, mask=None)`` are one call (one graph). Only for telling
+        graphs apart: calls are replayed in the user's own form (``CallForm``)."""
+        fast = self.positional
+        if not kwargs and fast is not None and len(args) <= len(fast[0]):
+            # The common call m(x, y): what Signature.bind + apply_defaults would give,
+            # in a third of the time.
+            names, defaults = fast
+            arguments = dict(zip(names, args))
+            for name in names[len(args) :]:
+                if defaults[name] is inspect.Parameter.empty:
+                    break  # a required argument is missing: let bind raise its TypeError
+                arguments[name] = defaults[name]
+            else:
+                return arguments
+        bound = self.signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return bound.arguments
+
+    def call(self, args: tuple, kwargs: dict) -> Any:
+        """The general path of a tuned call: bind, flatten, find the graph, run it."""
+        if torch.is_grad_enabled() and _requires_grad(args, kwargs):
+            return self._run_with_autograd(args, kwargs)
+        if self.direct is not None:
+            # Calls that reach forward past the C++ half's guards (a module with hooks,
+            # JIT tracing) still match its routes: the forward itself is the graph.
+            try:
+                outputs = self.direct.serve(args, kwargs)
+                if outputs is not NotImplemented:
+                    return outputs
+            except _core.ShapeMismatchError:
+                pass  # below, the general path raises it naming the graph, or runs eagerly
+        arguments = self.bind(args, kwargs)
+        leaves, spec = flatten.flatten_arguments(arguments)
+        identity = flatten.identity(spec, leaves)
+        entry = self.tuned.get(identity)
+        if entry is None:
+            return self._unrecorded(identity, arguments, args, kwargs)
+        graph, tuned = entry
+        tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+        index = self.indices.get(identity)
+        try:
+            if index is None:  # a graph run in Python (eager, torch.compile)
+                return graph.rebuild_outputs(tuned.infer(tensors))
+            outputs = self.cpp.run(index, tensors)
+        except _core.ShapeMismatchError as error:
+            if not self.eager_fallback:
+                error.add_note(f"ait.Module '{self.name}' recorded for this graph: {graph.describe()}")
+                raise
+            self._warn_once(identity, f"{error}; running eagerly")
+            return self.module(*args, **kwargs)
+        self._add_route(index, args, kwargs)
+        return outputs
+
+    def _add_route(self, index: int, args: tuple, kwargs: dict) -> None:
+        """After a call of graph ``index`` ran: hands calls like it to the C++ half, when it
+        is made of plain tensors only and binds the same way every time."""
+        keywords = call_layout(self.positional, len(args), tuple(kwargs))
+        if keywords is None:
+            return
+        values = (*args, *[kwargs[name] for name in keywords])  # in binding order
+        if all(type(v) is _Tensor for v in values):
+            self.cpp.add_route([v.detach() for v in values], index, list(keywords))  # detach: DLPack refuses grad
+            self.direct = self.cpp
+
+    def _run_with_autograd(self, args: tuple, kwargs: dict) -> Any:
+        """A call whose inputs require grad, with gradients enabled, runs eagerly so that
+        autograd sees it (a tuned graph's outputs carry no gradient history); said once
+        in the log. The C++ half never serves such calls, so they all come here."""
+        if not self.grad_logged:
+            self.grad_logged = True
+            logger.warning(
+                "ait.Module '%s': called with inputs that require grad while gradients are enabled; such calls "
+                "run eagerly in PyTorch (autograd intact), the tuned graph serves calls without gradients "
+                "(torch.no_grad() / torch.inference_mode(), or inputs that do not require grad)",
+                self.name,
+            )
+        return self.module(*args, **kwargs)
+
+    def _unrecorded(self, identity, arguments: dict, args: tuple, kwargs: dict) -> Any:
+        call = describe_call(self.signature, arguments)
+        if self.eager_fallback:
+            self._warn_once(identity, f"no recorded graph matches this call ({call}); running eagerly")
+            return self.module(*args, **kwargs)
+        recorded = "\n".join(f"  {i + 1}. {g.describe()}" for i, g in enumerate(self.recorded))
+        raise GraphNotRecordedError(
+            f"ait.Module '{self.name}' was tuned for other inputs than this call.\n"
+            f"This call: {call}\nRecorded graphs:\n{recorded}\n"
+            "Add such samples to the data given to ait.tune, or wrap the module with "
+            "ait.Module(..., eager_fallback=True) to run such calls eagerly."
+        )
+
+    def _warn_once(self, identity, message: str) -> None:
+        if identity not in self.warned:
+            self.warned.add(identity)
+            warnings.warn(f"ait.Module '{self.name}': {message}", RuntimeWarning, stacklevel=4)
