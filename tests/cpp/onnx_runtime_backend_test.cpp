@@ -5,6 +5,7 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -517,6 +518,23 @@ TEST(OnnxRuntimeBackendErrors, CpuProviderRejectsProviderOptions) {
   config.provider_options = {{"use_tf32", "0"}};
   expect_error([&] { OnnxRuntimeBackend::create(fixture("mlp.onnx"), config); }, ErrorCode::kInvalidArgument,
                {"use_tf32"});
+}
+
+TEST(OnnxRuntimeBackendErrors, ThreadCountsOutsideTheManifestRangeAreRefused) {
+  // Same range a checkpoint manifest is held to (0 = ORT's default .. 1024).
+  for (auto [intra, inter, field] : {std::tuple{-5, 0, "intra_op_threads"}, std::tuple{100000, 0, "intra_op_threads"},
+                                     std::tuple{0, 1025, "inter_op_threads"}, std::tuple{0, -1, "inter_op_threads"}}) {
+    OnnxRuntimeBackendConfig config = test::cpu_config();
+    config.intra_op_threads = intra;
+    config.inter_op_threads = inter;
+    expect_error([&] { OnnxRuntimeBackend::create(fixture("mlp.onnx"), config); }, ErrorCode::kInvalidArgument,
+                 {field, "1024"});
+  }
+  OnnxRuntimeBackendConfig edge = test::cpu_config();
+  edge.intra_op_threads = 1;
+  edge.inter_op_threads = 1024;  // the bound itself is allowed (inter-op threads are made only for parallel mode)
+  auto backend = OnnxRuntimeBackend::create(fixture("mlp.onnx"), edge);
+  EXPECT_EQ(backend->config().inter_op_threads, 1024);
 }
 
 TEST(OnnxRuntimeBackendErrors, NonContiguousInput) {
