@@ -148,8 +148,12 @@ void OnnxRuntimeBackend::Impl::create_session() {
   // The stream is released after the session (the deleter owns it): tensors handed out
   // keep the session, and so its stream, alive.
   ctx.session = ort_call(failure, context, [&] {
-    return std::shared_ptr<Ort::Session>(new Ort::Session(*rt.env, model_path().c_str(), setup.options),
-                                         [owned = setup.owned_stream](Ort::Session* s) { delete s; });
+    auto session = std::make_unique<Ort::Session>(*rt.env, model_path().c_str(), setup.options);
+    detail::count_session_created();
+    return std::shared_ptr<Ort::Session>(session.release(), [owned = setup.owned_stream](Ort::Session* s) {
+      delete s;
+      detail::count_session_released();
+    });
   });
   ctx.owned_memory_info = std::move(setup.owned_memory_info);
   ctx.memory_info = ctx.owned_memory_info ? static_cast<const OrtMemoryInfo*>(*ctx.owned_memory_info) : setup.memory_info;
