@@ -136,6 +136,7 @@ def measure(mode: str, cycles: int, warmup: int, trim: bool) -> dict:
         if trim:
             trim_heap()
         tracemalloc.start(1)
+        snapshot = tracemalloc.take_snapshot()
         py_before = tracemalloc.get_traced_memory()[0]
         rss_before = rss_kb()
         for i in range(cycles):
@@ -145,8 +146,11 @@ def measure(mode: str, cycles: int, warmup: int, trim: bool) -> dict:
             trim_heap()
         py_after = tracemalloc.get_traced_memory()[0]
         rss_after = rss_kb()
+        growth = tracemalloc.take_snapshot().compare_to(snapshot, "filename")
+        top = [f"{g.size_diff / 1024 / cycles:+.2f} KB/cycle {g.traceback[0].filename}" for g in growth[:4]]
         return {"mode": mode, "cycles": cycles, "rss_kb_per_cycle": (rss_after - rss_before) / cycles,
-                "python_kb_per_cycle": (py_after - py_before) / 1024 / cycles, "rss_mb_end": rss_after / 1024}
+                "python_kb_per_cycle": (py_after - py_before) / 1024 / cycles, "rss_mb_end": rss_after / 1024,
+                "top": top}
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -156,6 +160,7 @@ def main() -> int:
     parser.add_argument("--cycles", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--top", action="store_true", help="print the Python files whose allocations grew most")
     parser.add_argument("--trim", action="store_true", help="malloc_trim(0) before each RSS reading")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # child process: one mode, JSON out
     args = parser.parse_args()
@@ -174,6 +179,9 @@ def main() -> int:
         r = json.loads(out.stdout.strip().splitlines()[-1])
         print(f"{mode:9} {r['rss_kb_per_cycle']:13.1f} {r['python_kb_per_cycle']:21.2f} {r['rss_mb_end']:14.1f}",
               flush=True)
+        if args.top:
+            for line in r["top"]:
+                print(f"    {line}")
     return 0
 
 
