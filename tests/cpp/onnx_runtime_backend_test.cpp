@@ -387,6 +387,24 @@ TEST(OnnxRuntimeBackend, OutputsOutliveTheBackend) {
   m->deleter(m);
 }
 
+TEST(OnnxRuntimeBackend, LiveSessionsCountsSessionsUntilTheirLastOutputIsGone) {
+  const std::size_t before = OrtRuntime::live_sessions();
+  const Tensor x = test::load_fixture_npy("mlp_x.npy");
+  std::vector<Tensor> out;
+  {
+    auto b = cpu_backend("mlp.onnx");
+    EXPECT_EQ(OrtRuntime::live_sessions(), before + 1);
+    b->deactivate();  // releases the session...
+    EXPECT_EQ(OrtRuntime::live_sessions(), before);
+    b->activate();  // ...and recreates it
+    EXPECT_EQ(OrtRuntime::live_sessions(), before + 1);
+    out = b->infer({x.view()});
+  }
+  EXPECT_EQ(OrtRuntime::live_sessions(), before + 1) << "an output keeps its session";
+  out.clear();
+  EXPECT_EQ(OrtRuntime::live_sessions(), before);
+}
+
 TEST(OnnxRuntimeBackend, ToDeviceAndToHostOnCpu) {
   auto b = cpu_backend("mlp.onnx");
   const Tensor x = test::load_fixture_npy("mlp_x.npy");
