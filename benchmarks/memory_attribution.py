@@ -10,6 +10,8 @@ Modes:
     export    torch.onnx.export(dynamo=True) of a tiny MLP to a file (no aitune)
     trace     torch.onnx.export(dynamo=False) of the same MLP (no aitune)
     session   aitune._core.OnnxRuntimeBackend.create + one infer + release (no torch export)
+    variants  sessions as a CPU tune makes them: thread counts x optimisation levels, each
+              created, run 20 times and released (no torch export)
     ortpy     onnxruntime.InferenceSession (ORT's own Python API) create + run + release
     tune      ait.tune of a new ait.Module each cycle (export, sessions, measurements)
     saveload  ait.save + ait.load + one call, of a module tuned once before the cycles
@@ -33,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "python"))
 
-MODES = ("export", "trace", "session", "ortpy", "tune", "saveload", "full", "tune-trace", "full-trace")
+MODES = ("export", "trace", "session", "variants", "ortpy", "tune", "saveload", "full", "tune-trace", "full-trace")
 
 
 def rss_kb() -> float:
@@ -71,7 +73,7 @@ def make_cycle(mode: str, work: Path):
 
     if mode in ("export", "trace"):
         return lambda i: export(mode == "export")
-    if mode in ("session", "ortpy"):
+    if mode in ("session", "ortpy", "variants"):
         export(False)
         if mode == "ortpy":
             import onnxruntime
@@ -82,6 +84,21 @@ def make_cycle(mode: str, work: Path):
 
             return run_ortpy
         config = _core.OnnxRuntimeBackendConfig(provider=_core.ExecutionProvider.CPU)
+        if mode == "variants":
+            levels = [_core.GraphOptimizationLevel.ALL, _core.GraphOptimizationLevel.BASIC,
+                      _core.GraphOptimizationLevel.DISABLE_ALL]
+
+            def run_variants(i: int) -> None:
+                for threads in (0, 1, 2):
+                    for level in levels:
+                        variant = _core.OnnxRuntimeBackendConfig(provider=_core.ExecutionProvider.CPU,
+                                                                 graph_optimization_level=level,
+                                                                 intra_op_threads=threads)
+                        backend = _core.OnnxRuntimeBackend.create(str(model_path), variant)
+                        for _ in range(20):
+                            backend.infer([x])
+
+            return run_variants
 
         def run_session(i: int) -> None:
             backend = _core.OnnxRuntimeBackend.create(str(model_path), config)
