@@ -16,6 +16,42 @@ set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo"
 
+# An NVIDIA GPU is there when `nvidia-smi -L` succeeds and lists one; AITUNE_GPU=0/1 overrides.
+detect_gpu() {
+  if [ -n "${AITUNE_GPU:-}" ]; then
+    case "$AITUNE_GPU" in
+      0|1) echo "$AITUNE_GPU"; return ;;
+      *) echo "setup: AITUNE_GPU must be 0 or 1, not '$AITUNE_GPU'" >&2; return 2 ;;
+    esac
+  fi
+  local listed
+  if listed=$(nvidia-smi -L 2>/dev/null) && grep -q '^GPU [0-9]' <<<"$listed"; then echo 1; else echo 0; fi
+}
+
+gpu=$(detect_gpu)
+torch_cuda_index=${AITUNE_TORCH_CUDA_INDEX:-https://download.pytorch.org/whl/cu130}
+common_pins=(numpy onnx==1.23.1 onnxscript==0.7.2 onnxconverter-common==1.16.0 pytest
+             nanobind==3.1.0 scikit-build-core==1.1.2 tqdm transformers==5.17.0
+             tritonclient==2.73.0 protobuf==7.36.2)  # Triton's model-config protobuf (tests)
+if [ "$gpu" = 1 ]; then
+  ort_pin="onnxruntime-gpu[cuda,cudnn]==1.31.1"; ort_dist=onnxruntime-gpu; other_dist=onnxruntime
+  pip_index=(--extra-index-url "$torch_cuda_index")
+else
+  ort_pin="onnxruntime==1.31.1"; ort_dist=onnxruntime; other_dist=onnxruntime-gpu
+  pip_index=()
+fi
+python_pins=(torch==2.13.0 "$ort_pin" "${common_pins[@]}")
+
+# `setup.sh --print-plan`: what this machine would get, installing nothing (tests read it).
+if [ "${1:-}" = --print-plan ]; then
+  echo "gpu=$gpu"
+  echo "ort_dist=$ort_dist"
+  echo "other_dist=$other_dist"
+  echo "pip_index=${pip_index[*]}"
+  echo "python_pins=${python_pins[*]}"
+  exit 0
+fi
+
 debs=(cmake ninja-build g++ make python3-venv libgtest-dev nlohmann-json3-dev libcli11-dev libdlpack-dev libssl-dev npm)
 missing=()
 for p in "${debs[@]}"; do
@@ -43,23 +79,6 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
 fi
 
-gpu=${AITUNE_GPU:-}
-if [ -z "$gpu" ]; then
-  gpu=0
-  nvidia-smi -L >/dev/null 2>&1 && gpu=1
-fi
-torch_cuda_index=${AITUNE_TORCH_CUDA_INDEX:-https://download.pytorch.org/whl/cu130}
-common_pins=(numpy onnx==1.23.1 onnxscript==0.7.2 onnxconverter-common==1.16.0 pytest
-             nanobind==3.1.0 scikit-build-core==1.1.2 tqdm transformers==5.17.0
-             tritonclient==2.73.0 protobuf==7.36.2)  # Triton's model-config protobuf (tests)
-if [ "$gpu" = 1 ]; then
-  ort_pin="onnxruntime-gpu[cuda,cudnn]==1.31.1"; ort_dist=onnxruntime-gpu; other_dist=onnxruntime
-  pip_index=(--extra-index-url "$torch_cuda_index")
-else
-  ort_pin="onnxruntime==1.31.1"; ort_dist=onnxruntime; other_dist=onnxruntime-gpu
-  pip_index=()
-fi
-python_pins=(torch==2.13.0 "$ort_pin" "${common_pins[@]}")
 if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv" >&2
   python3 -m venv .venv
@@ -77,6 +96,12 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "${python_pins[*]}" ]; then
     reinstall_ort=1
   fi
   "${pip[@]}" install -q "${pip_index[@]}" "${python_pins[@]}"
+  # A package depending on the plain `onnxruntime` can pull the other wheel in too.
+  if installed "$other_dist"; then
+    echo "setup: $other_dist came in as a dependency; removing it (it shares the onnxruntime package)" >&2
+    "${pip[@]}" uninstall -q -y "$other_dist"
+    reinstall_ort=1
+  fi
   if [ "$reinstall_ort" = 1 ]; then
     "${pip[@]}" install -q --force-reinstall --no-deps "$ort_dist==1.31.1"
   fi

@@ -1,4 +1,4 @@
-// External data of an ONNX model: the files beside a model that hold its tensors.
+// External data of an ONNX model: the files beside a model that hold its tensors or its compiled engines.
 #pragma once
 
 #include <cstddef>
@@ -23,13 +23,18 @@ inline constexpr std::size_t kOnnxMaxLocationBytes = 4096;
 /// .training_info; in every GraphProto the initializers, sparse initializers and node
 /// attributes (t, tensors, sparse_tensor(s), g, graphs: subgraphs recursively); in
 /// every TensorProto each external_data entry whose key is "location", whatever order
-/// its fields are written in. Every location is returned whatever the tensor's
+/// its fields are written in. Also the engine file of every EPContext node (a compiled
+/// TensorRT or other EP context) with embed_mode=0, whose ep_cache_context attribute
+/// names a file that ORT loads relative to the model's directory: a file the model
+/// pulls in exactly as it does external data, so checkpoints copy, list and verify it
+/// the same way. Every location is returned whatever the tensor's
 /// data_location says (stricter than ORT, never laxer). The names are returned
 /// unchecked: callers decide whether a location is acceptable (see
 /// `is_safe_relative_path`). Throws Error(kIo) naming the file when it cannot be read,
 /// Error(kModelInvalid) when its bytes are not a well-formed protobuf along the walked
 /// path (truncated, nested deeper than kOnnxMaxMessageDepth, a location longer than
-/// kOnnxMaxLocationBytes). Thread safe.
+/// kOnnxMaxLocationBytes, an EPContext node with embed_mode=0 naming no file).
+/// Thread safe.
 std::vector<std::string> onnx_external_data_locations(const std::string& model_path);
 
 /// The same walk over a serialized ModelProto held in memory; `what` names it in error

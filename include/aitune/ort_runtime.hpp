@@ -2,6 +2,7 @@
 // and which execution providers it can drive here.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <vector>
@@ -89,6 +90,11 @@ class OrtRuntime {
 
   /// The candidate library paths `load` would try, in order (for `aitune doctor`).
   static std::vector<std::string> search_paths(const OrtRuntimeOptions& options = {});
+
+  /// ORT sessions the engine created that are still alive in this process. A session
+  /// lives as long as its backend and every tensor it handed out; a front end that
+  /// releases what it tuned or loaded brings this back down (tests check it; issue 17).
+  static std::size_t live_sessions() noexcept;
 
   /// Path of the loaded libonnxruntime.
   const std::string& library_path() const noexcept;

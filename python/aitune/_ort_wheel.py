@@ -10,6 +10,8 @@ compile the defaults of the C++ tests in).
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import importlib.metadata
 import importlib.util
 import json
@@ -42,9 +44,28 @@ def _library_in(capi: Path) -> str:
     return str(max(found, key=version))
 
 
+def _name(dist: importlib.metadata.Distribution) -> str:
+    """The distribution's name as DISTRIBUTIONS spells it ("onnxruntime-gpu", not "onnxruntime_gpu")."""
+    return re.sub(r"[-_.]+", "-", dist.metadata["Name"]).lower()
+
+
+def _record_matches(dist: importlib.metadata.Distribution, library: Path) -> bool:
+    """True when `dist`'s RECORD lists `library` with the sha256 of the file on disk."""
+    for entry in dist.files or []:
+        if entry.hash is None or entry.hash.mode != "sha256":
+            continue
+        if Path(dist.locate_file(entry)).resolve() != library.resolve():
+            continue
+        digest = base64.urlsafe_b64encode(hashlib.sha256(library.read_bytes()).digest()).rstrip(b"=").decode()
+        return digest == entry.hash.value
+    return False
+
+
 def find() -> dict:
     """What the engine needs: the wheel's distribution, version, capi folder and library,
-    a warning when both distributions are installed, and the nvidia/*/lib folders."""
+    a warning when both distributions are installed, and the nvidia/*/lib folders. With
+    both installed, the distribution is the one whose RECORD sha256 matches the library
+    on disk (the wheel installed last), else onnxruntime-gpu."""
     result = {"distribution": "", "version": "", "capi_dir": "", "library": "", "warning": "",
               "cuda_library_dirs": []}
     packages = _package_dir("onnxruntime")
@@ -59,14 +80,25 @@ def find() -> dict:
             except importlib.metadata.PackageNotFoundError:
                 continue
             if Path(dist.locate_file("onnxruntime")).resolve() == package.resolve():
-                owners.append((name, dist.version))
+                owners.append(dist)
+        if len(owners) > 1 and result["library"]:
+            # Both wheels write the same onnxruntime/capi/libonnxruntime.so.1.*: the bytes on
+            # disk are those of the wheel installed last. Each wheel's RECORD holds the
+            # sha256 of its copy, so the owner of the library that will load is known.
+            matching = [d for d in owners if _record_matches(d, Path(result["library"]))]
+            if len(matching) == 1:
+                owners.sort(key=lambda d: d is not matching[0])
         if owners:
-            result["distribution"], result["version"] = owners[0]
+            result["distribution"], result["version"] = _name(owners[0]), owners[0].version
         if len(owners) > 1:
+            first, second = owners[0], owners[1]
             result["warning"] = (
-                f"both {owners[0][0]} {owners[0][1]} and {owners[1][0]} {owners[1][1]} are installed in "
+                f"both {_name(first)} {first.version} and {_name(second)} {second.version} are installed in "
                 f"{package.parent}; they share the onnxruntime package, so its files are those installed "
-                "last: uninstall both and install one")
+                f"last (the library here is {_name(first)}'s"
+                + ("" if _name(first) == "onnxruntime-gpu" else
+                   ", whose core is the CPU build: CUDA may not work")
+                + "): uninstall both and install one")
     for nvidia in _package_dir("nvidia"):
         result["cuda_library_dirs"] += sorted(str(d) for d in nvidia.glob("*/lib") if d.is_dir())
     return result

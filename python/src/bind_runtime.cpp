@@ -58,6 +58,8 @@ void bind_runtime(nb::module_& m) {
           "search_paths",
           [](const std::string& library_path) { return OrtRuntime::search_paths(OrtRuntimeOptions{library_path}); },
           nb::arg("library_path") = "")
+      .def_static("live_sessions", &OrtRuntime::live_sessions,
+                  "ORT sessions the engine created that are still alive (backends and the tensors they handed out).")
       .def_prop_ro("library_path", &OrtRuntime::library_path)
       .def_prop_ro("wheel", &OrtRuntime::wheel)
       .def_prop_ro("providers_dir", &OrtRuntime::providers_dir)

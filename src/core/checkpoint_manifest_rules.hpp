@@ -8,6 +8,7 @@
 
 #include "aitune/checkpoint.hpp"
 #include "aitune/error.hpp"
+#include "session_limits.hpp"
 
 namespace aitune::detail {
 
@@ -15,11 +16,7 @@ using ManifestJson = nlohmann::ordered_json;  // keeps the manifest's fields in 
 
 /// Largest manifest.json read (far above any real manifest).
 inline constexpr std::uintmax_t kMaxManifestBytes = 64u << 20;
-/// Range of a saved backend configuration's thread counts (0 = ORT's default). 100,000
-/// intra-op threads made a load hang for minutes at 1.2 GB (issue 17).
-inline constexpr int kMaxSessionThreads = 1024;
-/// Range of a saved CUDA device index.
-inline constexpr int kMaxDeviceId = 1023;
+// kMaxSessionThreads and kMaxDeviceId (session_limits.hpp) bound a saved backend configuration.
 
 /// Why `path` is not an acceptable relative path (see is_safe_relative_path), or "".
 std::string unsafe_path_reason(const std::string& path);

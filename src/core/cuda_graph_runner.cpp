@@ -11,6 +11,14 @@ Tensor CudaGraphRunner::stream_buffer(DType dtype, const Shape& shape) const {
   return stream_buffer_tensor(dtype, shape, ctx_.device, ctx_.stream, ctx_.session);
 }
 
+Tensor CudaGraphRunner::ready_buffer(DType dtype, const Shape& shape) {
+  const auto& rt = require_cuda_runtime("CUDA graphs");
+  std::lock_guard lock(mutex_);
+  Tensor buffer = stream_buffer(dtype, shape);
+  cuda_check(rt.stream_synchronize(reinterpret_cast<cudaStream_t>(ctx_.stream)), "cudaStreamSynchronize");
+  return buffer;
+}
+
 std::vector<Tensor> CudaGraphRunner::copy_out(const std::vector<Ort::Value>& values) const {
   const auto& rt = cuda_runtime();
   auto on_stream = reinterpret_cast<cudaStream_t>(ctx_.stream);

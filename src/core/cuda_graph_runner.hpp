@@ -34,6 +34,13 @@ class CudaGraphRunner {
   /// Error(kCudaGraphCapture) too, until the session is recreated (deactivate, activate).
   std::vector<Tensor> run(const std::vector<TensorView>& views, std::optional<std::uintptr_t> caller);
 
+  /// A buffer of `dtype` and `shape` on the session's device in stream-ordered memory
+  /// (not the arena, see stream_buffer_tensor), ready on return: allocated and the
+  /// session's stream synchronised while holding the runner's lock, so the wait never
+  /// lands inside another thread's capture (a cudaStreamSynchronize on a capturing
+  /// stream invalidates that capture). For OnnxSession::to_device.
+  Tensor ready_buffer(DType dtype, const Shape& shape);
+
   /// Shapes past this many run without a graph (gpu_graph_id -1): each captured graph
   /// keeps its activations reserved.
   static constexpr std::size_t kMaxGraphShapes = 8;

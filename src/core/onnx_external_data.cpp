@@ -1,4 +1,4 @@
-// Finds the external data files an ONNX model references by walking its protobuf wire format.
+// Finds the files an ONNX model references (external data, EPContext engine files) by walking its protobuf wire format.
 #include "aitune/onnx_external_data.hpp"
 
 #include <fcntl.h>
@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <set>
+#include <vector>
 
 #include "aitune/error.hpp"
 
@@ -122,11 +123,30 @@ class Walker {
     i += n;
   }
 
+  // What an EPContext node says about its engine: attributes embed_mode (int, default 1)
+  // and ep_cache_context (the engine's bytes, or with embed_mode=0 a file's path).
+  struct NodeFacts {
+    std::string_view op_type;
+    std::int64_t embed_mode = 1;
+    std::string_view cache_context;
+    bool has_cache_context = false;
+  };
+
+  void add_location(std::size_t at, std::string_view location, const char* what) {
+    if (location.size() > kOnnxMaxLocationBytes)
+      malformed(at, std::string("an ") + what + " of " + std::to_string(location.size()) + " bytes (limit " +
+                        std::to_string(kOnnxMaxLocationBytes) + ")");
+    locations_.emplace(location);
+  }
+
   void walk(std::size_t begin, std::size_t end, Message type, std::size_t depth) {
     if (depth > kOnnxMaxMessageDepth)
       malformed(begin, "messages nested deeper than " + std::to_string(kOnnxMaxMessageDepth));
-    std::string_view key, value;  // of a StringStringEntryProto; the last of each wins, as in protobuf
+    std::string_view key, value;  // of a StringStringEntryProto or an AttributeProto (name, s); the last wins, as in protobuf
     bool has_value = false;
+    std::int64_t int_value = 0;  // an AttributeProto's i
+    bool has_int = false;
+    if (type == Message::kNode) nodes_.emplace_back();
     for (std::size_t i = begin; i < end;) {
       const std::uint64_t tag = varint(i, end);
       const auto wire_type = static_cast<std::uint32_t>(tag & 7);
@@ -134,11 +154,20 @@ class Walker {
       if (field == 0 || field > 0x1fffffff) malformed(i, "invalid field number " + std::to_string(field));
       if (wire_type == 4) malformed(i, "end of a group that was not started");
       Message child{};
-      if (wire_type == 2 && type == Message::kEntry && (field == 1 || field == 2)) {
+      // StringStringEntryProto: key = 1, value = 2. AttributeProto: name = 1, s = 4, i = 3.
+      // NodeProto: op_type = 4.
+      const bool entry_string = type == Message::kEntry && (field == 1 || field == 2);
+      const bool attribute_string = type == Message::kAttribute && (field == 1 || field == 4);
+      if (wire_type == 2 && (entry_string || attribute_string || (type == Message::kNode && field == 4))) {
         const std::size_t n = length(i, end);
-        (field == 1 ? key : value) = bytes_.substr(i, n);
-        has_value = has_value || field == 2;
+        const std::string_view text = bytes_.substr(i, n);
+        if (type == Message::kNode) nodes_.back().op_type = text;
+        else if (field == 1) key = text;
+        else value = text, has_value = true;
         i += n;
+      } else if (wire_type == 0 && type == Message::kAttribute && field == 3) {
+        int_value = static_cast<std::int64_t>(varint(i, end));
+        has_int = true;
       } else if (wire_type == 2 && child_of(type, static_cast<std::uint32_t>(field), child)) {
         const std::size_t n = length(i, end);
         walk(i, i + n, child, depth + 1);
@@ -149,16 +178,32 @@ class Walker {
     }
     if (type == Message::kEntry && key == "location") {
       if (!has_value) malformed(begin, "an external_data \"location\" entry without a value");
-      if (value.size() > kOnnxMaxLocationBytes)
-        malformed(begin, "an external data location of " + std::to_string(value.size()) + " bytes (limit " +
-                             std::to_string(kOnnxMaxLocationBytes) + ")");
-      locations_.emplace(value);
+      add_location(begin, value, "external data location");
+    }
+    // A node's attributes (not a function's attribute defaults, which have no node).
+    if (type == Message::kAttribute && !nodes_.empty()) {
+      NodeFacts& node = nodes_.back();
+      if (key == "embed_mode" && has_int) node.embed_mode = int_value;
+      if (key == "ep_cache_context" && has_value) node.cache_context = value, node.has_cache_context = true;
+    }
+    if (type == Message::kNode) {
+      const NodeFacts node = nodes_.back();
+      nodes_.pop_back();
+      // An EPContext node with embed_mode=0 loads its engine from a file beside the model
+      // (ORT resolves ep_cache_context against the model's directory): a file the model
+      // pulls in, like external data.
+      if (node.op_type == "EPContext" && node.embed_mode == 0) {
+        if (!node.has_cache_context || node.cache_context.empty())
+          malformed(begin, "an EPContext node with embed_mode=0 and no ep_cache_context file");
+        add_location(begin, node.cache_context, "EPContext engine file path");
+      }
     }
   }
 
   std::string_view bytes_;
   const std::string& what_;
   std::set<std::string> locations_;
+  std::vector<NodeFacts> nodes_;  // the nodes being walked, innermost last
 };
 
 }  // namespace

@@ -148,8 +148,12 @@ void OnnxSession::Impl::create_session() {
   // The stream is released after the session (the deleter owns it): tensors handed out
   // keep the session, and so its stream, alive.
   ctx.session = ort_call(failure, context, [&] {
-    return std::shared_ptr<Ort::Session>(new Ort::Session(*rt.env, model_path().c_str(), setup.options),
-                                         [owned = setup.owned_stream](Ort::Session* s) { delete s; });
+    auto session = std::make_unique<Ort::Session>(*rt.env, model_path().c_str(), setup.options);
+    detail::count_session_created();
+    return std::shared_ptr<Ort::Session>(session.release(), [owned = setup.owned_stream](Ort::Session* s) {
+      delete s;
+      detail::count_session_released();
+    });
   });
   ctx.owned_memory_info = std::move(setup.owned_memory_info);
   ctx.memory_info = ctx.owned_memory_info ? static_cast<const OrtMemoryInfo*>(*ctx.owned_memory_info) : setup.memory_info;
@@ -193,6 +197,7 @@ std::unique_ptr<OnnxSession> OnnxSession::create(const std::string& model_path,
                                                          "execution provider, not ") +
                                                  std::string(execution_provider_name(config.provider)));
   detail::check_cuda_graph_config(config);
+  detail::check_thread_counts(config);  // before the runtime loads
   auto impl = std::make_unique<Impl>();
   impl->runtime = runtime ? std::move(runtime) : OrtRuntime::load();
   impl->ctx.model_path = model_path;
@@ -374,11 +379,10 @@ Tensor OnnxSession::to_device(const Tensor& host) const {
     auto mem = devices.at(impl_->config.device_id).GetMemoryInfo(OrtDeviceMemoryType_DEFAULT);
     auto cpu = Ort::MemoryInfo::CreateCpu(OrtDeviceAllocator, OrtMemTypeDefault);
     Tensor device_tensor;
-    if (impl_->cuda_graph) {  // not from the arena: see stream_buffer_tensor
-      device_tensor =
-          detail::stream_buffer_tensor(host.dtype(), host.shape(), device(), impl_->ctx.stream, impl_->ctx.session);
-      detail::cuda_check(detail::cuda_runtime().stream_synchronize(reinterpret_cast<detail::cudaStream_t>(impl_->ctx.stream)),
-                         "cudaStreamSynchronize");  // the allocation is ordered on that stream
+    if (impl_->cuda_graph) {
+      // Not from the arena (see stream_buffer_tensor); the allocation is ordered on the
+      // session's stream, which the runner syncs under its lock (no wait inside a capture).
+      device_tensor = impl_->graphs->ready_buffer(host.dtype(), host.shape());
     } else {
       auto owner = std::make_shared<AllocatedTensor>();
       owner->session = impl_->ctx.session;

@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
@@ -16,6 +17,12 @@ namespace aitune {
 namespace fs = std::filesystem;
 
 namespace detail {
+namespace {
+std::atomic<std::size_t> g_live_sessions{0};
+}  // namespace
+void count_session_created() noexcept { g_live_sessions.fetch_add(1, std::memory_order_relaxed); }
+void count_session_released() noexcept { g_live_sessions.fetch_sub(1, std::memory_order_relaxed); }
+
 ErrorCode error_code_from_ort(OrtErrorCode code, ErrorCode fallback) noexcept {
   switch (code) {
     case ORT_INVALID_ARGUMENT: return ErrorCode::kInvalidArgument;
@@ -148,6 +155,8 @@ OrtPythonPackages OrtRuntime::python_packages() {
   std::lock_guard lock(g_python_mutex);
   return g_python_packages;
 }
+
+std::size_t OrtRuntime::live_sessions() noexcept { return detail::g_live_sessions.load(std::memory_order_relaxed); }
 
 std::vector<std::string> OrtRuntime::search_paths(const OrtRuntimeOptions& options) {
   // A library named by the caller or by AITUNE_ORT_LIBRARY is the only candidate: falling

@@ -11,6 +11,13 @@
 
 namespace aitune {
 
+namespace detail {
+/// Bookkeeping behind OrtRuntime::live_sessions(): called when a session is created and
+/// from its deleter.
+void count_session_created() noexcept;
+void count_session_released() noexcept;
+}  // namespace detail
+
 struct OrtRuntime::Impl {
   std::string library_path;
   OrtWheel wheel;

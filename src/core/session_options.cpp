@@ -8,6 +8,7 @@
 #include "aitune/error.hpp"
 #include "enum_names.hpp"
 #include "ort_runtime_impl.hpp"
+#include "session_limits.hpp"
 
 namespace aitune {
 
@@ -203,7 +204,18 @@ bool provider_option_on(const OnnxSessionConfig& config, const char* key) {
   return it != config.provider_options.end() && it->second != "0" && it->second != "false";
 }
 
+void check_thread_counts(const OnnxSessionConfig& config) {
+  // The same range a checkpoint's manifest is held to: a caller (Python included) that
+  // asks for 100,000 threads gets a clear error, not a session that hangs creating them.
+  for (auto [name, value] : {std::pair{"intra_op_threads", config.intra_op_threads},
+                             std::pair{"inter_op_threads", config.inter_op_threads}})
+    if (value < 0 || value > kMaxSessionThreads)
+      throw Error(ErrorCode::kInvalidArgument, std::string(name) + " is " + std::to_string(value) +
+                                                   "; allowed: 0 (ORT's default) to " + std::to_string(kMaxSessionThreads));
+}
+
 SessionSetup make_session_setup(OrtRuntime& runtime, const OnnxSessionConfig& config) {
+  check_thread_counts(config);
   SessionSetup setup;
   auto& so = setup.options;
   so.SetGraphOptimizationLevel(to_ort(config.graph_optimization_level));

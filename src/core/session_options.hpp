@@ -39,9 +39,13 @@ struct SessionSetup {
 
 /// Builds the session options for `config` (threads, optimisation level, session config
 /// entries, the provider and its options). Throws Error(kInvalidArgument) for options
-/// the provider does not take, Error(kProviderUnavailable) when the provider cannot be
-/// used here.
+/// the provider does not take or thread counts out of range, Error(kProviderUnavailable)
+/// when the provider cannot be used here.
 SessionSetup make_session_setup(OrtRuntime& runtime, const OnnxSessionConfig& config);
+
+/// Error(kInvalidArgument) naming the field when intra_op_threads or inter_op_threads is
+/// outside 0..kMaxSessionThreads (session_limits.hpp). make_session_setup calls it first.
+void check_thread_counts(const OnnxSessionConfig& config);
 
 /// The session config key (kOrtSessionOptionsDisableCPUEPFallback) that makes session
 /// creation fail when a node would fall back to the CPU provider.

@@ -422,6 +422,35 @@ TEST_F(CheckpointTest, UnlistedExternalDataWrittenValueFirstIsRefused) {
   expect_corrupt(dir_, {}, {"mlp_ext.onnx.data", "not an artifact"});
 }
 
+// A TensorRT EPContext model dumped with embed_mode=0 loads its engine from a file beside
+// it: save keeps that file as an artifact with its sha256, and load refuses a checkpoint
+// whose engine file is unlisted or changed (it would run unverified).
+TEST_F(CheckpointTest, EpContextEngineFileIsAVerifiedArtifact) {
+  namespace w = test::onnx_wire;
+  ScopedTempDir src;
+  test::write_file_bytes(src.file("model_ctx.onnx"), w::model(w::graph({}, {w::ep_context_node(0, "model_ctx.engine")})));
+  test::write_file_bytes(src.file("model_ctx.engine"), "serialized TensorRT engine");
+  const auto saved = Checkpoint::save(dir_, mlp_manifest(), {{"graphs/mlp/model_raw.onnx", src.file("model_ctx.onnx")}});
+  ASSERT_EQ(saved.graphs[0].artifacts.size(), 2u) << "save must keep the engine file beside the model";
+  EXPECT_EQ(saved.graphs[0].artifacts[0].path, "graphs/mlp/model_ctx.engine");
+  EXPECT_EQ(test::read_file_bytes(artifact("graphs/mlp/model_ctx.engine")), "serialized TensorRT engine");
+  EXPECT_NO_THROW(Checkpoint::load(dir_));
+
+  test::write_file_bytes(artifact("graphs/mlp/model_ctx.engine"), "serialized TensorRT enginf");
+  expect_corrupt(dir_, {"sha256"}, {"model_ctx.engine"});
+  test::write_file_bytes(artifact("graphs/mlp/model_ctx.engine"), "serialized TensorRT engine");
+  edit_manifest([](json& j) {
+    auto& arts = j["graphs"][0]["artifacts"];
+    arts.erase(arts.begin());
+  });
+  expect_corrupt(dir_, {}, {"model_ctx.engine", "not an artifact"});
+  // Without the engine file, save refuses the model (it could not run).
+  ScopedTempDir lonely;
+  test::write_file_bytes(lonely.file("m.onnx"), w::model(w::graph({}, {w::ep_context_node(0, "m.engine")})));
+  expect_error([&] { Checkpoint::save(dir_ + "-2", mlp_manifest(), {{"graphs/mlp/model_raw.onnx", lonely.file("m.onnx")}}); },
+               ErrorCode::kModelInvalid, {"m.engine"});
+}
+
 // Regression (issue 17): arrays nested 80,000 deep overflowed the stack when re-serialised.
 TEST_F(CheckpointTest, DeeplyNestedManifestIsCorruptNotACrash) {
   save_mlp();

@@ -1,4 +1,7 @@
 // Tests that CUDA-graph sessions are capture-safe by construction: refused up front, typed failures, no capture left open.
+#include <atomic>
+#include <thread>
+
 #include "cuda_stream.hpp"
 #include "test_support.hpp"
 
@@ -51,6 +54,40 @@ TEST(CudaGraphSafety, ReplaysLeaveNoCaptureOpen) {
     EXPECT_FALSE(detail::stream_is_capturing(graph->cuda_stream())) << "call " << call;
     expect_allclose_f32(graph->to_host(y), cpu->infer({x.view()}).at(0), 1e-5);
   }
+}
+
+// to_device on a graph session synchronises the session's stream; a sync while another
+// thread's call is capturing on that stream would invalidate the capture. to_device takes
+// the runner's lock, so copies made while other threads capture new shapes never break them.
+TEST(CudaGraphSafety, ToDeviceDuringCapturesLeavesThemIntact) {
+  AITUNE_REQUIRE_CUDA();
+  auto graph = OnnxSession::create(fixture("mlp.onnx"), graph_config());
+  auto cpu = OnnxSession::create(fixture("mlp.onnx"), test::cpu_config());
+  std::atomic<bool> stop{false};
+  std::atomic<int> copies{0};
+  std::thread copier([&] {
+    const Tensor x = test::make_pattern_f32({2, 64}, 5);
+    while (!stop) {
+      (void)graph->to_device(x);
+      ++copies;
+    }
+  });
+  std::vector<std::string> failures;
+  for (int round = 0; round < 3; ++round)
+    for (int batch = 1; batch <= 6; ++batch) {  // every batch a new shape: a capture each first time
+      const Tensor x = test::make_pattern_f32({batch, 64}, static_cast<uint32_t>(100 + batch));
+      try {
+        const Tensor y = graph->to_host(graph->infer({graph->to_device(x).view()}).at(0));
+        expect_allclose_f32(y, cpu->infer({x.view()}).at(0), 1e-5);
+      } catch (const Error& e) {
+        failures.push_back(e.what());
+      }
+    }
+  stop = true;
+  copier.join();
+  EXPECT_TRUE(failures.empty()) << failures.front();
+  EXPECT_GT(copies.load(), 0);
+  EXPECT_FALSE(detail::stream_is_capturing(graph->cuda_stream()));
 }
 
 // NonZero's CUDA kernel copies a count to the host, which a stream cannot do while it

@@ -45,6 +45,31 @@ TEST(OnnxExternalData, EveryPlaceATensorCanLive) {
             (Locations{"sub.bin", "z.bin"}));
 }
 
+TEST(OnnxExternalData, EpContextEngineFilesWithEmbedModeZero) {
+  // embed_mode=0: ep_cache_context is an engine file ORT loads from the model's directory.
+  EXPECT_EQ(scan(w::model(w::graph({}, {w::ep_context_node(0, "model_ctx.engine")}))), Locations{"model_ctx.engine"});
+  EXPECT_EQ(scan(w::model(w::graph({}, {w::ep_context_node(0, "model_ctx.engine", true)}))),
+            Locations{"model_ctx.engine"})
+      << "attributes before op_type";
+  // Together with external data, and inside a subgraph.
+  const std::string sub = w::graph({}, {w::ep_context_node(0, "sub.engine")});
+  EXPECT_EQ(scan(w::model(w::graph({w::external_tensor("w", "w.bin")}, {w::node_with_attribute(6, sub)}))),
+            (Locations{"sub.engine", "w.bin"}));
+  // embed_mode=1 (and the default, no embed_mode) embeds the engine's bytes: no file.
+  EXPECT_EQ(scan(w::model(w::graph({}, {w::ep_context_node(1, "\x01\x02engine bytes")}))), Locations{});
+  const std::string no_mode = w::bytes_field(4, "EPContext") +
+                              w::bytes_field(5, w::bytes_field(1, "ep_cache_context") + w::bytes_field(4, "bytes"));
+  EXPECT_EQ(scan(w::model(w::graph({}, {no_mode}))), Locations{});
+  // Another op with the same attribute names references nothing.
+  const std::string other = w::bytes_field(4, "Custom") +
+                            w::bytes_field(5, w::bytes_field(1, "embed_mode") + w::varint_field(3, 0)) +
+                            w::bytes_field(5, w::bytes_field(1, "ep_cache_context") + w::bytes_field(4, "x.engine"));
+  EXPECT_EQ(scan(w::model(w::graph({}, {other}))), Locations{});
+  // embed_mode=0 naming no file is malformed.
+  expect_error([&] { scan(w::model(w::graph({}, {w::ep_context_node(0, "")}))); }, ErrorCode::kModelInvalid,
+               {"EPContext", "embed_mode=0"});
+}
+
 TEST(OnnxExternalData, OnlyLocationEntriesOfTensorsCount) {
   // A "location" entry in metadata_props (ModelProto field 14) names no tensor data.
   const std::string m = w::model(w::graph({})) + w::bytes_field(14, w::entry("location", "not-data.bin"));

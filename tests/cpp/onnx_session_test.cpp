@@ -5,6 +5,7 @@
 #include <mutex>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -386,6 +387,24 @@ TEST(OnnxSession, OutputsOutliveTheBackend) {
   m->deleter(m);
 }
 
+TEST(OnnxSession, LiveSessionsCountsSessionsUntilTheirLastOutputIsGone) {
+  const std::size_t before = OrtRuntime::live_sessions();
+  const Tensor x = test::load_fixture_npy("mlp_x.npy");
+  std::vector<Tensor> out;
+  {
+    auto b = cpu_backend("mlp.onnx");
+    EXPECT_EQ(OrtRuntime::live_sessions(), before + 1);
+    b->deactivate();  // releases the session...
+    EXPECT_EQ(OrtRuntime::live_sessions(), before);
+    b->activate();  // ...and recreates it
+    EXPECT_EQ(OrtRuntime::live_sessions(), before + 1);
+    out = b->infer({x.view()});
+  }
+  EXPECT_EQ(OrtRuntime::live_sessions(), before + 1) << "an output keeps its session";
+  out.clear();
+  EXPECT_EQ(OrtRuntime::live_sessions(), before);
+}
+
 TEST(OnnxSession, ToDeviceAndToHostOnCpu) {
   auto b = cpu_backend("mlp.onnx");
   const Tensor x = test::load_fixture_npy("mlp_x.npy");
@@ -519,7 +538,24 @@ TEST(OnnxSessionErrors, CpuProviderRejectsProviderOptions) {
                {"use_tf32"});
 }
 
-TEST(OnnxSessionErrors, NonContiguousInput) {
+TEST(OnnxRuntimeBackendErrors, ThreadCountsOutsideTheManifestRangeAreRefused) {
+  // Same range a checkpoint manifest is held to (0 = ORT's default .. 1024).
+  for (auto [intra, inter, field] : {std::tuple{-5, 0, "intra_op_threads"}, std::tuple{100000, 0, "intra_op_threads"},
+                                     std::tuple{0, 1025, "inter_op_threads"}, std::tuple{0, -1, "inter_op_threads"}}) {
+    OnnxSessionConfig config = test::cpu_config();
+    config.intra_op_threads = intra;
+    config.inter_op_threads = inter;
+    expect_error([&] { OnnxSession::create(fixture("mlp.onnx"), config); }, ErrorCode::kInvalidArgument,
+                 {field, "1024"});
+  }
+  OnnxSessionConfig edge = test::cpu_config();
+  edge.intra_op_threads = 1;
+  edge.inter_op_threads = 1024;  // the bound itself is allowed (inter-op threads are made only for parallel mode)
+  auto backend = OnnxSession::create(fixture("mlp.onnx"), edge);
+  EXPECT_EQ(backend->config().inter_op_threads, 1024);
+}
+
+TEST(OnnxRuntimeBackendErrors, NonContiguousInput) {
   auto b = cpu_backend("multi_dtype.onnx");
   const auto c = multi_dtype_case(2);
   const TensorView ids_t = transposed_view(c.ids, 2, 8);  // [2, 8] view of [8, 2] storage

@@ -61,6 +61,20 @@ inline std::string node_with_attribute(std::uint32_t attribute_field, const std:
   return bytes_field(4, op) + bytes_field(5, bytes_field(1, "a") + bytes_field(attribute_field, payload));
 }
 
+/// An EPContext NodeProto (op_type = 4, domain = 7, attribute = 5) as ORT's TensorRT EP
+/// dumps it: embed_mode (AttributeProto i = 3) and ep_cache_context (s = 4); with
+/// embed_mode=0 the context names an engine file beside the model. `attributes_first`
+/// writes the attributes before op_type (valid protobuf, field order is free).
+inline std::string ep_context_node(std::int64_t embed_mode, const std::string& cache_context,
+                                   bool attributes_first = false) {
+  const std::string attributes =
+      bytes_field(5, bytes_field(1, "embed_mode") + varint_field(3, static_cast<std::uint64_t>(embed_mode))) +
+      bytes_field(5, bytes_field(1, "ep_cache_context") + bytes_field(4, cache_context)) +
+      bytes_field(5, bytes_field(1, "main_context") + varint_field(3, 1));
+  const std::string head = bytes_field(4, "EPContext") + bytes_field(7, "com.microsoft");
+  return attributes_first ? attributes + head : head + attributes;
+}
+
 /// SparseTensorProto {values = 1, indices = 2}.
 inline std::string sparse_tensor(const std::string& values, const std::string& indices) {
   return bytes_field(1, values) + bytes_field(2, indices);

@@ -159,6 +159,16 @@ def test_model_and_provider_errors(tmp_path, mlp_model):
             _core.OnnxSession.create(str(mlp_model[0]), _core.OnnxSessionConfig())
 
 
+@pytest.mark.parametrize("field, value", [("intra_op_threads", 100000), ("intra_op_threads", -5),
+                                           ("inter_op_threads", 1025)])
+def test_thread_counts_outside_the_manifest_range_are_refused(mlp_model, field, value):
+    config = _core.OnnxSessionConfig(provider=_core.ExecutionProvider.CPU, **{field: value})
+    with pytest.raises(aitune.InvalidArgumentError, match=f"{field} is {value}; allowed: 0 .* to 1024"):
+        _core.OnnxSession.create(str(mlp_model[0]), config)
+    with pytest.raises(TypeError):  # beyond a C int: nanobind refuses it before the engine sees it
+        _core.OnnxSessionConfig(provider=_core.ExecutionProvider.CPU, **{field: 2**40})
+
+
 def test_state_machine(mlp_model):
     path, _ = mlp_model
     b = _core.OnnxSession.create(str(path), CPU)

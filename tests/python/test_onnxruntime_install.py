@@ -241,6 +241,39 @@ def test_both_distributions_installed_are_reported_by_the_finder(tmp_path):
     assert str(site / "nvidia" / "cu13" / "lib") in found["cuda_library_dirs"]
 
 
+@pytest.mark.parametrize("last", ["onnxruntime", "onnxruntime-gpu"])
+def test_with_both_distributions_the_library_on_disk_names_its_owner(tmp_path, last):
+    """Both wheels write onnxruntime/capi/libonnxruntime.so.1.31.1; their RECORDs hold the
+    sha256 of their own copy, so the finder tells whose bytes will load."""
+    import base64
+    import hashlib
+
+    site = tmp_path / "site-packages"
+    capi = site / "onnxruntime" / "capi"
+    capi.mkdir(parents=True)
+    (site / "onnxruntime" / "__init__.py").write_text("")
+    builds = {"onnxruntime": b"CPU build of the core", "onnxruntime-gpu": b"CUDA build of the core"}
+    (capi / "libonnxruntime.so.1.31.1").write_bytes(builds[last])  # the wheel installed last
+    for name, data in builds.items():
+        info = site / f"{name.replace('-', '_')}-1.31.1.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 1.31.1\n")
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        (info / "RECORD").write_text(f"onnxruntime/capi/libonnxruntime.so.1.31.1,sha256={digest},{len(data)}\n"
+                                     f"{info.name}/RECORD,,\n")
+    out = _python(f"""
+        import json, sys
+        sys.path.insert(0, {str(site)!r})
+        from aitune import _ort_wheel
+        print(json.dumps(_ort_wheel.find()))
+    """).stdout
+    found = json.loads(out.strip().splitlines()[-1])
+    assert found["distribution"] == last
+    assert f"the library here is {last}'s" in found["warning"]
+    assert ("CPU build" in found["warning"]) == (last == "onnxruntime"), found["warning"]
+    assert "uninstall both and install one" in found["warning"]
+
+
 def test_the_engine_got_the_python_packages():
     wheel, cuda_dirs = _core.OrtRuntime.python_packages()
     assert wheel.capi_dir == WHEEL["capi_dir"]
