@@ -538,7 +538,7 @@ TEST(OnnxSessionErrors, CpuProviderRejectsProviderOptions) {
                {"use_tf32"});
 }
 
-TEST(OnnxRuntimeBackendErrors, ThreadCountsOutsideTheManifestRangeAreRefused) {
+TEST(OnnxSessionErrors, ThreadCountsOutsideTheManifestRangeAreRefused) {
   // Same range a checkpoint manifest is held to (0 = ORT's default .. 1024).
   for (auto [intra, inter, field] : {std::tuple{-5, 0, "intra_op_threads"}, std::tuple{100000, 0, "intra_op_threads"},
                                      std::tuple{0, 1025, "inter_op_threads"}, std::tuple{0, -1, "inter_op_threads"}}) {
@@ -555,7 +555,7 @@ TEST(OnnxRuntimeBackendErrors, ThreadCountsOutsideTheManifestRangeAreRefused) {
   EXPECT_EQ(backend->config().inter_op_threads, 1024);
 }
 
-TEST(OnnxRuntimeBackendErrors, NonContiguousInput) {
+TEST(OnnxSessionErrors, NonContiguousInput) {
   auto b = cpu_backend("multi_dtype.onnx");
   const auto c = multi_dtype_case(2);
   const TensorView ids_t = transposed_view(c.ids, 2, 8);  // [2, 8] view of [8, 2] storage
