@@ -5,6 +5,8 @@ Tiny random configurations made here; nothing is downloaded."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch_models import cpu_strategy
@@ -237,3 +239,30 @@ def test_large_activations_pass_the_scaled_default_and_a_wrong_export_still_fail
              disable_external_logging=True)
     (report,) = positive.ait_reports.values()
     assert report.winner is not None, report.summary_table()
+
+
+def test_a_cache_object_in_the_outputs_is_refused_by_name():
+    """T5 called as its users do returns a transformers Cache (use_cache=True by default):
+    an ONNX graph cannot return it, and returning the object recorded while tuning would be
+    wrong, so the graph is refused with the output's name and the fix; with
+    use_cache=False the same model tunes and matches eager."""
+    config = transformers.T5Config(vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4)
+    inner = transformers.T5Model(config).eval()
+    sample = {"input_ids": torch.randint(0, 100, (12,)), "decoder_input_ids": torch.randint(0, 100, (5,))}
+    model = ait.Module(copy.deepcopy(inner), "t5-cache", strategy=cpu_strategy(tune_provider_options=False))
+    with pytest.raises(ValueError, match=r"output\['past_key_values'\].*use_cache=False"):
+        ait.tune(model, [sample], batch_sizes=[1], ignore_failing_modules=False, disable_external_logging=True)
+    kept = ait.Module(copy.deepcopy(inner), "t5-cache-kept", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(kept, [sample], batch_sizes=[1], disable_external_logging=True)  # ignore_failing_modules: stays eager
+    ids, dec = torch.randint(0, 100, (1, 12)), torch.randint(0, 100, (1, 5))
+    with torch.no_grad():
+        out = kept(input_ids=ids, decoder_input_ids=dec)
+    assert type(out.past_key_values).__name__.endswith("Cache")  # eager's own, fresh per call
+    nocache = ait.Module(copy.deepcopy(inner), "t5-nocache", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(nocache, [{**sample, "use_cache": False}], batch_sizes=[1], ignore_failing_modules=False,
+             disable_external_logging=True)
+    with torch.no_grad():
+        expected = inner(input_ids=ids, decoder_input_ids=dec, use_cache=False)
+        actual = nocache(input_ids=ids, decoder_input_ids=dec, use_cache=False)
+    assert nocache.ait_backends and all("ONNXRuntimeBackend" in b for b in nocache.ait_backends.values())
+    torch.testing.assert_close(actual.last_hidden_state, expected.last_hidden_state, atol=1e-4, rtol=1e-4)

@@ -23,6 +23,28 @@ class Sample:
     batch_size: int
 
 
+#: Non-tensor output values a graph can return as constants: the same value on every call.
+_CONSTANT_TYPES = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device, torch.Size)
+
+
+def _check_output_leaves(module_name: str, paths_leaves: list) -> None:
+    """An output that is neither a tensor nor a plain constant (a transformers ``Cache``
+    from ``use_cache=True``, any stateful object) cannot come out of an ONNX graph:
+    returning the object recorded while tuning on every later call would be wrong, so the
+    graph is refused, naming the output and what to do."""
+    for path, leaf in paths_leaves:
+        if isinstance(leaf, torch.Tensor) or isinstance(leaf, _CONSTANT_TYPES):
+            continue
+        kind = f"{type(leaf).__module__}.{type(leaf).__qualname__}"
+        hint = (" (a transformers cache: call the model with use_cache=False)"
+                if "cache" in type(leaf).__name__.lower() else "")
+        raise ValueError(
+            f"ait.Module '{module_name}': output{pytree.keystr(path)} is a {kind} object, which an ONNX graph "
+            f"cannot return{hint}; outputs must be tensors (in tuples, lists, dicts, dataclasses or ModelOutputs) "
+            "or plain constants"
+        )
+
+
 class _Tree:
     """A flattened nested value: its structure, the non-tensor leaves (constants of the
     graph) and where the tensors go."""
@@ -205,6 +227,7 @@ class RecordedGraph(_GraphCalls):
         )
 
         out_paths_leaves, out_spec = pytree.tree_flatten_with_path(outputs)
+        _check_output_leaves(module_name, out_paths_leaves)
         self._outputs = _Tree(out_spec, [leaf for _, leaf in out_paths_leaves])
         self._output_constants = flatten.identity(out_spec, [leaf for _, leaf in out_paths_leaves])
         self.output_names = flatten.leaf_names(
