@@ -7,15 +7,10 @@
 #include <vector>
 
 #include "aitune/correctness.hpp"
+#include "aitune/onnx_operators.hpp"  // onnx_operator_types, what has_convolutions reads
 #include "aitune/onnx_session.hpp"
 
 namespace aitune::cli {
-
-/// The operator types of every node of an ONNX model file: the main graph, subgraphs in
-/// node attributes and local functions (the protobuf wire format walked; no protobuf
-/// dependency). Error(kIo) when the file cannot be read, Error(kModelInvalid) when it is
-/// not a well-formed protobuf along the walked path.
-std::set<std::string> onnx_operator_types(const std::string& model_path);
 
 /// True when `operators` has a convolution (Conv, ConvTranspose, ConvInteger, QLinearConv).
 bool has_convolutions(const std::set<std::string>& operators);

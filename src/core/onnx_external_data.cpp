@@ -1,18 +1,12 @@
 // Finds the files an ONNX model references (external data, EPContext engine files) by walking its protobuf wire format.
 #include "aitune/onnx_external_data.hpp"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <cstdint>
-#include <cstring>
 #include <set>
 #include <vector>
 
 #include "aitune/error.hpp"
+#include "onnx_wire_reader.hpp"
 
 namespace aitune {
 namespace {
@@ -61,9 +55,9 @@ bool child_of(Message m, std::uint32_t field, Message& child) {
   return false;
 }
 
-class Walker {
+class Walker : detail::ProtobufReader {
  public:
-  Walker(std::string_view bytes, const std::string& what) : bytes_(bytes), what_(what) {}
+  using ProtobufReader::ProtobufReader;
 
   std::set<std::string> run() {
     walk(0, bytes_.size(), Message::kModel, 0);
@@ -71,58 +65,6 @@ class Walker {
   }
 
  private:
-  [[noreturn]] void malformed(std::size_t at, const std::string& why) const {
-    throw Error(ErrorCode::kModelInvalid, "ONNX model '" + what_ + "' is not a well-formed protobuf: " + why +
-                                              " at byte " + std::to_string(at));
-  }
-
-  std::uint64_t varint(std::size_t& i, std::size_t end) const {
-    std::uint64_t value = 0;
-    for (int shift = 0; shift < 64; shift += 7) {
-      if (i >= end) malformed(i, "truncated varint");
-      auto b = static_cast<unsigned char>(bytes_[i++]);
-      value |= static_cast<std::uint64_t>(b & 0x7f) << shift;
-      if (!(b & 0x80)) return value;
-    }
-    malformed(i, "varint longer than 10 bytes");
-  }
-
-  // Skips the payload of a field of `wire_type` that starts at `i`.
-  void skip(std::size_t& i, std::size_t end, std::uint32_t wire_type, std::uint32_t field, std::size_t depth) {
-    switch (wire_type) {
-      case 0: varint(i, end); return;
-      case 1: advance(i, end, 8); return;
-      case 5: advance(i, end, 4); return;
-      case 2: advance(i, end, length(i, end)); return;
-      case 3: {  // a (deprecated) group: fields up to the matching end-group tag
-        if (depth + 1 > kOnnxMaxMessageDepth) malformed(i, "groups nested deeper than " + std::to_string(kOnnxMaxMessageDepth));
-        for (;;) {
-          if (i >= end) malformed(i, "unterminated group");
-          const std::uint64_t tag = varint(i, end);
-          const auto wt = static_cast<std::uint32_t>(tag & 7);
-          const auto f = tag >> 3;
-          if (wt == 4) {
-            if (f != field) malformed(i, "mismatched end of group");
-            return;
-          }
-          skip(i, end, wt, static_cast<std::uint32_t>(f), depth + 1);
-        }
-      }
-      default: malformed(i, "invalid wire type " + std::to_string(wire_type));
-    }
-  }
-
-  std::size_t length(std::size_t& i, std::size_t end) const {
-    const std::uint64_t n = varint(i, end);
-    if (n > end - i) malformed(i, "length " + std::to_string(n) + " runs past the end of its message");
-    return static_cast<std::size_t>(n);
-  }
-
-  void advance(std::size_t& i, std::size_t end, std::size_t n) const {
-    if (n > end - i) malformed(i, "field runs past the end of its message");
-    i += n;
-  }
-
   // What an EPContext node says about its engine: attributes embed_mode (int, default 1)
   // and ep_cache_context (the engine's bytes, or with embed_mode=0 a file's path).
   struct NodeFacts {
@@ -200,8 +142,6 @@ class Walker {
     }
   }
 
-  std::string_view bytes_;
-  const std::string& what_;
   std::set<std::string> locations_;
   std::vector<NodeFacts> nodes_;  // the nodes being walked, innermost last
 };
@@ -214,27 +154,8 @@ std::vector<std::string> onnx_external_data_locations_in(std::string_view model_
 }
 
 std::vector<std::string> onnx_external_data_locations(const std::string& model_path) {
-  int fd = ::open(model_path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw Error(ErrorCode::kIo, "cannot open ONNX model '" + model_path + "': " + std::strerror(errno));
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  struct stat st{};
-  if (::fstat(fd, &st) != 0)
-    throw Error(ErrorCode::kIo, "cannot stat ONNX model '" + model_path + "': " + std::strerror(errno));
-  if (!S_ISREG(st.st_mode)) throw Error(ErrorCode::kIo, "ONNX model '" + model_path + "' is not a regular file");
-  if (st.st_size == 0) return {};
-  const auto size = static_cast<std::size_t>(st.st_size);
-  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  if (map == MAP_FAILED)
-    throw Error(ErrorCode::kIo, "cannot map ONNX model '" + model_path + "': " + std::strerror(errno));
-  struct Unmapper {
-    void* p;
-    std::size_t n;
-    ~Unmapper() { ::munmap(p, n); }
-  } unmapper{map, size};
-  return onnx_external_data_locations_in(std::string_view(static_cast<const char*>(map), size), model_path);
+  const detail::MappedModel model(model_path);
+  return onnx_external_data_locations_in(model.bytes(), model_path);
 }
 
 bool is_safe_relative_path(const std::string& path) noexcept {
