@@ -103,21 +103,29 @@ def max_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.float() - b.float()).abs().max().item()
 
 
+def compiled_call(model, x, *, fp16: bool):
+    """One call of torch.compile(model, mode="reduce-overhead") on ``x`` as a user makes it
+    (a new CUDA-graph step each call; under fp16 autocast for ``fp16``). The matmul
+    precision (TF32 or not) is the caller's setting when the first call compiles."""
+    compiled = torch.compile(model, mode="reduce-overhead")
+
+    def call():
+        torch.compiler.cudagraph_mark_step_begin()
+        if fp16:
+            with torch.autocast("cuda", dtype=torch.float16):
+                return compiled(x)
+        return compiled(x)
+
+    return call
+
+
 def compile_column(model, x, reference, iterations, *, tf32: bool, fp16: bool) -> dict:
     """torch.compile(mode="reduce-overhead") as a user runs it at this precision."""
     torch._dynamo.reset()
     previous = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("high" if tf32 else "highest")
     try:
-        compiled = torch.compile(model, mode="reduce-overhead")
-
-        def call():
-            torch.compiler.cudagraph_mark_step_begin()
-            if fp16:
-                with torch.autocast("cuda", dtype=torch.float16):
-                    return compiled(x)
-            return compiled(x)
-
+        call = compiled_call(model, x, fp16=fp16)
         start = time.perf_counter()
         out = call()
         torch.cuda.synchronize()

@@ -27,7 +27,7 @@ import tempfile
 import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
-from precision_benchmarks import MODELS  # noqa: E402  (the same models, built the same way)
+from precision_benchmarks import MODELS, compiled_call  # noqa: E402  (the same models, built the same way)
 
 import aitune.torch as ait  # noqa: E402
 from aitune.torch.backend import ONNXRuntimeBackend, ONNXRuntimeBackendConfig  # noqa: E402
@@ -98,15 +98,7 @@ def main() -> int:
     result = {"model": args.model, "precision": args.precision, "provider_options": options}
     with torch.no_grad():
         torch.set_float32_matmul_precision("high")
-        compiled = torch.compile(copy.deepcopy(model), mode="reduce-overhead")
-
-        def compile_call():
-            torch.compiler.cudagraph_mark_step_begin()
-            if args.precision == "fp16":
-                with torch.autocast("cuda", dtype=torch.float16):
-                    return compiled(x)
-            return compiled(x)
-
+        compile_call = compiled_call(copy.deepcopy(model), x, fp16=args.precision == "fp16")
         result["compile"] = kernel_profile(compile_call, args.calls)
         torch.set_float32_matmul_precision("highest")
         torch._dynamo.reset()
