@@ -1,6 +1,7 @@
 """GPU benchmark of docs/benchmarks.md: every column measured in one run, side by side.
 
     python benchmarks/gpu_benchmarks.py --raw-loop build/bench/raw_ort_loop --out results.json
+        [--skip-compile]   (the aitune columns only: benchmarks/ort_versions.py compares ORTs)
 
 Columns (p50 latency of one call + torch.cuda.synchronize()):
   eager · torch.compile default · torch.compile reduce-overhead · raw ORT C++ IOBinding
@@ -29,6 +30,7 @@ import models  # noqa: E402
 from timing import p50_us  # noqa: E402
 
 import aitune.torch as ait  # noqa: E402
+from aitune import _core  # noqa: E402
 from aitune.torch.backend import ONNXRuntimeBackend, ONNXRuntimeBackendConfig  # noqa: E402
 
 
@@ -49,14 +51,14 @@ def raw_loop(binary: str, onnx: Path, batch: int, iterations: int, *options: str
     return float(result.stdout.split()[0].split("=")[1])
 
 
-def bench_case(name, model, shape, source, raw_binary, iterations):
+def bench_case(name, model, shape, source, raw_binary, iterations, compile_columns=True):
     torch.backends.cudnn.benchmark = True
     model = model.eval().cuda()
     x = torch.randn(*shape, device="cuda")
     row = {"model": name, "source": source}
     with torch.no_grad():
         row["eager"] = p50_us(lambda: model(x), iterations)
-        for mode in ("default", "reduce-overhead"):
+        for mode in ("default", "reduce-overhead") if compile_columns else ():
             torch._dynamo.reset()
             compiled = torch.compile(copy.deepcopy(model), mode=None if mode == "default" else mode)
             row[f"compile {mode}"] = p50_us(lambda: compiled(x), iterations)
@@ -123,6 +125,7 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=300)
     parser.add_argument("--only", help="substring of the model names to run")
     parser.add_argument("--out", default="gpu_benchmarks.json")
+    parser.add_argument("--skip-compile", action="store_true", help="leave out the torch.compile columns")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("no CUDA device: run benchmarks/cpu_benchmarks.py instead", file=sys.stderr)
@@ -133,11 +136,14 @@ def main() -> int:
     for name, model, shape, source in models.cases():
         if args.only and args.only not in name:
             continue
-        rows.append(bench_case(name, model, shape, source, args.raw_loop, args.iterations))
+        rows.append(bench_case(name, model, shape, source, args.raw_loop, args.iterations,
+                               compile_columns=not args.skip_compile))
         print(json.dumps({k: v for k, v in rows[-1].items() if k not in ("tuned table", "tuned candidates")}),
               flush=True)
         print(rows[-1]["tuned table"], flush=True)
     Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+                                          "onnxruntime_engine": _core.OrtRuntime.load().version,
+                                          "onnxruntime_library": _core.OrtRuntime.load().library_path,
                                           "rows": rows}, indent=2))
     print(table(rows))
     return 0

@@ -1,8 +1,11 @@
 """GPU benchmark precision for precision (issue 16): aitune against torch.compile at the
-same precision, on ResNet-50, BERT-base and GPT-2 small, random weights.
+same precision, on ResNet-50, BERT-base and GPT-2 small, and on the four models of
+docs/benchmarks.md's first table (MLP, ResNet-18 b1 / b32, nn.TransformerEncoder), random
+weights.
 
     python benchmarks/precision_benchmarks.py --out precision.json --markdown precision.md \
-        [--models resnet50_b1,resnet50_b16,bert_b8_s128,gpt2_b8_s128] [--iterations 100]
+        [--models resnet50_b1,resnet50_b16,bert_b8_s128,gpt2_b8_s128,mlp_b1,resnet18_b1,...]
+        [--iterations 100]
 
 Per model, one row (p50 us of one call + torch.cuda.synchronize()):
   eager (torch's defaults: cuDNN convolutions in TF32, matmuls in fp32)
@@ -49,6 +52,7 @@ from aitune.torch.backend import (
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import models as table_models  # noqa: E402  (benchmarks/models.py: the first table's four models)
 from timing import p50_us  # noqa: E402  (benchmarks/timing.py)
 
 
@@ -65,15 +69,27 @@ class LastHidden(torch.nn.Module):
         return self.model(input_ids=input_ids, **kwargs).last_hidden_state
 
 
+def calibrated(model: torch.nn.Module, shape: tuple[int, ...]) -> torch.nn.Module:
+    """``model`` on the GPU with BatchNorm statistics from data, not the init's 0 / 1 (a few
+    training-mode forwards of random inputs), in eval mode."""
+    model = model.cuda().train()
+    with torch.no_grad():
+        for _ in range(3):
+            model(torch.randn(*shape, device="cuda"))
+    return model.eval()
+
+
 def resnet50(batch: int):
     import torchvision
 
-    model = torchvision.models.resnet50(weights=None).cuda()
-    model.train()
-    with torch.no_grad():  # BatchNorm statistics from data, not the init's 0 / 1
-        for _ in range(3):
-            model(torch.randn(16, 3, 224, 224, device="cuda"))
-    return model.eval(), torch.randn(batch, 3, 224, 224, device="cuda")
+    model = calibrated(torchvision.models.resnet50(weights=None), (16, 3, 224, 224))
+    return model, torch.randn(batch, 3, 224, 224, device="cuda")
+
+
+def table_model(make, shape: tuple[int, ...]):
+    """One of the first table's models (benchmarks/models.py), float inputs of ``shape``."""
+    model = calibrated(make(), (max(shape[0], 8), *shape[1:]))
+    return model, torch.randn(*shape, device="cuda")
 
 
 def bert(batch: int, seq: int):
@@ -95,6 +111,10 @@ MODELS = {
     "resnet50_b16": lambda: resnet50(16),
     "bert_b8_s128": lambda: bert(8, 128),
     "gpt2_b8_s128": lambda: gpt2(8, 128),
+    "mlp_b1": lambda: table_model(table_models.MLP, (1, 256)),
+    "resnet18_b1": lambda: table_model(lambda: table_models.resnet18()[0], (1, 3, 224, 224)),
+    "resnet18_b32": lambda: table_model(lambda: table_models.resnet18()[0], (32, 3, 224, 224)),
+    "encoder_b8_s128": lambda: table_model(table_models.Encoder, (8, 128, 256)),
 }
 
 
