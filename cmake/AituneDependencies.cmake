@@ -1,7 +1,7 @@
 # Finds the header-only dependencies (nlohmann/json, CLI11, DLPack), the ONNX Runtime
 # headers fetched by scripts/fetch-onnxruntime.sh, the ONNX Runtime library compiled in as
-# a default, and GoogleTest. Nothing is downloaded here: scripts/setup.sh installs what a
-# machine lacks.
+# a default, and GoogleTest. scripts/setup.sh installs what a machine lacks; the one download
+# here is the pinned ORT headers, where a fresh clone has none (cmake/AituneOrtHeaders.cmake).
 
 find_package(Threads REQUIRED)
 
@@ -17,11 +17,21 @@ aitune_find_header(AITUNE_JSON_INCLUDE nlohmann/json.hpp "nlohmann-json3-dev")
 aitune_find_header(AITUNE_CLI11_INCLUDE CLI/CLI.hpp "libcli11-dev")
 aitune_find_header(AITUNE_DLPACK_INCLUDE dlpack/dlpack.h "libdlpack-dev")
 
-if(NOT EXISTS "${AITUNE_ORT_ROOT}/include/onnxruntime_cxx_api.h")
+# The ONNX Runtime headers: AITUNE_ORT_ROOT/include (scripts/fetch-onnxruntime.sh fills the
+# default one); where the default folder is empty (a fresh clone built by `pip install .`),
+# the pinned headers are downloaded into the build tree (cmake/AituneOrtHeaders.cmake). A
+# folder named by the user that lacks them is an error, not a reason to download.
+option(AITUNE_FETCH_ORT_HEADERS "Download the pinned ONNX Runtime headers when the default AITUNE_ORT_ROOT has none" ON)
+if(EXISTS "${AITUNE_ORT_ROOT}/include/onnxruntime_cxx_api.h")
+  set(AITUNE_ORT_INCLUDE "${AITUNE_ORT_ROOT}/include")
+elseif(AITUNE_FETCH_ORT_HEADERS AND AITUNE_ORT_ROOT STREQUAL "${PROJECT_SOURCE_DIR}/.deps/onnxruntime")
+  include(AituneOrtHeaders)
+  aitune_fetch_ort_headers(aitune_fetched_ort_root)
+  set(AITUNE_ORT_INCLUDE "${aitune_fetched_ort_root}/include")
+else()
   message(FATAL_ERROR "aitune: ONNX Runtime headers not found under ${AITUNE_ORT_ROOT}/include; "
                       "run scripts/fetch-onnxruntime.sh or set AITUNE_ORT_ROOT")
 endif()
-set(AITUNE_ORT_INCLUDE "${AITUNE_ORT_ROOT}/include")
 
 # Nothing links libonnxruntime: the engine loads it at run time (include/aitune/ort_runtime.hpp),
 # from AITUNE_ORT_LIBRARY (environment), the Python environment's onnxruntime wheel, then
