@@ -90,3 +90,15 @@ def test_an_ort_root_named_by_the_user_without_headers_is_an_error_not_a_downloa
     assert done.returncode != 0
     assert f"ONNX Runtime headers not found under {empty}/include" in " ".join(done.stderr.split())
     assert "could not get" not in done.stderr
+
+
+def test_the_cmake_download_and_the_fetch_script_pin_the_same_tarball():
+    """Two ways to the same headers (setup.sh's script with npm, and CMake without): one pin."""
+    script = (REPO / "scripts" / "fetch-onnxruntime.sh").read_text()
+    module = (REPO / "cmake" / "AituneOrtHeaders.cmake").read_text()
+    assert f"sha={PINNED_SHA256}" in script
+    assert f'set(AITUNE_ORT_HEADERS_SHA256 "{PINNED_SHA256}")' in module
+    assert "pkg=com.github.asus4.onnxruntime\nver=0.4.9" in script
+    assert f"/{TARBALL}\"" in module
+    in_tarball = script.split("headers='", 1)[1].split("'", 1)[0]
+    assert f'set(AITUNE_ORT_HEADERS_IN_TARBALL "{in_tarball}")' in module
