@@ -141,9 +141,9 @@ def main() -> int:
         print(json.dumps({k: v for k, v in rows[-1].items() if k not in ("tuned table", "tuned candidates")}),
               flush=True)
         print(rows[-1]["tuned table"], flush=True)
+    ort = _core.OrtRuntime.load()  # the library this process runs (AITUNE_ORT_LIBRARY, the wheel, ...)
     Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                                          "onnxruntime_engine": _core.OrtRuntime.load().version,
-                                          "onnxruntime_library": _core.OrtRuntime.load().library_path,
+                                          "onnxruntime_engine": ort.version, "onnxruntime_library": ort.library_path,
                                           "rows": rows}, indent=2))
     print(table(rows))
     return 0
