@@ -1,0 +1,97 @@
+"""More Hugging Face call styles and models than test_real_models.py: what a probe of
+tiny random configurations found broken, each with the class of failure it stands for.
+Nothing is downloaded."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch_models import cpu_strategy
+
+import aitune.torch as ait
+from aitune.torch import ModuleState
+
+transformers = pytest.importorskip("transformers")
+
+TOL = dict(atol=1e-4, rtol=1e-4)
+
+
+def _tune(inner: torch.nn.Module, name: str, samples, use_dynamo: bool = False, **kwargs) -> ait.Module:
+    model = ait.Module(inner, name, strategy=cpu_strategy(use_dynamo=use_dynamo, tune_provider_options=False))
+    ait.tune(model, samples, ignore_failing_modules=False, disable_external_logging=True, progress=False, **kwargs)
+    assert model.ait_state is ModuleState.TUNED
+    assert all("ONNXRuntimeBackend" in b for b in model.ait_backends.values()), model.ait_backends
+    return model
+
+
+def _assert_same(actual, expected) -> None:
+    """Same type and structure (ModelOutput keys, tuple lengths), tensors close."""
+    assert type(actual) is type(expected)
+    if isinstance(expected, torch.Tensor):
+        assert actual.dtype == expected.dtype
+        torch.testing.assert_close(actual, expected, **TOL)
+    elif hasattr(expected, "keys"):
+        assert list(actual.keys()) == list(expected.keys())
+        for key in expected.keys():
+            _assert_same(actual[key], expected[key])
+    elif isinstance(expected, (tuple, list)):
+        assert len(actual) == len(expected)
+        for a, e in zip(actual, expected):
+            _assert_same(a, e)
+    else:
+        assert actual == expected
+
+
+def _bert_classifier() -> torch.nn.Module:
+    config = transformers.BertConfig(
+        vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=64,
+    )
+    return transformers.AutoModelForSequenceClassification.from_config(config).eval()
+
+
+def _tokens(length: int, batch: int | None = None) -> dict[str, torch.Tensor]:
+    shape = (length,) if batch is None else (batch, length)
+    mask = torch.ones(shape, dtype=torch.long)
+    mask[..., length - 2 :] = 0
+    return {"input_ids": torch.randint(0, 100, shape), "attention_mask": mask,
+            "token_type_ids": torch.randint(0, 2, shape)}
+
+
+# -- samples in a BatchEncoding (what a tokenizer and Hugging Face's collators return) ----
+
+
+def test_batch_encoding_samples_are_stacked_like_dicts():
+    """A BatchEncoding is a UserDict, not a dict: pytree saw one opaque leaf, so samples
+    were never stacked (a "batch" of 2 reached the model without a batch axis and BERT
+    failed unpacking its shape). Its keys are keywords, as a dict's are."""
+    inner = _bert_classifier()
+    samples = [transformers.BatchEncoding(_tokens(n)) for n in (8, 8, 16)]
+    model = _tune(inner, "bert-batch-encoding", samples, batch_sizes=[1, 2])
+    (graph,) = model.ait_graphs
+    assert {s.batch_size for s in graph.samples} == {1, 2}
+    assert all(s.inputs[0].shape[0] == s.batch_size for s in graph.samples)
+    batch = transformers.BatchEncoding(_tokens(12, batch=2))
+    with torch.no_grad():
+        _assert_same(model(**batch), inner(**batch))
+
+
+def test_a_dataloader_of_batch_encodings_knows_its_batch_size():
+    """Batches made by the user (a DataLoader without batch_size) in BatchEncodings: the
+    batch size is read from their tensors, not 0."""
+    from aitune.torch.dataset import iterate_calls
+
+    batches = [transformers.BatchEncoding(_tokens(8, batch=b)) for b in (1, 3)]
+    loader = torch.utils.data.DataLoader(batches, batch_size=None)
+    calls = list(iterate_calls(loader, [1, 2]))
+    assert [size for size, _, _ in calls] == [1, 3]
+    assert all(args == () and set(kwargs) == {"input_ids", "attention_mask", "token_type_ids"}
+               for _, args, kwargs in calls)
+
+
+def test_tensors_inside_an_unknown_mapping_are_refused_not_left_unbatched():
+    from aitune.torch.dataset import iterate_calls
+
+    samples = [((transformers.BatchEncoding(_tokens(8)),), {}) for _ in range(2)]  # a positional BatchEncoding
+    with pytest.raises(ValueError, match="BatchEncoding.*cannot be stacked"):
+        list(iterate_calls(samples, [2]))
