@@ -95,3 +95,38 @@ def test_tensors_inside_an_unknown_mapping_are_refused_not_left_unbatched():
     samples = [((transformers.BatchEncoding(_tokens(8)),), {}) for _ in range(2)]  # a positional BatchEncoding
     with pytest.raises(ValueError, match="BatchEncoding.*cannot be stacked"):
         list(iterate_calls(samples, [2]))
+
+
+# -- a failed trace export stays quiet when asked to (Whisper's aten::diff) ---------------
+
+
+class _Diff(torch.nn.Module):
+    """An operator the trace exporter cannot export (Whisper's decoder uses it)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        return torch.diff(self.fc(x), dim=-1)
+
+
+def test_a_failed_trace_export_prints_nothing_with_external_logging_disabled(capfd):
+    """torch's trace exporter turns its ONNX log on for every export (and never off) and,
+    when the export fails, writes the whole TorchScript graph to file descriptor 1 from
+    C++, past Python's redirection: 96 KB for a tiny Whisper. disable_external_logging
+    swallows it; the typed error names the operator; the log flag is left as it was."""
+    import aitune
+
+    assert not torch._C._jit_is_onnx_log_enabled()
+    model = ait.Module(_Diff().eval(), "diff", strategy=cpu_strategy(use_dynamo=False, tune_provider_options=False))
+    capfd.readouterr()
+    with pytest.raises(aitune.AituneError, match="aten::diff"):
+        ait.tune(model, [torch.randn(8)], batch_sizes=[1], ignore_failing_modules=False,
+                 disable_external_logging=True, progress=False)
+    out, err = capfd.readouterr()
+    assert "Torch IR graph" not in out + err and "graph(" not in out + err, (out + err)[:300]
+    assert not torch._C._jit_is_onnx_log_enabled()
+    assert model.ait_state is ModuleState.PASSTHROUGH
+    with torch.no_grad():
+        torch.testing.assert_close(model(torch.ones(2, 8)), model.ait_module(torch.ones(2, 8)))
