@@ -130,3 +130,60 @@ def test_a_failed_trace_export_prints_nothing_with_external_logging_disabled(cap
     assert model.ait_state is ModuleState.PASSTHROUGH
     with torch.no_grad():
         torch.testing.assert_close(model(torch.ones(2, 8)), model.ait_module(torch.ones(2, 8)))
+
+
+# -- train() after tuning (fine-tuning a tuned model, Trainer's train()/eval() switches) ---
+
+
+def _no_eager(model: ait.Module, monkeypatch) -> None:
+    monkeypatch.setattr(model.ait_module, "forward", lambda *a, **k: pytest.fail("the eager forward ran"))
+
+
+def test_a_tuned_module_put_in_train_mode_runs_eagerly_until_eval(caplog, monkeypatch):
+    """The graph was exported in eval mode: served in train mode it silently applied no
+    dropout, kept BatchNorm statistics frozen and returned outputs without gradients (a
+    training step's backward failed). Train-mode calls run eagerly, said once; eval()
+    brings the graph back."""
+    inner = _bert_classifier()  # hidden and attention dropout 0.1
+    model = _tune(inner, "bert-train-mode", [_tokens(8), _tokens(12)], batch_sizes=[2])
+    parent = torch.nn.ModuleDict({"classifier": model})  # train() reaches the proxy through a parent
+    batch = _tokens(10, batch=2)
+    with torch.no_grad():
+        model(**batch)  # a served call first: the C++ half has a route for this call now
+    parent.train()
+    assert inner.training and model.training
+    with caplog.at_level("WARNING", logger="aitune"):
+        torch.manual_seed(1)
+        out = model(**batch)
+        torch.manual_seed(1)
+        expected = inner(**batch)
+        model(**batch)
+    assert out.logits.requires_grad
+    torch.testing.assert_close(out.logits, expected.logits)  # the same dropout masks: it ran eagerly
+    torch.nn.functional.cross_entropy(out.logits, torch.tensor([0, 1])).backward()
+    assert inner.classifier.weight.grad is not None and inner.classifier.weight.grad.abs().sum() > 0
+    assert sum("train mode" in r.getMessage() for r in caplog.records) == 1, caplog.text
+    parent.eval()
+    with torch.no_grad():
+        expected = inner(**batch)
+        _no_eager(model, monkeypatch)
+        torch.testing.assert_close(model(**batch).logits, expected.logits, **TOL)
+
+
+def test_load_puts_the_module_in_the_mode_it_was_tuned_in(tmp_path, monkeypatch):
+    inner = _bert_classifier()
+    model = _tune(inner, "bert-mode-saved", [_tokens(8), _tokens(12)], batch_sizes=[2])
+    ait.save(model, tmp_path / "bert.ait")
+    fresh = transformers.AutoModelForSequenceClassification.from_config(inner.config)  # built in train mode
+    assert fresh.training
+    loaded = ait.load(ait.Module(fresh, "bert-mode-saved"), tmp_path / "bert.ait")
+    assert not fresh.training and not loaded.training
+    batch = _tokens(10, batch=2)
+    with torch.no_grad():
+        expected = inner(**batch)
+        with monkeypatch.context() as patch:
+            _no_eager(loaded, patch)
+            torch.testing.assert_close(loaded(**batch).logits, expected.logits, **TOL)
+    loaded.train()
+    out = loaded(**batch)
+    assert out.logits.requires_grad  # eager: its own weights, with gradients
