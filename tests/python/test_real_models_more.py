@@ -187,3 +187,20 @@ def test_load_puts_the_module_in_the_mode_it_was_tuned_in(tmp_path, monkeypatch)
     loaded.train()
     out = loaded(**batch)
     assert out.logits.requires_grad  # eager: its own weights, with gradients
+
+
+# -- samples with a batch axis of their own (a tokenizer's return_tensors="pt") -----------
+
+
+def test_a_forward_refusing_stacked_samples_says_samples_carry_no_batch_axis():
+    """tokenizer(text, return_tensors="pt") gives tensors of shape [1, L]: stacked, BERT
+    gets [2, 1, L] and fails unpacking its shape, a message that says nothing of why. The
+    error (the model's own, unchanged) now carries a note: the batch and the rule."""
+    inner = _bert_classifier()
+    samples = [transformers.BatchEncoding(_tokens(8, batch=1)) for _ in range(2)]
+    model = ait.Module(inner, "bert-batched-samples", strategy=cpu_strategy(tune_provider_options=False))
+    with pytest.raises(ValueError, match="too many values to unpack") as caught:
+        ait.tune(model, samples, batch_sizes=[2], disable_external_logging=True, progress=False)
+    note = "\n".join(getattr(caught.value, "__notes__", []))
+    assert "batch of 2 samples" in note and "input_ids: int64[2, 1, 8]" in note, note
+    assert "no batch axis" in note and "return_tensors='pt'" in note
