@@ -409,6 +409,13 @@ def load(module, path: str | os.PathLike, device_map: DeviceLike | Mapping[str, 
         raise corrupt(where, 'a checkpoint needs at least one graph; "graphs" is empty and the metadata '
                              "lists no eager or torch.compile graph")
     module._ait_restore(restored)
+    tuned_mode = module._ait_calls.training
+    if tuned_mode is not None and module.training is not tuned_mode:
+        # A freshly built module is in train() mode; the graphs serve the mode they were
+        # tuned in (eval() for inference), so the module is put back in that mode, as it was.
+        logger.info("ait.load: '%s' put in %s mode, the mode it was tuned in", module.ait_name,
+                    "train" if tuned_mode else "eval")
+        module.train(tuned_mode)
     elapsed = time.perf_counter() - start
     tuning_s = meta.get("tuning_s")
     versus = f"; tuning took {tuning_s:.2f} s" if isinstance(tuning_s, (int, float)) and tuning_s > 0 else ""

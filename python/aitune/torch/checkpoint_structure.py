@@ -350,6 +350,8 @@ def graph_structure(graph, module_name: str) -> dict:
         "recorded": graph.describe(),
         # How the user called it, so a graph run eagerly after ait.load replays that call.
         "call": graph.call_form.to_json() if graph.call_form is not None else None,
+        # The module's mode when recorded (train() / eval()): calls in the other mode run eagerly.
+        "training": graph.training,
     }
 
 
@@ -402,6 +404,9 @@ def saved_graph(module, structure: Any, key: str, where: str, spec: _core.GraphS
         except ValueError as error:
             raise corrupt(where, f"field 'call': {error}") from None
     recorded = structure.get("recorded")
+    training = structure.get("training")  # absent from checkpoints written before the mode was kept
+    if training is not None and not isinstance(training, bool):
+        raise corrupt(where, f"field 'training' must be true, false or null, got {training!r:.40}")
     return SavedGraph(
         module.ait_name,
         module.ait_module,
@@ -415,6 +420,7 @@ def saved_graph(module, structure: Any, key: str, where: str, spec: _core.GraphS
         recorded if isinstance(recorded, str) else "(saved graph)",
         spec,
         call_form,
+        training,
     )
 
 

@@ -20,9 +20,36 @@ import torch.utils._pytree as pytree
 from torch.utils.data import DataLoader, Dataset
 
 
+def _plain(sample: Any) -> Any:
+    """A sample or batch whose keyword arguments come in a mapping that is not a dict
+    (a Hugging Face ``BatchEncoding``, any ``UserDict``), with that mapping made a dict.
+
+    Such a mapping is unknown to pytree, so it would be one opaque leaf: never stacked
+    into a batch, its tensors invisible. Its keys are keyword arguments either way
+    (``_as_call`` unpacks it), so nothing the forward sees changes."""
+    if isinstance(sample, Mapping) and not isinstance(sample, dict):
+        return dict(sample)
+    if (isinstance(sample, (tuple, list)) and len(sample) == 2 and isinstance(sample[0], (tuple, list))
+            and isinstance(sample[1], Mapping) and not isinstance(sample[1], dict)):
+        return type(sample)((sample[0], dict(sample[1])))
+    return sample
+
+
+def _check_stackable(leaf: Any) -> None:
+    """A non-tensor leaf must be a constant: a mapping pytree cannot open that holds
+    tensors (a ``BatchEncoding`` inside a sample) would be compared, not stacked, and its
+    tensors left without a batch axis."""
+    if isinstance(leaf, Mapping) and any(isinstance(v, (torch.Tensor, np.ndarray)) for v in leaf.values()):
+        raise ValueError(
+            f"a sample holds tensors inside a {type(leaf).__module__}.{type(leaf).__qualname__}, which cannot be "
+            "stacked into a batch; pass them in a dict, tuple, list or dataclass instead"
+        )
+
+
 def _stack(samples: list[Any]) -> Any:
     """One batch from ``samples``: tensors stacked on a new axis 0, other values kept
     (they must be equal across the samples: they are constants of the graph)."""
+    samples = [_plain(sample) for sample in samples]
     flat = [pytree.tree_flatten(sample) for sample in samples]
     spec = flat[0][1]
     if any(s != spec for _, s in flat):
@@ -32,7 +59,9 @@ def _stack(samples: list[Any]) -> Any:
         first = column[0]
         if isinstance(first, (torch.Tensor, np.ndarray)):
             leaves.append(torch.stack([torch.as_tensor(v) for v in column]))
-        elif all(v == first for v in column[1:]):
+            continue
+        _check_stackable(first)
+        if all(v == first for v in column[1:]):
             leaves.append(first)
         else:
             raise ValueError(
@@ -42,6 +71,7 @@ def _stack(samples: list[Any]) -> Any:
 
 
 def _as_call(batch: Any) -> tuple[tuple, dict[str, Any]]:
+    batch = _plain(batch)
     if isinstance(batch, Mapping):
         return (), dict(batch)
     if isinstance(batch, (tuple, list)):
@@ -52,7 +82,7 @@ def _as_call(batch: Any) -> tuple[tuple, dict[str, Any]]:
 
 
 def _leading_dim(batch: Any) -> int:
-    for leaf in pytree.tree_leaves(batch):
+    for leaf in pytree.tree_leaves(_plain(batch)):
         if isinstance(leaf, torch.Tensor) and leaf.dim() > 0:
             return leaf.shape[0]
     return 0
@@ -61,7 +91,7 @@ def _leading_dim(batch: Any) -> int:
 def _stack_key(sample: Any) -> tuple:
     """Samples with equal keys can be stacked: same structure, tensor shapes and dtypes,
     and non-tensor values."""
-    leaves, spec = pytree.tree_flatten(sample)
+    leaves, spec = pytree.tree_flatten(_plain(sample))
     return (spec, tuple((tuple(l.shape), l.dtype) if isinstance(l, (torch.Tensor, np.ndarray)) else repr(l) for l in leaves))
 
 

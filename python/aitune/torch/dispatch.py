@@ -146,8 +146,23 @@ class ModuleDispatch:
             for identity, (graph, tuned) in self.tuned.items() if tuned.session is not None
         }
         self.direct = None  # the C++ half, once it has a route (before: a detour for every call)
+        self.routed = False  # the C++ half has a route (it serves while the module is in its tuned mode)
+        # The mode (train() / eval()) the graphs were recorded in; None: not known (a
+        # checkpoint written before it was kept) or mixed, then not checked.
+        modes = {getattr(graph, "training", None) for graph, _ in self.tuned.values()}
+        self.training = modes.pop() if len(modes) == 1 else None
+        self.mode_logged = False  # the first call run eagerly for the other mode was logged
         self.warned: set = set()
         self.grad_logged = False  # the first call run eagerly for autograd was logged
+
+    def mode_changed(self, training: bool) -> None:
+        """The module was put in train() or eval() mode: the C++ half serves calls only in
+        the mode the graphs were recorded in (calls in the other mode take the general
+        path, which runs them eagerly)."""
+        self.direct = self.cpp if self.routed and not self._other_mode(training) else None
+
+    def _other_mode(self, training: bool) -> bool:
+        return self.training is not None and bool(training) is not self.training
 
     def bind(self, args: tuple, kwargs: dict) -> dict[str, Any]:
         """The call's arguments by parameter name, defaults filled in: ``m(x)``,
@@ -173,6 +188,8 @@ class ModuleDispatch:
         """The general path of a tuned call: bind, flatten, find the graph, run it."""
         if torch.is_grad_enabled() and _requires_grad(args, kwargs):
             return self._run_with_autograd(args, kwargs)
+        if self.tuned and self._other_mode(self.module.training):
+            return self._run_in_other_mode(args, kwargs)
         if self.direct is not None:
             # Calls that reach forward past the C++ half's guards (a module with hooks,
             # JIT tracing) still match its routes: the forward itself is the graph.
@@ -213,7 +230,23 @@ class ModuleDispatch:
         values = (*args, *[kwargs[name] for name in keywords])  # in binding order
         if all(type(v) is _Tensor for v in values):
             self.cpp.add_route([v.detach() for v in values], index, list(keywords))  # detach: DLPack refuses grad
+            self.routed = True
             self.direct = self.cpp
+
+    def _run_in_other_mode(self, args: tuple, kwargs: dict) -> Any:
+        """A call while the module is in the other mode than the one its graphs were
+        recorded in (train() after tuning in eval()): the graphs would silently keep
+        the recorded mode's behaviour (no dropout, BatchNorm statistics frozen, no
+        gradients), so it runs eagerly; said once in the log."""
+        if not self.mode_logged:
+            self.mode_logged = True
+            tuned, now = ("train", "eval") if self.training else ("eval", "train")
+            logger.warning(
+                "ait.Module '%s': in %s mode, but its graphs were tuned in %s mode; calls run eagerly in PyTorch "
+                "until the module is back in %s mode (.%s())", self.name, now, tuned, tuned, tuned,
+            )
+        self.direct = None
+        return self.module(*args, **kwargs)
 
     def _run_with_autograd(self, args: tuple, kwargs: dict) -> Any:
         """A call whose inputs require grad, with gradients enabled, runs eagerly so that

@@ -7,6 +7,7 @@ import io
 import os
 import re
 import shutil
+import sys
 import tempfile
 import warnings
 from collections.abc import Iterator
@@ -81,11 +82,49 @@ def _trace_axes(spec: _core.GraphSpec) -> dict[str, dict[int, str]]:
 
 @contextlib.contextmanager
 def _exporter_output() -> Iterator[None]:
-    if not exporters_quiet():
-        yield
-        return
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        yield
+    """While ``exporters_quiet()``: what the exporters print is swallowed, from Python and
+    from C++ alike (the trace exporter writes its TorchScript graph, often hundreds of
+    kilobytes, straight to file descriptor 1 when it fails). Either way, the ONNX log flag
+    of the trace exporter is restored afterwards: torch's ``setup_onnx_logging`` turns it
+    on for every export and never back off, so later failures would print their graphs."""
+    log_enabled = torch._C._jit_is_onnx_log_enabled()
+    try:
+        if not exporters_quiet():
+            yield
+            return
+        with _native_output_swallowed(), contextlib.redirect_stdout(io.StringIO()), \
+                contextlib.redirect_stderr(io.StringIO()):
+            yield
+    finally:
+        torch._C._jit_set_onnx_log_enabled(log_enabled)
+
+
+@contextlib.contextmanager
+def _native_output_swallowed() -> Iterator[None]:
+    """File descriptors 1 and 2 point to a scratch file for the duration (C++ writes)."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    with tempfile.TemporaryFile() as sink:
+        saved: list[tuple[int, int]] = []
+        try:
+            for fd in (1, 2):
+                copy = os.dup(fd)
+                saved.append((fd, copy))
+                os.dup2(sink.fileno(), fd)
+        except OSError:  # no such descriptor here: nothing to swallow there
+            _restore(saved)
+            saved = []
+        try:
+            yield
+        finally:
+            _restore(saved)
+
+
+def _restore(saved: list[tuple[int, int]]) -> None:
+    for fd, copy in reversed(saved):
+        os.dup2(copy, fd)
+        os.close(copy)
 
 
 def export_onnx(

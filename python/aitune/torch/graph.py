@@ -234,6 +234,9 @@ class RecordedGraph(_GraphCalls):
             "output", [path for path, leaf in out_paths_leaves if isinstance(leaf, torch.Tensor)]
         )
         self.samples: list[Sample] = []
+        # The mode the calls ran in: an exported graph keeps that mode's behaviour (dropout,
+        # BatchNorm statistics), so the dispatch serves only calls in the same mode.
+        self.training: bool | None = bool(module.training)
         if not self.input_names:
             raise ValueError(f"ait.Module '{module_name}': a call without tensor inputs cannot be tuned")
         if not self.output_names:
@@ -316,11 +319,13 @@ class SavedGraph(_GraphCalls):
         description: str,
         spec: _core.GraphSpec | None = None,
         call_form: CallForm | None = None,
+        training: bool | None = None,
     ):
         self.module_name = module_name
         self.module = module
         self.signature = signature
         self.call_form = call_form
+        self.training = training  # None: saved before the mode was kept (not checked)
         self.key = key
         self.identity = identity
         self._inputs = inputs

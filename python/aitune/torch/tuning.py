@@ -23,6 +23,14 @@ logger = logging.getLogger("aitune")
 DEFAULT_BATCH_SIZES = (1, 2)
 
 
+def describe_batch(args: tuple, kwargs: dict) -> str:
+    """``input_ids: int64[2, 1, 8], ...``: the tensors of a call, for messages."""
+    paths_leaves, _ = pytree.tree_flatten_with_path((args, kwargs))
+    parts = [f"{pytree.keystr(path[1:]).strip('[]').strip(chr(39))}: {str(leaf.dtype).removeprefix('torch.')}"
+             f"{list(leaf.shape)}" for path, leaf in paths_leaves if isinstance(leaf, torch.Tensor)]
+    return ", ".join(parts[:6]) + (", ..." if len(parts) > 6 else "")
+
+
 @contextlib.contextmanager
 def quiet_external_logging() -> Iterator[None]:
     """Silences torch.onnx / torch.export while tuning: their warnings, log records, and
@@ -111,7 +119,16 @@ def tune(
             if device is not None:
                 args, kwargs = pytree.tree_map_only(torch.Tensor, lambda t: t.to(device), (args, kwargs))
             session.batch_size = batch_size
-            func(*args, **kwargs)
+            try:
+                func(*args, **kwargs)
+            except Exception as error:  # the user's own forward refused the batch
+                error.add_note(
+                    f"ait.tune: raised by func called eagerly with a batch of {batch_size} samples "
+                    f"({describe_batch(args, kwargs)}); ait.tune stacks samples on a new axis 0, so samples "
+                    "carry no batch axis (a tokenizer's return_tensors='pt' output has one: take [0] of each "
+                    "tensor, or give batches through a DataLoader or a factory)"
+                )
+                raise
     if not session.modules:
         raise ValueError("func called no ait.Module: wrap the modules to tune with ait.Module(module, name)")
     if dry_run:
