@@ -170,6 +170,34 @@ def test_a_tuned_module_put_in_train_mode_runs_eagerly_until_eval(caplog, monkey
         torch.testing.assert_close(model(**batch).logits, expected.logits, **TOL)
 
 
+def test_train_called_on_the_wrapped_module_itself_is_seen_by_the_cpp_half(monkeypatch):
+    """Not through the proxy or a parent: ``inner.train()`` after a call the C++ half has a
+    route for (plain positional tensors). Its guard reads the mode per call, so the next call
+    runs eagerly (dropout on, gradients), and ``inner.eval()`` brings the graph back, served
+    without the eager forward."""
+    inner = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Dropout(0.5), torch.nn.Linear(16, 4)).eval()
+    model = _tune(inner, "dropout-inner-train", [torch.randn(16) for _ in range(4)], batch_sizes=[2])
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        model(x)
+    assert model._ait_calls.direct is not None, "the C++ half serves this call form now"
+    inner.train()
+    assert not model.training and inner.training  # the proxy was not told
+    torch.manual_seed(3)
+    out = model(x)
+    torch.manual_seed(3)
+    expected = inner(x)
+    assert out.requires_grad
+    torch.testing.assert_close(out, expected)  # the same dropout mask: it ran eagerly
+    assert not torch.allclose(out, inner.eval()(x)), "dropout changed the output"
+    inner.train()
+    inner.eval()
+    with torch.no_grad():
+        expected = inner(x)
+        _no_eager(model, monkeypatch)
+        torch.testing.assert_close(model(x), expected, **TOL)
+
+
 def test_load_puts_the_module_in_the_mode_it_was_tuned_in(tmp_path, monkeypatch):
     inner = _bert_classifier()
     model = _tune(inner, "bert-mode-saved", [_tokens(8), _tokens(12)], batch_sizes=[2])

@@ -230,7 +230,7 @@ def test_threads_share_one_module():
 def test_dispatch_rejects_what_it_cannot_serve():
     model = _tuned(MLP().eval(), "mlp", torch.randn(16))
     ((_, tuned),) = model._ait_tuned.values()
-    dispatch = new_dispatch()
+    dispatch = new_dispatch(model.ait_module, training=False)
     x = torch.randn(2, 16)
     with pytest.raises(aitune.InvalidArgumentError, match="session must be an OnnxSession, got <class 'str'>"):
         dispatch.add_graph("session", [0], 1, None)

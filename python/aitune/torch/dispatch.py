@@ -65,10 +65,17 @@ _GUARDS = dict(
 )
 
 
-def new_dispatch() -> _core.TorchDispatch:
-    """An empty C++ half for one ait.Module; calls it does not serve go to nn.Module.__call__."""
+def new_dispatch(module: torch.nn.Module, training: bool | None) -> _core.TorchDispatch:
+    """An empty C++ half for one ait.Module; calls it does not serve go to nn.Module.__call__.
+    ``training``: the mode the graphs were recorded in (None: not checked). A call while the
+    wrapped ``module`` is in the other mode goes to the Python path (which runs it eagerly),
+    also when train() was called on the wrapped module itself: its ``training`` is read per
+    call (an instance attribute, ~0.1 us)."""
+    guards = dict(_GUARDS)
+    if training is not None:
+        guards["calls"] = [*_GUARDS["calls"], lambda: module.training is not training]
     return _core.TorchDispatch(
-        _to_dlpack, _from_dlpack, torch.Tensor, current_raw_stream, torch.nn.Module.__call__, **_GUARDS
+        _to_dlpack, _from_dlpack, torch.Tensor, current_raw_stream, torch.nn.Module.__call__, **guards
     )
 
 
@@ -138,7 +145,12 @@ class ModuleDispatch:
         self.tuned = dict(tuned or {})
         self.recorded = list(recorded or [])
         self.positional = positional_defaults(signature)
-        self.cpp = new_dispatch() if any(t.session is not None for _, t in self.tuned.values()) else None
+        # The mode (train() / eval()) the graphs were recorded in; None: not known (a
+        # checkpoint written before it was kept) or mixed, then not checked.
+        modes = {getattr(graph, "training", None) for graph, _ in self.tuned.values()}
+        self.training = modes.pop() if len(modes) == 1 else None
+        self.cpp = (new_dispatch(module, self.training) if any(t.session is not None for _, t in self.tuned.values())
+                    else None)
         # identity -> the graph's index in the C++ half (graphs that run in a session)
         self.indices = {
             identity: self.cpp.add_graph(tuned.session, list(tuned.order), len(graph.input_names),
@@ -146,22 +158,13 @@ class ModuleDispatch:
             for identity, (graph, tuned) in self.tuned.items() if tuned.session is not None
         }
         self.direct = None  # the C++ half, once it has a route (before: a detour for every call)
-        self.routed = False  # the C++ half has a route (it serves while the module is in its tuned mode)
-        # The mode (train() / eval()) the graphs were recorded in; None: not known (a
-        # checkpoint written before it was kept) or mixed, then not checked.
-        modes = {getattr(graph, "training", None) for graph, _ in self.tuned.values()}
-        self.training = modes.pop() if len(modes) == 1 else None
         self.mode_logged = False  # the first call run eagerly for the other mode was logged
         self.warned: set = set()
         self.grad_logged = False  # the first call run eagerly for autograd was logged
 
-    def mode_changed(self, training: bool) -> None:
-        """The module was put in train() or eval() mode: the C++ half serves calls only in
-        the mode the graphs were recorded in (calls in the other mode take the general
-        path, which runs them eagerly)."""
-        self.direct = self.cpp if self.routed and not self._other_mode(training) else None
-
-    def _other_mode(self, training: bool) -> bool:
+    def in_other_mode(self, training: bool) -> bool:
+        """Whether a module in mode ``training`` is in the other mode than the graphs were
+        recorded in (then its calls run eagerly: the C++ half's mode guard sends them here)."""
         return self.training is not None and bool(training) is not self.training
 
     def bind(self, args: tuple, kwargs: dict) -> dict[str, Any]:
@@ -188,7 +191,7 @@ class ModuleDispatch:
         """The general path of a tuned call: bind, flatten, find the graph, run it."""
         if torch.is_grad_enabled() and _requires_grad(args, kwargs):
             return self._run_with_autograd(args, kwargs)
-        if self.tuned and self._other_mode(self.module.training):
+        if self.tuned and self.in_other_mode(self.module.training):
             return self._run_in_other_mode(args, kwargs)
         if self.direct is not None:
             # Calls that reach forward past the C++ half's guards (a module with hooks,
@@ -230,7 +233,6 @@ class ModuleDispatch:
         values = (*args, *[kwargs[name] for name in keywords])  # in binding order
         if all(type(v) is _Tensor for v in values):
             self.cpp.add_route([v.detach() for v in values], index, list(keywords))  # detach: DLPack refuses grad
-            self.routed = True
             self.direct = self.cpp
 
     def _run_in_other_mode(self, args: tuple, kwargs: dict) -> Any:
@@ -245,7 +247,6 @@ class ModuleDispatch:
                 "ait.Module '%s': in %s mode, but its graphs were tuned in %s mode; calls run eagerly in PyTorch "
                 "until the module is back in %s mode (.%s())", self.name, now, tuned, tuned, tuned,
             )
-        self.direct = None
         return self.module(*args, **kwargs)
 
     def _run_with_autograd(self, args: tuple, kwargs: dict) -> Any:

@@ -173,7 +173,6 @@ class Module(torch.nn.Module):
     def train(self, mode: bool = True) -> Module:
         self._ait_module.train(mode)
         self.training = mode
-        self._ait_calls.mode_changed(mode)  # tuned graphs serve only the mode they were recorded in
         return self
 
     def _apply(self, fn, recurse=True):  # .to(), .cuda(), .half(), ... act on the wrapped module
