@@ -382,3 +382,33 @@ def test_module_on_another_device_than_the_provider_fails_before_the_export(monk
     with pytest.raises(aitune.InvalidArgumentError, match=r"runs on cpu.*cuda:0.*move the module"):
         ait.tune(model, torch.randn(16), ignore_failing_modules=False)
     assert not list(cache_dir.rglob("*.onnx"))
+
+
+@pytest.mark.parametrize("tuned_before", [True, False], ids=["tuned", "new"])
+def test_a_recording_that_raises_leaves_the_module_as_it_was(tuned_before, cache_dir, monkeypatch):
+    """The user's code raises on the second batch of a (re-)tune: ait.tune raises that error,
+    and the module is as before the call, not RECORDING with its recordings gone: a tuned
+    module keeps serving its graphs, a new one stays INIT and runs eagerly."""
+    inner = MLP().eval()
+    model = ait.Module(inner, "mlp-record-raises", strategy=cpu_strategy(use_dynamo=False))
+    if tuned_before:
+        ait.tune(model, [torch.randn(16) for _ in range(4)], batch_sizes=[2], ignore_failing_modules=False,
+                 progress=False)
+    state, graphs, tuned = model.ait_state, model.ait_graphs, dict(model._ait_tuned)
+
+    def func(x):
+        out = model(x)
+        if x.shape[0] == 2:
+            raise RuntimeError("the user's code refused this batch")
+        return out
+
+    with pytest.raises(RuntimeError, match="refused this batch"):
+        ait.tune(func, [torch.randn(16) for _ in range(4)], batch_sizes=[1, 2], progress=False)
+    assert model.ait_state is state
+    assert model.ait_graphs == graphs and model._ait_tuned == tuned
+    x = torch.randn(2, 16)  # the tuned graph's batch
+    with torch.no_grad():
+        expected = inner(x)
+        if tuned_before:
+            monkeypatch.setattr(inner, "forward", lambda *a, **k: pytest.fail("the eager forward ran"))
+        torch.testing.assert_close(model(x), expected, atol=1e-5, rtol=1e-5)

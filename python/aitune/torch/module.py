@@ -216,8 +216,10 @@ class Module(torch.nn.Module):
 
     def _ait_record(self, session, args: tuple, kwargs: dict) -> Any:
         if session.enlist(self):  # first call of this tuning: forget older recordings
-            self._ait_graphs.clear()
-            self._ait_record_errors.clear()
+            # ...kept until the recording ends: where it raises, they come back (_ait_recording_ended)
+            self._ait_before_recording = (self._ait_state, self._ait_graphs, self._ait_record_errors)
+            self._ait_graphs = {}
+            self._ait_record_errors = []
             self._ait_state = ModuleState.RECORDING
         arguments = self._ait_calls.bind(args, kwargs)
         outputs = self._ait_module(*args, **kwargs)
@@ -234,6 +236,15 @@ class Module(torch.nn.Module):
         except Exception as error:  # keep feeding samples; tuning reports it
             self._ait_record_errors.append(f"{type(error).__name__}: {error}")
         return outputs
+
+    def _ait_recording_ended(self, failed: bool) -> None:
+        """ait.tune's recording is over. ``failed``: it raised (the user's code refused a
+        batch, an interrupt): the module is put back as it was before, its state and
+        recordings (a TUNED module keeps serving its graphs, which the recording never
+        touched), rather than left RECORDING with its recordings gone."""
+        before = self.__dict__.pop("_ait_before_recording", None)
+        if failed and before is not None:
+            self._ait_state, self._ait_graphs, self._ait_record_errors = before
 
     # -- tuning -----------------------------------------------------------------------
 

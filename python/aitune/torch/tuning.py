@@ -114,21 +114,28 @@ def tune(
         device = func.ait_device()
 
     session = TuneSession()
-    with torch.no_grad(), recording(session):
-        for batch_size, args, kwargs in iterate_calls(dataset, batch_sizes, max_num_batches_per_batch_size):
-            if device is not None:
-                args, kwargs = pytree.tree_map_only(torch.Tensor, lambda t: t.to(device), (args, kwargs))
-            session.batch_size = batch_size
-            try:
-                func(*args, **kwargs)
-            except Exception as error:  # the user's own forward refused the batch
-                error.add_note(
-                    f"ait.tune: raised by func called eagerly with a batch of {batch_size} samples "
-                    f"({describe_batch(args, kwargs)}); ait.tune stacks samples on a new axis 0, so samples "
-                    "carry no batch axis (a tokenizer's return_tensors='pt' output has one: take [0] of each "
-                    "tensor, or give batches through a DataLoader or a factory)"
-                )
-                raise
+    try:
+        with torch.no_grad(), recording(session):
+            for batch_size, args, kwargs in iterate_calls(dataset, batch_sizes, max_num_batches_per_batch_size):
+                if device is not None:
+                    args, kwargs = pytree.tree_map_only(torch.Tensor, lambda t: t.to(device), (args, kwargs))
+                session.batch_size = batch_size
+                try:
+                    func(*args, **kwargs)
+                except Exception as error:  # the user's own forward refused the batch
+                    error.add_note(
+                        f"ait.tune: raised by func called eagerly with a batch of {batch_size} samples "
+                        f"({describe_batch(args, kwargs)}); ait.tune stacks samples on a new axis 0, so samples "
+                        "carry no batch axis (a tokenizer's return_tensors='pt' output has one: take [0] of each "
+                        "tensor, or give batches through a DataLoader or a factory)"
+                    )
+                    raise
+    except BaseException:  # the modules recorded so far go back to what they were
+        for module in session.modules.values():
+            module._ait_recording_ended(failed=True)
+        raise
+    for module in session.modules.values():
+        module._ait_recording_ended(failed=False)
     if not session.modules:
         raise ValueError("func called no ait.Module: wrap the modules to tune with ait.Module(module, name)")
     if dry_run:
