@@ -111,7 +111,17 @@ class _Diff(torch.nn.Module):
         return torch.diff(self.fc(x), dim=-1)
 
 
-def test_a_failed_trace_export_prints_nothing_with_external_logging_disabled(capfd):
+@pytest.fixture
+def onnx_log_off():
+    """The trace exporter's ONNX log flag off for the test, as in a fresh process (an
+    earlier test's direct torch.onnx.export leaves it on), and put back after."""
+    before = torch._C._jit_is_onnx_log_enabled()
+    torch._C._jit_set_onnx_log_enabled(False)
+    yield
+    torch._C._jit_set_onnx_log_enabled(before)
+
+
+def test_a_failed_trace_export_prints_nothing_with_external_logging_disabled(capfd, onnx_log_off):
     """torch's trace exporter turns its ONNX log on for every export (and never off) and,
     when the export fails, writes the whole TorchScript graph to file descriptor 1 from
     C++, past Python's redirection: 96 KB for a tiny Whisper. disable_external_logging
