@@ -68,6 +68,10 @@ struct ProviderStatus {
   std::vector<std::string> cuda_libraries;
 };
 
+/// The lines `aitune doctor` prints under a provider's status (its registry entry's
+/// doctor check: the CUDA provider lists the CUDA libraries in the process).
+std::vector<std::string> provider_doctor_details(const ProviderStatus& status);
+
 namespace detail {
 struct OrtRuntimeAccess;  // the engine's way to OrtRuntime::Impl
 }  // namespace detail

@@ -32,7 +32,7 @@ def main(root: Path) -> int:
     options.profile = profile
     tuner = _core.GraphTuner("isolated trial", spec, samples, options)
     candidate = _core.OnnxCandidate(
-        job["name"], _core.OnnxSessionConfig.from_json(job["config"]), getattr(_core.Precision, job["precision"])
+        job["name"], _core.OnnxSessionConfig.from_json(job["config"]), _core.parse_precision(job["precision"])
     )
     tuner.evaluate_onnx(job["model_path"], candidate, "isolated trial", 0, job["model_inputs"])
     (result,) = tuner.report.candidates

@@ -44,6 +44,11 @@ void bind_tuning(nb::module_& m) {
   m.def("precision_name", [](Precision p) { return std::string(precision_name(p)); }, nb::arg("precision"),
         "'fp32', 'tf32', 'fp16' or 'bf16'.");
   m.def("parse_precision", [](const std::string& s) { return parse_precision(s); }, nb::arg("text"));
+  // The precision limit, converted from and to text only here (the Python kwargs edge).
+  m.def("parse_precision_limit", [](const std::string& s) { return parse_precision_limit(s); }, nb::arg("text"),
+        "None for 'any', else the Precision; InvalidArgumentError (a ValueError) naming the valid values.");
+  m.def("precision_limit_name", [](std::optional<Precision> limit) { return std::string(precision_limit_name(limit)); },
+        nb::arg("limit").none());
   m.def(
       "precision_allowed",
       [](Precision candidate, const std::string& limit) {

@@ -44,15 +44,14 @@ Command add_doctor(CLI::App& app) {
             std::cout << (dirs.empty() ? "(no folder; the system loader's path)" : ", then the system loader's path")
                       << "\n";
             std::cout << "execution providers:\n";
-            for (auto p : {ExecutionProvider::kCPU, ExecutionProvider::kCUDA, ExecutionProvider::kTensorRT}) {
+            for (auto p : registered_execution_providers()) {
               auto s = rt->provider_status(p);
               std::string name(execution_provider_name(p));
               name.resize(10, ' ');
               std::cout << "  " << name << (s.available ? "available" : "unavailable");
               if (!s.available) std::cout << ": " << s.reason;
               std::cout << "\n";
-              if (p == ExecutionProvider::kCUDA)
-                for (const auto& lib : s.cuda_libraries) std::cout << "            " << lib << "\n";
+              for (const auto& line : provider_doctor_details(s)) std::cout << "            " << line << "\n";
             }
             return 0;
           }};

@@ -5,7 +5,7 @@
 #include <optional>
 #include <utility>
 
-#include "aitune/tensorrt_options.hpp"
+#include "provider_registry.hpp"
 
 namespace aitune {
 
@@ -27,50 +27,23 @@ std::string candidate_name(const OnnxSessionConfig& config) {
 
 std::vector<OnnxCandidate> provider_variants(const OnnxSessionConfig& base, const GraphSpec& spec) {
   std::vector<OnnxCandidate> out;
-  // A variant sets options the caller left open; what the caller fixed stays fixed.
-  auto add = [&](std::map<std::string, std::string> options, Precision precision,
-                 std::optional<int> threads = std::nullopt,
-                 std::optional<GraphOptimizationLevel> level = std::nullopt) {
+  // A variant sets options the caller left open; what the caller fixed stays fixed. The
+  // variants themselves are the provider's (its registry entry).
+  const auto& provider = provider_description(base.provider);
+  if (!provider.variants) return {{candidate_name(base), base, Precision::kStrict}};
+  for (auto& variant : provider.variants(base, spec)) {
     OnnxSessionConfig c = base;
-    for (auto& [k, v] : options) c.provider_options.emplace(k, v);
-    if (threads && base.intra_op_threads == 0) c.intra_op_threads = *threads;
-    if (level && base.graph_optimization_level == GraphOptimizationLevel::kAll) c.graph_optimization_level = *level;
-    for (const auto& existing : out)
-      if (existing.config == c) return;  // the caller's fixed options made it a duplicate
-    // A caller-fixed use_tf32 / trt_fp16_enable decides the precision, not the variant.
-    if (auto it = c.provider_options.find("use_tf32"); it != c.provider_options.end())
-      precision = it->second == "0" ? Precision::kStrict : Precision::kTF32;
-    if (auto it = c.provider_options.find("trt_fp16_enable"); it != c.provider_options.end())
-      precision = it->second == "1" || it->second == "true" ? Precision::kFP16 : Precision::kStrict;
+    for (auto& [k, v] : variant.options) c.provider_options.emplace(k, v);
+    if (variant.intra_op_threads && base.intra_op_threads == 0) c.intra_op_threads = *variant.intra_op_threads;
+    if (variant.graph_optimization_level && base.graph_optimization_level == GraphOptimizationLevel::kAll)
+      c.graph_optimization_level = *variant.graph_optimization_level;
+    if (std::any_of(out.begin(), out.end(), [&](const OnnxCandidate& e) { return e.config == c; }))
+      continue;  // the caller's fixed options made it a duplicate
+    // What the caller fixed (use_tf32, trt_fp16_enable) decides the precision, not the variant.
+    Precision precision = variant.precision;
+    if (provider.fixed_precision)
+      if (auto fixed = provider.fixed_precision(c.provider_options)) precision = *fixed;
     out.push_back({candidate_name(c), c, precision});
-  };
-  switch (base.provider) {
-    case ExecutionProvider::kCPU:
-      add({}, Precision::kStrict);
-      add({}, Precision::kStrict, 1);
-      add({}, Precision::kStrict, std::nullopt, GraphOptimizationLevel::kExtended);
-      break;
-    case ExecutionProvider::kCUDA:
-      // The CUDA EP defaults to TF32 matmuls and convolutions; eager fp32 does not.
-      add({{"use_tf32", "0"}}, Precision::kStrict);
-      add({{"use_tf32", "0"}, {"cudnn_conv_algo_search", "HEURISTIC"}}, Precision::kStrict);
-      add({{"use_tf32", "0"}, {"prefer_nhwc", "1"}}, Precision::kStrict);
-      add({{"use_tf32", "1"}}, Precision::kTF32);
-      // CUDA graphs for static shapes: one replay instead of a launch per kernel, what
-      // small models at batch 1 are bound by. (Dynamic specs would capture a graph per
-      // shape seen.) ORT refuses capture for models it cannot capture: the candidate
-      // then fails with ORT's reason and the others are chosen from.
-      if (std::all_of(spec.inputs.begin(), spec.inputs.end(),
-                      [](const TensorSpec& t) { return t.min_shape == t.max_shape; })) {
-        add({{"use_tf32", "0"}, {"enable_cuda_graph", "1"}}, Precision::kStrict);
-        add({{"use_tf32", "1"}, {"enable_cuda_graph", "1"}}, Precision::kTF32);
-      }
-      break;
-    case ExecutionProvider::kTensorRT:
-      add({{"trt_fp16_enable", "0"}}, Precision::kStrict);
-      add({{"trt_fp16_enable", "1"}}, Precision::kFP16);
-      add({{"trt_fp16_enable", "1"}, {"trt_builder_optimization_level", "5"}}, Precision::kFP16);
-      break;
   }
   return out;
 }
@@ -111,7 +84,7 @@ PlannedCandidate planned(std::string name, OnnxSessionConfig config, Precision p
 // in fp32/TF32 NCHW and failed cuDNN's heuristics in fp16 NCHW on the same model, so it
 // is planned in fp16 NHWC only; the plain NHWC candidate stays as the fallback.
 std::vector<PlannedCandidate> fp16_models(const CandidateRequest& r, const std::vector<PlannedCandidate>& variants) {
-  if (!r.tune_provider_options || r.base.provider != ExecutionProvider::kCUDA ||
+  if (!r.tune_provider_options || !provider_capabilities(r.base.provider).fp16_model ||
       r.model_precision != Precision::kStrict || !precision_allowed(Precision::kFP16, r.precision_limit) ||
       variants.empty())
     return {};
@@ -136,15 +109,16 @@ std::vector<PlannedCandidate> fp16_models(const CandidateRequest& r, const std::
 // a fusion adds at most three candidates.
 std::vector<PlannedCandidate> fused_models(const CandidateRequest& r, const std::vector<PlannedCandidate>& variants,
                                            const std::vector<PlannedCandidate>& fp16) {
-  // TensorRT takes no contrib operators, which is all a fusion makes.
-  if (!r.transformer_fusions || !r.tune_provider_options || r.base.provider == ExecutionProvider::kTensorRT) return {};
+  // A provider without contrib operators (TensorRT) cannot run what a fusion makes.
+  if (!r.transformer_fusions || !r.tune_provider_options || !provider_capabilities(r.base.provider).contrib_operators)
+    return {};
   const std::string fusion(r.use_dynamo ? model_transform::kOrtFusions : model_transform::kOrtTransformersOptimizer);
   std::vector<std::pair<Precision, const PlannedCandidate*>> best;  // in order of first appearance
   for (const auto& v : variants) {
     auto it = std::find_if(best.begin(), best.end(), [&](const auto& b) { return b.first == v.precision; });
     if (it == best.end())
       best.emplace_back(v.precision, &v);
-    else if (v.config.provider == ExecutionProvider::kCUDA)
+    else if (provider_capabilities(v.config.provider).cuda_graph)  // its last: a CUDA graph where shapes are static
       it->second = &v;
   }
   std::vector<PlannedCandidate> out;
@@ -168,8 +142,8 @@ std::vector<PlannedCandidate> plan_candidates(const CandidateRequest& r) {
   std::vector<PlannedCandidate> variants;
   for (std::size_t i = 0; i < expanded.size(); ++i) {
     auto& v = expanded[i];
-    if (r.base.provider == ExecutionProvider::kTensorRT && !r.tensorrt_cache_root.empty())
-      v.config.provider_options = tensorrt_provider_options(
+    if (const auto& provider = provider_description(r.base.provider); provider.cache_options && !r.tensorrt_cache_root.empty())
+      v.config.provider_options = provider.cache_options(
           r.spec, r.tensorrt_cache_root + "/trt/variant_" + std::to_string(i), v.config.provider_options);
     // An fp16 / bf16 model computes in its dtype whatever the provider options say.
     Precision precision = r.model_precision == Precision::kStrict ? v.precision : r.model_precision;

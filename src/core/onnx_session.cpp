@@ -13,6 +13,7 @@
 #include "ort_api.hpp"
 #include "ort_runtime_impl.hpp"
 #include "session_context.hpp"
+#include "provider_registry.hpp"
 #include "session_options.hpp"
 
 namespace aitune {
@@ -163,7 +164,7 @@ void OnnxSession::Impl::create_session() {
   ctx.run_async = Ort::RunOptions();
   ctx.run_async.AddConfigEntry("disable_synchronize_execution_providers", "1");
   cuda_graph = setup.cuda_graph;
-  if (config.provider != ExecutionProvider::kCPU) {
+  if (provider_capabilities(config.provider).device_memory) {
     if (cuda_graph) graphs = std::make_unique<detail::CudaGraphRunner>(ctx);
     else bindings = std::make_unique<detail::IoBindingRunner>(ctx);
   }
@@ -192,10 +193,12 @@ std::unique_ptr<OnnxSession> OnnxSession::create(const std::string& model_path,
     throw Error(ErrorCode::kModelInvalid, "model file not found: '" + model_path + "'");
   if (config.device_id < 0)
     throw Error(ErrorCode::kInvalidArgument, "device_id must be >= 0, got " + std::to_string(config.device_id));
-  if (config.provider != ExecutionProvider::kCUDA && config.provider_options.count("enable_cuda_graph"))
+  const auto& provider = provider_description(config.provider);  // unknown providers: kInvalidArgument
+  if (!provider.capabilities.cuda_graph && config.provider_options.count("enable_cuda_graph"))
     throw Error(ErrorCode::kInvalidArgument, std::string("provider option enable_cuda_graph is for the CUDA "
                                                          "execution provider, not ") +
                                                  std::string(execution_provider_name(config.provider)));
+  if (provider.validate_options) provider.validate_options(config);
   detail::check_cuda_graph_config(config);
   detail::check_thread_counts(config);  // before the runtime loads
   auto impl = std::make_unique<Impl>();
@@ -309,7 +312,7 @@ std::vector<Tensor> OnnxSession::run(const std::vector<TensorView>& views,
   if (!ctx.session) throw Error(ErrorCode::kState, "session for '" + ctx.model_path + "' is inactive; call activate()");
   impl_->check_inputs(views);
   auto where = [&] { return "running '" + ctx.model_path + "'"; };
-  if (impl_->config.provider == ExecutionProvider::kCPU) {
+  if (!provider_capabilities(impl_->config.provider).device_memory) {
     // Host memory needs no binding plans: a plain Run over the caller's buffers is
     // cheaper per call than an IoBinding (measured: ~5 us of 20 on a small MLP).
     return ort_call(ErrorCode::kInternal, where, [&] {
@@ -369,7 +372,7 @@ void copy_tensor(Ort::Env& env, const TensorView& from, const OrtMemoryInfo* fro
 Tensor OnnxSession::to_device(const Tensor& host) const {
   if (host.device().kind != DeviceKind::kCPU)
     throw Error(ErrorCode::kInvalidArgument, "to_device: tensor is on " + host.device().to_string() + ", not the host");
-  if (impl_->config.provider == ExecutionProvider::kCPU) return host;
+  if (!provider_capabilities(impl_->config.provider).device_memory) return host;
   std::shared_lock lock(impl_->state_mutex);
   if (!impl_->ctx.session) throw Error(ErrorCode::kState, "session is inactive; call activate()");
   // ORT's data transfer comes with the CUDA plugin EP; register it for TensorRT sessions too.

@@ -12,6 +12,7 @@
 #include "aitune/error.hpp"
 #include "ort_library_search.hpp"
 #include "ort_runtime_impl.hpp"
+#include "provider_registry.hpp"
 
 namespace aitune {
 namespace fs = std::filesystem;
@@ -318,59 +319,62 @@ const std::vector<Ort::ConstEpDevice>& OrtRuntime::Impl::cuda_ep_devices() {
 }
 
 ProviderStatus OrtRuntime::Impl::probe(ExecutionProvider provider) {
+  const auto& description = provider_description(provider);
   ProviderStatus s;
+  if (description.probe) s = description.probe(*this);
+  else s.reason = description.name + " execution provider unavailable: it has no availability check";
   s.provider = provider;
-  switch (provider) {
-    case ExecutionProvider::kCPU:
-      s.available = true;
-      return s;
-    case ExecutionProvider::kCUDA:
-      s.library = (fs::path(providers_dir) / kCudaProvider).string();
-      try {
-        cuda_ep_devices();
-        s.available = true;
-      } catch (const Error& e) {
-        s.reason = e.what();
-      }
-      s.cuda_libraries = detail::loaded_cuda_libraries();
-      return s;
-    case ExecutionProvider::kTensorRT: {
-      // The TensorRT EP loads through ORT's provider bridge, which looks next to libonnxruntime.
-      auto dir = fs::path(library_path).parent_path();
-      s.library = (dir / kTensorRTProvider).string();
-      if (!fs::exists(s.library)) {
-        s.reason = "TensorRT execution provider unavailable: " + s.library + " not found; " + kGpuPackageHint;
-        return s;
-      }
-      if (!fs::exists(dir / kSharedProvider)) {
-        s.reason = "TensorRT execution provider unavailable: " + (dir / kSharedProvider).string() +
-                   " not found (it ships with the GPU providers); " + kGpuPackageHint;
-        return s;
-      }
-      {
-        std::lock_guard lock(mutex);
-        preload_cuda_libraries_locked();
-      }
-      s.cuda_libraries = detail::loaded_cuda_libraries();
-      // The provider links TensorRT itself; probing those libraries names the missing one
-      // without loading the provider outside ORT.
-      for (const char* trt_lib : {"libnvinfer.so.10", "libnvonnxparser.so.10"}) {
-        if (auto dep = dependency_problem(trt_lib); !dep.empty()) {
-          s.reason = "TensorRT execution provider unavailable: " + s.library + " needs " + trt_lib + ": " + dep +
-                     "; install TensorRT 10 (libnvinfer.so.10, libnvonnxparser.so.10) on the loader path";
-          return s;
-        }
-      }
-      try {
-        Ort::SessionOptions so;
-        OrtTensorRTProviderOptions trt{};
-        so.AppendExecutionProvider_TensorRT(trt);
-        s.available = true;
-      } catch (const Ort::Exception& e) {
-        s.reason = std::string("TensorRT execution provider unavailable: ") + e.what();
-      }
+  return s;
+}
+
+ProviderStatus OrtRuntime::Impl::probe_cuda() {
+  ProviderStatus s;
+  s.library = (fs::path(providers_dir) / kCudaProvider).string();
+  try {
+    cuda_ep_devices();
+    s.available = true;
+  } catch (const Error& e) {
+    s.reason = e.what();
+  }
+  s.cuda_libraries = detail::loaded_cuda_libraries();
+  return s;
+}
+
+ProviderStatus OrtRuntime::Impl::probe_tensorrt() {
+  ProviderStatus s;
+  // The TensorRT EP loads through ORT's provider bridge, which looks next to libonnxruntime.
+  auto dir = fs::path(library_path).parent_path();
+  s.library = (dir / kTensorRTProvider).string();
+  if (!fs::exists(s.library)) {
+    s.reason = "TensorRT execution provider unavailable: " + s.library + " not found; " + kGpuPackageHint;
+    return s;
+  }
+  if (!fs::exists(dir / kSharedProvider)) {
+    s.reason = "TensorRT execution provider unavailable: " + (dir / kSharedProvider).string() +
+               " not found (it ships with the GPU providers); " + kGpuPackageHint;
+    return s;
+  }
+  {
+    std::lock_guard lock(mutex);
+    preload_cuda_libraries_locked();
+  }
+  s.cuda_libraries = detail::loaded_cuda_libraries();
+  // The provider links TensorRT itself; probing those libraries names the missing one
+  // without loading the provider outside ORT.
+  for (const char* trt_lib : {"libnvinfer.so.10", "libnvonnxparser.so.10"}) {
+    if (auto dep = dependency_problem(trt_lib); !dep.empty()) {
+      s.reason = "TensorRT execution provider unavailable: " + s.library + " needs " + trt_lib + ": " + dep +
+                 "; install TensorRT 10 (libnvinfer.so.10, libnvonnxparser.so.10) on the loader path";
       return s;
     }
+  }
+  try {
+    Ort::SessionOptions so;
+    OrtTensorRTProviderOptions trt{};
+    so.AppendExecutionProvider_TensorRT(trt);
+    s.available = true;
+  } catch (const Ort::Exception& e) {
+    s.reason = std::string("TensorRT execution provider unavailable: ") + e.what();
   }
   return s;
 }

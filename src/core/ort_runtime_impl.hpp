@@ -41,8 +41,11 @@ struct OrtRuntime::Impl {
   /// Preloads the CUDA / cuDNN libraries from cuda_library_dirs once (caller holds mutex).
   void preload_cuda_libraries_locked();
 
-  /// Probes (uncached) one provider.
+  /// Probes (uncached) one provider: its registry entry's probe.
   ProviderStatus probe(ExecutionProvider provider);
+  /// The GPU providers' probes (they load libraries the way this runtime does).
+  ProviderStatus probe_cuda();
+  ProviderStatus probe_tensorrt();
 };
 
 namespace detail {

@@ -9,6 +9,7 @@
 
 #include "aitune/error.hpp"
 #include "aitune/triton_export.hpp"
+#include "provider_registry.hpp"
 #include "triton_text.hpp"
 
 namespace aitune {
@@ -17,8 +18,6 @@ namespace {
 using detail::join;
 using detail::quote;
 using detail::tensor_list;
-
-bool truthy(const std::string& value) { return value == "1" || value == "true" || value == "True"; }
 
 // The batch size Triton can batch on: the batch axis must be axis 0 of every input and
 // output (Triton prepends the batch dimension); nullopt with the reason otherwise.
@@ -53,53 +52,6 @@ BatchAxis batch_axis_of(const GraphSpec& spec) {
   result.recorded_max = first.max_shape.at(0);
   return result;
 }
-
-// TensorRT provider options that Triton's "tensorrt" accelerator takes under the same
-// name (onnxruntime_backend's parameter table).
-const std::set<std::string>& tensorrt_same_name() {
-  static const std::set<std::string> keys = {
-      "trt_max_partition_iterations", "trt_min_subgraph_size", "trt_dla_enable", "trt_dla_core",
-      "trt_engine_cache_enable", "trt_engine_cache_path", "trt_engine_cache_prefix", "trt_dump_subgraphs",
-      "trt_force_sequential_engine_build", "trt_context_memory_sharing_enable", "trt_layer_norm_fp32_fallback",
-      "trt_timing_cache_enable", "trt_timing_cache_path", "trt_force_timing_cache", "trt_detailed_build_log",
-      "trt_build_heuristics_enable", "trt_sparsity_enable", "trt_builder_optimization_level",
-      "trt_auxiliary_streams", "trt_tactic_sources", "trt_extra_plugin_lib_paths", "trt_profile_min_shapes",
-      "trt_profile_max_shapes", "trt_profile_opt_shapes", "trt_cuda_graph_enable", "trt_dump_ep_context_model",
-      "trt_ep_context_file_path", "trt_ep_context_embed_mode"};
-  return keys;
-}
-
-// TensorRT options Triton takes under another name.
-const std::map<std::string, std::string>& tensorrt_renamed() {
-  static const std::map<std::string, std::string> keys = {
-      {"trt_max_workspace_size", "max_workspace_size_bytes"},
-      {"trt_int8_calibration_table_name", "int8_calibration_table_name"},
-      {"trt_int8_use_native_calibration_table", "int8_use_native_calibration_table"}};
-  return keys;
-}
-
-// The batch extent of the first shape in a "name:AxBxC,..." profile string.
-std::optional<int64_t> profile_batch(const std::string& shapes) {
-  auto colon = shapes.find(':');
-  if (colon == std::string::npos) return std::nullopt;
-  try {
-    return std::stoll(shapes.substr(colon + 1));
-  } catch (const std::exception&) {
-    return std::nullopt;
-  }
-}
-
-// Why a per-process or aitune-only option has no place in a Triton model.
-std::optional<std::string> process_local_option(const std::string& key, const std::string& value) {
-  if (key == "user_compute_stream" || key == "has_user_compute_stream")
-    return "provider option " + key + "=" + value +
-           ": a stream of the tuning process; Triton gives each instance its own CUDA stream";
-  if (key == "device_id")
-    return "provider option device_id=" + value +
-           ": Triton places each instance on the GPUs of its instance_group (all visible GPUs by default)";
-  return std::nullopt;
-}
-
 
 }  // namespace
 
@@ -140,9 +92,9 @@ TritonModelConfig triton_model_config(const CheckpointGraph& graph, const std::s
                                                    " (pass max_batch_size 0, or leave it unset)");
     mbs = *max_batch_size;
     if (mbs > 0 && batch.recorded_max != kUnbounded && mbs > batch.recorded_max) {
-      auto it = config.provider_options.find("trt_profile_max_shapes");
-      auto trt_max = it == config.provider_options.end() ? std::nullopt : profile_batch(it->second);
-      if (config.provider == ExecutionProvider::kTensorRT && trt_max && mbs > *trt_max)
+      const auto& provider = provider_description(config.provider);
+      auto trt_max = provider.max_batch ? provider.max_batch(config) : std::nullopt;
+      if (trt_max && mbs > *trt_max)
         throw Error(ErrorCode::kInvalidArgument,
                     "max_batch_size " + std::to_string(mbs) + " for " + where + " exceeds the TensorRT profile's "
                     "largest batch, " + std::to_string(*trt_max) + " (trt_profile_max_shapes); an engine built "
@@ -191,89 +143,20 @@ TritonModelConfig triton_model_config(const CheckpointGraph& graph, const std::s
                       "session.use_device_allocator_for_initializers");
   }
 
-  if (config.provider == ExecutionProvider::kTensorRT) {
-    accelerator_name = "tensorrt";
-    const auto& options = config.provider_options;
-    auto on = [&](const char* key) {
-      auto it = options.find(key);
-      return it != options.end() && truthy(it->second);
-    };
-    if (on("trt_int8_enable")) {
-      accelerator["precision_mode"] = "INT8";
-      if (on("trt_fp16_enable"))
-        notes.push_back("provider option trt_fp16_enable=1 together with INT8: Triton's precision_mode takes "
-                        "one precision, INT8 was written");
-      if (on("trt_bf16_enable"))
-        notes.push_back("provider option trt_bf16_enable=1 together with INT8: Triton's precision_mode takes "
-                        "one precision, INT8 was written");
-    } else if (on("trt_fp16_enable")) {
-      accelerator["precision_mode"] = "FP16";
-      if (on("trt_bf16_enable"))
-        notes.push_back("provider option trt_bf16_enable=1 together with FP16: Triton's precision_mode takes "
-                        "one precision, FP16 was written");
-    } else if (on("trt_bf16_enable")) {
-      accelerator["precision_mode"] = "BF16";
-    }
-    for (const auto& [key, value] : options) {
-      if (key == "trt_fp16_enable" || key == "trt_int8_enable" || key == "trt_bf16_enable") continue;
-      if (auto why = process_local_option(key, value)) {
-        notes.push_back(*why);
-      } else if (auto renamed = tensorrt_renamed().find(key); renamed != tensorrt_renamed().end()) {
-        accelerator[renamed->second] = value;
-      } else if (tensorrt_same_name().count(key)) {
-        auto path = trt_paths.find(key);
-        accelerator[key] = path != trt_paths.end() ? path->second : value;
-        if (path == trt_paths.end() && (key == "trt_engine_cache_path" || key == "trt_timing_cache_path"))
-          notes.push_back("provider option " + key + "=" + value + " was written as it was tuned: a path on the "
-                          "machine that tuned, whose cache the checkpoint does not hold");
-      } else {
-        notes.push_back("provider option " + key + "=" + value +
-                        ": not among the TensorRT parameters Triton's ONNX Runtime backend accepts");
-      }
-    }
-  } else if (config.provider == ExecutionProvider::kCUDA) {
-    accelerator_name = "cuda";
-    for (const auto& [key, value] : config.provider_options) {
-      if (auto why = process_local_option(key, value)) {
-        notes.push_back(*why);
-      } else if (key == "enable_cuda_graph") {
-        if (truthy(value))
-          notes.push_back(
-              "provider option enable_cuda_graph=" + value +
-              ": not expressible. Triton's ONNX Runtime backend binds each request's own buffers, while ONNX "
-              "Runtime replays a captured CUDA graph on the addresses of the run that captured it (aitune "
-              "copies into fixed buffers for this); optimization.cuda.graphs is read only by Triton's "
-              "TensorRT backend. The model runs without CUDA graphs");
-      } else if (key == "cudnn_conv_algo_search") {
-        // The backend resets these four whenever the model has `parameters`; as model
-        // parameters (its older spelling) they hold in every case.
-        static const std::map<std::string, std::string> codes = {
-            {"EXHAUSTIVE", "0"}, {"HEURISTIC", "1"}, {"DEFAULT", "2"}};
-        auto code = codes.find(value);
-        if (code == codes.end())
-          notes.push_back("provider option cudnn_conv_algo_search=" + value + ": not a value Triton takes");
-        else
-          parameters[key] = code->second;
-      } else if (key == "arena_extend_strategy") {
-        static const std::map<std::string, std::string> codes = {
-            {"kNextPowerOfTwo", "0"}, {"kSameAsRequested", "1"}, {"0", "0"}, {"1", "1"}};
-        auto code = codes.find(value);
-        if (code == codes.end())
-          notes.push_back("provider option arena_extend_strategy=" + value + ": not a value Triton takes");
-        else
-          parameters[key] = code->second;
-      } else if (key == "gpu_mem_limit" || key == "do_copy_in_default_stream") {
-        parameters[key] = value;
-      } else {
-        accelerator[key] = value;  // the "cuda" accelerator hands every other key to the CUDA provider
-      }
-    }
+  // The provider's own block (registry): its accelerator, parameters, and what has no place.
+  if (const auto& provider = provider_description(config.provider); provider.triton) {
+    auto block = provider.triton(config, trt_paths);
+    accelerator_name = std::move(block.accelerator_name);
+    accelerator = std::move(block.accelerator);
+    for (auto& [key, value] : block.parameters) parameters[key] = std::move(value);
+    notes.insert(notes.end(), block.notes.begin(), block.notes.end());
   } else {
     for (const auto& [key, value] : config.provider_options)
-      notes.push_back("provider option " + key + "=" + value +
-                      ": Triton's ONNX Runtime backend passes no options to the CPU provider");
+      notes.push_back("provider option " + key + "=" + value + ": the " + provider.name +
+                      " provider has no Triton configuration; the option was not written");
   }
-  if (config.provider != ExecutionProvider::kCPU && config.device_id != 0)
+  const bool on_gpu = provider_capabilities(config.provider).device_memory;
+  if (on_gpu && config.device_id != 0)
     notes.push_back("device_id " + std::to_string(config.device_id) +
                     " (where it was tuned): Triton places instances on the GPUs of instance_group");
 
@@ -286,7 +169,7 @@ TritonModelConfig triton_model_config(const CheckpointGraph& graph, const std::s
   out << tensor_list("input", spec.inputs, batching);
   out << tensor_list("output", spec.outputs, batching);
   if (batching) out << "dynamic_batching { }\n";
-  out << "instance_group [\n  {\n    kind: " << (config.provider == ExecutionProvider::kCPU ? "KIND_CPU" : "KIND_GPU")
+  out << "instance_group [\n  {\n    kind: " << (on_gpu ? "KIND_GPU" : "KIND_CPU")
       << "\n    count: " << instances << "\n  }\n]\n";
   if (graph_level || !accelerator_name.empty()) {
     out << "optimization {\n";

@@ -108,7 +108,8 @@ struct GraphTuner::Impl {
 
   // Device time of a session's calls, by events on the stream it runs on.
   static std::unique_ptr<DeviceTimer> timer_for(const OnnxSession& backend) {
-    if (backend.config().provider != ExecutionProvider::kCUDA || backend.cuda_stream() == 0) return nullptr;
+    // A session on a CUDA stream (the CUDA provider; TensorRT reports none).
+    if (!provider_capabilities(backend.config().provider).device_memory || backend.cuda_stream() == 0) return nullptr;
     return make_cuda_event_timer(backend.cuda_stream(), backend.config().device_id);
   }
 

@@ -92,7 +92,7 @@ def probe(model_path: str, candidate: _core.OnnxCandidate, graph, model_inputs: 
                     "model_path": str(model_path),
                     "name": candidate.name,
                     "config": candidate.config.to_json(-1),
-                    "precision": candidate.precision.name,
+                    "precision": _core.precision_name(candidate.precision),
                     "spec": graph.graph_spec().to_json(-1),
                     "model_inputs": list(model_inputs),
                     "samples": [

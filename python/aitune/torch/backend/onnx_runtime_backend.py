@@ -13,6 +13,7 @@ import torch
 
 from aitune import _core
 from aitune.torch import cache, candidate_isolation, export, transforms
+from aitune.torch.backend import precision as precision_edge
 from aitune.torch.backend.base import Backend, BackendConfig, TunedGraph
 from aitune.torch.graph import RecordedGraph
 
@@ -27,8 +28,30 @@ class ONNXExecutionProvider(str, enum.Enum):
     CPU = "cpu"
 
 
+def _provider_from(value) -> ONNXExecutionProvider | str:
+    """A provider the engine's registry knows: the built-ins as ONNXExecutionProvider
+    members, a provider registered in C++ beyond them by its registered name (the registry
+    is open; this enum only names the built-ins)."""
+    if isinstance(value, ONNXExecutionProvider):
+        return value
+    text = value.name if isinstance(value, _core.ExecutionProvider) else str(value)
+    try:
+        name = _core.parse_execution_provider(text).name
+    except _core.InvalidArgumentError:
+        builtin = [p.value for p in ONNXExecutionProvider]
+        names = builtin + [p.name for p in _core.registered_execution_providers() if p.name not in builtin]
+        valid = ", ".join(map(repr, names))
+        raise ValueError(
+            f"execution_provider must be None or one of {valid} (or ONNXExecutionProvider members), got {value!r}"
+        ) from None
+    try:
+        return ONNXExecutionProvider(name)
+    except ValueError:
+        return name
+
+
 #: The values of ``ONNXRuntimeBackendConfig.precision`` (the engine's precision limits).
-PRECISIONS = ("any", "fp32", "tf32", "fp16", "bf16")
+PRECISIONS = precision_edge.LIMIT_NAMES
 
 
 def module_precision(module: torch.nn.Module) -> _core.Precision:
@@ -78,15 +101,8 @@ class ONNXRuntimeBackendConfig(BackendConfig):
     transformer_fusions: bool = True
 
     def __post_init__(self) -> None:
-        if self.execution_provider is not None and not isinstance(self.execution_provider, ONNXExecutionProvider):
-            try:
-                self.execution_provider = ONNXExecutionProvider(str(self.execution_provider).lower())
-            except ValueError:
-                valid = ", ".join(repr(p.value) for p in ONNXExecutionProvider)
-                raise ValueError(
-                    f"execution_provider must be None or one of {valid} (or ONNXExecutionProvider members), "
-                    f"got {self.execution_provider!r}"
-                ) from None
+        if self.execution_provider is not None:
+            self.execution_provider = _provider_from(self.execution_provider)
         if not isinstance(self.use_dynamo, bool):
             raise ValueError(f"use_dynamo must be a bool, got {self.use_dynamo!r}")
         if self.opset_version is not None and (
@@ -104,22 +120,24 @@ class ONNXRuntimeBackendConfig(BackendConfig):
                 )
             self.provider_options = {k: str(int(v)) if isinstance(v, bool) else str(v)
                                      for k, v in self.provider_options.items()}
-        if not isinstance(self.precision, str) or self.precision.lower() not in PRECISIONS:
-            raise ValueError(
-                f"precision must be one of {', '.join(map(repr, PRECISIONS))}, got {self.precision!r}"
-            )
-        self.precision = self.precision.lower()
+        self.precision = precision_edge.precision_limit(self.precision)
         if not isinstance(self.transformer_fusions, bool):
             raise ValueError(f"transformer_fusions must be a bool, got {self.transformer_fusions!r}")
 
     @property
-    def provider(self) -> ONNXExecutionProvider:
+    def provider(self) -> ONNXExecutionProvider | str:
         """The provider in effect: ``execution_provider``, or CUDA when it is None."""
         return self.execution_provider or ONNXExecutionProvider.CUDA
 
+    @property
+    def provider_name(self) -> str:
+        """The provider in effect by its registered name ("cuda", "cpu", ...)."""
+        provider = self.provider
+        return provider.value if isinstance(provider, ONNXExecutionProvider) else provider
+
     def _canonical_value(self, field, value):
         if field.name == "execution_provider":  # None and CUDA are one configuration
-            return self.provider.value
+            return self.provider_name
         return super()._canonical_value(field, value)
 
 
@@ -181,7 +199,7 @@ class ONNXRuntimeBackend(Backend):
 
     def _core_config(self, device: torch.device) -> _core.OnnxSessionConfig:
         core = _core.OnnxSessionConfig()
-        core.provider = _core.parse_execution_provider(self.config.provider.value)
+        core.provider = _core.parse_execution_provider(self.config.provider_name)
         if device.type == "cuda":
             core.device_id = device.index or 0
         core.provider_options = dict(self.config.provider_options or {})
@@ -219,7 +237,7 @@ class ONNXRuntimeBackend(Backend):
         plan = self.plan(spec, graph.module, graph.device, directory)
         if not plan:
             raise _core.InvalidArgumentError(
-                f"{self.describe()}: no {self.config.provider.value} candidate computes within precision="
+                f"{self.describe()}: no {self.config.provider_name} candidate computes within precision="
                 f"{self.config.precision!r} (this module computes in "
                 f"{_core.precision_name(module_precision(graph.module))})"
             )
@@ -237,9 +255,8 @@ class ONNXRuntimeBackend(Backend):
         )
         # Both checks before an export that may take minutes.
         self._check_provider(core_config)
-        session_device = torch.device("cpu") if self.config.provider is ONNXExecutionProvider.CPU else torch.device(
-            "cuda", core_config.device_id
-        )
+        on_device = _core.provider_capabilities(core_config.provider)["device_memory"]
+        session_device = torch.device("cuda", core_config.device_id) if on_device else torch.device("cpu")
         if graph.device != session_device:
             raise _core.InvalidArgumentError(
                 f"ait.Module '{graph.module_name}' runs on {graph.device}, but {self.describe()} runs on "

@@ -12,16 +12,13 @@ from collections.abc import Iterator
 import torch
 
 from aitune import _core
+from aitune.torch.backend import precision as precision_edge
 from aitune.torch.backend.base import Backend, BackendConfig, TunedGraph
 from aitune.torch.context import run_eagerly
 
-#: Candidate precisions and the engine precision (which sets their default tolerance).
-PRECISIONS = {
-    "fp32": _core.Precision.STRICT,
-    "tf32": _core.Precision.TF32,
-    "fp16": _core.Precision.FP16,
-    "bf16": _core.Precision.BF16,
-}
+#: Candidate precisions by name (the engine's Precision, which sets their default
+#: tolerance, is parsed from the name at the edge: precision.candidate_precision).
+PRECISIONS = precision_edge.PRECISION_NAMES
 #: torch.compile modes.
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 #: What a CUDA module tries by default: fp32, TF32 (what a user tuning for speed sets) and
@@ -64,16 +61,14 @@ class TorchCompileBackendConfig(BackendConfig):
                     f"got {self.precisions!r}"
                 )
             self.precisions = tuple(self.precisions)
-        if self.precision not in ("any", *PRECISIONS):
-            raise ValueError(f"precision must be one of 'any', {', '.join(map(repr, PRECISIONS))}, "
-                             f"got {self.precision!r}")
+        self.precision = precision_edge.precision_limit(self.precision)
         if self.dynamic is not None and not isinstance(self.dynamic, bool):
             raise ValueError(f"dynamic must be None or a bool, got {self.dynamic!r}")
 
     def candidate_precisions(self, device: torch.device) -> list[str]:
         """The precisions tried on ``device``, those ``precision`` allows."""
         wanted = self.precisions or (DEFAULT_CUDA_PRECISIONS if device.type == "cuda" else DEFAULT_CPU_PRECISIONS)
-        return [p for p in wanted if _core.precision_allowed(PRECISIONS[p], self.precision)]
+        return [p for p in wanted if _core.precision_allowed(precision_edge.candidate_precision(p), self.precision)]
 
 
 @contextlib.contextmanager
@@ -214,7 +209,7 @@ class TorchCompileBackend(Backend):
             def run(tuned=tuned) -> None:
                 tuned.infer(inputs[largest])
 
-            tuner.evaluate_external(name, self.describe(), group, PRECISIONS[precision],
+            tuner.evaluate_external(name, self.describe(), group, precision_edge.candidate_precision(precision),
                                     json.dumps({**self.config.to_dict(), **tuned.config()}), outputs, run)
             advance()
 
