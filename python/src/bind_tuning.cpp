@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "aitune/candidates.hpp"
+#include "aitune/tune_outcome.hpp"
 #include "aitune/error.hpp"
 #include "aitune/tensorrt_options.hpp"
 #include "aitune/tuner.hpp"
@@ -332,6 +333,19 @@ void bind_tuning(nb::module_& m) {
       .def("take_winner", [](PyGraphTuner& t) { return t.tuner->take_winner(); })
       .def_prop_ro("report", [](const PyGraphTuner& t) { return t.tuner->report(); })
       .def_prop_ro("spec", [](const PyGraphTuner& t) { return t.tuner->spec(); });
+
+  // The drivers' shared decisions (tune_outcome.hpp): first-wins early stop and what a
+  // finished tune leads to.
+  nb::class_<TuneOutcome>(m, "TuneOutcome", "What a finished tune leads to.")
+      .def_prop_ro("kind", [](const TuneOutcome& o) { return std::string(tune_outcome_kind_name(o.kind)); },
+                   "'winner', 'eager_kept', 'eager_fallback', 'all_incorrect' or 'no_candidate'.")
+      .def_ro("why", &TuneOutcome::why)
+      .def_ro("winner", &TuneOutcome::winner)
+      .def_prop_ro("is_failure", &TuneOutcome::is_failure);
+  m.def("decide_outcome", &decide_outcome, nb::arg("report"), nb::arg("eager_fallback"),
+        nb::arg("errors_as_mismatch"));
+  m.def("group_succeeded", &group_succeeded, nb::arg("report"), nb::arg("group"),
+        "A candidate of this group passed: a first-wins strategy evaluates no later group.");
 }
 
 }  // namespace aitune::python

@@ -12,7 +12,6 @@
 #include "aitune/error.hpp"
 #include "ort_library_search.hpp"
 #include "ort_runtime_impl.hpp"
-#include "provider_registry.hpp"
 
 namespace aitune {
 namespace fs = std::filesystem;
@@ -318,14 +317,7 @@ const std::vector<Ort::ConstEpDevice>& OrtRuntime::Impl::cuda_ep_devices() {
   return cuda_devices;
 }
 
-ProviderStatus OrtRuntime::Impl::probe(ExecutionProvider provider) {
-  const auto& description = provider_description(provider);
-  ProviderStatus s;
-  if (description.probe) s = description.probe(*this);
-  else s.reason = description.name + " execution provider unavailable: it has no availability check";
-  s.provider = provider;
-  return s;
-}
+// OrtRuntime::Impl::probe (the registry's probe of a provider) is in provider_registry.cpp.
 
 ProviderStatus OrtRuntime::Impl::probe_cuda() {
   ProviderStatus s;

@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "aitune/error.hpp"
+#include "ort_runtime_impl.hpp"
 
 namespace aitune {
 
@@ -108,6 +109,17 @@ std::vector<ExecutionProvider> registered_execution_providers() {
   std::vector<ExecutionProvider> out;
   for (const auto& p : r.providers) out.emplace_back(p.name);
   return out;
+}
+
+// Defined here rather than in ort_runtime.cpp: the runtime asks the registry, so the
+// ONNX Runtime loading code does not depend on the providers (which depend on it).
+ProviderStatus OrtRuntime::Impl::probe(ExecutionProvider provider) {
+  const auto& description = provider_description(provider);
+  ProviderStatus s;
+  if (description.probe) s = description.probe(*this);
+  else s.reason = description.name + " execution provider unavailable: it has no availability check";
+  s.provider = provider;
+  return s;
 }
 
 std::vector<std::string> provider_doctor_details(const ProviderStatus& status) {

@@ -18,7 +18,7 @@
 
 namespace aitune {
 namespace detail {
-struct SessionSetup;  // session_options.hpp
+struct SessionSetup;  // session_setup.hpp
 }  // namespace detail
 
 /// One candidate variant a provider adds to the plan: the options it sets (those the

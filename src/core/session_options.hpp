@@ -1,4 +1,4 @@
-// Private: the ORT session options an OnnxSessionConfig makes, per provider (CPU, CUDA plugin EP, TensorRT).
+// Private: the ORT session options an OnnxSessionConfig makes (the provider's part from the registry).
 #pragma once
 
 #include <cstdint>
@@ -9,33 +9,10 @@
 
 #include "aitune/onnx_session.hpp"
 #include "aitune/ort_runtime.hpp"
-#include "cuda_stream.hpp"
 #include "ort_api.hpp"
+#include "session_setup.hpp"
 
 namespace aitune::detail {
-
-/// Everything session creation needs besides the model, and what the runners need to
-/// know about where the session computes.
-struct SessionSetup {
-  Ort::SessionOptions options;
-  /// Where inputs must live and outputs are allocated: the session's device. Points into
-  /// `owned_memory_info` or into the runtime's CUDA EP device (which outlives sessions).
-  std::optional<Ort::MemoryInfo> owned_memory_info;
-  const OrtMemoryInfo* memory_info = nullptr;
-  /// The CUDA stream the session runs on (user_compute_stream): `owned_stream`'s, or the
-  /// caller's. 0 where unknown (CPU, TensorRT).
-  std::uintptr_t stream = 0;
-  /// The stream aitune created for the session; the session's deleter takes it over so
-  /// that it is destroyed after the session.
-  std::shared_ptr<CudaStream> owned_stream;
-  /// True when `stream` is aitune's own blocking stream (StreamSync::kWithLegacyStream):
-  /// CUDA itself orders it with a caller on the legacy default stream, so no events.
-  bool stream_syncs_with_legacy = false;
-  /// enable_cuda_graph is on (CUDA only).
-  bool cuda_graph = false;
-  /// Strings the V1 TensorRT struct points into; alive until the session is created.
-  std::list<std::string> keep_alive;
-};
 
 /// Builds the session options for `config` (threads, optimisation level, session config
 /// entries, the provider and its options). Throws Error(kInvalidArgument) for options

@@ -161,7 +161,8 @@ def test_the_manifest_holds_config_spec_structure_and_report(tmp_path):
     report = json.loads((tmp_path / "ckpt" / "graphs" / graph.key / "tune_report.json").read_text())
     assert report["winner"] == json.loads(model.ait_reports[graph.key].to_json())["winner"]
     meta = manifest["metadata"]["aitune.torch"]
-    assert meta["module_class"] == "torch_models.MLP" and meta["eager_graphs"] == []
+    assert meta["module_class"] == "torch_models.MLP" and meta["sections"] == {}
+    assert meta["format_version"] == 3  # every backend's graphs in its named section
 
     loaded = ait.load(ait.Module(MLP().eval(), "mlp"), tmp_path / "ckpt")
     assert loaded.ait_reports[graph.key].winner == report["winner"]
@@ -216,7 +217,7 @@ def test_a_graph_kept_eager_is_restored_as_eager(tmp_path):
     model._ait_tuned[identity] = (graph, EagerGraph(graph, note="eager was faster"))
     ait.save(model, tmp_path / "ckpt")
     meta = json.loads((tmp_path / "ckpt" / "manifest.json").read_text())["metadata"]["aitune.torch"]
-    assert [e["key"] for e in meta["eager_graphs"]] == [graph.key]
+    assert [e["key"] for e in meta["sections"]["eager"]] == [graph.key]
     assert len(json.loads((tmp_path / "ckpt" / "manifest.json").read_text())["graphs"]) == 1
 
     torch.manual_seed(7)
@@ -387,6 +388,28 @@ def test_newer_manifest_format_version_is_refused(target, damaged):
     manifest["format_version"] = _core.CHECKPOINT_FORMAT_VERSION + 1
     _write_manifest(damaged, manifest)
     _load_fails(target, damaged, aitune.CheckpointCorruptError, r"format_version 2.*newer|newer.*format_version")
+
+
+def test_a_version_2_checkpoint_still_loads(target, damaged):
+    # Before the per-backend sections (format_version 3), eager graphs were listed under
+    # "eager_graphs" and torch.compile graphs under "compiled_graphs".
+    manifest = _manifest(damaged)
+    meta = manifest["metadata"]["aitune.torch"]
+    sections = meta.pop("sections")
+    meta["format_version"] = 2
+    meta["eager_graphs"] = sections.get("eager", [])
+    meta["compiled_graphs"] = sections.get("torch_compile", [])
+    _write_manifest(damaged, manifest)
+    module, _ = target
+    loaded = ait.load(module, damaged)
+    assert [g.key for g in loaded.ait_graphs] == [g["key"] for g in manifest["graphs"]]
+
+
+def test_an_unknown_metadata_section_is_refused(target, damaged):
+    manifest = _manifest(damaged)
+    manifest["metadata"]["aitune.torch"]["sections"]["tensorflow"] = []
+    _write_manifest(damaged, manifest)
+    _load_fails(target, damaged, aitune.CheckpointCorruptError, r"metadata section 'tensorflow' is not one")
 
 
 def test_newer_aitune_torch_structure_version_is_refused(target, damaged):

@@ -135,8 +135,8 @@ def test_compiled_graph_runs_saves_its_decision_and_recompiles_on_load(compiled_
     path = ait.save(model, tmp_path / "ckpt")
     manifest = json.loads((path / "manifest.json").read_text())
     meta = json.loads(manifest["metadata"]) if isinstance(manifest.get("metadata"), str) else manifest["metadata"]
-    assert meta["aitune.torch"]["format_version"] == 2  # an aitune without compiled graphs refuses it
-    (entry,) = meta["aitune.torch"]["compiled_graphs"]
+    assert meta["aitune.torch"]["format_version"] == 3  # an aitune without sections refuses it
+    (entry,) = meta["aitune.torch"]["sections"]["torch_compile"]
     assert entry["config"] == tuned.config() == {"precision": "fp32", "mode": "default", "dynamic": None,
                                                  "output_dtypes": ["float32"]}
     assert manifest["graphs"] == []  # no ONNX model: nothing but the decision is stored

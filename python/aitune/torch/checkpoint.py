@@ -24,9 +24,14 @@ import torch
 
 from aitune import _core
 from aitune.torch.backend.base import TunedGraph
-from aitune.torch.backend.onnx_runtime_backend import OnnxRuntimeTunedGraph, model_file_identity
-from aitune.torch.backend.torch_compile_backend import TorchCompileTunedGraph, dtype_from_name
-from aitune.torch.backend.torch_eager import EagerGraph
+from aitune.torch.checkpoint_sections import (
+    LEGACY_SECTION_KEYS,
+    REPORT_FILE,
+    SECTIONS,
+    LoadContext,
+    SaveContext,
+    section_of,
+)
 from aitune.torch.checkpoint_structure import (
     STRUCTURE_FORMAT_VERSION,
     class_name,
@@ -42,14 +47,16 @@ logger = logging.getLogger("aitune")
 
 #: Key of aitune.torch's entry in the manifest's ``metadata``.
 METADATA_KEY = "aitune.torch"
-#: Each ONNX Runtime graph's tuning report, an artifact in its graph directory.
-REPORT_FILE = "tune_report.json"
 
 DeviceLike = str | torch.device | None
 
-#: The metadata format_version of a checkpoint with torch.compile graphs: an aitune that
-#: does not know them refuses it rather than dropping those graphs.
+#: The metadata format_version of a checkpoint with torch.compile graphs (version 2; version
+#: 1 had ONNX Runtime and eager graphs only): an aitune that does not know them refuses it
+#: rather than dropping those graphs.
 COMPILED_GRAPHS_FORMAT_VERSION = STRUCTURE_FORMAT_VERSION + 1
+#: The metadata format_version written now: every backend's graphs in its named section
+#: (checkpoint_sections.py). Versions 1 and 2 are still read.
+SECTIONS_FORMAT_VERSION = COMPILED_GRAPHS_FORMAT_VERSION + 1
 
 
 class SavedReport:
@@ -137,41 +144,34 @@ def save(
             "can be saved (run ait.tune on it first)"
         )
     start = time.perf_counter()
-    graphs, files, eager, reports, compiled = [], {}, [], {}, []
+    out = SaveContext()
     for graph, tuned in module._ait_tuned.values():
-        structure = graph_structure(graph, module.ait_name)
-        report = _report_data(tuned.report)
-        if isinstance(tuned, OnnxRuntimeTunedGraph):
-            graphs.append(_graph_entry(graph, tuned, structure, files))
-            if report is not None:  # an artifact beside the model, not a wall of JSON in the manifest
-                reports[f"{_core.Checkpoint.graph_directory(graph.key)}/{REPORT_FILE}"] = report
-        elif isinstance(tuned, EagerGraph):
-            eager.append({"key": graph.key, "note": tuned.note, "structure": structure, "report": report})
-        elif isinstance(tuned, TorchCompileTunedGraph):
-            # The decision and its configuration, not compiled code: ait.load compiles again.
-            compiled.append({"key": graph.key, "config": tuned.config(), "structure": structure, "report": report})
-        else:
+        section = section_of(tuned)
+        if section is None:
             raise _core.InvalidArgumentError(
                 f"ait.save: '{module.ait_name}' graph '{graph.key}' runs on {tuned.describe()}, which a checkpoint "
-                "cannot store (ONNX Runtime, torch.compile and eager graphs only)"
+                f"cannot store ({', '.join(s.label for s in SECTIONS.values())} graphs only)"
             )
-    if not graphs and not compiled:
+        section.save(graph, tuned, graph_structure(graph, module.ait_name), _report_data(tuned.report), out)
+    computing = len(out.native_graphs) + sum(len(out.entries.get(s.name, [])) for s in SECTIONS.values() if s.runs)
+    if not computing:
+        kept = [e for s in SECTIONS.values() if not s.runs for e in out.entries.get(s.name, [])]
         raise _core.InvalidArgumentError(
             f"ait.save: every graph of ait.Module '{module.ait_name}' runs eagerly "
-            f"({'; '.join(e['note'] or 'TorchEagerBackend' for e in eager)}); a checkpoint needs at least one graph "
+            f"({'; '.join(e.get('note') or 'TorchEagerBackend' for e in kept)}); a checkpoint needs at least one graph "
             "in ONNX Runtime or torch.compile, so there is nothing to save"
         )
+    entries = [e for listed in out.entries.values() for e in listed]
     metadata = {
         METADATA_KEY: {
-            "format_version": COMPILED_GRAPHS_FORMAT_VERSION if compiled else STRUCTURE_FORMAT_VERSION,
+            "format_version": SECTIONS_FORMAT_VERSION,
             "module_class": class_name(type(module.ait_module)),
             "torch_version": torch.__version__,
-            "eager_graphs": eager,
-            "compiled_graphs": compiled,
-            "tuning_s": sum(SavedReport(r).tuning_s
-                            for r in [*reports.values(), *(e["report"] or {} for e in [*eager, *compiled])]),
+            "sections": out.entries,
+            "tuning_s": sum(SavedReport(r).tuning_s for r in [*out.reports.values(), *(e["report"] or {} for e in entries)]),
         }
     }
+    graphs, files, reports = out.native_graphs, out.files, out.reports
     manifest = _core.CheckpointManifest(module_name=module.ait_name, metadata_json=json.dumps(metadata), graphs=graphs)
     options = _core.CheckpointSaveOptions(overwrite=overwrite, on_file_written=on_file_written)
     directory = Path(path)
@@ -182,47 +182,13 @@ def save(
             files[relative] = str(source)
         _core.Checkpoint.save(os.fspath(directory), manifest, files, options)
     logger.info(
-        "ait.save: '%s' (%d graphs in ONNX Runtime, %d eager) saved to %s in %.3f s",
-        module.ait_name, len(graphs), len(eager), directory, time.perf_counter() - start,
+        "ait.save: '%s' (%s) saved to %s in %.3f s",
+        module.ait_name,
+        ", ".join(f"{len(out.native_graphs) if s.native else len(out.entries.get(s.name, []))} {s.label}"
+                  for s in SECTIONS.values()),
+        directory, time.perf_counter() - start,
     )
     return directory
-
-
-_CACHE_OPTIONS = (("trt_engine_cache_path", "trt_engine_cache"), ("trt_timing_cache_path", "trt_timing_cache"))
-
-
-def _graph_entry(graph, tuned: OnnxRuntimeTunedGraph, structure: dict, files: dict) -> _core.CheckpointGraph:
-    session = tuned.session
-    now = model_file_identity(session.model_path)
-    if now is None or now != tuned.model_file:
-        why = "no longer exists" if now is None else "was replaced since the session was created"
-        raise _core.StateError(
-            f"ait.save: the ONNX model of graph '{graph.key}', {session.model_path}, {why} (another ait.tune of a "
-            f"module named '{graph.module_name}' rewrites its cache directory, and saving a loaded module over or "
-            "after removing the checkpoint it came from loses its files); tune or load the module again, then save"
-        )
-    structure["order"] = list(tuned.order)
-    structure["backend"] = tuned.describe()
-    directory = _core.Checkpoint.graph_directory(graph.key)
-    model_path = Path(session.model_path).resolve()
-    model = f"{directory}/{model_path.name}"
-    files[model] = str(model_path)
-    config = session.config
-    sources = {}
-    for option, name in _CACHE_OPTIONS:  # TensorRT caches travel, so engines need no rebuild
-        value = config.provider_options.get(option)
-        if value and Path(value).exists():
-            source = str(Path(value).resolve())
-            if source not in sources:
-                sources[source] = f"{directory}/{name}"
-                files[sources[source]] = source
-    return _core.CheckpointGraph(
-        key=graph.key,
-        graph_spec=session.graph_spec,
-        backend_config=config,
-        structure_json=json.dumps(structure),
-        model=model,
-    )
 
 
 # -- load ---------------------------------------------------------------------------------
@@ -291,24 +257,23 @@ def _metadata(manifest, where: str) -> dict:
             "(a C++ checkpoint runs with `aitune run` or aitune::Checkpoint, not into an ait.Module)",
         )
     version = field(ours, "format_version", int, where + ", metadata")
-    if version > COMPILED_GRAPHS_FORMAT_VERSION or version < 1:
+    if version > SECTIONS_FORMAT_VERSION or version < 1:
         raise corrupt(
             where,
-            f"metadata format_version {version} is not supported (this aitune reads 1..{COMPILED_GRAPHS_FORMAT_VERSION}); "
+            f"metadata format_version {version} is not supported (this aitune reads 1..{SECTIONS_FORMAT_VERSION}); "
             "it was written by a newer aitune",
         )
     return ours
 
 
-def _read_report(checkpoint, saved, where: str) -> dict | None:
-    """The graph's tuning report artifact (already verified by Checkpoint.load), if saved."""
-    relative = f"{_core.Checkpoint.graph_directory(saved.key)}/{REPORT_FILE}"
-    if not any(a.path == relative for a in saved.artifacts):
-        return None
-    try:
-        return json.loads(Path(checkpoint.artifact_path(relative)).read_text())
-    except (OSError, ValueError, RecursionError) as error:  # RecursionError: JSON nested too deep
-        raise corrupt(where, f"{relative} cannot be read as JSON: {error}") from None
+def _sections(meta: dict, where: str) -> list[tuple[str, list]]:
+    """(section name, entries) of the metadata: version 3's ``sections``, or the keys
+    versions 1 and 2 stored eager and torch.compile graphs under."""
+    if meta["format_version"] >= SECTIONS_FORMAT_VERSION:
+        sections = field(meta, "sections", dict, where + ", metadata")
+        return [(name, field(sections, name, list, where + ", metadata sections")) for name in sections]
+    return [(name, field(meta, key, list, where + ", metadata") if key == "eager_graphs" else meta.get(key, []))
+            for key, name in LEGACY_SECTION_KEYS.items()]
 
 
 def load(module, path: str | os.PathLike, device_map: DeviceLike | Mapping[str, DeviceLike] = None):
@@ -355,55 +320,25 @@ def load(module, path: str | os.PathLike, device_map: DeviceLike | Mapping[str, 
         tuned.report = SavedReport(report) if isinstance(report, dict) else None
         restored[graph.identity] = (graph, tuned)
 
+    ctx = LoadContext(module, checkpoint, where, lambda saved: _overrides(saved, device))
+    # The C++ manifest's graphs: each names its section (the backend) in `backend`.
     for key in checkpoint.graph_keys():
         graph_where = f"{where}, graph '{key}'"
-        saved = checkpoint.graph(key)
-        if saved.backend != _core.ONNX_RUNTIME_BACKEND_NAME:
-            raise corrupt(graph_where, f"backend '{saved.backend}' is not one ait.load runs")
-        try:
-            structure = json.loads(saved.structure_json)
-        except (ValueError, RecursionError) as error:
-            raise corrupt(graph_where, f"structure is not JSON: {error}") from None
-        spec = saved.graph_spec
-        graph = saved_graph(module, structure, key, graph_where, spec)
-        order = field(structure, "order", list, graph_where)
-        if not all(type(i) is int and 0 <= i < len(graph.input_names) for i in order):
-            raise corrupt(graph_where, f"order {order} does not index the {len(graph.input_names)} tensor inputs")
-        model_inputs = [graph.input_names[i] for i in order]
-        if [t.name for t in spec.inputs] != model_inputs or [t.name for t in spec.outputs] != graph.output_names:
-            raise corrupt(
-                graph_where,
-                f"the graph spec's tensors ({[t.name for t in spec.inputs]} -> {[t.name for t in spec.outputs]}) "
-                f"are not the structure's ({model_inputs} -> {graph.output_names})",
-            )
-        session = checkpoint.create_session(key, _overrides(saved.backend_config, device))
-        describe = structure.get("backend")
-        tuned = OnnxRuntimeTunedGraph(
-            session, order, graph.input_names, describe if isinstance(describe, str) else "ONNXRuntimeBackend"
-        )
-        add(graph, tuned, _read_report(checkpoint, saved, graph_where), graph_where)
-
-    for i, entry in enumerate(field(meta, "eager_graphs", list, where + ", metadata")):
-        entry_where = f"{where}, eager graph {i}"
-        key = field(entry, "key", str, entry_where)
-        note = entry.get("note")
-        graph = saved_graph(module, entry.get("structure"), key, f"{where}, eager graph '{key}'", None)
-        add(graph, EagerGraph(graph, note=note if isinstance(note, str) else None), entry.get("report"), entry_where)
-
-    # torch.compile graphs: compiled again here (lazily, on their first call) from the
-    # saved precision and mode, with the weights of the module loaded into.
-    for i, entry in enumerate(meta.get("compiled_graphs", [])):
-        entry_where = f"{where}, torch.compile graph {i}"
-        key = field(entry, "key", str, entry_where)
-        config = field(entry, "config", dict, entry_where)
-        graph = saved_graph(module, entry.get("structure"), key, f"{where}, torch.compile graph '{key}'", None)
-        try:
-            dtypes = [dtype_from_name(d) for d in field(config, "output_dtypes", list, entry_where)]
-            tuned = TorchCompileTunedGraph(graph, field(config, "precision", str, entry_where),
-                                           field(config, "mode", str, entry_where), dtypes, config.get("dynamic"))
-        except (ValueError, TypeError) as error:
-            raise corrupt(entry_where, f"configuration {config} is not one TorchCompileBackend runs: {error}") from None
-        add(graph, tuned, entry.get("report"), entry_where)
+        section = SECTIONS.get(checkpoint.graph(key).backend)
+        if section is None or not section.native:
+            raise corrupt(graph_where, f"backend '{checkpoint.graph(key).backend}' is not one ait.load runs")
+        add(*section.load_native(key, ctx), graph_where)
+    # The JSON sections of the metadata, by name.
+    for name, entries in _sections(meta, where):
+        section = SECTIONS.get(name)
+        if section is None or section.native:
+            raise corrupt(where, f"metadata section '{name}' is not one this aitune reads "
+                                 f"(it reads {', '.join(s for s in SECTIONS if not SECTIONS[s].native)})")
+        for i, entry in enumerate(entries):
+            entry_where = f"{where}, {section.label} graph {i}"
+            if not isinstance(entry, dict):
+                raise corrupt(entry_where, f"is not a JSON object: {entry!r}")
+            add(*section.load(entry, ctx, entry_where), entry_where)
 
     if not restored:
         raise corrupt(where, 'a checkpoint needs at least one graph; "graphs" is empty and the metadata '

@@ -97,10 +97,11 @@ def _samples(graph: RecordedGraph) -> list[tuple[list[torch.Tensor], list[torch.
     ]
 
 
-def _failure(strategy: TuneStrategy, graph: RecordedGraph, report: _core.TuneReport) -> Exception:
+def _failure(outcome: _core.TuneOutcome, graph: RecordedGraph, report: _core.TuneReport) -> Exception:
+    """The exception of a failed outcome (the engine classified it: decide_outcome)."""
     table = report.summary_table()
-    incorrect = [c for c in report.candidates if c.status == "incorrect"]
-    if strategy.propagate_errors and incorrect and len(incorrect) == len(report.candidates):
+    if outcome.kind == "all_incorrect":
+        incorrect = report.candidates
         return NumericMismatchError(
             f"{graph.module_name}/{graph.key}: every candidate differs from eager PyTorch; "
             f"{incorrect[0].name}: {incorrect[0].reason}\n{table}"
@@ -146,25 +147,24 @@ def tune_graph(strategy: TuneStrategy, graph: RecordedGraph, options: TuneOption
                 reason = f"{type(error).__name__}: {error}"
                 logger.warning("%s: %s: %s", name, backend.describe(), reason)
                 tuner.add_failed(backend.describe(), type(backend).__name__, group, reason)
-            if strategy.stop_at_first_success and any(
-                c.group == group and c.status == "passed" for c in tuner.report.candidates
-            ):
-                break
+            if strategy.stop_at_first_success and _core.group_succeeded(tuner.report, group):
+                break  # first wins
         report = tuner.select(options.strategy_config(strategy.kind, strategy.latency_budget_ms))
 
     path = _write_report(graph, report)
     logger.info("%s: tuning report %s\n%s", name, path, report.summary_table())
-    if report.winner is None:
-        kept_by_validation = any(c.status == "slower than eager" for c in report.candidates)
-        if eager_group is None and not kept_by_validation:
-            raise _failure(strategy, graph, report)
-        why = report.decision if kept_by_validation else "no earlier backend had a correct candidate"
-        if kept_by_validation:
-            logger.warning("%s: eager kept: %s", name, why)
-        tuned = EagerGraph(graph, note=None if eager_group is not None and not kept_by_validation else why)
-    else:
-        candidate = report.candidates[report.winner]
+    # What the tune leads to is the engine's decision (winner, eager kept by validation,
+    # eager as the strategy's fallback, or which failure); this only acts on it.
+    outcome = _core.decide_outcome(report, eager_group is not None, strategy.propagate_errors)
+    if outcome.is_failure:
+        raise _failure(outcome, graph, report)
+    if outcome.kind == "winner":
+        candidate = report.candidates[outcome.winner]
         tuned = wrappers[candidate.group](tuner.take_winner(), candidate)
+    else:
+        if outcome.kind == "eager_kept":
+            logger.warning("%s: eager kept: %s", name, outcome.why)
+        tuned = EagerGraph(graph, note=outcome.why or None)
     tuned.report = report
     return tuned
 

@@ -8,7 +8,7 @@
 #include "aitune/tensorrt_options.hpp"
 #include "ort_runtime_impl.hpp"
 #include "provider_registry.hpp"
-#include "session_options.hpp"
+#include "session_setup.hpp"
 
 namespace aitune::providers {
 namespace {

@@ -1,0 +1,44 @@
+// TuneOutcome: what a finished tune leads to (the winner, eager kept, eager as the
+// fallback, or a failure and which kind), decided once here for every driver.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+#include "aitune/tune_report.hpp"
+
+namespace aitune {
+
+/// What a driver does with a selected TuneReport.
+enum class TuneOutcomeKind {
+  kWinner,          ///< a candidate won: run it
+  kEagerKept,       ///< performance validation kept eager (a candidate was slower than eager)
+  kEagerFallback,   ///< no candidate was correct, and the strategy ends with eager
+  kAllIncorrect,    ///< failure: every candidate computed, and every one differs from the reference
+  kNoCandidate,     ///< failure: no candidate could be built or chosen
+};
+std::string_view tune_outcome_kind_name(TuneOutcomeKind kind) noexcept;
+
+struct TuneOutcome {
+  TuneOutcomeKind kind = TuneOutcomeKind::kNoCandidate;
+  /// Why eager was kept (the decision); "" otherwise.
+  std::string why;
+  /// The candidate index for kWinner.
+  std::size_t winner = 0;
+  bool is_failure() const noexcept {
+    return kind == TuneOutcomeKind::kAllIncorrect || kind == TuneOutcomeKind::kNoCandidate;
+  }
+};
+
+/// The outcome of `report` (after GraphTuner::select). `eager_fallback`: the strategy ends
+/// with the eager backend (eager wins when nothing earlier did); `errors_as_mismatch`:
+/// a tune whose every candidate is incorrect is kAllIncorrect (the front end's
+/// NumericMismatchError) instead of kNoCandidate.
+TuneOutcome decide_outcome(const TuneReport& report, bool eager_fallback, bool errors_as_mismatch);
+
+/// True when a candidate of `group` passed its checks: with a first-wins strategy
+/// (stop_at_first_success) the driver evaluates no later group.
+bool group_succeeded(const TuneReport& report, int group) noexcept;
+
+}  // namespace aitune

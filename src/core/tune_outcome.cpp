@@ -1,0 +1,50 @@
+// What a finished tune leads to, and first-wins early stop: the drivers' shared decisions.
+#include "aitune/tune_outcome.hpp"
+
+#include <algorithm>
+
+namespace aitune {
+
+std::string_view tune_outcome_kind_name(TuneOutcomeKind kind) noexcept {
+  switch (kind) {
+    case TuneOutcomeKind::kWinner: return "winner";
+    case TuneOutcomeKind::kEagerKept: return "eager_kept";
+    case TuneOutcomeKind::kEagerFallback: return "eager_fallback";
+    case TuneOutcomeKind::kAllIncorrect: return "all_incorrect";
+    case TuneOutcomeKind::kNoCandidate: return "no_candidate";
+  }
+  return "no_candidate";
+}
+
+TuneOutcome decide_outcome(const TuneReport& report, bool eager_fallback, bool errors_as_mismatch) {
+  TuneOutcome out;
+  const auto& cs = report.candidates;
+  if (report.winner) {
+    out.kind = TuneOutcomeKind::kWinner;
+    out.winner = *report.winner;
+    return out;
+  }
+  // Performance validation ranked a candidate first but it did not beat eager.
+  if (std::any_of(cs.begin(), cs.end(), [](const auto& c) { return c.status == CandidateStatus::kSlowerThanEager; })) {
+    out.kind = TuneOutcomeKind::kEagerKept;
+    out.why = report.decision;
+    return out;
+  }
+  if (eager_fallback) {
+    out.kind = TuneOutcomeKind::kEagerFallback;  // eager is the strategy's own last choice: no note
+    return out;
+  }
+  const bool all_incorrect = !cs.empty() && std::all_of(cs.begin(), cs.end(), [](const auto& c) {
+    return c.status == CandidateStatus::kIncorrect;
+  });
+  out.kind = errors_as_mismatch && all_incorrect ? TuneOutcomeKind::kAllIncorrect : TuneOutcomeKind::kNoCandidate;
+  return out;
+}
+
+bool group_succeeded(const TuneReport& report, int group) noexcept {
+  return std::any_of(report.candidates.begin(), report.candidates.end(), [&](const CandidateResult& c) {
+    return c.group == group && c.status == CandidateStatus::kPassed;
+  });
+}
+
+}  // namespace aitune
