@@ -39,6 +39,9 @@ struct OnnxSession::Impl {
   GraphSpec spec;
   detail::SessionContext ctx;  // the session and the model's I/O
   bool cuda_graph = false;     // enable_cuda_graph=1: calls go to `graphs`
+  // The provider computes in device memory (its registry capability, read once here and
+  // not per call: the registry lookup takes a lock).
+  bool device_memory = false;
   // Made with each session and released before it: device calls without / with CUDA graphs.
   std::unique_ptr<detail::IoBindingRunner> bindings;
   std::unique_ptr<detail::CudaGraphRunner> graphs;
@@ -164,7 +167,7 @@ void OnnxSession::Impl::create_session() {
   ctx.run_async = Ort::RunOptions();
   ctx.run_async.AddConfigEntry("disable_synchronize_execution_providers", "1");
   cuda_graph = setup.cuda_graph;
-  if (provider_capabilities(config.provider).device_memory) {
+  if (device_memory) {
     if (cuda_graph) graphs = std::make_unique<detail::CudaGraphRunner>(ctx);
     else bindings = std::make_unique<detail::IoBindingRunner>(ctx);
   }
@@ -205,6 +208,7 @@ std::unique_ptr<OnnxSession> OnnxSession::create(const std::string& model_path,
   impl->runtime = runtime ? std::move(runtime) : OrtRuntime::load();
   impl->ctx.model_path = model_path;
   impl->config = config;
+  impl->device_memory = provider.capabilities.device_memory;
   impl->create_session();
   auto& ctx = impl->ctx;
   ctx.inputs = ort_call(ErrorCode::kModelInvalid, "model '" + model_path + "'",
@@ -229,7 +233,7 @@ const std::vector<IoInfo>& OnnxSession::outputs() const noexcept { return impl_-
 const GraphSpec& OnnxSession::graph_spec() const noexcept { return impl_->spec; }
 const OnnxSessionConfig& OnnxSession::config() const noexcept { return impl_->config; }
 const std::string& OnnxSession::model_path() const noexcept { return impl_->ctx.model_path; }
-Device OnnxSession::device() const noexcept { return impl_->config.device(); }
+Device OnnxSession::device() const noexcept { return impl_->ctx.device; }
 
 SessionState OnnxSession::state() const noexcept {
   std::shared_lock lock(impl_->state_mutex);
@@ -260,7 +264,7 @@ void OnnxSession::Impl::check_inputs(const std::vector<TensorView>& views) const
     throw Error(ErrorCode::kInvalidArgument, "model '" + model_path() + "' takes " + std::to_string(spec.inputs.size()) +
                                                  " input(s) (" + join_names(spec.inputs) + "), got " +
                                                  std::to_string(views.size()));
-  const Device device = config.device();
+  const Device device = ctx.device;  // config.device(), kept at creation (no registry lookup per call)
   for (std::size_t i = 0; i < views.size(); ++i) {
     const auto& v = views[i];
     const auto& s = spec.inputs[i];
@@ -312,7 +316,7 @@ std::vector<Tensor> OnnxSession::run(const std::vector<TensorView>& views,
   if (!ctx.session) throw Error(ErrorCode::kState, "session for '" + ctx.model_path + "' is inactive; call activate()");
   impl_->check_inputs(views);
   auto where = [&] { return "running '" + ctx.model_path + "'"; };
-  if (!provider_capabilities(impl_->config.provider).device_memory) {
+  if (!impl_->device_memory) {
     // Host memory needs no binding plans: a plain Run over the caller's buffers is
     // cheaper per call than an IoBinding (measured: ~5 us of 20 on a small MLP).
     return ort_call(ErrorCode::kInternal, where, [&] {
@@ -372,7 +376,7 @@ void copy_tensor(Ort::Env& env, const TensorView& from, const OrtMemoryInfo* fro
 Tensor OnnxSession::to_device(const Tensor& host) const {
   if (host.device().kind != DeviceKind::kCPU)
     throw Error(ErrorCode::kInvalidArgument, "to_device: tensor is on " + host.device().to_string() + ", not the host");
-  if (!provider_capabilities(impl_->config.provider).device_memory) return host;
+  if (!impl_->device_memory) return host;
   std::shared_lock lock(impl_->state_mutex);
   if (!impl_->ctx.session) throw Error(ErrorCode::kState, "session is inactive; call activate()");
   // ORT's data transfer comes with the CUDA plugin EP; register it for TensorRT sessions too.
