@@ -116,6 +116,13 @@ class GraphTuner {
                             const std::string& backend, int group,
                             const std::vector<std::size_t>& model_inputs = {});
 
+  /// Whether `candidate` on `model_path` passes the check (its session created, every
+  /// sample judged as evaluate_onnx judges), without profiling it or adding it to the
+  /// report: one step of a search (fp32_node_search.hpp). A model that cannot be created
+  /// or run does not pass.
+  bool check_onnx(const std::string& model_path, const OnnxCandidate& candidate,
+                  const std::vector<std::size_t>& model_inputs = {});
+
   /// Checks and profiles `candidate` (first call timed as its first run: a compiler
   /// compiles there). Never throws for a failing candidate: an exception from its
   /// functions makes it kFailed with the message as the reason.

@@ -12,6 +12,7 @@
 
 #include "aitune/candidates.hpp"
 #include "aitune/error.hpp"
+#include "aitune/fp32_node_search.hpp"
 #include "aitune/tensorrt_options.hpp"
 #include "aitune/tuner.hpp"
 #include "bindings.hpp"
@@ -116,11 +117,14 @@ void bind_tuning(nb::module_& m) {
   nb::class_<OnnxCandidate>(m, "OnnxCandidate", "A full session configuration to try.")
       .def("__init__",
            [](OnnxCandidate* c, std::string name, OnnxSessionConfig config, Precision precision,
-              std::string transform, std::map<std::string, int64_t> fused) {
-             new (c) OnnxCandidate{std::move(name), std::move(config), precision, std::move(transform), std::move(fused)};
+              std::string transform, std::map<std::string, int64_t> fused, std::vector<std::string> fp32_nodes) {
+             new (c) OnnxCandidate{std::move(name), std::move(config), precision, std::move(transform), std::move(fused),
+                                   std::move(fp32_nodes)};
            },
            nb::arg("name"), nb::arg("config"), nb::arg("precision") = Precision::kStrict, nb::arg("transform") = "",
-           nb::arg("fused_operators") = std::map<std::string, int64_t>{})
+           nb::arg("fused_operators") = std::map<std::string, int64_t>{},
+           nb::arg("fp32_nodes") = std::vector<std::string>{})
+      .def_ro("fp32_nodes", &OnnxCandidate::fp32_nodes)
       .def_ro("name", &OnnxCandidate::name)
       .def_ro("config", &OnnxCandidate::config)
       .def_ro("precision", &OnnxCandidate::precision)
@@ -163,6 +167,16 @@ void bind_tuning(nb::module_& m) {
         "prints); empty when none computes within the precision limit.");
   m.def("model_transform_steps", [](const std::string& name) { return model_transform::steps(name); }, nb::arg("name"),
         "The steps of a model transform name ('ort_fusions+fp16' -> ['ort_fusions', 'fp16']).");
+  nb::class_<Fp32NodeSearchResult>(m, "Fp32NodeSearchResult", "The nodes an fp16 model keeps in fp32.")
+      .def_ro("passed", &Fp32NodeSearchResult::passed)
+      .def_ro("kept", &Fp32NodeSearchResult::kept)
+      .def_ro("evaluations", &Fp32NodeSearchResult::evaluations)
+      .def_ro("note", &Fp32NodeSearchResult::note);
+  m.def("search_fp32_nodes", &search_fp32_nodes, nb::arg("nodes"), nb::arg("passes"), nb::arg("max_evaluations") = 24,
+        "Bisection for the smallest set of `nodes` to keep in fp32: passes(kept) -> bool builds and checks the "
+        "model keeping `kept` in fp32 (fp32_node_search.hpp).");
+  m.def("rejected_fp16_candidate", &rejected_fp16_candidate, nb::arg("report"), nb::arg("config"),
+        "Index of the all-fp16 candidate with this configuration when the check rejected it, else None.");
   m.def("tensorrt_provider_options", &tensorrt_provider_options, nb::arg("spec"), nb::arg("cache_dir"),
         nb::arg("user") = std::map<std::string, std::string>{},
         "TensorRT options: engine/timing caches under cache_dir, profiles from the spec, `user` winning.");
@@ -359,6 +373,15 @@ void bind_tuning(nb::module_& m) {
           },
           nb::arg("model_path"), nb::arg("candidate"), nb::arg("backend"), nb::arg("group"),
           nb::arg("model_inputs") = std::vector<std::size_t>{})
+      .def(
+          "check_onnx",
+          [](PyGraphTuner& t, const std::string& model_path, const OnnxCandidate& candidate,
+             std::vector<std::size_t> model_inputs) {
+            nb::gil_scoped_release release;
+            return t.tuner->check_onnx(model_path, candidate, model_inputs);
+          },
+          nb::arg("model_path"), nb::arg("candidate"), nb::arg("model_inputs") = std::vector<std::size_t>{},
+          "Whether the candidate passes the check; nothing added to the report (a search step).")
       .def(
           "evaluate_external",
           [](PyGraphTuner& t, const std::string& name, const std::string& backend, int group, Precision precision,

@@ -154,6 +154,7 @@ std::size_t GraphTuner::evaluate_onnx(const std::string& model_path, const OnnxC
   r.precision = candidate.precision;
   r.transform = candidate.transform;
   r.fused_operators = candidate.fused_operators;
+  r.fp32_nodes = candidate.fp32_nodes;
   OnnxSessionConfig config = candidate.config;
   r.config_json = config.to_json(-1);
   impl.log(r.name + ": creating the session");
@@ -198,6 +199,23 @@ std::size_t GraphTuner::evaluate_onnx(const std::string& model_path, const OnnxC
   impl.log(r.name + ": correct (max abs error " + std::to_string(r.correctness->max_abs_error()) + "), p50 " +
            std::to_string(r.profile->host_us.p50) + " us");
   return impl.push(std::move(r), std::move(backend), model_path, map);
+}
+
+bool GraphTuner::check_onnx(const std::string& model_path, const OnnxCandidate& candidate,
+                            const std::vector<std::size_t>& model_inputs) {
+  auto& impl = *impl_;
+  std::vector<std::size_t> map = model_inputs;
+  if (map.empty())
+    for (std::size_t i = 0; i < impl.spec.inputs.size(); ++i) map.push_back(i);
+  try {
+    auto backend = OnnxSession::create(model_path, candidate.config, impl.spec_for(map));
+    bool passed = impl.check(*backend, candidate.precision, map).passed();
+    impl.log(candidate.name + " on " + model_path + ": " + (passed ? "passes" : "fails") + " the check");
+    return passed;
+  } catch (const Error& e) {
+    impl.log(candidate.name + " on " + model_path + ": failed: " + e.what());
+    return false;
+  }
 }
 
 std::size_t GraphTuner::evaluate_external(const ExternalCandidate& candidate, const std::string& backend_name,
