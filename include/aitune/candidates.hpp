@@ -25,6 +25,8 @@ struct OnnxCandidate {
   /// (copied into the CandidateResult; see CandidateResult::transform).
   std::string transform;
   std::map<std::string, int64_t> fused_operators;
+  /// Mixed precision: the nodes its model keeps in fp32 (copied into the CandidateResult).
+  std::vector<std::string> fp32_nodes = {};
 };
 
 /// "cuda[use_tf32=0,enable_cuda_graph=1]": the provider and every option set, the
@@ -49,6 +51,12 @@ std::vector<OnnxCandidate> provider_variants(const OnnxSessionConfig& base, cons
 namespace model_transform {
 inline constexpr std::string_view kExported = "";  ///< the exported model as it is
 inline constexpr std::string_view kFp16 = "fp16";  ///< float tensors converted to fp16, I/O kept
+/// fp16 with numerically sensitive nodes kept in fp32 (softmax, reductions, norms, exp/pow,
+/// a vocabulary-sized final MatMul): what autocast keeps in fp32.
+inline constexpr std::string_view kFp16Mixed = "fp16_mixed";
+/// fp16 with the smallest set of nodes kept in fp32 that passes the check, found by a
+/// measured search (fp32_node_search.hpp); tried only where the all-fp16 model failed it.
+inline constexpr std::string_view kFp16Search = "fp16_search";
 /// ONNX Runtime's transformer fusions on a dynamo export (onnxscript's optimize_for_ort).
 inline constexpr std::string_view kOrtFusions = "ort_fusions";
 /// The same on a trace export (onnxruntime.transformers.optimizer).

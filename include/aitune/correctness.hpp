@@ -91,6 +91,26 @@ struct OutputCheck {
   /// this atol (infinite when no finite value would pass, e.g. NaN or shape mismatch).
   double required_atol = 0;
   double required_rtol = 0;
+  /// ||actual - expected||_2 / ||expected||_2 over elements finite in both (0 when both
+  /// are zero, infinite when only expected is); the error measure of the calibrated rule.
+  double rel_l2_error = 0;
+  /// cos(actual, expected) over elements finite in both (1 when both are zero).
+  double cosine_similarity = 1;
+  /// Floating outputs of rank >= 2 whose last dimension has >= 2 entries (classes,
+  /// vocabulary): the fraction of rows whose argmax over the last dimension agrees.
+  std::optional<double> top1_agreement;
+
+  /// The calibrated rule (calibration.hpp), for candidates of a reduced precision whose
+  /// eager-at-that-precision outputs were measured: eager-at-P's errors against the same
+  /// reference, the candidate's error ratio to them, and which rule decided.
+  std::optional<double> eager_at_precision_max_abs_error;
+  std::optional<double> eager_at_precision_rel_l2_error;
+  std::optional<double> eager_at_precision_top1_agreement;
+  std::optional<double> error_ratio;  ///< max(max abs / eager's, rel L2 / eager's); inf when eager's is 0
+  /// "table" (passed or failed on the tolerance table), "calibrated" (passed within
+  /// factor x eager-at-P's error where the table failed), "calibrated-exceeded" (failed
+  /// the table and the calibrated bound).
+  std::string rule = "table";
 };
 
 /// Compares two host tensors. Never throws for mismatching tensors (that is a failed
@@ -106,10 +126,46 @@ struct SampleCheck {
   bool passed() const noexcept;
 };
 
+/// The user's metric (`ait.tune(..., accuracy=, max_accuracy_drop=)`): a score of the
+/// candidate's outputs over all samples, the same score of the reference itself (its
+/// baseline), and whether the drop stays within the maximum. When present it decides.
+struct UserMetricResult {
+  double score = 0;
+  double baseline = 0;
+  double max_drop = 0;
+  double drop() const noexcept { return baseline - score; }
+  bool passed() const noexcept { return drop() <= max_drop; }
+};
+
+/// One output's accuracy over every sample: the worst of each measure, the calibrated
+/// comparison and the verdict (what the report's "outputs" list and the table show).
+struct OutputAccuracy {
+  std::string name;
+  double max_abs_error = 0;
+  double rel_l2_error = 0;
+  double cosine_similarity = 1;
+  std::optional<double> top1_agreement;
+  std::optional<double> eager_at_precision_max_abs_error;
+  std::optional<double> eager_at_precision_rel_l2_error;
+  std::optional<double> error_ratio;
+  std::string rule = "table";
+  bool passed = true;
+};
+
 /// Every sample's checks of one candidate.
 struct CorrectnessReport {
   std::vector<SampleCheck> samples;
+  /// The precision whose calibrated rule applied (nullopt: the table alone, fp32
+  /// candidates), its factor, and why eager could not be measured at it ("" when it was).
+  std::optional<Precision> calibrated_precision;
+  double accuracy_factor = 0;
+  std::string calibration_note;
+  std::optional<UserMetricResult> user_metric;
 
+  /// Per output, over samples (worst values; passed when every sample's passed).
+  std::vector<OutputAccuracy> outputs() const;
+
+  /// The user metric's verdict when there is one, else every sample's checks.
   bool passed() const noexcept;
   double max_abs_error() const noexcept;
   double max_rel_error() const noexcept;
@@ -127,5 +183,16 @@ struct CorrectnessReport {
 SampleCheck compare_sample(const std::string& sample, const std::vector<std::string>& output_names,
                            const std::vector<TensorView>& actual, const std::vector<TensorView>& expected,
                            const ToleranceSpec& tolerances);
+
+/// A reference output that cannot judge a candidate: every element NaN/Inf, or every
+/// element of every sample the same value (a comparison with it says little).
+struct VacuousOutput {
+  std::string name;
+  std::string why;  ///< "all NaN/Inf" or "constant (every element is 0)"
+};
+/// The vacuous outputs among the reference outputs: expected[sample][output], named by
+/// output_names. Outputs with fewer than two elements over all samples are not judged.
+std::vector<VacuousOutput> vacuous_outputs(const std::vector<std::string>& output_names,
+                                           const std::vector<std::vector<TensorView>>& expected);
 
 }  // namespace aitune

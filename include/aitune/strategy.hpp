@@ -59,6 +59,9 @@ struct CandidateResult {
   /// "ort_fusions" (onnxscript's optimize_for_ort), and the fused operators it made.
   std::string transform;
   std::map<std::string, int64_t> fused_operators;
+  /// Mixed precision (transform "fp16_mixed"): the nodes its model keeps in fp32, as the
+  /// search found them (names of the exported graph's nodes); empty otherwise.
+  std::vector<std::string> fp32_nodes;
   CandidateStatus status = CandidateStatus::kFailed;
   std::string reason;        ///< why it failed, was rejected or was chosen
   std::optional<CorrectnessReport> correctness;

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "aitune/calibration.hpp"
 #include "aitune/profiler.hpp"
 #include "aitune/strategy.hpp"
 
@@ -37,6 +38,13 @@ struct TuneReport {
   std::optional<std::size_t> winner;
   std::string decision;
   std::optional<BatchSearchResult> batch_search;
+  /// Reference outputs that cannot judge a candidate (all NaN/Inf, constant); the front
+  /// end warns, and a decision made on them says so.
+  std::vector<VacuousOutput> vacuous_outputs;
+  /// The calibrated rule's factor, and eager PyTorch at each reduced precision a candidate
+  /// computed in (measured, or why not), in the order they were first needed.
+  double accuracy_factor = kDefaultAccuracyFactor;
+  std::vector<EagerAtPrecision> eager_at_precision;
   double tuning_s = 0;  ///< wall time of the whole tuning of this graph
 
   std::string to_json(int indent = 2) const;

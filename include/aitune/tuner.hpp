@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "aitune/calibration.hpp"
 #include "aitune/candidates.hpp"
 #include "aitune/correctness.hpp"
 #include "aitune/graph_spec.hpp"
@@ -65,6 +66,19 @@ struct TunerOptions {
   /// the candidate's precision.
   Precision reference_precision = Precision::kStrict;
   BatchSearchConfig batch_search;
+  /// Calibrated acceptance (calibration.hpp): a candidate computing in a reduced precision
+  /// P passes an output the table fails when its error is within accuracy_factor x eager
+  /// PyTorch's own error at P. `eager_at_precision(P, reason)` gives eager's outputs at P
+  /// for every sample (host memory, output order); it is asked once per precision, the
+  /// first time a candidate of it is checked, and returns nullopt with `reason` set where
+  /// eager cannot run at P on this device. Unset: the table alone.
+  double accuracy_factor = kDefaultAccuracyFactor;
+  std::function<std::optional<std::vector<std::vector<Tensor>>>(Precision, std::string& reason)> eager_at_precision;
+  /// The user's metric, which then decides alone: a score of a candidate's outputs
+  /// (per sample, output order, host memory) whose drop from the score of the reference
+  /// outputs themselves must be <= max_accuracy_drop.
+  std::function<double(const std::vector<std::vector<TensorView>>& outputs)> accuracy_metric;
+  double max_accuracy_drop = 0;
   /// CUDA stream the reference runs on, so its device time is measured by CUDA events
   /// (nullopt: host time only). CUDA candidates are timed on their sessions' own streams.
   std::optional<std::uintptr_t> cuda_stream;
@@ -101,6 +115,13 @@ class GraphTuner {
   std::size_t evaluate_onnx(const std::string& model_path, const OnnxCandidate& candidate,
                             const std::string& backend, int group,
                             const std::vector<std::size_t>& model_inputs = {});
+
+  /// Whether `candidate` on `model_path` passes the check (its session created, every
+  /// sample judged as evaluate_onnx judges), without profiling it or adding it to the
+  /// report: one step of a search (fp32_node_search.hpp). A model that cannot be created
+  /// or run does not pass.
+  bool check_onnx(const std::string& model_path, const OnnxCandidate& candidate,
+                  const std::vector<std::size_t>& model_inputs = {});
 
   /// Checks and profiles `candidate` (first call timed as its first run: a compiler
   /// compiles there). Never throws for a failing candidate: an exception from its

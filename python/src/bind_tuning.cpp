@@ -2,6 +2,7 @@
 #include <nanobind/stl/function.h>
 #include <nanobind/stl/map.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/unique_ptr.h>
@@ -12,6 +13,7 @@
 #include "aitune/candidates.hpp"
 #include "aitune/tune_outcome.hpp"
 #include "aitune/error.hpp"
+#include "aitune/fp32_node_search.hpp"
 #include "aitune/tensorrt_options.hpp"
 #include "aitune/tuner.hpp"
 #include "bindings.hpp"
@@ -28,6 +30,16 @@ struct PyGraphTuner {
 };
 
 using PySample = std::tuple<std::vector<AnyArray>, std::vector<AnyArray>, int64_t>;
+
+// A host copy of a Python array, in engine-owned memory (the array may be reused).
+Tensor host_copy(nb::handle item, const std::string& what) {
+  TensorView v = view_of(nb::cast<AnyArray>(item), what);
+  if (v.device.kind != DeviceKind::kCPU || !v.is_contiguous())
+    throw Error(ErrorCode::kInvalidArgument, what + " must be a contiguous host array");
+  Tensor host = Tensor::empty_host(v.dtype, v.shape);
+  if (v.nbytes()) std::memcpy(host.data(), v.data, v.nbytes());
+  return host;
+}
 
 std::optional<double> max_abs_error(const CandidateResult& c) {
   if (!c.correctness) return std::nullopt;
@@ -111,11 +123,14 @@ void bind_tuning(nb::module_& m) {
   nb::class_<OnnxCandidate>(m, "OnnxCandidate", "A full session configuration to try.")
       .def("__init__",
            [](OnnxCandidate* c, std::string name, OnnxSessionConfig config, Precision precision,
-              std::string transform, std::map<std::string, int64_t> fused) {
-             new (c) OnnxCandidate{std::move(name), std::move(config), precision, std::move(transform), std::move(fused)};
+              std::string transform, std::map<std::string, int64_t> fused, std::vector<std::string> fp32_nodes) {
+             new (c) OnnxCandidate{std::move(name), std::move(config), precision, std::move(transform), std::move(fused),
+                                   std::move(fp32_nodes)};
            },
            nb::arg("name"), nb::arg("config"), nb::arg("precision") = Precision::kStrict, nb::arg("transform") = "",
-           nb::arg("fused_operators") = std::map<std::string, int64_t>{})
+           nb::arg("fused_operators") = std::map<std::string, int64_t>{},
+           nb::arg("fp32_nodes") = std::vector<std::string>{})
+      .def_ro("fp32_nodes", &OnnxCandidate::fp32_nodes)
       .def_ro("name", &OnnxCandidate::name)
       .def_ro("config", &OnnxCandidate::config)
       .def_ro("precision", &OnnxCandidate::precision)
@@ -158,6 +173,16 @@ void bind_tuning(nb::module_& m) {
         "prints); empty when none computes within the precision limit.");
   m.def("model_transform_steps", [](const std::string& name) { return model_transform::steps(name); }, nb::arg("name"),
         "The steps of a model transform name ('ort_fusions+fp16' -> ['ort_fusions', 'fp16']).");
+  nb::class_<Fp32NodeSearchResult>(m, "Fp32NodeSearchResult", "The nodes an fp16 model keeps in fp32.")
+      .def_ro("passed", &Fp32NodeSearchResult::passed)
+      .def_ro("kept", &Fp32NodeSearchResult::kept)
+      .def_ro("evaluations", &Fp32NodeSearchResult::evaluations)
+      .def_ro("note", &Fp32NodeSearchResult::note);
+  m.def("search_fp32_nodes", &search_fp32_nodes, nb::arg("nodes"), nb::arg("passes"), nb::arg("max_evaluations") = 24,
+        "Bisection for the smallest set of `nodes` to keep in fp32: passes(kept) -> bool builds and checks the "
+        "model keeping `kept` in fp32 (fp32_node_search.hpp).");
+  m.def("rejected_fp16_candidate", &rejected_fp16_candidate, nb::arg("report"), nb::arg("config"),
+        "Index of the all-fp16 candidate with this configuration when the check rejected it, else None.");
   m.def("tensorrt_provider_options", &tensorrt_provider_options, nb::arg("spec"), nb::arg("cache_dir"),
         nb::arg("user") = std::map<std::string, std::string>{},
         "TensorRT options: engine/timing caches under cache_dir, profiles from the spec, `user` winning.");
@@ -171,6 +196,7 @@ void bind_tuning(nb::module_& m) {
       .def_prop_ro("precision_name", [](const CandidateResult& c) { return std::string(precision_name(c.precision)); })
       .def_ro("transform", &CandidateResult::transform)
       .def_ro("fused_operators", &CandidateResult::fused_operators)
+      .def_ro("fp32_nodes", &CandidateResult::fp32_nodes)
       .def_prop_ro("status", [](const CandidateResult& c) { return std::string(candidate_status_name(c.status)); })
       .def_ro("reason", &CandidateResult::reason)
       .def_prop_ro("max_abs_error", &max_abs_error)
@@ -203,6 +229,11 @@ void bind_tuning(nb::module_& m) {
       .def_ro("winner", &TuneReport::winner)
       .def_ro("decision", &TuneReport::decision)
       .def_ro("tuning_s", &TuneReport::tuning_s)
+      .def_prop_ro("vacuous_outputs", [](const TuneReport& r) {
+        std::vector<std::pair<std::string, std::string>> out;
+        for (const auto& v : r.vacuous_outputs) out.emplace_back(v.name, v.why);
+        return out;
+      }, "[(output name, why)] of reference outputs that cannot judge a candidate (all NaN/Inf, constant).")
       .def_prop_ro("eager_p50_us", [](const TuneReport& r) -> std::optional<double> {
         if (!r.eager) return std::nullopt;
         return r.eager->host_us.p50;
@@ -234,6 +265,60 @@ void bind_tuning(nb::module_& m) {
       .def_prop_rw(
           "batch_min_gain", [](const TunerOptions& o) { return o.batch_search.min_gain; },
           [](TunerOptions& o, double v) { o.batch_search.min_gain = v; })
+      .def_rw("accuracy_factor", &TunerOptions::accuracy_factor,
+              "Calibrated acceptance: a reduced-precision candidate may err up to this factor x eager's error at "
+              "its precision (default 2).")
+      .def_prop_rw(
+          "eager_at_precision", [](const TunerOptions&) { return nb::none(); },
+          [](TunerOptions& o, nb::object fn) {
+            if (fn.is_none()) {
+              o.eager_at_precision = nullptr;
+              return;
+            }
+            nb::callable callable = nb::borrow<nb::callable>(fn);
+            o.eager_at_precision = [callable](Precision precision,
+                                              std::string& reason) -> std::optional<std::vector<std::vector<Tensor>>> {
+              nb::gil_scoped_acquire gil;
+              nb::object result = callable(precision);
+              if (nb::isinstance<nb::str>(result)) {
+                reason = nb::cast<std::string>(result);
+                return std::nullopt;
+              }
+              std::vector<std::vector<Tensor>> samples;
+              for (nb::handle sample : result) {
+                std::vector<Tensor> outputs;
+                for (nb::handle item : sample)
+                  outputs.push_back(host_copy(item, "eager output " + std::to_string(outputs.size())));
+                samples.push_back(std::move(outputs));
+              }
+              return samples;
+            };
+          },
+          "A callable(Precision) -> [[host arrays per output] per sample] of eager PyTorch at that precision, or a "
+          "str saying why eager cannot run at it here. Asked once per precision (the GIL taken).")
+      .def_prop_rw(
+          "accuracy_metric", [](const TunerOptions&) { return nb::none(); },
+          [](TunerOptions& o, nb::object fn) {
+            if (fn.is_none()) {
+              o.accuracy_metric = nullptr;
+              return;
+            }
+            nb::callable callable = nb::borrow<nb::callable>(fn);
+            o.accuracy_metric = [callable](const std::vector<std::vector<TensorView>>& samples) {
+              nb::gil_scoped_acquire gil;
+              nb::list py_samples;
+              for (const auto& sample : samples) {
+                nb::list outputs;
+                // Borrowed for the call only: the callable copies what it keeps.
+                for (const auto& v : sample) outputs.append(to_dlpack_capsule(Tensor::adopt(v, std::make_shared<int>(0))));
+                py_samples.append(outputs);
+              }
+              return nb::cast<double>(callable(py_samples));
+            };
+          },
+          "A callable([[DLPack capsule per output] per sample]) -> float: the user's accuracy score of a candidate's "
+          "outputs (the capsules are valid during the call only). It then decides alone, with max_accuracy_drop.")
+      .def_rw("max_accuracy_drop", &TunerOptions::max_accuracy_drop)
       .def_rw("cuda_stream", &TunerOptions::cuda_stream)
       .def_rw("reference_precision", &TunerOptions::reference_precision,
               "Precision the reference was computed in; defaults are the looser of it and the candidate's.")
@@ -294,6 +379,15 @@ void bind_tuning(nb::module_& m) {
           },
           nb::arg("model_path"), nb::arg("candidate"), nb::arg("backend"), nb::arg("group"),
           nb::arg("model_inputs") = std::vector<std::size_t>{})
+      .def(
+          "check_onnx",
+          [](PyGraphTuner& t, const std::string& model_path, const OnnxCandidate& candidate,
+             std::vector<std::size_t> model_inputs) {
+            nb::gil_scoped_release release;
+            return t.tuner->check_onnx(model_path, candidate, model_inputs);
+          },
+          nb::arg("model_path"), nb::arg("candidate"), nb::arg("model_inputs") = std::vector<std::size_t>{},
+          "Whether the candidate passes the check; nothing added to the report (a search step).")
       .def(
           "evaluate_external",
           [](PyGraphTuner& t, const std::string& name, const std::string& backend, int group, Precision precision,

@@ -91,6 +91,12 @@ std::vector<PlannedCandidate> fp16_models(const CandidateRequest& r, const std::
   const auto& base = variants.back();
   const std::string fp16(model_transform::kFp16);
   std::vector<PlannedCandidate> out{planned(base.name + " fp16 model", base.config, Precision::kFP16, fp16)};
+  // Mixed precision on the same configuration: sensitive nodes kept in fp32 by rule, and
+  // (tried only when the all-fp16 model fails its check) the smallest set a search finds.
+  out.push_back(planned(base.name + " fp16 mixed model", base.config, Precision::kFP16,
+                        std::string(model_transform::kFp16Mixed)));
+  out.push_back(planned(base.name + " fp16 searched model", base.config, Precision::kFP16,
+                        std::string(model_transform::kFp16Search)));
   if (r.has_convolutions && !base.config.provider_options.contains("prefer_nhwc")) {
     OnnxSessionConfig nhwc = base.config;
     nhwc.provider_options["prefer_nhwc"] = "1";

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <sstream>
 
@@ -185,6 +186,7 @@ OutputCheck compare_output(const std::string& name, const TensorView& actual, co
   // required_atol: the largest error among elements the rtol alone does not cover;
   // required_rtol: the largest relative error among elements the atol alone does not cover.
   double required_atol = 0, required_rtol = 0;
+  double err2 = 0, exp2 = 0, act2 = 0, dot = 0;  // relative L2 and cosine over finite elements
   for (std::size_t i = 0; i < n; ++i) {
     double a = element(actual, i), e = element(expected, i);
     bool a_nan = std::isnan(a), e_nan = std::isnan(e);
@@ -198,6 +200,10 @@ OutputCheck compare_output(const std::string& name, const TensorView& actual, co
       continue;
     }
     double diff = std::abs(a - e);
+    err2 += diff * diff;
+    exp2 += e * e;
+    act2 += a * a;
+    dot += a * e;
     double scale = std::abs(e);
     double rel = scale > 0 ? diff / scale : (diff > 0 ? kInf : 0);
     check.max_abs_error = std::max(check.max_abs_error, diff);
@@ -209,6 +215,23 @@ OutputCheck compare_output(const std::string& name, const TensorView& actual, co
   }
   check.required_atol = required_atol;
   check.required_rtol = required_rtol;
+  check.rel_l2_error = exp2 > 0 ? std::sqrt(err2 / exp2) : (err2 > 0 ? kInf : 0);
+  check.cosine_similarity = exp2 > 0 && act2 > 0 ? dot / std::sqrt(exp2 * act2) : (exp2 == act2 ? 1 : 0);
+  // Top-1 agreement where the last dimension reads as classes or vocabulary.
+  if (is_floating(actual.dtype) && actual.shape.size() >= 2 && actual.shape.back() >= 2 && n > 0) {
+    const auto classes = static_cast<std::size_t>(actual.shape.back());
+    const std::size_t rows = n / classes;
+    std::size_t agree = 0;
+    for (std::size_t r = 0; r < rows; ++r) {
+      std::size_t best_a = 0, best_e = 0;
+      for (std::size_t c = 1; c < classes; ++c) {
+        if (element(actual, r * classes + c) > element(actual, r * classes + best_a)) best_a = c;
+        if (element(expected, r * classes + c) > element(expected, r * classes + best_e)) best_e = c;
+      }
+      agree += best_a == best_e;
+    }
+    check.top1_agreement = rows ? static_cast<double>(agree) / static_cast<double>(rows) : 1.0;
+  }
   if (check.unexpected_nan) {
     return failed(check, std::to_string(check.unexpected_nan) + " of " + std::to_string(n) +
                              " elements are NaN in one output but not in the other");
@@ -233,7 +256,37 @@ bool SampleCheck::passed() const noexcept {
 }
 
 bool CorrectnessReport::passed() const noexcept {
+  if (user_metric) return user_metric->passed();
   return std::all_of(samples.begin(), samples.end(), [](const SampleCheck& s) { return s.passed(); });
+}
+
+std::vector<OutputAccuracy> CorrectnessReport::outputs() const {
+  std::vector<OutputAccuracy> out;
+  auto worst = [](std::optional<double>& into, const std::optional<double>& v, bool larger) {
+    if (!v) return;
+    into = !into ? *v : (larger ? std::max(*into, *v) : std::min(*into, *v));
+  };
+  for (const auto& s : samples)
+    for (const auto& o : s.outputs) {
+      auto it = std::find_if(out.begin(), out.end(), [&](const OutputAccuracy& a) { return a.name == o.name; });
+      if (it == out.end()) {
+        out.push_back({});
+        it = std::prev(out.end());
+        it->name = o.name;
+      }
+      it->max_abs_error = std::max(it->max_abs_error, o.max_abs_error);
+      it->rel_l2_error = std::max(it->rel_l2_error, o.rel_l2_error);
+      it->cosine_similarity = std::min(it->cosine_similarity, o.cosine_similarity);
+      worst(it->top1_agreement, o.top1_agreement, false);
+      worst(it->eager_at_precision_max_abs_error, o.eager_at_precision_max_abs_error, true);
+      worst(it->eager_at_precision_rel_l2_error, o.eager_at_precision_rel_l2_error, true);
+      worst(it->error_ratio, o.error_ratio, true);
+      // The rule that decided the worst sample: a failure's, else a calibrated pass's.
+      if (!o.passed && it->passed) it->rule = o.rule;
+      else if (it->passed && o.rule == "calibrated") it->rule = o.rule;
+      it->passed = it->passed && o.passed;
+    }
+  return out;
 }
 
 double CorrectnessReport::max_abs_error() const noexcept {
@@ -251,6 +304,11 @@ double CorrectnessReport::max_rel_error() const noexcept {
 }
 
 std::string CorrectnessReport::first_failure() const {
+  if (user_metric) {
+    if (user_metric->passed()) return "";
+    return "user accuracy metric " + fmt(user_metric->score) + " vs eager's " + fmt(user_metric->baseline) +
+           ": drop " + fmt(user_metric->drop()) + " > maximum " + fmt(user_metric->max_drop);
+  }
   for (const auto& s : samples)
     for (const auto& o : s.outputs)
       if (!o.passed) return s.sample + ": " + o.name + ": " + o.failure;
@@ -288,14 +346,53 @@ std::string CorrectnessReport::to_json(int indent) const {
                          {"unexpected_nan", o.unexpected_nan},
                          {"unexpected_inf", o.unexpected_inf},
                          {"required_atol", json_number(o.required_atol)},
-                         {"required_rtol", json_number(o.required_rtol)}});
+                         {"required_rtol", json_number(o.required_rtol)},
+                         {"rel_l2_error", json_number(o.rel_l2_error)},
+                         {"cosine_similarity", o.cosine_similarity},
+                         {"top1_agreement", o.top1_agreement ? nlohmann::json(*o.top1_agreement) : nlohmann::json(nullptr)},
+                         {"eager_at_precision_max_abs_error", o.eager_at_precision_max_abs_error
+                                                                  ? nlohmann::json(json_number(*o.eager_at_precision_max_abs_error))
+                                                                  : nlohmann::json(nullptr)},
+                         {"eager_at_precision_rel_l2_error", o.eager_at_precision_rel_l2_error
+                                                                 ? nlohmann::json(json_number(*o.eager_at_precision_rel_l2_error))
+                                                                 : nlohmann::json(nullptr)},
+                         {"error_ratio", o.error_ratio ? nlohmann::json(json_number(*o.error_ratio)) : nlohmann::json(nullptr)},
+                         {"rule", o.rule}});
     }
     samples_json.push_back({{"sample", s.sample}, {"passed", s.passed()}, {"outputs", outputs}});
   }
+  auto optional_number = [](const std::optional<double>& v) { return v ? nlohmann::json(json_number(*v)) : nlohmann::json(nullptr); };
+  // Per output over every sample: the fields the report page and the table show
+  // (documented in docs/tuning.md, "The report's accuracy fields").
+  nlohmann::json per_output = nlohmann::json::array();
+  for (const auto& o : this->outputs())
+    per_output.push_back({{"name", o.name},
+                          {"max_abs_error", json_number(o.max_abs_error)},
+                          {"rel_l2_error", json_number(o.rel_l2_error)},
+                          {"cosine_similarity", o.cosine_similarity},
+                          {"top1_agreement", optional_number(o.top1_agreement)},
+                          {"eager_at_precision_max_abs_error", optional_number(o.eager_at_precision_max_abs_error)},
+                          {"eager_at_precision_rel_l2_error", optional_number(o.eager_at_precision_rel_l2_error)},
+                          {"error_ratio", optional_number(o.error_ratio)},
+                          {"rule", o.rule},
+                          {"verdict", o.passed ? "passed" : "failed"}});
   nlohmann::json j = {{"passed", passed()},
                       {"max_abs_error", json_number(max_abs_error())},
                       {"max_rel_error", json_number(max_rel_error())},
+                      {"calibrated_precision", calibrated_precision ? nlohmann::json(precision_name(*calibrated_precision))
+                                                                    : nlohmann::json(nullptr)},
+                      {"accuracy_factor", accuracy_factor},
+                      {"calibration_note", calibration_note},
+                      {"outputs", per_output},
                       {"samples", samples_json}};
+  if (user_metric)
+    j["user_metric"] = {{"score", json_number(user_metric->score)},
+                        {"baseline", json_number(user_metric->baseline)},
+                        {"drop", json_number(user_metric->drop())},
+                        {"max_drop", user_metric->max_drop},
+                        {"passed", user_metric->passed()}};
+  else
+    j["user_metric"] = nullptr;
   return j.dump(indent);
 }
 
@@ -317,6 +414,40 @@ SampleCheck compare_sample(const std::string& sample, const std::vector<std::str
         compare_output(name, actual[i], expected[i], tolerances.for_output(name, expected[i].dtype)));
   }
   return check;
+}
+
+std::vector<VacuousOutput> vacuous_outputs(const std::vector<std::string>& output_names,
+                                           const std::vector<std::vector<TensorView>>& expected) {
+  std::vector<VacuousOutput> out;
+  for (std::size_t o = 0; o < output_names.size(); ++o) {
+    std::size_t total = 0, finite = 0;
+    bool constant = true, have_first = false;
+    double first = 0;
+    for (const auto& sample : expected) {
+      if (o >= sample.size()) continue;
+      const auto& t = sample[o];
+      require_host_contiguous(t, output_names[o], "expected");
+      const auto n = static_cast<std::size_t>(t.numel());
+      total += n;
+      for (std::size_t i = 0; i < n; ++i) {
+        double v = element(t, i);
+        if (!std::isfinite(v)) continue;
+        ++finite;
+        if (!have_first) {
+          first = v;
+          have_first = true;
+        } else if (v != first) {
+          constant = false;
+        }
+      }
+    }
+    if (total < 2) continue;
+    if (finite == 0)
+      out.push_back({output_names[o], "all NaN/Inf"});
+    else if (constant && finite == total)
+      out.push_back({output_names[o], "constant (every element is " + fmt(first) + ")"});
+  }
+  return out;
 }
 
 }  // namespace aitune

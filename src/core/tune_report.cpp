@@ -1,6 +1,7 @@
 // TuneReport as JSON (the report file) and as a text table (logs, CLI).
 #include "aitune/tune_report.hpp"
 
+#include <cmath>
 #include <iomanip>
 #include <sstream>
 
@@ -39,6 +40,7 @@ std::string TuneReport::to_json(int indent) const {
         {"precision", precision_name(c.precision)},
         {"transform", c.transform},
         {"fused_operators", c.fused_operators},
+        {"fp32_nodes", c.fp32_nodes},
         {"status", candidate_status_name(c.status)},
         {"reason", c.reason},
         {"correctness", c.correctness ? parse_or_null(c.correctness->to_json(-1)) : nlohmann::json(nullptr)},
@@ -59,7 +61,27 @@ std::string TuneReport::to_json(int indent) const {
       {"winner", winner ? nlohmann::json(candidates[*winner].name) : nlohmann::json(nullptr)},
       {"decision", decision},
       {"tuning_s", tuning_s},
+      {"accuracy_factor", accuracy_factor},
   };
+  nlohmann::json vacuous = nlohmann::json::array();
+  for (const auto& v : vacuous_outputs) vacuous.push_back({{"name", v.name}, {"why", v.why}});
+  j["vacuous_outputs"] = vacuous;
+  // Per reduced precision: eager PyTorch's own error at it, per output (worst sample).
+  nlohmann::json eager_at = nlohmann::json::object();
+  for (const auto& e : eager_at_precision) {
+    CorrectnessReport eager_checks;
+    eager_checks.samples = e.samples;
+    nlohmann::json outputs = nlohmann::json::array();
+    for (const auto& o : eager_checks.outputs())
+      outputs.push_back({{"name", o.name},
+                         {"max_abs_error", o.max_abs_error},
+                         {"rel_l2_error", std::isfinite(o.rel_l2_error) ? o.rel_l2_error : -1},
+                         {"cosine_similarity", o.cosine_similarity},
+                         {"top1_agreement", o.top1_agreement ? nlohmann::json(*o.top1_agreement) : nlohmann::json(nullptr)}});
+    eager_at[std::string(precision_name(e.precision))] = {
+        {"available", e.available}, {"reason", e.reason}, {"outputs", outputs}};
+  }
+  j["eager_at_precision"] = eager_at;
   if (batch_search) {
     nlohmann::json steps = nlohmann::json::array();
     for (const auto& s : batch_search->steps)
@@ -129,6 +151,30 @@ std::string TuneReport::summary_table() const {
     }
     out << (c.fused_operators.empty() ? "" : ")") << "\n";
   }
+  // Accuracy per output of reduced-precision candidates: its error, eager's at the same
+  // precision, the ratio and which rule decided.
+  for (const auto& c : candidates) {
+    if (!c.correctness) continue;
+    const auto& k = *c.correctness;
+    if (!k.calibration_note.empty()) out << "accuracy of " << c.name << ": " << k.calibration_note << "\n";
+    if (k.calibrated_precision) {
+      out << "accuracy of " << c.name << " (vs eager " << precision_name(*k.calibrated_precision) << ", factor "
+          << fixed(k.accuracy_factor, 1) << "):";
+      for (const auto& o : k.outputs()) {
+        out << " " << o.name << " err " << sci(o.max_abs_error) << " / eager "
+            << (o.eager_at_precision_max_abs_error ? sci(*o.eager_at_precision_max_abs_error) : "-") << " ratio "
+            << (o.error_ratio ? (std::isfinite(*o.error_ratio) ? fixed(*o.error_ratio, 2) : "inf") : "-") << " "
+            << (o.passed ? "passed" : "failed") << " (" << o.rule << ")";
+      }
+      out << "\n";
+    }
+    if (k.user_metric)
+      out << "accuracy of " << c.name << ": user metric " << k.user_metric->score << " (eager " << k.user_metric->baseline
+          << ", drop " << k.user_metric->drop() << ", max " << k.user_metric->max_drop << ") "
+          << (k.user_metric->passed() ? "passed" : "failed") << "\n";
+  }
+  for (const auto& v : vacuous_outputs)
+    out << "warning: eager output " << v.name << " cannot judge a candidate: " << v.why << "\n";
   out << "decision: " << decision << "\n";
   if (batch_search) {
     out << "max batch size: " << batch_search->max_batch << " (recorded up to " << batch_search->recorded_max_batch

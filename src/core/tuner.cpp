@@ -40,6 +40,15 @@ GraphTuner::GraphTuner(std::string graph, GraphSpec spec, std::vector<TuneSample
   for (const auto& o : spec.outputs) impl_->output_names.push_back(o.name);
   for (std::size_t s = 1; s < samples.size(); ++s)
     if (samples[s].batch_size > samples[impl_->profile_sample].batch_size) impl_->profile_sample = s;
+  validate_accuracy_factor(options.accuracy_factor);
+  if (options.accuracy_metric && !(options.max_accuracy_drop >= 0))
+    throw Error(ErrorCode::kInvalidArgument, graph + ": max_accuracy_drop must be >= 0");
+  {
+    std::vector<std::vector<TensorView>> expected;
+    for (const auto& s : samples) expected.push_back(s.expected);
+    impl_->report.vacuous_outputs = vacuous_outputs(impl_->output_names, expected);
+  }
+  impl_->report.accuracy_factor = options.accuracy_factor;
   impl_->report.graph = std::move(graph);
   impl_->spec = std::move(spec);
   impl_->samples = std::move(samples);
@@ -47,6 +56,55 @@ GraphTuner::GraphTuner(std::string graph, GraphSpec spec, std::vector<TuneSample
 }
 
 GraphTuner::~GraphTuner() = default;
+
+const EagerAtPrecision& GraphTuner::Impl::calibration(Precision precision) {
+  if (auto it = calibrations.find(precision); it != calibrations.end()) return it->second;
+  EagerAtPrecision eager;
+  eager.precision = precision;
+  std::string reason;
+  auto outputs = options.eager_at_precision(precision, reason);
+  if (!outputs) {
+    eager.reason = reason.empty() ? "not measured" : reason;
+  } else if (outputs->size() != samples.size()) {
+    eager.reason = "the front end gave " + std::to_string(outputs->size()) + " samples, expected " +
+                   std::to_string(samples.size());
+  } else {
+    eager.available = true;
+    for (std::size_t i = 0; i < samples.size(); ++i)
+      eager.samples.push_back(compare_sample(sample_label(i), output_names, views_of((*outputs)[i]),
+                                             samples[i].expected, tolerances_for(precision)));
+  }
+  log("eager at " + std::string(precision_name(precision)) + ": " +
+      (eager.available ? "measured (the calibrated bound of its candidates)" : "unavailable: " + eager.reason));
+  auto& stored = calibrations.emplace(precision, std::move(eager)).first->second;
+  report.eager_at_precision.push_back(stored);
+  return stored;
+}
+
+CorrectnessReport GraphTuner::Impl::judge(Precision precision, const std::vector<std::vector<Tensor>>& outputs) {
+  const ToleranceSpec tolerances = tolerances_for(precision);
+  CorrectnessReport result;
+  for (std::size_t i = 0; i < samples.size(); ++i)
+    result.samples.push_back(
+        compare_sample(sample_label(i), output_names, views_of(outputs.at(i)), samples[i].expected, tolerances));
+  if (precision != Precision::kStrict && options.eager_at_precision)
+    apply_calibration(result, calibration(precision), options.accuracy_factor);
+  if (options.accuracy_metric) {
+    if (!metric_baseline) {
+      std::vector<std::vector<TensorView>> reference;
+      for (const auto& s : samples) reference.push_back(s.expected);
+      metric_baseline = options.accuracy_metric(reference);
+    }
+    std::vector<std::vector<TensorView>> views;
+    for (const auto& o : outputs) views.push_back(views_of(o));
+    UserMetricResult metric;
+    metric.baseline = *metric_baseline;
+    metric.max_drop = options.max_accuracy_drop;
+    metric.score = options.accuracy_metric(views);
+    result.user_metric = metric;
+  }
+  return result;
+}
 
 const TuneReport& GraphTuner::report() const noexcept { return impl_->report; }
 const GraphSpec& GraphTuner::spec() const noexcept { return impl_->spec; }
@@ -96,6 +154,7 @@ std::size_t GraphTuner::evaluate_onnx(const std::string& model_path, const OnnxC
   r.precision = candidate.precision;
   r.transform = candidate.transform;
   r.fused_operators = candidate.fused_operators;
+  r.fp32_nodes = candidate.fp32_nodes;
   OnnxSessionConfig config = candidate.config;
   r.config_json = config.to_json(-1);
   impl.log(r.name + ": creating the session");
@@ -142,6 +201,23 @@ std::size_t GraphTuner::evaluate_onnx(const std::string& model_path, const OnnxC
   return impl.push(std::move(r), std::move(backend), model_path, map);
 }
 
+bool GraphTuner::check_onnx(const std::string& model_path, const OnnxCandidate& candidate,
+                            const std::vector<std::size_t>& model_inputs) {
+  auto& impl = *impl_;
+  std::vector<std::size_t> map = model_inputs;
+  if (map.empty())
+    for (std::size_t i = 0; i < impl.spec.inputs.size(); ++i) map.push_back(i);
+  try {
+    auto backend = OnnxSession::create(model_path, candidate.config, impl.spec_for(map));
+    bool passed = impl.check(*backend, candidate.precision, map).passed();
+    impl.log(candidate.name + " on " + model_path + ": " + (passed ? "passes" : "fails") + " the check");
+    return passed;
+  } catch (const Error& e) {
+    impl.log(candidate.name + " on " + model_path + ": failed: " + e.what());
+    return false;
+  }
+}
+
 std::size_t GraphTuner::evaluate_external(const ExternalCandidate& candidate, const std::string& backend_name,
                                           int group) {
   auto& impl = *impl_;
@@ -159,15 +235,9 @@ std::size_t GraphTuner::evaluate_external(const ExternalCandidate& candidate, co
     auto start = SteadyTime::now();
     candidate.run();  // a compiler compiles (and captures) here
     r.first_run_ms = ms_since(start);
-    const ToleranceSpec tolerances = impl.tolerances_for(candidate.precision);
-    CorrectnessReport correctness;
-    for (std::size_t i = 0; i < impl.samples.size(); ++i) {
-      auto outputs = candidate.outputs(i);
-      correctness.samples.push_back(compare_sample(
-          "sample " + std::to_string(i) + " (batch " + std::to_string(impl.samples[i].batch_size) + ")",
-          impl.output_names, views_of(outputs), impl.samples[i].expected, tolerances));
-    }
-    r.correctness = std::move(correctness);
+    std::vector<std::vector<Tensor>> outputs;
+    for (std::size_t i = 0; i < impl.samples.size(); ++i) outputs.push_back(candidate.outputs(i));
+    r.correctness = impl.judge(candidate.precision, outputs);
     if (!r.correctness->passed()) {
       r.status = CandidateStatus::kIncorrect;
       r.reason = r.correctness->first_failure();
@@ -195,6 +265,13 @@ const TuneReport& GraphTuner::select(const StrategyConfig& strategy) {
   auto& impl = *impl_;
   impl.report.strategy = strategy;
   impl.report.winner = select_candidate(strategy, impl.report.candidates, impl.report.eager, impl.report.decision);
+  if (impl.report.winner && !impl.report.vacuous_outputs.empty()) {
+    // The check could not judge these outputs: the user is told in the decision itself.
+    std::string names;
+    for (const auto& v : impl.report.vacuous_outputs) names += (names.empty() ? "" : ", ") + v.name + ": " + v.why;
+    impl.report.decision += "; warning: eager's outputs cannot judge it (" + names +
+                            "), so the comparison of these outputs is vacuous";
+  }
   impl.log("decision: " + impl.report.decision);
   if (impl.report.winner) {
     std::size_t w = *impl.report.winner;

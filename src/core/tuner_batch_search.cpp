@@ -132,8 +132,16 @@ void GraphTuner::Impl::search_batch(std::size_t index) {
         const auto& axis = spec.outputs[o].batch_axis;
         expected.push_back(axis ? tile_along_axis(sample.expected[o], *axis, factor) : borrowed(sample.expected[o]));
       }
-      auto check = compare_sample("batch " + std::to_string(result.max_batch), output_names, views_of(outputs),
-                                  views_of(expected), tolerances_for(candidate.precision));
+      CorrectnessReport tiled;
+      tiled.samples.push_back(compare_sample("batch " + std::to_string(result.max_batch), output_names,
+                                             views_of(outputs), views_of(expected), tolerances_for(candidate.precision)));
+      // Tiling repeats the sample, so eager-at-P's errors on it are its errors on the sample.
+      if (candidate.precision != Precision::kStrict && options.eager_at_precision) {
+        EagerAtPrecision eager = calibration(candidate.precision);
+        if (eager.available) eager.samples = {eager.samples.at(profile_sample)};
+        apply_calibration(tiled, eager, options.accuracy_factor);
+      }
+      const auto& check = tiled.samples.front();
       if (check.passed()) {
         GraphSpec widened = model_spec;
         for (auto* tensors : {&widened.inputs, &widened.outputs})

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <chrono>
+#include <map>
+#include <optional>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -90,6 +92,8 @@ struct GraphTuner::Impl {
   std::vector<std::string> model_paths;
   std::vector<std::vector<std::size_t>> input_maps;  // per candidate: model input i <- graph input map[i]
   std::unique_ptr<OnnxSession> winner;
+  std::map<Precision, EagerAtPrecision> calibrations;  // asked once per precision
+  std::optional<double> metric_baseline;                // the user metric of the reference
   SteadyTime::time_point started = SteadyTime::now();
 
   void log(const std::string& line) const {
@@ -134,18 +138,24 @@ struct GraphTuner::Impl {
     return tolerances;
   }
 
-  CorrectnessReport check(const OnnxSession& backend, Precision precision,
-                          const std::vector<std::size_t>& map) const {
-    const ToleranceSpec tolerances = tolerances_for(precision);
-    CorrectnessReport report_;
+  std::string sample_label(std::size_t i) const {
+    return "sample " + std::to_string(i) + " (batch " + std::to_string(samples[i].batch_size) + ")";
+  }
+
+  // Eager at `precision` against the reference, asked of the front end once (calibration.hpp).
+  const EagerAtPrecision& calibration(Precision precision);
+
+  // The checks of a candidate computing in `precision` with these outputs (per sample):
+  // the table, the calibrated rule for reduced precisions, the user's metric.
+  CorrectnessReport judge(Precision precision, const std::vector<std::vector<Tensor>>& outputs);
+
+  CorrectnessReport check(const OnnxSession& backend, Precision precision, const std::vector<std::size_t>& map) {
+    std::vector<std::vector<Tensor>> outputs;
     for (std::size_t i = 0; i < samples.size(); ++i) {
       auto inputs = detail::inputs_on(backend, select(samples[i].inputs, map), backend.graph_spec());
-      auto outputs = detail::host_outputs(backend, backend.infer(inputs.views));
-      report_.samples.push_back(compare_sample(
-          "sample " + std::to_string(i) + " (batch " + std::to_string(samples[i].batch_size) + ")", output_names,
-          detail::views_of(outputs), samples[i].expected, tolerances));
+      outputs.push_back(detail::host_outputs(backend, backend.infer(inputs.views)));
     }
-    return report_;
+    return judge(precision, outputs);
   }
 
   void search_batch(std::size_t index);

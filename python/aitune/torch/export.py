@@ -198,16 +198,20 @@ def onnx_io_names(path: Path) -> tuple[list[str], list[str]]:
     return [i.name for i in model.graph.input if i.name not in initializers], [o.name for o in model.graph.output]
 
 
-def convert_to_fp16(source: Path, target: Path) -> Path:
+def convert_to_fp16(source: Path, target: Path, *, op_block_list: list[str] | None = None,
+                    node_block_list: list[str] | None = None) -> Path:
     """An fp16 copy of an exported model for the CUDA provider's fp16 candidate: weights
     and arithmetic in fp16, inputs and outputs kept in their original dtypes (Casts at
     the edges), so callers and the correctness check see the same interface. Uses
     onnxconverter-common's converter; ImportError when it is not installed. Written to a
-    temporary sibling first, so a failed conversion leaves no half-written model."""
+    temporary sibling first, so a failed conversion leaves no half-written model.
+    ``op_block_list`` / ``node_block_list``: operator types / node names kept in fp32
+    (None: the converter's default operator list, no node)."""
     from onnxconverter_common import float16
 
     model = onnx.load(str(source))
-    converted = float16.convert_float_to_float16(model, keep_io_types=True)
+    converted = float16.convert_float_to_float16(model, keep_io_types=True, op_block_list=op_block_list,
+                                                 node_block_list=node_block_list)
     scratch = target.with_name(target.name + ".partial")
     large = converted.ByteSize() > 1_800_000_000  # protobuf's 2 GB limit: weights go to a side file
     onnx.save(converted, str(scratch), save_as_external_data=large, location=target.name + ".data" if large else None)

@@ -21,6 +21,7 @@ from aitune.torch.backend.onnx_runtime_backend import NumericMismatchError
 from aitune.torch.backend.torch_eager import EagerGraph, TorchEagerBackend
 from aitune.torch.candidate_isolation import CudaContextLostError
 from aitune.torch.context import run_eagerly
+from aitune.torch.eager_precision import eager_outputs_at
 from aitune.torch.graph import RecordedGraph
 from aitune.torch.options import TuneOptions
 from aitune.torch.strategy import TuneStrategy
@@ -97,6 +98,29 @@ def _samples(graph: RecordedGraph) -> list[tuple[list[torch.Tensor], list[torch.
     ]
 
 
+def _user_metric(graph: RecordedGraph, samples, accuracy):
+    """The engine's metric callable over the user's ``accuracy(eager, candidate)``: the
+    engine hands it a candidate's outputs (DLPack capsules, valid during the call), and the
+    reference's own to get the baseline."""
+    eager = [graph.rebuild_outputs(expected) for _, expected, _ in samples]
+
+    def score(outputs) -> float:
+        candidate = [graph.rebuild_outputs([torch.from_dlpack(c).clone() for c in sample]) for sample in outputs]
+        value = accuracy(eager, candidate)
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise TypeError(f"accuracy must return a number, got {type(value).__name__}") from None
+
+    return score
+
+
+def _warn_vacuous(name: str, report: _core.TuneReport) -> None:
+    for output, why in report.vacuous_outputs:
+        logger.warning("%s: eager output '%s' cannot judge a candidate (%s): a candidate's match on it says "
+                       "nothing; check the samples (report field vacuous_outputs)", name, output, why)
+
+
 def _failure(outcome: _core.TuneOutcome, graph: RecordedGraph, report: _core.TuneReport) -> Exception:
     """The exception of a failed outcome (the engine classified it: decide_outcome)."""
     table = report.summary_table()
@@ -120,7 +144,14 @@ def tune_graph(strategy: TuneStrategy, graph: RecordedGraph, options: TuneOption
         tuner_options.cuda_stream = torch.cuda.current_stream(graph.device).cuda_stream
     name = f"{graph.module_name}/{graph.key}"
     tuner_options.log = lambda line: logger.debug("%s", line)
-    tuner = _core.GraphTuner(name, graph.graph_spec(), _samples(graph), tuner_options)
+    samples = _samples(graph)
+    # Calibrated acceptance: eager at a candidate's reduced precision, asked by the engine
+    # once per precision (on the host the recorded outputs are the strict reference too).
+    tuner_options.eager_at_precision = lambda precision: eager_outputs_at(graph, precision)
+    if options.accuracy is not None:
+        tuner_options.accuracy_metric = _user_metric(graph, samples, options.accuracy)
+    tuner = _core.GraphTuner(name, graph.graph_spec(), samples, tuner_options)
+    _warn_vacuous(name, tuner.report)
 
     largest = max(range(len(graph.samples)), key=lambda i: graph.samples[i].batch_size)
     args, kwargs = graph.call_arguments(graph.samples[largest].inputs)

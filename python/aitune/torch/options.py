@@ -4,7 +4,7 @@ reference's process-wide switches included (as the defaults of new TuneOptions).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from aitune import _core
 
@@ -89,6 +89,13 @@ class TuneOptions:
             ``min_speedup``, else eager is kept (default: ``ait.enable_performance_validation``).
         find_max_batch_size, max_batch_size: search the largest batch the winner takes
             (default: ``ait.enable_find_max_batch_size``).
+        accuracy_factor: calibrated acceptance: a candidate computing in TF32 / fp16 /
+            bf16 passes an output the tolerance table fails when its error is at most this
+            factor x eager PyTorch's own error at that precision (default 2; >= 1).
+        accuracy, max_accuracy_drop: the user's metric, which then decides alone:
+            ``accuracy(eager_outputs, candidate_outputs) -> float`` (each a list over
+            samples of the module's outputs, higher is better); a candidate passes when
+            ``accuracy(eager, eager) - accuracy(eager, candidate) <= max_accuracy_drop``.
     """
 
     tolerance: tuple[float, float] | None = None
@@ -99,9 +106,21 @@ class TuneOptions:
     min_speedup: float = dataclasses.field(default_factory=lambda: _defaults.min_speedup)
     find_max_batch_size: bool = dataclasses.field(default_factory=lambda: _defaults.find_max_batch_size)
     max_batch_size: int = dataclasses.field(default_factory=lambda: _defaults.max_batch_size)
+    accuracy_factor: float = 2.0
+    accuracy: Callable | None = None
+    max_accuracy_drop: float = 0.0
 
     def __post_init__(self) -> None:
         _check_switches(self.performance_validation, self.min_speedup, self.find_max_batch_size, self.max_batch_size)
+        if isinstance(self.accuracy_factor, bool) or not isinstance(self.accuracy_factor, (int, float)) \
+                or not 1 <= self.accuracy_factor < float("inf"):
+            raise ValueError(f"accuracy_factor must be a finite number >= 1, got {self.accuracy_factor!r}")
+        if self.accuracy is not None and not callable(self.accuracy):
+            raise TypeError(f"accuracy must be a callable (eager_outputs, candidate_outputs) -> float, "
+                            f"got {type(self.accuracy).__name__}")
+        if isinstance(self.max_accuracy_drop, bool) or not isinstance(self.max_accuracy_drop, (int, float)) \
+                or not self.max_accuracy_drop >= 0:
+            raise ValueError(f"max_accuracy_drop must be a number >= 0, got {self.max_accuracy_drop!r}")
 
     def tuner_options(self) -> _core.TunerOptions:
         options = _core.TunerOptions()
@@ -117,6 +136,8 @@ class TuneOptions:
                 str(name): _tolerance(value, f"output_tolerances[{name!r}]")
                 for name, value in self.output_tolerances.items()
             }
+        options.accuracy_factor = float(self.accuracy_factor)
+        options.max_accuracy_drop = float(self.max_accuracy_drop)
         options.find_max_batch_size = self.find_max_batch_size
         options.max_batch_size = self.max_batch_size
         return options

@@ -18,6 +18,9 @@ from aitune import _core
 #: The transform names candidates and reports carry.
 ORT_FUSIONS = "ort_fusions"  # onnxscript.rewriter.ort_fusions.optimize_for_ort (dynamo exports)
 ORT_TRANSFORMERS_OPTIMIZER = "ort_transformers_optimizer"  # onnxruntime.transformers.optimizer (trace exports)
+FP16 = "fp16"  # every float node in fp16 (onnxconverter-common), I/O kept
+FP16_MIXED = "fp16_mixed"  # sensitive nodes kept in fp32 (SENSITIVE_OPS, vocabulary projections)
+FP16_SEARCH = "fp16_search"  # the smallest fp32 set a measured search finds (the backend runs it)
 
 #: ONNX Runtime's contrib domain: every fused operator lives there.
 _CONTRIB_DOMAIN = "com.microsoft"
@@ -163,6 +166,7 @@ class ModelFile:
     path: Path
     transform: str = ""
     fused_operators: dict[str, int] = dataclasses.field(default_factory=dict)
+    fp32_nodes: list[str] = dataclasses.field(default_factory=list)  # mixed precision: nodes kept in fp32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,7 +182,75 @@ def _to_fp16(source, context: TransformContext):
         return fused_to_fp16(source, context.directory / "model_fused_fp16.onnx")
     from aitune.torch import export
 
-    return ModelFile(export.convert_to_fp16(source.path, context.directory / "model_fp16.onnx"))
+    return ModelFile(export.convert_to_fp16(source.path, context.directory / "model_fp16.onnx"), FP16)
+
+
+#: Operators an fp16 model keeps in fp32 (the mixed-precision candidate, "fp16_mixed"):
+#: what autocast keeps in fp32 because fp16 loses range or precision there: softmax,
+#: reductions (a sum of many fp16 terms), normalisations and the pieces of an unfused RMS
+#: or layer norm (Pow, ReduceMean, Sqrt, Reciprocal, Div), Exp / Log, and the converter's
+#: own defaults (operators without fp16 kernels).
+SENSITIVE_OPS = (
+    "Softmax", "LogSoftmax", "ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceL2", "ReduceLogSumExp", "ReduceProd",
+    "LayerNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization",
+    "SkipSimplifiedLayerNormalization", "RMSNormalization", "GroupNormalization", "InstanceNormalization",
+    "Exp", "Log", "Pow", "Sqrt", "Reciprocal", "Div", "Erf",
+)
+#: A MatMul / Gemm whose weight has at least this many output columns and whose result is
+#: a graph output is a vocabulary- (or class-) sized projection: kept in fp32 (logits).
+VOCABULARY_COLUMNS = 1024
+
+
+def vocabulary_projections(model: onnx.ModelProto) -> list[str]:
+    """Names of MatMul / Gemm nodes that produce a graph output through a weight of at
+    least VOCABULARY_COLUMNS columns (an LM head, a large classifier)."""
+    outputs = {o.name for o in model.graph.output}
+    columns = {init.name: init.dims[-1] for init in model.graph.initializer if init.dims}
+    found = []
+    for node in model.graph.node:
+        if node.op_type not in ("MatMul", "Gemm") or not set(node.output) & outputs or len(node.input) < 2:
+            continue
+        if columns.get(node.input[1], 0) >= VOCABULARY_COLUMNS:
+            found.append(node.name)
+    return found
+
+
+def float_compute_nodes(path: Path) -> list[str]:
+    """Names of the nodes an fp16 conversion changes, in graph (topological) order: those
+    of no operator the converter keeps by default; what the fp32-node search bisects.
+    Nodes without a name cannot be named in a block list and are left out."""
+    from onnxconverter_common import float16
+
+    model = onnx.load(str(path), load_external_data=False)
+    default = set(float16.DEFAULT_OP_BLOCK_LIST)
+    return [n.name for n in model.graph.node if n.name and n.op_type not in default and n.op_type != "Constant"]
+
+
+def fp16_keeping(source: Path, target: Path, nodes: list[str]) -> Path:
+    """An fp16 copy of ``source`` keeping ``nodes`` (names) in fp32, besides the
+    converter's default operators (onnxconverter-common's node_block_list)."""
+    from onnxconverter_common import float16
+
+    from aitune.torch import export
+
+    return export.convert_to_fp16(source, target, op_block_list=list(float16.DEFAULT_OP_BLOCK_LIST),
+                                  node_block_list=list(nodes))
+
+
+def _to_fp16_mixed(source, context: TransformContext):
+    from onnxconverter_common import float16
+
+    from aitune.torch import export
+
+    if isinstance(source, FusedModel):
+        raise ValueError("the mixed-precision conversion applies to the export, not to a fused model")
+    model = onnx.load(str(source.path), load_external_data=False)
+    kept_ops = sorted({*float16.DEFAULT_OP_BLOCK_LIST, *SENSITIVE_OPS})
+    kept_nodes = vocabulary_projections(model)
+    path = export.convert_to_fp16(source.path, context.directory / "model_fp16_mixed.onnx", op_block_list=kept_ops,
+                                  node_block_list=kept_nodes)
+    kept = [n.name for n in model.graph.node if n.op_type in SENSITIVE_OPS or n.name in kept_nodes]
+    return ModelFile(path, FP16_MIXED, fp32_nodes=kept)
 
 
 def _fusion(use_dynamo: bool):
@@ -203,7 +275,8 @@ class ModelTransform:
 #: The steps of the engine's model transform names (candidates.hpp, ``model_transform``),
 #: by name. A plan's name joins steps with '+'; each applies to the previous step's model.
 MODEL_TRANSFORMS: dict[str, ModelTransform] = {
-    "fp16": ModelTransform(_to_fp16, "onnxconverter-common"),
+    FP16: ModelTransform(_to_fp16, "onnxconverter-common"),
+    FP16_MIXED: ModelTransform(_to_fp16_mixed, "onnxconverter-common"),
     ORT_FUSIONS: ModelTransform(_fusion(True), "onnxscript"),
     ORT_TRANSFORMERS_OPTIMIZER: ModelTransform(_fusion(False), "onnxruntime"),
 }

@@ -71,6 +71,9 @@ def tune(
     min_speedup: float | None = None,
     find_max_batch_size: bool | None = None,
     max_batch_size: int | None = None,
+    accuracy_factor: float = 2.0,
+    accuracy: Callable[[list, list], float] | None = None,
+    max_accuracy_drop: float = 0.0,
 ) -> None:
     """Records every ait.Module that ``func`` calls on the dataset's samples, then tunes each.
 
@@ -101,11 +104,19 @@ def tune(
         find_max_batch_size, max_batch_size: search the largest batch the winner takes,
             up to ``max_batch_size``. None: the default set by
             ``ait.enable_find_max_batch_size`` (off, 4096).
+        accuracy_factor: a candidate computing in TF32 / fp16 / bf16 is accepted when its
+            error per output is at most this factor x eager PyTorch's own error at that
+            precision on the same samples (the tolerance table stays a floor; default 2).
+        accuracy, max_accuracy_drop: the user's metric, which then decides alone:
+            ``accuracy(eager_outputs, candidate_outputs) -> float`` over lists of the
+            module's outputs per sample (higher is better); a candidate passes when its
+            score is at most ``max_accuracy_drop`` below ``accuracy(eager, eager)``.
     """
     switches = dict(performance_validation=performance_validation, min_speedup=min_speedup,
                     find_max_batch_size=find_max_batch_size, max_batch_size=max_batch_size)
     options = TuneOptions(tolerance, output_tolerances, profile_config, progress,
-                          **{name: value for name, value in switches.items() if value is not None})
+                          **{name: value for name, value in switches.items() if value is not None},
+                          accuracy_factor=accuracy_factor, accuracy=accuracy, max_accuracy_drop=max_accuracy_drop)
     options.tuner_options()  # bad tolerances or profile settings fail now, before recording
     batch_sizes = list(DEFAULT_BATCH_SIZES if batch_sizes is None else batch_sizes)
     if not batch_sizes or not all(isinstance(b, int) and b > 0 for b in batch_sizes):

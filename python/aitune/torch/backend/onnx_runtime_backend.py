@@ -279,6 +279,10 @@ class ONNXRuntimeBackend(Backend):
         model_type = getattr(getattr(graph.module, "config", None), "model_type", None) or "bert"
         models = transforms.TransformedModels(model_path, transforms.TransformContext(directory, model_type))
         for planned in plan:
+            if planned.model_transform == transforms.FP16_SEARCH:
+                self._search_fp16(planned, models, tuner, group, order, graph, directory)
+                advance()
+                continue
             made = self._model_for(planned, models, tuner, group)
             if made is not None:  # contained: a failing candidate never takes the process down
                 model, candidate = made
@@ -307,7 +311,43 @@ class ONNXRuntimeBackend(Backend):
         if model is None:
             return None
         return model.path, _core.OnnxCandidate(planned.name, planned.config, planned.precision, model.transform,
-                                               model.fused_operators)
+                                               model.fused_operators, getattr(model, "fp32_nodes", []))
+
+    def _search_fp16(self, planned, models: transforms.TransformedModels, tuner, group: int, order: list[int],
+                     graph: RecordedGraph, directory: Path) -> None:
+        """fp16 where it is safe: when the all-fp16 model of this configuration failed the
+        check (the engine says, ``rejected_fp16_candidate``), the engine's bisection
+        (``search_fp32_nodes``) finds the smallest set of nodes to keep in fp32, each step
+        a model converted keeping that set and checked by the engine; the candidate on the
+        model it settles on carries the set (report field ``fp32_nodes``, kept with a
+        checkpoint's report). Nothing is tried where the all-fp16 model passed."""
+        if _core.rejected_fp16_candidate(tuner.report, planned.config) is None:
+            return
+        exported = models.get("").path
+        probe = directory / "model_fp16_search_step.onnx"
+        try:
+            nodes = transforms.float_compute_nodes(exported)
+
+            def passes(kept: list[str]) -> bool:
+                transforms.fp16_keeping(exported, probe, kept)
+                candidate = _core.OnnxCandidate(planned.name, planned.config, planned.precision)
+                return tuner.check_onnx(str(probe), candidate, order)
+
+            found = _core.search_fp32_nodes(nodes, passes)
+            probe.unlink(missing_ok=True)
+            if not found.passed:
+                tuner.add_failed(planned.name, self.describe(), group, f"fp32-node search: {found.note}",
+                                 planned.precision)
+                return
+            path = transforms.fp16_keeping(exported, directory / "model_fp16_search.onnx", found.kept)
+        except ImportError as error:
+            tuner.add_failed(planned.name, self.describe(), group,
+                             f"model transform '{transforms.FP16_SEARCH}' needs onnxconverter-common: pip install "
+                             f"onnxconverter-common ({error})", planned.precision)
+            return
+        candidate = _core.OnnxCandidate(planned.name, planned.config, planned.precision, transforms.FP16_SEARCH, {},
+                                        list(found.kept))
+        candidate_isolation.evaluate(tuner, str(path), candidate, self.describe(), group, order, graph)
 
     @staticmethod
     def _check_provider(core_config) -> None:

@@ -1,0 +1,43 @@
+// Calibrated acceptance: a reduced-precision candidate judged against what eager PyTorch
+// itself does at that precision (autocast, TF32), not only against a fixed table.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "aitune/correctness.hpp"
+
+namespace aitune {
+
+/// The default factor: a candidate at precision P may err up to twice as much as eager
+/// PyTorch at P does on the same samples (`ait.tune(..., accuracy_factor=)`,
+/// `aitune tune --accuracy-factor`).
+inline constexpr double kDefaultAccuracyFactor = 2.0;
+
+/// Eager PyTorch at one reduced precision, compared with the strict reference: per sample,
+/// its check (metrics only; the tolerance of that precision's table is what it is judged
+/// by, which does not matter here). `available` false: eager cannot run at that precision
+/// on this device (no TF32 on the host), `reason` says why; candidates keep the table.
+struct EagerAtPrecision {
+  Precision precision = Precision::kStrict;
+  bool available = false;
+  std::string reason;
+  std::vector<SampleCheck> samples;
+};
+
+/// Applies the calibrated rule to `candidate`, the checks of a candidate computing in
+/// `eager.precision` (same samples, same order). Per output and sample:
+///  - passed by the table: stays passed (the table is the floor), rule "table";
+///  - failed by NaN/Inf, shape or dtype: stays failed (no precision excuses those);
+///  - failed on values: passes ("calibrated") when error_ratio, the larger of max abs
+///    error / eager's and relative L2 error / eager's, is <= factor and, for outputs with a
+///    top-1 agreement, its top-1 disagreement is <= factor x eager's; else stays failed
+///    ("calibrated-exceeded", the failure naming both errors).
+/// The eager-at-P errors and the ratio are recorded on every output either way. With
+/// eager unavailable, only the note is set. factor must be >= 1 (Error(kInvalidArgument)).
+void apply_calibration(CorrectnessReport& candidate, const EagerAtPrecision& eager, double factor);
+
+/// Error(kInvalidArgument) unless factor is finite and >= 1.
+void validate_accuracy_factor(double factor);
+
+}  // namespace aitune

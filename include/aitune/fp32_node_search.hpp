@@ -1,0 +1,38 @@
+// fp16 where it is safe: the measured search for the smallest set of nodes an fp16 model
+// must keep in fp32 to pass the correctness check.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "aitune/candidates.hpp"
+#include "aitune/tune_report.hpp"
+
+namespace aitune {
+
+struct Fp32NodeSearchResult {
+  bool passed = false;             ///< a set was found that passes (false: not even every node in fp32 did)
+  std::vector<std::string> kept;   ///< the nodes to keep in fp32, in the order given
+  int evaluations = 0;             ///< models checked
+  std::string note;                ///< how the search ended
+};
+
+/// Bisection over the nodes (delta debugging, in the order given, e.g. topological):
+/// starting from every node kept in fp32, drop halves, then quarters, ... of the kept set
+/// while the model still passes (`passes(kept)` builds and checks the model keeping those
+/// nodes in fp32), until single nodes were tried or `max_evaluations` models were checked.
+/// The all-fp16 model (nothing kept) is assumed to have failed already. The first check
+/// is every node kept; when that fails the search stops (passed false).
+Fp32NodeSearchResult search_fp32_nodes(const std::vector<std::string>& nodes,
+                                       const std::function<bool(const std::vector<std::string>& kept)>& passes,
+                                       int max_evaluations = 24);
+
+/// Whether the searched-fp16 candidate is worth trying for `config`: the index of the
+/// all-fp16 candidate (transform "fp16") with that configuration when it was rejected by
+/// the check (kIncorrect); nullopt when it passed, failed otherwise, or was not tried.
+std::optional<std::size_t> rejected_fp16_candidate(const TuneReport& report, const OnnxSessionConfig& config);
+
+}  // namespace aitune

@@ -1,0 +1,84 @@
+// The calibrated acceptance rule: a candidate's error against eager PyTorch's own error
+// at the candidate's precision.
+#include "aitune/calibration.hpp"
+
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "aitune/error.hpp"
+
+namespace aitune {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+std::string fmt(double v) {
+  std::ostringstream out;
+  out.precision(3);
+  out << v;
+  return out.str();
+}
+
+// a / b where b is eager's error: 0 when both are 0, infinite when only b is.
+double ratio(double a, double b) {
+  if (b > 0) return a / b;
+  return a > 0 ? kInf : 0;
+}
+
+bool value_failure(const OutputCheck& c) {
+  return !c.passed && c.mismatched > 0 && c.unexpected_nan == 0 && c.unexpected_inf == 0;
+}
+
+}  // namespace
+
+void validate_accuracy_factor(double factor) {
+  if (!std::isfinite(factor) || factor < 1)
+    throw Error(ErrorCode::kInvalidArgument, "accuracy_factor must be a finite number >= 1, got " + fmt(factor));
+}
+
+void apply_calibration(CorrectnessReport& candidate, const EagerAtPrecision& eager, double factor) {
+  validate_accuracy_factor(factor);
+  candidate.accuracy_factor = factor;
+  if (!eager.available) {
+    candidate.calibration_note = "eager PyTorch cannot run at " + std::string(precision_name(eager.precision)) +
+                                 " here (" + eager.reason + "): judged by the tolerance table alone";
+    return;
+  }
+  candidate.calibrated_precision = eager.precision;
+  for (std::size_t s = 0; s < candidate.samples.size() && s < eager.samples.size(); ++s) {
+    for (auto& c : candidate.samples[s].outputs) {
+      const OutputCheck* e = nullptr;
+      for (const auto& o : eager.samples[s].outputs)
+        if (o.name == c.name) e = &o;
+      // Eager at P with another shape, NaN or Inf: its error says nothing to calibrate with.
+      if (!e || (!e->passed && !value_failure(*e))) continue;
+      c.eager_at_precision_max_abs_error = e->max_abs_error;
+      c.eager_at_precision_rel_l2_error = e->rel_l2_error;
+      c.eager_at_precision_top1_agreement = e->top1_agreement;
+      c.error_ratio = std::max(ratio(c.max_abs_error, e->max_abs_error), ratio(c.rel_l2_error, e->rel_l2_error));
+      if (!value_failure(c)) continue;
+      bool top1_ok = true;
+      if (c.top1_agreement && e->top1_agreement)
+        top1_ok = 1 - *c.top1_agreement <= factor * (1 - *e->top1_agreement) + 1e-12;
+      if (*c.error_ratio <= factor && top1_ok) {
+        c.passed = true;
+        c.rule = "calibrated";
+        c.failure.clear();
+      } else {
+        c.rule = "calibrated-exceeded";
+        const std::string at = "eager " + std::string(precision_name(eager.precision));
+        c.failure += "; beyond the calibrated bound too: ";
+        if (*c.error_ratio > factor)
+          c.failure += "max abs error " + fmt(c.max_abs_error) + " and rel L2 " + fmt(c.rel_l2_error) + " vs " + at +
+                       "'s " + fmt(e->max_abs_error) + " and " + fmt(e->rel_l2_error) + " (ratio " +
+                       fmt(*c.error_ratio) + " > " + fmt(factor) + ")";
+        else
+          c.failure += "top-1 agreement " + fmt(*c.top1_agreement) + " vs " + at + "'s " +
+                       fmt(*e->top1_agreement) + " (disagreement above " + fmt(factor) + "x eager's)";
+      }
+    }
+  }
+}
+
+}  // namespace aitune

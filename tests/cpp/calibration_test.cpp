@@ -1,0 +1,274 @@
+// Accuracy beyond the tolerance table: relative L2, cosine and top-1 per output, the
+// calibrated rule (a reduced-precision candidate against eager's own error at its
+// precision), the user's metric, and reference outputs that cannot judge.
+#include <cmath>
+#include <limits>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "aitune/calibration.hpp"
+#include "aitune/error.hpp"
+#include "aitune/tuner.hpp"
+#include "test_support.hpp"
+
+namespace aitune {
+namespace {
+using namespace test;
+
+constexpr int64_t kRows = 4, kClasses = 8;
+
+// Logits [4, 8] with a clear winner per row (class r + 1), plus `noise` x a +-1 pattern
+// (`flip` reverses the sign of every other element so two noises differ).
+Tensor logits(double noise, bool flip = false, int winner_shift = 1) {
+  std::vector<float> v(kRows * kClasses);
+  for (int64_t r = 0; r < kRows; ++r)
+    for (int64_t c = 0; c < kClasses; ++c) {
+      auto i = static_cast<std::size_t>(r * kClasses + c);
+      double base = std::sin(static_cast<double>(i)) + (c == (r + winner_shift) % kClasses ? 5.0 : 0.0);
+      double sign = ((i % 2 == 0) != flip) ? 1.0 : -1.0;
+      v[i] = static_cast<float>(base + noise * sign);
+    }
+  return make_host(DType::kFloat32, {kRows, kClasses}, v);
+}
+
+TEST(AccuracyMetrics, RelativeL2CosineAndTop1AreMeasuredPerOutput) {
+  auto expected = logits(0);
+  auto same = compare_output("logits", expected.view(), expected.view(), {1e-4, 1e-4});
+  EXPECT_EQ(same.rel_l2_error, 0);
+  EXPECT_DOUBLE_EQ(same.cosine_similarity, 1.0);
+  ASSERT_TRUE(same.top1_agreement.has_value());
+  EXPECT_EQ(*same.top1_agreement, 1.0);
+
+  auto noisy = compare_output("logits", logits(0.1).view(), expected.view(), {1e-4, 1e-4});
+  EXPECT_GT(noisy.rel_l2_error, 0.01);
+  EXPECT_LT(noisy.rel_l2_error, 0.1);
+  EXPECT_LT(noisy.cosine_similarity, 1.0);
+  EXPECT_GT(noisy.cosine_similarity, 0.99);
+  EXPECT_EQ(*noisy.top1_agreement, 1.0);  // the winners are 5 apart: noise 0.1 keeps them
+
+  auto wrong_class = compare_output("logits", logits(0, false, 2).view(), expected.view(), {1e-4, 1e-4});
+  EXPECT_EQ(*wrong_class.top1_agreement, 0.0);  // every row's winner moved
+
+  auto vector = make_host(DType::kFloat32, {3}, std::vector<float>{1, 2, 3});
+  EXPECT_FALSE(compare_output("v", vector.view(), vector.view(), {0, 0}).top1_agreement.has_value())
+      << "a rank-1 output has no classes";
+}
+
+CorrectnessReport candidate_report(double noise, bool flip) {
+  auto expected = logits(0);
+  CorrectnessReport r;
+  r.samples.push_back(compare_sample("sample 0", {"logits"}, {logits(noise, flip).view()}, {expected.view()},
+                                     ToleranceSpec{.precision = Precision::kFP16}));
+  return r;
+}
+
+EagerAtPrecision eager_fp16(double noise) {
+  auto expected = logits(0);
+  EagerAtPrecision e;
+  e.precision = Precision::kFP16;
+  e.available = true;
+  e.samples.push_back(compare_sample("sample 0", {"logits"}, {logits(noise).view()}, {expected.view()},
+                                     ToleranceSpec{.precision = Precision::kFP16}));
+  return e;
+}
+
+TEST(Calibration, AValueFailureWithinFactorTimesEagersErrorPasses) {
+  auto within = candidate_report(0.15, true);  // fails the fp16 table (0.15 > 1e-2 x RMS ~ 0.02)
+  ASSERT_FALSE(within.passed());
+  apply_calibration(within, eager_fp16(0.1), 2.0);  // 1.5x eager fp16's error
+  EXPECT_TRUE(within.passed()) << within.first_failure();
+  const auto& o = within.samples[0].outputs[0];
+  EXPECT_EQ(o.rule, "calibrated");
+  ASSERT_TRUE(o.error_ratio.has_value());
+  EXPECT_NEAR(*o.error_ratio, 1.5, 1e-3);
+  EXPECT_NEAR(*o.eager_at_precision_max_abs_error, 0.1, 1e-6);
+  EXPECT_EQ(within.calibrated_precision, Precision::kFP16);
+
+  auto beyond = candidate_report(0.3, true);  // 3x eager's error
+  apply_calibration(beyond, eager_fp16(0.1), 2.0);
+  EXPECT_FALSE(beyond.passed());
+  EXPECT_EQ(beyond.samples[0].outputs[0].rule, "calibrated-exceeded");
+  EXPECT_NE(beyond.first_failure().find("ratio 3"), std::string::npos) << beyond.first_failure();
+
+  auto looser = candidate_report(0.3, true);  // the factor is the user's to set
+  apply_calibration(looser, eager_fp16(0.1), 4.0);
+  EXPECT_TRUE(looser.passed()) << looser.first_failure();
+  EXPECT_THROW(apply_calibration(looser, eager_fp16(0.1), 0.5), Error);
+}
+
+TEST(Calibration, TheTableIsAFloorAndNaNIsNeverExcused) {
+  auto tiny = candidate_report(1e-4, true);  // passes the table even though eager's error is 0
+  apply_calibration(tiny, eager_fp16(0), 2.0);
+  EXPECT_TRUE(tiny.passed());
+  EXPECT_EQ(tiny.samples[0].outputs[0].rule, "table");
+  EXPECT_TRUE(std::isinf(*tiny.samples[0].outputs[0].error_ratio));
+
+  auto expected = logits(0);
+  auto nan = logits(0);
+  static_cast<float*>(nan.data())[3] = std::numeric_limits<float>::quiet_NaN();
+  CorrectnessReport r;
+  r.samples.push_back(compare_sample("sample 0", {"logits"}, {nan.view()}, {expected.view()},
+                                     ToleranceSpec{.precision = Precision::kFP16}));
+  apply_calibration(r, eager_fp16(10.0), 100.0);
+  EXPECT_FALSE(r.passed());
+}
+
+TEST(Calibration, TopOneDisagreementBeyondFactorFailsEvenWhenErrorsAreClose) {
+  auto expected = logits(0);
+  CorrectnessReport r;  // every row's winner moved: error ~5 per moved element
+  r.samples.push_back(compare_sample("sample 0", {"logits"}, {logits(0, false, 2).view()}, {expected.view()},
+                                     ToleranceSpec{.precision = Precision::kFP16}));
+  EagerAtPrecision eager = eager_fp16(0);
+  auto shifted = logits(0);  // eager errs by 3 everywhere, but keeps every row's winner
+  for (int64_t i = 0; i < kRows * kClasses; ++i) static_cast<float*>(shifted.data())[i] += 3.0f;
+  eager.samples[0] = compare_sample("sample 0", {"logits"}, {shifted.view()}, {expected.view()},
+                                    ToleranceSpec{.precision = Precision::kFP16});
+  ASSERT_EQ(*eager.samples[0].outputs[0].top1_agreement, 1.0);
+  apply_calibration(r, eager, 2.0);
+  EXPECT_LE(*r.samples[0].outputs[0].error_ratio, 2.0) << "the errors alone would pass";
+  EXPECT_FALSE(r.passed());
+  EXPECT_NE(r.first_failure().find("top-1"), std::string::npos) << r.first_failure();
+}
+
+TEST(Calibration, EagerUnavailableKeepsTheTableAndSaysSo) {
+  auto r = candidate_report(0.15, true);
+  EagerAtPrecision none;
+  none.precision = Precision::kTF32;
+  none.reason = "TF32 is a CUDA setting";
+  apply_calibration(r, none, 2.0);
+  EXPECT_FALSE(r.passed());
+  EXPECT_FALSE(r.calibrated_precision.has_value());
+  EXPECT_NE(r.calibration_note.find("TF32 is a CUDA setting"), std::string::npos);
+}
+
+TEST(VacuousOutputs, AllNaNAndConstantOutputsAreNamed) {
+  auto good = logits(0);
+  auto zeros = make_host(DType::kFloat32, {2, 2}, std::vector<float>{0, 0, 0, 0});
+  float nan = std::numeric_limits<float>::quiet_NaN(), inf = std::numeric_limits<float>::infinity();
+  auto nans = make_host(DType::kFloat32, {2, 2}, std::vector<float>{nan, inf, nan, -inf});
+  auto found = vacuous_outputs({"logits", "zeros", "nans"}, {{good.view(), zeros.view(), nans.view()}});
+  ASSERT_EQ(found.size(), 2u);
+  EXPECT_EQ(found[0].name, "zeros");
+  EXPECT_NE(found[0].why.find("constant"), std::string::npos);
+  EXPECT_EQ(found[1].name, "nans");
+  EXPECT_EQ(found[1].why, "all NaN/Inf");
+}
+
+// The engine end to end through the test seam for a candidate's precision: external
+// candidates at fp16 and fp32 whose outputs carry a known error.
+struct Graph {
+  Tensor x = make_pattern_f32({kRows, 3}, 1);
+  Tensor y = logits(0);
+  GraphSpec spec() const {
+    GraphSpecBuilder b;
+    b.record({{"x", DType::kFloat32, x.shape()}}, {{"logits", DType::kFloat32, y.shape()}}, kRows);
+    return b.build();
+  }
+  std::vector<TuneSample> samples() const { return {{{x.view()}, {y.view()}, kRows}}; }
+};
+
+TunerOptions quick() {
+  TunerOptions o;
+  o.profile.warmup_calls = 1;
+  o.profile.window_calls = 5;
+  o.profile.time_cap_s = 0.2;
+  return o;
+}
+
+ExternalCandidate with_noise(std::string name, Precision precision, double noise) {
+  return {std::move(name), "{}", precision, [noise](std::size_t) { return std::vector<Tensor>{logits(noise, true)}; },
+          [] {}};
+}
+
+TEST(CalibratedTuning, ReducedPrecisionCandidatesAreJudgedAgainstEagerAtTheirPrecision) {
+  Graph g;
+  TunerOptions options = quick();
+  int asked = 0;
+  options.eager_at_precision = [&](Precision p, std::string& reason) -> std::optional<std::vector<std::vector<Tensor>>> {
+    ++asked;
+    if (p == Precision::kTF32) {
+      reason = "TF32 is a CUDA setting";
+      return std::nullopt;
+    }
+    return std::vector<std::vector<Tensor>>{{logits(0.1)}};
+  };
+  GraphTuner tuner("g", g.spec(), g.samples(), options);
+  auto fp16_ok = tuner.evaluate_external(with_noise("fp16 1.5x", Precision::kFP16, 0.15), "B", 0);
+  auto fp16_bad = tuner.evaluate_external(with_noise("fp16 3x", Precision::kFP16, 0.3), "B", 0);
+  auto fp32 = tuner.evaluate_external(with_noise("fp32 1.5x", Precision::kStrict, 0.15), "B", 0);
+  auto tf32 = tuner.evaluate_external(with_noise("tf32 1.5x", Precision::kTF32, 0.15), "B", 0);
+  EXPECT_EQ(asked, 2) << "eager is asked once per precision";
+  const auto& report = tuner.select(StrategyConfig{.performance_validation = false});
+  const auto& c = report.candidates;
+  EXPECT_EQ(c[fp16_ok].status, CandidateStatus::kSelected) << c[fp16_ok].reason;
+  EXPECT_EQ(c[fp16_bad].status, CandidateStatus::kIncorrect);
+  EXPECT_EQ(c[fp32].status, CandidateStatus::kIncorrect) << "fp32 candidates keep the strict rule";
+  EXPECT_EQ(c[tf32].status, CandidateStatus::kIncorrect) << "no eager TF32 here: the table decides";
+
+  auto j = nlohmann::json::parse(report.to_json());
+  EXPECT_EQ(j["accuracy_factor"], 2.0);
+  EXPECT_EQ(j["eager_at_precision"]["fp16"]["available"], true);
+  EXPECT_NEAR(j["eager_at_precision"]["fp16"]["outputs"][0]["max_abs_error"].get<double>(), 0.1, 1e-6);
+  EXPECT_EQ(j["eager_at_precision"]["tf32"]["available"], false);
+  EXPECT_EQ(j["eager_at_precision"]["tf32"]["reason"], "TF32 is a CUDA setting");
+  const auto& out = j["candidates"][fp16_ok]["correctness"]["outputs"][0];
+  EXPECT_EQ(out["name"], "logits");
+  EXPECT_EQ(out["rule"], "calibrated");
+  EXPECT_EQ(out["verdict"], "passed");
+  EXPECT_NEAR(out["error_ratio"].get<double>(), 1.5, 1e-3);
+  EXPECT_NEAR(out["eager_at_precision_max_abs_error"].get<double>(), 0.1, 1e-6);
+  EXPECT_EQ(j["candidates"][fp16_ok]["correctness"]["calibrated_precision"], "fp16");
+  EXPECT_EQ(j["candidates"][fp16_bad]["correctness"]["outputs"][0]["verdict"], "failed");
+  EXPECT_NE(j["candidates"][tf32]["correctness"]["calibration_note"].get<std::string>().find("TF32"),
+            std::string::npos);
+  auto table = report.summary_table();
+  EXPECT_NE(table.find("vs eager fp16, factor 2.0"), std::string::npos) << table;
+  EXPECT_NE(table.find("ratio 1.50 passed (calibrated)"), std::string::npos) << table;
+}
+
+TEST(CalibratedTuning, TheUsersMetricDecidesWithItsMaximumDrop) {
+  Graph g;
+  TunerOptions options = quick();
+  // Top-1 agreement with the reference over every sample: 1.0 for the reference itself.
+  options.accuracy_metric = [&](const std::vector<std::vector<TensorView>>& outputs) {
+    auto c = compare_output("logits", outputs[0][0], g.y.view(), {0, 0});
+    return *c.top1_agreement;
+  };
+  options.max_accuracy_drop = 0.0;
+  GraphTuner tuner("g", g.spec(), g.samples(), options);
+  // Far beyond every tolerance but the same classes: the metric accepts it.
+  auto noisy = tuner.evaluate_external(with_noise("noisy", Precision::kStrict, 1.0), "B", 0);
+  ExternalCandidate moved{"moved", "{}", Precision::kStrict,
+                          [](std::size_t) { return std::vector<Tensor>{logits(0, false, 2)}; }, [] {}};
+  auto wrong = tuner.evaluate_external(moved, "B", 0);
+  const auto& report = tuner.select(StrategyConfig{.performance_validation = false});
+  EXPECT_EQ(report.candidates[noisy].status, CandidateStatus::kSelected) << report.candidates[noisy].reason;
+  EXPECT_EQ(report.candidates[wrong].status, CandidateStatus::kIncorrect);
+  EXPECT_NE(report.candidates[wrong].reason.find("user accuracy metric 0"), std::string::npos)
+      << report.candidates[wrong].reason;
+  auto j = nlohmann::json::parse(report.to_json());
+  EXPECT_EQ(j["candidates"][noisy]["correctness"]["user_metric"]["baseline"], 1.0);
+  EXPECT_EQ(j["candidates"][wrong]["correctness"]["user_metric"]["drop"], 1.0);
+}
+
+TEST(CalibratedTuning, AWinnerOverAVacuousReferenceIsToldInTheDecision) {
+  Tensor x = make_pattern_f32({2, 3}, 1);
+  Tensor zeros = make_host(DType::kFloat32, {2, 2}, std::vector<float>{0, 0, 0, 0});
+  GraphSpecBuilder b;
+  b.record({{"x", DType::kFloat32, x.shape()}}, {{"y", DType::kFloat32, zeros.shape()}}, 2);
+  GraphTuner tuner("g", b.build(), {{{x.view()}, {zeros.view()}, 2}}, quick());
+  ASSERT_EQ(tuner.report().vacuous_outputs.size(), 1u);
+  tuner.evaluate_external({"c", "{}", Precision::kStrict, [&](std::size_t) { return std::vector<Tensor>{zeros}; }, [] {}},
+                          "B", 0);
+  const auto& report = tuner.select(StrategyConfig{.performance_validation = false});
+  ASSERT_TRUE(report.winner.has_value());
+  EXPECT_NE(report.decision.find("vacuous"), std::string::npos) << report.decision;
+  EXPECT_NE(report.decision.find("y: constant"), std::string::npos) << report.decision;
+  auto j = nlohmann::json::parse(report.to_json());
+  EXPECT_EQ(j["vacuous_outputs"][0]["name"], "y");
+  EXPECT_NE(report.summary_table().find("warning: eager output y cannot judge"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace aitune

@@ -1,0 +1,77 @@
+// The measured search for the smallest set of nodes an fp16 model keeps in fp32, and
+// when it is tried (the all-fp16 model of the same configuration was rejected).
+#include <algorithm>
+
+#include <gtest/gtest.h>
+
+#include "aitune/fp32_node_search.hpp"
+
+namespace aitune {
+namespace {
+
+std::vector<std::string> names(int n) {
+  std::vector<std::string> out;
+  for (int i = 0; i < n; ++i) out.push_back("n" + std::to_string(i));
+  return out;
+}
+
+bool contains(const std::vector<std::string>& set, const std::string& name) {
+  return std::find(set.begin(), set.end(), name) != set.end();
+}
+
+TEST(Fp32NodeSearch, FindsExactlyTheNodesThatMustStayFp32) {
+  // The model passes only while n5 (an Exp that overflows) and n11 (its consumer) stay fp32.
+  int checks = 0;
+  auto passes = [&](const std::vector<std::string>& kept) {
+    ++checks;
+    return contains(kept, "n5") && contains(kept, "n11");
+  };
+  auto result = search_fp32_nodes(names(16), passes, 64);
+  EXPECT_TRUE(result.passed);
+  EXPECT_EQ(result.kept, (std::vector<std::string>{"n5", "n11"}));
+  EXPECT_EQ(result.evaluations, checks);
+  EXPECT_LT(checks, 40) << "bisection, not one check per subset";
+  EXPECT_NE(result.note.find("minimal"), std::string::npos) << result.note;
+}
+
+TEST(Fp32NodeSearch, StopsAtItsBudgetWithAPassingSet) {
+  auto passes = [](const std::vector<std::string>& kept) { return contains(kept, "n3"); };
+  auto result = search_fp32_nodes(names(64), passes, 4);
+  EXPECT_TRUE(result.passed);
+  EXPECT_EQ(result.evaluations, 4);
+  EXPECT_TRUE(contains(result.kept, "n3"));
+  EXPECT_LT(result.kept.size(), 64u);
+  EXPECT_NE(result.note.find("stopped after 4"), std::string::npos);
+}
+
+TEST(Fp32NodeSearch, AModelThatFailsEvenInFp32IsReported) {
+  auto result = search_fp32_nodes(names(4), [](const std::vector<std::string>&) { return false; });
+  EXPECT_FALSE(result.passed);
+  EXPECT_EQ(result.evaluations, 1);
+  EXPECT_NE(result.note.find("every node in fp32"), std::string::npos);
+}
+
+TEST(Fp32NodeSearch, TriedOnlyWhereTheAllFp16ModelOfThatConfigurationWasRejected) {
+  OnnxSessionConfig cuda;
+  cuda.provider = ExecutionProvider::kCUDA;
+  cuda.provider_options = {{"use_tf32", "1"}};
+  OnnxSessionConfig other = cuda;
+  other.provider_options["prefer_nhwc"] = "1";
+  TuneReport report;
+  CandidateResult fp16;
+  fp16.transform = std::string(model_transform::kFp16);
+  OnnxSessionConfig with_stream = cuda;  // the session adds its stream options
+  with_stream.provider_options["user_compute_stream"] = "1234";
+  fp16.config_json = with_stream.to_json(-1);
+  fp16.status = CandidateStatus::kPassed;
+  report.candidates.push_back(fp16);
+  EXPECT_FALSE(rejected_fp16_candidate(report, cuda).has_value()) << "all-fp16 passed: nothing to search";
+  report.candidates[0].status = CandidateStatus::kIncorrect;
+  EXPECT_EQ(rejected_fp16_candidate(report, cuda), std::optional<std::size_t>(0));
+  EXPECT_FALSE(rejected_fp16_candidate(report, other).has_value()) << "another configuration";
+  report.candidates[0].transform = "";
+  EXPECT_FALSE(rejected_fp16_candidate(report, cuda).has_value()) << "not the fp16 model";
+}
+
+}  // namespace
+}  // namespace aitune

@@ -1,0 +1,168 @@
+"""Accuracy judged beyond the tolerance table, from the front end: eager at a reduced
+precision (the calibrated rule's yardstick), calibrated acceptance through the engine with
+an injected candidate precision, the user's metric, and outputs that cannot judge."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+import torch
+from torch_models import MLP, cpu_strategy
+
+import aitune.torch as ait
+from aitune import _core
+from aitune.torch.eager_precision import eager_outputs_at
+from aitune.torch.options import TuneOptions
+
+
+def _one_candidate():
+    return cpu_strategy(use_dynamo=False, tune_provider_options=False)
+
+
+def _recorded(model):
+    ait.tune(model, [torch.randn(16) for _ in range(4)], dry_run=True)
+    (graph,) = model.ait_graphs
+    return graph
+
+
+def test_eager_runs_at_bf16_and_fp16_autocast_on_the_host_and_says_why_not_tf32():
+    torch.manual_seed(0)
+    graph = _recorded(ait.Module(MLP().eval(), "mlp_eager_at"))
+    for precision in (_core.Precision.BF16, _core.Precision.FP16):
+        outputs = eager_outputs_at(graph, precision)
+        assert isinstance(outputs, list) and len(outputs) == len(graph.samples)
+        got, ref = outputs[0][0], graph.samples[0].outputs[0]
+        assert got.dtype == ref.dtype  # cast back to the reference's dtype
+        error = (got - ref).abs().max().item()
+        assert 0 < error < 0.1, (precision, error)  # autocast really ran, and stayed close
+    reason = eager_outputs_at(graph, _core.Precision.TF32)
+    assert isinstance(reason, str) and "CUDA" in reason
+
+
+class OffsetLinear(torch.nn.Module):
+    """Logits computed around an offset of 100: bf16 keeps 8 bits of the 100, so eager bf16
+    autocast itself errs by ~0.2 on outputs of RMS ~1, beyond the bf16 table."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(16, 8)
+        with torch.no_grad():
+            self.linear.bias += 100.0
+
+    def forward(self, x):
+        return self.linear(x) - 100.0
+
+
+def _tuner(graph, options):
+    samples = [([t.contiguous() for t in s.inputs], [t.contiguous() for t in s.outputs], s.batch_size)
+               for s in graph.samples]
+    return _core.GraphTuner("mlp", graph.graph_spec(), samples, options)
+
+
+def _quick_options() -> _core.TunerOptions:
+    options = TuneOptions(accuracy_factor=2.0).tuner_options()
+    options.profile.warmup_calls, options.profile.window_calls, options.profile.time_cap_s = 1, 5, 0.2
+    return options
+
+
+@pytest.mark.parametrize(("scale", "expected"), [(1.5, "selected"), (3.0, "incorrect")])
+def test_a_bf16_candidate_is_judged_against_eager_bf16_autocast(scale, expected):
+    """The engine's test seam for a candidate's precision (an external candidate at BF16):
+    its error is `scale` x eager bf16 autocast's own error on the same samples."""
+    torch.manual_seed(0)
+    graph = _recorded(ait.Module(OffsetLinear().eval(), f"offset_calibrated_{scale}"))
+    options = _quick_options()
+    asked = []
+    options.eager_at_precision = lambda p: asked.append(p) or eager_outputs_at(graph, p)
+    tuner = _tuner(graph, options)
+    eager_bf16 = eager_outputs_at(graph, _core.Precision.BF16)
+
+    def outputs(i):
+        ref = graph.samples[i].outputs[0]
+        return [(ref + scale * (eager_bf16[i][0] - ref)).contiguous().numpy()]
+
+    tuner.evaluate_external("bf16 candidate", "Test", 0, _core.Precision.BF16, "{}", outputs, lambda: None)
+    report = tuner.select(_core.StrategyConfig(performance_validation=False))
+    (candidate,) = report.candidates
+    assert candidate.status == expected, candidate.reason
+    assert asked == [_core.Precision.BF16]
+    data = json.loads(report.to_json())
+    out = data["candidates"][0]["correctness"]["outputs"][0]
+    assert out["error_ratio"] == pytest.approx(scale, rel=0.05)
+    assert out["eager_at_precision_max_abs_error"] > 0.05
+    assert out["max_abs_error"] > _core.default_tolerance("float32", _core.Precision.BF16).atol  # fails the table
+    assert out["rule"] == ("calibrated" if expected == "selected" else "calibrated-exceeded")
+    assert data["eager_at_precision"]["bf16"]["available"] is True
+    assert "vs eager bf16" in report.summary_table()
+
+
+def test_accuracy_factor_is_validated():
+    with pytest.raises(ValueError, match="accuracy_factor"):
+        TuneOptions(accuracy_factor=0.5)
+    with pytest.raises(TypeError, match="accuracy must be a callable"):
+        TuneOptions(accuracy=3)
+    with pytest.raises(ValueError, match="max_accuracy_drop"):
+        TuneOptions(max_accuracy_drop=-1)
+
+
+def _top1(eager, candidate) -> float:
+    """The user's metric: top-1 agreement with eager over every sample."""
+    agree = [(e.argmax(-1) == c.argmax(-1)).float().mean().item() for e, c in zip(eager, candidate, strict=True)]
+    return float(np.mean(agree))
+
+
+def test_the_users_metric_decides_with_its_maximum_drop(cache_dir):
+    torch.manual_seed(0)
+    model = ait.Module(MLP().eval(), "mlp_metric", strategy=_one_candidate())
+    calls = []
+
+    def metric(eager, candidate):
+        calls.append(len(candidate))
+        assert all(isinstance(t, torch.Tensor) for t in candidate)
+        return _top1(eager, candidate)
+
+    ait.tune(model, [torch.randn(16) for _ in range(4)], accuracy=metric, max_accuracy_drop=0.0,
+             ignore_failing_modules=False)
+    assert model.ait_state is ait.ModuleState.TUNED
+    (report,) = model.ait_reports.values()
+    data = json.loads(report.to_json())
+    winner = next(c for c in data["candidates"] if c["status"] == "selected")
+    assert winner["correctness"]["user_metric"]["baseline"] == 1.0
+    assert winner["correctness"]["user_metric"]["passed"] is True
+    assert calls == [6, 6]  # the baseline, then the one candidate: 4 samples of batch 1, 2 of batch 2
+
+    # A metric no candidate meets: every candidate is rejected by it, and the tune says so.
+    # The engine scores eager itself first (the baseline), then each candidate.
+    scores = iter([1.0, 0.25])
+    strict = ait.Module(MLP().eval(), "mlp_metric_strict", strategy=_one_candidate())
+    with pytest.raises(ait.NumericMismatchError, match="user accuracy metric 0.25 vs eager's 1: drop 0.75 > maximum 0.5"):
+        ait.tune(strict, [torch.randn(16) for _ in range(4)], accuracy=lambda e, c: next(scores),
+                 max_accuracy_drop=0.5, ignore_failing_modules=False)
+
+
+class ConstantHead(torch.nn.Module):
+    """Two outputs: real logits, and a head that is always zero (it cannot judge)."""
+
+    def __init__(self):
+        super().__init__()
+        self.mlp = MLP()
+
+    def forward(self, x):
+        y = self.mlp(x)
+        return y, y * 0.0
+
+
+def test_an_output_that_cannot_judge_is_named_in_a_warning_and_the_report(caplog, cache_dir):
+    torch.manual_seed(0)
+    model = ait.Module(ConstantHead().eval(), "constant_head", strategy=_one_candidate())
+    with caplog.at_level(logging.WARNING, logger="aitune"):
+        ait.tune(model, [torch.randn(16) for _ in range(4)], performance_validation=False,
+                 ignore_failing_modules=False)
+    assert "eager output 'output_1'" in caplog.text and "constant" in caplog.text
+    (report,) = model.ait_reports.values()
+    assert report.vacuous_outputs == [("output_1", "constant (every element is 0)")]
+    if report.winner is not None:
+        assert "vacuous" in report.decision

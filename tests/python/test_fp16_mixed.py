@@ -1,0 +1,100 @@
+"""fp16 where it is safe, on the CPU provider (ONNX Runtime runs fp16 models there, with
+casts where it has no fp16 kernel): the all-fp16 model overflows, the mixed-precision
+model keeps the sensitive nodes in fp32 and passes, and the measured search finds a
+smaller set of fp32 nodes that passes, carried in the candidate's report."""
+
+from __future__ import annotations
+
+import json
+import types
+
+import onnx
+import torch
+
+import aitune.torch as ait
+from aitune import _core
+from aitune.torch import export, transforms
+from aitune.torch.backend import ONNXRuntimeBackend, ONNXRuntimeBackendConfig
+
+
+class SquareNorm(torch.nn.Module):
+    """sum(x * 400)^2 over the last axis: the squares (~1e6) overflow fp16 (max 65504)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.linear(x) * 400.0
+        return torch.pow(h, 2).sum(-1, keepdim=True) / 1000.0 + h
+
+
+def _setup(tmp_path):
+    torch.manual_seed(0)
+    model = ait.Module(SquareNorm().eval(), "square_norm")
+    ait.tune(model, [torch.randn(8) for _ in range(3)], batch_sizes=[2], dry_run=True)
+    (graph,) = model.ait_graphs
+    spec = graph.graph_spec()
+    exported = export.export_onnx(graph, spec, tmp_path / "model_raw.onnx", use_dynamo=False)
+    samples = [([t.contiguous() for t in s.inputs], [t.contiguous() for t in s.outputs], s.batch_size)
+               for s in graph.samples]
+    options = _core.TunerOptions()
+    options.profile.warmup_calls, options.profile.window_calls, options.profile.time_cap_s = 1, 5, 0.2
+    tuner = _core.GraphTuner("square_norm", spec, samples, options)
+    config = _core.OnnxSessionConfig()
+    config.provider = _core.parse_execution_provider("cpu")
+    return graph, exported, tuner, config
+
+
+def test_mixed_precision_keeps_sensitive_nodes_and_the_search_finds_a_smaller_set(tmp_path):
+    graph, exported, tuner, config = _setup(tmp_path)
+    context = transforms.TransformContext(tmp_path)
+    models = transforms.TransformedModels(exported, context)
+
+    fp16 = models.get("fp16")
+    assert fp16.transform == "fp16"
+    tuner.evaluate_onnx(str(fp16.path), _core.OnnxCandidate("cpu fp16 model", config, _core.Precision.FP16,
+                                                            fp16.transform), "ONNXRuntimeBackend", 0)
+    assert tuner.report.candidates[0].status == "incorrect"  # the squares overflow to Inf
+    assert "infinite" in tuner.report.candidates[0].reason
+
+    mixed = models.get("fp16_mixed")
+    pow_nodes = [n.name for n in onnx.load(str(exported)).graph.node if n.op_type == "Pow"]
+    assert pow_nodes and set(pow_nodes) <= set(mixed.fp32_nodes)
+    tuner.evaluate_onnx(str(mixed.path), _core.OnnxCandidate("cpu fp16 mixed model", config, _core.Precision.FP16,
+                                                             mixed.transform, {}, mixed.fp32_nodes),
+                        "ONNXRuntimeBackend", 0)
+    assert tuner.report.candidates[1].status == "passed", tuner.report.candidates[1].reason
+    assert tuner.report.candidates[1].fp32_nodes == mixed.fp32_nodes
+
+    backend = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cpu"))
+    planned = types.SimpleNamespace(name="cpu fp16 searched model", config=config, precision=_core.Precision.FP16)
+    backend._search_fp16(planned, models, tuner, 0, [0], graph, tmp_path)
+    searched = tuner.report.candidates[2]
+    assert searched.status == "passed", searched.reason
+    assert searched.transform == "fp16_search"
+    every = transforms.float_compute_nodes(exported)
+    assert 0 < len(searched.fp32_nodes) < len(every)
+    assert set(searched.fp32_nodes) & set(pow_nodes)  # the overflowing square stays fp32
+    report = tuner.select(_core.StrategyConfig(performance_validation=False))
+    data = json.loads(report.to_json())
+    assert data["candidates"][2]["fp32_nodes"] == searched.fp32_nodes
+    assert not (tmp_path / "model_fp16_search_step.onnx").exists()
+
+
+def test_no_search_where_the_all_fp16_model_passed(tmp_path):
+    graph, exported, tuner, config = _setup(tmp_path)
+    models = transforms.TransformedModels(exported, transforms.TransformContext(tmp_path))
+    backend = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cpu"))
+    planned = types.SimpleNamespace(name="cpu fp16 searched model", config=config, precision=_core.Precision.FP16)
+    backend._search_fp16(planned, models, tuner, 0, [0], graph, tmp_path)
+    assert list(tuner.report.candidates) == []  # no rejected fp16 candidate: nothing searched, nothing added
+
+
+def test_a_vocabulary_sized_final_projection_is_kept_in_fp32(tmp_path):
+    head = torch.nn.Linear(16, 2048, bias=False)
+    torch.onnx.export(head, (torch.randn(1, 16),), str(tmp_path / "head.onnx"), dynamo=False)
+    model = onnx.load(str(tmp_path / "head.onnx"))
+    names = transforms.vocabulary_projections(model)
+    assert len(names) == 1 and model.graph.node[[n.name for n in model.graph.node].index(names[0])].op_type in (
+        "MatMul", "Gemm")
