@@ -2,7 +2,8 @@
 # One-time set-up of a fresh machine for building and testing aitune. Idempotent:
 # installs only what is missing.
 #   1. Debian packages: compiler, CMake, Ninja, header-only libraries, GoogleTest,
-#      OpenSSL headers (libcrypto: sha256 of checkpoint files), npm;
+#      OpenSSL headers (libcrypto: sha256 of checkpoint files), npm, chromium (tests open the
+#      tune report page in it, headless);
 #   2. a virtual environment .venv with pinned Python packages, ONNX Runtime among them as
 #      its PyPI wheel (the engine loads the wheel's libonnxruntime). Without an NVIDIA GPU:
 #      onnxruntime==1.31.1 and torch 2.13.0 (the CPU wheel where the index has it). With
@@ -52,7 +53,8 @@ if [ "${1:-}" = --print-plan ]; then
   exit 0
 fi
 
-debs=(cmake ninja-build g++ make python3-venv libgtest-dev nlohmann-json3-dev libcli11-dev libdlpack-dev libssl-dev npm)
+# chromium: the tests open the tune report's HTML page in it (headless) and check what it shows.
+debs=(cmake ninja-build g++ make python3-venv libgtest-dev nlohmann-json3-dev libcli11-dev libdlpack-dev libssl-dev npm chromium)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

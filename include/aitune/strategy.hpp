@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "aitune/correctness.hpp"
+#include "aitune/divergence.hpp"
 #include "aitune/profiler.hpp"
 
 namespace aitune {
@@ -65,6 +66,9 @@ struct CandidateResult {
   CandidateStatus status = CandidateStatus::kFailed;
   std::string reason;        ///< why it failed, was rejected or was chosen
   std::optional<CorrectnessReport> correctness;
+  /// For an incorrect candidate: where its graph first diverges, when traced
+  /// (`GraphTuner::trace_divergence`).
+  std::optional<DivergenceReport> divergence;
   std::optional<Profile> profile;
   double session_creation_ms = 0;
   double first_run_ms = 0;

@@ -128,6 +128,22 @@ class GraphTuner {
   /// functions makes it kFailed with the message as the reason.
   std::size_t evaluate_external(const ExternalCandidate& candidate, const std::string& backend, int group);
 
+  /// The index of the first sample an incorrect candidate failed on; nullopt when it
+  /// has no failed check.
+  std::optional<std::size_t> first_failing_sample(std::size_t candidate) const;
+
+  /// The ONNX model a candidate ran on ("" for external and failed-early candidates).
+  const std::string& model_path(std::size_t candidate) const;
+
+  /// Where an incorrect ONNX candidate's graph first diverges from eager PyTorch:
+  /// `eager` are the module outputs (forward hooks) on sample `sample`, each with the
+  /// ONNX value the exporter's metadata maps it to, in the order the modules finished.
+  /// Runs the candidate's model and configuration on that sample (`aitune::trace_divergence`)
+  /// and keeps the result in the candidate's report. Error(kInvalidArgument) for an index
+  /// out of range or a candidate that has no ONNX model.
+  const DivergenceReport& trace_divergence(std::size_t candidate, std::size_t sample,
+                                           const std::vector<ModuleOutput>& eager);
+
   /// Lets `strategy` choose; runs the batch search on the winner when enabled.
   const TuneReport& select(const StrategyConfig& strategy);
 

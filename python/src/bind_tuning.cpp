@@ -15,6 +15,8 @@
 #include "aitune/error.hpp"
 #include "aitune/fp32_node_search.hpp"
 #include "aitune/tensorrt_options.hpp"
+#include "aitune/onnx_nodes.hpp"
+#include "aitune/tune_report_html.hpp"
 #include "aitune/tuner.hpp"
 #include "bindings.hpp"
 
@@ -219,6 +221,14 @@ void bind_tuning(nb::module_& m) {
         if (!c.correctness) return std::nullopt;
         return c.correctness->to_json(-1);
       })
+      .def_prop_ro("divergence_json", [](const CandidateResult& c) -> std::optional<std::string> {
+        if (!c.divergence) return std::nullopt;
+        return c.divergence->to_json(-1);
+      })
+      .def_prop_ro("divergence_summary", [](const CandidateResult& c) -> std::optional<std::string> {
+        if (!c.divergence) return std::nullopt;
+        return c.divergence->describe();
+      })
       .def("__repr__", [](const CandidateResult& c) {
         return "CandidateResult(" + c.name + ", " + std::string(candidate_status_name(c.status)) + ")";
       });
@@ -243,7 +253,19 @@ void bind_tuning(nb::module_& m) {
         return r.batch_search->max_batch;
       })
       .def("to_json", &TuneReport::to_json, nb::arg("indent") = 2)
-      .def("summary_table", &TuneReport::summary_table);
+      .def("summary_table", &TuneReport::summary_table)
+      .def("to_html", [](const TuneReport& r) { return tune_report_html(r.to_json(-1)); },
+           "The report as a self-contained HTML page (tune_report_html).");
+  m.def("tune_report_html", &tune_report_html, nb::arg("report_json"),
+        "A tune report's JSON as a self-contained HTML page; ValueError when it is not a tune report.");
+  nb::class_<OnnxNode>(m, "OnnxNode", "A node of an ONNX graph with the module scope its exporter recorded.")
+      .def_ro("name", &OnnxNode::name)
+      .def_ro("op_type", &OnnxNode::op_type)
+      .def_ro("outputs", &OnnxNode::outputs)
+      .def_ro("scope", &OnnxNode::scope)
+      .def_ro("scopes", &OnnxNode::scopes);
+  m.def("onnx_graph_nodes", &onnx_graph_nodes, nb::arg("model_path"),
+        "The main graph's nodes in graph order, with module scopes from the exporter's metadata.");
 
   nb::class_<TunerOptions>(m, "TunerOptions", "What a GraphTuner does besides evaluating candidates.")
       .def(nb::init<>())
@@ -424,6 +446,24 @@ void bind_tuning(nb::module_& m) {
             return t.tuner->select(strategy);
           },
           nb::arg("strategy"), nb::rv_policy::copy)
+      .def("model_path", [](const PyGraphTuner& t, std::size_t candidate) { return t.tuner->model_path(candidate); },
+           nb::arg("candidate"), "The ONNX model a candidate ran on ('' when none).")
+      .def(
+          "first_failing_sample",
+          [](const PyGraphTuner& t, std::size_t candidate) { return t.tuner->first_failing_sample(candidate); },
+          nb::arg("candidate"), "Index of the first sample the candidate failed its check on; None if none.")
+      .def(
+          "trace_divergence",
+          [](PyGraphTuner& t, std::size_t candidate, std::size_t sample,
+             const std::vector<std::tuple<std::string, std::string, AnyArray>>& eager) {
+            std::vector<ModuleOutput> outputs;
+            for (const auto& [module, value, array] : eager) outputs.push_back({module, value, view_of(array, module)});
+            nb::gil_scoped_release release;
+            return t.tuner->trace_divergence(candidate, sample, outputs).to_json(-1);
+          },
+          nb::arg("candidate"), nb::arg("sample"), nb::arg("eager"),
+          "eager: [(module path, ONNX value name, host array)] in the order the modules finished; traces where "
+          "the candidate's graph first diverges on that sample, keeps it in the report and returns it as JSON.")
       .def("take_winner", [](PyGraphTuner& t) { return t.tuner->take_winner(); })
       .def_prop_ro("report", [](const PyGraphTuner& t) { return t.tuner->report(); })
       .def_prop_ro("spec", [](const PyGraphTuner& t) { return t.tuner->spec(); });

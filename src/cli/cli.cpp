@@ -49,6 +49,10 @@ int run(const std::vector<std::string>& args) {
     Command command = add(app);
     actions[command.sub] = std::move(command.action);
   }
+  for (auto add : {add_debug_precision, add_report}) {  // diagnosis: precision debugging, the report page
+    Command command = add(app);
+    actions[command.sub] = std::move(command.action);
+  }
   {  // export-triton, registered apart from the list above so that edits to either stay independent
     Command command = add_export_triton(app);
     actions[command.sub] = std::move(command.action);

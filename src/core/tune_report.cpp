@@ -44,6 +44,7 @@ std::string TuneReport::to_json(int indent) const {
         {"status", candidate_status_name(c.status)},
         {"reason", c.reason},
         {"correctness", c.correctness ? parse_or_null(c.correctness->to_json(-1)) : nlohmann::json(nullptr)},
+        {"divergence", c.divergence ? parse_or_null(c.divergence->to_json(-1)) : nlohmann::json(nullptr)},
         {"profile", c.profile ? parse_or_null(c.profile->to_json(-1)) : nlohmann::json(nullptr)},
         {"session_creation_ms", c.session_creation_ms},
         {"first_run_ms", c.first_run_ms},
@@ -175,6 +176,8 @@ std::string TuneReport::summary_table() const {
   }
   for (const auto& v : vacuous_outputs)
     out << "warning: eager output " << v.name << " cannot judge a candidate: " << v.why << "\n";
+  for (const auto& c : candidates)
+    if (c.divergence) out << "divergence of " << c.name << ": " << c.divergence->describe() << "\n";
   out << "decision: " << decision << "\n";
   if (batch_search) {
     out << "max batch size: " << batch_search->max_batch << " (recorded up to " << batch_search->recorded_max_batch

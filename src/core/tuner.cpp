@@ -261,6 +261,44 @@ std::size_t GraphTuner::evaluate_external(const ExternalCandidate& candidate, co
   return impl.push(std::move(r), nullptr, "");
 }
 
+const std::string& GraphTuner::model_path(std::size_t candidate) const {
+  if (candidate >= impl_->model_paths.size())
+    throw Error(ErrorCode::kInvalidArgument, impl_->report.graph + ": no candidate " + std::to_string(candidate));
+  return impl_->model_paths[candidate];
+}
+
+std::optional<std::size_t> GraphTuner::first_failing_sample(std::size_t candidate) const {
+  const auto& candidates = impl_->report.candidates;
+  if (candidate >= candidates.size() || !candidates[candidate].correctness) return std::nullopt;
+  const auto& samples = candidates[candidate].correctness->samples;
+  for (std::size_t s = 0; s < samples.size(); ++s)
+    if (!samples[s].passed()) return s;
+  return std::nullopt;
+}
+
+const DivergenceReport& GraphTuner::trace_divergence(std::size_t candidate, std::size_t sample,
+                                                     const std::vector<ModuleOutput>& eager) {
+  auto& impl = *impl_;
+  if (candidate >= impl.report.candidates.size() || impl.model_paths[candidate].empty())
+    throw Error(ErrorCode::kInvalidArgument, impl.report.graph + ": candidate " + std::to_string(candidate) +
+                                                 " has no ONNX model to trace");
+  if (sample >= impl.samples.size())
+    throw Error(ErrorCode::kInvalidArgument, impl.report.graph + ": sample " + std::to_string(sample) +
+                                                 " is out of range; there are " + std::to_string(impl.samples.size()));
+  auto& r = impl.report.candidates[candidate];
+  const auto config = OnnxSessionConfig::from_json(r.config_json);
+  // The model's inputs by name (the graph's names; an exporter may have dropped some).
+  std::vector<std::size_t> map = impl.input_maps[candidate];
+  if (map.empty())
+    for (std::size_t i = 0; i < impl.spec.inputs.size(); ++i) map.push_back(i);
+  std::map<std::string, TensorView> inputs;
+  for (auto i : map) inputs.emplace(impl.spec.inputs.at(i).name, impl.samples[sample].inputs.at(i));
+  impl.log(r.name + ": tracing where it diverges from eager");
+  r.divergence = aitune::trace_divergence(impl.model_paths[candidate], config, inputs, eager, r.precision);
+  impl.log(r.name + ": " + r.divergence->describe());
+  return *r.divergence;
+}
+
 const TuneReport& GraphTuner::select(const StrategyConfig& strategy) {
   auto& impl = *impl_;
   impl.report.strategy = strategy;

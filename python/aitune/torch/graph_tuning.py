@@ -22,6 +22,7 @@ from aitune.torch.backend.torch_eager import EagerGraph, TorchEagerBackend
 from aitune.torch.candidate_isolation import CudaContextLostError
 from aitune.torch.context import run_eagerly
 from aitune.torch.eager_precision import eager_outputs_at
+from aitune.torch.divergence import trace_failed_candidates
 from aitune.torch.graph import RecordedGraph
 from aitune.torch.options import TuneOptions
 from aitune.torch.strategy import TuneStrategy
@@ -29,6 +30,7 @@ from aitune.torch.strategy import TuneStrategy
 logger = logging.getLogger("aitune")
 
 REPORT_FILE = "tune_report.json"
+REPORT_PAGE = "tune_report.html"
 
 
 class TuningError(_core.AituneError):
@@ -45,18 +47,21 @@ def _progress_bar(total: int, description: str, enabled: bool):
 
 
 def _write_report(graph: RecordedGraph, report: _core.TuneReport) -> Path:
-    """``<cache>/<module>/<graph>/tune_report.json``, replaced atomically."""
+    """``<cache>/<module>/<graph>/tune_report.json`` and, beside it, the same report as a
+    page (``tune_report.html``), each replaced atomically."""
     directory = cache.module_dir(graph.module_name) / graph.key
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / REPORT_FILE
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tune_report-", suffix=".json")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(report.to_json())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    # The page first: a report file never names a page older than itself.
+    for name, text in ((REPORT_PAGE, report.to_html()), (REPORT_FILE, report.to_json())):
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tune_report-", suffix=Path(name).suffix)
+        try:
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            os.replace(tmp, directory / name)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
     return path
 
 
@@ -126,11 +131,16 @@ def _failure(outcome: _core.TuneOutcome, graph: RecordedGraph, report: _core.Tun
     table = report.summary_table()
     if outcome.kind == "all_incorrect":
         incorrect = report.candidates
+        where = f"; {incorrect[0].divergence_summary}" if incorrect[0].divergence_summary else ""
         return NumericMismatchError(
             f"{graph.module_name}/{graph.key}: every candidate differs from eager PyTorch; "
-            f"{incorrect[0].name}: {incorrect[0].reason}\n{table}"
+            f"{incorrect[0].name}: {incorrect[0].reason}{where}\n{table}"
         )
-    reasons = "\n".join(f"  - {c.name} ({c.backend}): {c.status}: {c.reason}" for c in report.candidates)
+    reasons = "\n".join(
+        f"  - {c.name} ({c.backend}): {c.status}: {c.reason}"
+        + (f"\n    {c.divergence_summary}" if c.divergence_summary else "")
+        for c in report.candidates
+    )
     return TuningError(f"no backend could build {graph.module_name}/{graph.key}:\n{reasons}\n{table}")
 
 
@@ -180,7 +190,9 @@ def tune_graph(strategy: TuneStrategy, graph: RecordedGraph, options: TuneOption
                 tuner.add_failed(backend.describe(), type(backend).__name__, group, reason)
             if strategy.stop_at_first_success and _core.group_succeeded(tuner.report, group):
                 break  # first wins
-        report = tuner.select(options.strategy_config(strategy.kind, strategy.latency_budget_ms))
+        tuner.select(options.strategy_config(strategy.kind, strategy.latency_budget_ms))
+    trace_failed_candidates(graph, tuner)  # where each failed candidate diverges, into the report
+    report = tuner.report
 
     path = _write_report(graph, report)
     logger.info("%s: tuning report %s\n%s", name, path, report.summary_table())
