@@ -75,13 +75,18 @@ def test_output_hook_applies_once_and_its_side_effect_keeps_happening(use_dynamo
 def test_pre_hook_with_a_side_effect_runs_on_every_tuned_call(use_dynamo):
     inner = MLP().eval()
     seen = []
+    inner.register_forward_pre_hook(lambda module, args: seen.append(args[0].shape))  # before wrapping
     model = ait.Module(inner, "counted", strategy=_strategy(use_dynamo))
     ait.tune(model, [torch.randn(16) for _ in range(2)], ignore_failing_modules=False)
-    model.register_forward_pre_hook(lambda module, args: seen.append(args[0].shape))  # after tuning too
+    seen.clear()
     _no_eager(model)
     for _ in range(3):
         model(torch.randn(2, 16))
     assert seen == [torch.Size([2, 16])] * 3
+    later = []
+    model.register_forward_pre_hook(lambda module, args: later.append(1))  # after tuning, on the proxy
+    model(torch.randn(2, 16))
+    assert len(later) == 1 and len(seen) == 4
 
 
 def test_hook_on_a_submodule_is_named_in_a_warning(caplog):

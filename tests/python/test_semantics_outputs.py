@@ -37,6 +37,14 @@ class BaseOutputLike(OrderedDict):
     def to_tuple(self):
         return tuple(self[k] for k in self.keys())
 
+    def __init_subclass__(cls) -> None:
+        # As diffusers does: a pytree node without key paths (tree_flatten_with_path refuses it)
+        torch.utils._pytree.register_pytree_node(
+            cls,
+            torch.utils._pytree._dict_flatten,
+            lambda values, context: cls(**torch.utils._pytree._dict_unflatten(values, context)),
+        )
+
 
 @dataclasses.dataclass
 class UNetLikeOutput(BaseOutputLike):
