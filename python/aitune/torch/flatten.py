@@ -48,7 +48,7 @@ def _add_missing_keys(tree: Any) -> None:
     pending = [pytree.tree_flatten(tree)[1]]
     while pending:
         spec = pending.pop()
-        pending.extend(spec.children_specs)
+        pending.extend(spec.children())
         node = pytree.SUPPORTED_NODES.get(spec.type)
         if node is None or node.flatten_with_keys_fn is not None:
             continue
