@@ -50,6 +50,7 @@ def test_mlp_matches_eager(use_dynamo, cache_dir):
         "provider_options": None,
         "precision": "any",
         "transformer_fusions": True,
+        "allow_trace_warnings": False,
     }
     assert not list(backend_dir.glob(".export-*"))  # scratch directory gone
 

@@ -220,7 +220,7 @@ class ModuleDispatch:
                 error.add_note(f"ait.Module '{self.name}' recorded for this graph: {graph.describe()}")
                 raise
             self._warn_once(identity, f"{error}; running eagerly")
-            return self.module(*args, **kwargs)
+            return self.module.forward(*args, **kwargs)  # the hooks ran around the proxy's forward
         self._add_route(index, args, kwargs)
         return outputs
 
@@ -247,7 +247,7 @@ class ModuleDispatch:
                 "ait.Module '%s': in %s mode, but its graphs were tuned in %s mode; calls run eagerly in PyTorch "
                 "until the module is back in %s mode (.%s())", self.name, now, tuned, tuned, tuned,
             )
-        return self.module(*args, **kwargs)
+        return self.module.forward(*args, **kwargs)  # the hooks ran around the proxy's forward
 
     def _run_with_autograd(self, args: tuple, kwargs: dict) -> Any:
         """A call whose inputs require grad, with gradients enabled, runs eagerly so that
@@ -261,13 +261,13 @@ class ModuleDispatch:
                 "(torch.no_grad() / torch.inference_mode(), or inputs that do not require grad)",
                 self.name,
             )
-        return self.module(*args, **kwargs)
+        return self.module.forward(*args, **kwargs)  # the hooks ran around the proxy's forward
 
     def _unrecorded(self, identity, arguments: dict, args: tuple, kwargs: dict) -> Any:
         call = describe_call(self.signature, arguments)
         if self.eager_fallback:
             self._warn_once(identity, f"no recorded graph matches this call ({call}); running eagerly")
-            return self.module(*args, **kwargs)
+            return self.module.forward(*args, **kwargs)  # the hooks ran around the proxy's forward
         recorded = "\n".join(f"  {i + 1}. {g.describe()}" for i, g in enumerate(self.recorded))
         raise GraphNotRecordedError(
             f"ait.Module '{self.name}' was tuned for other inputs than this call.\n"

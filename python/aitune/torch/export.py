@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import io
+import linecache
+import logging
 import os
 import re
 import shutil
@@ -20,9 +22,73 @@ from aitune import _core
 from aitune.torch.context import exporters_quiet, run_eagerly
 from aitune.torch.graph import RecordedGraph
 
+logger = logging.getLogger("aitune")
+
 
 class ExportError(_core.AituneError):
     """torch.onnx.export or onnx.checker rejected a graph; the partial files are gone."""
+
+
+class TraceWarningError(ExportError):
+    """The trace exporter warned that the trace may not generalise (a tensor's value
+    decided Python control flow in the model's code): the graph would bake in one branch."""
+
+
+#: Where torch's own sources live: tracer warnings from there are about torch's internals.
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+
+
+def _model_tracer_warnings(caught: list[warnings.WarningMessage]) -> list[warnings.WarningMessage]:
+    """The TracerWarnings raised from the model's code (not torch's own), one per source
+    line; the other warnings caught are shown again as they would have been."""
+    found: dict[tuple, warnings.WarningMessage] = {}
+    for w in caught:
+        if not issubclass(w.category, torch.jit.TracerWarning):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        elif not str(w.filename).startswith(_TORCH_DIR):
+            found.setdefault((w.filename, w.lineno), w)
+    return list(found.values())
+
+
+def _trace_refusal(graph: RecordedGraph, found: list[warnings.WarningMessage]) -> str:
+    lines = []
+    for w in found[:5]:
+        source = (linecache.getline(w.filename, w.lineno) or "").strip()
+        first = str(w.message).split(". ")[0]
+        lines.append(f"  {w.filename}:{w.lineno}: {source}  ({first})")
+    more = f"\n  ... and {len(found) - 5} more" if len(found) > 5 else ""
+    return (
+        f"trace export of {graph.module_name}/{graph.key}: the tracer cannot capture what these lines do with a "
+        f"tensor's value; the graph would keep the branch the example input took, for every input:\n"
+        + "\n".join(lines) + more
+        + "\nHint: write the branch with torch.cond and export with use_dynamo=True, make it static (decided by "
+        "shapes or constructor arguments), or accept the risk with "
+        "ONNXRuntimeBackendConfig(use_dynamo=False, allow_trace_warnings=True) (shown in the tuning report)"
+    )
+
+
+def same_math_differs(module: torch.nn.Module) -> bool:
+    """Whether ``module`` has layers whose eager fast path ``same_math_as_export`` turns off."""
+    return any(isinstance(m, torch.nn.MultiheadAttention) for m in module.modules())
+
+
+@contextlib.contextmanager
+def same_math_as_export(module: torch.nn.Module) -> Iterator[None]:
+    """PyTorch's multi-head-attention fast path (``nn.MultiheadAttention``,
+    ``nn.TransformerEncoder`` in eval) turned off for the duration, restored afterwards,
+    where ``module`` has such layers. With a padding mask that path returns zeros at padded
+    positions (nested tensors), which the exported graph computes like any other position:
+    the model's contract leaves them undefined, so the reference and the export both use
+    the regular math."""
+    if not same_math_differs(module):
+        yield
+        return
+    enabled = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        torch.backends.mha.set_fastpath_enabled(enabled)
 
 
 class _FlatModule(torch.nn.Module):
@@ -38,7 +104,9 @@ class _FlatModule(torch.nn.Module):
 
     def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         args, kwargs = self.graph.call_arguments(tensors)
-        return tuple(self.graph.output_tensors(self.inner(*args, **kwargs)))
+        # forward, not __call__: the module's own hooks run around the graph (ait.Module
+        # shares them), never inside it, or they would apply twice
+        return tuple(self.graph.output_tensors(self.inner.forward(*args, **kwargs)))
 
 
 def example_inputs(graph: RecordedGraph, spec: _core.GraphSpec) -> list[torch.Tensor]:
@@ -134,17 +202,34 @@ def export_onnx(
     *,
     use_dynamo: bool = True,
     opset_version: int | None = None,
+    allow_trace_warnings: bool = False,
 ) -> Path:
     """Writes ``path`` (plus any external data file beside it) and checks it with
     ``onnx.checker``. The export runs in a scratch directory next to ``path`` and only a
-    checked model is moved in, so a failure leaves no partial files behind."""
+    checked model is moved in, so a failure leaves no partial files behind.
+
+    Refused (``ExportError``): a graph whose forward changed the module's buffers or
+    parameters while recording (an ONNX graph cannot write them back), and a trace export
+    during which the model's code made the tracer warn that the trace may be incorrect
+    (a tensor turned into a Python value for control flow: ``TraceWarningError``), unless
+    ``allow_trace_warnings``."""
+    if graph.mutated_state:
+        raise ExportError(
+            f"ONNX export of {graph.module_name}/{graph.key} refused: forward changes the module's state "
+            f"({', '.join(graph.mutated_state)}), which an ONNX graph cannot write back; the tuned module would "
+            "silently stop updating it.\nHint: keep the update out of forward (or out of the module tuned), "
+            "tune it in eval() when the update is training-only (BatchNorm statistics), or use "
+            "TorchCompileBackend, which keeps the update."
+        )
     path.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=".export-", dir=path.parent))
     target = scratch / path.name
     flat = _FlatModule(graph)
     inputs = tuple(example_inputs(graph, spec))
+    tracer_warnings: list[warnings.WarningMessage] = []
     try:
-        with torch.no_grad(), run_eagerly(), warnings.catch_warnings(), _exporter_output():
+        with torch.no_grad(), run_eagerly(), same_math_as_export(graph.module), warnings.catch_warnings(), \
+                _exporter_output():
             # Noise from inside torch about its own internals, not about the model.
             warnings.filterwarnings("ignore", message=r".*LeafSpec.*", category=FutureWarning)
             warnings.filterwarnings("ignore", message=r".*axis name: .* will not be used.*", category=UserWarning)
@@ -154,27 +239,39 @@ def export_onnx(
                 torch.onnx.export(flat, inputs, str(target), dynamo=True, dynamic_shapes=_dynamo_shapes(spec),
                                   verbose=False, **common)
             else:
-                with warnings.catch_warnings():  # the trace exporter is chosen on purpose here
+                with warnings.catch_warnings(record=True) as caught:  # the trace exporter is chosen on purpose here
                     warnings.simplefilter("ignore", DeprecationWarning)
+                    warnings.simplefilter("always", torch.jit.TracerWarning)  # also where quiet: they are checked
                     torch.onnx.export(flat, inputs, str(target), dynamo=False, dynamic_axes=_trace_axes(spec),
                                       **common)
+                tracer_warnings = _model_tracer_warnings(caught)
+                if tracer_warnings and not allow_trace_warnings:
+                    raise TraceWarningError(_trace_refusal(graph, tracer_warnings))
         onnx.checker.check_model(str(target))
         for old in path.parent.glob(f"{path.name}*"):  # stale model and external data
             old.unlink()
         for produced in scratch.iterdir():
             os.replace(produced, path.parent / produced.name)
+    except TraceWarningError:
+        raise
     except Exception as error:
-        hint = (
-            "try ONNXRuntimeBackendConfig(use_dynamo=False) for the trace-based exporter"
-            if use_dynamo
-            else "try ONNXRuntimeBackendConfig(use_dynamo=True) for the torch.export-based exporter"
-        )
+        if use_dynamo:
+            hint = (
+                "where the cause is control flow on a tensor's value (`if x.sum() > 0:`), write it with torch.cond "
+                "or make the branch static (decided by shapes or constructor arguments); "
+                "ONNXRuntimeBackendConfig(use_dynamo=False) uses the trace exporter instead, which records only the "
+                "branch the example input takes (aitune refuses such traces unless allow_trace_warnings=True)"
+            )
+        else:
+            hint = "try ONNXRuntimeBackendConfig(use_dynamo=True) for the torch.export-based exporter"
         exporter = "dynamo" if use_dynamo else "trace"
         raise ExportError(
             f"ONNX export ({exporter}) of {graph.module_name}/{graph.key} failed: {_summary(error)}\nHint: {hint}."
         ) from error
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+    if tracer_warnings:  # allowed: said in the log (the report names allow_trace_warnings=True in the backend)
+        logger.warning("%s; exported anyway (allow_trace_warnings=True)", _trace_refusal(graph, tracer_warnings))
     return path
 
 

@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import hashlib
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -22,6 +23,7 @@ def register_dataclasses(tree: Any) -> None:
     Each is registered under its ``serialized_type_name`` (``module.QualName``) so that
     tree specs holding it can be saved in a checkpoint (``aitune.torch.checkpoint``).
     """
+    _add_missing_keys(tree)
     while True:
         unknown = {
             type(leaf)
@@ -32,6 +34,43 @@ def register_dataclasses(tree: Any) -> None:
             return
         for cls in unknown:
             pytree.register_dataclass(cls, serialized_type_name=serialized_type_name(cls))
+
+
+def _add_missing_keys(tree: Any) -> None:
+    """Gives key paths to the node types in ``tree`` registered without them.
+
+    Libraries register their output classes with pytree's plain ``register_pytree_node``
+    (diffusers' ``BaseOutput``, an OrderedDict dataclass, does so for every subclass), which
+    flattens but names no keys, so ``tree_flatten_with_path`` (how graphs name their
+    outputs) refuses them. Such a type is registered again with the same functions plus
+    keys read from its flatten context: the context's keys where the node is a mapping
+    (``output_sample``), else the children's positions."""
+    pending = [pytree.tree_flatten(tree)[1]]
+    while pending:
+        spec = pending.pop()
+        pending.extend(spec.children())
+        node = pytree.SUPPORTED_NODES.get(spec.type)
+        if node is None or node.flatten_with_keys_fn is not None:
+            continue
+        name = pytree.SUPPORTED_SERIALIZED_TYPES.get(spec.type)
+        pytree._deregister_pytree_node(spec.type)  # no public way to add keys to a registration
+        pytree.register_pytree_node(
+            spec.type, node.flatten_fn, node.unflatten_fn,
+            serialized_type_name=name.serialized_type_name if name is not None else serialized_type_name(spec.type),
+            flatten_with_keys_fn=_keys_from_context(node.flatten_fn),
+        )
+
+
+def _keys_from_context(flatten_fn):
+    def flatten_with_keys(node: Any) -> tuple[list, Any]:
+        children, context = flatten_fn(node)
+        if isinstance(node, Mapping) and isinstance(context, (list, tuple)) and len(context) == len(children):
+            keys = [pytree.MappingKey(key) for key in context]
+        else:
+            keys = [pytree.SequenceKey(i) for i in range(len(children))]
+        return list(zip(keys, children)), context
+
+    return flatten_with_keys
 
 
 def serialized_type_name(cls: type) -> str:

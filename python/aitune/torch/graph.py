@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import warnings
 from typing import Any
 
 import torch
@@ -189,8 +190,8 @@ class _GraphCalls:
     def run_eager(self, input_tensors) -> list[torch.Tensor]:
         """Flat outputs of the wrapped PyTorch module (nested ait.Modules run eagerly too)."""
         args, kwargs = self.call_arguments(input_tensors)
-        with run_eagerly():
-            return self.output_tensors(self.module(*args, **kwargs))
+        with run_eagerly():  # forward: the module's hooks run around a graph, not in it
+            return self.output_tensors(self.module.forward(*args, **kwargs))
 
 
 class RecordedGraph(_GraphCalls):
@@ -234,6 +235,10 @@ class RecordedGraph(_GraphCalls):
             "output", [path for path, leaf in out_paths_leaves if isinstance(leaf, torch.Tensor)]
         )
         self.samples: list[Sample] = []
+        # Names of the buffers and parameters a recorded call changed (the forward updates
+        # state: a counter, running statistics); an export cannot carry that and refuses.
+        self.mutated_state: list[str] = []
+        self._nan_warned: set[str] = set()
         # The mode the calls ran in: an exported graph keeps that mode's behaviour (dropout,
         # BatchNorm statistics), so the dispatch serves only calls in the same mode.
         self.training: bool | None = bool(module.training)
@@ -254,6 +259,7 @@ class RecordedGraph(_GraphCalls):
                 "cannot be exported as one graph"
             )
         out_tensors = [leaf for leaf in out_leaves if isinstance(leaf, torch.Tensor)]
+        self._warn_all_nan(out_tensors)
         self.samples.append(
             Sample(
                 inputs=[t.detach().clone() for t in input_tensors],
@@ -261,6 +267,25 @@ class RecordedGraph(_GraphCalls):
                 batch_size=batch_size,
             )
         )
+
+    def note_mutated_state(self, names: list[str]) -> None:
+        """A recorded call changed these buffers or parameters (``module.changed_state``)."""
+        self.mutated_state += [name for name in names if name not in self.mutated_state]
+
+    def _warn_all_nan(self, out_tensors: list[torch.Tensor]) -> None:
+        """An eager output that is NaN everywhere is said once per output: every
+        candidate matches it (NaN compares equal to NaN), so the tune proves nothing there."""
+        for name, tensor in zip(self.output_names, out_tensors, strict=True):
+            if (name not in self._nan_warned and tensor.is_floating_point() and tensor.numel() > 0
+                    and bool(torch.isnan(tensor).all())):
+                self._nan_warned.add(name)
+                warnings.warn(
+                    f"ait.Module '{self.module_name}' {self.key}: eager output {name} is NaN everywhere "
+                    f"(shape {list(tensor.shape)}); the correctness check cannot tell a right graph from a wrong "
+                    "one there: check the model's weights and inputs",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
 
     def graph_spec(self, input_names: list[str] | None = None) -> _core.GraphSpec:
         """Min/max shapes, batch and dynamic axes of the recorded samples, derived by

@@ -23,6 +23,7 @@ from aitune.torch.candidate_isolation import CudaContextLostError
 from aitune.torch.context import run_eagerly
 from aitune.torch.eager_precision import eager_outputs_at
 from aitune.torch.divergence import trace_failed_candidates
+from aitune.torch.export import same_math_as_export, same_math_differs
 from aitune.torch.graph import RecordedGraph
 from aitune.torch.options import TuneOptions
 from aitune.torch.strategy import TuneStrategy
@@ -85,11 +86,14 @@ def reference_outputs(graph: RecordedGraph) -> list[list[torch.Tensor]]:
     """Per sample, the outputs every candidate is compared with, in host memory. On CUDA
     the module runs again on each sample with TF32 off (``exact_float32``): the outputs
     recorded while the user's code ran were computed with the user's (TF32) settings. On
-    the host they are the recorded outputs (no TF32 there)."""
-    if graph.device.type != "cuda":
+    the host they are the recorded outputs (no TF32 there), except for modules with
+    multi-head attention: they run again without PyTorch's fast path, whose outputs at
+    padded positions differ from the regular math an export captures (``same_math_as_export``)."""
+    recomputed = same_math_differs(graph.module)
+    if graph.device.type != "cuda" and not recomputed:
         return [[t.detach().cpu().contiguous() for t in s.outputs] for s in graph.samples]
     outputs = []
-    with torch.no_grad(), exact_float32():
+    with torch.no_grad(), exact_float32(), same_math_as_export(graph.module):
         for sample in graph.samples:
             outputs.append([t.detach().cpu().contiguous() for t in graph.run_eager(sample.inputs)])
     return outputs
@@ -166,7 +170,7 @@ def tune_graph(strategy: TuneStrategy, graph: RecordedGraph, options: TuneOption
     largest = max(range(len(graph.samples)), key=lambda i: graph.samples[i].batch_size)
     args, kwargs = graph.call_arguments(graph.samples[largest].inputs)
     with run_eagerly():
-        tuner.profile_reference(lambda: graph.module(*args, **kwargs), "eager")
+        tuner.profile_reference(lambda: graph.module.forward(*args, **kwargs), "eager")
 
     wrappers = {}  # group -> function(session, candidate) -> TunedGraph
     eager_group = None

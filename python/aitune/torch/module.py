@@ -18,6 +18,7 @@ from aitune.torch.context import current_session, eager_only
 from aitune.torch.dispatch import ModuleDispatch
 from aitune.torch.graph import CallForm, RecordedGraph
 from aitune.torch.graph_tuning import tune_graph
+from aitune.torch.state_changes import StateWatch
 from aitune.torch.options import TuneOptions
 from aitune.torch.strategy import OneBackendStrategy, TuneStrategy
 
@@ -39,6 +40,25 @@ class ModuleState(str, enum.Enum):
 # parameters(), named_modules() and a parent's state_dict() see the wrapped module's
 # names unprefixed, exactly as before wrapping.
 _SHARED_REGISTRIES = ("_parameters", "_buffers", "_modules", "_non_persistent_buffers_set")
+# The forward hooks too, so that they run in one place, around the proxy's forward (and
+# so around a tuned graph: a pre-hook that supplies or changes the inputs is recorded on
+# what it produced, a hook that changes the outputs applies once, a hook's side effects
+# keep happening). Everything inside calls the wrapped module's forward, never __call__,
+# which would run them a second time. Hooks receive the proxy as their module.
+_SHARED_HOOKS = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks",
+                 "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
+
+
+def submodule_hooks(module: torch.nn.Module) -> list[str]:
+    """``name: hook`` for each forward hook registered on a submodule: those run inside
+    a graph while it is exported, and their side effects never happen on tuned calls."""
+    found = []
+    for name, sub in module.named_modules():
+        if not name:
+            continue
+        for hook in [*sub._forward_pre_hooks.values(), *sub._forward_hooks.values()]:
+            found.append(f"{name}: {getattr(hook, '__qualname__', repr(hook))}")
+    return found
 
 
 _module_call = torch.nn.Module.__call__
@@ -91,7 +111,7 @@ class Module(torch.nn.Module):
             "_ait_record_errors": [],
             "training": module.training,
         }
-        own.update({registry: getattr(module, registry) for registry in _SHARED_REGISTRIES})
+        own.update({registry: getattr(module, registry) for registry in (*_SHARED_REGISTRIES, *_SHARED_HOOKS)})
         for key, value in own.items():
             object.__setattr__(self, key, value)
 
@@ -205,34 +225,44 @@ class Module(torch.nn.Module):
         return direct(self, args, kwargs)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        # The hooks (shared with the wrapped module) ran around this forward already.
         if eager_only():
-            return self._ait_module(*args, **kwargs)
+            return self._ait_module.forward(*args, **kwargs)
         session = current_session()
         if session is not None:
             return self._ait_record(session, args, kwargs)
         if self._ait_state is ModuleState.TUNED:
             return self._ait_calls.call(args, kwargs)
-        return self._ait_module(*args, **kwargs)
+        return self._ait_module.forward(*args, **kwargs)
 
     def _ait_record(self, session, args: tuple, kwargs: dict) -> Any:
         if session.enlist(self):  # first call of this tuning: forget older recordings
             # ...kept until the recording ends: where it raises, they come back (_ait_recording_ended)
-            self._ait_before_recording = (self._ait_state, self._ait_graphs, self._ait_record_errors)
+            self._ait_before_recording = (self._ait_state, self._ait_graphs, self._ait_record_errors,
+                                          self._ait_calls)
             self._ait_graphs = {}
             self._ait_record_errors = []
             self._ait_state = ModuleState.RECORDING
         arguments = self._ait_calls.bind(args, kwargs)
-        outputs = self._ait_module(*args, **kwargs)
         try:
-            flatten.register_dataclasses((arguments, outputs))
+            flatten.register_dataclasses(arguments)
             leaves, spec = pytree.tree_flatten(arguments)
             identity = flatten.identity(spec, leaves)
-            graph = self._ait_graphs.get(identity)
+        except Exception as error:  # keep feeding samples; tuning reports it
+            self._ait_record_errors.append(f"{type(error).__name__}: {error}")
+            return self._ait_module.forward(*args, **kwargs)
+        graph = self._ait_graphs.get(identity)
+        watch = StateWatch(self._ait_module, compare_values=graph is None)
+        outputs = self._ait_module.forward(*args, **kwargs)
+        mutated = watch.changed()
+        try:
+            flatten.register_dataclasses(outputs)
             if graph is None:
                 form = CallForm.of(self._ait_signature, len(args), kwargs)
                 graph = RecordedGraph(self._ait_name, self._ait_module, self._ait_signature, arguments, outputs, form)
                 self._ait_graphs[identity] = graph
             graph.add_sample([leaf for leaf in leaves if isinstance(leaf, torch.Tensor)], outputs, session.batch_size)
+            graph.note_mutated_state(mutated)
         except Exception as error:  # keep feeding samples; tuning reports it
             self._ait_record_errors.append(f"{type(error).__name__}: {error}")
         return outputs
@@ -244,13 +274,32 @@ class Module(torch.nn.Module):
         touched), rather than left RECORDING with its recordings gone."""
         before = self.__dict__.pop("_ait_before_recording", None)
         if failed and before is not None:
-            self._ait_state, self._ait_graphs, self._ait_record_errors = before
+            self._ait_state, self._ait_graphs, self._ait_record_errors, self._ait_calls = before
+        elif before is not None:  # until tuning is over: an interrupt there puts it back too
+            self._ait_before_tuning = before
+
+    def _ait_tuning_interrupted(self) -> None:
+        """ait.tune was interrupted (KeyboardInterrupt, SystemExit) before this module's
+        tuning finished: it goes back to what it was before the recording (a TUNED module
+        keeps serving its old graphs), rather than half-tuned or RECORDING."""
+        before = self.__dict__.pop("_ait_before_tuning", None)
+        if before is not None:
+            self._ait_state, self._ait_graphs, self._ait_record_errors, self._ait_calls = before
 
     # -- tuning -----------------------------------------------------------------------
 
     def _ait_tune(self, clear_cache: bool = False, options: TuneOptions | None = None) -> None:
         """Builds every recorded graph with the strategy. On failure the module stays
-        eager (PASSTHROUGH) and the exception propagates to ``ait.tune``."""
+        eager (PASSTHROUGH) and the exception propagates to ``ait.tune``. Interrupted
+        (KeyboardInterrupt, SystemExit): ``ait.tune`` puts it back (``_ait_tuning_interrupted``)."""
+        hooks = submodule_hooks(self._ait_module)
+        if hooks:
+            logger.warning(
+                "ait.Module '%s': forward hooks on submodules run inside the graph while it is exported, so only "
+                "their effect on tensors is kept; their other effects (counters, logging, state) will not happen "
+                "on tuned calls: %s. Register them on the module wrapped instead (they then run around the tuned "
+                "graph on every call).", self._ait_name, "; ".join(hooks),
+            )
         self._ait_set_tuned({})
         try:
             if self._ait_record_errors:
@@ -266,8 +315,10 @@ class Module(torch.nn.Module):
                 tuned[identity] = (graph, tune_graph(self._ait_strategy, graph, options))
                 logger.info("ait.Module '%s' %s: %s", self._ait_name, graph.key, tuned[identity][1].describe())
         except Exception:
+            self.__dict__.pop("_ait_before_tuning", None)
             self._ait_state = ModuleState.PASSTHROUGH
             raise
+        self.__dict__.pop("_ait_before_tuning", None)
         self._ait_set_tuned(tuned)
         self._ait_state = ModuleState.TUNED
 

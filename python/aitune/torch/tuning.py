@@ -153,13 +153,23 @@ def tune(
         return
 
     quiet = quiet_external_logging() if disable_external_logging else contextlib.nullcontext()
-    with torch.no_grad(), quiet:
-        for module in session.modules.values():
-            try:
-                module._ait_tune(clear_cache=clear_cache, options=options)
-            except Exception as error:
-                if not ignore_failing_modules or isinstance(error, CudaContextLostError):
-                    raise  # a broken CUDA context fails every later module too
-                logger.warning(
-                    "ait.Module '%s' stays eager, tuning failed: %s: %s", module.ait_name, type(error).__name__, error
-                )
+    pending = list(session.modules.values())
+    try:
+        with torch.no_grad(), quiet:
+            while pending:
+                module = pending[0]
+                try:
+                    module._ait_tune(clear_cache=clear_cache, options=options)
+                except Exception as error:
+                    if not ignore_failing_modules or isinstance(error, CudaContextLostError):
+                        raise  # a broken CUDA context fails every later module too
+                    logger.warning(
+                        "ait.Module '%s' stays eager, tuning failed: %s: %s", module.ait_name, type(error).__name__,
+                        error,
+                    )
+                pending.pop(0)
+    except BaseException as error:
+        if not isinstance(error, Exception):  # interrupted: the modules not tuned yet go back as they were
+            for module in pending:
+                module._ait_tuning_interrupted()
+        raise

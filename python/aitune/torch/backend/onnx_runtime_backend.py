@@ -90,6 +90,10 @@ class ONNXRuntimeBackendConfig(BackendConfig):
         transformer_fusions: also try the exported graph with ONNX Runtime's transformer
             fusions (Attention, SkipLayerNormalization, BiasGelu, ...; docs/tuning.md),
             where they apply: no fused operator, no extra candidate.
+        allow_trace_warnings: export with the trace exporter even where the tracer warns
+            that the trace may be incorrect (a tensor's value decides Python control flow:
+            the graph keeps the branch the example took). Off: such exports are refused,
+            naming the lines.
     """
 
     use_dynamo: bool = True
@@ -99,6 +103,7 @@ class ONNXRuntimeBackendConfig(BackendConfig):
     provider_options: dict[str, str] | None = None
     precision: str = "any"
     transformer_fusions: bool = True
+    allow_trace_warnings: bool = False
 
     def __post_init__(self) -> None:
         if self.execution_provider is not None:
@@ -123,6 +128,8 @@ class ONNXRuntimeBackendConfig(BackendConfig):
         self.precision = precision_edge.precision_limit(self.precision)
         if not isinstance(self.transformer_fusions, bool):
             raise ValueError(f"transformer_fusions must be a bool, got {self.transformer_fusions!r}")
+        if not isinstance(self.allow_trace_warnings, bool):
+            raise ValueError(f"allow_trace_warnings must be a bool, got {self.allow_trace_warnings!r}")
 
     @property
     def provider(self) -> ONNXExecutionProvider | str:
@@ -269,6 +276,7 @@ class ONNXRuntimeBackend(Backend):
             directory / "model_raw.onnx",
             use_dynamo=self.config.use_dynamo,
             opset_version=self.config.opset_version,
+            allow_trace_warnings=self.config.allow_trace_warnings,
         )
         # The trace exporter drops inputs the graph does not use; the session only gets
         # the inputs the model declares.

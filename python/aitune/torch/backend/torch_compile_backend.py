@@ -100,10 +100,10 @@ class _PrecisionForward(torch.nn.Module):
         # The recorded call is rebuilt outside (infer): binding a signature inside the
         # compiled region would break its graph.
         if self.autocast is None:
-            outputs = self.inner(*args, **kwargs)
+            outputs = self.inner.forward(*args, **kwargs)
         else:
             with torch.autocast(self.device_type, dtype=self.autocast):
-                outputs = self.inner(*args, **kwargs)
+                outputs = self.inner.forward(*args, **kwargs)
         return tuple(t.to(d) for t, d in zip(self.graph.output_tensors(outputs), self.output_dtypes, strict=True))
 
 

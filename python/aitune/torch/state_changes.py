@@ -1,0 +1,48 @@
+"""What a recorded call changed of its module's state (buffers, parameters): an export cannot carry it."""
+
+from __future__ import annotations
+
+import torch
+
+
+class StateWatch:
+    """Watches one call of ``module``. Every buffer and parameter is noted by tensor
+    identity and version counter: an in-place update from Python (``self.calls += 1``)
+    bumps the version, an assignment (``self.calls = self.calls + 1``) replaces the tensor.
+    Native kernels that update a buffer inside (BatchNorm's running statistics) bump
+    neither, so with ``compare_values`` the buffers' values are compared too; that costs a
+    copy of the buffers, so the caller asks for it once per graph, on its first call."""
+
+    def __init__(self, module: torch.nn.Module, compare_values: bool):
+        self.module = module
+        self.versions = _versions(module)
+        self.values = ({name: buffer.detach().clone() for name, buffer in module.named_buffers()}
+                       if compare_values else {})
+
+    def changed(self) -> list[str]:
+        """Names of the buffers and parameters changed (or added) during the call."""
+        changed = [name for name, version in _versions(self.module).items() if self.versions.get(name) != version]
+        for name, buffer in self.module.named_buffers():
+            before = self.values.get(name)
+            if name not in changed and before is not None and not _same(before, buffer):
+                changed.append(name)
+        return changed
+
+
+def _versions(module: torch.nn.Module) -> dict[str, tuple[int, int]]:
+    versions = {}
+    for name, tensor in [*module.named_buffers(), *module.named_parameters()]:
+        try:
+            versions[name] = (id(tensor), tensor._version)
+        except RuntimeError:  # an inference-mode tensor has no version counter
+            versions[name] = (id(tensor), 0)
+    return versions
+
+
+def _same(before: torch.Tensor, after: torch.Tensor) -> bool:
+    """Equal shape, dtype and values, NaN equal to NaN (a buffer holding NaN is unchanged)."""
+    if before.shape != after.shape or before.dtype != after.dtype:
+        return False
+    if before.is_floating_point() or before.is_complex():
+        return torch.allclose(before, after, rtol=0, atol=0, equal_nan=True)
+    return torch.equal(before, after)

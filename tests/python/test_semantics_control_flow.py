@@ -1,0 +1,67 @@
+"""Issue 27 item 1: a data-dependent branch is never baked into a graph silently."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch_models import cpu_strategy
+
+import aitune.torch as ait
+from aitune.torch import ModuleState
+from aitune.torch.export import ExportError, TraceWarningError
+
+
+class SignBranch(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        if x.sum() > 0:  # the line the refusal names
+            return self.linear(x) + 2.0
+        return self.linear(x) - 2.0
+
+
+def _positive():
+    return [torch.rand(4) + 0.1 for _ in range(4)]
+
+
+def test_trace_export_with_a_value_branch_is_refused_naming_the_line():
+    model = ait.Module(SignBranch().eval(), "sign", strategy=cpu_strategy(use_dynamo=False, tune_provider_options=False))
+    with pytest.raises(TraceWarningError) as refused:
+        ait.tune(model, _positive(), ignore_failing_modules=False)
+    text = str(refused.value)
+    assert "test_semantics_control_flow.py" in text and "if x.sum() > 0:" in text
+    assert "torch.cond" in text and "allow_trace_warnings=True" in text
+    assert model.ait_state is ModuleState.PASSTHROUGH
+    x = -torch.rand(2, 4) - 0.1  # the other branch: still eager, still right
+    torch.testing.assert_close(model(x), model.ait_module(x))
+
+
+def test_trace_export_refused_also_when_external_logging_is_disabled():
+    model = ait.Module(SignBranch().eval(), "sign", strategy=cpu_strategy(use_dynamo=False, tune_provider_options=False))
+    with pytest.raises(TraceWarningError, match=r"if x.sum\(\) > 0:"):
+        ait.tune(model, _positive(), ignore_failing_modules=False, disable_external_logging=True)
+
+
+def test_allow_trace_warnings_exports_and_says_so(caplog):
+    strategy = cpu_strategy(use_dynamo=False, tune_provider_options=False, allow_trace_warnings=True)
+    model = ait.Module(SignBranch().eval(), "sign", strategy=strategy)
+    with caplog.at_level(logging.WARNING, logger="aitune"):
+        ait.tune(model, _positive(), ignore_failing_modules=False)
+    assert model.ait_state is ModuleState.TUNED
+    assert any("if x.sum() > 0:" in r.getMessage() and "allow_trace_warnings=True" in r.getMessage()
+               for r in caplog.records)
+    (report,) = model.ait_reports.values()
+    assert all("allow_trace_warnings=True" in c.backend for c in report.candidates)
+
+
+def test_dynamo_refusal_names_torch_cond_first_and_the_trace_risk():
+    model = ait.Module(SignBranch().eval(), "sign", strategy=cpu_strategy(use_dynamo=True, tune_provider_options=False))
+    with pytest.raises(ExportError) as refused:
+        ait.tune(model, _positive(), ignore_failing_modules=False, disable_external_logging=True)
+    hint = str(refused.value).split("Hint:", 1)[1]
+    assert hint.index("torch.cond") < hint.index("use_dynamo=False")
+    assert "only the branch the example input takes" in hint

@@ -1,0 +1,103 @@
+"""Issue 27 item 7: forward hooks run where eager runs them, around the tuned graph."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch_models import MLP, cpu_strategy
+
+import aitune.torch as ait
+from aitune.torch import ModuleState
+
+EXPORTERS = pytest.mark.parametrize("use_dynamo", [True, False], ids=["dynamo", "trace"])
+
+
+def _strategy(use_dynamo):
+    return cpu_strategy(use_dynamo=use_dynamo, tune_provider_options=False)
+
+
+def _no_eager(model):
+    model.ait_module.forward = lambda *a, **k: pytest.fail("eager forward ran on a tuned module")
+
+
+@EXPORTERS
+@pytest.mark.parametrize("where", ["wrapped", "proxy"])
+def test_pre_hook_supplying_the_batch_records_and_keeps_running(use_dynamo, where):
+    inner = MLP().eval()
+    batches = []
+
+    def inject(module, args):
+        return (batches[-1],)
+
+    model = ait.Module(inner, "injected", strategy=_strategy(use_dynamo))
+    (inner if where == "wrapped" else model).register_forward_pre_hook(inject)
+
+    def feed(x):
+        batches.append(x)
+        return model()  # no arguments: the hook supplies the input
+
+    ait.tune(feed, [torch.randn(16) for _ in range(2)], ignore_failing_modules=False)
+    assert model.ait_state is ModuleState.TUNED
+    (graph,) = model.ait_graphs
+    assert graph.input_names == ["input_x"]
+    x = torch.randn(2, 16)
+    batches.append(x)
+    expected = MLP.forward(inner, x)
+    _no_eager(model)
+    torch.testing.assert_close(model(), expected, atol=1e-4, rtol=1e-4)
+
+
+@EXPORTERS
+def test_output_hook_applies_once_and_its_side_effect_keeps_happening(use_dynamo):
+    inner = MLP().eval()
+    calls = []
+
+    def shift(module, args, output):
+        calls.append(1)
+        return output + 100.0
+
+    inner.register_forward_hook(shift)
+    model = ait.Module(inner, "shifted", strategy=_strategy(use_dynamo))
+    ait.tune(model, [torch.randn(16) for _ in range(2)], ignore_failing_modules=False)
+    assert model.ait_state is ModuleState.TUNED
+    x = torch.randn(2, 16)
+    expected = inner(x)  # the hook once
+    calls.clear()
+    _no_eager(model)
+    for _ in range(3):  # the first call takes the Python path, the later ones could be routed
+        torch.testing.assert_close(model(x), expected, atol=1e-4, rtol=1e-4)
+    assert len(calls) == 3
+
+
+@EXPORTERS
+def test_pre_hook_with_a_side_effect_runs_on_every_tuned_call(use_dynamo):
+    inner = MLP().eval()
+    seen = []
+    inner.register_forward_pre_hook(lambda module, args: seen.append(args[0].shape))  # before wrapping
+    model = ait.Module(inner, "counted", strategy=_strategy(use_dynamo))
+    ait.tune(model, [torch.randn(16) for _ in range(2)], ignore_failing_modules=False)
+    seen.clear()
+    _no_eager(model)
+    for _ in range(3):
+        model(torch.randn(2, 16))
+    assert seen == [torch.Size([2, 16])] * 3
+    later = []
+    model.register_forward_pre_hook(lambda module, args: later.append(1))  # after tuning, on the proxy
+    model(torch.randn(2, 16))
+    assert len(later) == 1 and len(seen) == 4
+
+
+def test_hook_on_a_submodule_is_named_in_a_warning(caplog):
+    inner = MLP().eval()
+    counter = []
+
+    def count_calls(module, args, output):
+        counter.append(1)
+
+    next(iter(inner.children())).register_forward_hook(count_calls)
+    model = ait.Module(inner, "sub-hooked", strategy=_strategy(False))
+    with caplog.at_level(logging.WARNING, logger="aitune"):
+        ait.tune(model, [torch.randn(16) for _ in range(2)], ignore_failing_modules=False)
+    assert any("count_calls" in r.getMessage() and "submodules" in r.getMessage() for r in caplog.records)

@@ -1,0 +1,103 @@
+"""Issue 27 item 4: output containers come back with the type and fields eager returns,
+by a generic rule (no per-library code): an OrderedDict dataclass like diffusers'
+BaseOutput, NamedTuples, nested dicts, lists and tuples."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import OrderedDict
+from typing import NamedTuple
+
+import pytest
+import torch
+from torch_models import cpu_strategy
+
+import aitune.torch as ait
+from aitune.torch import ModuleState
+
+
+class BaseOutputLike(OrderedDict):
+    """What diffusers' BaseOutput is: a dataclass over an OrderedDict of its non-None fields."""
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if value is not None:
+                self[field.name] = value
+
+    def __setattr__(self, name, value):
+        if name in self.keys() and value is not None:
+            super().__setitem__(name, value)
+        super().__setattr__(name, value)
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        super().__setattr__(key, value)
+
+    def to_tuple(self):
+        return tuple(self[k] for k in self.keys())
+
+    def __init_subclass__(cls) -> None:
+        # As diffusers does: a pytree node without key paths (tree_flatten_with_path refuses it)
+        torch.utils._pytree.register_pytree_node(
+            cls,
+            torch.utils._pytree._dict_flatten,
+            lambda values, context: cls(**torch.utils._pytree._dict_unflatten(values, context)),
+        )
+
+
+@dataclasses.dataclass
+class UNetLikeOutput(BaseOutputLike):
+    sample: torch.Tensor = None
+    extra: torch.Tensor | None = None
+
+
+class Pair(NamedTuple):
+    first: torch.Tensor
+    second: torch.Tensor
+
+
+class Containers(torch.nn.Module):
+    def __init__(self, kind: str):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.kind = kind
+
+    def forward(self, x):
+        y = self.linear(x)
+        if self.kind == "base-output":
+            return UNetLikeOutput(sample=y)
+        if self.kind == "namedtuple":
+            return Pair(y, y * 2)
+        return {"a": [y, (y + 1, {"b": y * 3})], "c": Pair(y - 1, y)}
+
+
+def _same(actual, expected):
+    assert type(actual) is type(expected)
+    if isinstance(expected, torch.Tensor):
+        torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-4)
+    elif isinstance(expected, dict):  # OrderedDict dataclasses included
+        assert list(actual.keys()) == list(expected.keys())
+        for key in expected:
+            _same(actual[key], expected[key])
+    else:
+        assert len(actual) == len(expected)
+        for a, e in zip(actual, expected):
+            _same(a, e)
+
+
+@pytest.mark.parametrize("kind", ["base-output", "namedtuple", "nested"])
+@pytest.mark.parametrize("use_dynamo", [True, False], ids=["dynamo", "trace"])
+def test_output_container_round_trips(kind, use_dynamo):
+    inner = Containers(kind).eval()
+    model = ait.Module(inner, f"out-{kind}", strategy=cpu_strategy(use_dynamo=use_dynamo, tune_provider_options=False))
+    ait.tune(model, [torch.randn(4) for _ in range(2)], ignore_failing_modules=False, disable_external_logging=True)
+    assert model.ait_state is ModuleState.TUNED
+    x = torch.randn(2, 4)
+    expected = inner(x)
+    model.ait_module.forward = lambda *a, **k: pytest.fail("eager forward ran on a tuned module")
+    actual = model(x)
+    _same(actual, expected)
+    if kind == "base-output":
+        assert actual.extra is None and actual.sample is actual["sample"]
+        assert len(actual.to_tuple()) == 1

@@ -1,0 +1,56 @@
+"""Issue 27 item 2: a forward that updates the module's state is never tuned into a
+graph that silently stops updating it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch_models import cpu_strategy
+
+import aitune.torch as ait
+from aitune.torch import ModuleState
+from aitune.torch.export import ExportError
+
+
+class Counter(torch.nn.Module):
+    def __init__(self, in_place: bool):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.register_buffer("calls", torch.zeros(()))
+        self.in_place = in_place
+
+    def forward(self, x):
+        if self.in_place:
+            self.calls += 1
+        else:
+            self.calls = self.calls + 1
+        return self.linear(x)
+
+
+@pytest.mark.parametrize("in_place", [True, False], ids=["in-place", "assigned"])
+@pytest.mark.parametrize("use_dynamo", [True, False], ids=["dynamo", "trace"])
+def test_buffer_updated_in_forward_is_refused_naming_it(use_dynamo, in_place):
+    inner = Counter(in_place).eval()
+    model = ait.Module(inner, "counter", strategy=cpu_strategy(use_dynamo=use_dynamo, tune_provider_options=False))
+    with pytest.raises(ExportError, match=r"forward changes the module's state \(calls\)"):
+        ait.tune(model, [torch.randn(4) for _ in range(2)], ignore_failing_modules=False)
+    assert model.ait_state is ModuleState.PASSTHROUGH
+    before = float(inner.calls)
+    model(torch.randn(1, 4))
+    model(torch.randn(1, 4))
+    assert float(inner.calls) == before + 2  # the update keeps happening
+
+
+def test_batchnorm_in_train_mode_is_refused_naming_its_statistics():
+    inner = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4)).train()
+    model = ait.Module(inner, "bn", strategy=cpu_strategy(use_dynamo=False, tune_provider_options=False))
+    with pytest.raises(ExportError, match=r"1\.running_mean.*1\.running_var"):
+        ait.tune(model, [torch.randn(4) for _ in range(4)], batch_sizes=[2], ignore_failing_modules=False)
+
+
+def test_state_left_alone_tunes():
+    inner = Counter(True).eval()
+    inner.forward = lambda x: inner.linear(x)  # reads no state, writes none
+    model = ait.Module(inner, "plain", strategy=cpu_strategy(use_dynamo=False, tune_provider_options=False))
+    ait.tune(model, [torch.randn(4) for _ in range(2)], ignore_failing_modules=False)
+    assert model.ait_state is ModuleState.TUNED
