@@ -47,6 +47,12 @@ struct ExternalCandidate {
   std::function<void()> run;
 };
 
+/// How the front end calls a candidate's session the way its tuned module will (the
+/// module's dispatch: the user's call form, keywords, the output structure rebuilt): given
+/// the candidate's session, the call that is profiled, so that the latency a candidate
+/// is chosen by is the latency its module has (issue 28). The session outlives the call.
+using SessionCallFactory = std::function<std::function<void()>(OnnxSession& session)>;
+
 /// Maximum batch size search settings.
 struct BatchSearchConfig {
   bool enabled = false;
@@ -112,9 +118,12 @@ class GraphTuner {
   /// correct. Never throws for a failing candidate: its status and reason say why.
   /// `model_inputs` maps the model's inputs to the graph's: model input i is graph input
   /// model_inputs[i] (an exporter may drop unused inputs); empty means all, in order.
+  /// `module_call`: what is profiled (correctness is always checked on the session
+  /// itself); empty: the session's own `infer` on the profile sample.
   std::size_t evaluate_onnx(const std::string& model_path, const OnnxCandidate& candidate,
                             const std::string& backend, int group,
-                            const std::vector<std::size_t>& model_inputs = {});
+                            const std::vector<std::size_t>& model_inputs = {},
+                            const SessionCallFactory& module_call = {});
 
   /// Whether `candidate` on `model_path` passes the check (its session created, every
   /// sample judged as evaluate_onnx judges), without profiling it or adding it to the

@@ -43,6 +43,45 @@ Tensor host_copy(nb::handle item, const std::string& what) {
   return host;
 }
 
+// A Python object that the engine holds while the GIL is released: taken and dropped
+// with the GIL held, whichever thread lets it go.
+std::shared_ptr<nb::object> gil_held(nb::object object) {
+  return std::shared_ptr<nb::object>(new nb::object(std::move(object)), [](nb::object* o) {
+    nb::gil_scoped_acquire gil;
+    delete o;
+  });
+}
+
+// A Python error as the engine's Error (a python_error must not outlive the GIL).
+[[noreturn]] void rethrow_as_engine_error(nb::python_error& error, const char* what) {
+  std::string message = std::string(what) + ": " + error.what();
+  throw Error(ErrorCode::kInternal, message);
+}
+
+// The engine's SessionCallFactory from the front end's `module_call(session) -> callable`,
+// called by the engine without the GIL. The session goes to Python as a reference: the
+// callable (and whatever keeps the session object) is dropped before the session is.
+SessionCallFactory session_call_factory(nb::object module_call) {
+  auto factory = gil_held(std::move(module_call));
+  return [factory](OnnxSession& session) -> std::function<void()> {
+    nb::gil_scoped_acquire gil;
+    std::shared_ptr<nb::object> call;
+    try {
+      call = gil_held((*factory)(nb::cast(&session, nb::rv_policy::reference)));
+    } catch (nb::python_error& e) {
+      rethrow_as_engine_error(e, "module_call");
+    }
+    return [call] {
+      nb::gil_scoped_acquire gil;
+      try {
+        (*call)();
+      } catch (nb::python_error& e) {
+        rethrow_as_engine_error(e, "the module's call of the candidate");
+      }
+    };
+  };
+}
+
 std::optional<double> max_abs_error(const CandidateResult& c) {
   if (!c.correctness) return std::nullopt;
   return c.correctness->max_abs_error();
@@ -395,12 +434,17 @@ void bind_tuning(nb::module_& m) {
       .def(
           "evaluate_onnx",
           [](PyGraphTuner& t, const std::string& model_path, const OnnxCandidate& candidate,
-             const std::string& backend, int group, std::vector<std::size_t> model_inputs) {
+             const std::string& backend, int group, std::vector<std::size_t> model_inputs, nb::object module_call) {
+            SessionCallFactory factory;
+            if (!module_call.is_none()) factory = session_call_factory(std::move(module_call));
             nb::gil_scoped_release release;
-            return t.tuner->evaluate_onnx(model_path, candidate, backend, group, model_inputs);
+            return t.tuner->evaluate_onnx(model_path, candidate, backend, group, model_inputs, factory);
           },
           nb::arg("model_path"), nb::arg("candidate"), nb::arg("backend"), nb::arg("group"),
-          nb::arg("model_inputs") = std::vector<std::size_t>{})
+          nb::arg("model_inputs") = std::vector<std::size_t>{}, nb::arg("module_call").none() = nb::none(),
+          "module_call(session) -> callable: the call profiled for this candidate, made from its session (an "
+          "OnnxSession valid only until the returned callable is dropped): the module's own dispatch, so the "
+          "measured latency is the module's. None: the session's infer on the profile sample.")
       .def(
           "check_onnx",
           [](PyGraphTuner& t, const std::string& model_path, const OnnxCandidate& candidate,

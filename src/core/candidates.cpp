@@ -111,8 +111,8 @@ std::vector<PlannedCandidate> fp16_models(const CandidateRequest& r, const std::
 
 // The fused-model candidates: per precision the variant most likely to win (CUDA: the
 // last of its precision, a CUDA graph where shapes are static; otherwise the first, ORT's
-// defaults), and the first fp16 candidate's configuration on the fused model in fp16, so
-// a fusion adds at most three candidates.
+// defaults), and the first fp16 candidate's configuration on the fused model in fp16 (on
+// CUDA also with cuDNN's flash attention), so a fusion adds at most four candidates.
 std::vector<PlannedCandidate> fused_models(const CandidateRequest& r, const std::vector<PlannedCandidate>& variants,
                                            const std::vector<PlannedCandidate>& fp16) {
   // A provider without contrib operators (TensorRT) cannot run what a fusion makes.
@@ -134,6 +134,15 @@ std::vector<PlannedCandidate> fused_models(const CandidateRequest& r, const std:
     std::string variant = half.name.substr(0, half.name.size() - std::string_view(" fp16 model").size());
     out.push_back(planned(variant + " + " + fusion + " fp16", half.config, half.precision,
                           fusion + model_transform::kSeparator + std::string(model_transform::kFp16)));
+    // The fused attention operators on cuDNN's flash attention (sdpa_kernel bit 8), which
+    // the CUDA EP does not pick by default (its default: flash, then memory-efficient).
+    if (r.base.provider == ExecutionProvider::kCUDA && !half.config.provider_options.contains("sdpa_kernel")) {
+      OnnxSessionConfig cudnn_attention = half.config;
+      cudnn_attention.provider_options["sdpa_kernel"] = "8";
+      out.push_back(planned(candidate_name(cudnn_attention) + " + " + fusion + " fp16", cudnn_attention,
+                            half.precision,
+                            fusion + model_transform::kSeparator + std::string(model_transform::kFp16)));
+    }
   }
   return out;
 }

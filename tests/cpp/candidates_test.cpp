@@ -81,6 +81,7 @@ TEST(PlanCandidates, CudaStaticShapesWithConvolutions) {
                              "cuda[enable_cuda_graph=1,use_tf32=0] + ort_fusions",
                              "cuda[enable_cuda_graph=1,use_tf32=1] + ort_fusions",
                              "cuda[enable_cuda_graph=1,use_tf32=1] + ort_fusions fp16",
+                             "cuda[enable_cuda_graph=1,sdpa_kernel=8,use_tf32=1] + ort_fusions fp16",
                          }));
   EXPECT_EQ(plan[6].model_transform, "fp16");
   EXPECT_EQ(plan[6].precision, Precision::kFP16);
@@ -93,6 +94,9 @@ TEST(PlanCandidates, CudaStaticShapesWithConvolutions) {
   EXPECT_EQ(plan[11].model_transform, "ort_fusions+fp16");
   EXPECT_EQ(plan[11].precision, Precision::kFP16);
   EXPECT_EQ(plan[11].config, plan[6].config);
+  EXPECT_EQ(plan[12].model_transform, "ort_fusions+fp16");  // cuDNN flash attention, on the fused model only
+  EXPECT_EQ(plan[12].config.provider_options.at("sdpa_kernel"), "8");
+  EXPECT_TRUE(plan[12].only_where_fusion_applies());
 }
 
 TEST(PlanCandidates, PrecisionLimitsAndTheModelsOwnPrecision) {

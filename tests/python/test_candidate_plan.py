@@ -122,6 +122,7 @@ def test_cli_lists_the_candidates_the_front_end_plans(tmp_path, provider, option
         assert "cuda[enable_cuda_graph=1,prefer_nhwc=1,use_tf32=1] fp16 model" in names
         assert "cuda[enable_cuda_graph=1,fuse_conv_bias=1,prefer_nhwc=1,use_tf32=1] fp16 model" in names
         assert "cuda[enable_cuda_graph=1,use_tf32=1] + ort_fusions fp16" in names
+        assert "cuda[enable_cuda_graph=1,sdpa_kernel=8,use_tf32=1] + ort_fusions fp16" in names  # cuDNN flash attention
     if model_name == "mlp-half":
         assert {precision for _, precision, _, _ in listed} == {"fp16"}
         assert not any(transform == "fp16" for _, _, transform, _ in listed)

@@ -152,3 +152,57 @@ def test_compiled_graph_runs_saves_its_decision_and_recompiles_on_load(compiled_
     torch.testing.assert_close(out, inner(x), atol=1e-5, rtol=1e-5)
     assert "TorchCompileBackend[mode=default, precision=fp32]" in fresh.ait_backends.values()
     print(f"ait.load {load_s:.3f} s, first call (recompile) {first_call_s:.1f} s")
+
+
+def test_modes_and_compile_time_limit_are_validated_and_planned():
+    config = TorchCompileBackendConfig(modes=("default", "reduce-overhead", "max-autotune"), max_compile_s=60)
+    assert config.candidate_modes() == ("default", "reduce-overhead", "max-autotune")
+    assert TorchCompileBackendConfig(mode="default").candidate_modes() == ("default",)
+    for bad in ("default", (), ("default", "default"), ("fast",)):
+        with pytest.raises(ValueError, match="modes"):
+            TorchCompileBackendConfig(modes=bad)
+    for bad in (0, -1, True, "10"):
+        with pytest.raises(ValueError, match="max_compile_s"):
+            TorchCompileBackendConfig(max_compile_s=bad)
+
+
+def test_a_compile_over_max_compile_s_fails_its_candidate_with_its_time():
+    backend = TorchCompileBackend(TorchCompileBackendConfig(mode="default", max_compile_s=0.01))
+
+    def slow_module_call(tuned):
+        time.sleep(0.05)  # the first call: the compile
+        return lambda: None
+
+    run = backend._timed_call(object(), [], slow_module_call)
+    with pytest.raises(_core.InvalidArgumentError, match=r"compiling took .* over max_compile_s=0.01"):
+        run()
+
+
+def test_compile_candidate_returns_the_compiled_outputs_without_copy_or_cast(compiled_mlp, monkeypatch):
+    """Issue 28: the candidate adds nothing to torch.compile: no copy (clone) and no cast
+    of its outputs after the compiled code; they keep the user's module's dtype."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    model, inner = compiled_mlp
+    tuned = _force_compiled(model, inner)
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        tuned.infer([x])  # compiles
+
+        class Ops(TorchDispatchMode):
+            seen: list = []
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                Ops.seen.append(func.overloadpacket.__name__)
+                return func(*args, **(kwargs or {}))
+
+        with Ops():
+            (out,) = tuned.infer([x])
+        assert not {"clone", "_to_copy", "copy_", "to"} & set(Ops.seen), Ops.seen
+        assert out.dtype == inner(x).dtype == torch.float32
+        torch.testing.assert_close(out, inner(x), atol=1e-5, rtol=1e-5)
+
+        produced = torch.randn(2, 8)
+        monkeypatch.setattr(tuned, "_compiled", lambda *args, **kwargs: (produced,))
+        (handed,) = tuned.infer([x])
+        assert handed is produced and handed.data_ptr() == produced.data_ptr()

@@ -76,6 +76,44 @@ def test_call_layout_admits_only_calls_that_leave_fixed_defaults_out():
     assert call_layout(None, 1, ()) is None  # *args, **kwargs or keyword-only parameters
 
 
+class HuggingFaceShaped(torch.nn.Module):
+    """A forward shaped like Hugging Face's: keyword tensors, None defaults, a trailing
+    ``**kwargs`` (BertModel, DistilBert..., GPT2LMHeadModel all end in one)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(50, 16)
+
+    def forward(self, input_ids=None, attention_mask=None, token_type_ids=None, **kwargs):
+        hidden = self.embed(input_ids) * attention_mask.unsqueeze(-1)
+        return {"last_hidden_state": hidden, "pooled": hidden.mean(1)}
+
+
+def test_a_forward_ending_in_kwargs_gets_routes_for_keyword_calls(monkeypatch):
+    """Issue 28: HF forwards end in ``**kwargs``; their keyword calls took the general
+    path (inspect's binding, flattening, rebuilding) on every call, 1.6x the session."""
+    import inspect
+
+    positional = positional_defaults(inspect.signature(HuggingFaceShaped().forward))
+    assert positional is not None and positional[2] == "kwargs"
+    assert call_layout(positional, 0, ("attention_mask", "input_ids")) == ("input_ids", "attention_mask")
+    assert call_layout(positional, 0, ("input_ids", "other")) is None  # a keyword only **kwargs takes
+    inner = HuggingFaceShaped().eval()
+    ids, mask = torch.randint(0, 50, (6,)), torch.ones(6, dtype=torch.int64)
+    model = _tuned(inner, "hf-shaped", [{"input_ids": ids, "attention_mask": mask}] * 2)
+    batch = dict(input_ids=torch.randint(0, 50, (2, 6)), attention_mask=torch.ones(2, 6, dtype=torch.int64))
+    with torch.no_grad():
+        first = model(**batch)  # the general path, which adds the route
+        assert model._ait_calls.direct is not None and len(model._ait_calls.direct) == 1
+        _no_general_path(monkeypatch)
+        _assert_identical(model(**batch), first)
+        _assert_identical(model(attention_mask=batch["attention_mask"], input_ids=batch["input_ids"]), first)
+        torch.testing.assert_close(first, inner(**batch), atol=1e-5, rtol=1e-5)
+        monkeypatch.undo()
+        with pytest.raises(ait.GraphNotRecordedError):  # a keyword **kwargs takes is another call
+            model(**batch, output_attentions=True)
+
+
 def test_routes_give_the_general_paths_outputs_for_every_call_form(monkeypatch):
     inner = TwoInputs().eval()
     model = _tuned(inner, "two", [(torch.randn(16), torch.randn(8)) for _ in range(2)])

@@ -123,11 +123,12 @@ def probe(model_path: str, candidate: _core.OnnxCandidate, graph, model_inputs: 
 
 
 def evaluate(tuner, model_path: str, candidate: _core.OnnxCandidate, backend: str, group: int,
-             model_inputs: list[int], graph) -> None:
+             model_inputs: list[int], graph, module_call=None) -> None:
     """``tuner.evaluate_onnx`` with the containment described above: the candidate is
     tried in a child first where it is risky, any exception is recorded as its failure,
     and on CUDA torch's state is checked afterwards (``CudaContextLostError`` when a
-    candidate broke it anyway)."""
+    candidate broke it anyway). ``module_call(session) -> call``: what the engine times
+    (the module's own dispatch over the candidate's session); None: the session alone."""
     cuda = graph.device.type == "cuda"
     if needs_isolation(candidate):
         reason = probe(model_path, candidate, graph, model_inputs)
@@ -138,7 +139,7 @@ def evaluate(tuner, model_path: str, candidate: _core.OnnxCandidate, backend: st
     if cuda:
         torch.cuda.empty_cache()  # memory torch cached but does not use is ONNX Runtime's to take
     try:
-        tuner.evaluate_onnx(model_path, candidate, backend, group, model_inputs)
+        tuner.evaluate_onnx(model_path, candidate, backend, group, model_inputs, module_call)
     except Exception as error:  # the engine reports failures itself; this is anything that escaped it
         tuner.add_failed(candidate.name, backend, group, f"{type(error).__name__}: {error}", candidate.precision)
     if cuda:

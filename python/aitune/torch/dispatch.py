@@ -14,6 +14,7 @@ from __future__ import annotations
 import inspect
 import logging
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -79,13 +80,67 @@ def new_dispatch(module: torch.nn.Module, training: bool | None) -> _core.TorchD
     )
 
 
-def positional_defaults(signature: inspect.Signature) -> tuple[list[str], dict[str, Any]] | None:
-    """Names and defaults of a forward whose parameters are all positional-or-keyword
-    (the shape of most forwards), for the quick binding of ``ModuleDispatch.bind``; None otherwise."""
+_module_call = torch.nn.Module.__call__
+
+
+class DispatchedModule(torch.nn.Module):
+    """A module whose calls go through a ``ModuleDispatch`` (its ``_ait_calls``): once a
+    call of plain tensors was resolved, calls like it run in C++ (the dispatch's C++
+    half), which hands everything else back to nn.Module.__call__ (then ``forward``).
+    ait.Module is one; the tuner measures every candidate through another
+    (``measured_call``), so what is measured and what a user calls are one code."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        direct = self._ait_calls.direct
+        if direct is None:
+            return _module_call(self, *args, **kwargs)
+        return direct(self, args, kwargs)
+
+
+class _MeasuredModule(DispatchedModule):
+    """The module a candidate is measured as: ait.Module's call, its tuned path only."""
+
+    def __init__(self, calls: ModuleDispatch):
+        super().__init__()
+        object.__setattr__(self, "_ait_calls", calls)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._ait_calls.call(args, kwargs)
+
+
+def measured_call(graph, tuned: TunedGraph) -> Callable[[], Any]:
+    """The call a candidate is measured by: ``graph``'s largest recorded sample, in the
+    form the user called it (positional, keywords), through a dispatch whose one graph
+    ``graph`` is run by ``tuned``, called as ait.Module calls its dispatch (the route in
+    C++ after a first call, the output structure rebuilt: dicts, ModelOutput). So the
+    latency the tuner chooses by is the latency of the module it hands back (issue 28).
+    The first call (the general path, which adds the route) is made here."""
+    calls = ModuleDispatch(graph.module_name, graph.module, graph.signature, eager_fallback=False,
+                           tuned={graph.identity: (graph, tuned)}, recorded=[graph])
+    largest = max(graph.samples, key=lambda sample: sample.batch_size)
+    args, kwargs = graph.call_arguments(largest.inputs)
+    module = _MeasuredModule(calls)
+    module(*args, **kwargs)
+
+    def call() -> Any:
+        return module(*args, **kwargs)
+
+    return call
+
+
+def positional_defaults(signature: inspect.Signature) -> tuple[list[str], dict[str, Any], str | None] | None:
+    """Names and defaults of a forward whose parameters are all positional-or-keyword,
+    optionally followed by ``**kwargs`` (the shape of most forwards, Hugging Face's
+    included: their forwards end in ``**kwargs``), for the quick binding of
+    ``ModuleDispatch.bind``, and the name of that ``**kwargs`` (None: there is none);
+    None for any other signature."""
     parameters = list(signature.parameters.values())
+    var_keyword = None
+    if parameters and parameters[-1].kind is inspect.Parameter.VAR_KEYWORD:
+        var_keyword = parameters.pop().name
     if any(p.kind is not p.POSITIONAL_OR_KEYWORD for p in parameters):
         return None
-    return [p.name for p in parameters], {p.name: p.default for p in parameters}
+    return [p.name for p in parameters], {p.name: p.default for p in parameters}, var_keyword
 
 
 # Defaults that cannot change between calls (immutable values). A call that leaves
@@ -94,14 +149,16 @@ def positional_defaults(signature: inspect.Signature) -> tuple[list[str], dict[s
 _FIXED_DEFAULT_TYPES = (type(None), bool, int, float, complex, str, bytes)
 
 
-def call_layout(positional: tuple[list[str], dict[str, Any]] | None, n: int, keywords: tuple) -> tuple | None:
+def call_layout(positional: tuple[list[str], dict[str, Any], str | None] | None, n: int,
+                keywords: tuple) -> tuple | None:
     """For a call with ``n`` positional arguments and these keyword arguments: the
     keywords in the forward's parameter order (the order binding puts them in), when
     every parameter the call leaves out has a fixed default; None when not (or when the
-    call does not bind): such calls get no route."""
+    call does not bind, or passes a keyword that only ``**kwargs`` takes): such calls get
+    no route. A ``**kwargs`` the call leaves empty binds to ``{}`` every time."""
     if positional is None or n > len(positional[0]):
         return None
-    names, defaults = positional
+    names, defaults = positional[0], positional[1]
     rest = names[n:]
     if not set(keywords) <= set(rest):
         return None
@@ -172,17 +229,24 @@ class ModuleDispatch:
         ``m(x=x)`` and ``m(x, mask=None)`` are one call (one graph). Only for telling
         graphs apart: calls are replayed in the user's own form (``CallForm``)."""
         fast = self.positional
-        if not kwargs and fast is not None and len(args) <= len(fast[0]):
-            # The common call m(x, y): what Signature.bind + apply_defaults would give,
-            # in a third of the time.
-            names, defaults = fast
-            arguments = dict(zip(names, args))
-            for name in names[len(args) :]:
-                if defaults[name] is inspect.Parameter.empty:
-                    break  # a required argument is missing: let bind raise its TypeError
-                arguments[name] = defaults[name]
-            else:
-                return arguments
+        if fast is not None and len(args) <= len(fast[0]):
+            names, defaults, var_keyword = fast
+            rest = names[len(args) :]
+            if not kwargs or kwargs.keys() <= set(rest):
+                # The common calls m(x, y) and m(input_ids=..., attention_mask=...): what
+                # Signature.bind + apply_defaults would give, in a fraction of the time.
+                arguments = dict(zip(names, args))
+                for name in rest:
+                    if name in kwargs:
+                        arguments[name] = kwargs[name]
+                    elif defaults[name] is inspect.Parameter.empty:
+                        break  # a required argument is missing: let bind raise its TypeError
+                    else:
+                        arguments[name] = defaults[name]
+                else:
+                    if var_keyword is not None:
+                        arguments[var_keyword] = {}  # what apply_defaults gives an unused **kwargs
+                    return arguments
         bound = self.signature.bind(*args, **kwargs)
         bound.apply_defaults()
         return bound.arguments

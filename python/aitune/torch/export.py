@@ -295,6 +295,44 @@ def onnx_io_names(path: Path) -> tuple[list[str], list[str]]:
     return [i.name for i in model.graph.input if i.name not in initializers], [o.name for o in model.graph.output]
 
 
+def separate_consumed_outputs(model: onnx.ModelProto) -> int:
+    """Gives every graph output that other nodes also read a producer of its own: the
+    node's result is renamed (``<name>_inner``, read by those nodes) and an Identity makes
+    the output from it. Returns how many outputs it separated.
+
+    Why: fp16 converters keeping the I/O types (``keep_io_types``) put a Cast to float32
+    between an output's fp16 producer and the output, but leave the nodes that read the
+    output reading that float32 name while typing their own results fp16: a BERT's pooler
+    Gathers row 0 of ``last_hidden_state``, an output, and the converted model is refused
+    at load (``Type (tensor(float16)) of output arg (select) of node (node_select) does
+    not match expected type (tensor(float))``, issue 28). Separated, the Cast feeds only
+    the output and the nodes read the fp16 tensor."""
+    graph = model.graph
+    outputs = {o.name for o in graph.output}
+    read = {name for node in graph.node for name in node.input} & outputs
+    separated = 0
+    taken = {name for node in graph.node for name in (*node.input, *node.output)}
+    for node in list(graph.node):
+        for k, name in enumerate(node.output):
+            if name not in read:
+                continue
+            inner = f"{name}_inner"
+            while inner in taken:
+                inner += "_"
+            taken.add(inner)
+            node.output[k] = inner
+            for consumer in graph.node:
+                for j, value in enumerate(consumer.input):
+                    if value == name:
+                        consumer.input[j] = inner
+            for info in graph.value_info:
+                if info.name == name:
+                    info.name = inner
+            graph.node.append(onnx.helper.make_node("Identity", [inner], [name], name=f"{inner}_to_output"))
+            separated += 1
+    return separated
+
+
 def convert_to_fp16(source: Path, target: Path, *, op_block_list: list[str] | None = None,
                     node_block_list: list[str] | None = None) -> Path:
     """An fp16 copy of an exported model for the CUDA provider's fp16 candidate: weights
@@ -307,6 +345,7 @@ def convert_to_fp16(source: Path, target: Path, *, op_block_list: list[str] | No
     from onnxconverter_common import float16
 
     model = onnx.load(str(source))
+    separate_consumed_outputs(model)
     converted = float16.convert_float_to_float16(model, keep_io_types=True, op_block_list=op_block_list,
                                                  node_block_list=node_block_list)
     scratch = target.with_name(target.name + ".partial")

@@ -148,8 +148,11 @@ def _failure(outcome: _core.TuneOutcome, graph: RecordedGraph, report: _core.Tun
     return TuningError(f"no backend could build {graph.module_name}/{graph.key}:\n{reasons}\n{table}")
 
 
-def tune_graph(strategy: TuneStrategy, graph: RecordedGraph, options: TuneOptions | None = None) -> TunedGraph:
-    """The TunedGraph ``strategy`` chooses for ``graph``, or raises saying why there is none."""
+def tune_graph(strategy: TuneStrategy, graph: RecordedGraph, options: TuneOptions | None = None,
+               module_call=None) -> TunedGraph:
+    """The TunedGraph ``strategy`` chooses for ``graph``, or raises saying why there is none.
+    ``module_call(graph, tuned) -> call``: the module's call with ``graph`` run by
+    ``tuned`` (``dispatch.measured_call``): candidates are measured through it."""
     options = options or TuneOptions()
     tuner_options = options.tuner_options()
     if graph.device.type == "cuda":
@@ -182,7 +185,8 @@ def tune_graph(strategy: TuneStrategy, graph: RecordedGraph, options: TuneOption
                 break
             advance = (lambda: bar.update(1)) if bar is not None else (lambda: None)
             try:
-                wrappers[group] = backend.add_candidates(graph, tuner, group, advance)
+                measure = None if module_call is None else (lambda tuned: module_call(graph, tuned))
+                wrappers[group] = backend.add_candidates(graph, tuner, group, advance, module_call=measure)
             except CudaContextLostError:
                 raise  # nothing after it can run: never reported as one backend's failure
             except Exception as error:

@@ -15,7 +15,7 @@ from aitune.torch import cache, flatten
 from aitune.torch.backend import ONNXRuntimeBackend
 from aitune.torch.backend.base import TunedGraph
 from aitune.torch.context import current_session, eager_only
-from aitune.torch.dispatch import ModuleDispatch
+from aitune.torch.dispatch import DispatchedModule, ModuleDispatch, measured_call
 from aitune.torch.graph import CallForm, RecordedGraph
 from aitune.torch.graph_tuning import tune_graph
 from aitune.torch.state_changes import StateWatch
@@ -61,10 +61,7 @@ def submodule_hooks(module: torch.nn.Module) -> list[str]:
     return found
 
 
-_module_call = torch.nn.Module.__call__
-
-
-class Module(torch.nn.Module):
+class Module(DispatchedModule):
     """Wraps ``module``; behaves like it (attributes, state_dict, ``.to()``, ``eval()``,
     hooks) and takes over its forward once ``ait.tune`` has tuned it.
 
@@ -216,14 +213,6 @@ class Module(torch.nn.Module):
 
     # -- calls ------------------------------------------------------------------------
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        # Once a call of plain tensors was resolved, calls like it run in C++ (the C++ half
-        # of the dispatch), which hands everything else back to nn.Module.__call__.
-        direct = self._ait_calls.direct
-        if direct is None:
-            return _module_call(self, *args, **kwargs)
-        return direct(self, args, kwargs)
-
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         # The hooks (shared with the wrapped module) ran around this forward already.
         if eager_only():
@@ -312,7 +301,7 @@ class Module(torch.nn.Module):
                 cache.clear_module(self._ait_name)
             tuned: dict[Any, tuple[RecordedGraph, TunedGraph]] = {}
             for identity, graph in self._ait_graphs.items():
-                tuned[identity] = (graph, tune_graph(self._ait_strategy, graph, options))
+                tuned[identity] = (graph, tune_graph(self._ait_strategy, graph, options, measured_call))
                 logger.info("ait.Module '%s' %s: %s", self._ait_name, graph.key, tuned[identity][1].describe())
         except Exception:
             self.__dict__.pop("_ait_before_tuning", None)

@@ -147,7 +147,9 @@ def fused_to_fp16(fused: FusedModel, target: Path) -> FusedModel:
     kept in their dtypes so the interface and the correctness check are unchanged."""
     from onnxruntime.transformers.onnx_model import OnnxModel
 
-    model = OnnxModel(onnx.load(str(fused.path)))
+    proto = onnx.load(str(fused.path))
+    export.separate_consumed_outputs(proto)  # the same converter bug (see there)
+    model = OnnxModel(proto)
     model.convert_float_to_float16(keep_io_types=True)
     _save(model.model, target)
     return dataclasses.replace(

@@ -237,7 +237,7 @@ class ONNXRuntimeBackend(Backend):
     def candidate_count(self, graph: RecordedGraph) -> int:
         return max(1, len(self.plan(graph.graph_spec(), graph.module, graph.device)))
 
-    def add_candidates(self, graph: RecordedGraph, tuner, group: int, advance):
+    def add_candidates(self, graph: RecordedGraph, tuner, group: int, advance, module_call=None):
         directory = cache.backend_dir(graph.module_name, graph.key, self.key())
         spec = graph.graph_spec()
         core_config = self._core_config(graph.device)
@@ -286,6 +286,10 @@ class ONNXRuntimeBackend(Backend):
         order = [graph.input_names.index(name) for name in model_inputs]
         model_type = getattr(getattr(graph.module, "config", None), "model_type", None) or "bert"
         models = transforms.TransformedModels(model_path, transforms.TransformContext(directory, model_type))
+        # Each candidate's latency is the module's: measured through the module's own
+        # dispatch with the candidate's session as its graph (issue 28).
+        session_call = None if module_call is None else (
+            lambda session: module_call(OnnxRuntimeTunedGraph(session, order, graph.input_names, "measured")))
         for planned in plan:
             if planned.model_transform == transforms.FP16_SEARCH:
                 self._search_fp16(planned, models, tuner, group, order, graph, directory)
@@ -294,7 +298,8 @@ class ONNXRuntimeBackend(Backend):
             made = self._model_for(planned, models, tuner, group)
             if made is not None:  # contained: a failing candidate never takes the process down
                 model, candidate = made
-                candidate_isolation.evaluate(tuner, str(model), candidate, self.describe(), group, order, graph)
+                candidate_isolation.evaluate(tuner, str(model), candidate, self.describe(), group, order, graph,
+                                             session_call)
             advance()
 
         def make(session, candidate) -> TunedGraph:

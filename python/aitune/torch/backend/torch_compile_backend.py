@@ -1,12 +1,15 @@
 """TorchCompileBackend: torch.compile (mode "reduce-overhead" by default) as tuning
-candidates, one per precision, checked and measured by the C++ engine next to ONNX
-Runtime's, so a strategy over both hands the user whichever is fastest and correct."""
+candidates, one per mode and precision, checked and measured by the C++ engine next to
+ONNX Runtime's, so a strategy over both hands the user whichever is fastest and correct.
+A candidate is what a user would write by hand: torch.compile of the same module, in the
+same mode, under the same autocast; nothing is copied or cast after it (issue 28)."""
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
 import json
+import time
 from collections.abc import Iterator
 
 import torch
@@ -33,8 +36,15 @@ class TorchCompileBackendConfig(BackendConfig):
 
     Attributes:
         mode: ``torch.compile``'s mode. "reduce-overhead" (default) replays CUDA graphs
-            on a GPU; outputs are then copied out of the graph's pool on each call (their
-            memory is reused by the next replay), and that copy is part of what is measured.
+            on a GPU; as with torch.compile itself, outputs then live in the graph's memory
+            pool until the next call of the module overwrites them (torch raises when such
+            an output is read after that; ``.clone()`` what must outlive the next call).
+        modes: several modes to try, one candidate per mode and precision (e.g.
+            ``("default", "reduce-overhead", "max-autotune")``); None: ``mode`` alone.
+        max_compile_s: a candidate whose compile (its first call, CUDA graph capture
+            included) takes longer is recorded as failed, with its compile time. Checked
+            when the compile returns (torch.compile cannot be interrupted). None: no limit.
+            Each candidate's compile time is in the report (``first_run_ms``).
         precisions: the candidates, each a precision: "fp32" (TF32 off for matmuls and
             convolutions), "tf32" (TF32 on, ``set_float32_matmul_precision("high")``),
             "fp16" / "bf16" (``torch.autocast`` in that dtype, outputs cast back to the
@@ -49,10 +59,25 @@ class TorchCompileBackendConfig(BackendConfig):
     precisions: tuple[str, ...] | None = None
     precision: str = "any"
     dynamic: bool | None = None
+    modes: tuple[str, ...] | None = None
+    max_compile_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))}, got {self.mode!r}")
+        if self.modes is not None:
+            if isinstance(self.modes, str) or not self.modes or not all(m in MODES for m in self.modes) \
+                    or len(set(self.modes)) != len(self.modes):
+                raise ValueError(
+                    f"modes must be None or a non-empty sequence of distinct modes out of "
+                    f"{', '.join(map(repr, MODES))}, got {self.modes!r}"
+                )
+            self.modes = tuple(self.modes)
+        if self.max_compile_s is not None and (
+            isinstance(self.max_compile_s, bool) or not isinstance(self.max_compile_s, (int, float))
+            or not self.max_compile_s > 0
+        ):
+            raise ValueError(f"max_compile_s must be None or a positive number of seconds, got {self.max_compile_s!r}")
         if self.precisions is not None:
             if isinstance(self.precisions, str) or not all(p in PRECISIONS for p in self.precisions) \
                     or not self.precisions:
@@ -64,6 +89,10 @@ class TorchCompileBackendConfig(BackendConfig):
         self.precision = precision_edge.precision_limit(self.precision)
         if self.dynamic is not None and not isinstance(self.dynamic, bool):
             raise ValueError(f"dynamic must be None or a bool, got {self.dynamic!r}")
+
+    def candidate_modes(self) -> tuple[str, ...]:
+        """The modes tried: ``modes``, or ``mode`` alone."""
+        return self.modes or (self.mode,)
 
     def candidate_precisions(self, device: torch.device) -> list[str]:
         """The precisions tried on ``device``, those ``precision`` allows."""
@@ -85,8 +114,11 @@ def _tf32(enabled: bool) -> Iterator[None]:
 
 class _PrecisionForward(torch.nn.Module):
     """The graph's module as ``forward(*args, **kwargs) -> tuple of its output tensors``,
-    under autocast when the candidate asks for it, outputs cast back to the module's own
-    dtypes: what is compiled."""
+    under autocast when the candidate asks for it: what is compiled. An output autocast
+    left in another dtype than the module's own is cast back inside the compiled code
+    (the tuned module returns what the user's module returns); one already in the
+    module's dtype is returned as it is, no op added (``Tensor.to`` of its own dtype is
+    the tensor itself)."""
 
     def __init__(self, graph, device_type: str, autocast: torch.dtype | None, output_dtypes: list[torch.dtype]):
         super().__init__()
@@ -129,14 +161,13 @@ class TorchCompileTunedGraph(TunedGraph):
         self._cuda_graphs = self.device.type == "cuda" and mode in ("reduce-overhead", "max-autotune")
 
     def infer(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        # The compiled outputs as they are: no copy, no cast (with CUDA graphs they live
+        # in the graph's pool until the next call, exactly as with torch.compile).
         with run_eagerly(), (_tf32(self.precision == "tf32") if self._sets_tf32 else contextlib.nullcontext()):
             if self._cuda_graphs:
                 torch.compiler.cudagraph_mark_step_begin()
             args, kwargs = self.graph.call_arguments(inputs)
-            outputs = self._compiled(*args, **kwargs)
-        if self._cuda_graphs:  # the next replay overwrites the graph's output memory
-            return [t.clone() for t in outputs]
-        return list(outputs)
+            return list(self._compiled(*args, **kwargs))
 
     def config(self) -> dict:
         """What a checkpoint stores to recompile this graph on load."""
@@ -185,9 +216,9 @@ class TorchCompileBackend(Backend):
         super().__init__(config)
 
     def candidate_count(self, graph) -> int:
-        return len(self.config.candidate_precisions(graph.device))
+        return len(self.config.candidate_precisions(graph.device)) * len(self.config.candidate_modes())
 
-    def add_candidates(self, graph, tuner, group: int, advance):
+    def add_candidates(self, graph, tuner, group: int, advance, module_call=None):
         precisions = self.config.candidate_precisions(graph.device)
         if not precisions:
             raise _core.InvalidArgumentError(
@@ -197,23 +228,49 @@ class TorchCompileBackend(Backend):
         inputs = [[t.detach() for t in s.inputs] for s in graph.samples]
         largest = max(range(len(graph.samples)), key=lambda i: graph.samples[i].batch_size)
         made: dict[str, TorchCompileTunedGraph] = {}
-        for precision in precisions:
-            tuned = TorchCompileTunedGraph(graph, precision, self.config.mode, output_dtypes, self.config.dynamic,
-                                           graph.device)
-            name = f"torch.compile[mode={self.config.mode}] {precision}"
-            made[name] = tuned
+        for mode in self.config.candidate_modes():
+            for precision in precisions:
+                tuned = TorchCompileTunedGraph(graph, precision, mode, output_dtypes, self.config.dynamic,
+                                               graph.device)
+                name = f"torch.compile[mode={mode}] {precision}"
+                made[name] = tuned
 
-            def outputs(i: int, tuned=tuned) -> list[torch.Tensor]:
-                return [t.detach().cpu().contiguous() for t in tuned.infer(inputs[i])]
+                def outputs(i: int, tuned=tuned) -> list[torch.Tensor]:
+                    return [t.detach().cpu().contiguous() for t in tuned.infer(inputs[i])]
 
-            def run(tuned=tuned) -> None:
-                tuned.infer(inputs[largest])
-
-            tuner.evaluate_external(name, self.describe(), group, precision_edge.candidate_precision(precision),
-                                    json.dumps({**self.config.to_dict(), **tuned.config()}), outputs, run)
-            advance()
+                tuner.evaluate_external(name, self.describe(), group, precision_edge.candidate_precision(precision),
+                                        json.dumps({**self.config.to_dict(), **tuned.config()}), outputs,
+                                        self._timed_call(tuned, inputs[largest], module_call))
+                advance()
 
         def make(session, candidate) -> TunedGraph:
             return made[candidate.name]
 
         return make
+
+    def _timed_call(self, tuned: TorchCompileTunedGraph, inputs: list[torch.Tensor], module_call):
+        """What the engine calls: the first call compiles (timed by the engine as the first
+        run, bounded by ``max_compile_s``); every later one is the module's call with this
+        candidate as its graph (``module_call``), or the candidate's own run without one."""
+        state: dict = {}
+
+        def run() -> None:
+            call = state.get("call")
+            if call is not None:
+                call()
+                return
+            start = time.perf_counter()
+            if module_call is None:
+                call = lambda: tuned.infer(inputs)  # noqa: E731
+                call()
+            else:
+                call = module_call(tuned)  # makes the first call: the compile
+            seconds = time.perf_counter() - start
+            limit = self.config.max_compile_s
+            if limit is not None and seconds > limit:
+                raise _core.InvalidArgumentError(
+                    f"compiling took {seconds:.1f} s, over max_compile_s={limit:g} (TorchCompileBackendConfig)"
+                )
+            state["call"] = call
+
+        return run

@@ -1,0 +1,227 @@
+"""The model zoo at matched precision (issue 28): per model, eager, bare torch.compile as a
+user configures it, the best ONNX Runtime candidate per precision, and the tuned module
+with its winner, every column timed the same way (benchmarks/timing.py), the tuned module
+called as a user calls it (keywords for the language models).
+
+    python benchmarks/zoo.py [--device cuda|cpu] [--small] [--models a,b] [--no-compile]
+                             [--iterations 200] [--json zoo.json]
+
+Models (random weights from Hugging Face transformers configs; no download):
+EfficientNet-B0 b32, Swin-T b8, GPT-2 with LM head b8 s128 (keywords), DistilBERT
+classifier b16 s128 (keywords), ResNet-50 b16, ViT-B/16 b8. ``--small``: small versions
+that run on this machine's CPU in minutes, and a BERT encoder (2 layers, hidden 128,
+batch 1, sequence 32) called with ``input_ids=`` / ``attention_mask=``.
+
+Columns (p50 µs): eager (the module's own dtype, fp32); bare torch.compile in
+mode reduce-overhead at fp16 (autocast) and TF32 on CUDA, mode default at fp32 on the
+CPU; the best ORT candidate per precision (from the tune report); the tuned module and
+its winner (name, precision); the module's p50 over the p50 the tuner measured for its
+winner (candidate/module: 1.0 means the module costs what was measured); best bare
+compile p50 / tuned module p50 (> 1: the tuned module is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from timing import p50_us  # noqa: E402
+
+
+def _vision(model, batch: int, size: int, device):
+    pixels = torch.randn(batch, 3, size, size, device=device)
+    return model, (pixels,), {}
+
+
+def _text(model, batch: int, seq: int, vocab: int, device):
+    ids = torch.randint(0, vocab, (batch, seq), device=device)
+    mask = torch.ones(batch, seq, dtype=torch.int64, device=device)
+    return model, (), {"input_ids": ids, "attention_mask": mask}
+
+
+def build(name: str, small: bool, device):
+    """(module, args, kwargs of the timed call) of a zoo model."""
+    import transformers as tf
+
+    torch.manual_seed(0)
+    if name == "bert-encoder-keywords":  # the CPU row the issue measured (1.6x before)
+        config = tf.BertConfig(num_hidden_layers=2, hidden_size=128, num_attention_heads=2, intermediate_size=512,
+                               vocab_size=1000)
+        return _text(tf.BertModel(config), 1, 32, 1000, device)
+    if name == "efficientnet-b0":
+        config = tf.EfficientNetConfig(width_coefficient=1.0, depth_coefficient=1.0, image_size=224)
+        if small:
+            config = tf.EfficientNetConfig(width_coefficient=0.25, depth_coefficient=0.25, image_size=64,
+                                           hidden_dim=256)
+        return _vision(tf.EfficientNetForImageClassification(config), 4 if small else 32, 64 if small else 224, device)
+    if name == "swin-t":
+        config = tf.SwinConfig(image_size=64, embed_dim=24, depths=[1, 1], num_heads=[1, 2]) if small else tf.SwinConfig()
+        return _vision(tf.SwinForImageClassification(config), 2 if small else 8, config.image_size, device)
+    if name == "gpt2-lm-keywords":
+        config = tf.GPT2Config(n_layer=2, n_embd=64, n_head=2, vocab_size=1000, use_cache=False) if small else \
+            tf.GPT2Config(use_cache=False)
+        return _text(tf.GPT2LMHeadModel(config), 2 if small else 8, 32 if small else 128, config.vocab_size, device)
+    if name == "distilbert-cls-keywords":
+        config = tf.DistilBertConfig(n_layers=2, dim=64, n_heads=2, hidden_dim=128, vocab_size=1000) if small else \
+            tf.DistilBertConfig()
+        return _text(tf.DistilBertForSequenceClassification(config), 2 if small else 16, 32 if small else 128,
+                     config.vocab_size, device)
+    if name == "resnet-50":
+        config = tf.ResNetConfig(embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1], layer_type="basic") \
+            if small else tf.ResNetConfig()
+        return _vision(tf.ResNetForImageClassification(config), 2 if small else 16, 64 if small else 224, device)
+    if name == "vit-b16":
+        config = tf.ViTConfig(image_size=64, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                              intermediate_size=128) if small else tf.ViTConfig()
+        return _vision(tf.ViTForImageClassification(config), 2 if small else 8, config.image_size, device)
+    raise ValueError(f"unknown model {name!r}")
+
+
+FULL = ["efficientnet-b0", "swin-t", "gpt2-lm-keywords", "distilbert-cls-keywords", "resnet-50", "vit-b16"]
+SMALL = ["bert-encoder-keywords", "resnet-50", "distilbert-cls-keywords"]
+
+
+def bare_compile(model, args, kwargs, device, precision: str, iterations: int) -> float:
+    """p50 of torch.compile as a user configures it: reduce-overhead on CUDA (fp16 under
+    autocast around the call, TF32 by the global flags), default on the CPU (fp32)."""
+    import contextlib
+
+    torch._dynamo.reset()
+    mode = "reduce-overhead" if device.type == "cuda" else "default"
+    compiled = torch.compile(model, mode=mode)
+    tf32 = precision == "tf32"
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
+    autocast = torch.autocast(device.type, dtype=torch.float16) if precision == "fp16" else contextlib.nullcontext()
+    try:
+        with torch.no_grad(), autocast:
+            return p50_us(lambda: compiled(*args, **kwargs), iterations)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
+
+
+def tune(name: str, model, args, kwargs, device, compile_candidates: bool):
+    """The module tuned on the timed batch itself (its rows as samples, one batch of
+    that size), with ORT and, unless told not to, torch.compile candidates."""
+    import aitune.torch as ait
+    from aitune.torch.backend import (ONNXRuntimeBackend, ONNXRuntimeBackendConfig, TorchCompileBackend,
+                                      TorchCompileBackendConfig)
+
+    provider = "cuda" if device.type == "cuda" else "cpu"
+    backends = [ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider=provider))]
+    if compile_candidates:
+        precisions = ("tf32", "fp16") if device.type == "cuda" else ("fp32",)
+        mode = "reduce-overhead" if device.type == "cuda" else "default"
+        backends.append(TorchCompileBackend(TorchCompileBackendConfig(mode=mode, precisions=precisions)))
+    tuned = ait.Module(model, f"zoo-{name}", strategy=ait.MaxThroughputStrategy(backends))
+    batch = (args[0] if args else next(iter(kwargs.values()))).shape[0]
+    rows = [tuple(a[i] for a in args) if args else {k: v[i] for k, v in kwargs.items()} for i in range(batch)]
+    ait.tune(tuned, rows, batch_sizes=[batch], disable_external_logging=True, progress=False,
+             performance_validation=False)
+    return tuned
+
+
+def row(name: str, small: bool, device, iterations: int, compile_columns: bool) -> dict:
+    model, args, kwargs = build(name, small, device)
+    model = model.to(device).eval()
+    result = {"model": name, "device": str(device), "dtype": "float32"}
+    with torch.no_grad():
+        result["eager_us"] = p50_us(lambda: model(*args, **kwargs), iterations)
+    bare = {}
+    if compile_columns:
+        for precision in (("fp16", "tf32") if device.type == "cuda" else ("fp32",)):
+            try:
+                bare[precision] = bare_compile(model, args, kwargs, device, precision, iterations)
+            except Exception as error:  # a row still reports what it could measure
+                bare[precision] = None
+                result[f"bare_compile_{precision}_error"] = f"{type(error).__name__}: {error}"[:300]
+        torch._dynamo.reset()
+    result["bare_compile_us"] = bare
+    start = time.perf_counter()
+    tuned = tune(name, model, args, kwargs, device, compile_columns)
+    result["tune_s"] = round(time.perf_counter() - start, 1)
+    (report,) = tuned.ait_reports.values()
+    best = {}
+    for c in report.candidates:
+        if c.backend.startswith("ONNXRuntimeBackend") and c.p50_us and c.status in ("selected", "not chosen"):
+            if c.precision_name not in best or c.p50_us < best[c.precision_name]["p50_us"]:
+                best[c.precision_name] = {"name": c.name, "p50_us": c.p50_us}
+    result["best_ort_per_precision"] = best
+    with torch.no_grad():
+        result["module_us"] = p50_us(lambda: tuned(*args, **kwargs), iterations)
+    if report.winner is not None:
+        winner = report.candidates[report.winner]
+        result["winner"] = {"name": winner.name, "backend": winner.backend, "precision": winner.precision_name,
+                            "p50_us": winner.p50_us}
+        result["module_over_candidate"] = result["module_us"] / winner.p50_us
+    else:
+        result["winner"] = {"name": "eager", "decision": report.decision}
+    finite = [v for v in bare.values() if v]
+    if finite:
+        result["best_bare_compile_over_tuned"] = min(finite) / result["module_us"]
+    return result
+
+
+def table(rows: list[dict]) -> str:
+    def us(value):
+        return "-" if value is None else f"{value:.0f}"
+
+    lines = ["| model | eager fp32 | bare compile | best ORT per precision | tuned module (winner, precision) | "
+             "module / candidate | best bare compile / tuned |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['model']} | failed: {r['error'][:120]} |||||")
+            continue
+        bare = ", ".join(f"{p} {us(v)}" for p, v in r["bare_compile_us"].items()) or "-"
+        ort = ", ".join(f"{p} {us(v['p50_us'])}" for p, v in r["best_ort_per_precision"].items()) or "-"
+        w = r["winner"]
+        ratio = r.get("module_over_candidate")
+        speed = r.get("best_bare_compile_over_tuned")
+        lines.append(f"| {r['model']} | {us(r['eager_us'])} | {bare} | {ort} | {us(r['module_us'])} ({w['name']}, "
+                     f"{w.get('precision', '-')}) | {'-' if ratio is None else f'{ratio:.2f}'} | "
+                     f"{'-' if speed is None else f'{speed:.2f}'} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--small", action="store_true", help="small models, for the CPU")
+    parser.add_argument("--models", help="comma-separated subset")
+    parser.add_argument("--no-compile", action="store_true", help="no torch.compile columns or candidates")
+    parser.add_argument("--iterations", type=int, default=200)
+    parser.add_argument("--json", default="zoo.json")
+    options = parser.parse_args()
+    device = torch.device(options.device)
+    names = options.models.split(",") if options.models else (SMALL if options.small else FULL)
+    os.environ.setdefault("AITUNE_CACHE_DIR", tempfile.mkdtemp(prefix="aitune-zoo-"))
+    import onnxruntime
+
+    import aitune
+
+    rows = []
+    for name in names:
+        try:
+            rows.append(row(name, options.small, device, options.iterations, not options.no_compile))
+        except Exception as error:
+            rows.append({"model": name, "error": f"{type(error).__name__}: {error}"})
+        print(json.dumps(rows[-1]), flush=True)
+    meta = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "onnxruntime": onnxruntime.__version__,
+            "aitune": getattr(aitune, "__version__", "?"), "device": str(device),
+            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None, "small": options.small}
+    Path(options.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    print(table(rows))
+    print(f"written: {options.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""The latency a candidate is chosen by is measured through the code a user's call of the
+tuned module runs (issue 28): the module's dispatch, its C++ route, the call form
+(keywords) and the output structure (ModelOutput) included."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch_models import cpu_strategy
+
+import aitune.torch as ait
+from aitune import _core
+from aitune.torch import dispatch, flatten
+
+transformers_utils = __import__("transformers.utils", fromlist=["ModelOutput"])
+
+
+@dataclasses.dataclass
+class EncoderOutput(transformers_utils.ModelOutput):
+    last_hidden_state: torch.Tensor | None = None
+    pooler_output: torch.Tensor | None = None
+
+
+class KeywordEncoder(torch.nn.Module):
+    """Called as Hugging Face encoders are: keywords, a trailing **kwargs, a ModelOutput."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(40, 16)
+        self.fc = torch.nn.Linear(16, 16)
+
+    def forward(self, input_ids=None, attention_mask=None, **kwargs):
+        hidden = self.fc(self.embed(input_ids)) * attention_mask.unsqueeze(-1)
+        return EncoderOutput(last_hidden_state=hidden, pooler_output=hidden.mean(1))
+
+
+class _Counting:
+    """A TorchDispatch that counts the calls made through it (``__call__``: how ait.Module
+    calls its dispatch) and otherwise is the dispatch itself."""
+
+    calls = 0
+
+    def __init__(self, real):
+        object.__setattr__(self, "real", real)
+
+    def __call__(self, module, args, kwargs):
+        _Counting.calls += 1
+        return self.real(module, args, kwargs)
+
+    def __len__(self):
+        return len(self.real)
+
+    def __getattr__(self, name):
+        return getattr(self.real, name)
+
+
+def test_candidates_are_measured_through_the_modules_own_dispatch(monkeypatch):
+    general = []
+    real_flatten = flatten.flatten_arguments
+    monkeypatch.setattr(flatten, "flatten_arguments", lambda arguments: general.append(1) or real_flatten(arguments))
+    real_new = dispatch.new_dispatch
+    monkeypatch.setattr(dispatch, "new_dispatch", lambda module, training: _Counting(real_new(module, training)))
+    _Counting.calls = 0
+
+    profile = _core.ProfileConfig()  # exactly warmup + one window of calls per candidate
+    profile.warmup_calls, profile.window_calls, profile.stable_windows, profile.max_windows = 2, 5, 1, 1
+    profile.time_cap_s = 600
+    model = ait.Module(KeywordEncoder().eval(), "measured-path",
+                       strategy=cpu_strategy(use_dynamo=False, tune_provider_options=True))
+    ids, mask = torch.randint(0, 40, (6,)), torch.ones(6, dtype=torch.int64)
+    ait.tune(model, [{"input_ids": ids, "attention_mask": mask}] * 2, profile_config=profile)
+
+    (report,) = model.ait_reports.values()
+    measured = [c for c in report.candidates if c.p50_us is not None and c.p50_us > 0]
+    assert len(measured) >= 2, report.summary_table()
+    # Every timed call of every candidate went through the dispatch's C++ __call__, as a
+    # user's call does, and was served there (one general-path call per candidate: the
+    # first, which adds the route).
+    assert _Counting.calls == 7 * len(measured)
+    assert len(general) == len(measured)
+
+    batch = dict(input_ids=torch.randint(0, 40, (2, 6)), attention_mask=torch.ones(2, 6, dtype=torch.int64))
+    with torch.no_grad():
+        out = model(**batch)  # the general path once: adds the route
+        before, served_before = _Counting.calls, len(general)
+        again = model(**batch)
+    assert _Counting.calls == before + 1 and len(general) == served_before  # the same code as the measurement
+    assert isinstance(again, EncoderOutput) and torch.equal(again.last_hidden_state, out.last_hidden_state)
