@@ -45,11 +45,12 @@ def wrap(obj: Any, modules: Sequence[ModuleInfo], strategy: TuneStrategy | None 
     plan = []
     for info in infos:
         where = f"ait.wrap: '{info.object_path}'"
-        if isinstance(info.module, Module):
+        current = info.location.current()
+        if isinstance(info.module, Module) or (isinstance(current, Module) and current.ait_module is info.module):
             raise ValueError(f"{where} is an ait.Module already")
         if isinstance(info.parent, tuple):
             raise TypeError(f"{where} is an item of a tuple, which cannot be assigned; hold the modules in a list")
-        if info.location.current() is not info.module:
+        if current is not info.module:
             raise ValueError(f"{where} no longer holds the inspected {type(info.module).__name__}; inspect again")
         if any(isinstance(a, torch.nn.Module) and a is other.module for a in info.location.ancestors for other in infos):
             raise ValueError(f"{where} is inside another module being wrapped; wrap one of them")
