@@ -8,6 +8,8 @@ from typing import Any
 
 from torch.utils.data import DataLoader, Dataset
 
+from aitune.torch.dataset import stack_samples
+
 
 class _Repeated(Dataset):
     """At least ``size`` samples, repeating a smaller dataset (a batch is always full)."""
@@ -52,8 +54,6 @@ class DataLoaderFactory:
     def create_dataloader(self, batch_size: int) -> DataLoader:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        from aitune.torch.dataset import stack_samples
-
         dataset = self.dataset if len(self.dataset) >= batch_size else _Repeated(self.dataset, batch_size)
         return DataLoader(dataset, batch_size=batch_size, collate_fn=self.collate_fn or stack_samples,
                           drop_last=True, num_workers=self.num_workers)

@@ -20,8 +20,6 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils.data import DataLoader, Dataset
 
-from aitune.torch.dataloader_factory import DataLoaderFactory
-
 
 def _plain(sample: Any) -> Any:
     """A sample or batch whose keyword arguments come in a mapping that is not a dict
@@ -155,7 +153,7 @@ def iterate_calls(
     """Yields ``(batch_size, args, kwargs)`` for every batch of every batch size."""
     if isinstance(dataset, torch.Tensor):
         dataset = [dataset]
-    if isinstance(dataset, DataLoaderFactory):
+    if hasattr(dataset, "create_dataloader"):  # an ait.DataLoaderFactory (or AITune-style subclass)
         make: Callable[[int], Iterable[tuple[int, Any]]] = lambda b: (  # noqa: E731
             (b, batch) for batch in dataset.create_dataloader(b))
     elif isinstance(dataset, DataLoader):

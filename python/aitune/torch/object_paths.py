@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from aitune.torch.module import Module
+
 
 @dataclasses.dataclass(eq=False)
 class ModuleLocation:
@@ -102,6 +104,4 @@ def find_modules(obj: Any, max_depth: int = 8) -> list[tuple[torch.nn.Module, Mo
 
 def find_ait_modules(obj: Any, max_depth: int = 8) -> list[tuple[Any, ModuleLocation]]:
     """The ait.Modules reachable from ``obj``, with their places."""
-    from aitune.torch.module import Module
-
     return [(module, location) for module, location in find_modules(obj, max_depth) if isinstance(module, Module)]
