@@ -169,7 +169,8 @@ def save(obj: Any, path: str | os.PathLike, *, overwrite: bool = True,
     (progress; an exception raised there aborts the save).
 
     Returns the checkpoint directory. Raises ``aitune.StateError`` (a module not tuned),
-    ``aitune.InvalidArgumentError`` (no ait.Module in obj, a path that is not a checkpoint),
+    TypeError (no ait.Module in obj), ``aitune.InvalidArgumentError`` (a path that is not
+    a checkpoint),
     and what the single-module save raises (``CheckpointStructureError``...).
     """
     if isinstance(obj, Module):
@@ -178,9 +179,9 @@ def save(obj: Any, path: str | os.PathLike, *, overwrite: bool = True,
     start = time.perf_counter()
     found = find_ait_modules(obj)
     if not found:
-        raise _core.InvalidArgumentError(
-            f"ait.save: the {type(obj).__name__} holds no ait.Module (wrap the modules to tune with ait.wrap or "
-            "ait.Module first)"
+        raise TypeError(
+            f"ait.save takes an ait.Module or an object holding ait.Modules; the {type(obj).__name__} holds no "
+            "ait.Module (wrap the modules to tune with ait.wrap or ait.Module first)"
         )
     for module, location in found:
         _check_saveable(module, f"'{location.path}' (ait.Module '{module.ait_name}')")
