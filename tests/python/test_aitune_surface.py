@@ -188,3 +188,42 @@ def test_inspect_refuses_bad_arguments():
     info = ait.inspect(MLP(), [torch.randn(16)], number_of_iterations=1, warmup_iterations=0)
     with pytest.raises(ValueError, match="limit"):
         info.get_modules(limit=-1)
+
+
+def test_a_strategy_switch_wins_for_the_graphs_it_tunes():
+    # as AITune's scripts: strategy.enable_performance_validation(False); enable_find_max_batch_size(enable=False)
+    strict = cpu_strategy()
+    strict.enable_performance_validation(True, min_speedup=1e6)  # no candidate is a million times faster
+    strict.enable_find_max_batch_size(enable=False)
+    assert strict.option_overrides == {"performance_validation": True, "min_speedup": 1e6,
+                                       "find_max_batch_size": False, "max_batch_size": 4096}
+    module = ait.Module(MLP().eval(), "strict", strategy=strict)
+    ait.tune(module, [torch.randn(16)], performance_validation=False, ignore_failing_modules=False)
+    (report,) = module.ait_reports.values()
+    assert report.winner is None and "slower than eager" in report.summary_table()
+    loose = cpu_strategy()
+    loose.enable_performance_validation(False)
+    module = ait.Module(MLP().eval(), "loose", strategy=loose)
+    ait.tune(module, [torch.randn(16)], performance_validation=True, min_speedup=1e6, ignore_failing_modules=False)
+    assert next(iter(module.ait_reports.values())).winner is not None
+    with pytest.raises(TypeError, match="must be a bool"):
+        loose.enable_performance_validation("yes")
+
+
+def test_modules_in_a_plain_list_attribute_of_a_module_are_found_and_wrapped():
+    class Experts(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate = torch.nn.Linear(16, 16)
+            self.experts = [torch.nn.Linear(16, 16)]  # not registered as a child
+
+        def forward(self, x):
+            return self.experts[0](self.gate(x))
+
+    model = Experts().eval()
+    info = ait.inspect(model, [torch.randn(16)], number_of_iterations=1, warmup_iterations=0,
+                       inference_function=lambda x: model.experts[0](model.gate(x)))
+    assert sorted(m.object_path for m in info.get_modules()) == ["experts.0", "gate"]
+    expert = [m for m in info.get_modules() if m.object_path == "experts.0"]
+    ait.wrap(model, expert, strategy=cpu_strategy())
+    assert isinstance(model.experts[0], ait.Module) and model.experts[0].ait_name == "experts.0"

@@ -6,6 +6,7 @@ report and logs the summary table."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import tempfile
@@ -112,6 +113,8 @@ def _failure(strategy: TuneStrategy, graph: RecordedGraph, report: _core.TuneRep
 def tune_graph(strategy: TuneStrategy, graph: RecordedGraph, options: TuneOptions | None = None) -> TunedGraph:
     """The TunedGraph ``strategy`` chooses for ``graph``, or raises saying why there is none."""
     options = options or TuneOptions()
+    if strategy.option_overrides:  # the strategy's own switches (AITune's strategy.enable_...)
+        options = dataclasses.replace(options, **strategy.option_overrides)
     tuner_options = options.tuner_options()
     if graph.device.type == "cuda":
         # Eager runs on torch's stream: device time by events there, and host time that

@@ -60,8 +60,12 @@ class ModuleLocation:
 
 def _children(obj: Any) -> Iterator[tuple[str | int, Any]]:
     if isinstance(obj, torch.nn.Module):
-        # registered children (an ait.Module shares its wrapped module's)
+        # registered children (an ait.Module shares its wrapped module's), then modules a
+        # module keeps in plain lists, tuples or dicts (not registered as children)
         yield from obj._modules.items()
+        for key, value in vars(obj).items():
+            if not key.startswith("_") and isinstance(value, (list, tuple, dict)):
+                yield key, value
     elif isinstance(obj, (list, tuple)):
         yield from enumerate(obj)
     elif isinstance(obj, dict):
