@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
-GUIDES = ["onnxruntime-backend.md", "tuning.md", "deploying-triton.md"]
+GUIDES = ["onnxruntime-backend.md", "tuning.md", "deploying-triton.md", "pipelines.md"]
 SNIPPETS = [
     (guide, i, code)
     for guide in GUIDES
@@ -20,6 +20,7 @@ def test_the_guides_have_snippets():
     assert sum(1 for guide, _, _ in SNIPPETS if guide == "onnxruntime-backend.md") >= 8
     assert any(guide == "tuning.md" for guide, _, _ in SNIPPETS)
     assert sum(1 for guide, _, _ in SNIPPETS if guide == "deploying-triton.md") >= 3
+    assert sum(1 for guide, _, _ in SNIPPETS if guide == "pipelines.md") == 2
 
 
 @pytest.mark.parametrize("guide, index, code", SNIPPETS, ids=[f"{g}-{i}" for g, i, _ in SNIPPETS])

@@ -64,12 +64,24 @@ def test_forward_hooks_on_the_proxy_run_on_every_call():
     assert seen == [torch.Size([3, 8])]
 
 
-def test_calls_outside_tune_run_eagerly_and_record_nothing():
+def test_calls_outside_tune_run_eagerly_and_record_a_bounded_number_until_tuned(monkeypatch):
+    # AITune's record-by-calling (for module.tune()), capped so an untuned module never
+    # keeps copies of every input; ait.tune's own recording ends recording by calling.
+    from aitune.torch import module as module_file
+
+    monkeypatch.setattr(module_file, "MAX_CALLS_RECORDED_BY_CALLING", 3)
     inner = MLP().eval()
     model = ait.Module(inner, strategy=cpu_strategy())
     x = torch.randn(2, 16)
     torch.testing.assert_close(model(x), inner(x))
-    assert model.ait_state is ModuleState.INIT and model.ait_graphs == []
+    assert model.ait_state is ModuleState.RECORDING and len(model.ait_graphs) == 1
+    for _ in range(5):
+        model(x)
+    assert len(model.ait_graphs[0].samples) == 3
+    ait.tune(model, [torch.randn(16)], dry_run=True)
+    assert [len(g.samples) for g in model.ait_graphs] == [2]  # batch sizes 1 and 2
+    model(x)
+    assert [len(g.samples) for g in model.ait_graphs] == [2]  # calls outside ait.tune no longer recorded
 
 
 def test_positional_and_keyword_forms_are_one_graph_and_names_follow_the_signature():

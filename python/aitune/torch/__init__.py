@@ -5,6 +5,10 @@
     ait.tune(model, samples)
     ait.save(model, "my-model.ait")        # later, in another process:
     ait.load(ait.Module(MyModel(), "my-model"), "my-model.ait")
+
+Pipelines (docs/pipelines.md): ``ait.inspect`` times the modules a pipeline calls,
+``ait.wrap`` wraps the chosen ones in place, ``ait.tune`` drives the pipeline, and
+``ait.save`` / ``ait.load`` take the whole pipeline.
 """
 
 from aitune.torch.backend import (
@@ -19,13 +23,15 @@ from aitune.torch.backend import (
     TorchEagerBackend,
 )
 from aitune.torch.cache import cache_root
-from aitune.torch.checkpoint import load, save
 from aitune.torch.checkpoint_structure import CheckpointStructureError
+from aitune.torch.dataloader_factory import DataLoaderFactory
 from aitune.torch.dispatch import GraphNotRecordedError
 from aitune.torch.export import ExportError
 from aitune.torch.graph import RecordedGraph
 from aitune.torch.graph_tuning import TuningError
+from aitune.torch.inspection import InspectedModulesInfo, ModuleInfo, inspect
 from aitune.torch.module import Module, ModuleState
+from aitune.torch.module_registry import MODULE_REGISTRY
 from aitune.torch.options import (
     TuneOptions,
     enable_find_max_batch_size,
@@ -41,26 +47,33 @@ from aitune.torch.strategy import (
     OneBackendStrategy,
     TuneStrategy,
 )
+from aitune.torch.pipeline_checkpoint import PipelineStructureError, load, save
 from aitune.torch.triton import export_triton
 from aitune.torch.tuning import tune
+from aitune.torch.wrap import wrap
 
 __all__ = [
     "Backend",
     "BackendConfig",
     "CheckpointStructureError",
+    "DataLoaderFactory",
     "ExportError",
     "FirstWinsStrategy",
     "GraphNotRecordedError",
+    "InspectedModulesInfo",
     "LatencyBudgetStrategy",
+    "MODULE_REGISTRY",
     "MaxThroughputStrategy",
     "MinLatencyStrategy",
     "Module",
+    "ModuleInfo",
     "ModuleState",
     "NumericMismatchError",
     "ONNXExecutionProvider",
     "ONNXRuntimeBackend",
     "ONNXRuntimeBackendConfig",
     "OneBackendStrategy",
+    "PipelineStructureError",
     "RecordedGraph",
     "TorchCompileBackend",
     "TorchCompileBackendConfig",
@@ -73,8 +86,10 @@ __all__ = [
     "enable_performance_validation",
     "export_triton",
     "find_max_batch_size_enabled",
+    "inspect",
     "load",
     "performance_validation_enabled",
     "save",
     "tune",
+    "wrap",
 ]

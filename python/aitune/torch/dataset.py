@@ -2,7 +2,8 @@
 
 Forms: a tensor (one sample); a sequence or map-style Dataset of samples; any other
 iterable of samples; a DataLoader (re-batched per batch size when it batches samples
-itself); a factory ``batch_size -> iterable of batches``. A sample is a tensor, a tuple
+itself); an ``ait.DataLoaderFactory`` (a dataset with its own collate function); a
+factory ``batch_size -> iterable of batches``. A sample is a tensor, a tuple
 or list (positional arguments), a dict (keyword arguments), or ``(args, kwargs)``.
 Samples have no batch axis: ``batch_size`` samples of equal shape are stacked on a new
 axis 0, so recording with several batch sizes reveals each tensor's batch axis.
@@ -68,6 +69,11 @@ def _stack(samples: list[Any]) -> Any:
                 f"a non-tensor value differs between samples ({column!r}); it cannot be stacked into one batch"
             )
     return pytree.tree_unflatten(leaves, spec)
+
+
+def stack_samples(samples: list[Any]) -> Any:
+    """The default collate of ``ait.DataLoaderFactory``: ``_stack``."""
+    return _stack(list(samples))
 
 
 def _as_call(batch: Any) -> tuple[tuple, dict[str, Any]]:
@@ -147,8 +153,11 @@ def iterate_calls(
     """Yields ``(batch_size, args, kwargs)`` for every batch of every batch size."""
     if isinstance(dataset, torch.Tensor):
         dataset = [dataset]
-    if isinstance(dataset, DataLoader):
-        make: Callable[[int], Iterable[tuple[int, Any]]] = lambda b: _loader_batches(dataset, b)  # noqa: E731
+    if hasattr(dataset, "create_dataloader"):  # an ait.DataLoaderFactory (or AITune-style subclass)
+        make: Callable[[int], Iterable[tuple[int, Any]]] = lambda b: (  # noqa: E731
+            (b, batch) for batch in dataset.create_dataloader(b))
+    elif isinstance(dataset, DataLoader):
+        make = lambda b: _loader_batches(dataset, b)  # noqa: E731
         batch_sizes = batch_sizes if dataset.batch_size is not None else [0]
     elif callable(dataset) and not isinstance(dataset, (Sequence, Dataset)):
         make = lambda b: ((b, batch) for batch in dataset(b))  # noqa: E731

@@ -6,6 +6,7 @@ report and logs the summary table."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import tempfile
@@ -154,6 +155,8 @@ def tune_graph(strategy: TuneStrategy, graph: RecordedGraph, options: TuneOption
     ``module_call(graph, tuned) -> call``: the module's call with ``graph`` run by
     ``tuned`` (``dispatch.measured_call``): candidates are measured through it."""
     options = options or TuneOptions()
+    if strategy.option_overrides:  # the strategy's own switches (AITune's strategy.enable_...)
+        options = dataclasses.replace(options, **strategy.option_overrides)
     tuner_options = options.tuner_options()
     if graph.device.type == "cuda":
         # Eager runs on torch's stream: device time by events there, and host time that

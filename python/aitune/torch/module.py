@@ -11,16 +11,19 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from aitune import _core
 from aitune.torch import cache, flatten
 from aitune.torch.backend import ONNXRuntimeBackend
 from aitune.torch.backend.base import TunedGraph
-from aitune.torch.context import current_session, eager_only
+from aitune.torch.context import TuneSession, current_session, eager_only
 from aitune.torch.dispatch import DispatchedModule, ModuleDispatch, measured_call
 from aitune.torch.graph import CallForm, RecordedGraph
 from aitune.torch.graph_tuning import tune_graph
 from aitune.torch.state_changes import StateWatch
+from aitune.torch.module_registry import MODULE_REGISTRY
 from aitune.torch.options import TuneOptions
 from aitune.torch.strategy import OneBackendStrategy, TuneStrategy
+from aitune.torch.strategy_selection import StrategySelection
 
 logger = logging.getLogger("aitune")
 
@@ -60,6 +63,11 @@ def submodule_hooks(module: torch.nn.Module) -> list[str]:
             found.append(f"{name}: {getattr(hook, '__qualname__', repr(hook))}")
     return found
 
+#: Calls an untuned module records outside ``ait.tune`` (AITune's record-by-calling, for
+#: ``module.tune()``); later calls run eagerly and are not kept, so a module wrapped and
+#: never tuned does not keep copies of every input it ever saw.
+MAX_CALLS_RECORDED_BY_CALLING = 32
+
 
 class Module(DispatchedModule):
     """Wraps ``module``; behaves like it (attributes, state_dict, ``.to()``, ``eval()``,
@@ -70,6 +78,10 @@ class Module(DispatchedModule):
         name: names the module's cache directory; defaults to its class name.
         strategy: how to pick a backend per recorded graph; defaults to
             ``OneBackendStrategy(ONNXRuntimeBackend())`` (CUDA execution provider).
+        strategies: instead of ``strategy``, one per graph: a list (graph ``i`` in
+            recording order gets ``strategies[i]``) or a mapping from a graph selector
+            (index, graph key, or ``callable(graph) -> bool``) to a strategy; see
+            ``aitune.torch.strategy_selection``.
         eager_fallback: when tuned, run calls no recorded graph covers (other input
             structure, dtype, rank, or shapes the backend rejects) eagerly with a
             warning instead of raising.
@@ -83,6 +95,7 @@ class Module(DispatchedModule):
         module: torch.nn.Module,
         name: str | None = None,
         strategy: TuneStrategy | None = None,
+        strategies=None,
         *,
         eager_fallback: bool = False,
     ):
@@ -90,16 +103,15 @@ class Module(DispatchedModule):
             raise TypeError(f"module is already wrapped by ait.Module '{module.ait_name}'")
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"ait.Module wraps a torch.nn.Module, got {type(module).__name__}")
-        if strategy is None:  # the backend guide's default backend
-            strategy = OneBackendStrategy(ONNXRuntimeBackend())
-        if not isinstance(strategy, TuneStrategy):
-            raise TypeError(f"strategy must be a TuneStrategy, got {type(strategy).__name__}")
+        # the backend guide's default backend when neither is given
+        selection = StrategySelection(strategy, strategies, lambda: OneBackendStrategy(ONNXRuntimeBackend()))
         super().__init__()
         signature = inspect.signature(module.forward)
         own = {
             "_ait_module": module,
             "_ait_name": name or type(module).__name__,
-            "_ait_strategy": strategy,
+            "_ait_strategy": selection.primary,
+            "_ait_strategies": selection,
             "_ait_signature": signature,
             "_ait_state": ModuleState.INIT,
             "_ait_graphs": {},  # identity -> RecordedGraph
@@ -111,6 +123,7 @@ class Module(DispatchedModule):
         own.update({registry: getattr(module, registry) for registry in (*_SHARED_REGISTRIES, *_SHARED_HOOKS)})
         for key, value in own.items():
             object.__setattr__(self, key, value)
+        MODULE_REGISTRY.register(self._ait_name, self)
 
     # -- aitune's view ----------------------------------------------------------------
 
@@ -156,6 +169,79 @@ class Module(DispatchedModule):
         for tensor in self._ait_module.buffers():
             return tensor.device
         return torch.device("cpu")
+
+    # -- AITune's names (aitune.torch.Module of ai-dynamo/aitune) ----------------------
+
+    @property
+    def graph_specs(self) -> list[_core.GraphSpec]:
+        """The graph spec (tensors' dtypes, min/max shapes, batch and dynamic axes) of each
+        graph recorded or loaded, in order; ValueError when nothing was recorded."""
+        graphs = list(self._ait_graphs.values())
+        if not graphs:
+            raise ValueError(f"ait.Module '{self._ait_name}' has not recorded any calls: no graph specs")
+        return [graph.graph_spec() for graph in graphs]
+
+    def tune(self, device: str | torch.device | None = None, strategy: TuneStrategy | None = None,
+             dry_run: bool = False) -> None:
+        """Tunes what this module recorded (by being called, or by ``ait.tune(..., dry_run=True)``),
+        as AITune's ``Module.tune``.
+
+        Args:
+            device: where to tune; the recorded calls' device (None: the module's device).
+                A different device is refused: the samples were recorded there.
+            strategy: tunes every graph, instead of the module's ``strategy`` / ``strategies``.
+            dry_run: check that every graph has a strategy, tune nothing.
+
+        Raises ValueError when the module is TUNED already (wrap it anew, or use ``ait.tune``,
+        which records again) or has recorded nothing; tuning errors propagate (the module is
+        then PASSTHROUGH).
+        """
+        if self._ait_state is ModuleState.TUNED:
+            raise ValueError(f"ait.Module '{self._ait_name}' is tuned already; ait.tune records and tunes it again")
+        graphs = list(self._ait_graphs.values())
+        if self._ait_state is not ModuleState.RECORDING or not graphs:
+            raise ValueError(
+                f"ait.Module '{self._ait_name}' has not recorded any calls ({self._ait_state.value}); call it on "
+                "inputs first (or run ait.tune(..., dry_run=True) through it), then tune"
+            )
+        if strategy is not None and not isinstance(strategy, TuneStrategy):
+            raise TypeError(f"strategy must be a TuneStrategy, got {type(strategy).__name__}")
+        if device is not None:
+            wanted, recorded = torch.device(device), graphs[0].device
+            if wanted.type != recorded.type or (wanted.index is not None and recorded.index is not None
+                                                and wanted.index != recorded.index):
+                raise ValueError(
+                    f"ait.Module '{self._ait_name}': tune(device='{wanted}') but its calls were recorded on "
+                    f"'{recorded}'; move the module there and call it again"
+                )
+        if dry_run:
+            if strategy is None:
+                self._ait_strategies.for_graphs(self._ait_name, graphs)
+            return
+        with torch.no_grad():
+            self._ait_tune(strategy=strategy)
+
+    def deactivate(self) -> None:
+        """A TUNED module runs its calls eagerly (the wrapped PyTorch module) until
+        ``activate()``; the tuned graphs are kept (their sessions stay in memory) and
+        ``ait.save`` refuses until then. No effect on a module that is not TUNED."""
+        if self._ait_state is ModuleState.TUNED and "_ait_inactive_calls" not in self.__dict__:
+            calls = self._ait_calls
+            # a dispatch without graphs, so the C++ half no longer serves calls either
+            self._ait_calls = ModuleDispatch(calls.name, calls.module, calls.signature, calls.eager_fallback)
+            self._ait_inactive_calls = calls
+            logger.info("ait.Module '%s' deactivated: its calls run eagerly until activate()", self._ait_name)
+
+    def activate(self) -> None:
+        """Undoes ``deactivate()``: the tuned graphs serve the calls again."""
+        calls = self.__dict__.pop("_ait_inactive_calls", None)
+        if calls is not None:
+            self._ait_calls = calls
+
+    @property
+    def ait_active(self) -> bool:
+        """False between ``deactivate()`` and ``activate()``."""
+        return "_ait_inactive_calls" not in self.__dict__
 
     # -- transparency -----------------------------------------------------------------
 
@@ -220,12 +306,37 @@ class Module(DispatchedModule):
         session = current_session()
         if session is not None:
             return self._ait_record(session, args, kwargs)
-        if self._ait_state is ModuleState.TUNED:
+        state = self._ait_state
+        if state is ModuleState.TUNED:
+            if "_ait_inactive_calls" in self.__dict__:  # deactivate(): eager until activate()
+                return self._ait_module.forward(*args, **kwargs)
             return self._ait_calls.call(args, kwargs)
+        if state is ModuleState.INIT or (state is ModuleState.RECORDING and "_ait_call_session" in self.__dict__):
+            return self._ait_record_by_calling(args, kwargs)
         return self._ait_module.forward(*args, **kwargs)
+
+    def _ait_record_by_calling(self, args: tuple, kwargs: dict) -> Any:
+        """A call outside ``ait.tune`` of a module never tuned: recorded, as AITune does,
+        for ``module.tune()`` (at most MAX_CALLS_RECORDED_BY_CALLING calls). No batch size
+        is known here, so no axis is marked as the batch axis: an axis whose size varied
+        between the calls becomes dynamic, the others stay as recorded."""
+        session = self.__dict__.get("_ait_call_session")
+        if session is None:
+            session = TuneSession()
+            outputs = self._ait_record(session, args, kwargs)
+            self.__dict__.pop("_ait_before_recording", None)  # nothing to put back: this recording has no end
+            self._ait_call_session = session
+            self._ait_calls_recorded = 1
+            return outputs
+        if self._ait_calls_recorded >= MAX_CALLS_RECORDED_BY_CALLING:
+            return self._ait_module.forward(*args, **kwargs)
+        self._ait_calls_recorded += 1
+        return self._ait_record(session, args, kwargs)
 
     def _ait_record(self, session, args: tuple, kwargs: dict) -> Any:
         if session.enlist(self):  # first call of this tuning: forget older recordings
+            if self.__dict__.get("_ait_call_session") is not session:
+                self.__dict__.pop("_ait_call_session", None)  # ait.tune's recording replaces one by calling
             # ...kept until the recording ends: where it raises, they come back (_ait_recording_ended)
             self._ait_before_recording = (self._ait_state, self._ait_graphs, self._ait_record_errors,
                                           self._ait_calls)
@@ -277,19 +388,14 @@ class Module(DispatchedModule):
 
     # -- tuning -----------------------------------------------------------------------
 
-    def _ait_tune(self, clear_cache: bool = False, options: TuneOptions | None = None) -> None:
-        """Builds every recorded graph with the strategy. On failure the module stays
-        eager (PASSTHROUGH) and the exception propagates to ``ait.tune``. Interrupted
-        (KeyboardInterrupt, SystemExit): ``ait.tune`` puts it back (``_ait_tuning_interrupted``)."""
-        hooks = submodule_hooks(self._ait_module)
-        if hooks:
-            logger.warning(
-                "ait.Module '%s': forward hooks on submodules run inside the graph while it is exported, so only "
-                "their effect on tensors is kept; their other effects (counters, logging, state) will not happen "
-                "on tuned calls: %s. Register them on the module wrapped instead (they then run around the tuned "
-                "graph on every call).", self._ait_name, "; ".join(hooks),
-            )
+    def _ait_tune(self, clear_cache: bool = False, options: TuneOptions | None = None,
+                  strategy: TuneStrategy | None = None) -> None:
+        """Builds every recorded graph with its strategy (``strategy`` if given, else the
+        module's ``strategy`` / ``strategies``). On failure the module stays eager
+        (PASSTHROUGH) and the exception propagates to ``ait.tune``."""
         self._ait_set_tuned({})
+        self.__dict__.pop("_ait_call_session", None)  # its recordings are tuned now: no more recording by calling
+        self.__dict__.pop("_ait_inactive_calls", None)
         try:
             if self._ait_record_errors:
                 raise ValueError(
@@ -299,9 +405,12 @@ class Module(DispatchedModule):
                 raise ValueError(f"ait.Module '{self._ait_name}' recorded no calls")
             if clear_cache:
                 cache.clear_module(self._ait_name)
+            graphs = list(self._ait_graphs.values())
+            strategies = ([strategy] * len(graphs) if strategy is not None
+                          else self._ait_strategies.for_graphs(self._ait_name, graphs))
             tuned: dict[Any, tuple[RecordedGraph, TunedGraph]] = {}
-            for identity, graph in self._ait_graphs.items():
-                tuned[identity] = (graph, tune_graph(self._ait_strategy, graph, options, measured_call))
+            for (identity, graph), graph_strategy in zip(self._ait_graphs.items(), strategies, strict=True):
+                tuned[identity] = (graph, tune_graph(graph_strategy, graph, options))
                 logger.info("ait.Module '%s' %s: %s", self._ait_name, graph.key, tuned[identity][1].describe())
         except Exception:
             self.__dict__.pop("_ait_before_tuning", None)
@@ -318,6 +427,8 @@ class Module(DispatchedModule):
         if not tuned:
             raise ValueError(f"ait.Module '{self._ait_name}': nothing to restore")
         self._ait_graphs = {identity: graph for identity, (graph, _) in tuned.items()}
+        self.__dict__.pop("_ait_call_session", None)
+        self.__dict__.pop("_ait_inactive_calls", None)
         self._ait_set_tuned(dict(tuned))
         self._ait_record_errors = []
         self._ait_state = ModuleState.TUNED

@@ -10,6 +10,7 @@ from typing import ClassVar
 
 from aitune import _core
 from aitune.torch.backend.base import Backend
+from aitune.torch.options import _check_switches
 
 
 def _backend_list(backends: Sequence[Backend]) -> list[Backend]:
@@ -47,6 +48,30 @@ class TuneStrategy:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({_describe(self.backends)})"
+
+    # AITune's per-strategy switches: they win over ait.tune's options and the process-wide
+    # defaults (ait.enable_performance_validation / ait.enable_find_max_batch_size) for the
+    # graphs this strategy tunes.
+
+    @property
+    def option_overrides(self) -> dict:
+        """The TuneOptions fields this strategy sets (empty unless a switch below was used)."""
+        return dict(self.__dict__.get("_option_overrides", {}))
+
+    def _override(self, **fields) -> None:
+        merged = {**self.option_overrides, **fields}
+        _check_switches(merged.get("performance_validation", True), merged.get("min_speedup", 1.01),
+                        merged.get("find_max_batch_size", False), merged.get("max_batch_size", 4096))
+        self.__dict__["_option_overrides"] = merged
+
+    def enable_performance_validation(self, enabled: bool = True, min_speedup: float = 1.01) -> None:
+        """For the graphs this strategy tunes: the winner must beat eager by ``min_speedup``
+        (else eager is kept), or, with False, not."""
+        self._override(performance_validation=enabled, min_speedup=min_speedup)
+
+    def enable_find_max_batch_size(self, enable: bool = True, max_batch_size: int = 4096) -> None:
+        """For the graphs this strategy tunes: search the largest batch the winner takes."""
+        self._override(find_max_batch_size=enable, max_batch_size=max_batch_size)
 
 
 @dataclasses.dataclass(eq=False, repr=False)

@@ -1,0 +1,234 @@
+"""ait.inspect: run a pipeline (any callable or object holding nn.Modules) on samples and
+time every nn.Module it calls, to choose which to wrap with ``ait.wrap``."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from aitune.torch.dataset import iterate_calls
+from aitune.torch.object_paths import ModuleLocation, find_modules
+
+DEFAULT_INSPECT_ITERATIONS = 10
+DEFAULT_WARMUP_ITERATIONS = 5
+
+
+@dataclasses.dataclass(eq=False)
+class ModuleInfo:
+    """One nn.Module found in the inspected object and what the run saw of it.
+
+    ``name``: the last part of its object path (the attribute, list index or dict key);
+    ``object_path``: dotted path from the inspected object (``"unet"``,
+    ``"blocks.0"``; ``""`` for the object itself); ``parent``: the object holding it
+    (None for the object itself); ``execution_count`` and ``total_execution_time``
+    (seconds, its own calls, synchronised on CUDA); ``input_shapes``: the distinct tensor
+    input shapes of its calls."""
+
+    module: torch.nn.Module
+    location: ModuleLocation
+    execution_count: int = 0
+    total_execution_time: float = 0.0
+    input_shapes: list[tuple] = dataclasses.field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.location.name
+
+    @property
+    def object_path(self) -> str:
+        return self.location.path
+
+    @property
+    def parent(self) -> Any:
+        return self.location.parent
+
+    @property
+    def module_type(self) -> type:
+        return type(self.module)
+
+    @property
+    def average_execution_time(self) -> float:
+        return self.total_execution_time / self.execution_count if self.execution_count else 0.0
+
+    @property
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.module.parameters())
+
+    def __repr__(self) -> str:
+        return (f"ModuleInfo({self.object_path or '<object>'!r}, {type(self.module).__name__}, "
+                f"calls={self.execution_count}, time={self.total_execution_time:.4f} s)")
+
+
+class InspectedModulesInfo:
+    """What ``ait.inspect`` found: the executed modules, none nested in another listed one."""
+
+    def __init__(self, modules: list[ModuleInfo], total_execution_time: float, number_of_iterations: int):
+        self._modules = modules
+        self.total_execution_time = total_execution_time
+        self.number_of_iterations = number_of_iterations
+
+    def share(self, info: ModuleInfo) -> float:
+        """The module's share of the total time of the inspected runs (0..1)."""
+        return info.total_execution_time / self.total_execution_time if self.total_execution_time > 0 else 0.0
+
+    def get_modules(self, min_execution_ratio: float | None = None, limit: int | None = None) -> list[ModuleInfo]:
+        """The modules by share of total time, largest first (ties by object path);
+        ``min_execution_ratio`` drops those below that share, ``limit`` keeps the first."""
+        if min_execution_ratio is not None and not 0 <= min_execution_ratio <= 1:
+            raise ValueError(f"min_execution_ratio must be within [0, 1], got {min_execution_ratio!r}")
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+            raise ValueError(f"limit must be a non-negative int, got {limit!r}")
+        ranked = sorted(self._modules, key=lambda m: (-m.total_execution_time, m.object_path))
+        if min_execution_ratio is not None:
+            ranked = [m for m in ranked if self.share(m) >= min_execution_ratio]
+        return ranked if limit is None else ranked[:limit]
+
+    def table(self) -> str:
+        """The modules as a text table, largest share first."""
+        rows = [("object path", "class", "calls", "total s", "avg ms", "% of total", "params", "input shapes")]
+        for m in self.get_modules():
+            shapes = ", ".join(str(list(s)) if not isinstance(s, tuple) or len(s) != 1 else str(list(s[0]))
+                               for s in m.input_shapes[:3]) + (" ..." if len(m.input_shapes) > 3 else "")
+            rows.append((m.object_path or "<object>", type(m.module).__name__, str(m.execution_count),
+                         f"{m.total_execution_time:.4f}", f"{m.average_execution_time * 1e3:.3f}",
+                         f"{100 * self.share(m):.1f}", str(m.num_parameters), shapes))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+        lines.insert(1, "-" * len(lines[0]))
+        lines.append(f"total {self.total_execution_time:.4f} s over {self.number_of_iterations} iterations")
+        return "\n".join(lines)
+
+    def describe(self) -> None:
+        """Prints ``table()`` (AITune's name)."""
+        print(self.table())  # noqa: T201
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+
+def _synchronize() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
+def _tensor_shapes(args: tuple, kwargs: dict) -> tuple:
+    return tuple(tuple(leaf.shape) for leaf in pytree.tree_leaves((args, kwargs)) if isinstance(leaf, torch.Tensor))
+
+
+class _Timer:
+    """Forward hooks on every found module: own calls counted and timed. A module called
+    while an outer found module runs is timed too, but only the outermost executed ones
+    are reported (``get_modules`` never lists a module inside another listed one)."""
+
+    def __init__(self, infos: list[ModuleInfo]):
+        self.infos = {id(info.module): info for info in infos}
+        self.starts: dict[int, list[float]] = {}
+        self.active = False
+        self.handles = []
+        for info in infos:
+            self.handles.append(info.module.register_forward_pre_hook(self._pre, with_kwargs=True))
+            self.handles.append(info.module.register_forward_hook(self._post, always_call=True))
+
+    def _pre(self, module, args, kwargs):
+        if self.active:
+            info = self.infos[id(module)]
+            shapes = _tensor_shapes(args, kwargs)
+            if shapes not in info.input_shapes:
+                info.input_shapes.append(shapes)
+            _synchronize()
+            self.starts.setdefault(id(module), []).append(time.perf_counter())
+        return None
+
+    def _post(self, module, args, output):
+        starts = self.starts.get(id(module))
+        if self.active and starts:
+            _synchronize()
+            info = self.infos[id(module)]
+            info.total_execution_time += time.perf_counter() - starts.pop()
+            info.execution_count += 1
+        return None
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+
+
+def _calls(dataset: Any, count: int) -> Iterator[tuple[tuple, dict]]:
+    """``count`` calls at batch size 1, cycling through the dataset."""
+    if count <= 0:
+        return
+    produced = 0
+    while produced < count:
+        before = produced
+        for _, args, kwargs in itertools.islice(iterate_calls(dataset, [1]), count - produced):
+            produced += 1
+            yield args, kwargs
+        if produced == before:
+            raise ValueError("the dataset gave no samples")
+
+
+def inspect(
+    obj: Any,
+    dataset: Any,
+    inference_function: Callable[..., Any] | None = None,
+    number_of_iterations: int = DEFAULT_INSPECT_ITERATIONS,
+    warmup_iterations: int = DEFAULT_WARMUP_ITERATIONS,
+    max_depth: int = 8,
+) -> InspectedModulesInfo:
+    """Runs ``obj`` (or ``inference_function``) on the dataset's samples and times every
+    nn.Module of ``obj`` it calls.
+
+    Args:
+        obj: a callable or object holding nn.Modules: an nn.Module, a diffusers-style
+            pipeline (a plain object whose attributes, lists and dicts hold modules).
+        dataset: samples as ``ait.tune`` takes them; each call gets a batch of one.
+        inference_function: what to call instead of ``obj`` (e.g. a function that calls
+            the pipeline with fixed extra arguments).
+        number_of_iterations: timed calls; warmup_iterations: untimed calls first.
+        max_depth: how deep the search for modules goes into plain objects, lists, dicts.
+
+    Returns an ``InspectedModulesInfo``: ``get_modules(limit=...)`` ranks the modules
+    executed, outermost only (a listed module's submodules are not listed: their time is
+    part of it), by share of the total time; ``table()`` / ``describe()`` print it.
+    The object is left as it was (the timing hooks are removed).
+    """
+    for name, value in (("number_of_iterations", number_of_iterations), ("warmup_iterations", warmup_iterations)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+    if number_of_iterations == 0:
+        raise ValueError("number_of_iterations must be at least 1")
+    function = obj if inference_function is None else inference_function
+    if not callable(function):
+        raise TypeError(f"ait.inspect calls obj or inference_function; {type(obj).__name__} is not callable")
+    infos = [ModuleInfo(module, location) for module, location in find_modules(obj, max_depth=max_depth)]
+    if not infos:
+        raise ValueError(f"ait.inspect: {type(obj).__name__} holds no torch.nn.Module")
+    timer = _Timer(infos)
+    total = 0.0
+    try:
+        with torch.no_grad():
+            for args, kwargs in _calls(dataset, warmup_iterations):
+                function(*args, **kwargs)
+            timer.active = True
+            for args, kwargs in _calls(dataset, number_of_iterations):
+                _synchronize()
+                start = time.perf_counter()
+                function(*args, **kwargs)
+                _synchronize()
+                total += time.perf_counter() - start
+    finally:
+        timer.remove()
+    executed = {id(info.module) for info in infos if info.execution_count}
+    # outermost executed only: a module inside (by containment) an executed one is part of its time
+    outermost = [info for info in infos if info.execution_count
+                 and not any(id(m) in executed for m in info.location.ancestors)]
+    return InspectedModulesInfo(outermost, total, number_of_iterations)

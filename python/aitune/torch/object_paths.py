@@ -1,0 +1,111 @@
+"""Where the nn.Modules of a pipeline live: object paths (``"unet"``, ``"blocks.0"``) found
+by walking an object (nn.Module children, attributes of plain objects, lists, tuples,
+dicts), and putting a module back at its place. Used by ait.inspect, ait.wrap, and
+saving / loading whole pipelines."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from aitune.torch.module import Module
+
+
+@dataclasses.dataclass(eq=False)
+class ModuleLocation:
+    """Where a module sits: ``parent[key]`` or ``parent.key``; ``path`` joins the keys
+    from the walked object with dots (``""``: the object itself); ``ancestors`` are the
+    nn.Modules on the way there (outermost first)."""
+
+    path: str
+    parent: Any
+    key: str | int | None
+    ancestors: tuple = ()
+
+    @property
+    def name(self) -> str:
+        return "" if self.key is None else str(self.key)
+
+    def replace(self, value: Any) -> None:
+        """Puts ``value`` where the module is. TypeError where that place cannot be
+        assigned (a tuple item, the walked object itself)."""
+        parent, key = self.parent, self.key
+        if parent is None:
+            raise TypeError("the object itself has no parent to put a module into; use the returned value")
+        if isinstance(parent, torch.nn.Module):
+            setattr(parent, str(key), value)  # registers it among the parent's children
+        elif isinstance(parent, (list, dict)):
+            parent[key] = value
+        elif isinstance(parent, tuple):
+            raise TypeError(f"'{self.path}' is an item of a tuple, which cannot be assigned; hold it in a list")
+        else:
+            setattr(parent, key, value)
+
+    def current(self) -> Any:
+        """What is at this place now."""
+        parent, key = self.parent, self.key
+        if parent is None:
+            raise TypeError("the object itself has no parent")
+        if isinstance(parent, torch.nn.Module):
+            return getattr(parent, str(key), None)
+        if isinstance(parent, (list, tuple)):
+            return parent[key] if isinstance(key, int) and key < len(parent) else None
+        if isinstance(parent, dict):
+            return parent.get(key)
+        return getattr(parent, key, None)
+
+
+def _children(obj: Any) -> Iterator[tuple[str | int, Any]]:
+    if isinstance(obj, torch.nn.Module):
+        # registered children (an ait.Module shares its wrapped module's), then modules a
+        # module keeps in plain lists, tuples or dicts (not registered as children)
+        yield from obj._modules.items()
+        for key, value in vars(obj).items():
+            if not key.startswith("_") and isinstance(value, (list, tuple, dict)):
+                yield key, value
+    elif isinstance(obj, (list, tuple)):
+        yield from enumerate(obj)
+    elif isinstance(obj, dict):
+        for key, value in obj.items():
+            if isinstance(key, str) and "." not in key:  # anything else has no dotted path
+                yield key, value
+    elif hasattr(obj, "__dict__") and type(obj).__module__ != "builtins":
+        for key, value in vars(obj).items():
+            if not key.startswith("__"):
+                yield key, value
+
+
+_LEAF_TYPES = (str, bytes, int, float, bool, type(None), torch.Tensor, type)
+
+
+def find_modules(obj: Any, max_depth: int = 8) -> list[tuple[torch.nn.Module, ModuleLocation]]:
+    """Every nn.Module reachable from ``obj`` (``obj`` itself first, when it is one), each
+    once, at the first place found (depth-first, in attribute / index order)."""
+    found: list[tuple[torch.nn.Module, ModuleLocation]] = []
+    seen: set[int] = set()
+
+    def walk(value: Any, location: ModuleLocation, depth: int) -> None:
+        if depth > max_depth or isinstance(value, _LEAF_TYPES) or callable(value) and not isinstance(
+                value, torch.nn.Module) and not hasattr(value, "__dict__"):
+            return
+        if id(value) in seen:
+            return
+        seen.add(id(value))
+        ancestors = location.ancestors
+        if isinstance(value, torch.nn.Module):
+            found.append((value, location))
+            ancestors = (*ancestors, value)
+        for key, child in _children(value):
+            path = f"{location.path}.{key}" if location.path else str(key)
+            walk(child, ModuleLocation(path, value, key, ancestors), depth + 1)
+
+    walk(obj, ModuleLocation("", None, None), 0)
+    return found
+
+
+def find_ait_modules(obj: Any, max_depth: int = 8) -> list[tuple[Any, ModuleLocation]]:
+    """The ait.Modules reachable from ``obj``, with their places."""
+    return [(module, location) for module, location in find_modules(obj, max_depth) if isinstance(module, Module)]

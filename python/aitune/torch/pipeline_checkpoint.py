@@ -1,0 +1,428 @@
+"""ait.save / ait.load for any object holding ait.Modules (a pipeline, a parent nn.Module):
+one checkpoint directory, with one section per ait.Module under its object path.
+
+Layout::
+
+    <path>/pipeline.json            the manifest: object class, and per module its object
+                                    path, name, class, section directory and the sha256
+                                    of the section's manifest.json
+    <path>/modules/<object path>/   each a complete single-module checkpoint
+                                    (checkpoint.py: ONNX models, sha256 per file), which
+                                    the C++ engine and ``aitune run`` load by themselves
+
+Nothing is pickled; the whole directory is written beside the target and swapped in at
+once (atomic); loading checks the structure of the object against the manifest before it
+touches anything, and puts every module back as it was if any section fails to load.
+An ``ait.Module`` given directly is saved and loaded as a single-module checkpoint.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import hashlib
+import json
+import logging
+import os
+import re
+import secrets
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aitune import _core
+from aitune.torch import checkpoint as module_checkpoint
+from aitune.torch.checkpoint_structure import class_name
+from aitune.torch.module import Module, ModuleState
+from aitune.torch.object_paths import find_ait_modules, find_modules
+
+logger = logging.getLogger("aitune")
+
+MANIFEST = "pipeline.json"
+MODULE_MANIFEST = "manifest.json"  # the single-module checkpoint's (docs/checkpoints.md)
+FORMAT = "aitune-pipeline-checkpoint"
+FORMAT_VERSION = 1
+SECTIONS = "modules"
+_MAX_MANIFEST_BYTES = 16 << 20
+
+
+class PipelineStructureError(_core.InvalidArgumentError):
+    """The object given to ``ait.load`` is not built like the one saved: a saved module is
+    missing, an ait.Module is not in the checkpoint, or a module's class changed. Raised
+    before anything is loaded; the object is unchanged."""
+
+
+# -- save ---------------------------------------------------------------------------------
+
+
+def _section_directories(paths: list[str]) -> list[str]:
+    """``modules/<object path>``, characters outside [A-Za-z0-9_.-] made ``_``, unique."""
+    taken, result = set(), []
+    for path in paths:
+        base = re.sub(r"[^A-Za-z0-9_.-]", "_", path).strip(".") or "module"
+        name, n = base, 1
+        while name in taken:
+            n += 1
+            name = f"{base}-{n}"
+        taken.add(name)
+        result.append(f"{SECTIONS}/{name}")
+    return result
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _fsync_directory(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _is_ours(path: Path) -> bool:
+    """A directory holding an aitune checkpoint (pipeline or single module), or empty."""
+    if not path.is_dir() or path.is_symlink():
+        return False
+    if not any(path.iterdir()):
+        return True
+    for name, key, value in ((MANIFEST, "format", FORMAT), (MODULE_MANIFEST, "format", "aitune-checkpoint")):
+        try:
+            if json.loads((path / name).read_text()).get(key) == value:
+                return True
+        except (OSError, ValueError, AttributeError):
+            continue
+    return False
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swaps two directories in one step (Linux renameat2); False where it is not available."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        return False
+    raise OSError(code, os.strerror(code), str(b))
+
+
+def _replace_directory(tmp: Path, target: Path) -> None:
+    """Puts the finished ``tmp`` at ``target``: an atomic exchange where the file system
+    has one (there is never a moment without a checkpoint at ``target``), else the old one
+    renamed aside and put back if the second rename fails."""
+    if not target.exists():
+        os.rename(tmp, target)
+    elif target.is_dir() and not any(target.iterdir()):
+        os.rename(tmp, target)  # over an empty directory
+    elif _exchange(tmp, target):
+        shutil.rmtree(tmp)  # now the old checkpoint
+    else:
+        aside = target.parent / f".{target.name}.old-{os.getpid()}-{secrets.token_hex(8)}"
+        os.rename(target, aside)
+        try:
+            os.rename(tmp, target)
+        except BaseException:
+            os.rename(aside, target)
+            raise
+        shutil.rmtree(aside)
+    _fsync_directory(target.parent)
+
+
+def _check_saveable(module: Module, where: str) -> None:
+    if not module.ait_active:
+        raise _core.StateError(f"ait.save: {where} is deactivated; activate() it before saving")
+    if module.ait_state is not ModuleState.TUNED:
+        raise _core.StateError(
+            f"ait.save: {where} is {module.ait_state.value.upper()}, not TUNED; tune it (ait.tune) before saving"
+        )
+
+
+def save(obj: Any, path: str | os.PathLike, *, overwrite: bool = True,
+         on_file_written: Callable[[str, int], None] | None = None) -> Path:
+    """Saves every ait.Module that ``obj`` holds as one checkpoint directory at ``path``.
+
+    ``obj``: an ait.Module (saved as a single-module checkpoint, as
+    ``aitune.torch.checkpoint.save``), or any object holding ait.Modules: attributes of
+    plain objects (a diffusers-style pipeline), children of an nn.Module, items of lists,
+    tuples, dicts, ModuleLists, ModuleDicts. Every one must be TUNED (and active).
+
+    Written atomically: on any failure a checkpoint already at ``path`` stays as it was.
+    ``overwrite=False`` refuses an existing checkpoint; what is not an aitune checkpoint
+    (a file, a directory of other files) is never replaced.
+
+    ``on_file_written(relative_path, files_written)`` after each file is flushed
+    (progress; an exception raised there aborts the save).
+
+    Returns the checkpoint directory. Raises ``aitune.StateError`` (a module not tuned),
+    TypeError (no ait.Module in obj), ``aitune.InvalidArgumentError`` (a path that is not
+    a checkpoint),
+    and what the single-module save raises (``CheckpointStructureError``...).
+    """
+    if isinstance(obj, Module):
+        _check_saveable(obj, f"ait.Module '{obj.ait_name}'")
+        return module_checkpoint.save(obj, path, overwrite=overwrite, on_file_written=on_file_written)
+    start = time.perf_counter()
+    found = find_ait_modules(obj)
+    if not found:
+        raise TypeError(
+            f"ait.save takes an ait.Module or an object holding ait.Modules; the {type(obj).__name__} holds no "
+            "ait.Module (wrap the modules to tune with ait.wrap or ait.Module first)"
+        )
+    for module, location in found:
+        _check_saveable(module, f"'{location.path}' (ait.Module '{module.ait_name}')")
+    target = Path(path).absolute()
+    if target.exists() or target.is_symlink():
+        if not _is_ours(target):
+            raise _core.InvalidArgumentError(
+                f"ait.save: '{target}' exists and is not an aitune checkpoint; refusing to replace it"
+            )
+        if not overwrite and any(target.iterdir()):
+            raise _core.InvalidArgumentError(f"ait.save: '{target}' holds a checkpoint and overwrite=False")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{secrets.token_hex(8)}"
+    tmp.mkdir()
+    try:
+        sections = _section_directories([location.path for _, location in found])
+        entries, written = [], 0
+
+        def progress(section: str):
+            def written_one(relative: str, _: int) -> None:
+                nonlocal written
+                written += 1
+                if on_file_written is not None:
+                    on_file_written(f"{section}/{relative}", written)
+            return written_one
+
+        for (module, location), section in zip(found, sections, strict=True):
+            module_checkpoint.save(module, tmp / section, on_file_written=progress(section))
+            entries.append({
+                "path": location.path,
+                "name": module.ait_name,
+                "module_class": class_name(type(module.ait_module)),
+                "directory": section,
+                "manifest_sha256": _sha256(tmp / section / MODULE_MANIFEST),
+            })
+        manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "object_class": class_name(type(obj)),
+                    "torch_version": torch.__version__, "modules": entries}
+        with open(tmp / MANIFEST, "w") as f:
+            f.write(json.dumps(manifest, indent=2))
+            f.flush()
+            os.fsync(f.fileno())
+        if on_file_written is not None:
+            on_file_written(MANIFEST, written + 1)
+        for directory in (tmp / SECTIONS, tmp):
+            _fsync_directory(directory)
+        _replace_directory(tmp, target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    logger.info("ait.save: %d ait.Modules of %s (%s) saved to %s in %.3f s", len(found), type(obj).__name__,
+                ", ".join(location.path for _, location in found), target, time.perf_counter() - start)
+    return target
+
+
+# -- load ---------------------------------------------------------------------------------
+
+
+def _corrupt(where: str, message: str) -> _core.CheckpointCorruptError:
+    return _core.CheckpointCorruptError(f"{where}: {message}")
+
+
+def _read_manifest(directory: Path) -> dict:
+    where = f"ait.load: checkpoint '{directory}'"
+    file = directory / MANIFEST
+    try:
+        if file.stat().st_size > _MAX_MANIFEST_BYTES:
+            raise _corrupt(where, f"{MANIFEST} is larger than {_MAX_MANIFEST_BYTES} bytes")
+        data = json.loads(file.read_text())
+    except (ValueError, RecursionError, UnicodeDecodeError) as error:
+        raise _corrupt(where, f"{MANIFEST} is not JSON: {error}") from None
+    except OSError as error:
+        raise _core.AituneIOError(f"{where}: cannot read {MANIFEST}: {error}") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise _corrupt(where, f"{MANIFEST} is not an aitune pipeline checkpoint manifest")
+    version = data.get("format_version")
+    if type(version) is not int or not 1 <= version <= FORMAT_VERSION:
+        raise _corrupt(where, f"format_version {version!r} is not supported (this aitune reads 1..{FORMAT_VERSION}); "
+                              "it was written by a newer aitune")
+    modules = data.get("modules")
+    if not isinstance(modules, list) or not modules:
+        raise _corrupt(where, "'modules' must be a non-empty list")
+    paths = set()
+    for i, entry in enumerate(modules):
+        for field in ("path", "name", "module_class", "directory", "manifest_sha256"):
+            if not isinstance(entry, dict) or not isinstance(entry.get(field), str) or not entry[field]:
+                raise _corrupt(where, f"modules[{i}].{field} is missing or not a non-empty string")
+        section = entry["directory"]
+        parts = section.split("/")
+        if len(parts) != 2 or parts[0] != SECTIONS or parts[1] in ("", ".", "..") or "\\" in section:
+            raise _corrupt(where, f"modules[{i}].directory '{section}' is not {SECTIONS}/<name>")
+        if entry["path"] in paths:
+            raise _corrupt(where, f"modules[{i}].path '{entry['path']}' is listed twice")
+        paths.add(entry["path"])
+    if not isinstance(data.get("object_class"), str):
+        raise _corrupt(where, "'object_class' is missing")
+    return data
+
+
+def _inner_class(module: torch.nn.Module) -> str:
+    return class_name(type(module.ait_module if isinstance(module, Module) else module))
+
+
+def _check_structure(obj: Any, manifest: dict, where: str) -> list[tuple[dict, Any, Any]]:
+    """(entry, module now at its path, its location) per saved module; PipelineStructureError
+    listing every difference otherwise."""
+    problems = []
+    if manifest["object_class"] != class_name(type(obj)):
+        problems.append(f"it was saved from a {manifest['object_class']}, this is a {class_name(type(obj))}")
+    found = {location.path: (module, location) for module, location in find_modules(obj)}
+    saved_paths = {entry["path"] for entry in manifest["modules"]}
+    plan = []
+    for entry in manifest["modules"]:
+        if entry["path"] not in found:
+            problems.append(f"'{entry['path']}' (a {entry['module_class']}) is missing")
+            continue
+        module, location = found[entry["path"]]
+        if _inner_class(module) != entry["module_class"]:
+            problems.append(f"'{entry['path']}' was a {entry['module_class']}, is a {_inner_class(module)}")
+            continue
+        if location.parent is None:
+            problems.append(f"'{entry['path']}' is the object itself")
+            continue
+        if isinstance(location.parent, tuple) and not isinstance(module, Module):
+            problems.append(f"'{entry['path']}' is an item of a tuple, where no ait.Module can be put")
+            continue
+        plan.append((entry, module, location))
+    for path, (module, _) in found.items():
+        if isinstance(module, Module) and path not in saved_paths:
+            problems.append(f"ait.Module '{module.ait_name}' at '{path or '<the object>'}' is not in the checkpoint")
+    if problems:
+        raise PipelineStructureError(
+            f"{where} does not fit this {type(obj).__name__}: " + "; ".join(problems)
+            + f" (saved: {', '.join(sorted(saved_paths))}); nothing was loaded"
+        )
+    return plan
+
+
+_SNAPSHOT = ("_ait_state", "_ait_graphs", "_ait_calls", "_ait_record_errors", "_ait_call_session",
+             "_ait_calls_recorded", "_ait_inactive_calls", "_ait_before_recording")
+
+
+class _Snapshot:
+    """What loading may change on an ait.Module (and the training flags of what it wraps),
+    to put back when another section fails."""
+
+    def __init__(self, module: Module):
+        self.module = module
+        self.state = {key: module.__dict__[key] for key in _SNAPSHOT if key in module.__dict__}
+        self.training = [(m, m.training) for m in module.ait_module.modules()]
+        self.proxy_training = module.training
+
+    def restore(self) -> None:
+        for key in _SNAPSHOT:
+            self.module.__dict__.pop(key, None)
+        for key, value in self.state.items():
+            object.__setattr__(self.module, key, value)
+        for m, training in self.training:
+            m.training = training
+        self.module.training = self.proxy_training
+
+
+def _verify_section(directory: Path, entry: dict, where: str) -> Path:
+    section = directory / entry["directory"]
+    try:
+        digest = _sha256(section / MODULE_MANIFEST)
+    except OSError as error:
+        raise _corrupt(where, f"section '{entry['directory']}' of '{entry['path']}' cannot be read: {error}") from None
+    if digest != entry["manifest_sha256"]:
+        raise _corrupt(where, f"section '{entry['directory']}' of '{entry['path']}': its {MODULE_MANIFEST} sha256 is "
+                              f"{digest}, the manifest says {entry['manifest_sha256']}")
+    return section
+
+
+def _module_name(directory: Path) -> str:
+    """The name a single-module checkpoint was saved under (its manifest's module_name)."""
+    try:
+        data = json.loads((directory / MODULE_MANIFEST).read_text())
+        name = data.get("module_name") if isinstance(data, dict) else None
+    except (OSError, ValueError, RecursionError, UnicodeDecodeError):
+        name = None  # the checkpoint's own load says what is wrong
+    return name if isinstance(name, str) and name else ""
+
+
+def load(obj: Any, path: str | os.PathLike, device_map: Any = None, disable_external_logging: bool = False) -> Any:
+    """Loads a checkpoint written by ``ait.save`` into ``obj`` and returns it.
+
+    - A pipeline checkpoint (``pipeline.json``) into a freshly built object of the same
+      structure: every saved module is restored at its object path; a plain nn.Module
+      there is wrapped in an ait.Module of the saved name, an ait.Module there is loaded
+      into. Refused with ``PipelineStructureError`` before anything is loaded when the
+      object differs (a saved module missing, an ait.Module not in the checkpoint, a
+      changed class, another object class). When a section fails to load (damaged,
+      ``CheckpointCorruptError``), every module is put back as it was and nothing is
+      wrapped.
+    - A single-module checkpoint into an ait.Module (``aitune.torch.checkpoint.load``), or
+      into a plain nn.Module, which is then wrapped in an ait.Module of the saved name
+      and the wrapper returned.
+
+    ``device_map``: as ``aitune.torch.checkpoint.load`` (a device, or a dict of module
+    name to device). ``disable_external_logging`` is accepted for AITune's scripts;
+    loading exports nothing, so there is nothing to silence.
+    """
+    del disable_external_logging  # nothing external runs while loading
+    directory = Path(path)
+    if not (directory / MANIFEST).is_file():
+        if isinstance(obj, Module):
+            return module_checkpoint.load(obj, directory, device_map)
+        if isinstance(obj, torch.nn.Module):
+            wrapper = Module(obj, _module_name(directory) or None)
+            return module_checkpoint.load(wrapper, directory, device_map)
+        if not directory.exists():
+            raise _core.AituneIOError(f"ait.load: checkpoint '{directory}' does not exist")
+        raise _core.InvalidArgumentError(
+            f"ait.load: '{directory}' is not a pipeline checkpoint ({MANIFEST}), and a single-module checkpoint loads "
+            f"into an nn.Module, not a {type(obj).__name__}"
+        )
+    start = time.perf_counter()
+    where = f"ait.load: checkpoint '{directory}'"
+    manifest = _read_manifest(directory)
+    plan = _check_structure(obj, manifest, where)
+    sections = [_verify_section(directory, entry, where) for entry, _, _ in plan]
+    snapshots, installs = [], []
+    try:
+        for (entry, module, location), section in zip(plan, sections, strict=True):
+            if isinstance(module, Module):
+                snapshots.append(_Snapshot(module))
+                module_checkpoint.load(module, section, device_map)
+            else:
+                training = [(m, m.training) for m in module.modules()]
+                wrapper = Module(module, entry["name"])
+                installs.append((location, wrapper, training))
+                module_checkpoint.load(wrapper, section, device_map)
+    except BaseException:
+        for snapshot in snapshots:
+            snapshot.restore()
+        for _, _, training in installs:  # the plain modules were never replaced; their modes go back
+            for m, mode in training:
+                m.training = mode
+        raise
+    for location, wrapper, _ in installs:
+        location.replace(wrapper)
+    logger.info("ait.load: %d ait.Modules of %s loaded from %s in %.3f s", len(plan), type(obj).__name__, directory,
+                time.perf_counter() - start)
+    return obj

@@ -1,0 +1,63 @@
+"""ait.wrap: replace the modules ``ait.inspect`` chose with ait.Modules, in place."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from aitune.torch.inspection import ModuleInfo
+from aitune.torch.module import Module
+from aitune.torch.strategy import TuneStrategy
+
+logger = logging.getLogger("aitune")
+
+
+def _module_name(info: ModuleInfo, obj: Any) -> str:
+    """The ait.Module's name (its cache directory): the object path, or the class name
+    for the object itself."""
+    return info.object_path or type(obj).__name__
+
+
+def wrap(obj: Any, modules: Sequence[ModuleInfo], strategy: TuneStrategy | None = None, strategies=None) -> Any:
+    """Replaces each module of ``modules`` (from ``ait.inspect(...).get_modules()``) with an
+    ``ait.Module`` at its place in ``obj``: the attribute of its parent module or plain
+    object, the item of its ModuleList / ModuleDict / list / dict. Each is named after its
+    object path (``"unet"``, ``"blocks.0"``) and gets ``strategy`` / ``strategies``.
+
+    Returns ``obj``; when ``modules`` holds ``obj`` itself (an nn.Module inspected whole),
+    returns its wrapper instead (nothing else is wrapped then: everything else is inside it).
+
+    Every place is checked first (the module still there, the place assignable, not
+    wrapped already); on a refusal nothing was replaced.
+    """
+    infos = list(modules)
+    if not all(isinstance(info, ModuleInfo) for info in infos):
+        raise TypeError("ait.wrap takes the ModuleInfo entries of ait.inspect(...).get_modules()")
+    for info in infos:
+        if info.parent is None:
+            if info.module is not obj:
+                raise ValueError("a ModuleInfo of another object than obj: inspect obj itself, then wrap its modules")
+            logger.info("ait.wrap: %s wrapped whole", type(obj).__name__)
+            return Module(obj, _module_name(info, obj), strategy, strategies)
+    plan = []
+    for info in infos:
+        where = f"ait.wrap: '{info.object_path}'"
+        current = info.location.current()
+        if isinstance(info.module, Module) or (isinstance(current, Module) and current.ait_module is info.module):
+            raise ValueError(f"{where} is an ait.Module already")
+        if isinstance(info.parent, tuple):
+            raise TypeError(f"{where} is an item of a tuple, which cannot be assigned; hold the modules in a list")
+        if current is not info.module:
+            raise ValueError(f"{where} no longer holds the inspected {type(info.module).__name__}; inspect again")
+        if any(isinstance(a, torch.nn.Module) and a is other.module for a in info.location.ancestors for other in infos):
+            raise ValueError(f"{where} is inside another module being wrapped; wrap one of them")
+        plan.append(info)
+    wrappers = [Module(info.module, _module_name(info, obj), strategy, strategies) for info in plan]
+    for info, wrapped in zip(plan, wrappers):
+        info.location.replace(wrapped)
+        logger.info("ait.wrap: '%s' (%s) wrapped as ait.Module '%s'", info.object_path, type(info.module).__name__,
+                    wrapped.ait_name)
+    return obj

@@ -1,0 +1,193 @@
+"""ait.save / ait.load of an object holding several ait.Modules: one directory, one
+manifest, a section per module under its object path; structure mismatches refused and
+nothing changed on any error."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+import aitune
+import aitune.torch as ait
+from aitune import _core
+from torch_models import MLP, SmallCNN, cpu_strategy
+
+
+class TwoStage:
+    """A pipeline-like plain object: an attribute and a list item."""
+
+    def __init__(self):
+        torch.manual_seed(0)
+        self.encoder = MLP(16, 32, 16).eval()
+        self.heads = [MLP(16, 32, 8).eval()]
+
+    def __call__(self, x):
+        return self.heads[0](self.encoder(x))
+
+
+class OtherStage(TwoStage):
+    pass
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A tuned TwoStage saved once: (checkpoint path, input, tuned outputs)."""
+    root = tmp_path_factory.mktemp("pipeline-checkpoint")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("AITUNE_CACHE_DIR", str(root / "cache"))
+        ait.enable_performance_validation(False)
+        pipeline = TwoStage()
+        pipeline.encoder = ait.Module(pipeline.encoder, "encoder", strategy=cpu_strategy())
+        pipeline.heads[0] = ait.Module(pipeline.heads[0], "head", strategy=cpu_strategy())
+        ait.tune(pipeline, [torch.randn(16)], ignore_failing_modules=False)
+        x = torch.randn(2, 16)
+        with torch.no_grad():
+            outputs = pipeline(x)
+        path = ait.save(pipeline, root / "two-stage")
+    return path, x, outputs
+
+
+def copy_of(saved, tmp_path) -> Path:
+    return Path(shutil.copytree(saved[0], tmp_path / "copy"))
+
+
+def test_load_restores_every_module_at_its_object_path(saved):
+    path, x, outputs = saved
+    assert sorted(p.name for p in path.iterdir()) == ["modules", "pipeline.json"]
+    assert {p.suffix for p in path.rglob("*") if p.is_file()} <= {".json", ".onnx", ".data"}  # nothing pickled
+    manifest = json.loads((path / "pipeline.json").read_text())
+    assert [(m["path"], m["name"], m["directory"]) for m in manifest["modules"]] == [
+        ("encoder", "encoder", "modules/encoder"), ("heads.0", "head", "modules/heads.0")]
+    fresh = TwoStage()
+    torch.nn.init.zeros_(fresh.encoder.fc1.weight)  # the graphs carry the tuned weights
+    assert ait.load(fresh, path) is fresh
+    assert isinstance(fresh.encoder, ait.Module) and fresh.encoder.ait_name == "encoder"
+    assert isinstance(fresh.heads[0], ait.Module) and fresh.heads[0].ait_state is ait.ModuleState.TUNED
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(x), outputs)
+
+
+def test_an_existing_ait_module_at_a_saved_path_is_loaded_into(saved):
+    fresh = TwoStage()
+    wrapper = ait.Module(fresh.encoder, "encoder", strategy=cpu_strategy())
+    fresh.encoder = wrapper
+    ait.load(fresh, saved[0])
+    assert fresh.encoder is wrapper and wrapper.ait_state is ait.ModuleState.TUNED
+
+
+def test_a_missing_module_is_refused_and_nothing_changes(saved):
+    fresh = TwoStage()
+    fresh.heads = []
+    encoder = fresh.encoder
+    with pytest.raises(ait.PipelineStructureError, match=r"'heads\.0' \(a .*MLP\) is missing"):
+        ait.load(fresh, saved[0])
+    assert fresh.encoder is encoder and not isinstance(fresh.encoder, ait.Module)
+
+
+def test_an_extra_ait_module_is_refused(saved):
+    fresh = TwoStage()
+    fresh.extra = ait.Module(MLP(), "extra", strategy=cpu_strategy())
+    with pytest.raises(ait.PipelineStructureError, match="ait.Module 'extra' at 'extra' is not in the checkpoint"):
+        ait.load(fresh, saved[0])
+    assert not isinstance(fresh.encoder, ait.Module) and not isinstance(fresh.heads[0], ait.Module)
+
+
+def test_a_changed_class_is_refused(saved):
+    fresh = TwoStage()
+    fresh.heads[0] = SmallCNN()
+    with pytest.raises(ait.PipelineStructureError, match=r"'heads\.0' was a .*MLP, is a .*SmallCNN"):
+        ait.load(fresh, saved[0])
+    assert not isinstance(fresh.encoder, ait.Module)
+
+
+def test_another_object_class_is_refused(saved):
+    fresh = OtherStage()
+    with pytest.raises(ait.PipelineStructureError, match="saved from a .*TwoStage, this is a .*OtherStage"):
+        ait.load(fresh, saved[0])
+    assert not isinstance(fresh.encoder, ait.Module)
+
+
+def test_a_damaged_section_puts_every_module_back(saved, tmp_path):
+    path = copy_of(saved, tmp_path)
+    (model,) = (path / "modules" / "heads.0").rglob("*.onnx")
+    model.write_bytes(model.read_bytes() + b"tampered")
+    fresh = TwoStage()
+    encoder = ait.Module(fresh.encoder, "encoder", strategy=cpu_strategy())
+    fresh.encoder = encoder
+    head = fresh.heads[0]
+    with pytest.raises(aitune.CheckpointCorruptError, match="the file was changed"):
+        ait.load(fresh, path)
+    # the encoder section loaded first, then the head's failed: the encoder is as it was
+    assert encoder.ait_state is ait.ModuleState.INIT and encoder.ait_graphs == []
+    assert fresh.heads[0] is head and not isinstance(head, ait.Module)
+
+
+def test_a_section_manifest_that_differs_from_the_pipeline_manifest_is_corrupt(saved, tmp_path):
+    path = copy_of(saved, tmp_path)
+    section = path / "modules" / "encoder" / "manifest.json"
+    section.write_text(section.read_text().replace('"encoder"', '"renamed"'))
+    fresh = TwoStage()
+    with pytest.raises(aitune.CheckpointCorruptError, match="manifest.json sha256"):
+        ait.load(fresh, path)
+    assert not isinstance(fresh.encoder, ait.Module)
+
+
+def test_a_newer_or_foreign_manifest_is_corrupt(saved, tmp_path):
+    path = copy_of(saved, tmp_path)
+    manifest = json.loads((path / "pipeline.json").read_text())
+    (path / "pipeline.json").write_text(json.dumps({**manifest, "format_version": 99}))
+    with pytest.raises(aitune.CheckpointCorruptError, match="newer aitune"):
+        ait.load(TwoStage(), path)
+    (path / "pipeline.json").write_text(json.dumps({**manifest, "modules": [{"path": "encoder"}]}))
+    with pytest.raises(aitune.CheckpointCorruptError, match=r"modules\[0\]\.name"):
+        ait.load(TwoStage(), path)
+
+
+def test_save_is_atomic_and_refuses_what_it_cannot_save(saved, tmp_path):
+    path = copy_of(saved, tmp_path)
+    before = {p.relative_to(path): p.read_bytes() for p in path.rglob("*") if p.is_file()}
+    pipeline = TwoStage()
+    ait.load(pipeline, path)
+
+    def fail_at_third(relative, count):
+        if count == 3:
+            raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        ait.save(pipeline, path, on_file_written=fail_at_third)
+    assert {p.relative_to(path): p.read_bytes() for p in path.rglob("*") if p.is_file()} == before
+    assert [p.name for p in path.parent.iterdir() if p.name.startswith(".")] == []  # no temporary left
+    with pytest.raises(aitune.InvalidArgumentError, match="overwrite=False"):
+        ait.save(pipeline, path, overwrite=False)
+    other = tmp_path / "not-a-checkpoint"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    with pytest.raises(aitune.InvalidArgumentError, match="not an aitune checkpoint"):
+        ait.save(pipeline, other)
+    assert (other / "notes.txt").read_text() == "mine"
+    with pytest.raises(TypeError, match="holds no ait.Module"):
+        ait.save(TwoStage(), tmp_path / "empty")
+    untuned = TwoStage()
+    untuned.encoder = ait.Module(untuned.encoder, "encoder", strategy=cpu_strategy())
+    with pytest.raises(aitune.StateError, match="'encoder' .* is INIT, not TUNED"):
+        ait.save(untuned, tmp_path / "untuned")
+    assert not (tmp_path / "untuned").exists()
+
+
+def test_a_single_module_checkpoint_loads_into_a_plain_module(saved, tmp_path):
+    pipeline = TwoStage()
+    ait.load(pipeline, saved[0])
+    single = ait.save(pipeline.encoder, tmp_path / "encoder")  # an ait.Module: the single-module format
+    assert (single / "manifest.json").is_file() and not (single / "pipeline.json").exists()
+    plain = MLP(16, 32, 16).eval()
+    loaded = ait.load(plain, single)
+    assert isinstance(loaded, ait.Module) and loaded.ait_module is plain and loaded.ait_name == "encoder"
+    assert loaded.ait_state is ait.ModuleState.TUNED
+    with pytest.raises(aitune.InvalidArgumentError, match="single-module checkpoint loads into an nn.Module"):
+        ait.load(TwoStage(), single)
+    with pytest.raises(ait.PipelineStructureError):  # a pipeline checkpoint into a module of another build
+        ait.load(MLP(), saved[0])

@@ -1,0 +1,92 @@
+"""Whole pipelines as AITune users tune them: ait.inspect, ait.wrap, ait.tune through the
+pipeline, ait.save / ait.load of the whole object (issue 29), on a diffusers-style
+pipeline (tiny CLIP text encoder + UNet2DConditionModel from configs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import aitune.torch as ait
+from aitune import _core
+from pipeline_models import TinyDiffusionPipeline, prompt_samples
+from torch_models import cpu_strategy
+
+HERE = Path(__file__).resolve().parent
+
+
+def batches():
+    samples = prompt_samples()
+    return samples, samples[0]["input_ids"][None], torch.stack([s["input_ids"] for s in samples])
+
+
+def test_the_seven_lines_on_a_diffusers_pipeline(tmp_path):
+    input_data, batch1, batch2 = batches()
+    pipeline = TinyDiffusionPipeline()
+    expected1, expected2 = pipeline(batch1), pipeline(batch2)
+
+    modules_info = ait.inspect(pipeline, input_data, number_of_iterations=2, warmup_iterations=1)
+    ranked = modules_info.get_modules()
+    assert [m.object_path for m in ranked] == ["unet", "text_encoder"]  # the UNet first; no submodule listed
+    assert ranked[0].execution_count == 2 * pipeline.steps and ranked[1].execution_count == 2
+    assert ranked[0].parent is pipeline and ranked[0].name == "unet"
+    assert "unet" in modules_info.table() and "UNet2DConditionModel" in modules_info.table()
+    modules = modules_info.get_modules(limit=2)
+    unet, text_encoder = pipeline.unet, pipeline.text_encoder
+
+    pipeline = ait.wrap(pipeline, modules, strategy=cpu_strategy())
+    assert isinstance(pipeline.unet, ait.Module) and pipeline.unet.ait_module is unet
+    assert isinstance(pipeline.text_encoder, ait.Module) and pipeline.text_encoder.ait_module is text_encoder
+    assert pipeline.unet.ait_name == "unet"
+
+    def call_wrapper(input_ids):
+        pipeline(input_ids)
+
+    ait.tune(call_wrapper, input_data, dry_run=True)
+    assert pipeline.unet.ait_state is ait.ModuleState.RECORDING
+    ait.tune(call_wrapper, input_data, batch_sizes=[1, 2], ignore_failing_modules=False, disable_external_logging=True)
+    assert pipeline.unet.ait_state is ait.ModuleState.TUNED and pipeline.text_encoder.ait_state is ait.ModuleState.TUNED
+    assert all("ONNXRuntimeBackend" in b for b in pipeline.unet.ait_backends.values())
+    torch.testing.assert_close(pipeline(batch1), expected1, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(pipeline(batch2), expected2, atol=1e-4, rtol=1e-4)
+
+    checkpoint = tmp_path / "pipeline.ait"
+    assert ait.save(pipeline, checkpoint) == checkpoint.absolute()
+    manifest = json.loads((checkpoint / "pipeline.json").read_text())
+    assert [m["path"] for m in manifest["modules"]] == ["text_encoder", "unet"]
+    for entry in manifest["modules"]:  # each section is a single-module checkpoint the C++ engine loads
+        section = _core.Checkpoint.load(str(checkpoint / entry["directory"]))
+        assert section.manifest.module_name == entry["name"]
+
+    np.save(tmp_path / "expected1.npy", expected1.numpy())
+    np.save(tmp_path / "expected2.npy", expected2.numpy())
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(HERE)!r})
+        import numpy as np, torch
+        import aitune.torch as ait
+        from pipeline_models import TinyDiffusionPipeline, prompt_samples
+        fresh_pipeline = TinyDiffusionPipeline()
+        for model in (fresh_pipeline.unet, fresh_pipeline.text_encoder):  # other weights: the graphs carry theirs
+            torch.nn.init.normal_(next(model.parameters()))
+        pipeline = ait.load(fresh_pipeline, {str(checkpoint)!r})
+        assert pipeline.unet.ait_state is ait.ModuleState.TUNED and pipeline.text_encoder.ait_state is ait.ModuleState.TUNED
+        samples = prompt_samples()
+        batch1, batch2 = samples[0]["input_ids"][None], torch.stack([s["input_ids"] for s in samples])
+        for batch, name in ((batch1, "expected1.npy"), (batch2, "expected2.npy")):
+            expected = torch.from_numpy(np.load({str(tmp_path)!r} + "/" + name))
+            torch.testing.assert_close(pipeline(batch), expected, atol=1e-4, rtol=1e-4)
+        print("reproduced")
+    """)
+    env = dict(os.environ, AITUNE_CACHE_DIR=str(tmp_path / "fresh-cache"))
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "reproduced" in result.stdout
