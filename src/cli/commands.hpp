@@ -22,6 +22,7 @@ Command add_inspect(CLI::App& app);
 Command add_run(CLI::App& app);
 Command add_tune(CLI::App& app);
 Command add_export_triton(CLI::App& app);
+Command add_cache(CLI::App& app);
 
 /// "12.3 MB" style size.
 std::string human_bytes(std::uintmax_t bytes);

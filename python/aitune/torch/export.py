@@ -19,6 +19,7 @@ import torch
 from aitune import _core
 from aitune.torch.context import exporters_quiet, run_eagerly
 from aitune.torch.graph import RecordedGraph
+from aitune.torch.library_logs import routed_to_aitune
 
 
 class ExportError(_core.AituneError):
@@ -144,7 +145,7 @@ def export_onnx(
     flat = _FlatModule(graph)
     inputs = tuple(example_inputs(graph, spec))
     try:
-        with torch.no_grad(), run_eagerly(), warnings.catch_warnings(), _exporter_output():
+        with torch.no_grad(), run_eagerly(), warnings.catch_warnings(), _exporter_output(), routed_to_aitune():
             # Noise from inside torch about its own internals, not about the model.
             warnings.filterwarnings("ignore", message=r".*LeafSpec.*", category=FutureWarning)
             warnings.filterwarnings("ignore", message=r".*axis name: .* will not be used.*", category=UserWarning)

@@ -11,7 +11,7 @@ import torch.utils._pytree as pytree
 
 from aitune import _core
 from aitune.torch import flatten
-from aitune.torch.context import run_eagerly
+from aitune.torch.context import is_owned_batch, run_eagerly
 
 
 @dataclasses.dataclass
@@ -245,7 +245,9 @@ class RecordedGraph(_GraphCalls):
     # -- recording -----------------------------------------------------------------
 
     def add_sample(self, input_tensors: list[torch.Tensor], outputs: Any, batch_size: int) -> None:
-        """Keeps copies of one call's tensors (the caller may reuse or modify its own)."""
+        """Keeps one call's tensors: copies of the caller's (it may reuse or modify its
+        own), the batches ait.tune stacked for this call as they are (nobody else holds
+        them; a copy would hold every sample twice)."""
         out_leaves, out_spec = pytree.tree_flatten(outputs)
         if flatten.identity(out_spec, out_leaves) != self._output_constants:
             raise ValueError(
@@ -256,7 +258,7 @@ class RecordedGraph(_GraphCalls):
         out_tensors = [leaf for leaf in out_leaves if isinstance(leaf, torch.Tensor)]
         self.samples.append(
             Sample(
-                inputs=[t.detach().clone() for t in input_tensors],
+                inputs=[t.detach() if is_owned_batch(t) else t.detach().clone() for t in input_tensors],
                 outputs=[t.detach().clone() for t in out_tensors],
                 batch_size=batch_size,
             )
