@@ -9,6 +9,7 @@ them too (docs/checkpoints.md, "Many processes, one cache")."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import shutil
@@ -25,6 +26,14 @@ _MAX_ENCODED = 200  # a directory name stays well under the usual 255 bytes
 # The run directories this process holds, locked until it exits (their sessions may be
 # saved at any time: ait.save copies the model a session was created from).
 _held: list = []
+
+
+@atexit.register
+def _release_held() -> None:
+    """At exit the locks go (a sweep of a later process takes the directories) and the
+    engine objects with them, before the interpreter tears the extension down."""
+    while _held:
+        _held.pop().release()
 
 
 def cache_root() -> Path:
