@@ -177,6 +177,14 @@ class Checkpoint {
   /// no session is created. Throws Error(kCheckpointCorrupt) naming the file and what
   /// was wrong, Error(kIo) when `dir` does not exist or a file cannot be read,
   /// Error(kInvalidArgument) when `dir` is not a directory.
+  ///
+  /// Consistent under concurrent saves to `dir`: a save replaces the directory in one
+  /// step (a new inode at the path), so the load notes which directory the path names
+  /// before it starts and retries when the path names another one afterwards, also
+  /// when a check failed meanwhile (the files read may belong to the next version): a
+  /// healthy checkpoint being overwritten is never reported corrupt. After 20 replaces
+  /// in a row, Error(kIo) saying the checkpoint kept being replaced. Also removes what
+  /// saves that died left beside `dir` (see `save`).
   static Checkpoint load(const std::string& dir);
 
   /// True when `dir` is a directory holding a manifest.json (nothing is verified).
@@ -207,14 +215,24 @@ class Checkpoint {
   /// Creates the backend for graph `key` (`OnnxSession::create` on the model
   /// with `backend_config(key, overrides)` and the saved graph spec). Errors are those
   /// of `OnnxSession::create`, prefixed with the checkpoint and graph.
+  /// When a save replaced the checkpoint since it was loaded (`is_current()` false), a
+  /// failure is Error(kIo) saying so instead of blaming the model.
   std::unique_ptr<OnnxSession> create_session(const std::string& key,
                                                      const CheckpointBackendOverrides& overrides = {},
                                                      std::shared_ptr<OrtRuntime> runtime = nullptr) const;
 
+  /// True while `directory()` still names the directory this object verified: no save
+  /// has replaced it since. Sessions created (or files read) from a checkpoint that is
+  /// no longer current may mix two versions; a caller loads again (ait.load does).
+  bool is_current() const;
+
  private:
   Checkpoint(std::string directory, CheckpointManifest manifest);
+  static Checkpoint load_once(const std::string& dir);
   std::string directory_;
   CheckpointManifest manifest_;
+  std::uint64_t device_ = 0;  // st_dev / st_ino of the directory verified
+  std::uint64_t inode_ = 0;
 };
 
 }  // namespace aitune

@@ -141,6 +141,8 @@ void bind_checkpoint(nb::module_& m) {
       .def_static("is_checkpoint", &Checkpoint::is_checkpoint, nb::arg("dir"))
       .def_static("graph_directory", &Checkpoint::graph_directory, nb::arg("key"))
       .def_prop_ro("directory", &Checkpoint::directory)
+      .def("is_current", &Checkpoint::is_current,
+           "True while the directory still holds the version this object verified (no save replaced it since).")
       .def_prop_ro("manifest", &Checkpoint::manifest, nb::rv_policy::reference_internal)
       .def("graph_keys", &Checkpoint::graph_keys)
       .def("graph", &Checkpoint::graph, nb::arg("key"), nb::rv_policy::reference_internal)

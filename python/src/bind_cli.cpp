@@ -14,13 +14,27 @@ namespace aitune::python {
 void bind_cli(nb::module_& m) {
   m.def(
       "cli_main",
-      [](const std::vector<std::string>& argv) {
-        int rc = cli::run(argv);
+      [](const std::vector<nb::object>& argv) {
+        // Bytes, as the kernel gave them: a file name need not be UTF-8. A str is
+        // encoded as os.fsencode does (surrogateescape), so sys.argv's undecodable
+        // bytes come back as they were.
+        std::vector<std::string> args;
+        args.reserve(argv.size());
+        for (const auto& a : argv) {
+          nb::bytes raw = nb::isinstance<nb::bytes>(a) ? nb::borrow<nb::bytes>(a)
+                          : nb::isinstance<nb::str>(a) ? nb::steal<nb::bytes>(PyUnicode_EncodeFSDefault(a.ptr()))
+                                                       : throw nb::type_error("cli_main: each argument must be str or bytes");
+          if (!raw.is_valid()) throw nb::python_error();
+          args.emplace_back(raw.c_str(), raw.size());
+        }
+        nb::gil_scoped_release release;
+        int rc = cli::run(args);
         std::cout.flush();
         return rc;
       },
-      nb::arg("argv"), nb::call_guard<nb::gil_scoped_release>(),
-      "Runs the aitune command line (argv[0] is the program name); returns the exit code.");
+      nb::arg("argv"),
+      "Runs the aitune command line (argv[0] is the program name) on arguments given as bytes; returns the exit "
+      "code.");
 }
 
 }  // namespace aitune::python

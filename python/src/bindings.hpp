@@ -17,6 +17,7 @@ void bind_runtime(nanobind::module_& m);      // OrtRuntime, ProviderStatus
 void bind_session(nanobind::module_& m);      // OnnxSessionConfig, OnnxSession
 void bind_checkpoint(nanobind::module_& m);   // Checkpoint, CheckpointManifest/Graph/Artifact, overrides
 void bind_cli(nanobind::module_& m);          // cli_main
+void bind_process_directory(nanobind::module_& m);  // OwnedDirectory, stale-directory sweeps, default_cache_root
 void bind_tuning(nanobind::module_& m);       // correctness, profiler, strategies, GraphTuner
 void bind_torch_dispatch(nanobind::module_& m);  // TorchDispatch: the torch front end's C++ half (frontend/)
 void bind_triton(nanobind::module_& m);       // export_triton, TritonExportOptions/Result

@@ -15,6 +15,7 @@ NB_MODULE(_core, m) {
   aitune::python::bind_session(m);
   aitune::python::bind_checkpoint(m);
   aitune::python::bind_cli(m);
+  aitune::python::bind_process_directory(m);
   aitune::python::bind_tuning(m);
   aitune::python::bind_torch_dispatch(m);
   aitune::python::bind_triton(m);

@@ -57,6 +57,10 @@ int run(const std::vector<std::string>& args) {
     Command command = add_export_triton(app);
     actions[command.sub] = std::move(command.action);
   }
+  {  // cache list|clean
+    Command command = add_cache(app);
+    actions[command.sub] = std::move(command.action);
+  }
   try {
     std::vector<std::string> reversed(args.rbegin(), args.rend() - (args.empty() ? 0 : 1));
     app.parse(reversed);

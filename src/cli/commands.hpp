@@ -24,6 +24,7 @@ Command add_tune(CLI::App& app);
 Command add_export_triton(CLI::App& app);
 Command add_debug_precision(CLI::App& app);
 Command add_report(CLI::App& app);
+Command add_cache(CLI::App& app);
 
 /// "12.3 MB" style size.
 std::string human_bytes(std::uintmax_t bytes);

@@ -22,6 +22,27 @@ std::pair<std::string, std::string> split_assignment(const std::string& text, co
   return {text.substr(0, eq), text.substr(eq + 1)};
 }
 
+std::pair<std::string, std::string> split_named_assignment(const std::string& text, const char* what,
+                                                           const std::vector<std::string>& names,
+                                                           const char* kind) {
+  std::vector<std::size_t> fits;
+  for (auto eq = text.find('='); eq != std::string::npos; eq = text.find('=', eq + 1))
+    if (eq + 1 < text.size() && std::find(names.begin(), names.end(), text.substr(0, eq)) != names.end())
+      fits.push_back(eq);
+  std::string listed;
+  for (const auto& n : names) listed += (listed.empty() ? "'" : ", '") + n + "'";
+  if (fits.empty())
+    throw Error(ErrorCode::kInvalidArgument, std::string(what) + " '" + text + "' is not of the form NAME=VALUE with NAME one of the " +
+                                                 kind + ": " + (listed.empty() ? "none" : listed));
+  if (fits.size() > 1) {
+    std::string readings;
+    for (auto eq : fits) readings += (readings.empty() ? "'" : ", '") + text.substr(0, eq) + "'";
+    throw Error(ErrorCode::kInvalidArgument, std::string(what) + " '" + text + "' is ambiguous: its NAME may be " +
+                                                 readings + "; only one reading may name one of the " + kind);
+  }
+  return {text.substr(0, fits[0]), text.substr(fits[0] + 1)};
+}
+
 // Fills a host tensor with reproducible values in a range every dtype can hold. A
 // symbolic extent takes its --dim value, else the smallest the graph spec accepts.
 Tensor random_input(const IoInfo& io, const TensorSpec* spec, const std::map<std::string, int64_t>& dims,
@@ -119,10 +140,26 @@ std::vector<std::map<std::string, Tensor>> load_sample_dir(const std::string& di
     throw Error(ErrorCode::kIo, "--samples '" + dir + "' is not a directory");
   std::string expected;
   for (const auto& io : inputs) expected += (expected.empty() ? "" : ", ") + io.name + ".npy";
+  const fs::path root = fs::canonical(dir, ec);
+  if (ec) throw Error(ErrorCode::kIo, "cannot resolve --samples '" + dir + "': " + ec.message());
+  // An input name is a file name inside DIR: one that is absolute, has a '/' or is ".."
+  // would read elsewhere, as would a symbolic link that leads out of DIR.
+  auto contained = [&](const fs::path& file, const std::string& input) {
+    const fs::path relative = fs::path(input + ".npy");
+    std::error_code resolve_ec;
+    const fs::path resolved = fs::weakly_canonical(file, resolve_ec);
+    auto [r, unused] = std::mismatch(root.begin(), root.end(), resolved.begin(), resolved.end());
+    if (input.find('/') != std::string::npos || relative.is_absolute() || resolve_ec || r != root.end())
+      throw Error(ErrorCode::kInvalidArgument,
+                  "--samples: the file of model input '" + input + "', '" + file.string() + "', lies outside '" +
+                      root.string() + "' (an input name that is a path, or a symbolic link leading out); every sample "
+                      "file must be inside the samples directory");
+  };
   auto read_sample = [&](const fs::path& d) {
     std::map<std::string, Tensor> sample;
     for (const auto& io : inputs) {
       auto file = d / (io.name + ".npy");
+      contained(file, io.name);
       if (!fs::is_regular_file(file))
         throw Error(ErrorCode::kInvalidArgument,
                     "sample directory '" + d.string() + "' lacks " + io.name + ".npy; each sample needs: " + expected);
@@ -137,12 +174,12 @@ std::vector<std::map<std::string, Tensor>> load_sample_dir(const std::string& di
     return sample;
   };
   std::vector<fs::path> subdirs;
-  for (const auto& entry : fs::directory_iterator(dir))
-    if (entry.is_directory()) subdirs.push_back(entry.path());
+  for (const auto& entry : fs::directory_iterator(root))
+    if (entry.is_directory()) subdirs.push_back(entry.path());  // a linked one is checked file by file
   std::sort(subdirs.begin(), subdirs.end());
   std::vector<std::map<std::string, Tensor>> samples;
   if (subdirs.empty()) {
-    samples.push_back(read_sample(dir));
+    samples.push_back(read_sample(root));
   } else {
     for (const auto& d : subdirs) samples.push_back(read_sample(d));
   }

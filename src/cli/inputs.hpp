@@ -15,8 +15,17 @@
 
 namespace aitune::cli {
 
-/// "NAME=VALUE" -> {NAME, VALUE}; Error(kInvalidArgument) naming `what` otherwise.
+/// "NAME=VALUE" -> {NAME, VALUE}, split at the first '='; Error(kInvalidArgument)
+/// naming `what` otherwise.
 std::pair<std::string, std::string> split_assignment(const std::string& text, const char* what);
+
+/// "NAME=VALUE" where NAME is one of `names` and may itself contain '=' (tensor names
+/// of exported models do): split at the '=' whose left part is one of `names`. None:
+/// Error(kInvalidArgument) listing `names`; several (names "a" and "a=b" both fit):
+/// Error(kInvalidArgument) listing the readings.
+std::pair<std::string, std::string> split_named_assignment(const std::string& text, const char* what,
+                                                           const std::vector<std::string>& names,
+                                                           const char* kind);
 
 /// --dim SYMBOL=VALUE options as a map; Error(kInvalidArgument) for a SYMBOL that is no
 /// symbolic dimension of `inputs` or a VALUE that is not an integer in [1, kMaxExtent].
@@ -34,6 +43,9 @@ ExecutionProvider resolve_provider(const std::string& text);
 /// The samples of `aitune tune --samples DIR`: DIR holds NAME.npy per model input (one
 /// sample), or subdirectories that each do (one sample each, in name order). Every
 /// sample must name exactly the model's inputs (Error(kInvalidArgument) listing them).
+/// Every file read lies inside DIR: an input whose name would make its file path leave
+/// DIR (an absolute name, "..", a path through a symbolic link that leads out) is
+/// Error(kInvalidArgument) naming the input and the path.
 std::vector<std::map<std::string, Tensor>> load_sample_dir(const std::string& dir,
                                                             const std::vector<IoInfo>& inputs);
 

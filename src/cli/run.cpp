@@ -124,8 +124,10 @@ int run_model(const RunOptions& o) {
 
   const auto dims = parse_dims(o.dims, backend->inputs());
   std::map<std::string, Tensor> given;
+  std::vector<std::string> input_names;
+  for (const auto& io : backend->inputs()) input_names.push_back(io.name);
   for (const auto& spec : o.inputs) {
-    auto [name, file] = split_assignment(spec, "--input");
+    auto [name, file] = split_named_assignment(spec, "--input", input_names, "model's inputs");
     given[name] = load_npy(file);
   }
   for (const auto& [name, t] : given)
@@ -191,7 +193,7 @@ Command add_run(CLI::App& app) {
                   "the saved provider for a checkpoint");
   sub->add_option("--device-id", o->device_id, "CUDA device index (default: 0 for a model, the saved one for a checkpoint)")
       ->check(CLI::Range(0, kMaxDeviceId));
-  sub->add_option("--input", o->inputs, "NAME=FILE.npy (repeatable); others are random");
+  sub->add_option("--input", o->inputs, "NAME=FILE.npy (repeatable; NAME may contain '=': the split is where NAME is an input's name); others are random");
   sub->add_option("--dim", o->dims, "SYMBOL=VALUE for symbolic dims of random inputs, VALUE in [1, 2^31-1] (default: the smallest extent the graph spec accepts, 1 for a model)");
   sub->add_option("--provider-option", o->provider_options,
                   "KEY=VALUE passed to the provider (repeatable; over a checkpoint's saved options)");

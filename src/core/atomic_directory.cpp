@@ -123,12 +123,30 @@ void sync_directory(const fs::path& dir) {
     fail(ErrorCode::kIo, "cannot flush directory '" + dir.string() + "' to disk: " + errno_text());
 }
 
-fs::path create_directory_beside(const fs::path& target) {
-  for (int attempt = 0;; ++attempt) {
-    fs::path candidate = target.parent_path() / hidden_name(target, ".tmp-" + std::to_string(::getpid()) + "-");
-    if (::mkdir(candidate.c_str(), 0755) == 0) return candidate;
-    if (errno != EEXIST || attempt > 8)
-      fail(ErrorCode::kIo, "cannot create a temporary directory next to '" + target.string() + "': " + errno_text());
+namespace {
+std::string sibling_prefix(const fs::path& target, const char* kind) {
+  std::string prefix = ".";
+  prefix += target.filename().string();
+  prefix += kind;
+  return prefix;
+}
+}  // namespace
+
+OwnedDirectory create_directory_beside(const fs::path& target) {
+  try {
+    return OwnedDirectory::create(target.parent_path().string(), sibling_prefix(target, ".tmp-"));
+  } catch (const Error& e) {
+    fail(ErrorCode::kIo, "cannot create a temporary directory next to '" + target.string() + "': " + e.what());
+  }
+}
+
+std::size_t remove_stale_beside(const fs::path& target) noexcept {
+  try {
+    const std::string parent = target.parent_path().string();
+    return remove_stale_directories(parent, sibling_prefix(target, ".tmp-")).size() +
+           remove_stale_directories(parent, sibling_prefix(target, ".old-")).size();
+  } catch (...) {  // a sweep is housekeeping: it never fails a save or a load
+    return 0;
   }
 }
 
@@ -147,7 +165,7 @@ void replace_directory(const fs::path& tmp, const fs::path& target, bool target_
     fail(ErrorCode::kIo, "cannot swap '" + tmp.string() + "' into '" + target.string() + "': " + errno_text());
   // No atomic exchange here: move the old tree aside, the new one in, then drop the old
   // one; put the old one back if the second rename fails.
-  fs::path aside = target.parent_path() / hidden_name(target, ".old-");
+  fs::path aside = target.parent_path() / hidden_name(target, ".old-" + std::to_string(::getpid()) + "-");
   if (::rename(target.c_str(), aside.c_str()) != 0)
     fail(ErrorCode::kIo, "cannot move the previous '" + target.string() + "' aside: " + errno_text());
   if (::rename(tmp.c_str(), target.c_str()) != 0) {

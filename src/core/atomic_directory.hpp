@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <string>
 
+#include "aitune/process_directory.hpp"
 #include "sha256.hpp"
 
 namespace aitune::detail {
@@ -23,8 +24,14 @@ void write_durable_file(const std::filesystem::path& path, const std::string& te
 void sync_directory(const std::filesystem::path& dir);
 
 /// Creates an empty directory ".<name>.tmp-<pid>-<random>" beside `target` (in the
-/// same file system, so it can be renamed onto it). Error(kIo) when that fails.
-std::filesystem::path create_directory_beside(const std::filesystem::path& target);
+/// same file system, so it can be renamed onto it), locked for this process while the
+/// returned object lives (see OwnedDirectory). Error(kIo) when that fails.
+OwnedDirectory create_directory_beside(const std::filesystem::path& target);
+
+/// Removes what saves to `target` left beside it in processes that died: staging
+/// directories ".<name>.tmp-<pid>-..." and set-aside trees ".<name>.old-<pid>-..." whose
+/// pid is gone and whose lock nobody holds. Returns how many were removed; never throws.
+std::size_t remove_stale_beside(const std::filesystem::path& target) noexcept;
 
 /// Puts the finished directory `tmp` at `target` in one step: rename when `target` does
 /// not exist, else an atomic exchange (renameat2 RENAME_EXCHANGE) and removal of the

@@ -12,6 +12,9 @@
 #include <fstream>
 #include <iterator>
 #include <set>
+#include <thread>
+#include <tuple>
+#include <sys/stat.h>
 #include <vector>
 
 #include "aitune/error.hpp"
@@ -298,7 +301,9 @@ CheckpointManifest Checkpoint::save(const std::string& dir, const CheckpointMani
   fs::create_directories(target.parent_path(), ec);
   if (ec) fail(ErrorCode::kIo, "cannot create the directory '" + target.parent_path().string() + "': " + ec.message());
 
-  const fs::path tmp = detail::create_directory_beside(target);
+  detail::remove_stale_beside(target);  // debris of saves whose process died
+  auto staging = detail::create_directory_beside(target);
+  const fs::path tmp = staging.path();
   try {
     std::set<fs::path> dirs{tmp};
     std::size_t written = 0;
@@ -326,7 +331,41 @@ CheckpointManifest Checkpoint::save(const std::string& dir, const CheckpointMani
   return m;
 }
 
+namespace {
+// Which directory a path names now (device, inode); {0, 0} when it names none.
+std::pair<std::uint64_t, std::uint64_t> identity_of(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return {0, 0};
+  return {static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino)};
+}
+constexpr int kLoadAttempts = 20;
+}  // namespace
+
 Checkpoint Checkpoint::load(const std::string& dir) {
+  for (int attempt = 1;; ++attempt) {
+    const auto before = identity_of(dir);
+    try {
+      Checkpoint checkpoint = load_once(dir);
+      if (identity_of(dir) == before) {
+        std::tie(checkpoint.device_, checkpoint.inode_) = before;
+        detail::remove_stale_beside(fs::path(checkpoint.directory_));
+        return checkpoint;
+      }
+    } catch (const Error&) {
+      // What failed was read from one version: a failure is the checkpoint's own only
+      // when no save replaced it meanwhile.
+      if (identity_of(dir) == before) throw;
+    }
+    if (attempt == kLoadAttempts)
+      fail(ErrorCode::kIo, "checkpoint '" + dir + "' was replaced by concurrent saves " + std::to_string(attempt) +
+                               " times while it was being loaded; load it when the saves are done");
+    std::this_thread::sleep_for(std::chrono::milliseconds(2 * attempt));
+  }
+}
+
+bool Checkpoint::is_current() const { return identity_of(directory_) == std::make_pair(device_, inode_); }
+
+Checkpoint Checkpoint::load_once(const std::string& dir) {
   std::error_code ec;
   auto st = fs::status(dir, ec);
   if (ec || !fs::exists(st)) fail(ErrorCode::kIo, "checkpoint '" + dir + "' does not exist");
@@ -431,6 +470,9 @@ std::unique_ptr<OnnxSession> Checkpoint::create_session(const std::string& key,
   try {
     return OnnxSession::create(model_path(key), config, g.graph_spec, std::move(runtime));
   } catch (const Error& e) {
+    if (!is_current())
+      throw Error(ErrorCode::kIo, "checkpoint '" + directory_ + "' was replaced by another save since it was loaded, "
+                                      "while graph '" + key + "' was being created; load it again");
     throw Error(e.code(), "checkpoint '" + directory_ + "', graph '" + key + "': " + e.what());
   }
 }

@@ -38,7 +38,7 @@ def test_mlp_matches_eager(use_dynamo, cache_dir):
     torch.testing.assert_close(out, expected, **TOL)
 
     (graph,) = model.ait_graphs
-    backend_dir = cache_dir / "mlp" / graph.key / cpu_backend(use_dynamo=use_dynamo).key()
+    (backend_dir,) = (cache_dir / "mlp" / graph.key / cpu_backend(use_dynamo=use_dynamo).key()).glob("run-*")
     assert (backend_dir / "model_raw.onnx").is_file()
     config = json.loads((backend_dir / "config.json").read_text())
     assert config["backend"] == "ONNXRuntimeBackend"
@@ -318,7 +318,7 @@ def test_clear_cache_removes_the_module_directory(cache_dir):
     stale.mkdir(parents=True)
     model = ait.Module(MLP().eval(), "mlp", strategy=cpu_strategy())
     ait.tune(model, torch.randn(16), clear_cache=True)
-    assert not stale.exists() and list(cache_dir.glob("mlp/graph_*/*/model_raw.onnx"))
+    assert not stale.exists() and list(cache_dir.glob("mlp/graph_*/*/run-*/model_raw.onnx"))
 
 
 def test_config_json_is_written_even_when_the_export_fails(cache_dir):
@@ -326,7 +326,7 @@ def test_config_json_is_written_even_when_the_export_fails(cache_dir):
         ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cpu"))))
     ait.tune(model, torch.randn(4), disable_external_logging=True)
     assert model.ait_state is ModuleState.PASSTHROUGH
-    assert list(cache_dir.glob("dd/*/*/config.json"))
+    assert list(cache_dir.glob("dd/*/*/run-*/config.json"))
 
 
 class _ModelOutputLike(collections.OrderedDict):

@@ -1,37 +1,133 @@
-"""Where tuning artefacts live: <cache>/<module>/<graph>/<backend key>/."""
+"""Where tuning artefacts live: <cache>/<module>/<graph>/<backend key>/run-<pid>-<random>/.
+
+Several processes may tune modules of the same name with one cache directory at once:
+each tune writes into a directory of its own (``tune_dir``) that its process holds
+locked while it lives, so what a tune exports and then reads back is what it wrote.
+Directories of processes that died are removed by the next tune of that graph and
+backend (lock and pid decide, never age); ``aitune cache list|clean`` lists and removes
+them too (docs/checkpoints.md, "Many processes, one cache")."""
 
 from __future__ import annotations
 
-import os
-import re
+import atexit
+import contextlib
+import hashlib
 import shutil
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+
+from aitune import _core
+
+MODULE_NAME_FILE = ".module_name"  # the module's name, recorded and checked
+RUN_PREFIX = "run-"  # tune_dir's prefix; src/cli/cache.cpp knows it too
+_MAX_ENCODED = 200  # a directory name stays well under the usual 255 bytes
+
+# The run directories this process holds, locked until it exits (their sessions may be
+# saved at any time: ait.save copies the model a session was created from).
+_held: list = []
+
+
+@atexit.register
+def _release_held() -> None:
+    """At exit the locks go (a sweep of a later process takes the directories) and the
+    engine objects with them, before the interpreter tears the extension down."""
+    while _held:
+        _held.pop().release()
 
 
 def cache_root() -> Path:
     """``$AITUNE_CACHE_DIR``, else ``$XDG_CACHE_HOME/aitune``, else ``~/.cache/aitune``."""
-    if os.environ.get("AITUNE_CACHE_DIR"):
-        return Path(os.environ["AITUNE_CACHE_DIR"]).expanduser()
-    if os.environ.get("XDG_CACHE_HOME"):
-        return Path(os.environ["XDG_CACHE_HOME"]).expanduser() / "aitune"
-    return Path.home() / ".cache" / "aitune"
+    return Path(_core.default_cache_root())
 
 
-def _safe(name: str) -> str:
-    """A module name as one directory name (``my-model`` stays, ``a/b`` becomes ``a_b``)."""
-    return re.sub(r"[^0-9A-Za-z._-]", "_", name).lstrip(".") or "_"
+def encode_name(name: str) -> str:
+    """A module name as one directory name, injectively: ``A-Z a-z 0-9 . -`` stay (a
+    leading ``.`` does not), every other byte of its UTF-8 becomes ``_XX`` (``_`` too),
+    so ``coll/x`` (``coll_2Fx``) and ``coll_x`` (``coll_5Fx``) differ. A name whose
+    encoding is too long for a directory name keeps a prefix and a sha256 of the whole
+    name (``~`` marks it; no short encoding has one), and the name is recorded beside
+    (``MODULE_NAME_FILE``) and checked."""
+    out = []
+    for i, byte in enumerate(name.encode("utf-8", "surrogatepass")):
+        char = chr(byte)
+        keep = char.isascii() and (char.isalnum() or char == "-" or (char == "." and i > 0))
+        out.append(char if keep else f"_{byte:02X}")
+    encoded = "".join(out) or "_"
+    if len(encoded) > _MAX_ENCODED:
+        encoded = encoded[:100] + "~" + hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()
+    return encoded
 
 
 def module_dir(module_name: str) -> Path:
-    return cache_root() / _safe(module_name)
-
-
-def backend_dir(module_name: str, graph_key: str, backend_key: str) -> Path:
-    """The directory of one backend's artefacts for one graph, created if missing."""
-    path = module_dir(module_name) / graph_key / backend_key
+    """The module's directory in the cache (created), its name recorded in it; a
+    directory that records another name (a hash collision, a directory someone else
+    made) is an ``InvalidArgumentError``."""
+    path = cache_root() / encode_name(module_name)
     path.mkdir(parents=True, exist_ok=True)
+    recorded = path / MODULE_NAME_FILE
+    try:
+        with open(recorded, "x", encoding="utf-8", errors="surrogatepass") as f:
+            f.write(module_name)
+    except FileExistsError:
+        pass
+    found = recorded.read_text(encoding="utf-8", errors="surrogatepass")
+    if found != module_name:
+        raise _core.InvalidArgumentError(
+            f"aitune cache: the directory {path} for ait.Module '{module_name}' belongs to the module '{found}' "
+            f"(see {recorded}); remove it or use another AITUNE_CACHE_DIR"
+        )
     return path
 
 
+def tune_dir(module_name: str, graph_key: str, backend_key: str) -> Path:
+    """A new directory for one tune of one graph by one backend, owned by this process
+    (locked until it exits). Run directories of processes that are gone are removed
+    first."""
+    parent = module_dir(module_name) / graph_key / backend_key
+    parent.mkdir(parents=True, exist_ok=True)
+    _core.remove_stale_directories(str(parent), RUN_PREFIX)
+    owned = _core.OwnedDirectory.create(str(parent), RUN_PREFIX)
+    _held.append(owned)
+    return Path(owned.path)
+
+
 def clear_module(module_name: str) -> None:
-    shutil.rmtree(module_dir(module_name), ignore_errors=True)
+    """Removes the module's cached artefacts, except the run directories that live
+    processes (this one included) hold: their sessions may still be saved."""
+    path = cache_root() / encode_name(module_name)
+    if not path.is_dir():
+        return
+    for graph in (entry for entry in path.iterdir() if entry.is_dir()):
+        for entry in graph.iterdir():
+            if not entry.is_dir():
+                entry.unlink(missing_ok=True)
+                continue
+            _core.remove_stale_directories(str(entry), RUN_PREFIX)
+            for inner in entry.iterdir():
+                if inner.name.startswith(RUN_PREFIX):
+                    continue  # held by a live process (the stale ones are gone)
+                shutil.rmtree(inner, ignore_errors=True) if inner.is_dir() else inner.unlink(missing_ok=True)
+            _remove_if_empty(entry)
+        _remove_if_empty(graph)
+
+
+def _remove_if_empty(path: Path) -> None:
+    try:
+        path.rmdir()
+    except OSError:  # not empty: a live process's run directory is inside
+        pass
+
+
+@contextlib.contextmanager
+def scratch_dir(prefix: str) -> Iterator[Path]:
+    """A scratch directory ``<system temp>/<prefix><pid>-<random>`` owned by this process
+    while the block runs, removed after it. Those a process that died left behind (a
+    kill -9 during ``ait.save``) are removed first; a live process's never are."""
+    parent = tempfile.gettempdir()
+    _core.remove_stale_directories(parent, prefix)
+    owned = _core.OwnedDirectory.create(parent, prefix)
+    try:
+        yield Path(owned.path)
+    finally:
+        owned.remove()

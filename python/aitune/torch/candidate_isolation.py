@@ -24,13 +24,13 @@ import logging
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from aitune import _core
+from aitune.torch import cache
 
 logger = logging.getLogger("aitune")
 
@@ -77,7 +77,7 @@ def probe(model_path: str, candidate: _core.OnnxCandidate, graph, model_inputs: 
     """Evaluates ``candidate`` on ``model_path`` in a child process; returns why it failed
     there (None when its session was created and ran, correct or not)."""
     samples = graph.samples[:_PROBE_SAMPLES]
-    with tempfile.TemporaryDirectory(prefix="aitune-probe-") as scratch:
+    with cache.scratch_dir("aitune-probe-") as scratch:
         root = Path(scratch)
         for s, sample in enumerate(samples):
             for kind, tensors in (("input", sample.inputs), ("expected", sample.outputs)):

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -23,6 +22,7 @@ from typing import Any
 import torch
 
 from aitune import _core
+from aitune.torch import cache
 from aitune.torch.backend.base import TunedGraph
 from aitune.torch.checkpoint_sections import (
     LEGACY_SECTION_KEYS,
@@ -175,7 +175,7 @@ def save(
     manifest = _core.CheckpointManifest(module_name=module.ait_name, metadata_json=json.dumps(metadata), graphs=graphs)
     options = _core.CheckpointSaveOptions(overwrite=overwrite, on_file_written=on_file_written)
     directory = Path(path)
-    with tempfile.TemporaryDirectory(prefix="aitune-save-") as scratch:
+    with cache.scratch_dir("aitune-save-") as scratch:
         for i, (relative, report) in enumerate(reports.items()):
             source = Path(scratch) / f"{i}-{REPORT_FILE}"
             source.write_text(json.dumps(report, indent=2))
@@ -276,33 +276,15 @@ def _sections(meta: dict, where: str) -> list[tuple[str, list]]:
             for key, name in LEGACY_SECTION_KEYS.items()]
 
 
-def load(module, path: str | os.PathLike, device_map: DeviceLike | Mapping[str, DeviceLike] = None):
-    """Loads a checkpoint written by ``ait.save`` into ``module`` and makes it TUNED.
 
-    ``module`` wraps a module of the class that was saved (its weights do not matter:
-    the tuned graphs carry their own). The checkpoint is verified first (manifest,
-    paths, sizes, sha256; see docs/checkpoints.md), then each graph's ONNX Runtime
-    session is created from the saved model and configuration, and only when all of
-    that succeeded does the module take the graphs over: on any error it is unchanged.
-    Nothing is exported or tuned, nothing is unpickled or imported.
+_LOAD_ATTEMPTS = 10
 
-    Args:
-        module: an ait.Module.
-        path: a checkpoint directory written by ``ait.save``.
-        device_map: where the sessions run. None: as saved. ``"cpu"``: the CPU provider.
-            ``"cuda:N"`` (or a torch.device): device N with the saved GPU provider and
-            options; a graph saved with the CPU provider gets the CUDA provider in strict
-            fp32 (``use_tf32=0``). A dict maps module names (``ait_name``) to such
-            values. Graphs kept eager run wherever the wrapped module lives.
 
-    Returns ``module``. Raises ``aitune.CheckpointCorruptError`` (damaged, incomplete or
-    newer checkpoint), ``aitune.AituneIOError`` (missing), ``aitune.InvalidArgumentError``
-    (another module class or signature, a bad device_map), ``aitune.ProviderUnavailableError``.
-    """
-    start = time.perf_counter()
-    module = _check_module(module, "load")
-    device = _target_device(module, device_map)
+def _restore_graphs(module, path, device, seen: list):
+    """The checkpoint (appended to ``seen`` as soon as it is verified), its aitune.torch
+    metadata and the graphs restored from it, sessions created; the module untouched."""
     checkpoint = _core.Checkpoint.load(os.fspath(path))
+    seen.append(checkpoint)
     where = f"ait.load: checkpoint '{checkpoint.directory}'"
     manifest = checkpoint.manifest
     meta = _metadata(manifest, where)
@@ -343,6 +325,52 @@ def load(module, path: str | os.PathLike, device_map: DeviceLike | Mapping[str, 
     if not restored:
         raise corrupt(where, 'a checkpoint needs at least one graph; "graphs" is empty and the metadata '
                              "lists no eager or torch.compile graph")
+    return checkpoint, meta, restored
+
+
+def load(module, path: str | os.PathLike, device_map: DeviceLike | Mapping[str, DeviceLike] = None):
+    """Loads a checkpoint written by ``ait.save`` into ``module`` and makes it TUNED.
+
+    ``module`` wraps a module of the class that was saved (its weights do not matter:
+    the tuned graphs carry their own). The checkpoint is verified first (manifest,
+    paths, sizes, sha256; see docs/checkpoints.md), then each graph's ONNX Runtime
+    session is created from the saved model and configuration, and only when all of
+    that succeeded does the module take the graphs over: on any error it is unchanged.
+    Nothing is exported or tuned, nothing is unpickled or imported.
+
+    Args:
+        module: an ait.Module.
+        path: a checkpoint directory written by ``ait.save``.
+        device_map: where the sessions run. None: as saved. ``"cpu"``: the CPU provider.
+            ``"cuda:N"`` (or a torch.device): device N with the saved GPU provider and
+            options; a graph saved with the CPU provider gets the CUDA provider in strict
+            fp32 (``use_tf32=0``). A dict maps module names (``ait_name``) to such
+            values. Graphs kept eager run wherever the wrapped module lives.
+
+    Returns ``module``. Raises ``aitune.CheckpointCorruptError`` (damaged, incomplete or
+    newer checkpoint), ``aitune.AituneIOError`` (missing), ``aitune.InvalidArgumentError``
+    (another module class or signature, a bad device_map), ``aitune.ProviderUnavailableError``.
+    """
+    start = time.perf_counter()
+    module = _check_module(module, "load")
+    device = _target_device(module, device_map)
+    for attempt in range(1, _LOAD_ATTEMPTS + 1):
+        seen: list = []
+        try:
+            checkpoint, meta, restored = _restore_graphs(module, path, device, seen)
+            if checkpoint.is_current():
+                break
+        except _core.AituneError:
+            # Files read after a concurrent save replaced the checkpoint may belong to
+            # the next version: only a failure of the version verified is the checkpoint's.
+            if not seen or seen[0].is_current():
+                raise
+        if attempt == _LOAD_ATTEMPTS:
+            raise _core.AituneIOError(
+                f"ait.load: checkpoint '{os.fspath(path)}' was replaced by concurrent saves {attempt} times while "
+                "it was being loaded; load it when the saves are done"
+            )
+        logger.info("ait.load: '%s' was replaced by another save while loading; loading it again", os.fspath(path))
     module._ait_restore(restored)
     tuned_mode = module._ait_calls.training
     if tuned_mode is not None and module.training is not tuned_mode:

@@ -20,6 +20,8 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils.data import DataLoader, Dataset
 
+from aitune.torch.context import mark_owned_batch
+
 
 def _plain(sample: Any) -> Any:
     """A sample or batch whose keyword arguments come in a mapping that is not a dict
@@ -59,7 +61,7 @@ def _stack(samples: list[Any]) -> Any:
     for column in zip(*(leaves for leaves, _ in flat)):
         first = column[0]
         if isinstance(first, (torch.Tensor, np.ndarray)):
-            leaves.append(torch.stack([torch.as_tensor(v) for v in column]))
+            leaves.append(mark_owned_batch(torch.stack([torch.as_tensor(v) for v in column])))
             continue
         _check_stackable(first)
         if all(v == first for v in column[1:]):

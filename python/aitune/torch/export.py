@@ -21,6 +21,7 @@ import torch
 from aitune import _core
 from aitune.torch.context import exporters_quiet, run_eagerly
 from aitune.torch.graph import RecordedGraph
+from aitune.torch.library_logs import routed_to_aitune
 
 logger = logging.getLogger("aitune")
 
@@ -229,7 +230,7 @@ def export_onnx(
     tracer_warnings: list[warnings.WarningMessage] = []
     try:
         with torch.no_grad(), run_eagerly(), same_math_as_export(graph.module), warnings.catch_warnings(), \
-                _exporter_output():
+                _exporter_output(), routed_to_aitune():
             # Noise from inside torch about its own internals, not about the model.
             warnings.filterwarnings("ignore", message=r".*LeafSpec.*", category=FutureWarning)
             warnings.filterwarnings("ignore", message=r".*axis name: .* will not be used.*", category=UserWarning)

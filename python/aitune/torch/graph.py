@@ -12,7 +12,7 @@ import torch.utils._pytree as pytree
 
 from aitune import _core
 from aitune.torch import flatten
-from aitune.torch.context import run_eagerly
+from aitune.torch.context import is_owned_batch, run_eagerly
 
 
 @dataclasses.dataclass
@@ -250,7 +250,9 @@ class RecordedGraph(_GraphCalls):
     # -- recording -----------------------------------------------------------------
 
     def add_sample(self, input_tensors: list[torch.Tensor], outputs: Any, batch_size: int) -> None:
-        """Keeps copies of one call's tensors (the caller may reuse or modify its own)."""
+        """Keeps one call's tensors: copies of the caller's (it may reuse or modify its
+        own), the batches ait.tune stacked for this call as they are (nobody else holds
+        them; a copy would hold every sample twice)."""
         out_leaves, out_spec = pytree.tree_flatten(outputs)
         if flatten.identity(out_spec, out_leaves) != self._output_constants:
             raise ValueError(
@@ -262,7 +264,7 @@ class RecordedGraph(_GraphCalls):
         self._warn_all_nan(out_tensors)
         self.samples.append(
             Sample(
-                inputs=[t.detach().clone() for t in input_tensors],
+                inputs=[t.detach() if is_owned_batch(t) else t.detach().clone() for t in input_tensors],
                 outputs=[t.detach().clone() for t in out_tensors],
                 batch_size=batch_size,
             )

@@ -14,6 +14,7 @@ from pathlib import Path
 import onnx
 
 from aitune import _core
+from aitune.torch.library_logs import routed_to_aitune
 
 #: The transform names candidates and reports carry.
 ORT_FUSIONS = "ort_fusions"  # onnxscript.rewriter.ort_fusions.optimize_for_ort (dynamo exports)
@@ -76,7 +77,8 @@ def fuse_for_ort(source: Path, target: Path, *, use_dynamo: bool, model_type: st
 
         model = ir.load(str(source))
         ranks = {v.name: len(v.shape) for v in _values(model.graph) if v.name and v.shape is not None}
-        fused, _ = ort_fusions.optimize_for_ort(model)
+        with routed_to_aitune():  # the constant folder's notes, not the user's business
+            fused, _ = ort_fusions.optimize_for_ort(model)
         _restore_flat_attention_outputs(fused, ranks)
         proto = ir.serde.serialize_model(fused)
         transform = ORT_FUSIONS

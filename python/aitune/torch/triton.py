@@ -9,10 +9,10 @@ from it (``aitune._core.export_triton``, docs/deploying-triton.md): per graph a
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 from aitune import _core
+from aitune.torch import cache
 from aitune.torch.checkpoint import save
 from aitune.torch.module import Module, ModuleState
 
@@ -56,7 +56,7 @@ def export_triton(
         instances=instances,
         overwrite=overwrite,
     )
-    with tempfile.TemporaryDirectory(prefix="aitune-triton-") as scratch:
+    with cache.scratch_dir("aitune-triton-") as scratch:
         checkpoint_dir = Path(scratch) / "checkpoint"
         save(module, checkpoint_dir)
         checkpoint = _core.Checkpoint.load(os.fspath(checkpoint_dir))

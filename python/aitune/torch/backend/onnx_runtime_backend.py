@@ -238,7 +238,7 @@ class ONNXRuntimeBackend(Backend):
         return max(1, len(self.plan(graph.graph_spec(), graph.module, graph.device)))
 
     def add_candidates(self, graph: RecordedGraph, tuner, group: int, advance, module_call=None):
-        directory = cache.backend_dir(graph.module_name, graph.key, self.key())
+        directory = cache.tune_dir(graph.module_name, graph.key, self.key())  # this tune's own
         spec = graph.graph_spec()
         core_config = self._core_config(graph.device)
         plan = self.plan(spec, graph.module, graph.device, directory)

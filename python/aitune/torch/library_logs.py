@@ -1,0 +1,40 @@
+"""What the libraries aitune drives log (onnxscript's optimizer), routed into aitune's own logger."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+
+logger = logging.getLogger("aitune.torch")
+
+#: Loggers of libraries whose messages during an export or a transform are notes about
+#: their own work, nothing a user can act on: onnxscript's constant folder warns
+#: "Evaluation failed: cannot reshape array ..." when it cannot pre-compute a node (the
+#: node then simply stays in the graph). Without a handler of the user's they reached the
+#: terminal through Python's last-resort handler.
+ROUTED = ("onnxscript",)
+
+
+class _ToAitune(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        logger.debug("%s: %s", record.name, record.getMessage())
+
+
+@contextlib.contextmanager
+def routed_to_aitune() -> Iterator[None]:
+    """While the block runs, the ``ROUTED`` loggers' records go to the ``aitune.torch``
+    logger at DEBUG instead of propagating (to the root logger or the last resort)."""
+    handler = _ToAitune()
+    saved = []
+    for name in ROUTED:
+        library = logging.getLogger(name)
+        saved.append((library, library.propagate))
+        library.addHandler(handler)
+        library.propagate = False
+    try:
+        yield
+    finally:
+        for library, propagate in saved:
+            library.removeHandler(handler)
+            library.propagate = propagate

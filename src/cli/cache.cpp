@@ -1,0 +1,143 @@
+// `aitune cache list|clean`: the torch front end's cache directory, and debris of processes that died.
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+
+#include "aitune/process_directory.hpp"
+#include "commands.hpp"
+
+namespace aitune::cli {
+namespace {
+namespace fs = std::filesystem;
+
+// Per-process directories of the front end (python/aitune/torch/cache.py, checkpoint.py,
+// candidate_isolation.py, triton.py) and of checkpoint saves (".<name>.tmp-<pid>-...").
+constexpr const char* kRunPrefix = "run-";
+constexpr const char* kTempPrefixes[] = {"aitune-save-", "aitune-probe-", "aitune-triton-"};
+constexpr const char* kModuleNameFile = ".module_name";
+
+struct CacheOptions {
+  std::string dir;
+};
+
+std::uint64_t tree_bytes(const fs::path& root) {
+  std::uint64_t total = 0;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(root, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec)) {
+    std::error_code e;
+    if (it->is_regular_file(e)) total += it->file_size(e);
+  }
+  return total;
+}
+
+std::string temp_dir() {
+  const char* tmp = std::getenv("TMPDIR");
+  return tmp && *tmp ? tmp : "/tmp";
+}
+
+// Every place a stale directory may be: each directory of the cache to depth 3 (the
+// run directories lie in <module>/<graph>/<backend>/) with its prefixes, and the
+// system's temporary directory with the front end's scratch prefixes.
+template <typename Sweep>
+std::vector<StaleDirectory> sweep(const fs::path& root, Sweep each) {
+  std::vector<StaleDirectory> found;
+  auto add = [&](std::vector<StaleDirectory> more) { found.insert(found.end(), more.begin(), more.end()); };
+  std::error_code ec;
+  if (fs::is_directory(root, ec)) {
+    for (auto it = fs::recursive_directory_iterator(root, fs::directory_options::skip_permission_denied, ec);
+         !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+      std::error_code e;
+      if (!it->is_directory(e) || it->is_symlink(e)) continue;
+      const std::string name = it->path().filename().string();
+      if (name.rfind(kRunPrefix, 0) == 0 || name.find(".tmp-") != std::string::npos ||
+          name.find(".old-") != std::string::npos) {
+        it.disable_recursion_pending();  // a run's own files
+        continue;
+      }
+      if (it.depth() >= 3) {
+        it.disable_recursion_pending();
+        continue;
+      }
+      add(each(it->path().string(), kRunPrefix));
+      // Staging directories of checkpoints saved here: ".<name>.tmp-<pid>-".
+      std::error_code e2;
+      for (auto child = fs::directory_iterator(it->path(), e2); !e2 && child != fs::directory_iterator();
+           child.increment(e2)) {
+        const std::string c = child->path().filename().string();
+        for (const char* kind : {".tmp-", ".old-"})
+          if (auto at = c.find(kind); !c.empty() && c[0] == '.' && at != std::string::npos)
+            add(each(it->path().string(), c.substr(0, at + std::string(kind).size())));
+      }
+    }
+    add(each(root.string(), kRunPrefix));
+  }
+  for (const char* prefix : kTempPrefixes) add(each(temp_dir(), prefix));
+  // A directory holding two staging directories of one name is visited once per name.
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.path < b.path; });
+  found.erase(std::unique(found.begin(), found.end(), [](const auto& a, const auto& b) { return a.path == b.path; }),
+              found.end());
+  return found;
+}
+
+int cache_list(const CacheOptions& o) {
+  const fs::path root = o.dir.empty() ? fs::path(default_cache_root()) : fs::path(o.dir);
+  std::cout << "cache: " << root.string() << "\n";
+  std::error_code ec;
+  std::uintmax_t total = 0;
+  for (auto it = fs::directory_iterator(root, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    std::error_code e;
+    if (!it->is_directory(e) || it->is_symlink(e)) continue;
+    std::string name = it->path().filename().string();
+    std::ifstream recorded(it->path() / kModuleNameFile, std::ios::binary);
+    if (recorded) name.assign(std::istreambuf_iterator<char>(recorded), std::istreambuf_iterator<char>());
+    const auto bytes = tree_bytes(it->path());
+    total += bytes;
+    std::cout << "module '" << name << "': " << human_bytes(bytes) << "  " << it->path().filename().string() << "\n";
+  }
+  auto stale = sweep(root, [](const std::string& parent, const std::string& prefix) {
+    return find_stale_directories(parent, prefix);
+  });
+  std::uintmax_t stale_bytes = 0;
+  for (const auto& s : stale) {
+    stale_bytes += s.bytes;
+    std::cout << "stale (process " << s.pid << " is gone): " << s.path << "  " << human_bytes(s.bytes) << "\n";
+  }
+  std::cout << "total " << human_bytes(total) << "; " << stale.size() << " stale directories, "
+            << human_bytes(stale_bytes) << " (aitune cache clean removes them)\n";
+  return 0;
+}
+
+int cache_clean(const CacheOptions& o) {
+  const fs::path root = o.dir.empty() ? fs::path(default_cache_root()) : fs::path(o.dir);
+  auto removed = sweep(root, [](const std::string& parent, const std::string& prefix) {
+    return remove_stale_directories(parent, prefix);
+  });
+  std::uintmax_t bytes = 0;
+  for (const auto& s : removed) {
+    bytes += s.bytes;
+    std::cout << "removed " << s.path << "  " << human_bytes(s.bytes) << "\n";
+  }
+  std::cout << "removed " << removed.size() << " stale directories, " << human_bytes(bytes) << "\n";
+  return 0;
+}
+
+}  // namespace
+
+Command add_cache(CLI::App& app) {
+  auto* sub = app.add_subcommand("cache", "List or clean the tuning cache and what processes that died left behind");
+  sub->require_subcommand(1);
+  auto o = std::make_shared<CacheOptions>();
+  auto* list = sub->add_subcommand("list", "modules in the cache with their sizes, and stale directories");
+  auto* clean = sub->add_subcommand("clean",
+                                    "remove stale directories: runs, checkpoint staging and scratch directories whose "
+                                    "process is gone and whose lock nobody holds");
+  for (auto* s : {list, clean})
+    s->add_option("--dir", o->dir, "cache directory (default: $AITUNE_CACHE_DIR, $XDG_CACHE_HOME/aitune, ~/.cache/aitune)");
+  return {sub, [o, list] { return list->parsed() ? cache_list(*o) : cache_clean(*o); }};
+}
+
+}  // namespace aitune::cli

@@ -1,0 +1,168 @@
+// Directories owned by live processes (pid in the name + flock) and the sweep of those whose process is gone.
+#include "aitune/process_directory.hpp"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+#include "aitune/error.hpp"
+
+namespace aitune {
+namespace fs = std::filesystem;
+namespace {
+
+std::string token() {
+  std::random_device rd;
+  std::uniform_int_distribution<std::uint64_t> dist;
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(dist(rd)));
+  return buf;
+}
+
+// The pid of "<prefix><pid>-<rest>", or 0 when the name is not of that form.
+long pid_in_name(const std::string& name, const std::string& prefix) {
+  if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) return 0;
+  long pid = 0;
+  std::size_t i = prefix.size();
+  for (; i < name.size() && name[i] >= '0' && name[i] <= '9' && i - prefix.size() < 10; ++i) pid = pid * 10 + (name[i] - '0');
+  if (i == prefix.size() || i >= name.size() || name[i] != '-') return 0;
+  return pid;
+}
+
+// An fd on `path` holding its exclusive lock, or -1 when someone else holds it (or it is gone).
+int try_lock(const fs::path& path) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return -1;
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+std::uint64_t tree_bytes(const fs::path& root) {
+  std::uint64_t total = 0;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(root, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec)) {
+    std::error_code size_ec;
+    if (it->is_regular_file(size_ec)) total += it->file_size(size_ec);
+  }
+  return total;
+}
+
+template <typename Visit>
+void each_stale(const std::string& parent, const std::string& prefix, Visit visit) {
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(parent, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    const long pid = pid_in_name(name, prefix);
+    std::error_code type_ec;
+    if (pid <= 0 || !it->is_directory(type_ec) || it->is_symlink(type_ec)) continue;
+    if (process_alive(pid)) continue;  // its owner may be between mkdir and flock
+    const int fd = try_lock(it->path());
+    if (fd < 0) continue;  // held: a live owner (in another pid namespace, say)
+    visit(StaleDirectory{it->path().string(), pid, tree_bytes(it->path())}, it->path());
+    ::close(fd);
+  }
+}
+
+}  // namespace
+
+OwnedDirectory OwnedDirectory::create(const std::string& parent, const std::string& prefix) {
+  std::error_code ec;
+  fs::create_directories(parent, ec);
+  if (ec) throw Error(ErrorCode::kIo, "cannot create the directory '" + parent + "': " + ec.message());
+  for (int attempt = 0;; ++attempt) {
+    std::string name = prefix;
+    name += std::to_string(::getpid());
+    name += "-";
+    name += token();
+    fs::path path = fs::path(parent) / name;
+    if (::mkdir(path.c_str(), 0755) == 0) {
+      int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      if (fd < 0 || ::flock(fd, LOCK_EX) != 0) {
+        const std::string why = std::strerror(errno);
+        if (fd >= 0) ::close(fd);
+        ::rmdir(path.c_str());
+        throw Error(ErrorCode::kIo, "cannot lock the directory '" + path.string() + "': " + why);
+      }
+      return OwnedDirectory(path.string(), fd);
+    }
+    if (errno != EEXIST || attempt > 8)
+      throw Error(ErrorCode::kIo, "cannot create a directory in '" + parent + "': " + std::strerror(errno));
+  }
+}
+
+OwnedDirectory::OwnedDirectory(OwnedDirectory&& other) noexcept : path_(std::move(other.path_)), fd_(other.fd_) {
+  other.fd_ = -1;
+}
+
+OwnedDirectory& OwnedDirectory::operator=(OwnedDirectory&& other) noexcept {
+  if (this != &other) {
+    release();
+    path_ = std::move(other.path_);
+    fd_ = other.fd_;
+    other.fd_ = -1;
+  }
+  return *this;
+}
+
+OwnedDirectory::~OwnedDirectory() { release(); }
+
+void OwnedDirectory::remove() noexcept {
+  if (fd_ < 0) return;
+  std::error_code ec;
+  fs::remove_all(path_, ec);  // still locked: no sweep takes it meanwhile
+  release();
+}
+
+void OwnedDirectory::release() noexcept {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+}
+
+bool process_alive(long pid) {
+  if (pid <= 0) return false;
+  return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM;
+}
+
+std::vector<StaleDirectory> find_stale_directories(const std::string& parent, const std::string& prefix) {
+  std::vector<StaleDirectory> out;
+  each_stale(parent, prefix, [&](StaleDirectory found, const fs::path&) { out.push_back(std::move(found)); });
+  return out;
+}
+
+std::vector<StaleDirectory> remove_stale_directories(const std::string& parent, const std::string& prefix) {
+  std::vector<StaleDirectory> out;
+  each_stale(parent, prefix, [&](StaleDirectory found, const fs::path& path) {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+    if (!ec) out.push_back(std::move(found));
+  });
+  return out;
+}
+
+std::string default_cache_root() {
+  auto expand = [](std::string p) {
+    if (!p.empty() && p[0] == '~') {
+      const char* home = std::getenv("HOME");
+      if (home) p = std::string(home) + p.substr(1);
+    }
+    return p;
+  };
+  if (const char* dir = std::getenv("AITUNE_CACHE_DIR"); dir && *dir) return expand(dir);
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) return (fs::path(expand(xdg)) / "aitune").string();
+  const char* home = std::getenv("HOME");
+  return (fs::path(home ? home : "") / ".cache" / "aitune").string();
+}
+
+}  // namespace aitune

@@ -1,0 +1,260 @@
+"""Many processes, one cache (issue 31): a tune keeps what it wrote, module names map to
+distinct directories, loads are consistent under concurrent saves, what dead processes
+left is swept, the console script takes any bytes, --samples stays inside its directory,
+input names may hold '='."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper
+
+import aitune.torch as ait
+from aitune import _core
+from aitune.torch import cache
+from aitune.torch.backend import ONNXRuntimeBackend, ONNXRuntimeBackendConfig
+from onnx_models import mlp
+from torch_models import MLP
+
+TESTS = Path(__file__).resolve().parent
+
+
+def _cli() -> str:
+    """The installed console script (python/aitune/cli.py), not the native binary."""
+    beside = Path(sys.executable).parent / "aitune"
+    return str(beside) if beside.exists() else shutil.which("aitune")
+
+
+def _strategy():
+    config = ONNXRuntimeBackendConfig(execution_provider="cpu", tune_provider_options=False,
+                                      transformer_fusions=False, use_dynamo=False)
+    return ait.OneBackendStrategy(backend=ONNXRuntimeBackend(config))
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+# -- 2: injective cache directories -----------------------------------------------------
+
+
+def test_module_names_map_to_distinct_directories(cache_dir):
+    names = ["coll/x", "coll_x", "coll x", "coll%x", ".hidden", "_hidden", "a" * 400, "a" * 401, "é", "e"]
+    dirs = [cache.module_dir(n) for n in names]
+    assert len(set(dirs)) == len(names)
+    assert all(d.parent == cache_dir for d in dirs)  # never escapes the cache
+    assert all(len(d.name) <= 255 for d in dirs)
+    assert (cache.module_dir("coll/x") / cache.MODULE_NAME_FILE).read_text() == "coll/x"
+
+
+def test_a_directory_recording_another_name_is_refused(cache_dir):
+    path = cache.module_dir("mine")
+    (path / cache.MODULE_NAME_FILE).write_text("someone else")
+    with pytest.raises(_core.InvalidArgumentError, match="belongs to the module 'someone else'"):
+        cache.module_dir("mine")
+
+
+# -- 1: a tune reads back only what it wrote --------------------------------------------
+
+
+def test_two_modules_of_one_name_keep_their_own_weights(tmp_path):
+    """The second tune of a name used to overwrite the first one's model in the shared
+    cache directory (ait.save then refused, or another process's weights were saved)."""
+    first, second = MLP().eval(), MLP().eval()
+    a = ait.Module(first, "shared", strategy=_strategy())
+    b = ait.Module(second, "shared", strategy=_strategy())
+    ait.tune(a, torch.randn(16))
+    ait.tune(b, torch.randn(16))
+    ait.save(a, tmp_path / "a")
+    ait.save(b, tmp_path / "b")
+    x = torch.randn(2, 16)
+    loaded_a = ait.load(ait.Module(MLP().eval(), "shared"), tmp_path / "a")
+    loaded_b = ait.load(ait.Module(MLP().eval(), "shared"), tmp_path / "b")
+    with torch.no_grad():
+        torch.testing.assert_close(loaded_a(x), first(x), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(loaded_b(x), second(x), rtol=1e-4, atol=1e-5)
+
+
+def test_run_directories_of_dead_processes_are_swept(cache_dir):
+    parent = cache.module_dir("m") / "graph_0" / "backend_0"
+    parent.mkdir(parents=True)
+    dead = parent / f"run-{_dead_pid()}-0123"
+    (dead / "sub").mkdir(parents=True)
+    (dead / "sub" / "model_raw.onnx").write_bytes(b"x" * 100)
+    mine = cache.tune_dir("m", "graph_0", "backend_0")
+    assert not dead.exists() and mine.is_dir()
+    # Our own run directory survives the next tune's sweep, and clear_module.
+    other = cache.tune_dir("m", "graph_0", "backend_0")
+    cache.clear_module("m")
+    assert mine.is_dir() and other.is_dir() and mine != other
+
+
+# -- 3: loads during overwrites ---------------------------------------------------------
+
+_WRITER = textwrap.dedent("""
+    import sys
+    from aitune import _core
+    target, models, rounds = sys.argv[1], sys.argv[2:4], int(sys.argv[4])
+    for i in range(rounds):
+        manifest = _core.CheckpointManifest(module_name=f"v{i % 2}", graphs=[_core.CheckpointGraph(key="g")])
+        _core.Checkpoint.save(target, manifest, {"graphs/g/model_raw.onnx": models[i % 2]})
+""")
+
+
+def test_loads_during_overwrites_never_report_corruption(tmp_path):
+    small, _ = mlp(tmp_path / "small.onnx", width_in=16, seed=1)
+    large, _ = mlp(tmp_path / "large.onnx", width_in=4096, seed=2)  # another size: a mix shows
+    target = tmp_path / "ck"
+    manifest = _core.CheckpointManifest(module_name="v0", graphs=[_core.CheckpointGraph(key="g")])
+    _core.Checkpoint.save(str(target), manifest, {"graphs/g/model_raw.onnx": str(small)})
+    writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(target), str(small), str(large), "150"])
+    loads, replaced = 0, 0
+    try:
+        while writer.poll() is None:
+            checkpoint = _core.Checkpoint.load(str(target))  # CheckpointCorruptError on main
+            loads += 1
+            expected = {"v0": small, "v1": large}[checkpoint.manifest.module_name]
+            assert checkpoint.manifest.graphs[0].artifacts[0].size == expected.stat().st_size
+            replaced += not checkpoint.is_current()
+    finally:
+        writer.wait()
+    assert writer.returncode == 0 and loads > 5
+    assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name or ".old-" in p.name]
+
+
+# -- 4: debris of dead processes ----------------------------------------------------------
+
+_KILLED_SAVE = textwrap.dedent("""
+    import os, signal, sys
+    from aitune import _core
+    manifest = _core.CheckpointManifest(module_name="m", graphs=[_core.CheckpointGraph(key="g")])
+    def die(path, count):
+        os.kill(os.getpid(), signal.SIGKILL)   # mid-save, as a crash would
+    _core.Checkpoint.save(sys.argv[1], manifest, {"graphs/g/model_raw.onnx": sys.argv[2]},
+                          _core.CheckpointSaveOptions(on_file_written=die))
+""")
+
+
+def test_staging_of_a_killed_save_is_removed_by_the_next_save_and_load(tmp_path):
+    model, _ = mlp(tmp_path / "m.onnx")
+    target = tmp_path / "out" / "ck"
+    staged = []
+    for attempt in range(2):
+        died = subprocess.run([sys.executable, "-c", _KILLED_SAVE, str(target), str(model)])
+        assert died.returncode == -signal.SIGKILL
+        staged.append(set(target.parent.glob(".ck.tmp-*")))
+    assert len(staged[0]) == 1  # what the kill left
+    assert len(staged[1]) == 1 and staged[1] != staged[0]  # the next save swept it, then was killed too
+    staged = list(staged[1])
+    # A live owner's staging directory and one whose lock is held are kept.
+    live = _core.OwnedDirectory.create(str(target.parent), ".ck.tmp-")
+    locked = target.parent / f".ck.tmp-{_dead_pid()}-locked"
+    locked.mkdir()
+    fd = os.open(locked, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        manifest = _core.CheckpointManifest(module_name="m", graphs=[_core.CheckpointGraph(key="g")])
+        _core.Checkpoint.save(str(target), manifest, {"graphs/g/model_raw.onnx": str(model)})
+        assert not any(p.exists() for p in staged)
+        assert Path(live.path).is_dir() and locked.is_dir()
+    finally:
+        os.close(fd)
+        live.release()
+    _core.Checkpoint.load(str(target))  # the next open sweeps what is no longer held
+    assert Path(live.path).is_dir()  # this process is alive: its pid keeps it
+    assert not locked.exists()
+
+
+def test_save_scratch_of_a_dead_process_is_removed_and_the_cli_lists_and_cleans(tmp_path, monkeypatch, cache_dir):
+    scratch_root = tmp_path / "tmp"
+    scratch_root.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch_root))
+    monkeypatch.setenv("TMPDIR", str(scratch_root))
+    dead = scratch_root / f"aitune-save-{_dead_pid()}-abc"
+    dead.mkdir()
+    (dead / "0-tune_report.json").write_text("{}")
+    run_dir = cache.module_dir("m") / "g" / "b" / f"run-{_dead_pid()}-abc"
+    run_dir.mkdir(parents=True)
+    (run_dir / "model_raw.onnx").write_bytes(b"x" * 1000)
+
+    listed = subprocess.run([_cli(), "cache", "list"], capture_output=True, text=True)
+    assert listed.returncode == 0, listed.stderr
+    assert "module 'm'" in listed.stdout and str(dead) in listed.stdout and str(run_dir) in listed.stdout
+    assert dead.exists() and run_dir.exists()  # list removes nothing
+    cleaned = subprocess.run([_cli(), "cache", "clean"], capture_output=True, text=True)
+    assert cleaned.returncode == 0, cleaned.stderr
+    assert not dead.exists() and not run_dir.exists()
+    assert "removed 2 stale directories" in cleaned.stdout
+
+    # ait.save sweeps the system temp directory too.
+    dead.mkdir()
+    model = ait.Module(MLP().eval(), "m", strategy=_strategy())
+    ait.tune(model, torch.randn(16))
+    ait.save(model, tmp_path / "ck")
+    assert not dead.exists()
+    assert not list(scratch_root.glob("aitune-save-*"))
+
+
+# -- 5: the console script takes any bytes -------------------------------------------------
+
+
+def test_console_script_takes_non_utf8_file_names(tmp_path):
+    model, _ = mlp(tmp_path / "m.onnx")
+    latin1 = os.fsencode(tmp_path) + b"/caf\xe9.onnx"
+    shutil.copy(model, latin1)
+    done = subprocess.run([os.fsencode(_cli()), b"inspect", latin1], capture_output=True)
+    assert done.returncode == 0, done.stderr
+    assert b"caf\xe9.onnx" in done.stdout and b"TypeError" not in done.stderr
+
+
+# -- 6 and 7: --samples containment, names with '=' -------------------------------------------
+
+
+def _identity_model(path: Path, name: str) -> Path:
+    graph = helper.make_graph([helper.make_node("Identity", [name], ["y"])], "id",
+                              [helper.make_tensor_value_info(name, TensorProto.FLOAT, ["n", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8), str(path))
+    return path
+
+
+@pytest.mark.parametrize("name", ["../secret", "/ABS/secret", "link"])
+def test_samples_never_read_outside_their_directory(tmp_path, name):
+    secret = tmp_path / "secret.npy"
+    np.save(secret, np.ones((2, 4), np.float32))
+    samples = tmp_path / "samples"
+    samples.mkdir()
+    if name == "link":
+        (samples / "link.npy").symlink_to(secret)
+    name = name.replace("/ABS", str(tmp_path))
+    model = _identity_model(tmp_path / "m.onnx", name)
+    done = subprocess.run([_cli(), "tune", str(model), "--provider", "cpu", "--samples", str(samples),
+                           "--quiet", "--time-cap", "0.1"], capture_output=True, text=True)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert f"model input '{name}'" in done.stderr and "outside" in done.stderr
+
+
+def test_input_names_containing_equals_signs(tmp_path):
+    model = _identity_model(tmp_path / "m.onnx", "a=b")
+    x = tmp_path / "x=1.npy"
+    np.save(x, np.full((2, 4), 3, np.float32))
+    done = subprocess.run([_cli(), "run", str(model), "--input", f"a=b={x}", "--iterations", "1", "--warmup", "0"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "input a=b: float32[2, 4]" in done.stdout
+    unknown = subprocess.run([_cli(), "run", str(model), "--input", f"c={x}"], capture_output=True, text=True)
+    assert unknown.returncode == 2 and "'a=b'" in unknown.stderr

@@ -1,0 +1,41 @@
+"""What a user sees from a plain script (issue 31, item 9): tuning a tiny HF BERT and a
+second module on the CPU, then exiting, prints neither onnxscript's constant-folder
+messages ("Evaluation failed: cannot reshape array ...", through Python's last-resort
+logging handler) nor nanobind's "leaked N instances!" at interpreter shutdown."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+
+_SCRIPT = textwrap.dedent("""
+    import sys
+    import torch
+    import aitune.torch as ait
+    from aitune.torch.backend import ONNXRuntimeBackend, ONNXRuntimeBackendConfig
+    sys.path.insert(0, sys.argv[1])
+    from test_fusions import TinyBert
+    from torch_models import MLP
+
+    cpu = lambda: ait.OneBackendStrategy(backend=ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cpu")))
+    bert = ait.Module(TinyBert().eval(), "bert", strategy=cpu())
+    mlp = ait.Module(MLP().eval(), "mlp", strategy=cpu())
+    ait.tune(bert, [torch.randint(0, 100, (16,)) for _ in range(2)])
+    ait.tune(mlp, [torch.randn(16)])
+    print("tuned", bert.ait_state.name, mlp.ait_state.name)
+""")
+
+
+def test_a_script_that_tunes_two_modules_exits_quietly(tmp_path):
+    done = subprocess.run([sys.executable, "-c", _SCRIPT, str(Path(__file__).resolve().parent)],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "tuned TUNED TUNED" in done.stdout
+    assert "Evaluation failed" not in done.stderr, done.stderr
+    assert "leaked" not in done.stderr, done.stderr
