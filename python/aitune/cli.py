@@ -1,10 +1,22 @@
-"""Console script `aitune`: runs the C++ command line (src/cli) inside the extension."""
+"""Console script `aitune`: runs the C++ command line (src/cli) inside the extension;
+`serve` and `loadtest` (Ray Serve, Python only) go to aitune.serve.cli."""
 import sys
 
 from aitune import _core
 
+#: Commands of the Python side: they drive Ray Serve, which has no C++ API.
+PYTHON_COMMANDS = ("serve", "loadtest")
+
 
 def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] in PYTHON_COMMANDS:
+        try:
+            from aitune.serve import cli as serve_cli
+        except ImportError as error:
+            print(f"aitune {sys.argv[1]}: needs the serving extra (pip install 'aitune[serve]'): {error}",
+                  file=sys.stderr)
+            return 2
+        return (serve_cli.serve_main if sys.argv[1] == "serve" else serve_cli.loadtest_main)(sys.argv[2:])
     return _core.cli_main(sys.argv)
 
 
