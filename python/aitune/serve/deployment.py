@@ -33,7 +33,8 @@ class AituneModel:
 
         self.server = GraphServer(checkpoint, device=device, intra_op_threads=intra_op_threads)
         context = serve.get_replica_context()
-        self.replica = context.replica_id.unique_id if context else str(os.getpid())
+        # The replica's actor name in the "serve" namespace: clients and tests can tell replicas apart.
+        self.replica = context.replica_id.to_full_id_str() if context else str(os.getpid())
         gpu_ids = ray.get_gpu_ids() if ray.is_initialized() else []
         self.devices = {k: s.device for k, s in self.server.sessions.items()}
         # Logged so that one replica per GPU can be checked in the replicas' logs.
@@ -41,8 +42,10 @@ class AituneModel:
                     self.replica, os.getpid(), gpu_ids, os.environ.get("CUDA_VISIBLE_DEVICES"), self.devices)
         self.gpu_ids = [str(g) for g in gpu_ids]
         self.batches = 0
+        self.batching: dict[str, Any] = {}
 
     def reconfigure(self, config: dict[str, Any]) -> None:
+        self.batching = dict(config)
         if "max_batch_size" in config:
             self._batched.set_max_batch_size(int(config["max_batch_size"]))
         if "batch_wait_timeout_s" in config:
@@ -71,7 +74,8 @@ class AituneModel:
                                      for t in spec.inputs],
                            "outputs": [t.name for t in spec.outputs]}
                        for k, spec in self.server.specs.items()},
-            "max_batch_size": self._batched._get_max_batch_size() if hasattr(self._batched, "_get_max_batch_size") else None,
+            "batching": self.batching,
+            "batches_run": self.batches,
         }
 
     async def __call__(self, http: HttpRequest) -> Response:

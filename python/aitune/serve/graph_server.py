@@ -121,5 +121,14 @@ class GraphServer:
     def _infer(self, key: str, names: list[str], arrays: list[np.ndarray]) -> dict[str, np.ndarray]:
         session = self.sessions[key]
         wanted = set(self.session_inputs[key])
-        values = session.infer_named({n: a for n, a in zip(names, arrays) if n in wanted}, framework="numpy")
+        feeds = {n: a for n, a in zip(names, arrays) if n in wanted}
+        if session.device == "cpu":
+            values = session.infer_named(feeds, framework="numpy")
+        else:  # a CUDA session takes and gives device memory: torch moves it (replicas have torch)
+            import torch
+
+            device = torch.device(session.device)
+            values = session.infer_named({n: torch.from_numpy(a if a.flags.writeable else a.copy()).to(device)
+                                          for n, a in feeds.items()}, framework="torch")
+            values = [v.cpu().numpy() for v in values]
         return {t.name: np.asarray(v) for t, v in zip(self.specs[key].outputs, values)}
