@@ -36,7 +36,9 @@ def checkpoint(tmp_path_factory):
     """A tuned MLP on the CPU with the batch search run, saved; and its eager module."""
     inner = MLP().eval()
     model = ait.Module(inner, "mlp_serve", strategy=cpu_strategy())
-    profile = _core.ProfileConfig(warmup_calls=2, window_calls=10, stable_windows=2, max_windows=4, time_cap_s=0.5)
+    profile = _core.ProfileConfig()
+    profile.warmup_calls, profile.window_calls, profile.stable_windows, profile.max_windows = 2, 10, 2, 4
+    profile.time_cap_s = 0.5
     ait.tune(model, [torch.randn(16) for _ in range(4)], batch_sizes=[1, 4], disable_external_logging=True,
              ignore_failing_modules=False, performance_validation=False, find_max_batch_size=True,
              max_batch_size=32, profile_config=profile, progress=False)
@@ -125,7 +127,7 @@ def test_written_config_is_accepted_by_serves_schema(checkpoint, tmp_path, capsy
     (deployment,) = app.deployments
     plan = plan_for(_core.Checkpoint.load(path), slo_ms=50)
     assert deployment.num_replicas == 2
-    assert deployment.ray_actor_options["num_gpus"] == 1
+    assert deployment.ray_actor_options.num_gpus == 1
     assert deployment.user_config == {"max_batch_size": plan.max_batch_size,
                                       "batch_wait_timeout_s": plan.batch_wait_timeout_s}
     assert app.args["checkpoint"] == os.path.abspath(path)
@@ -198,26 +200,24 @@ def test_a_replica_killed_under_load_is_replaced_and_no_answer_is_wrong(served):
     probe = loadtest.run_level(url, pool, concurrency=4, requests=16)
     victim = next(a.replica for a in probe.answers if a.replica)
     results = []
-    load = threading.Thread(target=lambda: results.append(loadtest.run_level(url, pool, concurrency=4, requests=200)))
+    load = threading.Thread(target=lambda: results.append(loadtest.run_level(url, pool, concurrency=4, requests=400)))
     load.start()
-    time.sleep(0.5)
+    time.sleep(0.3)
+    killed_at = time.perf_counter()
     ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
     load.join(timeout=120)
     (under_load,) = results
+    assert any(a.finished > killed_at + 0.2 for a in under_load.answers), "the load ended before the kill"
     answered = under_load.ok()
     assert answered and all(a.correct for a in answered), "a request got a wrong answer"
-    assert all(a.status in (200, 500, 502, 503, 0) for a in under_load.answers)
-    # Serve replaces the replica: two healthy replicas again, the killed one among neither.
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        status = serve.status().applications["aitune"]
-        replicas = status.deployments["AituneModel"].replica_states
-        if status.status == "RUNNING" and replicas.get("RUNNING", 0) == 2:
-            break
+    failed = [a for a in under_load.answers if a.status != 200]
+    assert all(a.status >= 500 or a.status == 0 for a in failed), [(a.status, a.error) for a in failed][:3]
+    # Serve replaces the replica: two replicas answer again, the killed one not among them.
+    deadline, seen = time.time() + 60, set()
+    while time.time() < deadline and len(seen) < 2:
+        after = loadtest.run_level(url, pool, concurrency=8, requests=32)
+        assert [a.status for a in after.answers] == [200] * 32 and all(a.correct for a in after.answers)
+        seen |= {a.replica for a in after.answers}
         time.sleep(0.5)
-    else:
-        pytest.fail(f"the killed replica was not replaced: {serve.status().applications['aitune']}")
-    after = loadtest.run_level(url, pool, concurrency=8, requests=64)
-    assert [a.status for a in after.answers] == [200] * 64 and all(a.correct for a in after.answers)
-    assert victim not in {a.replica for a in after.answers}
-    assert after.row()["replicas"] == 2
+    assert victim not in seen
+    assert len(seen) == 2, f"the killed replica was not replaced: {serve.status().applications['aitune']}"

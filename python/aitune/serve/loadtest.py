@@ -25,6 +25,7 @@ class Answer:
     replica: str = ""
     batch: int = 0
     error: str = ""
+    finished: float = field(default_factory=time.perf_counter)  # perf_counter when the answer came
 
 
 @dataclass
