@@ -150,7 +150,7 @@ def main() -> int:
                "versions": {"aitune": getattr(aitune, "__version__", "?"), "ray": ray.__version__,
                             "onnxruntime": _core.OrtRuntime.load().version if hasattr(_core, "OrtRuntime") else "?"},
                "checkpoint": checkpoint, "plan": json.loads(plan.to_json()), "runs": []}
-    ray_instance.start(num_gpus=None)
+    ray_instance.start(metrics_port=args.port + 1, dashboard_port=args.port + 2)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": args.port})
         url = f"http://127.0.0.1:{args.port}/"

@@ -141,7 +141,7 @@ def served(checkpoint, tmp_path_factory):
     from aitune.serve.deployment import build
 
     path, _ = checkpoint
-    ray_instance.start(num_cpus=2)
+    ray_instance.start(num_cpus=2, metrics_port=26901, dashboard_port=26902)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": HTTP_PORT})
         serve.run(build(path, device="cpu", intra_op_threads=1, num_replicas=2, num_cpus=0.5, max_batch_size=8,

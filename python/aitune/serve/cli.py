@@ -35,14 +35,15 @@ def _serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
     p.add_argument("--route", default="/", help="route prefix (default /)")
     p.add_argument("--ray-temp-dir", help="temp dir of the local Ray instance (default: a fresh one under /tmp)")
+    p.add_argument("--ray-dashboard-port", type=int, help="port of the local instance's dashboard head (default: Ray's)")
+    p.add_argument("--ray-metrics-port", type=int, help="metrics export port of the local instance (default: Ray's)")
     p.add_argument("--write-config", metavar="FILE",
                    help="write a Ray Serve config file (serve deploy FILE) instead of serving")
     return p
 
 
 def _options(args, plan) -> dict:
-    from .deployment import deployment_options
-
+    """The arguments of deployment.deployment_options for the command line and the plan."""
     autoscaling = None
     if args.autoscale:
         low, _, high = args.autoscale.partition(":")
@@ -50,7 +51,7 @@ def _options(args, plan) -> dict:
             autoscaling = {"min_replicas": int(low), "max_replicas": int(high)}
         except ValueError:
             raise SystemExit(f"aitune serve: --autoscale takes MIN:MAX, not '{args.autoscale}'") from None
-    return deployment_options(
+    return dict(
         num_replicas=args.replicas, num_cpus=args.num_cpus, num_gpus=args.num_gpus,
         max_batch_size=args.max_batch_size or plan.max_batch_size,
         batch_wait_timeout_s=plan.batch_wait_timeout_s if args.batch_wait_timeout_s is None else args.batch_wait_timeout_s,
@@ -90,7 +91,9 @@ def serve_main(argv: list[str]) -> int:
     if args.write_config:
         import yaml
 
-        config = serve_config(args.checkpoint, options, args.device, args.threads, host=args.host, port=args.port,
+        from .deployment import deployment_options
+
+        config = serve_config(args.checkpoint, deployment_options(**options), args.device, args.threads, host=args.host, port=args.port,
                               route=args.route)
         with open(args.write_config, "w", encoding="utf-8") as f:
             f.write("# Ray Serve config written by `aitune serve --write-config`; deploy with `serve deploy FILE`.\n")
@@ -105,7 +108,8 @@ def serve_main(argv: list[str]) -> int:
     from .deployment import build
 
     started_here = not args.address
-    ray_instance.start(args.address, temp_dir=args.ray_temp_dir)
+    ray_instance.start(args.address, temp_dir=args.ray_temp_dir, metrics_port=args.ray_metrics_port,
+                       dashboard_port=args.ray_dashboard_port)
     done = threading.Event()
     try:
         serve.start(http_options={"host": args.host, "port": args.port})
@@ -114,11 +118,11 @@ def serve_main(argv: list[str]) -> int:
         url = f"http://{args.host}:{args.port}{args.route}"
         print(f"serving {args.checkpoint} at {url} (POST JSON, .npy, .npz or raw bytes; GET for its inputs); "
               "Ctrl-C stops", flush=True)
-        signal.signal(signal.SIGTERM, lambda *_: done.set())
-        try:
-            while not done.wait(1.0):
-                pass
-        except KeyboardInterrupt:
+        # Handlers of our own: a shell starts background jobs with SIGINT ignored, and
+        # Python then never raises KeyboardInterrupt.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: done.set())
+        while not done.wait(0.5):
             pass
         print("stopping", flush=True)
     finally:
