@@ -85,6 +85,43 @@ def test_graph_server_batches_give_the_tuned_modules_answers(checkpoint):
             np.testing.assert_allclose(y, inner(torch.from_numpy(x)).numpy(), rtol=1e-4, atol=1e-5)
 
 
+class _Masked(torch.nn.Module):
+    """Two inputs with a dynamic sequence axis besides the batch axis."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 4)
+
+    def forward(self, x, mask):
+        return self.proj(x) * mask.unsqueeze(-1)
+
+
+def test_requests_are_grouped_by_shape_off_the_batch_axis(tmp_path):
+    inner = _Masked().eval()
+    model = ait.Module(inner, "masked_serve", strategy=cpu_strategy())
+    samples = [(torch.randn(seq, 8), torch.ones(seq)) for seq in (4, 6, 4, 6)]
+    ait.tune(model, samples, batch_sizes=[1, 4], disable_external_logging=True, ignore_failing_modules=False,
+             performance_validation=False, progress=False)
+    ait.save(model, tmp_path / "masked.ait")
+    server = GraphServer(str(tmp_path / "masked.ait"), device="cpu")
+    (key,) = server.specs
+    names = server.input_names(key)
+    rng = np.random.default_rng(0)
+    shapes = [(1, 4), (1, 6), (2, 4), (1, 5), (3, 6)]  # seq 4: 1 + 2; seq 6: 1 + 3 (one call each)
+    feeds = [{names[0]: rng.standard_normal((b, s, 8)).astype(np.float32),
+              names[1]: (rng.random((b, s)) > 0.3).astype(np.float32)} for b, s in shapes]
+    calls = _core.group_requests(server.specs[key], [[list(a.shape) for a in f.values()] for f in feeds])
+    assert calls == [[0, 2], [1, 4], [3]]
+    outputs = server.run_batch([server.check(f) for f in feeds])
+    for feed, out in zip(feeds, outputs):
+        (y,) = out.values()
+        with torch.no_grad():
+            want = inner(*(torch.from_numpy(feed[n]) for n in names)).numpy()
+        np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-5)
+    with pytest.raises(BadRequest, match="disagree on the batch size"):
+        server.check({names[0]: np.zeros((2, 4, 8), np.float32), names[1]: np.zeros((1, 4), np.float32)})
+
+
 def test_bad_bodies_are_refused_with_a_reason(checkpoint):
     path, _ = checkpoint
     server = GraphServer(path, device="cpu")
@@ -163,6 +200,14 @@ def test_concurrent_requests_are_batched_on_both_replicas_and_all_correct(served
     for fmt in ("npz", "raw"):  # the binary bodies give the same answers
         level = loadtest.run_level(url, pool, concurrency=2, requests=6, fmt=fmt)
         assert [a.status for a in level.answers] == [200] * 6 and all(a.correct for a in level.answers)
+
+
+def test_the_loadtest_command_checks_every_answer(served, capsys):
+    url, path = served
+    assert serve_cli.loadtest_main([url, "--checkpoint", path, "--concurrency", "1,4", "--requests-per-client", "5",
+                                    "--format", "npz"]) == 0
+    table = capsys.readouterr().out
+    assert "| concurrency |" in table and "| 4 | 20 | 0 | 0 |" in table
 
 
 def test_a_deployment_handle_serves_named_arrays(served):
