@@ -18,7 +18,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -131,7 +130,6 @@ def main() -> int:
     p.add_argument("--json", dest="json_out")
     args = p.parse_args()
 
-    import numpy as np
     import ray
     from ray import serve
 

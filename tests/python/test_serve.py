@@ -5,8 +5,6 @@ the written config accepted by Serve's schema. Request codec and grouping withou
 
 from __future__ import annotations
 
-import http.client
-import io
 import json
 import os
 import threading
@@ -120,6 +118,17 @@ def test_requests_are_grouped_by_shape_off_the_batch_axis(tmp_path):
         np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-5)
     with pytest.raises(BadRequest, match="disagree on the batch size"):
         server.check({names[0]: np.zeros((2, 4, 8), np.float32), names[1]: np.zeros((1, 4), np.float32)})
+
+
+def test_graphs_outside_onnx_runtime_are_named_as_not_served():
+    from types import SimpleNamespace
+
+    from aitune.serve.graph_server import unserved_graphs
+
+    metadata = {"aitune.torch": {"eager_graphs": [{"key": "g_eager"}], "compiled_graphs": [{"key": "g_compiled"}]}}
+    manifest = SimpleNamespace(metadata_json=json.dumps(metadata))
+    assert unserved_graphs(manifest) == {"g_eager": "runs eagerly", "g_compiled": "torch.compile"}
+    assert unserved_graphs(SimpleNamespace(metadata_json="{}")) == {}
 
 
 def test_bad_bodies_are_refused_with_a_reason(checkpoint):

@@ -74,6 +74,7 @@ class AituneModel:
                                      for t in spec.inputs],
                            "outputs": [t.name for t in spec.outputs]}
                        for k, spec in self.server.specs.items()},
+            "not_served": self.server.unserved,
             "batching": self.batching,
             "batches_run": self.batches,
         }

@@ -1,6 +1,8 @@
 """A checkpoint's graphs served from one process: requests checked, grouped, run, split."""
 from __future__ import annotations
 
+import json
+import logging
 import os
 from dataclasses import dataclass
 
@@ -9,6 +11,26 @@ import numpy as np
 from aitune import _core
 
 from .codec import BadRequest
+
+logger = logging.getLogger("aitune")
+
+#: Key of aitune.torch's entry in a checkpoint's metadata (aitune.torch.checkpoint.METADATA_KEY).
+TORCH_METADATA_KEY = "aitune.torch"
+
+
+def unserved_graphs(manifest) -> dict[str, str]:
+    """Graphs ait.save kept outside ONNX Runtime (eager, torch.compile): they need the user's
+    nn.Module, so a server of the checkpoint alone cannot run them. key -> what they are."""
+    try:
+        ours = json.loads(manifest.metadata_json).get(TORCH_METADATA_KEY) or {}
+    except (ValueError, AttributeError):
+        return {}
+    out = {}
+    for field, kind in (("eager_graphs", "runs eagerly"), ("compiled_graphs", "torch.compile")):
+        for entry in ours.get(field) or []:
+            if isinstance(entry, dict) and isinstance(entry.get("key"), str):
+                out[entry["key"]] = kind
+    return out
 
 
 @dataclass
@@ -41,6 +63,10 @@ class GraphServer:
                 config.intra_op_threads = intra_op_threads
             self.sessions[key] = _core.OnnxSession.create(self.checkpoint.model_path(key), config, graph.graph_spec)
             self.specs[key] = graph.graph_spec
+        self.unserved = unserved_graphs(self.checkpoint.manifest)
+        if self.unserved:
+            logger.warning("checkpoint %s: graphs not served (they need the nn.Module): %s", checkpoint,
+                           ", ".join(f"{k} ({v})" for k, v in self.unserved.items()))
         if not self.sessions:
             raise _core.InvalidArgumentError(f"checkpoint {checkpoint} has no ONNX Runtime graph to serve")
         self.session_inputs = {k: [io.name for io in s.inputs] for k, s in self.sessions.items()}

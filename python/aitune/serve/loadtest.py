@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import io
+import json
 import threading
 import time
 import urllib.parse
@@ -100,8 +101,6 @@ class RequestPool:
             query = urllib.parse.urlencode({"dtype": a.dtype.name, "shape": ",".join(map(str, a.shape))})
             return a.tobytes(), {"Content-Type": codec.RAW, "Accept": codec.NPZ}, query
         payload = {"inputs": {k: v.tolist() for k, v in arrays.items()}, "dtypes": {k: v.dtype.name for k, v in arrays.items()}}
-        import json
-
         return json.dumps(payload).encode(), {"Content-Type": codec.JSON}, ""
 
 
