@@ -219,6 +219,39 @@ def test_the_loadtest_command_checks_every_answer(served, capsys):
     assert "| concurrency |" in table and "| 4 | 20 | 0 | 0 |" in table
 
 
+def test_aitune_serve_joins_a_cluster_deploys_prints_the_url_and_stops_on_ctrl_c(served):
+    """`aitune serve --address` in its own process: deploys a second application onto the
+    running instance, answers at the URL it prints, and on SIGINT deletes only its own."""
+    import signal
+    import subprocess
+    import sys
+
+    url, path = served
+    address = ray.get_runtime_context().gcs_address
+    command = [sys.executable, "-m", "aitune.cli", "serve", path, "--address", address, "--app-name", "aitune-cli",
+               "--route", "/cli", "--port", str(HTTP_PORT), "--num-cpus", "0.25", "--device", "cpu", "--threads", "1"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    try:
+        for line in process.stdout:
+            lines.append(line)
+            if line.startswith("serving "):
+                break
+        printed = "".join(lines)
+        assert f"at http://127.0.0.1:{HTTP_PORT}/cli " in printed, printed
+        assert "batching: max_batch_size=" in printed
+        pool = loadtest.RequestPool(path, size=2)
+        level = loadtest.run_level(f"http://127.0.0.1:{HTTP_PORT}/cli", pool, concurrency=2, requests=4)
+        assert [a.status for a in level.answers] == [200] * 4 and all(a.correct for a in level.answers)
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=60) == 0, process.stdout.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert "aitune-cli" not in serve.status().applications
+    assert serve.status().applications["aitune"].status == "RUNNING"  # the other application is left alone
+
+
 def test_a_deployment_handle_serves_named_arrays(served):
     url, path = served
     pool = loadtest.RequestPool(path, size=2)

@@ -34,6 +34,7 @@ def _serve_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="HTTP host (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
     p.add_argument("--route", default="/", help="route prefix (default /)")
+    p.add_argument("--app-name", default=APP_NAME, help=f"Serve application name (default {APP_NAME})")
     p.add_argument("--ray-temp-dir", help="temp dir of the local Ray instance (default: a fresh one under /tmp)")
     p.add_argument("--ray-dashboard-port", type=int, help="port of the local instance's dashboard head (default: Ray's)")
     p.add_argument("--ray-metrics-port", type=int, help="metrics export port of the local instance (default: Ray's)")
@@ -59,7 +60,7 @@ def _options(args, plan) -> dict:
 
 
 def serve_config(checkpoint: str, options: dict, device: str | None = None, threads: int = 0, host: str = "0.0.0.0",
-                 port: int = 8000, route: str = "/") -> dict:
+                 port: int = 8000, route: str = "/", app_name: str = APP_NAME) -> dict:
     """A Ray Serve config (the schema `serve deploy` reads) for the checkpoint's deployment."""
     from .deployment import DEPLOYMENT_NAME
 
@@ -70,7 +71,7 @@ def serve_config(checkpoint: str, options: dict, device: str | None = None, thre
     return {
         "proxy_location": "EveryNode",
         "http_options": {"host": host, "port": port},
-        "applications": [{"name": APP_NAME, "route_prefix": route, "import_path": "aitune.serve.deployment:app_builder",
+        "applications": [{"name": app_name, "route_prefix": route, "import_path": "aitune.serve.deployment:app_builder",
                           "args": args, "deployments": [deployment]}],
     }
 
@@ -94,7 +95,7 @@ def serve_main(argv: list[str]) -> int:
         from .deployment import deployment_options
 
         config = serve_config(args.checkpoint, deployment_options(**options), args.device, args.threads, host=args.host, port=args.port,
-                              route=args.route)
+                              route=args.route, app_name=args.app_name)
         with open(args.write_config, "w", encoding="utf-8") as f:
             f.write("# Ray Serve config written by `aitune serve --write-config`; deploy with `serve deploy FILE`.\n")
             f.write("# The checkpoint path must exist on every node that runs a replica.\n")
@@ -113,7 +114,7 @@ def serve_main(argv: list[str]) -> int:
     done = threading.Event()
     try:
         serve.start(http_options={"host": args.host, "port": args.port})
-        serve.run(build(args.checkpoint, args.device, args.threads, **options), name=APP_NAME,
+        serve.run(build(args.checkpoint, args.device, args.threads, **options), name=args.app_name,
                   route_prefix=args.route)
         url = f"http://{args.host}:{args.port}{args.route}"
         print(f"serving {args.checkpoint} at {url} (POST JSON, .npy, .npz or raw bytes; GET for its inputs); "
@@ -126,7 +127,7 @@ def serve_main(argv: list[str]) -> int:
             pass
         print("stopping", flush=True)
     finally:
-        ray_instance.stop(APP_NAME, started_here)
+        ray_instance.stop(args.app_name, started_here)
     return 0
 
 
