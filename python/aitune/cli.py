@@ -17,7 +17,13 @@ def main() -> int:
                   file=sys.stderr)
             return 2
         return (serve_cli.serve_main if sys.argv[1] == "serve" else serve_cli.loadtest_main)(sys.argv[2:])
-    return _core.cli_main(sys.argv)
+    status = _core.cli_main(sys.argv)
+    if len(sys.argv) == 2 and sys.argv[1] in ("-h", "--help"):
+        sys.stdout.flush()
+        print("  serve                       Serve a checkpoint with Ray Serve, batching chosen from its measurements "
+              "(aitune[serve])")
+        print("  loadtest                    Concurrency sweep against a served checkpoint, answers checked")
+    return status
 
 
 if __name__ == "__main__":
