@@ -19,6 +19,7 @@ struct BatchSearchResult {
     int64_t batch_size = 0;
     double throughput = 0;  ///< samples per second (0 when the step failed)
     double p50_us = 0;
+    double p99_us = 0;
     std::string error;      ///< why the step failed; "" when it ran
   };
   std::vector<Step> steps;

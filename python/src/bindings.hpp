@@ -21,6 +21,7 @@ void bind_process_directory(nanobind::module_& m);  // OwnedDirectory, stale-dir
 void bind_tuning(nanobind::module_& m);       // correctness, profiler, strategies, GraphTuner
 void bind_torch_dispatch(nanobind::module_& m);  // TorchDispatch: the torch front end's C++ half (frontend/)
 void bind_triton(nanobind::module_& m);       // export_triton, TritonExportOptions/Result
+void bind_serving(nanobind::module_& m);      // plan_serving, check_request, group_requests
 
 /// Any Python array (torch tensor, numpy array, anything with __dlpack__).
 using AnyArray = nanobind::ndarray<nanobind::ro>;

@@ -19,4 +19,5 @@ NB_MODULE(_core, m) {
   aitune::python::bind_tuning(m);
   aitune::python::bind_torch_dispatch(m);
   aitune::python::bind_triton(m);
+  aitune::python::bind_serving(m);
 }

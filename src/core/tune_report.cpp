@@ -86,7 +86,7 @@ std::string TuneReport::to_json(int indent) const {
   if (batch_search) {
     nlohmann::json steps = nlohmann::json::array();
     for (const auto& s : batch_search->steps)
-      steps.push_back({{"batch_size", s.batch_size}, {"throughput", s.throughput}, {"p50_us", s.p50_us},
+      steps.push_back({{"batch_size", s.batch_size}, {"throughput", s.throughput}, {"p50_us", s.p50_us}, {"p99_us", s.p99_us},
                        {"error", s.error}});
     j["batch_search"] = {{"recorded_max_batch", batch_search->recorded_max_batch},
                          {"max_batch", batch_search->max_batch},

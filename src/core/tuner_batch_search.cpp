@@ -93,6 +93,7 @@ void GraphTuner::Impl::search_batch(std::size_t index) {
       auto profile = profile_calls([&] { wide->infer(views); }, batch, quick, timer.get());
       step.throughput = profile.throughput;
       step.p50_us = profile.host_us.p50;
+      step.p99_us = profile.host_us.p99;
     } catch (const Error& e) {
       step.error = e.what();
       result.steps.push_back(step);

@@ -115,7 +115,7 @@ TEST(TuneReportJson, BatchSearchStepsAndCompactForm) {
   search.max_batch = 16;
   search.stop_reason = "out of memory at batch 32";
   search.correctness = "passed";
-  search.steps = {{8, 150000.0, 53.3, ""}, {16, 180000.0, 88.9, ""}, {32, 0.0, 0.0, "CUDA out of memory"}};
+  search.steps = {{8, 150000.0, 53.3, 61.0, ""}, {16, 180000.0, 88.9, 97.5, ""}, {32, 0.0, 0.0, 0.0, "CUDA out of memory"}};
   r.batch_search = search;
   const std::string compact = r.to_json(-1);
   EXPECT_EQ(compact.find('\n'), std::string::npos);
@@ -128,6 +128,7 @@ TEST(TuneReportJson, BatchSearchStepsAndCompactForm) {
   ASSERT_EQ(b["steps"].size(), 3u);
   EXPECT_EQ(b["steps"][1]["batch_size"], 16);
   EXPECT_DOUBLE_EQ(b["steps"][1]["throughput"].get<double>(), 180000.0);
+  EXPECT_DOUBLE_EQ(b["steps"][1]["p99_us"].get<double>(), 97.5);  // serving plans read the tail
   EXPECT_EQ(b["steps"][2]["error"], "CUDA out of memory");
 }
 

@@ -58,6 +58,8 @@ def test_a_failing_or_empty_nvidia_smi_means_the_cpu_wheels(tmp_path, body):
     assert (plan["ort_dist"], plan["other_dist"]) == ("onnxruntime", "onnxruntime-gpu")
     assert "onnxruntime==1.31.1" in plan["python_pins"].split()
     assert plan["pip_index"] == ""
+    # The serving extra is part of the set-up, so a fresh clone's CI runs tests/python/test_serve.py.
+    assert "ray[serve]==2.60.0" in plan["python_pins"].split()
 
 
 def test_no_nvidia_smi_means_the_cpu_wheels(tmp_path):

@@ -1,0 +1,152 @@
+"""`aitune serve CHECKPOINT` and `aitune loadtest URL`: the Python commands the C++ command line hands over."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+
+from aitune import _core
+
+from .plan import plan_for
+
+APP_NAME = "aitune"
+
+
+def _serve_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="aitune serve", description="Serve a tuned checkpoint with Ray Serve.")
+    p.add_argument("checkpoint", help="checkpoint directory (ait.save / aitune tune --checkpoint)")
+    p.add_argument("--slo-ms", type=float, help="p99 latency objective per request; batching is chosen for it")
+    p.add_argument("--overhead-ms", type=float, default=2.0,
+                   help="latency outside the model (HTTP, routing) counted against the objective (default 2)")
+    p.add_argument("--max-batch-size", type=int, help="override the planned batch size")
+    p.add_argument("--batch-wait-timeout-s", type=float, help="override the planned wait")
+    p.add_argument("--replicas", type=int, default=1, help="replicas (default 1)")
+    p.add_argument("--autoscale", metavar="MIN:MAX", help="autoscaling between MIN and MAX replicas instead of --replicas")
+    p.add_argument("--num-cpus", type=float, default=1.0, help="CPUs per replica (default 1)")
+    p.add_argument("--num-gpus", type=float, default=0.0, help="GPUs per replica (1: one replica per GPU)")
+    p.add_argument("--device", choices=["cpu", "cuda"],
+                   help="cpu: serve on the CPU whatever the checkpoint was tuned on; default: as saved")
+    p.add_argument("--threads", type=int, default=0, help="ONNX Runtime intra-op threads per replica (0: as saved)")
+    p.add_argument("--address", help="join this Ray cluster instead of starting a local instance")
+    p.add_argument("--host", default="127.0.0.1", help="HTTP host (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="HTTP port (default 8000)")
+    p.add_argument("--route", default="/", help="route prefix (default /)")
+    p.add_argument("--app-name", default=APP_NAME, help=f"Serve application name (default {APP_NAME})")
+    p.add_argument("--ray-temp-dir", help="temp dir of the local Ray instance (default: a fresh one under /tmp)")
+    p.add_argument("--ray-dashboard-port", type=int, help="port of the local instance's dashboard head (default: Ray's)")
+    p.add_argument("--ray-metrics-port", type=int, help="metrics export port of the local instance (default: Ray's)")
+    p.add_argument("--write-config", metavar="FILE",
+                   help="write a Ray Serve config file (serve deploy FILE) instead of serving")
+    return p
+
+
+def _options(args, plan) -> dict:
+    """The arguments of deployment.deployment_options for the command line and the plan."""
+    autoscaling = None
+    if args.autoscale:
+        low, _, high = args.autoscale.partition(":")
+        try:
+            autoscaling = {"min_replicas": int(low), "max_replicas": int(high)}
+        except ValueError:
+            raise SystemExit(f"aitune serve: --autoscale takes MIN:MAX, not '{args.autoscale}'") from None
+    return dict(
+        num_replicas=args.replicas, num_cpus=args.num_cpus, num_gpus=args.num_gpus,
+        max_batch_size=args.max_batch_size or plan.max_batch_size,
+        batch_wait_timeout_s=plan.batch_wait_timeout_s if args.batch_wait_timeout_s is None else args.batch_wait_timeout_s,
+        autoscaling=autoscaling)
+
+
+def serve_config(checkpoint: str, options: dict, device: str | None = None, threads: int = 0, host: str = "0.0.0.0",
+                 port: int = 8000, route: str = "/", app_name: str = APP_NAME) -> dict:
+    """A Ray Serve config (the schema `serve deploy` reads) for the checkpoint's deployment."""
+    from .deployment import DEPLOYMENT_NAME
+
+    deployment = {"name": DEPLOYMENT_NAME, **options}
+    args = {"checkpoint": os.path.abspath(checkpoint), "intra_op_threads": threads}
+    if device:
+        args["device"] = device
+    return {
+        "proxy_location": "EveryNode",
+        "http_options": {"host": host, "port": port},
+        "applications": [{"name": app_name, "route_prefix": route, "import_path": "aitune.serve.deployment:app_builder",
+                          "args": args, "deployments": [deployment]}],
+    }
+
+
+def serve_main(argv: list[str]) -> int:
+    args = _serve_parser().parse_args(argv)
+    try:
+        checkpoint = _core.Checkpoint.load(args.checkpoint)
+        plan = plan_for(checkpoint, args.slo_ms, args.overhead_ms)
+    except _core.AituneError as error:
+        print(f"aitune serve: {error}", file=sys.stderr)
+        return 2
+    print(plan.explain(), end="")
+    if args.max_batch_size or args.batch_wait_timeout_s is not None:
+        print("  (overridden on the command line)")
+    options = _options(args, plan)
+
+    if args.write_config:
+        import yaml
+
+        from .deployment import deployment_options
+
+        config = serve_config(args.checkpoint, deployment_options(**options), args.device, args.threads, host=args.host, port=args.port,
+                              route=args.route, app_name=args.app_name)
+        with open(args.write_config, "w", encoding="utf-8") as f:
+            f.write("# Ray Serve config written by `aitune serve --write-config`; deploy with `serve deploy FILE`.\n")
+            f.write("# The checkpoint path must exist on every node that runs a replica.\n")
+            yaml.safe_dump(config, f, sort_keys=False)
+        print(f"wrote {args.write_config}")
+        return 0
+
+    from ray import serve
+
+    from . import ray_instance
+    from .deployment import build
+
+    started_here = not args.address
+    ray_instance.start(args.address, temp_dir=args.ray_temp_dir, metrics_port=args.ray_metrics_port,
+                       dashboard_port=args.ray_dashboard_port)
+    done = threading.Event()
+    try:
+        serve.start(http_options={"host": args.host, "port": args.port})
+        serve.run(build(args.checkpoint, args.device, args.threads, **options), name=args.app_name,
+                  route_prefix=args.route)
+        url = f"http://{args.host}:{args.port}{args.route}"
+        print(f"serving {args.checkpoint} at {url} (POST JSON, .npy, .npz or raw bytes; GET for its inputs); "
+              "Ctrl-C stops", flush=True)
+        # Handlers of our own: a shell starts background jobs with SIGINT ignored, and
+        # Python then never raises KeyboardInterrupt.
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, lambda *_: done.set())
+        while not done.wait(0.5):
+            pass
+        print("stopping", flush=True)
+    finally:
+        ray_instance.stop(args.app_name, started_here)
+    return 0
+
+
+def loadtest_main(argv: list[str]) -> int:
+    from . import loadtest
+
+    p = argparse.ArgumentParser(prog="aitune loadtest", description="Concurrency sweep against a served checkpoint.")
+    p.add_argument("url")
+    p.add_argument("--checkpoint", required=True, help="the served checkpoint: answers are checked against it here")
+    p.add_argument("--concurrency", default="1,2,4,8,16", help="comma-separated levels (default 1,2,4,8,16)")
+    p.add_argument("--requests-per-client", type=int, default=50)
+    p.add_argument("--format", choices=["json", "npz", "raw"], default="json", help="request body (default json)")
+    p.add_argument("--json", dest="json_out", metavar="FILE", help="also write the rows as JSON")
+    args = p.parse_args(argv)
+    pool = loadtest.RequestPool(args.checkpoint)
+    rows = loadtest.sweep(args.url, pool, [int(c) for c in args.concurrency.split(",")], args.requests_per_client,
+                          args.format)
+    print(loadtest.table(rows))
+    if args.json_out:
+        with open(args.json_out, "w", encoding="utf-8") as f:
+            json.dump(rows, f, indent=2)
+    return 1 if any(r["wrong"] for r in rows) else 0

@@ -1,0 +1,122 @@
+"""Request and response bodies of the served model: JSON, .npy / .npz, raw tensor bytes."""
+from __future__ import annotations
+
+import io
+import json
+from typing import Mapping
+
+import numpy as np
+
+#: Content types the server reads and writes.
+JSON = "application/json"
+NPY = "application/x-npy"
+NPZ = "application/x-npz"
+RAW = "application/octet-stream"
+
+#: Largest body read, so a client cannot exhaust a replica's memory with one request.
+MAX_BODY_BYTES = 256 * 1024 * 1024
+
+
+class BadRequest(ValueError):
+    """A request the server refuses (HTTP 4xx) with a message for the client."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+def _json_array(name: str, value, dtype: str | None) -> np.ndarray:
+    try:
+        array = np.asarray(value, dtype=dtype) if dtype else np.asarray(value)
+    except (ValueError, TypeError) as error:
+        raise BadRequest(f"input '{name}' is not a rectangular array of numbers: {error}") from None
+    if array.dtype == object or array.dtype.kind in "USV":
+        raise BadRequest(f"input '{name}' is not a rectangular array of numbers")
+    if dtype is None and array.dtype == np.float64:
+        # JSON has one number type; a float input the client did not type is float32, what
+        # models take. Integers stay int64 (token ids).
+        array = array.astype(np.float32)
+    return array
+
+
+def decode(body: bytes, content_type: str, query: Mapping[str, str], single_input: str | None) -> dict[str, np.ndarray]:
+    """The named input arrays of a request body. `single_input` names the graph's input
+    when it has exactly one (a .npy or raw body carries one unnamed array)."""
+    if len(body) > MAX_BODY_BYTES:
+        raise BadRequest(f"body of {len(body)} bytes exceeds the limit of {MAX_BODY_BYTES}", status=413)
+    kind = (content_type or JSON).split(";")[0].strip().lower()
+    if kind in (JSON, "text/json", ""):
+        try:
+            payload = json.loads(body)
+        except (ValueError, UnicodeDecodeError) as error:
+            raise BadRequest(f"body is not JSON: {error}") from None
+        if not isinstance(payload, dict) or not isinstance(payload.get("inputs"), dict):
+            raise BadRequest('JSON body must be {"inputs": {"<name>": [...]}, "dtypes": {"<name>": "float32"}}')
+        dtypes = payload.get("dtypes") or {}
+        if not isinstance(dtypes, dict):
+            raise BadRequest('"dtypes" must map input names to dtype names')
+        out = {}
+        for name, value in payload["inputs"].items():
+            dtype = dtypes.get(name)
+            if dtype is not None:
+                try:
+                    np.dtype(dtype)
+                except TypeError:
+                    raise BadRequest(f"input '{name}': unknown dtype '{dtype}'") from None
+            out[name] = _json_array(name, value, dtype)
+        return out
+    if kind == NPZ:
+        try:
+            with np.load(io.BytesIO(body), allow_pickle=False) as archive:
+                return {name: archive[name] for name in archive.files}
+        except Exception as error:  # numpy raises several types for a damaged archive
+            raise BadRequest(f"body is not an .npz archive of arrays: {error}") from None
+    if single_input is None and kind in (NPY, RAW):
+        raise BadRequest(f"{kind} carries one array but the graph takes several inputs: send {NPZ} or JSON")
+    if kind == NPY:
+        try:
+            array = np.load(io.BytesIO(body), allow_pickle=False)
+        except Exception as error:
+            raise BadRequest(f"body is not an .npy array: {error}") from None
+        if not isinstance(array, np.ndarray):
+            raise BadRequest("body is not an .npy array")
+        return {single_input: array}
+    if kind == RAW:
+        try:
+            dtype = np.dtype(query["dtype"])
+            shape = tuple(int(d) for d in query["shape"].split(",") if d.strip())
+        except KeyError as missing:
+            raise BadRequest(f"raw tensor bytes need the query parameters dtype and shape (missing {missing})") from None
+        except (TypeError, ValueError) as error:
+            raise BadRequest(f"raw tensor bytes: bad dtype or shape: {error}") from None
+        if any(d < 0 for d in shape) or int(np.prod(shape, dtype=np.int64)) * dtype.itemsize != len(body):
+            raise BadRequest(f"raw tensor bytes: {len(body)} bytes do not make a {dtype} array of shape {list(shape)}")
+        return {single_input: np.frombuffer(body, dtype=dtype).reshape(shape)}
+    raise BadRequest(f"unsupported content type '{kind}'; send {JSON}, {NPY}, {NPZ} or {RAW}", status=415)
+
+
+def encode(outputs: dict[str, np.ndarray], accept: str) -> tuple[bytes, str]:
+    """The response body for `outputs` in the type the client accepts (JSON by default)."""
+    kind = (accept or JSON).split(",")[0].split(";")[0].strip().lower()
+    if kind == NPZ:
+        buffer = io.BytesIO()
+        np.savez(buffer, **outputs)
+        return buffer.getvalue(), NPZ
+    if kind == NPY and len(outputs) == 1:
+        buffer = io.BytesIO()
+        np.save(buffer, next(iter(outputs.values())), allow_pickle=False)
+        return buffer.getvalue(), NPY
+    body = {"outputs": {k: v.tolist() for k, v in outputs.items()}, "dtypes": {k: str(v.dtype) for k, v in outputs.items()}}
+    return json.dumps(body).encode(), JSON
+
+
+def decode_response(body: bytes, content_type: str) -> dict[str, np.ndarray]:
+    """The client side of `encode`: the named output arrays of a response."""
+    kind = (content_type or JSON).split(";")[0].strip().lower()
+    if kind == NPZ:
+        with np.load(io.BytesIO(body), allow_pickle=False) as archive:
+            return {name: archive[name] for name in archive.files}
+    if kind == NPY:
+        return {"output": np.load(io.BytesIO(body), allow_pickle=False)}
+    payload = json.loads(body)
+    return {k: np.asarray(v, dtype=payload["dtypes"][k]) for k, v in payload["outputs"].items()}

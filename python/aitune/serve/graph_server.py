@@ -1,0 +1,160 @@
+"""A checkpoint's graphs served from one process: requests checked, grouped, run, split."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from aitune import _core
+
+from .codec import BadRequest
+
+logger = logging.getLogger("aitune")
+
+#: Key of aitune.torch's entry in a checkpoint's metadata (aitune.torch.checkpoint.METADATA_KEY).
+TORCH_METADATA_KEY = "aitune.torch"
+
+
+def unserved_graphs(manifest) -> dict[str, str]:
+    """Graphs ait.save kept outside ONNX Runtime (eager, torch.compile): they need the user's
+    nn.Module, so a server of the checkpoint alone cannot run them. key -> what they are."""
+    try:
+        ours = json.loads(manifest.metadata_json).get(TORCH_METADATA_KEY) or {}
+    except (ValueError, AttributeError):
+        return {}
+    out = {}
+    for field, kind in (("eager_graphs", "runs eagerly"), ("compiled_graphs", "torch.compile")):
+        for entry in ours.get(field) or []:
+            if isinstance(entry, dict) and isinstance(entry.get("key"), str):
+                out[entry["key"]] = kind
+    return out
+
+
+@dataclass
+class Request:
+    """One checked request: its graph and its inputs in the graph's input order."""
+
+    graph: str
+    arrays: list[np.ndarray]
+
+
+class GraphServer:
+    """Opens every ONNX Runtime graph of a checkpoint (C++ loader, verified) in sessions
+    and runs batches of checked requests. `device` "cpu" serves on the CPU whatever the
+    checkpoint was tuned on; None keeps the saved provider (device id 0: the one GPU a
+    replica with num_gpus=1 sees)."""
+
+    def __init__(self, checkpoint: str, device: str | None = None, intra_op_threads: int = 0):
+        self.checkpoint = _core.Checkpoint.load(os.fspath(checkpoint))
+        overrides = _core.CheckpointBackendOverrides()
+        if device == "cpu":
+            overrides.provider = _core.ExecutionProvider.CPU
+        elif device is not None:
+            overrides.device_id = 0 if device == "cuda" else int(device.split(":")[1])
+        self.specs: dict[str, object] = {}
+        self.sessions: dict[str, object] = {}
+        for key in self.checkpoint.graph_keys():
+            graph = self.checkpoint.graph(key)
+            config = self.checkpoint.backend_config(key, overrides)
+            if intra_op_threads:
+                config.intra_op_threads = intra_op_threads
+            self.sessions[key] = _core.OnnxSession.create(self.checkpoint.model_path(key), config, graph.graph_spec)
+            self.specs[key] = graph.graph_spec
+        self.unserved = unserved_graphs(self.checkpoint.manifest)
+        if self.unserved:
+            logger.warning("checkpoint %s: graphs not served (they need the nn.Module): %s", checkpoint,
+                           ", ".join(f"{k} ({v})" for k, v in self.unserved.items()))
+        if not self.sessions:
+            raise _core.InvalidArgumentError(f"checkpoint {checkpoint} has no ONNX Runtime graph to serve")
+        self.session_inputs = {k: [io.name for io in s.inputs] for k, s in self.sessions.items()}
+
+    def input_names(self, graph: str) -> list[str]:
+        return [t.name for t in self.specs[graph].inputs]
+
+    def single_input(self) -> str | None:
+        """The input name a one-array body (.npy, raw bytes) is for, when every graph has one input of that name."""
+        names = {tuple(self.input_names(k)) for k in self.specs}
+        return next(iter(names))[0] if len(names) == 1 and len(next(iter(names))) == 1 else None
+
+    def check(self, inputs: dict[str, np.ndarray], graph: str | None = None) -> Request:
+        """The request checked against a graph's spec (the one named, else the one whose
+        inputs it names); BadRequest (422 for a tensor the graph refuses) otherwise."""
+        keys = [graph] if graph is not None else list(self.specs)
+        if graph is not None and graph not in self.specs:
+            raise BadRequest(f"no graph '{graph}' in the checkpoint; it has: {', '.join(self.specs)}", status=404)
+        if len(keys) > 1:  # several call structures: the one whose input names the request gives
+            named = [k for k in keys if set(self.input_names(k)) == set(inputs)]
+            keys = named[:1] or keys[:1]
+        key = keys[0]
+        tensors = []
+        for name, array in inputs.items():
+            if not isinstance(array, np.ndarray):
+                raise BadRequest(f"input '{name}' is not an array")
+            tensors.append((name, array.dtype.name, list(array.shape)))
+        try:
+            order = _core.check_request(self.specs[key], tensors)
+        except _core.DTypeMismatchError as error:
+            raise BadRequest(str(error), status=422) from None
+        except _core.ShapeMismatchError as error:
+            raise BadRequest(str(error), status=422) from None
+        except _core.InvalidArgumentError as error:
+            raise BadRequest(str(error), status=400) from None
+        values = list(inputs.values())
+        return Request(key, [np.ascontiguousarray(values[i]) for i in order])
+
+    def run_batch(self, requests: list[Request]) -> list[dict[str, np.ndarray]]:
+        """Outputs per request, by output name. Requests of one graph whose shapes agree
+        off the batch axes run in one call (grouped by the engine, within the batch limit)."""
+        results: list[dict[str, np.ndarray] | None] = [None] * len(requests)
+        by_graph: dict[str, list[int]] = {}
+        for i, r in enumerate(requests):
+            by_graph.setdefault(r.graph, []).append(i)
+        for key, members in by_graph.items():
+            spec = self.specs[key]
+            shapes = [[list(a.shape) for a in requests[i].arrays] for i in members]
+            for call in _core.group_requests(spec, shapes):
+                indices = [members[c] for c in call]
+                for i, outputs in zip(indices, self._run(key, [requests[i].arrays for i in indices])):
+                    results[i] = outputs
+        return results  # type: ignore[return-value]
+
+    def _run(self, key: str, calls: list[list[np.ndarray]]) -> list[dict[str, np.ndarray]]:
+        spec = self.specs[key]
+        names = self.input_names(key)
+        in_axes = [t.batch_axis for t in spec.inputs]
+        if len(calls) == 1 or all(a is None for a in in_axes):
+            joined = calls[0] if len(calls) == 1 else None
+            if joined is None:
+                return [self._infer(key, names, c) for c in calls]
+            return [self._infer(key, names, joined)]
+        joined = [np.concatenate([c[i] for c in calls], axis=axis) if axis is not None else calls[0][i]
+                  for i, axis in enumerate(in_axes)]
+        outputs = self._infer(key, names, joined)
+        sizes = [_core.request_batch_size(spec, [list(a.shape) for a in c]) for c in calls]
+        bounds = np.cumsum(sizes)[:-1]
+        out_axes = {t.name: t.batch_axis for t in spec.outputs}
+        split = {name: np.split(value, bounds, axis=out_axes[name]) if out_axes.get(name) is not None else None
+                 for name, value in outputs.items()}
+        per_request = []
+        for r in range(len(calls)):
+            # an output without a batch axis is the same for the whole call: each request gets it
+            per_request.append({n: (parts[r] if parts is not None else outputs[n]).copy() for n, parts in split.items()})
+        return per_request
+
+    def _infer(self, key: str, names: list[str], arrays: list[np.ndarray]) -> dict[str, np.ndarray]:
+        session = self.sessions[key]
+        wanted = set(self.session_inputs[key])
+        feeds = {n: a for n, a in zip(names, arrays) if n in wanted}
+        if session.device == "cpu":
+            values = session.infer_named(feeds, framework="numpy")
+        else:  # a CUDA session takes and gives device memory: torch moves it (replicas have torch)
+            import torch
+
+            device = torch.device(session.device)
+            values = session.infer_named({n: torch.from_numpy(a if a.flags.writeable else a.copy()).to(device)
+                                          for n, a in feeds.items()}, framework="torch")
+            values = [v.cpu().numpy() for v in values]
+        return {t.name: np.asarray(v) for t, v in zip(self.specs[key].outputs, values)}

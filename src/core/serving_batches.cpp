@@ -1,0 +1,122 @@
+// Requests to a served graph checked one by one against its spec and grouped into model calls.
+#include "aitune/serving_batches.hpp"
+
+#include <algorithm>
+#include <map>
+#include <optional>
+
+#include "aitune/error.hpp"
+
+namespace aitune {
+namespace {
+
+std::string input_names(const GraphSpec& spec) {
+  std::string out;
+  for (const auto& t : spec.inputs) out += (out.empty() ? "" : ", ") + t.name;
+  return out;
+}
+
+// Largest summed batch one call may carry: the smallest upper bound of the inputs' batch axes.
+std::optional<int64_t> batch_limit(const GraphSpec& spec) {
+  std::optional<int64_t> limit;
+  for (const auto& t : spec.inputs)
+    if (t.batch_axis) {
+      int64_t max = t.max_shape[static_cast<std::size_t>(*t.batch_axis)];
+      if (max != kUnbounded) limit = limit ? std::min(*limit, max) : max;
+    }
+  return limit;
+}
+
+}  // namespace
+
+std::vector<std::size_t> check_request(const GraphSpec& spec, const std::vector<RequestTensor>& request) {
+  std::map<std::string, std::size_t> by_name;
+  for (std::size_t i = 0; i < request.size(); ++i) {
+    const auto& name = request[i].name;
+    if (!spec.find_input(name))
+      throw Error(ErrorCode::kInvalidArgument,
+                  "unknown input '" + name + "'; the graph takes: " + input_names(spec));
+    if (!by_name.emplace(name, i).second)
+      throw Error(ErrorCode::kInvalidArgument, "input '" + name + "' given twice");
+  }
+  std::vector<std::size_t> order;
+  std::optional<int64_t> batch;
+  std::string batch_from;
+  for (const auto& t : spec.inputs) {
+    auto it = by_name.find(t.name);
+    if (it == by_name.end())
+      throw Error(ErrorCode::kInvalidArgument, "missing input '" + t.name + "'; the graph takes: " + input_names(spec));
+    const auto& r = request[it->second];
+    if (r.dtype != t.dtype)
+      throw Error(ErrorCode::kDTypeMismatch, "input '" + t.name + "' is " + std::string(dtype_name(r.dtype)) +
+                                                 "; the graph takes " + t.to_string());
+    if (!t.accepts(r.shape))
+      throw Error(ErrorCode::kShapeMismatch, "input '" + t.name + "' has shape " + shape_to_string(r.shape) +
+                                                 "; the graph takes " + t.to_string());
+    if (t.batch_axis) {
+      int64_t b = r.shape[static_cast<std::size_t>(*t.batch_axis)];
+      if (batch && *batch != b)
+        throw Error(ErrorCode::kShapeMismatch, "inputs '" + batch_from + "' and '" + t.name +
+                                                   "' disagree on the batch size (" + std::to_string(*batch) +
+                                                   " vs " + std::to_string(b) + ")");
+      batch = b;
+      batch_from = t.name;
+    }
+    order.push_back(it->second);
+  }
+  return order;
+}
+
+int64_t request_batch_size(const GraphSpec& spec, const std::vector<Shape>& shapes) {
+  if (shapes.size() != spec.inputs.size())
+    throw Error(ErrorCode::kInvalidArgument, "request_batch_size: " + std::to_string(shapes.size()) +
+                                                 " shapes for " + std::to_string(spec.inputs.size()) + " inputs");
+  for (std::size_t i = 0; i < spec.inputs.size(); ++i)
+    if (const auto& axis = spec.inputs[i].batch_axis) {
+      if (static_cast<std::size_t>(*axis) >= shapes[i].size())
+        throw Error(ErrorCode::kShapeMismatch, "input '" + spec.inputs[i].name + "' has no axis " +
+                                                   std::to_string(*axis) + " (its batch axis)");
+      return shapes[i][static_cast<std::size_t>(*axis)];
+    }
+  return 0;
+}
+
+std::vector<std::vector<std::size_t>> group_requests(const GraphSpec& spec,
+                                                     const std::vector<std::vector<Shape>>& requests) {
+  std::vector<std::vector<std::size_t>> calls;
+  const bool batched = std::any_of(spec.inputs.begin(), spec.inputs.end(),
+                                   [](const TensorSpec& t) { return t.batch_axis.has_value(); });
+  if (!batched) {
+    for (std::size_t i = 0; i < requests.size(); ++i) calls.push_back({i});
+    return calls;
+  }
+  const auto limit = batch_limit(spec);
+  // Shape key: every extent except the batch axis' ones, so that shapes differing only
+  // there concatenate.
+  std::map<std::vector<int64_t>, std::size_t> open;  // key -> index of its latest call
+  std::vector<int64_t> call_batch;
+  for (std::size_t r = 0; r < requests.size(); ++r) {
+    const auto& shapes = requests[r];
+    const int64_t batch = request_batch_size(spec, shapes);
+    std::vector<int64_t> key;
+    for (std::size_t i = 0; i < shapes.size(); ++i) {
+      key.push_back(-2);  // separates inputs
+      for (std::size_t a = 0; a < shapes[i].size(); ++a)
+        key.push_back(spec.inputs[i].batch_axis && static_cast<std::size_t>(*spec.inputs[i].batch_axis) == a
+                          ? -1
+                          : shapes[i][a]);
+    }
+    auto it = open.find(key);
+    if (it != open.end() && (!limit || call_batch[it->second] + batch <= *limit)) {
+      calls[it->second].push_back(r);
+      call_batch[it->second] += batch;
+      continue;
+    }
+    calls.push_back({r});
+    call_batch.push_back(batch);
+    open[key] = calls.size() - 1;
+  }
+  return calls;
+}
+
+}  // namespace aitune

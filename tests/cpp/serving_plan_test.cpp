@@ -1,0 +1,164 @@
+// Tests for serving_plan and serving_batches: batching chosen from measured latencies
+// and a p99 objective; requests checked against a graph spec and grouped into calls.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "aitune/error.hpp"
+#include "aitune/serving_batches.hpp"
+#include "aitune/serving_plan.hpp"
+
+namespace aitune {
+namespace {
+
+// A model whose p99 is 1.5 x p50 and whose p50 grows sub-linearly with the batch.
+std::vector<BatchLatency> measured() {
+  return {{1, 1000, 1500, "winner profile"}, {2, 1200, 1800, "batch search"}, {4, 1600, 2400, "batch search"},
+          {8, 2400, 3600, "batch search"},   {16, 4000, 6000, "batch search"}};
+}
+
+TEST(ServingPlan, ChoosesTheLargestBatchWhoseWorstCaseFitsTheObjective) {
+  // Budget 10 ms, overhead 1 ms: batch 8 needs 2 x 3.6 + 1 = 8.2 ms; batch 16 needs 13 ms.
+  auto plan = plan_serving(measured(), {10.0, 1.0, 0});
+  EXPECT_EQ(plan.max_batch_size, 8);
+  EXPECT_TRUE(plan.objective_met);
+  // 1.8 ms left, capped at batch 8's p50 (2.4 ms): 1.8 ms.
+  EXPECT_NEAR(plan.batch_wait_timeout_s, 0.0018, 1e-9);
+  EXPECT_NEAR(plan.expected_p99_ms, 10.0, 1e-9);
+  EXPECT_NEAR(plan.expected_throughput, 8 / 0.0024, 1e-6);
+  std::string why = plan.explain();
+  EXPECT_NE(why.find("batch 16 would need 13.0 ms > 10.0 ms"), std::string::npos) << why;
+  EXPECT_NE(why.find("<- chosen"), std::string::npos) << why;
+}
+
+TEST(ServingPlan, WaitIsCappedAtOneBatchsP50) {
+  auto plan = plan_serving(measured(), {100.0, 1.0, 0});
+  EXPECT_EQ(plan.max_batch_size, 16);
+  EXPECT_NEAR(plan.batch_wait_timeout_s, 0.004, 1e-9);
+}
+
+TEST(ServingPlan, TheGraphsBatchLimitBoundsTheChoice) {
+  auto plan = plan_serving(measured(), {100.0, 1.0, 4});
+  EXPECT_EQ(plan.max_batch_size, 4);
+  EXPECT_NE(plan.explain().find("accepts at most"), std::string::npos);
+}
+
+TEST(ServingPlan, AnObjectiveBelowBatchOneIsReportedNotMet) {
+  auto plan = plan_serving(measured(), {2.0, 1.0, 0});
+  EXPECT_FALSE(plan.objective_met);
+  EXPECT_EQ(plan.max_batch_size, 1);
+  EXPECT_EQ(plan.batch_wait_timeout_s, 0);
+  EXPECT_NE(plan.explain().find("cannot be met"), std::string::npos);
+}
+
+TEST(ServingPlan, WithoutAnObjectiveTheHighestThroughputWins) {
+  auto m = measured();
+  m.push_back({32, 9000, 12000, "batch search"});  // 3556/s < batch 16's 4000/s
+  auto plan = plan_serving(m, {std::nullopt, 1.0, 0});
+  EXPECT_EQ(plan.max_batch_size, 16);
+  EXPECT_NEAR(plan.batch_wait_timeout_s, 0.004, 1e-9);
+}
+
+TEST(ServingPlan, P50StandsInForAMissingP99AndSaysSo) {
+  auto plan = plan_serving({{1, 1000, 0, "winner profile"}, {4, 2000, 0, "batch search"}}, {6.0, 1.0, 0});
+  EXPECT_EQ(plan.max_batch_size, 4);  // 2 x 2 + 1 = 5 ms
+  EXPECT_NE(plan.explain().find("p50 stands in"), std::string::npos);
+}
+
+TEST(ServingPlan, NothingMeasuredMeansBatchOneAndSaysWhy) {
+  auto plan = plan_serving({}, {10.0, 1.0, 0});
+  EXPECT_EQ(plan.max_batch_size, 1);
+  EXPECT_FALSE(plan.objective_met);
+  EXPECT_NE(plan.explain().find("no latency was measured"), std::string::npos);
+}
+
+TEST(ServingPlan, InvalidObjectivesAndMeasurementsAreRefused) {
+  EXPECT_THROW(plan_serving(measured(), {0.0, 1.0, 0}), Error);
+  EXPECT_THROW(plan_serving(measured(), {-5.0, 1.0, 0}), Error);
+  EXPECT_THROW(plan_serving(measured(), {10.0, -1.0, 0}), Error);
+  EXPECT_THROW(plan_serving({{0, 1000, 0, ""}}, {10.0, 1.0, 0}), Error);
+  EXPECT_THROW(plan_serving({{1, 0, 0, ""}}, {10.0, 1.0, 0}), Error);
+}
+
+TEST(ServingPlan, ReadsTheWinnersProfileAndTheBatchSearchFromAReport) {
+  nlohmann::json report = {
+      {"winner", "cpu"},
+      {"candidates",
+       {{{"name", "other"}, {"profile", {{"batch_size", 4}, {"host_us", {{"p50", 1.0}, {"p99", 2.0}}}}}},
+        {{"name", "cpu"}, {"profile", {{"batch_size", 4}, {"host_us", {{"p50", 900.0}, {"p99", 1100.0}}}}}}}},
+      {"batch_search",
+       {{"steps",
+         {{{"batch_size", 8}, {"p50_us", 1500.0}, {"p99_us", 1900.0}, {"error", ""}},
+          {{"batch_size", 16}, {"p50_us", 0.0}, {"error", "out of memory"}}}}}}};
+  auto m = batch_latencies_from_report(report.dump());
+  ASSERT_EQ(m.size(), 2u);
+  EXPECT_EQ(m[0], (BatchLatency{4, 900, 1100, "winner profile"}));
+  EXPECT_EQ(m[1], (BatchLatency{8, 1500, 1900, "batch search"}));
+  report["winner"] = nullptr;
+  EXPECT_TRUE(batch_latencies_from_report(report.dump()).empty());
+  EXPECT_THROW(batch_latencies_from_report("[1, 2]"), Error);
+}
+
+GraphSpec image_spec(int64_t max_batch) {
+  TensorSpec x{"x", DType::kFloat32, {1, 3, 4}, {max_batch, 3, 8}, 0};
+  TensorSpec y{"y", DType::kFloat32, {1, 2}, {max_batch, 2}, 0};
+  return GraphSpec{{x}, {y}, {1, max_batch}};
+}
+
+ErrorCode code_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.code();
+  }
+  return ErrorCode::kInternal;
+}
+
+TEST(ServingBatches, ChecksEachRequestAgainstTheSpec) {
+  auto spec = image_spec(8);
+  EXPECT_EQ(check_request(spec, {{"x", DType::kFloat32, {2, 3, 5}}}), (std::vector<std::size_t>{0}));
+  EXPECT_EQ(code_of([&] { check_request(spec, {{"x", DType::kFloat64, {2, 3, 5}}}); }), ErrorCode::kDTypeMismatch);
+  EXPECT_EQ(code_of([&] { check_request(spec, {{"x", DType::kFloat32, {2, 4, 5}}}); }), ErrorCode::kShapeMismatch);
+  EXPECT_EQ(code_of([&] { check_request(spec, {{"x", DType::kFloat32, {9, 3, 5}}}); }), ErrorCode::kShapeMismatch);
+  EXPECT_EQ(code_of([&] { check_request(spec, {}); }), ErrorCode::kInvalidArgument);
+  EXPECT_EQ(code_of([&] { check_request(spec, {{"x", DType::kFloat32, {1, 3, 4}}, {"z", DType::kFloat32, {1}}}); }),
+            ErrorCode::kInvalidArgument);
+  try {
+    check_request(spec, {{"x", DType::kFloat32, {2, 4, 5}}});
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("input 'x' has shape [2, 4, 5]"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ServingBatches, InputsMustAgreeOnTheBatchSize) {
+  TensorSpec a{"a", DType::kInt64, {1, 4}, {8, 16}, 0};
+  TensorSpec m{"m", DType::kInt64, {1, 4}, {8, 16}, 0};
+  GraphSpec spec{{a, m}, {}, {1, 8}};
+  EXPECT_NO_THROW(check_request(spec, {{"m", DType::kInt64, {2, 5}}, {"a", DType::kInt64, {2, 7}}}));
+  EXPECT_EQ(code_of([&] { check_request(spec, {{"a", DType::kInt64, {2, 5}}, {"m", DType::kInt64, {3, 5}}}); }),
+            ErrorCode::kShapeMismatch);
+}
+
+TEST(ServingBatches, GroupsByShapeAndSplitsAtTheBatchLimit) {
+  auto spec = image_spec(4);
+  std::vector<std::vector<Shape>> requests = {
+      {{1, 3, 4}}, {{2, 3, 4}}, {{1, 3, 5}}, {{1, 3, 4}}, {{1, 3, 4}}, {{3, 3, 5}}};
+  auto calls = group_requests(spec, requests);
+  // [0,1,3] fill batch 4; 4 opens a new call; shape 5: [2,5] = batch 4.
+  ASSERT_EQ(calls.size(), 3u);
+  EXPECT_EQ(calls[0], (std::vector<std::size_t>{0, 1, 3}));
+  EXPECT_EQ(calls[1], (std::vector<std::size_t>{2, 5}));
+  EXPECT_EQ(calls[2], (std::vector<std::size_t>{4}));
+  EXPECT_EQ(request_batch_size(spec, {{3, 3, 5}}), 3);
+}
+
+TEST(ServingBatches, AGraphWithoutABatchAxisServesEachRequestAlone) {
+  TensorSpec x{"x", DType::kFloat32, {3, 4}, {3, 4}, std::nullopt};
+  GraphSpec spec{{x}, {}, {}};
+  auto calls = group_requests(spec, {{{3, 4}}, {{3, 4}}});
+  ASSERT_EQ(calls.size(), 2u);
+  EXPECT_EQ(request_batch_size(spec, {{3, 4}}), 0);
+}
+
+}  // namespace
+}  // namespace aitune

@@ -1,0 +1,310 @@
+"""aitune.serve: a tuned checkpoint served by Ray Serve (two CPU replicas on a local Ray
+instance of the test's own), every answer checked against the tuned module; batching
+planned from the checkpoint's measurements; bad requests; a replica killed under load;
+the written config accepted by Serve's schema. Request codec and grouping without Ray."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import urllib.request
+
+import numpy as np
+import pytest
+import torch
+from torch_models import MLP, cpu_strategy
+
+import aitune.torch as ait
+from aitune import _core
+from aitune.serve import BadRequest, GraphServer, plan_for
+from aitune.serve import codec
+
+ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'aitune[serve]'): serving is not tested")
+serve = pytest.importorskip("ray.serve")
+
+from aitune.serve import cli as serve_cli, loadtest, ray_instance  # noqa: E402
+
+HTTP_PORT = 26481
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """A tuned MLP on the CPU with the batch search run, saved; and its eager module."""
+    inner = MLP().eval()
+    model = ait.Module(inner, "mlp_serve", strategy=cpu_strategy())
+    profile = _core.ProfileConfig()
+    profile.warmup_calls, profile.window_calls, profile.stable_windows, profile.max_windows = 2, 10, 2, 4
+    profile.time_cap_s = 0.5
+    ait.tune(model, [torch.randn(16) for _ in range(4)], batch_sizes=[1, 4], disable_external_logging=True,
+             ignore_failing_modules=False, performance_validation=False, find_max_batch_size=True,
+             max_batch_size=32, profile_config=profile, progress=False)
+    path = tmp_path_factory.mktemp("serve") / "mlp.ait"
+    ait.save(model, path)
+    return str(path), inner
+
+
+def _post(url, body, content_type=codec.JSON, query=""):
+    request = urllib.request.Request(url + (f"?{query}" if query else ""), data=body,
+                                     headers={"Content-Type": content_type}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, dict(error.headers), error.read()
+
+
+# --- without Ray -----------------------------------------------------------------------
+
+def test_plan_comes_from_the_checkpoints_measurements_and_says_why(checkpoint):
+    path, _ = checkpoint
+    ckpt = _core.Checkpoint.load(path)
+    measured = [m.batch_size for m in _core.batch_latencies_from_report(
+        open(ckpt.artifact_path(f"{_core.Checkpoint.graph_directory(ckpt.graph_keys()[0])}/tune_report.json")).read())]
+    assert measured[0] == 4 and len(measured) >= 2  # the winner's profile at batch 4, the search above it
+    plan = plan_for(ckpt)  # no objective: the highest measured throughput
+    assert plan.max_batch_size in measured and plan.batch_wait_timeout_s > 0
+    assert "highest measured throughput" in plan.explain()
+    tight = plan_for(ckpt, slo_ms=0.001)
+    assert not tight.objective_met and tight.max_batch_size == 4 and "cannot be met" in tight.explain()
+
+
+def test_graph_server_batches_give_the_tuned_modules_answers(checkpoint):
+    path, inner = checkpoint
+    server = GraphServer(path, device="cpu")
+    xs = [np.random.default_rng(i).standard_normal((n, 16)).astype(np.float32) for i, n in enumerate([1, 2, 1, 3])]
+    requests = [server.check({"x": x} if "x" in server.input_names(next(iter(server.specs))) else
+                             {server.input_names(next(iter(server.specs)))[0]: x}) for x in xs]
+    outputs = server.run_batch(requests)
+    for x, out in zip(xs, outputs):
+        (y,) = out.values()
+        with torch.no_grad():
+            np.testing.assert_allclose(y, inner(torch.from_numpy(x)).numpy(), rtol=1e-4, atol=1e-5)
+
+
+class _Masked(torch.nn.Module):
+    """Two inputs with a dynamic sequence axis besides the batch axis."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 4)
+
+    def forward(self, x, mask):
+        return self.proj(x) * mask.unsqueeze(-1)
+
+
+def test_requests_are_grouped_by_shape_off_the_batch_axis(tmp_path):
+    inner = _Masked().eval()
+    model = ait.Module(inner, "masked_serve", strategy=cpu_strategy())
+    samples = [(torch.randn(seq, 8), torch.ones(seq)) for seq in (4, 6, 4, 6)]
+    ait.tune(model, samples, batch_sizes=[1, 4], disable_external_logging=True, ignore_failing_modules=False,
+             performance_validation=False, progress=False)
+    ait.save(model, tmp_path / "masked.ait")
+    server = GraphServer(str(tmp_path / "masked.ait"), device="cpu")
+    (key,) = server.specs
+    names = server.input_names(key)
+    rng = np.random.default_rng(0)
+    shapes = [(1, 4), (1, 6), (2, 4), (1, 5), (3, 6)]  # seq 4: 1 + 2; seq 6: 1 + 3 (one call each)
+    feeds = [{names[0]: rng.standard_normal((b, s, 8)).astype(np.float32),
+              names[1]: (rng.random((b, s)) > 0.3).astype(np.float32)} for b, s in shapes]
+    calls = _core.group_requests(server.specs[key], [[list(a.shape) for a in f.values()] for f in feeds])
+    assert calls == [[0, 2], [1, 4], [3]]
+    outputs = server.run_batch([server.check(f) for f in feeds])
+    for feed, out in zip(feeds, outputs):
+        (y,) = out.values()
+        with torch.no_grad():
+            want = inner(*(torch.from_numpy(feed[n]) for n in names)).numpy()
+        np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-5)
+    with pytest.raises(BadRequest, match="disagree on the batch size"):
+        server.check({names[0]: np.zeros((2, 4, 8), np.float32), names[1]: np.zeros((1, 4), np.float32)})
+
+
+def test_graphs_outside_onnx_runtime_are_named_as_not_served():
+    from types import SimpleNamespace
+
+    from aitune.serve.graph_server import unserved_graphs
+
+    metadata = {"aitune.torch": {"eager_graphs": [{"key": "g_eager"}], "compiled_graphs": [{"key": "g_compiled"}]}}
+    manifest = SimpleNamespace(metadata_json=json.dumps(metadata))
+    assert unserved_graphs(manifest) == {"g_eager": "runs eagerly", "g_compiled": "torch.compile"}
+    assert unserved_graphs(SimpleNamespace(metadata_json="{}")) == {}
+
+
+def test_bad_bodies_are_refused_with_a_reason(checkpoint):
+    path, _ = checkpoint
+    server = GraphServer(path, device="cpu")
+    name = server.single_input()
+    with pytest.raises(BadRequest, match="not JSON"):
+        codec.decode(b"\x00junk", codec.JSON, {}, name)
+    with pytest.raises(BadRequest, match="rectangular"):
+        codec.decode(json.dumps({"inputs": {name: [[1, 2], [3]]}}).encode(), codec.JSON, {}, name)
+    with pytest.raises(BadRequest, match="query parameters dtype and shape"):
+        codec.decode(b"\0" * 64, codec.RAW, {}, name)
+    with pytest.raises(BadRequest, match="do not make"):
+        codec.decode(b"\0" * 60, codec.RAW, {"dtype": "float32", "shape": "1,16"}, name)
+    with pytest.raises(BadRequest) as unsupported:
+        codec.decode(b"x", "text/plain", {}, name)
+    assert unsupported.value.status == 415
+    for inputs, status, message in [({name: np.zeros((1, 15), np.float32)}, 422, "has shape"),
+                                    ({name: np.zeros((1, 16), np.float64)}, 422, "float64"),
+                                    ({}, 400, "missing input"),
+                                    ({name: np.zeros((1, 16), np.float32), "extra": np.zeros(1)}, 400, "unknown input")]:
+        with pytest.raises(BadRequest, match=message) as refused:
+            server.check(inputs)
+        assert refused.value.status == status
+
+
+def test_written_config_is_accepted_by_serves_schema(checkpoint, tmp_path, capsys):
+    from ray.serve.schema import ServeDeploySchema
+    import yaml
+
+    path, _ = checkpoint
+    out = tmp_path / "serve.yaml"
+    assert serve_cli.serve_main([path, "--slo-ms", "50", "--replicas", "2", "--num-gpus", "1",
+                                 "--write-config", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "batching: max_batch_size=" in printed and "<- chosen" in printed
+    config = yaml.safe_load(out.read_text())
+    schema = ServeDeploySchema.model_validate(config) if hasattr(ServeDeploySchema, "model_validate") \
+        else ServeDeploySchema.parse_obj(config)
+    (app,) = schema.applications
+    assert app.import_path == "aitune.serve.deployment:app_builder"
+    (deployment,) = app.deployments
+    plan = plan_for(_core.Checkpoint.load(path), slo_ms=50)
+    assert deployment.num_replicas == 2
+    assert deployment.ray_actor_options.num_gpus == 1
+    assert deployment.user_config == {"max_batch_size": plan.max_batch_size,
+                                      "batch_wait_timeout_s": plan.batch_wait_timeout_s}
+    assert app.args["checkpoint"] == os.path.abspath(path)
+
+
+# --- on a local Ray instance -------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def served(checkpoint, tmp_path_factory):
+    """The checkpoint on two CPU replicas (half a CPU each: this machine has two cores), batching on."""
+    from aitune.serve.deployment import build
+
+    path, _ = checkpoint
+    ray_instance.start(num_cpus=2, metrics_port=26901, dashboard_port=26902)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": HTTP_PORT})
+        serve.run(build(path, device="cpu", intra_op_threads=1, num_replicas=2, num_cpus=0.5, max_batch_size=8,
+                        batch_wait_timeout_s=0.03), name="aitune", route_prefix="/")
+        yield f"http://127.0.0.1:{HTTP_PORT}/", path
+    finally:
+        ray_instance.stop("aitune", started_here=True)
+
+
+def test_concurrent_requests_are_batched_on_both_replicas_and_all_correct(served):
+    url, path = served
+    pool = loadtest.RequestPool(path, size=16)
+    result = loadtest.run_level(url, pool, concurrency=8, requests=96)
+    row = result.row()
+    assert row["errors"] == 0, [a.error for a in result.answers if a.status != 200][:3]
+    assert all(a.correct for a in result.answers)
+    assert max(a.batch for a in result.answers) > 1, "no batch of more than one request was formed"
+    assert row["replicas"] == 2, {a.replica for a in result.answers}
+    for fmt in ("npz", "raw"):  # the binary bodies give the same answers
+        level = loadtest.run_level(url, pool, concurrency=2, requests=6, fmt=fmt)
+        assert [a.status for a in level.answers] == [200] * 6 and all(a.correct for a in level.answers)
+
+
+def test_the_loadtest_command_checks_every_answer(served, capsys):
+    url, path = served
+    assert serve_cli.loadtest_main([url, "--checkpoint", path, "--concurrency", "1,4", "--requests-per-client", "5",
+                                    "--format", "npz"]) == 0
+    table = capsys.readouterr().out
+    assert "| concurrency |" in table and "| 4 | 20 | 0 | 0 |" in table
+
+
+def test_aitune_serve_joins_a_cluster_deploys_prints_the_url_and_stops_on_ctrl_c(served):
+    """`aitune serve --address` in its own process: deploys a second application onto the
+    running instance, answers at the URL it prints, and on SIGINT deletes only its own."""
+    import signal
+    import subprocess
+    import sys
+
+    url, path = served
+    address = ray.get_runtime_context().gcs_address
+    command = [sys.executable, "-m", "aitune.cli", "serve", path, "--address", address, "--app-name", "aitune-cli",
+               "--route", "/cli", "--port", str(HTTP_PORT), "--num-cpus", "0.25", "--device", "cpu", "--threads", "1"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    try:
+        for line in process.stdout:
+            lines.append(line)
+            if line.startswith("serving "):
+                break
+        printed = "".join(lines)
+        assert f"at http://127.0.0.1:{HTTP_PORT}/cli " in printed, printed
+        assert "batching: max_batch_size=" in printed
+        pool = loadtest.RequestPool(path, size=2)
+        level = loadtest.run_level(f"http://127.0.0.1:{HTTP_PORT}/cli", pool, concurrency=2, requests=4)
+        assert [a.status for a in level.answers] == [200] * 4 and all(a.correct for a in level.answers)
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=60) == 0, process.stdout.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert "aitune-cli" not in serve.status().applications
+    assert serve.status().applications["aitune"].status == "RUNNING"  # the other application is left alone
+
+
+def test_a_deployment_handle_serves_named_arrays(served):
+    url, path = served
+    pool = loadtest.RequestPool(path, size=2)
+    handle = serve.get_app_handle("aitune")
+    outputs = handle.infer.remote(pool.inputs[1]).result(timeout_s=30)
+    assert pool.matches(1, outputs)
+
+
+def test_bad_requests_get_4xx_and_the_replicas_keep_serving(served):
+    url, path = served
+    pool = loadtest.RequestPool(path, size=1)
+    (name,) = pool.inputs[0]
+    cases = [
+        (json.dumps({"inputs": {name: np.zeros((1, 15)).tolist()}}).encode(), codec.JSON, "", 422, "has shape"),
+        (json.dumps({"inputs": {name: np.zeros((1, 16)).tolist()}, "dtypes": {name: "int64"}}).encode(), codec.JSON,
+         "", 422, "int64"),
+        (json.dumps({"inputs": {}}).encode(), codec.JSON, "", 400, "missing input"),
+        (b"{not json", codec.JSON, "", 400, "not JSON"),
+        (b"\x93NUMPY junk", codec.NPY, "", 400, ".npy"),
+        (b"\0" * 8, codec.RAW, "dtype=float32&shape=1,16", 400, "do not make"),
+    ]
+    for body, content_type, query, status, message in cases:
+        got, _, payload = _post(url, body, content_type, query)
+        assert got == status, (message, got, payload)
+        assert message in json.loads(payload)["error"]
+    good = loadtest.run_level(url, pool, concurrency=4, requests=8)
+    assert [a.status for a in good.answers] == [200] * 8 and all(a.correct for a in good.answers)
+
+
+def test_a_replica_killed_under_load_is_replaced_and_no_answer_is_wrong(served):
+    url, path = served
+    pool = loadtest.RequestPool(path, size=16)
+    probe = loadtest.run_level(url, pool, concurrency=4, requests=16)
+    victim = next(a.replica for a in probe.answers if a.replica)
+    results = []
+    load = threading.Thread(target=lambda: results.append(loadtest.run_level(url, pool, concurrency=4, requests=400)))
+    load.start()
+    time.sleep(0.3)
+    killed_at = time.perf_counter()
+    ray.kill(ray.get_actor(victim, namespace="serve"), no_restart=True)
+    load.join(timeout=120)
+    (under_load,) = results
+    assert any(a.finished > killed_at + 0.2 for a in under_load.answers), "the load ended before the kill"
+    answered = under_load.ok()
+    assert answered and all(a.correct for a in answered), "a request got a wrong answer"
+    failed = [a for a in under_load.answers if a.status != 200]
+    assert all(a.status >= 500 or a.status == 0 for a in failed), [(a.status, a.error) for a in failed][:3]
+    # Serve replaces the replica: two replicas answer again, the killed one not among them.
+    deadline, seen = time.time() + 60, set()
+    while time.time() < deadline and len(seen) < 2:
+        after = loadtest.run_level(url, pool, concurrency=8, requests=32)
+        assert [a.status for a in after.answers] == [200] * 32 and all(a.correct for a in after.answers)
+        seen |= {a.replica for a in after.answers}
+        time.sleep(0.5)
+    assert victim not in seen
+    assert len(seen) == 2, f"the killed replica was not replaced: {serve.status().applications['aitune']}"
