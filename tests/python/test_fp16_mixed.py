@@ -82,6 +82,7 @@ def test_mixed_precision_keeps_sensitive_nodes_and_the_search_finds_a_smaller_se
     report = tuner.select(_core.StrategyConfig(performance_validation=False))
     data = json.loads(report.to_json())
     assert data["candidates"][2]["fp32_nodes"] == searched.fp32_nodes
+    assert f"graph of cpu fp16 searched model: fp16_search; kept in fp32: 1 node ({head[0]})" in report.summary_table()
     assert not (tmp_path / "model_fp16_search_step.onnx").exists()
 
 
