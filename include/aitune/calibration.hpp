@@ -11,7 +11,7 @@ namespace aitune {
 
 /// The default factor: a candidate at precision P may err up to twice as much as eager
 /// PyTorch at P does on the same samples (`ait.tune(..., accuracy_factor=)`,
-/// `aitune tune --accuracy-factor`).
+/// `TunerOptions::accuracy_factor`).
 inline constexpr double kDefaultAccuracyFactor = 2.0;
 
 /// Eager PyTorch at one reduced precision, compared with the strict reference: per sample,

@@ -150,7 +150,13 @@ std::string TuneReport::summary_table() const {
       out << sep << op << ": " << count;
       sep = ", ";
     }
-    out << (c.fused_operators.empty() ? "" : ")") << "\n";
+    out << (c.fused_operators.empty() ? "" : ")");
+    if (!c.fp32_nodes.empty()) {  // mixed precision: the nodes kept in fp32 (a few named)
+      out << "; kept in fp32: " << c.fp32_nodes.size() << " node" << (c.fp32_nodes.size() == 1 ? "" : "s") << " (";
+      for (std::size_t i = 0; i < c.fp32_nodes.size() && i < 5; ++i) out << (i ? ", " : "") << c.fp32_nodes[i];
+      out << (c.fp32_nodes.size() > 5 ? ", ...)" : ")");
+    }
+    out << "\n";
   }
   // Accuracy per output of reduced-precision candidates: its error, eager's at the same
   // precision, the ratio and which rule decided.

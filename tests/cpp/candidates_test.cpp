@@ -76,6 +76,8 @@ TEST(PlanCandidates, CudaStaticShapesWithConvolutions) {
                              "cuda[enable_cuda_graph=1,use_tf32=0]",
                              "cuda[enable_cuda_graph=1,use_tf32=1]",
                              "cuda[enable_cuda_graph=1,use_tf32=1] fp16 model",
+                             "cuda[enable_cuda_graph=1,use_tf32=1] fp16 mixed model",
+                             "cuda[enable_cuda_graph=1,use_tf32=1] fp16 searched model",
                              "cuda[enable_cuda_graph=1,prefer_nhwc=1,use_tf32=1] fp16 model",
                              "cuda[enable_cuda_graph=1,fuse_conv_bias=1,prefer_nhwc=1,use_tf32=1] fp16 model",
                              "cuda[enable_cuda_graph=1,use_tf32=0] + ort_fusions",
@@ -84,19 +86,23 @@ TEST(PlanCandidates, CudaStaticShapesWithConvolutions) {
                              "cuda[enable_cuda_graph=1,sdpa_kernel=8,use_tf32=1] + ort_fusions fp16",
                          }));
   EXPECT_EQ(plan[6].model_transform, "fp16");
-  EXPECT_EQ(plan[6].precision, Precision::kFP16);
-  EXPECT_EQ(plan[7].config.provider_options.at("prefer_nhwc"), "1");
-  EXPECT_FALSE(plan[7].config.provider_options.contains("fuse_conv_bias"));
-  EXPECT_EQ(plan[8].config.provider_options.at("prefer_nhwc"), "1");
-  EXPECT_EQ(plan[8].config.provider_options.at("fuse_conv_bias"), "1");
+  EXPECT_EQ(plan[7].model_transform, "fp16_mixed");
+  EXPECT_EQ(plan[8].model_transform, "fp16_search");
+  EXPECT_EQ(plan[8].config, plan[6].config);  // the search is tried where this fp16 model fails
   EXPECT_EQ(plan[8].precision, Precision::kFP16);
-  EXPECT_EQ(plan[10].precision, Precision::kTF32);
-  EXPECT_EQ(plan[11].model_transform, "ort_fusions+fp16");
-  EXPECT_EQ(plan[11].precision, Precision::kFP16);
-  EXPECT_EQ(plan[11].config, plan[6].config);
-  EXPECT_EQ(plan[12].model_transform, "ort_fusions+fp16");  // cuDNN flash attention, on the fused model only
-  EXPECT_EQ(plan[12].config.provider_options.at("sdpa_kernel"), "8");
-  EXPECT_TRUE(plan[12].only_where_fusion_applies());
+  EXPECT_EQ(plan[6].precision, Precision::kFP16);
+  EXPECT_EQ(plan[9].config.provider_options.at("prefer_nhwc"), "1");
+  EXPECT_FALSE(plan[9].config.provider_options.contains("fuse_conv_bias"));
+  EXPECT_EQ(plan[10].config.provider_options.at("prefer_nhwc"), "1");
+  EXPECT_EQ(plan[10].config.provider_options.at("fuse_conv_bias"), "1");
+  EXPECT_EQ(plan[10].precision, Precision::kFP16);
+  EXPECT_EQ(plan[12].precision, Precision::kTF32);
+  EXPECT_EQ(plan[13].model_transform, "ort_fusions+fp16");
+  EXPECT_EQ(plan[13].precision, Precision::kFP16);
+  EXPECT_EQ(plan[13].config, plan[6].config);
+  EXPECT_EQ(plan[14].model_transform, "ort_fusions+fp16");  // cuDNN flash attention, on the fused model only
+  EXPECT_EQ(plan[14].config.provider_options.at("sdpa_kernel"), "8");
+  EXPECT_TRUE(plan[14].only_where_fusion_applies());
 }
 
 TEST(PlanCandidates, PrecisionLimitsAndTheModelsOwnPrecision) {

@@ -334,6 +334,30 @@ def separate_consumed_outputs(model: onnx.ModelProto) -> int:
     return separated
 
 
+def _drop_fp16_round_trips(model: onnx.ModelProto) -> int:
+    """The converter casts every value between two nodes kept in fp32 to fp16 and back
+    (Cast to fp16, Cast to fp32): the value is rounded to fp16 although both nodes compute
+    in fp32. Consumers of such a round trip read the original fp32 value instead (the
+    unused Casts are left for ONNX Runtime to drop). Returns the round trips bypassed."""
+    to = {n.output[0]: n for n in model.graph.node if n.op_type == "Cast" and n.output}
+
+    def cast_to(node) -> int | None:
+        return next((a.i for a in node.attribute if a.name == "to"), None)
+
+    outputs = {o.name for o in model.graph.output}
+    bypass = {}
+    for name, node in to.items():
+        source = to.get(node.input[0])
+        if cast_to(node) == onnx.TensorProto.FLOAT and source is not None \
+                and cast_to(source) == onnx.TensorProto.FLOAT16 and name not in outputs:
+            bypass[name] = source.input[0]
+    for node in model.graph.node:
+        for i, value in enumerate(node.input):
+            if value in bypass:
+                node.input[i] = bypass[value]
+    return len(bypass)
+
+
 def convert_to_fp16(source: Path, target: Path, *, op_block_list: list[str] | None = None,
                     node_block_list: list[str] | None = None) -> Path:
     """An fp16 copy of an exported model for the CUDA provider's fp16 candidate: weights
@@ -342,13 +366,22 @@ def convert_to_fp16(source: Path, target: Path, *, op_block_list: list[str] | No
     onnxconverter-common's converter; ImportError when it is not installed. Written to a
     temporary sibling first, so a failed conversion leaves no half-written model.
     ``op_block_list`` / ``node_block_list``: operator types / node names kept in fp32
-    (None: the converter's default operator list, no node)."""
-    from onnxconverter_common import float16
-
+    (None: the converter's default operator list, no node). With block lists the
+    conversion is onnxruntime.transformers' fork of the same converter (same arguments):
+    onnxconverter-common 1.16's leaves a blocked node's input Cast out where blocked nodes
+    are adjacent (a model that names a value nothing produces)."""
     model = onnx.load(str(source))
     separate_consumed_outputs(model)
-    converted = float16.convert_float_to_float16(model, keep_io_types=True, op_block_list=op_block_list,
-                                                 node_block_list=node_block_list)
+    if op_block_list is None and node_block_list is None:
+        from onnxconverter_common import float16
+
+        converted = float16.convert_float_to_float16(model, keep_io_types=True)
+    else:
+        from onnxruntime.transformers import float16
+
+        converted = float16.convert_float_to_float16(model, keep_io_types=True, op_block_list=op_block_list,
+                                                     node_block_list=node_block_list)
+        _drop_fp16_round_trips(converted)
     scratch = target.with_name(target.name + ".partial")
     large = converted.ByteSize() > 1_800_000_000  # protobuf's 2 GB limit: weights go to a side file
     onnx.save(converted, str(scratch), save_as_external_data=large, location=target.name + ".data" if large else None)

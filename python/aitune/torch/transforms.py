@@ -200,22 +200,25 @@ SENSITIVE_OPS = (
     "SkipSimplifiedLayerNormalization", "RMSNormalization", "GroupNormalization", "InstanceNormalization",
     "Exp", "Log", "Pow", "Sqrt", "Reciprocal", "Div", "Erf",
 )
-#: A MatMul / Gemm whose weight has at least this many output columns and whose result is
-#: a graph output is a vocabulary- (or class-) sized projection: kept in fp32 (logits).
+#: The last MatMul / Gemm of a graph whose weight has at least this many output columns is
+#: its vocabulary- (or class-) sized projection (an LM head): kept in fp32 (the logits).
 VOCABULARY_COLUMNS = 1024
 
 
 def vocabulary_projections(model: onnx.ModelProto) -> list[str]:
-    """Names of MatMul / Gemm nodes that produce a graph output through a weight of at
-    least VOCABULARY_COLUMNS columns (an LM head, a large classifier)."""
-    outputs = {o.name for o in model.graph.output}
-    columns = {init.name: init.dims[-1] for init in model.graph.initializer if init.dims}
+    """The name of the last MatMul / Gemm node whose weight (an initializer) has at least
+    VOCABULARY_COLUMNS output columns, if there is one (a Gemm with transB=1 stores its
+    weight as (columns, features))."""
+    weights = {init.name: list(init.dims) for init in model.graph.initializer if init.dims}
     found = []
     for node in model.graph.node:
-        if node.op_type not in ("MatMul", "Gemm") or not set(node.output) & outputs or len(node.input) < 2:
+        if node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2 or node.input[1] not in weights:
             continue
-        if columns.get(node.input[1], 0) >= VOCABULARY_COLUMNS:
-            found.append(node.name)
+        dims = weights[node.input[1]]
+        trans_b = any(a.name == "transB" and a.i == 1 for a in node.attribute)
+        columns = dims[0] if node.op_type == "Gemm" and trans_b else dims[-1]
+        if columns >= VOCABULARY_COLUMNS and node.name:
+            found = [node.name]
     return found
 
 
@@ -223,7 +226,7 @@ def float_compute_nodes(path: Path) -> list[str]:
     """Names of the nodes an fp16 conversion changes, in graph (topological) order: those
     of no operator the converter keeps by default; what the fp32-node search bisects.
     Nodes without a name cannot be named in a block list and are left out."""
-    from onnxconverter_common import float16
+    from onnxruntime.transformers import float16
 
     model = onnx.load(str(path), load_external_data=False)
     default = set(float16.DEFAULT_OP_BLOCK_LIST)
@@ -232,8 +235,8 @@ def float_compute_nodes(path: Path) -> list[str]:
 
 def fp16_keeping(source: Path, target: Path, nodes: list[str]) -> Path:
     """An fp16 copy of ``source`` keeping ``nodes`` (names) in fp32, besides the
-    converter's default operators (onnxconverter-common's node_block_list)."""
-    from onnxconverter_common import float16
+    converter's default operators (the converter's node_block_list)."""
+    from onnxruntime.transformers import float16
 
     from aitune.torch import export
 
@@ -242,7 +245,7 @@ def fp16_keeping(source: Path, target: Path, nodes: list[str]) -> Path:
 
 
 def _to_fp16_mixed(source, context: TransformContext):
-    from onnxconverter_common import float16
+    from onnxruntime.transformers import float16
 
     from aitune.torch import export
 
@@ -280,7 +283,7 @@ class ModelTransform:
 #: by name. A plan's name joins steps with '+'; each applies to the previous step's model.
 MODEL_TRANSFORMS: dict[str, ModelTransform] = {
     FP16: ModelTransform(_to_fp16, "onnxconverter-common"),
-    FP16_MIXED: ModelTransform(_to_fp16_mixed, "onnxconverter-common"),
+    FP16_MIXED: ModelTransform(_to_fp16_mixed, "onnxruntime"),
     ORT_FUSIONS: ModelTransform(_fusion(True), "onnxscript"),
     ORT_TRANSFORMERS_OPTIMIZER: ModelTransform(_fusion(False), "onnxruntime"),
 }

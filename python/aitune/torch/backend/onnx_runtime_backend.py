@@ -355,8 +355,8 @@ class ONNXRuntimeBackend(Backend):
             path = transforms.fp16_keeping(exported, directory / "model_fp16_search.onnx", found.kept)
         except ImportError as error:
             tuner.add_failed(planned.name, self.describe(), group,
-                             f"model transform '{transforms.FP16_SEARCH}' needs onnxconverter-common: pip install "
-                             f"onnxconverter-common ({error})", planned.precision)
+                             f"model transform '{transforms.FP16_SEARCH}' needs onnxruntime's transformers package: "
+                             f"pip install onnxruntime ({error})", planned.precision)
             return
         candidate = _core.OnnxCandidate(planned.name, planned.config, planned.precision, transforms.FP16_SEARCH, {},
                                         list(found.kept))
