@@ -37,6 +37,8 @@ std::string esc(const std::string& text) {
 std::string num(double v, const char* format = "%.3g") {
   if (std::isnan(v)) return "NaN";
   if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  // A similarity near 1 (cosine 0.99991) must not read as exactly 1.
+  if (std::abs(v) > 0.99 && std::abs(v) < 1) format = "%.6g";
   char buf[64];
   std::snprintf(buf, sizeof buf, format, v);
   return buf;
@@ -65,11 +67,22 @@ std::string object_table(const json& object, int depth) {
 
 // A table with one row per object of `rows` and a column per key any of them has.
 std::string rows_table(const json& rows, int depth, const std::string& css = "rows") {
+  // What a reader looks for first leads; every other field follows in name order, the
+  // long texts last (JSON objects keep their keys sorted, which would put "name" late).
+  static const std::vector<std::string> first = {"candidate", "name", "passed", "module", "node", "op",
+                                                 "max_abs_error", "max abs error", "atol", "rtol", "max_rel_error"};
+  static const std::vector<std::string> last = {"failure", "summary", "sample"};
   std::vector<std::string> keys;
   std::set<std::string> seen;
+  for (const auto& k : first)
+    for (const auto& row : rows)
+      if (row.contains(k) && seen.insert(k).second) keys.push_back(k);
   for (const auto& row : rows)
     for (const auto& [key, value] : row.items())
-      if (seen.insert(key).second) keys.push_back(key);
+      if (std::find(last.begin(), last.end(), key) == last.end() && seen.insert(key).second) keys.push_back(key);
+  for (const auto& k : last)
+    for (const auto& row : rows)
+      if (row.contains(k) && seen.insert(k).second) keys.push_back(k);
   std::string out = "<table class=\"" + css + "\"><tr>";
   for (const auto& k : keys) out += "<th>" + esc(k) + "</th>";
   out += "</tr>";
