@@ -215,6 +215,8 @@ DivergenceReport debug_precision(const std::string& model_path, const std::strin
   const auto expected = run_with_outputs(model_path, values, reference, inputs);
   const auto actual = run_with_outputs(candidate_model.empty() ? model_path : candidate_model, values, candidate, inputs);
   const Tolerance applied = tolerance.value_or(default_tolerance(DType::kFloat32, precision));
+  const auto candidate_nodes = candidate_model.empty() ? nodes : onnx_graph_nodes(candidate_model);
+  const auto candidate_producers = producers(candidate_nodes);
 
   DivergenceReport report;
   report.reference = "the fp32 CPU run of the same graph";
@@ -230,7 +232,15 @@ DivergenceReport debug_precision(const std::string& model_path, const std::strin
       }
       ++report.compared;
       if (check->passed) continue;
-      report.first = DivergencePoint{n.scope, n.name, n.op_type, v, *check};
+      // Named as the candidate's graph has it (a transformed copy may compute the value
+      // with another op), with the reference's scope where the copy lost it.
+      DivergencePoint p{n.scope, n.name, n.op_type, v, *check};
+      if (auto c = candidate_producers.find(v); c != candidate_producers.end()) {
+        p.node = c->second->name;
+        p.op_type = c->second->op_type;
+        if (!c->second->scope.empty()) p.module = c->second->scope;
+      }
+      report.first = std::move(p);
       return report;
     }
   }

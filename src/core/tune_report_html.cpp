@@ -37,6 +37,8 @@ std::string esc(const std::string& text) {
 std::string num(double v, const char* format = "%.3g") {
   if (std::isnan(v)) return "NaN";
   if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  // A similarity near 1 (cosine 0.99991) must not read as exactly 1.
+  if (std::abs(v) > 0.99 && std::abs(v) < 1) format = "%.6g";
   char buf[64];
   std::snprintf(buf, sizeof buf, format, v);
   return buf;
@@ -65,17 +67,33 @@ std::string object_table(const json& object, int depth) {
 
 // A table with one row per object of `rows` and a column per key any of them has.
 std::string rows_table(const json& rows, int depth, const std::string& css = "rows") {
+  // What a reader looks for first leads; every other field follows in name order, the
+  // long texts last (JSON objects keep their keys sorted, which would put "name" late).
+  static const std::vector<std::string> first = {"candidate", "name", "passed", "module", "node", "op",
+                                                 "max_abs_error", "max abs error", "atol", "rtol", "max_rel_error"};
+  static const std::vector<std::string> last = {"failure", "summary", "sample"};
   std::vector<std::string> keys;
   std::set<std::string> seen;
+  for (const auto& k : first)
+    for (const auto& row : rows)
+      if (row.contains(k) && seen.insert(k).second) keys.push_back(k);
   for (const auto& row : rows)
     for (const auto& [key, value] : row.items())
-      if (seen.insert(key).second) keys.push_back(key);
+      if (std::find(last.begin(), last.end(), key) == last.end() && seen.insert(key).second) keys.push_back(key);
+  for (const auto& k : last)
+    for (const auto& row : rows)
+      if (row.contains(k) && seen.insert(k).second) keys.push_back(k);
   std::string out = "<table class=\"" + css + "\"><tr>";
   for (const auto& k : keys) out += "<th>" + esc(k) + "</th>";
   out += "</tr>";
   for (const auto& row : rows) {
     out += "<tr>";
-    for (const auto& k : keys) out += "<td>" + (row.contains(k) ? value_html(row[k], depth + 1) : "") + "</td>";
+    for (const auto& k : keys) {
+      // Long texts (a failure sentence) wrap in a wide cell; numbers stay on one line.
+      const bool long_text = row.contains(k) && row[k].is_string() && row[k].get<std::string>().size() > 40;
+      out += std::string(long_text ? "<td class=\"long\">" : "<td>") +
+             (row.contains(k) ? value_html(row[k], depth + 1) : "") + "</td>";
+    }
     out += "</tr>";
   }
   return out + "</table>";
@@ -262,7 +280,7 @@ const char* kStyle = R"(
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:24px;color:#1a202c;max-width:1160px}
 h1{font-size:22px;margin:0 0 6px} h2{font-size:18px;margin:28px 0 8px;border-bottom:1px solid #e2e8f0;padding-bottom:4px}
 table{border-collapse:collapse;font-size:12px} th,td{border:1px solid #e2e8f0;padding:3px 6px;text-align:left;vertical-align:top}
-th{background:#f7fafc;font-weight:600} table.kv th{width:1%;white-space:nowrap}
+th{background:#f7fafc;font-weight:600} table:not(.kv) td{white-space:nowrap} table:not(.kv) td.long{white-space:normal;min-width:24em} table.kv th{width:1%;white-space:nowrap}
 .candidate{border:1px solid #cbd5e0;border-radius:6px;margin:12px 0;padding:10px 12px}
 .candidate h3{margin:0 0 6px;font-size:15px;word-break:break-all} .side{display:flex;gap:18px;flex-wrap:wrap}
 .side>div{flex:1 1 360px;min-width:0;overflow-x:auto} .status{display:inline-block;padding:1px 8px;border-radius:10px;font-size:12px;margin-left:6px}
