@@ -117,6 +117,7 @@ def measured_call(graph, tuned: TunedGraph) -> Callable[[], Any]:
     The first call (the general path, which adds the route) is made here."""
     calls = ModuleDispatch(graph.module_name, graph.module, graph.signature, eager_fallback=False,
                            tuned={graph.identity: (graph, tuned)}, recorded=[graph])
+    calls.measuring = True
     largest = max(graph.samples, key=lambda sample: sample.batch_size)
     args, kwargs = graph.call_arguments(largest.inputs)
     module = _MeasuredModule(calls)
@@ -218,6 +219,7 @@ class ModuleDispatch:
         self.mode_logged = False  # the first call run eagerly for the other mode was logged
         self.warned: set = set()
         self.grad_logged = False  # the first call run eagerly for autograd was logged
+        self.measuring = False  # made by measured_call to measure a candidate, not a module's
 
     def in_other_mode(self, training: bool) -> bool:
         """Whether a module in mode ``training`` is in the other mode than the graphs were
