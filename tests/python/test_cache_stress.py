@@ -21,7 +21,7 @@ _WORKER = textwrap.dedent("""
     from torch_models import MLP
     root, worker, rounds = __import__("pathlib").Path(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
     names = ["shared", "coll/x", "coll_x"]
-    x = torch.linspace(-1, 1, 3 * 16).reshape(3, 16)
+    x = torch.linspace(-1, 1, 2 * 16).reshape(2, 16)
     config = ONNXRuntimeBackendConfig(execution_provider="cpu", tune_provider_options=False,
                                       transformer_fusions=False, use_dynamo=False)
     records = []

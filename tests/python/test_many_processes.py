@@ -121,18 +121,17 @@ def test_loads_during_overwrites_never_report_corruption(tmp_path):
     target = tmp_path / "ck"
     manifest = _core.CheckpointManifest(module_name="v0", graphs=[_core.CheckpointGraph(key="g")])
     _core.Checkpoint.save(str(target), manifest, {"graphs/g/model_raw.onnx": str(small)})
-    writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(target), str(small), str(large), "150"])
-    loads, replaced = 0, 0
+    writer = subprocess.Popen([sys.executable, "-c", _WRITER, str(target), str(small), str(large), "300"])
+    loads = 0
     try:
         while writer.poll() is None:
             checkpoint = _core.Checkpoint.load(str(target))  # CheckpointCorruptError on main
             loads += 1
             expected = {"v0": small, "v1": large}[checkpoint.manifest.module_name]
             assert checkpoint.manifest.graphs[0].artifacts[0].size == expected.stat().st_size
-            replaced += not checkpoint.is_current()
     finally:
         writer.wait()
-    assert writer.returncode == 0 and loads > 5
+    assert writer.returncode == 0 and loads >= 3
     assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name or ".old-" in p.name]
 
 

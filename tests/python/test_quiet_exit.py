@@ -23,7 +23,8 @@ _SCRIPT = textwrap.dedent("""
     from test_fusions import TinyBert
     from torch_models import MLP
 
-    cpu = lambda: ait.OneBackendStrategy(backend=ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cpu")))
+    cpu = lambda: ait.OneBackendStrategy(backend=ONNXRuntimeBackend(ONNXRuntimeBackendConfig(
+        execution_provider="cpu", tune_provider_options=False, transformer_fusions=False)))  # dynamo export: the folder runs
     bert = ait.Module(TinyBert().eval(), "bert", strategy=cpu())
     mlp = ait.Module(MLP().eval(), "mlp", strategy=cpu())
     ait.tune(bert, [torch.randint(0, 100, (16,)) for _ in range(2)])

@@ -561,8 +561,13 @@ def test_a_model_file_replaced_since_tuning_is_not_saved(tmp_path):
     torch.manual_seed(0)
     first, _ = _tune(MLP().eval(), "mlp", [torch.randn(16) for _ in range(2)])
     torch.manual_seed(1)
-    _tune(MLP().eval(), "mlp", [torch.randn(16) for _ in range(2)])  # same name: rewrites the cache files
-    with pytest.raises(aitune.StateError, match=r"was replaced since the session was created.*named 'mlp'"):
+    second, _ = _tune(MLP().eval(), "mlp", [torch.randn(16) for _ in range(2)])  # same name: its own directory
+    ait.save(second, tmp_path / "second")
+    ((_, tuned),) = first._ait_tuned.values()
+    model = Path(tuned.session.model_path)
+    os.replace(tmp_path / "second" / "graphs" / next((tmp_path / "second" / "graphs").iterdir()).name / model.name,
+               model)  # something else rewrote this tune's file
+    with pytest.raises(aitune.StateError, match=r"was replaced since the session was created"):
         ait.save(first, tmp_path / "ckpt")
     assert not (tmp_path / "ckpt").exists()
 

@@ -127,7 +127,7 @@ def test_opset_version_is_passed_to_the_exporter(cache_dir):
 
     model = ait.Module(MLP().eval(), "mlp", strategy=cpu_strategy(opset_version=18))
     ait.tune(model, torch.randn(16))
-    (path,) = cache_dir.glob("mlp/*/*/model_raw.onnx")
+    (path,) = cache_dir.glob("mlp/*/*/run-*/model_raw.onnx")
     opsets = {o.domain: o.version for o in onnx.load(str(path), load_external_data=False).opset_import}
     assert opsets[""] == 18
 

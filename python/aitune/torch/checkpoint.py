@@ -38,7 +38,6 @@ from aitune.torch.checkpoint_structure import (
     corrupt,
     field,
     graph_structure,
-    saved_graph,
 )
 from aitune.torch.graph import SavedGraph
 from aitune.torch.module import Module, ModuleState

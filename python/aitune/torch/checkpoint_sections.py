@@ -126,9 +126,10 @@ class OnnxRuntimeSection(CheckpointSection):
         if now is None or now != tuned.model_file:
             why = "no longer exists" if now is None else "was replaced since the session was created"
             raise _core.StateError(
-                f"ait.save: the ONNX model of graph '{graph.key}', {session.model_path}, {why} (another ait.tune of a "
-                f"module named '{graph.module_name}' rewrites its cache directory, and saving a loaded module over or "
-                "after removing the checkpoint it came from loses its files); tune or load the module again, then save"
+                f"ait.save: the ONNX model of graph '{graph.key}', {session.model_path}, {why} (each tune has a "
+                f"directory of its own in the cache, held until its process exits, so something else changed it; saving "
+                "a loaded module over or after removing the checkpoint it came from loses its files too); tune or load "
+                "the module again, then save"
             )
         structure["order"] = list(tuned.order)
         structure["backend"] = tuned.describe()

@@ -60,6 +60,11 @@ def _stack(samples: list[Any]) -> Any:
     leaves = []
     for column in zip(*(leaves for leaves, _ in flat)):
         first = column[0]
+        if len(column) == 1 and isinstance(first, torch.Tensor) and not first.requires_grad:
+            # A batch of one is a view of the sample, kept by the recording without a
+            # copy (ait.tune refuses to tune when the sample changed in place meanwhile).
+            leaves.append(mark_owned_batch(first.detach().unsqueeze(0)))
+            continue
         if isinstance(first, (torch.Tensor, np.ndarray)):
             leaves.append(mark_owned_batch(torch.stack([torch.as_tensor(v) for v in column])))
             continue

@@ -239,6 +239,9 @@ class RecordedGraph(_GraphCalls):
         # state: a counter, running statistics); an export cannot carry that and refuses.
         self.mutated_state: list[str] = []
         self._nan_warned: set[str] = set()
+        # Recorded tensors kept without a copy (batches ait.tune made) and their version
+        # counters then: a tune checks that nothing changed them in place since.
+        self.borrowed: list[tuple[torch.Tensor, int]] = []
         # The mode the calls ran in: an exported graph keeps that mode's behaviour (dropout,
         # BatchNorm statistics), so the dispatch serves only calls in the same mode.
         self.training: bool | None = bool(module.training)
@@ -264,7 +267,7 @@ class RecordedGraph(_GraphCalls):
         self._warn_all_nan(out_tensors)
         self.samples.append(
             Sample(
-                inputs=[t.detach() if is_owned_batch(t) else t.detach().clone() for t in input_tensors],
+                inputs=[self._keep(t) for t in input_tensors],
                 outputs=[t.detach().clone() for t in out_tensors],
                 batch_size=batch_size,
             )
@@ -288,6 +291,22 @@ class RecordedGraph(_GraphCalls):
                     RuntimeWarning,
                     stacklevel=2,
                 )
+
+    def _keep(self, tensor: torch.Tensor) -> torch.Tensor:
+        if not is_owned_batch(tensor):
+            return tensor.detach().clone()
+        self.borrowed.append((tensor, tensor._version))
+        return tensor.detach()
+
+    def check_unchanged(self) -> None:
+        """ValueError when a tensor kept without a copy was changed in place since it was
+        recorded (its samples would no longer match the recorded outputs)."""
+        if any(tensor._version != version for tensor, version in self.borrowed):
+            raise ValueError(
+                f"ait.Module '{self.module_name}': a sample tensor was changed in place after it was recorded "
+                "(ait.tune keeps the samples it was given without copying them); leave the samples unchanged while "
+                "ait.tune runs"
+            )
 
     def graph_spec(self, input_names: list[str] | None = None) -> _core.GraphSpec:
         """Min/max shapes, batch and dynamic axes of the recorded samples, derived by
@@ -362,6 +381,25 @@ class SavedGraph(_GraphCalls):
         self._description = description
         self._spec = spec
         self.samples: list[Sample] = []
+        # Recorded tensors kept without a copy (batches ait.tune made) and their version
+        # counters then: a tune checks that nothing changed them in place since.
+        self.borrowed: list[tuple[torch.Tensor, int]] = []
+
+    def _keep(self, tensor: torch.Tensor) -> torch.Tensor:
+        if not is_owned_batch(tensor):
+            return tensor.detach().clone()
+        self.borrowed.append((tensor, tensor._version))
+        return tensor.detach()
+
+    def check_unchanged(self) -> None:
+        """ValueError when a tensor kept without a copy was changed in place since it was
+        recorded (its samples would no longer match the recorded outputs)."""
+        if any(tensor._version != version for tensor, version in self.borrowed):
+            raise ValueError(
+                f"ait.Module '{self.module_name}': a sample tensor was changed in place after it was recorded "
+                "(ait.tune keeps the samples it was given without copying them); leave the samples unchanged while "
+                "ait.tune runs"
+            )
 
     def graph_spec(self, input_names: list[str] | None = None) -> _core.GraphSpec:
         """The graph spec saved with the graph (of the inputs its ONNX model declares)."""

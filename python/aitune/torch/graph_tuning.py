@@ -102,6 +102,7 @@ def reference_outputs(graph: RecordedGraph) -> list[list[torch.Tensor]]:
 
 def _samples(graph: RecordedGraph) -> list[tuple[list[torch.Tensor], list[torch.Tensor], int]]:
     """Inputs on the module's device, reference outputs in host memory (the engine compares there)."""
+    graph.check_unchanged()
     return [
         ([t.detach().contiguous() for t in s.inputs], expected, max(s.batch_size, 1))
         for s, expected in zip(graph.samples, reference_outputs(graph), strict=True)

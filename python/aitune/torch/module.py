@@ -410,7 +410,7 @@ class Module(DispatchedModule):
                           else self._ait_strategies.for_graphs(self._ait_name, graphs))
             tuned: dict[Any, tuple[RecordedGraph, TunedGraph]] = {}
             for (identity, graph), graph_strategy in zip(self._ait_graphs.items(), strategies, strict=True):
-                tuned[identity] = (graph, tune_graph(graph_strategy, graph, options))
+                tuned[identity] = (graph, tune_graph(graph_strategy, graph, options, measured_call))
                 logger.info("ait.Module '%s' %s: %s", self._ait_name, graph.key, tuned[identity][1].describe())
         except Exception:
             self.__dict__.pop("_ait_before_tuning", None)
