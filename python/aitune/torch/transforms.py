@@ -149,6 +149,8 @@ def fused_to_fp16(fused: FusedModel, target: Path) -> FusedModel:
     kept in their dtypes so the interface and the correctness check are unchanged."""
     from onnxruntime.transformers.onnx_model import OnnxModel
 
+    from aitune.torch import export
+
     proto = onnx.load(str(fused.path))
     export.separate_consumed_outputs(proto)  # the same converter bug (see there)
     model = OnnxModel(proto)
