@@ -216,8 +216,8 @@ def export_onnx(
 
     Refused (``ExportError``): a graph whose forward changed the module's buffers or
     parameters while recording (an ONNX graph cannot write them back), and a trace export
-    during which the model's code made the tracer warn that the trace may be incorrect
-    (a tensor turned into a Python value for control flow: ``TraceWarningError``), unless
+    during which the model's code turned a tensor computed from the input values into a
+    Python value (control flow on it: ``TraceWarningError``, see ``trace_values``), unless
     ``allow_trace_warnings``."""
     if graph.mutated_state:
         raise ExportError(
