@@ -69,6 +69,18 @@ class LastHidden(torch.nn.Module):
         return self.model(input_ids=input_ids, **kwargs).last_hidden_state
 
 
+class Logits(torch.nn.Module):
+    """A causal LM as ``forward(input_ids) -> logits`` (no KV cache): the vocabulary-sized
+    output whose reduced-precision error the correctness check must judge (issue 24)."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model(input_ids=input_ids, use_cache=False).logits
+
+
 def calibrated(model: torch.nn.Module, shape: tuple[int, ...]) -> torch.nn.Module:
     """``model`` on the GPU with BatchNorm statistics from data, not the init's 0 / 1 (a few
     training-mode forwards of random inputs), in eval mode."""
@@ -106,6 +118,23 @@ def gpt2(batch: int, seq: int):
     return model, torch.randint(0, 50257, (batch, seq), device="cuda")
 
 
+def llama(batch: int, seq: int):
+    """Llama-shaped (hidden 2048, 8 layers, 32 query / 4 key-value heads, vocab 32000)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=8, num_attention_heads=32,
+                         num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048)
+    model = Logits(LlamaForCausalLM(config)).cuda().eval()
+    return model, torch.randint(0, 32000, (batch, seq), device="cuda")
+
+
+def gpt2_lm(batch: int, seq: int):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = Logits(GPT2LMHeadModel(GPT2Config())).cuda().eval()
+    return model, torch.randint(0, 50257, (batch, seq), device="cuda")
+
+
 MODELS = {
     "resnet50_b1": lambda: resnet50(1),
     "resnet50_b16": lambda: resnet50(16),
@@ -115,6 +144,8 @@ MODELS = {
     "resnet18_b1": lambda: table_model(lambda: table_models.resnet18()[0], (1, 3, 224, 224)),
     "resnet18_b32": lambda: table_model(lambda: table_models.resnet18()[0], (32, 3, 224, 224)),
     "encoder_b8_s128": lambda: table_model(table_models.Encoder, (8, 128, 256)),
+    "llama_b1_s256": lambda: llama(1, 256),
+    "gpt2_lm_b8_s128": lambda: gpt2_lm(8, 128),
 }
 
 

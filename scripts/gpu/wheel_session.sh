@@ -14,6 +14,8 @@ export AITUNE_ORT_LIBRARY=/tmp/ortgpu/onnxruntime/capi/libonnxruntime.so.1.31.1
 # The image's default g++ links libstdc++ statically, which crashes ORT (docs/gpu.md).
 export CC=/usr/bin/gcc CXX=/usr/bin/g++ PYTHONUNBUFFERED=1
 d=$repo/.gpu/deps
+# The header-only libraries the host lacks, for the tests that configure CMake themselves.
+export AITUNE_DEPS_INCLUDE=$d/include
 # Small wheels the image lacks (onnxconverter-common), carried in .whl.
 if [ -d .whl ] && [ ! -d /tmp/site ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl

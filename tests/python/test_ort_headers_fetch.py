@@ -31,9 +31,12 @@ def _fresh_clone(tmp_path: Path) -> Path:
 
 def _configure(source: Path, build: Path, cache: Path, *defines: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "AITUNE_DOWNLOAD_CACHE": str(cache)}
+    # A host without the Debian header-only packages (the GPU host) names where its copies
+    # are, as its own build does (scripts/gpu/wheel_session.sh exports AITUNE_DEPS_INCLUDE).
+    deps = [f"-DAITUNE_DEPS_INCLUDE={os.environ['AITUNE_DEPS_INCLUDE']}"] if os.environ.get("AITUNE_DEPS_INCLUDE") else []
     return subprocess.run(
         ["cmake", "-S", str(source), "-B", str(build), "-DAITUNE_BUILD_PYTHON=OFF", "-DAITUNE_BUILD_CLI=OFF",
-         "-DAITUNE_BUILD_TESTS=OFF", *defines],
+         "-DAITUNE_BUILD_TESTS=OFF", *deps, *defines],
         env=env, capture_output=True, text=True, timeout=300)
 
 
