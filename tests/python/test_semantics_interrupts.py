@@ -3,6 +3,8 @@ to tune again and the module as it was."""
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 from torch_models import MLP, cpu_strategy
@@ -64,3 +66,37 @@ def test_interrupt_during_a_candidate_keeps_the_tuned_graphs(monkeypatch):
     del model.ait_module.forward
     ait.tune(model, _samples(), ignore_failing_modules=False)  # and tuning again works
     assert model.ait_state is ModuleState.TUNED
+
+
+@pytest.mark.parametrize("use_dynamo", [True, False], ids=["dynamo", "trace"])
+def test_interrupt_inside_an_exporter_import_then_tune_again(use_dynamo, tmp_path, monkeypatch):
+    """Ctrl-C while the exporter imports a package on first use (sympy, onnxscript) leaves
+    it half-initialised in sys.modules: its finished submodules stay, the package itself
+    is gone, and the next import of it fails (``module 'sympy' has no attribute 'core'``)."""
+    package = tmp_path / "halfpkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("from .done import ONE\nfrom .cut import CUT\n")  # as sympy's does
+    (package / "done.py").write_text("ONE = 1.0\n")
+    flag = tmp_path / "interrupted"
+    (package / "cut.py").write_text(
+        f"import pathlib\nflag = pathlib.Path({str(flag)!r})\n"
+        "if not flag.exists():\n    flag.touch()\n    raise KeyboardInterrupt\nCUT = 2.0\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    real_export = torch.onnx.export
+
+    def export_importing_lazily(*args, **kwargs):
+        import halfpkg  # as the exporter imports its dependencies on first use
+
+        assert halfpkg.done.ONE == 1.0
+        return real_export(*args, **kwargs)
+
+    monkeypatch.setattr(torch.onnx, "export", export_importing_lazily)
+    model = ait.Module(MLP().eval(), "lazy", strategy=cpu_strategy(use_dynamo=use_dynamo, tune_provider_options=False))
+    with pytest.raises(KeyboardInterrupt):
+        ait.tune(model, _samples(), ignore_failing_modules=False, disable_external_logging=True)
+    assert flag.exists()
+    ait.tune(model, _samples(), ignore_failing_modules=False, disable_external_logging=True)
+    assert model.ait_state is ModuleState.TUNED
+    for name in [n for n in sys.modules if n.startswith("halfpkg")]:
+        del sys.modules[name]

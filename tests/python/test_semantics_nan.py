@@ -7,6 +7,7 @@ import torch
 from torch_models import cpu_strategy
 
 import aitune.torch as ait
+from aitune.torch import ModuleState
 
 
 class NaNHead(torch.nn.Module):
@@ -24,3 +25,4 @@ def test_all_nan_output_tunes_with_a_warning_naming_it():
         ait.tune(model, [torch.randn(4) for _ in range(2)])
     assert not any("output_features" in str(w.message) for w in caught)
     assert sum("NaN everywhere" in str(w.message) for w in caught) == 1  # once, not per sample
+    assert model.ait_state is ModuleState.TUNED  # NaN where eager has NaN matches: it tunes, but said

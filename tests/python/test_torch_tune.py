@@ -260,7 +260,10 @@ class _DataDependent(torch.nn.Module):
 
 def test_first_wins_reports_why_dynamo_failed_and_the_trace_backend_wins(caplog):
     inner = _DataDependent().eval()
-    strategy = ait.FirstWinsStrategy([cpu_backend(use_dynamo=True), cpu_backend(use_dynamo=False)])
+    # The branch always takes one side: the user accepts the trace's risk (else it is refused,
+    # test_semantics_control_flow.py)
+    strategy = ait.FirstWinsStrategy([cpu_backend(use_dynamo=True),
+                                      cpu_backend(use_dynamo=False, allow_trace_warnings=True)])
     model = ait.Module(inner, "data-dependent", strategy=strategy)
     with caplog.at_level(logging.WARNING, logger="aitune"):
         ait.tune(model, torch.randn(4), disable_external_logging=True)

@@ -22,6 +22,7 @@ from aitune import _core
 from aitune.torch.context import exporters_quiet, run_eagerly
 from aitune.torch.graph import RecordedGraph
 from aitune.torch.library_logs import routed_to_aitune
+from aitune.torch.trace_values import ValueConversions
 
 logger = logging.getLogger("aitune")
 
@@ -31,37 +32,22 @@ class ExportError(_core.AituneError):
 
 
 class TraceWarningError(ExportError):
-    """The trace exporter warned that the trace may not generalise (a tensor's value
-    decided Python control flow in the model's code): the graph would bake in one branch."""
+    """While tracing, the model turned a tensor computed from its input values into a
+    Python value (control flow, ``int()``, ``.item()``): the graph would bake in what the
+    example input gave. The tracer warns of it (``TracerWarning``) among warnings about
+    shapes, which the check covers; this is raised only for the value-dependent ones."""
 
 
-#: Where torch's own sources live: tracer warnings from there are about torch's internals.
-_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-
-
-def _model_tracer_warnings(caught: list[warnings.WarningMessage]) -> list[warnings.WarningMessage]:
-    """The TracerWarnings raised from the model's code (not torch's own), one per source
-    line; the other warnings caught are shown again as they would have been."""
-    found: dict[tuple, warnings.WarningMessage] = {}
-    for w in caught:
-        if not issubclass(w.category, torch.jit.TracerWarning):
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-        elif not str(w.filename).startswith(_TORCH_DIR):
-            found.setdefault((w.filename, w.lineno), w)
-    return list(found.values())
-
-
-def _trace_refusal(graph: RecordedGraph, found: list[warnings.WarningMessage]) -> str:
+def _trace_refusal(graph: RecordedGraph, sites: dict[tuple[str, int], str]) -> str:
     lines = []
-    for w in found[:5]:
-        source = (linecache.getline(w.filename, w.lineno) or "").strip()
-        first = str(w.message).split(". ")[0]
-        lines.append(f"  {w.filename}:{w.lineno}: {source}  ({first})")
-    more = f"\n  ... and {len(found) - 5} more" if len(found) > 5 else ""
+    for (filename, lineno), conversion in list(sites.items())[:5]:
+        source = (linecache.getline(filename, lineno) or "").strip()
+        lines.append(f"  {filename}:{lineno}: {source}  (Tensor.{conversion} of a value computed from the inputs)")
+    more = f"\n  ... and {len(sites) - 5} more" if len(sites) > 5 else ""
     return (
-        f"trace export of {graph.module_name}/{graph.key}: the tracer cannot capture what these lines do with a "
-        f"tensor's value; the graph would keep the branch the example input took, for every input:\n"
-        + "\n".join(lines) + more
+        f"trace export of {graph.module_name}/{graph.key}: these lines turn a tensor computed from the input values "
+        "into a Python value, which the tracer cannot record; the graph would keep the branch (or number) the "
+        "example input gave, for every input:\n" + "\n".join(lines) + more
         + "\nHint: write the branch with torch.cond and export with use_dynamo=True, make it static (decided by "
         "shapes or constructor arguments), or accept the risk with "
         "ONNXRuntimeBackendConfig(use_dynamo=False, allow_trace_warnings=True) (shown in the tuning report)"
@@ -104,6 +90,9 @@ class _FlatModule(torch.nn.Module):
         self.training = graph.module.training  # do not flip the user's module into eval
 
     def forward(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        conversions = getattr(self, "conversions", None)
+        if conversions is not None:
+            conversions.note_inputs(tensors)
         args, kwargs = self.graph.call_arguments(tensors)
         # forward, not __call__: the module's own hooks run around the graph (ait.Module
         # shares them), never inside it, or they would apply twice
@@ -196,6 +185,23 @@ def _restore(saved: list[tuple[int, int]]) -> None:
         os.close(copy)
 
 
+@contextlib.contextmanager
+def _imports_undone_on_interrupt() -> Iterator[None]:
+    """The exporters import much on first use (sympy, onnxscript, torch._dynamo's parts).
+    Ctrl-C in the middle of such an import leaves half-initialised packages in
+    ``sys.modules`` (``module 'sympy' has no attribute 'core'`` on every later export), so
+    on an interrupt the modules first imported during the export are forgotten, and the
+    next export imports them afresh."""
+    before = set(sys.modules)
+    try:
+        yield
+    except BaseException as error:
+        if not isinstance(error, Exception):
+            for name in set(sys.modules) - before:
+                sys.modules.pop(name, None)
+        raise
+
+
 def export_onnx(
     graph: RecordedGraph,
     spec: _core.GraphSpec,
@@ -211,8 +217,8 @@ def export_onnx(
 
     Refused (``ExportError``): a graph whose forward changed the module's buffers or
     parameters while recording (an ONNX graph cannot write them back), and a trace export
-    during which the model's code made the tracer warn that the trace may be incorrect
-    (a tensor turned into a Python value for control flow: ``TraceWarningError``), unless
+    during which the model's code turned a tensor computed from the input values into a
+    Python value (control flow on it: ``TraceWarningError``, see ``trace_values``), unless
     ``allow_trace_warnings``."""
     if graph.mutated_state:
         raise ExportError(
@@ -227,10 +233,11 @@ def export_onnx(
     target = scratch / path.name
     flat = _FlatModule(graph)
     inputs = tuple(example_inputs(graph, spec))
-    tracer_warnings: list[warnings.WarningMessage] = []
+    conversions = ValueConversions()
+    object.__setattr__(flat, "conversions", conversions)
     try:
         with torch.no_grad(), run_eagerly(), same_math_as_export(graph.module), warnings.catch_warnings(), \
-                _exporter_output(), routed_to_aitune():
+                _exporter_output(), routed_to_aitune(), _imports_undone_on_interrupt():
             # Noise from inside torch about its own internals, not about the model.
             warnings.filterwarnings("ignore", message=r".*LeafSpec.*", category=FutureWarning)
             warnings.filterwarnings("ignore", message=r".*axis name: .* will not be used.*", category=UserWarning)
@@ -240,14 +247,12 @@ def export_onnx(
                 torch.onnx.export(flat, inputs, str(target), dynamo=True, dynamic_shapes=_dynamo_shapes(spec),
                                   verbose=False, **common)
             else:
-                with warnings.catch_warnings(record=True) as caught:  # the trace exporter is chosen on purpose here
+                with warnings.catch_warnings(), conversions:  # the trace exporter is chosen on purpose here
                     warnings.simplefilter("ignore", DeprecationWarning)
-                    warnings.simplefilter("always", torch.jit.TracerWarning)  # also where quiet: they are checked
                     torch.onnx.export(flat, inputs, str(target), dynamo=False, dynamic_axes=_trace_axes(spec),
                                       **common)
-                tracer_warnings = _model_tracer_warnings(caught)
-                if tracer_warnings and not allow_trace_warnings:
-                    raise TraceWarningError(_trace_refusal(graph, tracer_warnings))
+                if conversions.sites and not allow_trace_warnings:
+                    raise TraceWarningError(_trace_refusal(graph, conversions.sites))
         onnx.checker.check_model(str(target))
         for old in path.parent.glob(f"{path.name}*"):  # stale model and external data
             old.unlink()
@@ -271,8 +276,8 @@ def export_onnx(
         ) from error
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    if tracer_warnings:  # allowed: said in the log (the report names allow_trace_warnings=True in the backend)
-        logger.warning("%s; exported anyway (allow_trace_warnings=True)", _trace_refusal(graph, tracer_warnings))
+    if conversions.sites:  # allowed: said in the log (the report names allow_trace_warnings=True in the backend)
+        logger.warning("%s; exported anyway (allow_trace_warnings=True)", _trace_refusal(graph, conversions.sites))
     return path
 
 

@@ -1,0 +1,88 @@
+"""Which tensor-to-Python conversions in a trace depend on the input values, not only on shapes."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+#: The conversions the tracer cannot record: their result is baked into the graph.
+_CONVERSIONS = ("__bool__", "__int__", "__float__", "__index__", "item", "tolist")
+#: Operators whose result depends on the shape of their input only, never its values.
+_SHAPE_OPERATORS = {"aten::size", "aten::sym_size", "prim::shape", "aten::dim", "aten::numel", "onnx::Shape"}
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+
+
+class ValueConversions:
+    """While active (``with``), notes each place where a trace being recorded turns a tensor
+    into a Python value (``if x.sum() > 0:``, ``int(t)``, ``t.item()``) and that tensor was
+    computed from the values of the trace's inputs (``note_inputs``): the graph then keeps
+    the branch or number of the example input for every input. Conversions of shapes
+    (``q_length > 1`` where ``q_length`` is ``x.shape[1]``) and of weights are not noted:
+    the tracer warns of those too, but the check on the samples (which span every dynamic
+    shape's range) covers them.
+
+    ``sites``: (file, line) -> the conversion, in order of first occurrence."""
+
+    def __init__(self) -> None:
+        self.inputs: set[int] = set()
+        self.sites: dict[tuple[str, int], str] = {}
+        self._originals: dict[str, object] = {}
+
+    def note_inputs(self, tensors) -> None:
+        """The trace's input tensors (called inside the traced forward)."""
+        if torch._C._get_tracing_state() is None:
+            return
+        for tensor in tensors:
+            try:
+                self.inputs.add(torch._C._get_value_trace(tensor).unique())
+            except RuntimeError:
+                pass
+
+    def __enter__(self) -> ValueConversions:
+        for name in _CONVERSIONS:
+            original = getattr(torch.Tensor, name)
+            self._originals[name] = original
+            setattr(torch.Tensor, name, self._watched(name, original))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for name, original in self._originals.items():
+            setattr(torch.Tensor, name, original)
+        self._originals.clear()
+
+    def _watched(self, name: str, original):
+        def converted(tensor, *args, **kwargs):
+            if self.inputs and torch._C._get_tracing_state() is not None and self._from_inputs(tensor):
+                self.sites.setdefault(_caller(), name)
+            return original(tensor, *args, **kwargs)
+
+        return converted
+
+    def _from_inputs(self, tensor: torch.Tensor) -> bool:
+        try:
+            value = torch._C._get_value_trace(tensor)
+        except RuntimeError:  # not traced: a constant
+            return False
+        seen: set[int] = set()
+        pending = [value]
+        while pending:
+            value = pending.pop()
+            if value.unique() in seen:
+                continue
+            seen.add(value.unique())
+            if value.unique() in self.inputs:
+                return True
+            node = value.node()
+            if node.kind() not in _SHAPE_OPERATORS:
+                pending.extend(node.inputs())
+        return False
+
+
+def _caller() -> tuple[str, int]:
+    """The innermost frame outside torch and this file: the model's line."""
+    frame = sys._getframe(2)
+    while frame is not None and (frame.f_code.co_filename.startswith(_TORCH_DIR) or frame.f_code.co_filename == __file__):
+        frame = frame.f_back
+    return (frame.f_code.co_filename, frame.f_lineno) if frame is not None else ("<unknown>", 0)
