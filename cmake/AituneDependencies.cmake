@@ -90,7 +90,7 @@ if(AITUNE_BUILD_TESTS)
   endif()
 endif()
 
-# OpenSSL's libcrypto computes the sha256 of checkpoint artifacts (src/core/sha256.cpp).
+# OpenSSL's libcrypto computes the sha256 of checkpoint artifacts (src/core/io/sha256.cpp).
 # A host without libssl-dev (the GPU host) has neither the headers nor the unversioned
 # libcrypto.so symlink that FindOpenSSL looks for: there the headers come from
 # AITUNE_DEPS_INCLUDE (scripts/stage-gpu-build-deps.sh copies them; system headers win

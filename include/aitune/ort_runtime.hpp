@@ -124,7 +124,7 @@ class OrtRuntime {
   OrtRuntime& operator=(const OrtRuntime&) = delete;
 
   /// Private state (the Ort::Env, registered EP libraries), defined and reached inside the
-  /// engine only (src/core/ort_runtime_impl.hpp).
+  /// engine only (src/core/ort/ort_runtime_impl.hpp).
   struct Impl;
 
  private:

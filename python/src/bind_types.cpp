@@ -30,9 +30,11 @@ void bind_types(nb::module_& m) {
       .def("__hash__", [](ExecutionProvider p) { return std::hash<std::string_view>{}(p.name()); })
       .def("__str__", [](ExecutionProvider p) { return std::string(p.name()); })
       .def("__repr__", [](ExecutionProvider p) { return "ExecutionProvider('" + std::string(p.name()) + "')"; })
-      .def("__reduce__", [](ExecutionProvider p) {
-        return nb::make_tuple(nb::module_::import_("aitune._core").attr("parse_execution_provider"),
-                              nb::make_tuple(std::string(p.name())));
+      // Pickled by name (nanobind's __getstate__ / __setstate__ pattern); the name is
+      // looked up in the registry again when unpickled.
+      .def("__getstate__", [](ExecutionProvider p) { return std::string(p.name()); })
+      .def("__setstate__", [](ExecutionProvider& p, const std::string& name) {
+        new (&p) ExecutionProvider(parse_execution_provider(name));
       });
   m.def("parse_execution_provider", [](const std::string& text) { return parse_execution_provider(text); }, nb::arg("text"),
         "Parses a registered provider's name ('cpu' / 'cuda' / 'tensorrt', case-insensitive; ORT's names too); "

@@ -14,6 +14,7 @@
 #include "aitune/candidates.hpp"
 #include "aitune/checkpoint.hpp"
 #include "aitune/error.hpp"
+#include "aitune/tune_outcome.hpp"
 #include "aitune/tuner.hpp"
 #include "aitune/ort_runtime.hpp"
 #include "arguments.hpp"
@@ -223,7 +224,10 @@ int tune_model(const CliTuneArgs& o) {
     if (!out) throw Error(ErrorCode::kIo, "cannot write the report to '" + o.report + "'");
     std::cout << "report: " << o.report << "\n";
   }
-  auto winner = tuner.take_winner();
+  // The same decision as the front end's driver (tune_outcome.hpp); the CLI has no eager to
+  // fall back to, so anything but a winner is a failure (eager kept by validation included).
+  const TuneOutcome outcome = decide_outcome(report, /*eager_fallback=*/false, /*errors_as_mismatch=*/false);
+  auto winner = outcome.kind == TuneOutcomeKind::kWinner ? tuner.take_winner() : nullptr;
   if (!winner) {
     std::cerr << "aitune: no candidate was chosen: " << report.decision << "\n";
     return 1;

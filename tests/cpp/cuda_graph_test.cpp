@@ -2,7 +2,7 @@
 #include <atomic>
 #include <thread>
 
-#include "cuda_stream.hpp"
+#include "cuda/cuda_stream.hpp"
 #include "test_support.hpp"
 
 namespace aitune {

@@ -8,9 +8,9 @@
 #include "aitune/execution_provider.hpp"
 #include "aitune/onnx_session.hpp"
 #include "aitune/strategy.hpp"
-#include "cuda_runtime.hpp"
-#include "enum_names.hpp"
-#include "ort_api.hpp"
+#include "cuda/cuda_runtime.hpp"
+#include "base/enum_names.hpp"
+#include "ort/ort_api.hpp"
 
 namespace aitune {
 namespace {

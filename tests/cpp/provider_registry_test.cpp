@@ -6,7 +6,7 @@
 
 #include "aitune/candidates.hpp"
 #include "aitune/triton_export.hpp"
-#include "provider_registry.hpp"
+#include "providers/provider_registry.hpp"
 #include "test_support.hpp"
 #ifdef AITUNE_TEST_HAS_CLI
 #include "cli.hpp"

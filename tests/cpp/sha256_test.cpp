@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "aitune/error.hpp"
-#include "sha256.hpp"
+#include "io/sha256.hpp"
 
 namespace aitune::detail {
 namespace {

@@ -29,7 +29,7 @@
 #include "aitune/error.hpp"
 #include "aitune/graph_spec.hpp"
 #include "aitune/onnx_external_data.hpp"
-#include "npy_reader.hpp"
+#include "io/npy_reader.hpp"
 #include "seeds.hpp"
 
 namespace fs = std::filesystem;

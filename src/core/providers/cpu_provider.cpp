@@ -1,7 +1,7 @@
 // The CPU execution provider: ORT's built-in one, so the whole pipeline runs without a GPU.
 #include "aitune/error.hpp"
-#include "provider_registry.hpp"
-#include "session_setup.hpp"
+#include "providers/provider_registry.hpp"
+#include "providers/session_setup.hpp"
 
 namespace aitune::providers {
 

@@ -6,9 +6,9 @@
 
 #include "aitune/error.hpp"
 #include "aitune/tensorrt_options.hpp"
-#include "ort_runtime_impl.hpp"
-#include "provider_registry.hpp"
-#include "session_setup.hpp"
+#include "ort/ort_runtime_impl.hpp"
+#include "providers/provider_registry.hpp"
+#include "providers/session_setup.hpp"
 
 namespace aitune::providers {
 namespace {

@@ -1,0 +1,27 @@
+// Names of error codes.
+#include "aitune/error.hpp"
+
+#include "base/enum_names.hpp"
+
+namespace aitune {
+namespace {
+
+constexpr detail::EnumNames<ErrorCode, 11> kNames{{
+    {ErrorCode::kInvalidArgument, "invalid_argument"},
+    {ErrorCode::kShapeMismatch, "shape_mismatch"},
+    {ErrorCode::kDTypeMismatch, "dtype_mismatch"},
+    {ErrorCode::kProviderUnavailable, "provider_unavailable"},
+    {ErrorCode::kModelInvalid, "model_invalid"},
+    {ErrorCode::kCheckpointCorrupt, "checkpoint_corrupt"},
+    {ErrorCode::kState, "state"},
+    {ErrorCode::kIo, "io"},
+    {ErrorCode::kInternal, "internal"},
+    {ErrorCode::kOutOfMemory, "out_of_memory"},
+    {ErrorCode::kCudaGraphCapture, "cuda_graph_capture"},
+}};
+
+}  // namespace
+
+std::string_view error_code_name(ErrorCode code) noexcept { return detail::enum_name(kNames, code, "internal"); }
+
+}  // namespace aitune

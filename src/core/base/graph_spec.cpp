@@ -1,0 +1,205 @@
+// GraphSpec derivation from recorded calls, validation helpers and JSON round trip.
+#include "aitune/graph_spec.hpp"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "aitune/error.hpp"
+#include "base/bounded_json.hpp"
+
+namespace aitune {
+
+std::vector<int> TensorSpec::dynamic_axes() const {
+  std::vector<int> axes;
+  for (std::size_t i = 0; i < rank(); ++i)
+    if (is_dynamic(i)) axes.push_back(static_cast<int>(i));
+  return axes;
+}
+
+bool TensorSpec::accepts(const Shape& shape) const {
+  if (shape.size() != rank()) return false;
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] < min_shape[i]) return false;
+    if (max_shape[i] != kUnbounded && shape[i] > max_shape[i]) return false;
+  }
+  return true;
+}
+
+std::string TensorSpec::to_string() const {
+  std::string out = std::string(dtype_name(dtype)) + "[";
+  for (std::size_t i = 0; i < rank(); ++i) {
+    if (i) out += ", ";
+    if (batch_axis && *batch_axis == static_cast<int>(i)) out += "b:";
+    if (min_shape[i] == max_shape[i]) {
+      out += std::to_string(min_shape[i]);
+    } else {
+      out += std::to_string(min_shape[i]) + ".." + (max_shape[i] == kUnbounded ? "" : std::to_string(max_shape[i]));
+    }
+  }
+  return out + "]";
+}
+
+std::optional<std::size_t> GraphSpec::find_input(const std::string& name) const {
+  for (std::size_t i = 0; i < inputs.size(); ++i)
+    if (inputs[i].name == name) return i;
+  return std::nullopt;
+}
+
+// ---- recording ----
+
+void GraphSpecBuilder::merge(std::vector<Accumulator>& acc, const std::vector<TensorRecord>& records,
+                             int64_t batch_size, bool first, const char* what) {
+  if (first) {
+    for (const auto& r : records) {
+      Accumulator a{r, r.shape, r.shape, std::vector<bool>(r.shape.size(), batch_size > 0)};
+      for (std::size_t i = 0; i < r.shape.size(); ++i)
+        a.tracks_batch[i] = batch_size > 0 && r.shape[i] == batch_size;
+      acc.push_back(std::move(a));
+    }
+    return;
+  }
+  if (records.size() != acc.size())
+    throw Error(ErrorCode::kInvalidArgument, std::string("recorded call has ") + std::to_string(records.size()) +
+                                                 " " + what + "s, earlier calls had " + std::to_string(acc.size()));
+  for (std::size_t k = 0; k < records.size(); ++k) {
+    const auto& r = records[k];
+    auto& a = acc[k];
+    if (r.name != a.first.name)
+      throw Error(ErrorCode::kInvalidArgument, std::string(what) + " " + std::to_string(k) + " is named '" + r.name +
+                                                   "', earlier calls named it '" + a.first.name + "'");
+    if (r.dtype != a.first.dtype)
+      throw Error(ErrorCode::kDTypeMismatch, std::string(what) + " '" + r.name + "': dtype " +
+                                                 std::string(dtype_name(r.dtype)) + ", earlier calls had " +
+                                                 std::string(dtype_name(a.first.dtype)));
+    if (r.shape.size() != a.min_shape.size())
+      throw Error(ErrorCode::kShapeMismatch, std::string(what) + " '" + r.name + "': rank " +
+                                                 std::to_string(r.shape.size()) + " " + shape_to_string(r.shape) +
+                                                 ", earlier calls had rank " + std::to_string(a.min_shape.size()));
+    for (std::size_t i = 0; i < r.shape.size(); ++i) {
+      a.min_shape[i] = std::min(a.min_shape[i], r.shape[i]);
+      a.max_shape[i] = std::max(a.max_shape[i], r.shape[i]);
+      a.tracks_batch[i] = a.tracks_batch[i] && batch_size > 0 && r.shape[i] == batch_size;
+    }
+  }
+}
+
+void GraphSpecBuilder::record(const std::vector<TensorRecord>& inputs, const std::vector<TensorRecord>& outputs,
+                              int64_t batch_size) {
+  for (const auto* list : {&inputs, &outputs})
+    for (const auto& r : *list)
+      for (auto d : r.shape)
+        if (d < 0)
+          throw Error(ErrorCode::kShapeMismatch,
+                      "tensor '" + r.name + "' has a negative extent: " + shape_to_string(r.shape));
+  // Validate both lists before changing anything, so a rejected call leaves no trace.
+  auto inputs_copy = inputs_;
+  auto outputs_copy = outputs_;
+  bool first = num_samples_ == 0;
+  merge(inputs_copy, inputs, batch_size, first, "input");
+  merge(outputs_copy, outputs, batch_size, first, "output");
+  inputs_ = std::move(inputs_copy);
+  outputs_ = std::move(outputs_copy);
+  if (batch_size > 0 && std::find(batch_sizes_.begin(), batch_sizes_.end(), batch_size) == batch_sizes_.end()) {
+    batch_sizes_.push_back(batch_size);
+    std::sort(batch_sizes_.begin(), batch_sizes_.end());
+  }
+  ++num_samples_;
+}
+
+GraphSpec GraphSpecBuilder::build() const {
+  if (num_samples_ == 0) throw Error(ErrorCode::kState, "no calls were recorded; nothing to build a graph spec from");
+  // A batch axis can only be told apart from a fixed extent once the batch size varied.
+  bool batch_varied = batch_sizes_.size() >= 2;
+  auto convert = [&](const std::vector<Accumulator>& acc) {
+    std::vector<TensorSpec> specs;
+    for (const auto& a : acc) {
+      TensorSpec s{a.first.name, a.first.dtype, a.min_shape, a.max_shape, std::nullopt};
+      if (batch_varied)
+        for (std::size_t i = 0; i < a.tracks_batch.size(); ++i)
+          if (a.tracks_batch[i]) {
+            s.batch_axis = static_cast<int>(i);
+            break;
+          }
+      specs.push_back(std::move(s));
+    }
+    return specs;
+  };
+  return GraphSpec{convert(inputs_), convert(outputs_), batch_sizes_};
+}
+
+// ---- JSON ----
+
+namespace {
+
+using nlohmann::json;
+
+json tensor_to_json(const TensorSpec& s) {
+  json j{{"name", s.name}, {"dtype", dtype_name(s.dtype)}, {"min_shape", s.min_shape}, {"max_shape", s.max_shape}};
+  j["batch_axis"] = s.batch_axis ? json(*s.batch_axis) : json(nullptr);
+  return j;
+}
+
+template <typename T>
+T field(const json& j, const char* key, const std::string& where) {
+  if (!j.is_object() || !j.contains(key))
+    throw Error(ErrorCode::kInvalidArgument, "graph spec JSON: " + where + " has no field '" + key + "'");
+  try {
+    return j.at(key).get<T>();
+  } catch (const json::exception& e) {
+    throw Error(ErrorCode::kInvalidArgument, "graph spec JSON: " + where + "." + key + " is malformed: " + e.what());
+  }
+}
+
+TensorSpec tensor_from_json(const json& j, const std::string& where) {
+  TensorSpec s;
+  s.name = field<std::string>(j, "name", where);
+  s.dtype = dtype_from_name(field<std::string>(j, "dtype", where));
+  s.min_shape = field<Shape>(j, "min_shape", where);
+  s.max_shape = field<Shape>(j, "max_shape", where);
+  if (s.min_shape.size() != s.max_shape.size())
+    throw Error(ErrorCode::kInvalidArgument, "graph spec JSON: " + where + " min_shape and max_shape differ in rank");
+  for (std::size_t i = 0; i < s.rank(); ++i) {
+    bool bad_max = s.max_shape[i] != kUnbounded && s.max_shape[i] < s.min_shape[i];
+    if (s.min_shape[i] < 0 || bad_max)
+      throw Error(ErrorCode::kInvalidArgument, "graph spec JSON: " + where + " axis " + std::to_string(i) +
+                                                   " has min_shape " + std::to_string(s.min_shape[i]) +
+                                                   " and max_shape " + std::to_string(s.max_shape[i]) +
+                                                   " (need 0 <= min <= max, max = -1 for unbounded)");
+  }
+  if (j.contains("batch_axis") && !j.at("batch_axis").is_null()) {
+    s.batch_axis = field<int>(j, "batch_axis", where);
+    if (*s.batch_axis < 0 || static_cast<std::size_t>(*s.batch_axis) >= s.rank())
+      throw Error(ErrorCode::kInvalidArgument, "graph spec JSON: " + where + ".batch_axis " +
+                                                   std::to_string(*s.batch_axis) + " is outside rank " +
+                                                   std::to_string(s.rank()));
+  }
+  return s;
+}
+
+}  // namespace
+
+std::string GraphSpec::to_json(int indent) const {
+  json j;
+  j["inputs"] = json::array();
+  j["outputs"] = json::array();
+  for (const auto& s : inputs) j["inputs"].push_back(tensor_to_json(s));
+  for (const auto& s : outputs) j["outputs"].push_back(tensor_to_json(s));
+  j["batch_sizes"] = batch_sizes;
+  return j.dump(indent);
+}
+
+GraphSpec GraphSpec::from_json(const std::string& text) {
+  // Bounded nesting: copying a deep value below would recurse once per level.
+  const json j = detail::parse_bounded_json<json>(text, ErrorCode::kInvalidArgument, "graph spec JSON");
+  GraphSpec spec;
+  for (const char* key : {"inputs", "outputs"}) {
+    auto list = field<std::vector<json>>(j, key, "graph spec");
+    auto& target = std::string(key) == "inputs" ? spec.inputs : spec.outputs;
+    for (std::size_t i = 0; i < list.size(); ++i)
+      target.push_back(tensor_from_json(list[i], std::string(key) + "[" + std::to_string(i) + "]"));
+  }
+  if (j.contains("batch_sizes")) spec.batch_sizes = field<std::vector<int64_t>>(j, "batch_sizes", "graph spec");
+  return spec;
+}
+
+}  // namespace aitune

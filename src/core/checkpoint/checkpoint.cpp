@@ -1,0 +1,480 @@
+// Checkpoint directories: atomic save of a manifest and its files, verified load. The
+// manifest format lives in checkpoint_manifest.cpp, the durable-file primitives in
+// atomic_directory.cpp.
+#include "aitune/checkpoint.hpp"
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <set>
+#include <thread>
+#include <tuple>
+#include <sys/stat.h>
+#include <vector>
+
+#include "aitune/error.hpp"
+#include "aitune/onnx_external_data.hpp"
+#include "aitune/version.hpp"
+#include "io/atomic_directory.hpp"
+#include "base/bounded_json.hpp"
+#include "checkpoint/checkpoint_manifest_rules.hpp"
+#include "io/sha256.hpp"
+
+namespace aitune {
+namespace fs = std::filesystem;
+using Json = detail::ManifestJson;
+using detail::kMaxManifestBytes;
+using detail::unsafe_path_reason;
+
+namespace {
+
+// Provider options that name files or directories: saved as artifacts, they are
+// re-rooted into the checkpoint on load.
+const char* const kPathOptions[] = {"trt_engine_cache_path", "trt_timing_cache_path"};
+
+[[noreturn]] void fail(ErrorCode code, const std::string& message) { throw Error(code, message); }
+
+std::string read_text_file(const fs::path& path, const char* what) {
+  std::error_code ec;
+  auto size = fs::file_size(path, ec);
+  if (ec) fail(ErrorCode::kIo, std::string("cannot read ") + what + " '" + path.string() + "': " + ec.message());
+  if (size > kMaxManifestBytes)
+    fail(ErrorCode::kCheckpointCorrupt, path.string() + ": " + std::to_string(size) + " bytes, larger than any manifest (limit " +
+                                            std::to_string(kMaxManifestBytes) + ")");
+  std::ifstream in(path, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (!in.good() && !in.eof()) fail(ErrorCode::kIo, std::string("cannot read ") + what + " '" + path.string() + "'");
+  return text;
+}
+
+// True when canonical `path` is `root` or lies below it (both canonical).
+bool is_within(const fs::path& root, const fs::path& path) {
+  auto r = root.begin(), p = path.begin();
+  for (; r != root.end(); ++r, ++p)
+    if (p == path.end() || *r != *p) return false;
+  return true;
+}
+
+// Checks that root/relative stays inside `root` when symbolic links are followed and is
+// a regular file; `what` names it in messages ("artifact 'x'").
+fs::path resolve_inside(const fs::path& root, const std::string& relative, const std::string& what) {
+  fs::path current = root;
+  for (const auto& part : fs::path(relative)) {
+    current /= part;
+    std::error_code ec;
+    auto st = fs::symlink_status(current, ec);
+    if (ec || !fs::exists(st)) {
+      fail(ErrorCode::kCheckpointCorrupt, what + " is missing: '" + current.string() + "' does not exist");
+    }
+    if (fs::is_symlink(st)) {
+      auto target = fs::canonical(current, ec);
+      if (ec)
+        fail(ErrorCode::kCheckpointCorrupt,
+             what + ": '" + current.string() + "' is a symbolic link that does not resolve: " + ec.message());
+      if (!is_within(root, target))
+        fail(ErrorCode::kCheckpointCorrupt, what + ": '" + current.string() + "' is a symbolic link to '" +
+                                                target.string() + "', outside the checkpoint directory '" +
+                                                root.string() + "'");
+    }
+  }
+  std::error_code ec;
+  auto resolved = fs::canonical(current, ec);
+  if (ec) fail(ErrorCode::kIo, "cannot resolve " + what + " '" + current.string() + "': " + ec.message());
+  if (!is_within(root, resolved))  // e.g. a link inside a linked directory
+    fail(ErrorCode::kCheckpointCorrupt, what + ": '" + current.string() + "' resolves to '" + resolved.string() +
+                                            "', outside the checkpoint directory '" + root.string() + "'");
+  if (!fs::is_regular_file(resolved, ec))
+    fail(ErrorCode::kCheckpointCorrupt, what + ": '" + current.string() + "' is not a regular file");
+  return current;
+}
+
+std::string now_utc() {
+  std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+
+// What lies at the path a checkpoint is saved to.
+enum class Target { kAbsent, kEmptyDir, kCheckpoint };
+
+Target inspect_target(const fs::path& target) {
+  std::error_code ec;
+  auto st = fs::symlink_status(target, ec);
+  if (ec || !fs::exists(st)) return Target::kAbsent;
+  const std::string refuse = "refusing to save a checkpoint to '" + target.string() + "': it ";
+  if (fs::is_symlink(st))
+    fail(ErrorCode::kInvalidArgument, refuse + "is a symbolic link; save to the directory it points to");
+  if (!fs::is_directory(st)) fail(ErrorCode::kInvalidArgument, refuse + "exists and is not a directory");
+  if (fs::is_empty(target, ec)) return Target::kEmptyDir;
+  const fs::path manifest = target / kCheckpointManifestFile;
+  if (!fs::is_regular_file(fs::symlink_status(manifest, ec)))
+    fail(ErrorCode::kInvalidArgument, refuse + "is a non-empty directory without " +
+                                          std::string(kCheckpointManifestFile) + ", so not an aitune checkpoint");
+  bool ours = false;
+  try {
+    auto j = detail::parse_bounded_json<Json>(read_text_file(manifest, "manifest"), ErrorCode::kInvalidArgument,
+                                              "manifest");
+    ours = j.is_object() && j.contains("format") && j.at("format") == kCheckpointFormatName;
+  } catch (const std::exception&) {
+  }
+  if (!ours)
+    fail(ErrorCode::kInvalidArgument, refuse + "holds a manifest.json that is not an aitune checkpoint manifest "
+                                               "(no \"format\": \"aitune-checkpoint\")");
+  return Target::kCheckpoint;
+}
+
+// Swaps the finished temporary directory into place. After this returns, `tmp` no
+// longer holds the new checkpoint (it is removed, or holds the old one to be removed).
+
+std::string parent_of(const std::string& relative) {
+  auto slash = relative.rfind('/');
+  return slash == std::string::npos ? std::string() : relative.substr(0, slash);
+}
+
+bool ends_with(const std::string& s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::string join_keys(const std::vector<CheckpointGraph>& graphs) {
+  std::string out;
+  for (const auto& g : graphs) out += (out.empty() ? "'" : ", '") + g.key + "'";
+  return out.empty() ? "none" : out;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------
+// Checkpoint
+
+Checkpoint::Checkpoint(std::string directory, CheckpointManifest manifest)
+    : directory_(std::move(directory)), manifest_(std::move(manifest)) {}
+
+std::string Checkpoint::graph_directory(const std::string& key) { return "graphs/" + key; }
+
+bool Checkpoint::is_checkpoint(const std::string& dir) {
+  std::error_code ec;
+  return fs::is_directory(dir, ec) && fs::exists(fs::path(dir) / kCheckpointManifestFile, ec);
+}
+
+CheckpointManifest Checkpoint::save(const std::string& dir, const CheckpointManifest& manifest,
+                                    const std::map<std::string, std::string>& files,
+                                    const CheckpointSaveOptions& options) {
+  if (dir.empty()) fail(ErrorCode::kInvalidArgument, "checkpoint path is empty");
+  fs::path target = fs::absolute(dir).lexically_normal();
+  if (target.filename().empty()) target = target.parent_path();  // "ckpt/"
+
+  // The manifest as it will be written, minus artifacts.
+  CheckpointManifest m = manifest;
+  m.format_version = kCheckpointFormatVersion;
+  m.aitune_version = std::string(version());
+  m.created = now_utc();
+  m.metadata_json = detail::parse_opaque_json(m.metadata_json, "{}", "metadata_json").dump();
+  for (auto& g : m.graphs) {
+    g.structure_json = detail::parse_opaque_json(g.structure_json, "null", "structure_json of graph '" + g.key + "'").dump();
+    g.artifacts.clear();
+    g.path_options.clear();
+    // A CUDA stream is an address in this process: meaningless in the one that loads.
+    g.backend_config.provider_options.erase("user_compute_stream");
+    g.backend_config.provider_options.erase("has_user_compute_stream");
+  }
+  detail::validate_manifest(m, ErrorCode::kInvalidArgument, false);
+  // No graph is allowed: a front end may keep only its own decisions in the metadata
+  // (aitune.torch's torch.compile graphs are recompiled on load, docs/checkpoints.md).
+  try {
+    m.onnxruntime_version = (options.runtime ? options.runtime : OrtRuntime::load())->version();
+  } catch (const Error&) {
+    m.onnxruntime_version = "unknown";
+  }
+
+  // Plan: every file to write, relative path -> source, and which graph owns it.
+  std::map<std::string, fs::path> plan;
+  std::map<std::string, std::size_t> owner;
+  auto graph_of = [&](const std::string& rel) -> std::size_t {
+    for (std::size_t i = 0; i < m.graphs.size(); ++i)
+      if (rel.rfind(graph_directory(m.graphs[i].key) + "/", 0) == 0) return i;
+    fail(ErrorCode::kInvalidArgument, "artifact path '" + rel + "' is not under a graph's directory (graphs/<key>/ for "
+                                          "one of the graph keys " + join_keys(m.graphs) + ")");
+  };
+  auto add = [&](const std::string& rel, const fs::path& source) {
+    if (auto why = unsafe_path_reason(rel); !why.empty())
+      fail(ErrorCode::kInvalidArgument, "artifact path '" + rel + "' " + why +
+                                            "; artifact paths are relative, '/'-separated, without '.' or '..'");
+    auto [it, inserted] = plan.emplace(rel, source);
+    if (!inserted && it->second != source)
+      fail(ErrorCode::kInvalidArgument, "artifact path '" + rel + "' is given twice: from '" + it->second.string() +
+                                            "' and from '" + source.string() + "'");
+    owner[rel] = graph_of(rel);
+  };
+  for (const auto& [rel, source] : files) {
+    if (auto why = unsafe_path_reason(rel); !why.empty())
+      fail(ErrorCode::kInvalidArgument, "artifact path '" + rel + "' " + why +
+                                            "; artifact paths are relative, '/'-separated, without '.' or '..'");
+    std::error_code ec;
+    auto st = fs::status(source, ec);
+    if (ec || !fs::exists(st))
+      fail(ErrorCode::kIo, "source of artifact '" + rel + "' does not exist: '" + source + "'");
+    if (fs::is_directory(st)) {
+      graph_of(rel);
+      std::vector<std::pair<std::string, fs::path>> found;
+      for (auto it = fs::recursive_directory_iterator(source, ec); !ec && it != fs::recursive_directory_iterator();
+           it.increment(ec))
+        if (it->is_regular_file()) found.emplace_back(rel + "/" + it->path().lexically_relative(source).generic_string(), it->path());
+      if (ec) fail(ErrorCode::kIo, "cannot list the directory '" + source + "' (artifact '" + rel + "'): " + ec.message());
+      for (const auto& [r, p] : found) add(r, p);
+    } else if (fs::is_regular_file(st)) {
+      add(rel, source);
+    } else {
+      fail(ErrorCode::kInvalidArgument, "source of artifact '" + rel + "', '" + source +
+                                            "', is neither a regular file nor a directory");
+    }
+  }
+  // External data travels with its model, at the same place relative to it.
+  for (const auto& [rel, source] : std::map<std::string, fs::path>(plan)) {
+    if (!ends_with(rel, ".onnx")) continue;
+    for (const auto& location : onnx_external_data_locations(source.string())) {
+      if (auto why = unsafe_path_reason(location); !why.empty())
+        fail(ErrorCode::kModelInvalid, "ONNX model '" + source.string() + "' references external data '" + location +
+                                           "', which " + why + "; a checkpoint keeps external data in the model's directory");
+      const std::string data_rel = parent_of(rel).empty() ? location : parent_of(rel) + "/" + location;
+      if (plan.count(data_rel)) continue;
+      const fs::path data_source = source.parent_path() / location;
+      std::error_code ec;
+      if (!fs::is_regular_file(data_source, ec))
+        fail(ErrorCode::kModelInvalid, "ONNX model '" + source.string() + "' references external data file '" +
+                                           data_source.string() + "', which does not exist");
+      add(data_rel, data_source);
+    }
+  }
+  // A file and a directory cannot share a path ("a" and "a/b").
+  for (auto it = plan.begin(); it != plan.end(); ++it) {
+    auto next = std::next(it);
+    if (next != plan.end() && next->first.rfind(it->first + "/", 0) == 0)
+      fail(ErrorCode::kInvalidArgument, "artifact path '" + it->first + "' is a file, but '" + next->first +
+                                            "' needs it to be a directory");
+  }
+  // Models and path options, per graph.
+  for (std::size_t i = 0; i < m.graphs.size(); ++i) {
+    auto& g = m.graphs[i];
+    if (g.model.empty()) {
+      std::vector<std::string> models;
+      for (const auto& [rel, idx] : owner)
+        if (idx == i && ends_with(rel, ".onnx")) models.push_back(rel);
+      if (models.size() != 1)
+        fail(ErrorCode::kInvalidArgument, "graph '" + g.key + "' has " + std::to_string(models.size()) +
+                                              " .onnx files; name its model in CheckpointGraph::model");
+      g.model = models.front();
+    } else if (!plan.count(g.model) || owner[g.model] != i) {
+      fail(ErrorCode::kInvalidArgument, "graph '" + g.key + "': model '" + g.model + "' is not among the files of " +
+                                            graph_directory(g.key) + "/");
+    }
+    for (const char* opt : kPathOptions) {
+      auto it = g.backend_config.provider_options.find(opt);
+      if (it == g.backend_config.provider_options.end()) continue;
+      std::error_code ec;
+      const auto value = fs::weakly_canonical(it->second, ec);
+      for (const auto& [rel, source] : files) {
+        std::error_code ec2;
+        bool same_source = !ec && fs::weakly_canonical(source, ec2) == value && !ec2;
+        if ((rel == it->second || same_source) && graph_of(rel) == i) {
+          it->second = rel;
+          g.path_options.emplace_back(opt);
+          break;
+        }
+      }
+    }
+  }
+  for (const auto& [rel, idx] : owner) m.graphs[idx].artifacts.push_back({rel, 0, {}});
+
+  const Target existing = inspect_target(target);
+  if (existing == Target::kCheckpoint && !options.overwrite)
+    fail(ErrorCode::kInvalidArgument, "'" + target.string() + "' already holds a checkpoint and overwrite is off");
+  std::error_code ec;
+  fs::create_directories(target.parent_path(), ec);
+  if (ec) fail(ErrorCode::kIo, "cannot create the directory '" + target.parent_path().string() + "': " + ec.message());
+
+  detail::remove_stale_beside(target);  // debris of saves whose process died
+  auto staging = detail::create_directory_beside(target);
+  const fs::path tmp = staging.path();
+  try {
+    std::set<fs::path> dirs{tmp};
+    std::size_t written = 0;
+    for (auto& g : m.graphs) {
+      for (auto& a : g.artifacts) {
+        const fs::path dest = tmp / a.path;
+        fs::create_directories(dest.parent_path());
+        for (fs::path d = dest.parent_path(); d != tmp; d = d.parent_path()) dirs.insert(d);
+        auto digest = detail::copy_and_hash(plan.at(a.path), dest);
+        a.size = digest.size;
+        a.sha256 = digest.sha256;
+        if (options.on_file_written) options.on_file_written(a.path, ++written);
+      }
+    }
+    detail::validate_manifest(m, ErrorCode::kInternal, true);  // what save built must load
+    detail::write_durable_file(tmp / kCheckpointManifestFile, m.to_json(2) + "\n");
+    for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) detail::sync_directory(*it);
+    detail::replace_directory(tmp, target, existing != Target::kAbsent);
+  } catch (...) {
+    std::error_code ignored;
+    fs::remove_all(tmp, ignored);
+    throw;
+  }
+  detail::sync_directory(target.parent_path());
+  return m;
+}
+
+namespace {
+// Which directory a path names now (device, inode); {0, 0} when it names none.
+std::pair<std::uint64_t, std::uint64_t> identity_of(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return {0, 0};
+  return {static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino)};
+}
+constexpr int kLoadAttempts = 20;
+}  // namespace
+
+Checkpoint Checkpoint::load(const std::string& dir) {
+  for (int attempt = 1;; ++attempt) {
+    const auto before = identity_of(dir);
+    try {
+      Checkpoint checkpoint = load_once(dir);
+      if (identity_of(dir) == before) {
+        std::tie(checkpoint.device_, checkpoint.inode_) = before;
+        detail::remove_stale_beside(fs::path(checkpoint.directory_));
+        return checkpoint;
+      }
+    } catch (const Error&) {
+      // What failed was read from one version: a failure is the checkpoint's own only
+      // when no save replaced it meanwhile.
+      if (identity_of(dir) == before) throw;
+    }
+    if (attempt == kLoadAttempts)
+      fail(ErrorCode::kIo, "checkpoint '" + dir + "' was replaced by concurrent saves " + std::to_string(attempt) +
+                               " times while it was being loaded; load it when the saves are done");
+    std::this_thread::sleep_for(std::chrono::milliseconds(2 * attempt));
+  }
+}
+
+bool Checkpoint::is_current() const { return identity_of(directory_) == std::make_pair(device_, inode_); }
+
+Checkpoint Checkpoint::load_once(const std::string& dir) {
+  std::error_code ec;
+  auto st = fs::status(dir, ec);
+  if (ec || !fs::exists(st)) fail(ErrorCode::kIo, "checkpoint '" + dir + "' does not exist");
+  if (!fs::is_directory(st))
+    fail(ErrorCode::kInvalidArgument, "checkpoint '" + dir + "' is not a directory (a checkpoint is a directory "
+                                                             "holding manifest.json)");
+  const fs::path root = fs::canonical(dir, ec);
+  if (ec) fail(ErrorCode::kIo, "cannot resolve checkpoint '" + dir + "': " + ec.message());
+
+  const fs::path manifest_path = root / kCheckpointManifestFile;
+  if (!fs::exists(fs::symlink_status(manifest_path, ec)))
+    fail(ErrorCode::kCheckpointCorrupt, "checkpoint '" + root.string() + "' has no " +
+                                            std::string(kCheckpointManifestFile) +
+                                            ": not an aitune checkpoint, or one whose save did not finish");
+  resolve_inside(root, std::string(kCheckpointManifestFile), "manifest '" + manifest_path.string() + "'");
+  CheckpointManifest m;
+  try {
+    m = CheckpointManifest::from_json(read_text_file(manifest_path, "manifest"));
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::kCheckpointCorrupt) throw;
+    fail(ErrorCode::kCheckpointCorrupt, "checkpoint manifest '" + manifest_path.string() + "': " + e.what());
+  }
+
+  std::set<std::string> artifact_paths;
+  for (const auto& g : m.graphs) {
+    for (const auto& a : g.artifacts) {
+      const std::string what = "checkpoint '" + root.string() + "', graph '" + g.key + "': artifact '" + a.path + "'";
+      const fs::path path = resolve_inside(root, a.path, what);
+      const auto size = fs::file_size(path, ec);
+      if (ec) fail(ErrorCode::kIo, "cannot read " + what + ": " + ec.message());
+      if (size != a.size)
+        fail(ErrorCode::kCheckpointCorrupt, what + " is " + std::to_string(size) + " bytes, the manifest says " +
+                                                std::to_string(a.size) +
+                                                (size < a.size ? " (truncated)" : " (the file was changed)"));
+      const auto digest = detail::sha256_file(path.string());
+      if (digest.sha256 != a.sha256)
+        fail(ErrorCode::kCheckpointCorrupt, what + " has sha256 " + digest.sha256 + ", the manifest says " + a.sha256 +
+                                                " (the file was changed or damaged)");
+      artifact_paths.insert(a.path);
+    }
+  }
+  // A model must not pull in data from outside the verified set of files.
+  for (const auto& g : m.graphs) {
+    for (const auto& location : onnx_external_data_locations((root / g.model).string())) {
+      const std::string what = "checkpoint '" + root.string() + "', graph '" + g.key + "': model '" + g.model +
+                               "' references external data '" + location + "'";
+      if (auto why = unsafe_path_reason(location); !why.empty())
+        fail(ErrorCode::kCheckpointCorrupt, what + ", which " + why + " (it must lie beside the model)");
+      const std::string rel = parent_of(g.model).empty() ? location : parent_of(g.model) + "/" + location;
+      if (!artifact_paths.count(rel))
+        fail(ErrorCode::kCheckpointCorrupt, what + ", which is not an artifact of the checkpoint ('" + rel +
+                                                "' has no size and sha256 in the manifest)");
+    }
+  }
+  return Checkpoint(root.string(), std::move(m));
+}
+
+std::vector<std::string> Checkpoint::graph_keys() const {
+  std::vector<std::string> keys;
+  for (const auto& g : manifest_.graphs) keys.push_back(g.key);
+  return keys;
+}
+
+const CheckpointGraph& Checkpoint::graph(const std::string& key) const {
+  if (const auto* g = manifest_.find_graph(key)) return *g;
+  fail(ErrorCode::kInvalidArgument, "checkpoint '" + directory_ + "' has no graph '" + key + "'; its graphs: " +
+                                        join_keys(manifest_.graphs));
+}
+
+std::string Checkpoint::artifact_path(const std::string& relative) const {
+  for (const auto& g : manifest_.graphs)
+    for (const auto& a : g.artifacts)
+      if (a.path == relative) return (fs::path(directory_) / a.path).string();
+  fail(ErrorCode::kInvalidArgument, "checkpoint '" + directory_ + "' has no artifact '" + relative + "'");
+}
+
+std::string Checkpoint::model_path(const std::string& key) const {
+  return (fs::path(directory_) / graph(key).model).string();
+}
+
+OnnxSessionConfig Checkpoint::backend_config(const std::string& key,
+                                                    const CheckpointBackendOverrides& overrides) const {
+  const auto& g = graph(key);
+  OnnxSessionConfig config = g.backend_config;
+  for (const auto& opt : g.path_options)
+    config.provider_options[opt] = (fs::path(directory_) / config.provider_options.at(opt)).string();
+  if (overrides.provider && *overrides.provider != config.provider) {
+    config.provider = *overrides.provider;
+    config.provider_options.clear();
+  }
+  if (overrides.device_id) config.device_id = *overrides.device_id;
+  if (overrides.provider_options)
+    for (const auto& [k, v] : *overrides.provider_options) config.provider_options[k] = v;
+  return config;
+}
+
+std::unique_ptr<OnnxSession> Checkpoint::create_session(const std::string& key,
+                                                               const CheckpointBackendOverrides& overrides,
+                                                               std::shared_ptr<OrtRuntime> runtime) const {
+  const auto& g = graph(key);
+  auto config = backend_config(key, overrides);
+  try {
+    return OnnxSession::create(model_path(key), config, g.graph_spec, std::move(runtime));
+  } catch (const Error& e) {
+    if (!is_current())
+      throw Error(ErrorCode::kIo, "checkpoint '" + directory_ + "' was replaced by another save since it was loaded, "
+                                      "while graph '" + key + "' was being created; load it again");
+    throw Error(e.code(), "checkpoint '" + directory_ + "', graph '" + key + "': " + e.what());
+  }
+}
+
+}  // namespace aitune

@@ -1,0 +1,45 @@
+// SessionContext: stream ordering decisions and adoption of ORT-allocated outputs, shared by the runners.
+#include "session/session_context.hpp"
+
+namespace aitune::detail {
+namespace {
+
+// Owner of a tensor ORT allocated: members are destroyed in reverse order, so the value
+// is released before the session it came from.
+struct OrtTensorOwner {
+  std::shared_ptr<Ort::Session> session;
+  Ort::Value value{nullptr};
+};
+
+}  // namespace
+
+bool SessionContext::needs_events(std::optional<std::uintptr_t> caller) const {
+  if (!caller || stream == 0 || *caller == stream) return false;
+  // 0 and cudaStreamLegacy (1) name the legacy default stream.
+  return !(stream_syncs_with_legacy && *caller <= 1);
+}
+
+std::vector<Tensor> SessionContext::adopt_outputs(std::vector<Ort::Value> values) const {
+  std::vector<Tensor> result;
+  result.reserve(values.size());
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    auto owner = std::make_shared<OrtTensorOwner>();
+    owner->session = session;
+    owner->value = std::move(values[i]);
+    auto info = owner->value.GetTensorTypeAndShapeInfo();
+    TensorView view;
+    view.dtype = outputs[i].dtype;
+    view.shape = info.GetShape();
+    view.device = device;
+    view.data = owner->value.GetTensorMutableRawData();
+    result.push_back(Tensor::adopt(std::move(view), std::move(owner)));
+  }
+  return result;
+}
+
+Ort::Value value_over(const TensorView& v, const OrtMemoryInfo* mem) {
+  return Ort::Value::CreateTensor(Ort::ConstMemoryInfo(mem), v.data, v.nbytes(), v.shape.data(), v.shape.size(),
+                                  static_cast<ONNXTensorElementDataType>(dtype_to_onnx(v.dtype)));
+}
+
+}  // namespace aitune::detail

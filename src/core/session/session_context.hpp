@@ -1,0 +1,43 @@
+// Private: what the runners of one ORT session share (the session, its device memory and stream, the model's I/O).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "aitune/onnx_session.hpp"
+#include "aitune/tensor.hpp"
+#include "ort/ort_api.hpp"
+
+namespace aitune::detail {
+
+/// One live session and the facts every way of running it needs. Owned by the backend;
+/// the runners keep a reference. `session` and the memory/stream fields are replaced
+/// when the session is recreated (activate after deactivate); the I/O lists are not.
+struct SessionContext {
+  // Shared with every tensor ORT allocated for this session: device memory is returned
+  // to the session's allocator, so the session must outlive those tensors.
+  std::shared_ptr<Ort::Session> session;
+  std::optional<Ort::MemoryInfo> owned_memory_info;
+  const OrtMemoryInfo* memory_info = nullptr;  // where inputs live and outputs are allocated
+  std::uintptr_t stream = 0;                    // see SessionSetup::stream
+  bool stream_syncs_with_legacy = false;        // see SessionSetup::stream_syncs_with_legacy
+  Ort::RunOptions run_async{nullptr};           // disable_synchronize_execution_providers=1
+  const Ort::RunOptions run_default{nullptr};   // ORT's defaults: Run waits for the device
+  Device device;
+  std::string model_path;
+  std::vector<IoInfo> inputs, outputs;               // model order
+  std::vector<const char*> input_names, output_names;  // c_str()s of the above, for Run
+
+  /// Whether a call from `caller` needs events to order the session's stream with it.
+  bool needs_events(std::optional<std::uintptr_t> caller) const;
+  /// Tensors owning ORT's output values (each keeps the session alive).
+  std::vector<Tensor> adopt_outputs(std::vector<Ort::Value> values) const;
+};
+
+/// An ORT tensor over memory someone else owns (no copy).
+Ort::Value value_over(const TensorView& v, const OrtMemoryInfo* mem);
+
+}  // namespace aitune::detail

@@ -1,0 +1,453 @@
+// Element-wise comparison of candidate outputs with reference outputs.
+#include "aitune/correctness.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <iterator>
+#include <limits>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "aitune/error.hpp"
+#include "base/enum_names.hpp"
+
+namespace aitune {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+double half_to_double(uint16_t h) {
+  uint32_t sign = (h >> 15) & 1u, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+  double value;
+  if (exp == 0) {
+    value = std::ldexp(static_cast<double>(mant), -24);  // subnormal
+  } else if (exp == 31) {
+    value = mant ? std::numeric_limits<double>::quiet_NaN() : kInf;
+  } else {
+    value = std::ldexp(static_cast<double>(mant | 0x400u), static_cast<int>(exp) - 25);
+  }
+  return sign ? -value : value;
+}
+
+double bfloat16_to_double(uint16_t b) {
+  uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// Element i of a contiguous host tensor as a double.
+double element(const TensorView& t, std::size_t i) {
+  switch (t.dtype) {
+    case DType::kFloat32: return static_cast<const float*>(t.data)[i];
+    case DType::kFloat64: return static_cast<const double*>(t.data)[i];
+    case DType::kFloat16: return half_to_double(static_cast<const uint16_t*>(t.data)[i]);
+    case DType::kBFloat16: return bfloat16_to_double(static_cast<const uint16_t*>(t.data)[i]);
+    case DType::kInt64: return static_cast<double>(static_cast<const int64_t*>(t.data)[i]);
+    case DType::kInt32: return static_cast<const int32_t*>(t.data)[i];
+    case DType::kInt16: return static_cast<const int16_t*>(t.data)[i];
+    case DType::kInt8: return static_cast<const int8_t*>(t.data)[i];
+    case DType::kUInt8:
+    case DType::kBool: return static_cast<const uint8_t*>(t.data)[i];
+  }
+  return 0;
+}
+
+bool is_floating(DType dtype) {
+  return dtype == DType::kFloat16 || dtype == DType::kBFloat16 || dtype == DType::kFloat32 ||
+         dtype == DType::kFloat64;
+}
+
+std::string fmt(double v) {
+  std::ostringstream out;
+  out.precision(3);
+  out << v;
+  return out.str();
+}
+
+void require_host_contiguous(const TensorView& t, const std::string& name, const char* which) {
+  if (t.device.kind != DeviceKind::kCPU)
+    throw Error(ErrorCode::kInvalidArgument, "compare_output: " + std::string(which) + " '" + name + "' is on " +
+                                                 t.device.to_string() + "; correctness checks read host memory");
+  if (!t.is_contiguous())
+    throw Error(ErrorCode::kInvalidArgument,
+                "compare_output: " + std::string(which) + " '" + name + "' is not contiguous");
+}
+
+OutputCheck failed(OutputCheck check, std::string why) {
+  check.passed = false;
+  check.failure = std::move(why);
+  check.required_atol = check.required_rtol = kInf;
+  return check;
+}
+
+double json_number(double v) { return std::isfinite(v) ? v : -1; }  // JSON has no infinity
+
+constexpr detail::EnumNames<Precision, 4> kPrecisionNames{{
+    {Precision::kStrict, "fp32"},
+    {Precision::kTF32, "tf32"},
+    {Precision::kFP16, "fp16"},
+    {Precision::kBF16, "bf16"},
+}};
+
+}  // namespace
+
+std::string_view precision_name(Precision precision) noexcept { return detail::enum_name(kPrecisionNames, precision); }
+
+Precision parse_precision(std::string_view text) {
+  if (auto precision = detail::enum_value(kPrecisionNames, text)) return *precision;
+  if (text == "strict") return Precision::kStrict;
+  throw Error(ErrorCode::kInvalidArgument,
+              "precision must be one of 'fp32', 'tf32', 'fp16', 'bf16', got '" + std::string(text) + "'");
+}
+
+PrecisionLimit parse_precision_limit(std::string_view text) {
+  if (text == "any") return std::nullopt;
+  try {
+    return parse_precision(text);
+  } catch (const Error&) {
+    throw Error(ErrorCode::kInvalidArgument,
+                "precision must be one of 'any', 'fp32', 'tf32', 'fp16', 'bf16', got '" + std::string(text) + "'");
+  }
+}
+
+std::string_view precision_limit_name(const PrecisionLimit& limit) noexcept {
+  return limit ? precision_name(*limit) : std::string_view("any");
+}
+
+bool precision_allowed(Precision candidate, const PrecisionLimit& limit) noexcept {
+  if (!limit || candidate == *limit) return true;
+  switch (candidate) {
+    case Precision::kStrict: return true;
+    case Precision::kTF32: return *limit != Precision::kStrict;
+    case Precision::kFP16:
+    case Precision::kBF16: return false;  // equal to the limit was handled above
+  }
+  return false;
+}
+
+Tolerance default_tolerance(DType dtype, Precision precision) noexcept {
+  if (!is_floating(dtype)) return {0, 0};
+  bool half = dtype == DType::kFloat16 || dtype == DType::kBFloat16;
+  switch (precision) {
+    case Precision::kStrict:
+      if (dtype == DType::kFloat64) return {1e-6, 1e-6, true};
+      return half ? Tolerance{1e-2, 1e-2, true} : Tolerance{1e-4, 1e-4, true};
+    case Precision::kTF32: return half ? Tolerance{1e-2, 1e-2, true} : Tolerance{5e-3, 5e-3, true};
+    case Precision::kFP16: return {1e-2, 1e-2, true};
+    case Precision::kBF16: return {5e-2, 5e-2, true};
+  }
+  return {0, 0};
+}
+
+double atol_scale(const TensorView& expected) {
+  require_host_contiguous(expected, "(expected)", "expected");
+  if (!is_floating(expected.dtype)) return 1;
+  const auto n = static_cast<std::size_t>(expected.numel());
+  double sum = 0;
+  std::size_t finite = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    double e = element(expected, i);
+    if (!std::isfinite(e)) continue;
+    sum += e * e;
+    ++finite;
+  }
+  return finite ? std::max(1.0, std::sqrt(sum / static_cast<double>(finite))) : 1.0;
+}
+
+Tolerance ToleranceSpec::for_output(const std::string& name, DType dtype) const {
+  if (auto it = per_output.find(name); it != per_output.end()) return it->second;
+  if (all) return *all;
+  return default_tolerance(dtype, precision);
+}
+
+OutputCheck compare_output(const std::string& name, const TensorView& actual, const TensorView& expected,
+                           Tolerance tolerance) {
+  require_host_contiguous(actual, name, "actual");
+  require_host_contiguous(expected, name, "expected");
+  OutputCheck check;
+  check.name = name;
+  check.dtype = actual.dtype;
+  check.shape = actual.shape;
+  check.tolerance = tolerance;
+  check.atol_applied = tolerance.atol;
+  if (actual.dtype != expected.dtype)
+    return failed(check, "dtype " + std::string(dtype_name(actual.dtype)) + ", expected " +
+                             std::string(dtype_name(expected.dtype)));
+  if (actual.shape != expected.shape)
+    return failed(check, "shape " + shape_to_string(actual.shape) + ", expected " + shape_to_string(expected.shape));
+
+  const auto n = static_cast<std::size_t>(actual.numel());
+  check.scale = atol_scale(expected);
+  const double atol = tolerance.scaled ? tolerance.atol * check.scale : tolerance.atol;
+  check.atol_applied = atol;
+  // required_atol: the largest error among elements the rtol alone does not cover;
+  // required_rtol: the largest relative error among elements the atol alone does not cover.
+  double required_atol = 0, required_rtol = 0;
+  double err2 = 0, exp2 = 0, act2 = 0, dot = 0;  // relative L2 and cosine over finite elements
+  for (std::size_t i = 0; i < n; ++i) {
+    double a = element(actual, i), e = element(expected, i);
+    bool a_nan = std::isnan(a), e_nan = std::isnan(e);
+    if (a_nan || e_nan) {
+      if (a_nan != e_nan) ++check.unexpected_nan;
+      continue;  // NaN where the reference has NaN too is a match
+    }
+    bool a_inf = std::isinf(a), e_inf = std::isinf(e);
+    if (a_inf || e_inf) {
+      if (a != e) ++check.unexpected_inf;
+      continue;
+    }
+    double diff = std::abs(a - e);
+    err2 += diff * diff;
+    exp2 += e * e;
+    act2 += a * a;
+    dot += a * e;
+    double scale = std::abs(e);
+    double rel = scale > 0 ? diff / scale : (diff > 0 ? kInf : 0);
+    check.max_abs_error = std::max(check.max_abs_error, diff);
+    if (std::isfinite(rel)) check.max_rel_error = std::max(check.max_rel_error, rel);
+    bool within_atol = diff <= atol, within_rtol = diff <= tolerance.rtol * scale;
+    if (!within_rtol) required_atol = std::max(required_atol, diff);
+    if (!within_atol) required_rtol = std::max(required_rtol, rel);
+    if (!within_atol && !within_rtol) ++check.mismatched;
+  }
+  check.required_atol = required_atol;
+  check.required_rtol = required_rtol;
+  check.rel_l2_error = exp2 > 0 ? std::sqrt(err2 / exp2) : (err2 > 0 ? kInf : 0);
+  check.cosine_similarity = exp2 > 0 && act2 > 0 ? dot / std::sqrt(exp2 * act2) : (exp2 == act2 ? 1 : 0);
+  // Top-1 agreement where the last dimension reads as classes or vocabulary.
+  if (is_floating(actual.dtype) && actual.shape.size() >= 2 && actual.shape.back() >= 2 && n > 0) {
+    const auto classes = static_cast<std::size_t>(actual.shape.back());
+    const std::size_t rows = n / classes;
+    std::size_t agree = 0;
+    for (std::size_t r = 0; r < rows; ++r) {
+      std::size_t best_a = 0, best_e = 0;
+      for (std::size_t c = 1; c < classes; ++c) {
+        if (element(actual, r * classes + c) > element(actual, r * classes + best_a)) best_a = c;
+        if (element(expected, r * classes + c) > element(expected, r * classes + best_e)) best_e = c;
+      }
+      agree += best_a == best_e;
+    }
+    check.top1_agreement = rows ? static_cast<double>(agree) / static_cast<double>(rows) : 1.0;
+  }
+  if (check.unexpected_nan) {
+    return failed(check, std::to_string(check.unexpected_nan) + " of " + std::to_string(n) +
+                             " elements are NaN in one output but not in the other");
+  }
+  if (check.unexpected_inf) {
+    return failed(check, std::to_string(check.unexpected_inf) + " of " + std::to_string(n) +
+                             " elements are infinite in one output but not in the other");
+  }
+  check.passed = check.mismatched == 0;
+  if (!check.passed) {
+    check.failure = std::to_string(check.mismatched) + " of " + std::to_string(n) + " elements beyond atol=" +
+                    fmt(atol) + (tolerance.scaled ? " (" + fmt(tolerance.atol) + " x output RMS " + fmt(check.scale) + ")" : "") +
+                    " and rtol=" + fmt(tolerance.rtol) + " (max abs error " +
+                    fmt(check.max_abs_error) + ", max rel error " + fmt(check.max_rel_error) +
+                    "; would pass with atol=" + fmt(required_atol) + " or rtol=" + fmt(required_rtol) + ")";
+  }
+  return check;
+}
+
+bool SampleCheck::passed() const noexcept {
+  return std::all_of(outputs.begin(), outputs.end(), [](const OutputCheck& c) { return c.passed; });
+}
+
+bool CorrectnessReport::passed() const noexcept {
+  if (user_metric) return user_metric->passed();
+  return std::all_of(samples.begin(), samples.end(), [](const SampleCheck& s) { return s.passed(); });
+}
+
+std::vector<OutputAccuracy> CorrectnessReport::outputs() const {
+  std::vector<OutputAccuracy> out;
+  auto worst = [](std::optional<double>& into, const std::optional<double>& v, bool larger) {
+    if (!v) return;
+    into = !into ? *v : (larger ? std::max(*into, *v) : std::min(*into, *v));
+  };
+  for (const auto& s : samples)
+    for (const auto& o : s.outputs) {
+      auto it = std::find_if(out.begin(), out.end(), [&](const OutputAccuracy& a) { return a.name == o.name; });
+      if (it == out.end()) {
+        out.push_back({});
+        it = std::prev(out.end());
+        it->name = o.name;
+      }
+      it->max_abs_error = std::max(it->max_abs_error, o.max_abs_error);
+      it->rel_l2_error = std::max(it->rel_l2_error, o.rel_l2_error);
+      it->cosine_similarity = std::min(it->cosine_similarity, o.cosine_similarity);
+      worst(it->top1_agreement, o.top1_agreement, false);
+      worst(it->eager_at_precision_max_abs_error, o.eager_at_precision_max_abs_error, true);
+      worst(it->eager_at_precision_rel_l2_error, o.eager_at_precision_rel_l2_error, true);
+      worst(it->error_ratio, o.error_ratio, true);
+      // The rule that decided the worst sample: a failure's, else a calibrated pass's.
+      if (!o.passed && it->passed) it->rule = o.rule;
+      else if (it->passed && o.rule == "calibrated") it->rule = o.rule;
+      it->passed = it->passed && o.passed;
+    }
+  return out;
+}
+
+double CorrectnessReport::max_abs_error() const noexcept {
+  double m = 0;
+  for (const auto& s : samples)
+    for (const auto& o : s.outputs) m = std::max(m, o.max_abs_error);
+  return m;
+}
+
+double CorrectnessReport::max_rel_error() const noexcept {
+  double m = 0;
+  for (const auto& s : samples)
+    for (const auto& o : s.outputs) m = std::max(m, o.max_rel_error);
+  return m;
+}
+
+std::string CorrectnessReport::first_failure() const {
+  if (user_metric) {
+    if (user_metric->passed()) return "";
+    return "user accuracy metric " + fmt(user_metric->score) + " vs eager's " + fmt(user_metric->baseline) +
+           ": drop " + fmt(user_metric->drop()) + " > maximum " + fmt(user_metric->max_drop);
+  }
+  for (const auto& s : samples)
+    for (const auto& o : s.outputs)
+      if (!o.passed) return s.sample + ": " + o.name + ": " + o.failure;
+  return "";
+}
+
+std::map<std::string, Tolerance> CorrectnessReport::required_tolerances() const {
+  std::map<std::string, Tolerance> out;
+  for (const auto& s : samples)
+    for (const auto& o : s.outputs) {
+      auto& t = out[o.name];
+      t.atol = std::max(t.atol, o.required_atol);
+      t.rtol = std::max(t.rtol, o.required_rtol);
+    }
+  return out;
+}
+
+std::string CorrectnessReport::to_json(int indent) const {
+  nlohmann::json samples_json = nlohmann::json::array();
+  for (const auto& s : samples) {
+    nlohmann::json outputs = nlohmann::json::array();
+    for (const auto& o : s.outputs) {
+      outputs.push_back({{"name", o.name},
+                         {"passed", o.passed},
+                         {"failure", o.failure},
+                         {"dtype", dtype_name(o.dtype)},
+                         {"shape", o.shape},
+                         {"atol", o.atol_applied},
+                         {"rtol", o.tolerance.rtol},
+                         {"atol_scaled", o.tolerance.scaled},
+                         {"atol_scale", o.scale},
+                         {"max_abs_error", o.max_abs_error},
+                         {"max_rel_error", o.max_rel_error},
+                         {"mismatched", o.mismatched},
+                         {"unexpected_nan", o.unexpected_nan},
+                         {"unexpected_inf", o.unexpected_inf},
+                         {"required_atol", json_number(o.required_atol)},
+                         {"required_rtol", json_number(o.required_rtol)},
+                         {"rel_l2_error", json_number(o.rel_l2_error)},
+                         {"cosine_similarity", o.cosine_similarity},
+                         {"top1_agreement", o.top1_agreement ? nlohmann::json(*o.top1_agreement) : nlohmann::json(nullptr)},
+                         {"eager_at_precision_max_abs_error", o.eager_at_precision_max_abs_error
+                                                                  ? nlohmann::json(json_number(*o.eager_at_precision_max_abs_error))
+                                                                  : nlohmann::json(nullptr)},
+                         {"eager_at_precision_rel_l2_error", o.eager_at_precision_rel_l2_error
+                                                                 ? nlohmann::json(json_number(*o.eager_at_precision_rel_l2_error))
+                                                                 : nlohmann::json(nullptr)},
+                         {"error_ratio", o.error_ratio ? nlohmann::json(json_number(*o.error_ratio)) : nlohmann::json(nullptr)},
+                         {"rule", o.rule}});
+    }
+    samples_json.push_back({{"sample", s.sample}, {"passed", s.passed()}, {"outputs", outputs}});
+  }
+  auto optional_number = [](const std::optional<double>& v) { return v ? nlohmann::json(json_number(*v)) : nlohmann::json(nullptr); };
+  // Per output over every sample: the fields the report page and the table show
+  // (documented in docs/tuning.md, "The report's accuracy fields").
+  nlohmann::json per_output = nlohmann::json::array();
+  for (const auto& o : this->outputs())
+    per_output.push_back({{"name", o.name},
+                          {"max_abs_error", json_number(o.max_abs_error)},
+                          {"rel_l2_error", json_number(o.rel_l2_error)},
+                          {"cosine_similarity", o.cosine_similarity},
+                          {"top1_agreement", optional_number(o.top1_agreement)},
+                          {"eager_at_precision_max_abs_error", optional_number(o.eager_at_precision_max_abs_error)},
+                          {"eager_at_precision_rel_l2_error", optional_number(o.eager_at_precision_rel_l2_error)},
+                          {"error_ratio", optional_number(o.error_ratio)},
+                          {"rule", o.rule},
+                          {"verdict", o.passed ? "passed" : "failed"}});
+  nlohmann::json j = {{"passed", passed()},
+                      {"max_abs_error", json_number(max_abs_error())},
+                      {"max_rel_error", json_number(max_rel_error())},
+                      {"calibrated_precision", calibrated_precision ? nlohmann::json(precision_name(*calibrated_precision))
+                                                                    : nlohmann::json(nullptr)},
+                      {"accuracy_factor", accuracy_factor},
+                      {"calibration_note", calibration_note},
+                      {"outputs", per_output},
+                      {"samples", samples_json}};
+  if (user_metric)
+    j["user_metric"] = {{"score", json_number(user_metric->score)},
+                        {"baseline", json_number(user_metric->baseline)},
+                        {"drop", json_number(user_metric->drop())},
+                        {"max_drop", user_metric->max_drop},
+                        {"passed", user_metric->passed()}};
+  else
+    j["user_metric"] = nullptr;
+  return j.dump(indent);
+}
+
+SampleCheck compare_sample(const std::string& sample, const std::vector<std::string>& output_names,
+                           const std::vector<TensorView>& actual, const std::vector<TensorView>& expected,
+                           const ToleranceSpec& tolerances) {
+  SampleCheck check;
+  check.sample = sample;
+  if (actual.size() != expected.size() || actual.size() != output_names.size()) {
+    OutputCheck count;
+    count.name = "(outputs)";
+    check.outputs.push_back(failed(count, std::to_string(actual.size()) + " outputs, expected " +
+                                              std::to_string(expected.size())));
+    return check;
+  }
+  for (std::size_t i = 0; i < actual.size(); ++i) {
+    const auto& name = output_names[i];
+    check.outputs.push_back(
+        compare_output(name, actual[i], expected[i], tolerances.for_output(name, expected[i].dtype)));
+  }
+  return check;
+}
+
+std::vector<VacuousOutput> vacuous_outputs(const std::vector<std::string>& output_names,
+                                           const std::vector<std::vector<TensorView>>& expected) {
+  std::vector<VacuousOutput> out;
+  for (std::size_t o = 0; o < output_names.size(); ++o) {
+    std::size_t total = 0, finite = 0;
+    bool constant = true, have_first = false;
+    double first = 0;
+    for (const auto& sample : expected) {
+      if (o >= sample.size()) continue;
+      const auto& t = sample[o];
+      require_host_contiguous(t, output_names[o], "expected");
+      const auto n = static_cast<std::size_t>(t.numel());
+      total += n;
+      for (std::size_t i = 0; i < n; ++i) {
+        double v = element(t, i);
+        if (!std::isfinite(v)) continue;
+        ++finite;
+        if (!have_first) {
+          first = v;
+          have_first = true;
+        } else if (v != first) {
+          constant = false;
+        }
+      }
+    }
+    if (total < 2) continue;
+    if (finite == 0)
+      out.push_back({output_names[o], "all NaN/Inf"});
+    else if (constant && finite == total)
+      out.push_back({output_names[o], "constant (every element is " + fmt(first) + ")"});
+  }
+  return out;
+}
+
+}  // namespace aitune

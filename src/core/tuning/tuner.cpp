@@ -1,0 +1,341 @@
+// The tuning engine for one graph: candidates are created, checked, profiled, chosen
+// (the batch search on the winner is tuner_batch_search.cpp).
+#include "aitune/tuner.hpp"
+
+#include "tuning/tuner_impl.hpp"
+
+namespace aitune {
+using namespace detail;
+
+GraphTuner::GraphTuner(std::string graph, GraphSpec spec, std::vector<TuneSample> samples, TunerOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  options.profile.validate();
+  if (samples.empty()) throw Error(ErrorCode::kInvalidArgument, graph + ": tuning needs at least one sample");
+  for (std::size_t s = 0; s < samples.size(); ++s) {
+    const auto& sample = samples[s];
+    auto where = graph + ": sample " + std::to_string(s);
+    if (sample.inputs.size() != spec.inputs.size() || sample.expected.size() != spec.outputs.size())
+      throw Error(ErrorCode::kInvalidArgument,
+                  where + " has " + std::to_string(sample.inputs.size()) + " inputs and " +
+                      std::to_string(sample.expected.size()) + " expected outputs; the graph has " +
+                      std::to_string(spec.inputs.size()) + " and " + std::to_string(spec.outputs.size()));
+    for (std::size_t i = 0; i < spec.inputs.size(); ++i) {
+      const auto& t = spec.inputs[i];
+      if (sample.inputs[i].dtype != t.dtype)
+        throw Error(ErrorCode::kDTypeMismatch, where + ": input '" + t.name + "' is " +
+                                                   std::string(dtype_name(sample.inputs[i].dtype)) + ", expected " +
+                                                   std::string(dtype_name(t.dtype)));
+      if (!t.accepts(sample.inputs[i].shape))
+        throw Error(ErrorCode::kShapeMismatch, where + ": input '" + t.name + "' has shape " +
+                                                   shape_to_string(sample.inputs[i].shape) + ", outside " +
+                                                   t.to_string());
+    }
+    for (std::size_t o = 0; o < spec.outputs.size(); ++o)
+      if (sample.expected[o].device.kind != DeviceKind::kCPU)
+        throw Error(ErrorCode::kInvalidArgument, where + ": expected output '" + spec.outputs[o].name +
+                                                     "' must be in host memory, it is on " +
+                                                     sample.expected[o].device.to_string());
+    if (sample.batch_size < 1) throw Error(ErrorCode::kInvalidArgument, where + ": batch_size must be >= 1");
+  }
+  for (const auto& o : spec.outputs) impl_->output_names.push_back(o.name);
+  for (std::size_t s = 1; s < samples.size(); ++s)
+    if (samples[s].batch_size > samples[impl_->profile_sample].batch_size) impl_->profile_sample = s;
+  validate_accuracy_factor(options.accuracy_factor);
+  if (options.accuracy_metric && !(options.max_accuracy_drop >= 0))
+    throw Error(ErrorCode::kInvalidArgument, graph + ": max_accuracy_drop must be >= 0");
+  {
+    std::vector<std::vector<TensorView>> expected;
+    for (const auto& s : samples) expected.push_back(s.expected);
+    impl_->report.vacuous_outputs = vacuous_outputs(impl_->output_names, expected);
+  }
+  impl_->report.accuracy_factor = options.accuracy_factor;
+  impl_->report.graph = std::move(graph);
+  impl_->spec = std::move(spec);
+  impl_->samples = std::move(samples);
+  impl_->options = std::move(options);
+}
+
+GraphTuner::~GraphTuner() = default;
+
+const EagerAtPrecision& GraphTuner::Impl::calibration(Precision precision) {
+  if (auto it = calibrations.find(precision); it != calibrations.end()) return it->second;
+  EagerAtPrecision eager;
+  eager.precision = precision;
+  std::string reason;
+  auto outputs = options.eager_at_precision(precision, reason);
+  if (!outputs) {
+    eager.reason = reason.empty() ? "not measured" : reason;
+  } else if (outputs->size() != samples.size()) {
+    eager.reason = "the front end gave " + std::to_string(outputs->size()) + " samples, expected " +
+                   std::to_string(samples.size());
+  } else {
+    eager.available = true;
+    for (std::size_t i = 0; i < samples.size(); ++i)
+      eager.samples.push_back(compare_sample(sample_label(i), output_names, views_of((*outputs)[i]),
+                                             samples[i].expected, tolerances_for(precision)));
+  }
+  log("eager at " + std::string(precision_name(precision)) + ": " +
+      (eager.available ? "measured (the calibrated bound of its candidates)" : "unavailable: " + eager.reason));
+  auto& stored = calibrations.emplace(precision, std::move(eager)).first->second;
+  report.eager_at_precision.push_back(stored);
+  return stored;
+}
+
+CorrectnessReport GraphTuner::Impl::judge(Precision precision, const std::vector<std::vector<Tensor>>& outputs) {
+  const ToleranceSpec tolerances = tolerances_for(precision);
+  CorrectnessReport result;
+  for (std::size_t i = 0; i < samples.size(); ++i)
+    result.samples.push_back(
+        compare_sample(sample_label(i), output_names, views_of(outputs.at(i)), samples[i].expected, tolerances));
+  if (precision != Precision::kStrict && options.eager_at_precision)
+    apply_calibration(result, calibration(precision), options.accuracy_factor);
+  if (options.accuracy_metric) {
+    if (!metric_baseline) {
+      std::vector<std::vector<TensorView>> reference;
+      for (const auto& s : samples) reference.push_back(s.expected);
+      metric_baseline = options.accuracy_metric(reference);
+    }
+    std::vector<std::vector<TensorView>> views;
+    for (const auto& o : outputs) views.push_back(views_of(o));
+    UserMetricResult metric;
+    metric.baseline = *metric_baseline;
+    metric.max_drop = options.max_accuracy_drop;
+    metric.score = options.accuracy_metric(views);
+    result.user_metric = metric;
+  }
+  return result;
+}
+
+const TuneReport& GraphTuner::report() const noexcept { return impl_->report; }
+const GraphSpec& GraphTuner::spec() const noexcept { return impl_->spec; }
+
+void GraphTuner::profile_reference(const std::function<void(const std::vector<TensorView>&)>& run,
+                                   const std::string& label) {
+  const auto& sample = impl_->samples[impl_->profile_sample];
+  std::unique_ptr<DeviceTimer> timer;
+  if (impl_->options.cuda_stream && !sample.inputs.empty() && sample.inputs.front().device.kind == DeviceKind::kCUDA)
+    timer = make_cuda_event_timer(*impl_->options.cuda_stream, sample.inputs.front().device.index);
+  impl_->report.eager_label = label;
+  impl_->report.eager =
+      profile_calls([&] { run(sample.inputs); }, sample.batch_size, impl_->options.profile, timer.get());
+  impl_->log(label + ": p50 " + std::to_string(impl_->report.eager->host_us.p50) + " us");
+}
+
+std::size_t GraphTuner::add_failed(const std::string& name, const std::string& backend, int group,
+                                   const std::string& reason, Precision precision) {
+  CandidateResult r;
+  r.name = name;
+  r.precision = precision;
+  r.backend = backend;
+  r.group = group;
+  r.status = CandidateStatus::kFailed;
+  r.reason = reason;
+  impl_->log(name + ": failed: " + reason);
+  return impl_->push(std::move(r), nullptr, "");
+}
+
+std::size_t GraphTuner::evaluate_onnx(const std::string& model_path, const OnnxCandidate& candidate,
+                                      const std::string& backend_name, int group,
+                                      const std::vector<std::size_t>& model_inputs,
+                                      const SessionCallFactory& module_call) {
+  auto& impl = *impl_;
+  std::vector<std::size_t> map = model_inputs;
+  if (map.empty())
+    for (std::size_t i = 0; i < impl.spec.inputs.size(); ++i) map.push_back(i);
+  for (auto i : map)
+    if (i >= impl.spec.inputs.size())
+      throw Error(ErrorCode::kInvalidArgument, impl.report.graph + ": model input index " + std::to_string(i) +
+                                                   " is out of range; the graph has " +
+                                                   std::to_string(impl.spec.inputs.size()) + " inputs");
+  const GraphSpec model_spec = impl.spec_for(map);
+  CandidateResult r;
+  r.name = candidate.name;
+  r.backend = backend_name;
+  r.group = group;
+  r.precision = candidate.precision;
+  r.transform = candidate.transform;
+  r.fused_operators = candidate.fused_operators;
+  r.fp32_nodes = candidate.fp32_nodes;
+  OnnxSessionConfig config = candidate.config;
+  r.config_json = config.to_json(-1);
+  impl.log(r.name + ": creating the session");
+
+  std::unique_ptr<OnnxSession> backend;
+  auto start = SteadyTime::now();
+  try {
+    backend = OnnxSession::create(model_path, config, model_spec);
+  } catch (const Error& e) {
+    r.status = CandidateStatus::kFailed;
+    r.reason = e.what();
+    impl.log(r.name + ": failed: " + r.reason);
+    return impl.push(std::move(r), nullptr, model_path, map);
+  }
+  r.session_creation_ms = ms_since(start);
+  r.config_json = backend->config().to_json(-1);
+
+  try {
+    const auto& sample = impl.samples[impl.profile_sample];
+    auto inputs = inputs_on(*backend, Impl::select(sample.inputs, map), model_spec);
+    start = SteadyTime::now();
+    backend->infer(inputs.views);  // TensorRT builds its engines here
+    r.first_run_ms = ms_since(start);
+
+    r.correctness = impl.check(*backend, candidate.precision, map);
+    if (!r.correctness->passed()) {
+      r.status = CandidateStatus::kIncorrect;
+      r.reason = r.correctness->first_failure();
+      impl.log(r.name + ": rejected: " + r.reason);
+      return impl.push(std::move(r), nullptr, model_path, map);
+    }
+    auto timer = Impl::timer_for(*backend);
+    // Through the module's own dispatch where the front end gives it: the latency a
+    // candidate wins by is then the latency of the module a user calls.
+    std::function<void()> call = [&] { backend->infer(inputs.views); };
+    if (module_call) call = module_call(*backend);
+    r.profile = profile_calls(call, sample.batch_size, impl.options.profile, timer.get());
+  } catch (const Error& e) {
+    r.status = CandidateStatus::kFailed;
+    r.reason = e.what();
+    impl.log(r.name + ": failed: " + r.reason);
+    return impl.push(std::move(r), nullptr, model_path, map);
+  }
+  r.status = CandidateStatus::kPassed;
+  impl.log(r.name + ": correct (max abs error " + std::to_string(r.correctness->max_abs_error()) + "), p50 " +
+           std::to_string(r.profile->host_us.p50) + " us");
+  return impl.push(std::move(r), std::move(backend), model_path, map);
+}
+
+bool GraphTuner::check_onnx(const std::string& model_path, const OnnxCandidate& candidate,
+                            const std::vector<std::size_t>& model_inputs) {
+  auto& impl = *impl_;
+  std::vector<std::size_t> map = model_inputs;
+  if (map.empty())
+    for (std::size_t i = 0; i < impl.spec.inputs.size(); ++i) map.push_back(i);
+  try {
+    auto backend = OnnxSession::create(model_path, candidate.config, impl.spec_for(map));
+    bool passed = impl.check(*backend, candidate.precision, map).passed();
+    impl.log(candidate.name + " on " + model_path + ": " + (passed ? "passes" : "fails") + " the check");
+    return passed;
+  } catch (const Error& e) {
+    impl.log(candidate.name + " on " + model_path + ": failed: " + e.what());
+    return false;
+  }
+}
+
+std::size_t GraphTuner::evaluate_external(const ExternalCandidate& candidate, const std::string& backend_name,
+                                          int group) {
+  auto& impl = *impl_;
+  CandidateResult r;
+  r.name = candidate.name;
+  r.backend = backend_name;
+  r.group = group;
+  r.precision = candidate.precision;
+  r.config_json = candidate.config_json;
+  if (!candidate.outputs || !candidate.run)
+    throw Error(ErrorCode::kInvalidArgument, impl.report.graph + ": external candidate '" + candidate.name +
+                                                 "' needs both an outputs and a run function");
+  impl.log(r.name + ": first run");
+  try {
+    auto start = SteadyTime::now();
+    candidate.run();  // a compiler compiles (and captures) here
+    r.first_run_ms = ms_since(start);
+    std::vector<std::vector<Tensor>> outputs;
+    for (std::size_t i = 0; i < impl.samples.size(); ++i) outputs.push_back(candidate.outputs(i));
+    r.correctness = impl.judge(candidate.precision, outputs);
+    if (!r.correctness->passed()) {
+      r.status = CandidateStatus::kIncorrect;
+      r.reason = r.correctness->first_failure();
+      impl.log(r.name + ": rejected: " + r.reason);
+      return impl.push(std::move(r), nullptr, "");
+    }
+    const auto& sample = impl.samples[impl.profile_sample];
+    std::unique_ptr<DeviceTimer> timer;
+    if (impl.options.cuda_stream && !sample.inputs.empty() && sample.inputs.front().device.kind == DeviceKind::kCUDA)
+      timer = make_cuda_event_timer(*impl.options.cuda_stream, sample.inputs.front().device.index);
+    r.profile = profile_calls([&] { candidate.run(); }, sample.batch_size, impl.options.profile, timer.get());
+  } catch (const std::exception& e) {  // the front end's errors arrive as whatever it raised
+    r.status = CandidateStatus::kFailed;
+    r.reason = e.what();
+    impl.log(r.name + ": failed: " + r.reason);
+    return impl.push(std::move(r), nullptr, "");
+  }
+  r.status = CandidateStatus::kPassed;
+  impl.log(r.name + ": correct (max abs error " + std::to_string(r.correctness->max_abs_error()) + "), p50 " +
+           std::to_string(r.profile->host_us.p50) + " us");
+  return impl.push(std::move(r), nullptr, "");
+}
+
+const std::string& GraphTuner::model_path(std::size_t candidate) const {
+  if (candidate >= impl_->model_paths.size())
+    throw Error(ErrorCode::kInvalidArgument, impl_->report.graph + ": no candidate " + std::to_string(candidate));
+  return impl_->model_paths[candidate];
+}
+
+std::optional<std::size_t> GraphTuner::first_failing_sample(std::size_t candidate) const {
+  const auto& candidates = impl_->report.candidates;
+  if (candidate >= candidates.size() || !candidates[candidate].correctness) return std::nullopt;
+  const auto& samples = candidates[candidate].correctness->samples;
+  for (std::size_t s = 0; s < samples.size(); ++s)
+    if (!samples[s].passed()) return s;
+  return std::nullopt;
+}
+
+const DivergenceReport& GraphTuner::trace_divergence(std::size_t candidate, std::size_t sample,
+                                                     const std::vector<ModuleOutput>& eager) {
+  auto& impl = *impl_;
+  if (candidate >= impl.report.candidates.size() || impl.model_paths[candidate].empty())
+    throw Error(ErrorCode::kInvalidArgument, impl.report.graph + ": candidate " + std::to_string(candidate) +
+                                                 " has no ONNX model to trace");
+  if (sample >= impl.samples.size())
+    throw Error(ErrorCode::kInvalidArgument, impl.report.graph + ": sample " + std::to_string(sample) +
+                                                 " is out of range; there are " + std::to_string(impl.samples.size()));
+  auto& r = impl.report.candidates[candidate];
+  const auto config = OnnxSessionConfig::from_json(r.config_json);
+  // The model's inputs by name (the graph's names; an exporter may have dropped some).
+  std::vector<std::size_t> map = impl.input_maps[candidate];
+  if (map.empty())
+    for (std::size_t i = 0; i < impl.spec.inputs.size(); ++i) map.push_back(i);
+  std::map<std::string, TensorView> inputs;
+  for (auto i : map) inputs.emplace(impl.spec.inputs.at(i).name, impl.samples[sample].inputs.at(i));
+  impl.log(r.name + ": tracing where it diverges from eager");
+  r.divergence = aitune::trace_divergence(impl.model_paths[candidate], config, inputs, eager, r.precision);
+  impl.log(r.name + ": " + r.divergence->describe());
+  return *r.divergence;
+}
+
+const TuneReport& GraphTuner::select(const StrategyConfig& strategy) {
+  auto& impl = *impl_;
+  impl.report.strategy = strategy;
+  impl.report.winner = select_candidate(strategy, impl.report.candidates, impl.report.eager, impl.report.decision);
+  if (impl.report.winner && !impl.report.vacuous_outputs.empty()) {
+    // The check could not judge these outputs: the user is told in the decision itself.
+    std::string names;
+    for (const auto& v : impl.report.vacuous_outputs) names += (names.empty() ? "" : ", ") + v.name + ": " + v.why;
+    impl.report.decision += "; warning: eager's outputs cannot judge it (" + names +
+                            "), so the comparison of these outputs is vacuous";
+  }
+  impl.log("decision: " + impl.report.decision);
+  if (impl.report.winner) {
+    std::size_t w = *impl.report.winner;
+    if (impl.options.batch_search.enabled) {
+      if (impl.backends[w]) {
+        impl.search_batch(w);
+      } else {  // an external candidate: the front end runs it, there is no session to widen
+        BatchSearchResult none;
+        none.recorded_max_batch = none.max_batch = impl.samples[impl.profile_sample].batch_size;
+        none.stop_reason = "not searched: the winner runs outside ONNX Runtime";
+        none.correctness = "not run";
+        impl.report.batch_search = none;
+      }
+    }
+    if (!impl.winner) impl.winner = std::move(impl.backends[w]);
+    if (impl.winner) impl.winner->activate();
+  }
+  impl.backends.clear();  // the losers' sessions and their device memory go now
+  impl.report.tuning_s = ms_since(impl.started) / 1e3;
+  return impl.report;
+}
+
+std::unique_ptr<OnnxSession> GraphTuner::take_winner() { return std::move(impl_->winner); }
+
+}  // namespace aitune
