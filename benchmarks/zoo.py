@@ -203,9 +203,10 @@ def main() -> int:
     device = torch.device(options.device)
     names = options.models.split(",") if options.models else (SMALL if options.small else FULL)
     os.environ.setdefault("AITUNE_CACHE_DIR", tempfile.mkdtemp(prefix="aitune-zoo-"))
-    import onnxruntime
-
     import aitune
+    from aitune import _core
+
+    ort = _core.OrtRuntime.load()  # the library aitune runs (AITUNE_ORT_LIBRARY, the wheel, ...), not onnxruntime's
 
     rows = []
     for name in names:
@@ -214,7 +215,7 @@ def main() -> int:
         except Exception as error:
             rows.append({"model": name, "error": f"{type(error).__name__}: {error}"})
         print(json.dumps(rows[-1]), flush=True)
-    meta = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "onnxruntime": onnxruntime.__version__,
+    meta = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "onnxruntime": ort.version, "onnxruntime_library": ort.library_path,
             "aitune": getattr(aitune, "__version__", "?"), "device": str(device),
             "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None, "small": options.small}
     Path(options.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
