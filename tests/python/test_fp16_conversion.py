@@ -60,3 +60,27 @@ def test_separating_leaves_models_without_such_outputs_alone(tmp_path):
     before = model.SerializeToString()
     assert export.separate_consumed_outputs(model) == 0
     assert model.SerializeToString() == before
+
+
+def test_a_weight_read_by_two_kept_norms_and_an_fp16_node_loads_in_the_mixed_model(tmp_path):
+    """A LayerNorm weight also read by an fp16 node (GPT-2's and DistilBERT's ln weights on
+    the H200): the converter cast it to fp32 once per kept norm under one node name, and
+    ONNX Runtime refused the mixed model ("two nodes with same node name")."""
+    ones = numpy_helper.from_array(np.linspace(0.5, 1.5, 8).astype(np.float32), "ln.weight")
+    zeros = numpy_helper.from_array(np.zeros(8, np.float32), "ln.bias")
+    m = numpy_helper.from_array(np.eye(8, dtype=np.float32), "m")
+    nodes = [helper.make_node("LayerNormalization", ["x", "ln.weight", "ln.bias"], ["h"], name="ln1", axis=-1),
+             helper.make_node("MatMul", ["h", "m"], ["h2"], name="mm"),
+             helper.make_node("LayerNormalization", ["h2", "ln.weight", "ln.bias"], ["h3"], name="ln2", axis=-1),
+             helper.make_node("Mul", ["h3", "ln.weight"], ["y"], name="mul")]
+    graph = helper.make_graph(nodes, "norms", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8])], [ones, zeros, m])
+    source = tmp_path / "norms.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(source))
+    target = export.convert_to_fp16(source, tmp_path / "norms_mixed.onnx", op_block_list=["LayerNormalization"])
+    names = [n.name for n in onnx.load(str(target)).graph.node]
+    assert len(names) == len(set(names)), names
+    x = np.random.default_rng(1).standard_normal((2, 8)).astype(np.float32)
+    expected = ort.InferenceSession(str(source), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    (got,) = ort.InferenceSession(str(target), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    np.testing.assert_allclose(got, expected, atol=1e-2)

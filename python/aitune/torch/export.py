@@ -339,6 +339,26 @@ def separate_consumed_outputs(model: onnx.ModelProto) -> int:
     return separated
 
 
+def _drop_duplicate_nodes(model: onnx.ModelProto) -> int:
+    """Removes nodes identical to an earlier one (same name, operator, inputs, outputs and
+    attributes) and returns how many. Why: onnxruntime.transformers' converter adds one
+    ``<weight>_cast_to_fp32_node`` per blocked consumer of a weight that other nodes read in
+    fp16 (a LayerNorm weight also read by a Mul: GPT-2, DistilBERT), and ONNX Runtime
+    refuses the model ("two nodes with same node name"); the copies compute the same value."""
+    seen: set[bytes] = set()
+    kept = []
+    for node in model.graph.node:
+        key = node.SerializeToString(deterministic=True)
+        if key not in seen:
+            seen.add(key)
+            kept.append(node)
+    dropped = len(model.graph.node) - len(kept)
+    if dropped:
+        del model.graph.node[:]
+        model.graph.node.extend(kept)
+    return dropped
+
+
 def _drop_fp16_round_trips(model: onnx.ModelProto) -> int:
     """The converter casts every value between two nodes kept in fp32 to fp16 and back
     (Cast to fp16, Cast to fp32): the value is rounded to fp16 although both nodes compute
@@ -386,6 +406,7 @@ def convert_to_fp16(source: Path, target: Path, *, op_block_list: list[str] | No
 
         converted = float16.convert_float_to_float16(model, keep_io_types=True, op_block_list=op_block_list,
                                                      node_block_list=node_block_list)
+        _drop_duplicate_nodes(converted)
         _drop_fp16_round_trips(converted)
     scratch = target.with_name(target.name + ".partial")
     large = converted.ByteSize() > 1_800_000_000  # protobuf's 2 GB limit: weights go to a side file
