@@ -392,7 +392,16 @@ class Module(DispatchedModule):
                   strategy: TuneStrategy | None = None) -> None:
         """Builds every recorded graph with its strategy (``strategy`` if given, else the
         module's ``strategy`` / ``strategies``). On failure the module stays eager
-        (PASSTHROUGH) and the exception propagates to ``ait.tune``."""
+        (PASSTHROUGH) and the exception propagates to ``ait.tune``. Interrupted
+        (KeyboardInterrupt, SystemExit): ``ait.tune`` puts it back (``_ait_tuning_interrupted``)."""
+        hooks = submodule_hooks(self._ait_module)
+        if hooks:
+            logger.warning(
+                "ait.Module '%s': forward hooks on submodules run inside the graph while it is exported, so only "
+                "their effect on tensors is kept; their other effects (counters, logging, state) will not happen "
+                "on tuned calls: %s. Register them on the module wrapped instead (they then run around the tuned "
+                "graph on every call).", self._ait_name, "; ".join(hooks),
+            )
         self._ait_set_tuned({})
         self.__dict__.pop("_ait_call_session", None)  # its recordings are tuned now: no more recording by calling
         self.__dict__.pop("_ait_inactive_calls", None)
