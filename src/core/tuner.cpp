@@ -163,9 +163,9 @@ std::size_t GraphTuner::evaluate_external(const ExternalCandidate& candidate, co
     CorrectnessReport correctness;
     for (std::size_t i = 0; i < impl.samples.size(); ++i) {
       auto outputs = candidate.outputs(i);
-      correctness.samples.push_back(compare_sample(
+      correctness.samples.push_back(compare_sample_at_valid_positions(
           "sample " + std::to_string(i) + " (batch " + std::to_string(impl.samples[i].batch_size) + ")",
-          impl.output_names, views_of(outputs), impl.samples[i].expected, tolerances));
+          impl.output_names, views_of(outputs), impl.samples[i].expected, impl.samples[i].valid, tolerances));
     }
     r.correctness = std::move(correctness);
     if (!r.correctness->passed()) {

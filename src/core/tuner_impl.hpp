@@ -140,9 +140,9 @@ struct GraphTuner::Impl {
     for (std::size_t i = 0; i < samples.size(); ++i) {
       auto inputs = detail::inputs_on(backend, select(samples[i].inputs, map), backend.graph_spec());
       auto outputs = detail::host_outputs(backend, backend.infer(inputs.views));
-      report_.samples.push_back(compare_sample(
+      report_.samples.push_back(compare_sample_at_valid_positions(
           "sample " + std::to_string(i) + " (batch " + std::to_string(samples[i].batch_size) + ")", output_names,
-          detail::views_of(outputs), samples[i].expected, tolerances));
+          detail::views_of(outputs), samples[i].expected, samples[i].valid, tolerances));
     }
     return report_;
   }

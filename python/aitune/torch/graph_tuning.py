@@ -24,6 +24,8 @@ from aitune.torch.context import run_eagerly
 from aitune.torch.graph import RecordedGraph
 from aitune.torch.options import TuneOptions
 from aitune.torch.strategy import TuneStrategy
+from aitune.torch.valid_positions import ValidPositionsOption
+from aitune.torch.valid_positions import masks_for as valid_position_masks
 
 logger = logging.getLogger("aitune")
 
@@ -89,12 +91,17 @@ def reference_outputs(graph: RecordedGraph) -> list[list[torch.Tensor]]:
     return outputs
 
 
-def _samples(graph: RecordedGraph) -> list[tuple[list[torch.Tensor], list[torch.Tensor], int]]:
-    """Inputs on the module's device, reference outputs in host memory (the engine compares there)."""
-    return [
-        ([t.detach().contiguous() for t in s.inputs], expected, max(s.batch_size, 1))
-        for s, expected in zip(graph.samples, reference_outputs(graph), strict=True)
-    ]
+def _samples(graph: RecordedGraph, valid_positions: ValidPositionsOption = None) -> list[tuple]:
+    """Inputs on the module's device, reference outputs in host memory (the engine compares
+    there), and where a sample has positions its outputs leave undefined (padding), the
+    masks the engine's check leaves them out by (``valid_positions``)."""
+    samples = []
+    for i, (s, expected) in enumerate(zip(graph.samples, reference_outputs(graph), strict=True)):
+        sample = ([t.detach().contiguous() for t in s.inputs], expected, max(s.batch_size, 1))
+        masks = valid_position_masks(valid_positions, graph._inputs.fill(s.inputs), s.outputs,  # noqa: SLF001
+                                     f"{graph.module_name}/{graph.key} sample {i}")
+        samples.append(sample if masks is None else (*sample, *masks))
+    return samples
 
 
 def _failure(strategy: TuneStrategy, graph: RecordedGraph, report: _core.TuneReport) -> Exception:
@@ -119,7 +126,7 @@ def tune_graph(strategy: TuneStrategy, graph: RecordedGraph, options: TuneOption
         tuner_options.cuda_stream = torch.cuda.current_stream(graph.device).cuda_stream
     name = f"{graph.module_name}/{graph.key}"
     tuner_options.log = lambda line: logger.debug("%s", line)
-    tuner = _core.GraphTuner(name, graph.graph_spec(), _samples(graph), tuner_options)
+    tuner = _core.GraphTuner(name, graph.graph_spec(), _samples(graph, options.valid_positions), tuner_options)
 
     largest = max(range(len(graph.samples)), key=lambda i: graph.samples[i].batch_size)
     args, kwargs = graph.call_arguments(graph.samples[largest].inputs)

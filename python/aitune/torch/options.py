@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from typing import Any
 
 from aitune import _core
+from aitune.torch.valid_positions import check_option as check_valid_positions
 
 
 @dataclasses.dataclass
@@ -89,6 +91,8 @@ class TuneOptions:
             ``min_speedup``, else eager is kept (default: ``ait.enable_performance_validation``).
         find_max_batch_size, max_batch_size: search the largest batch the winner takes
             (default: ``ait.enable_find_max_batch_size``).
+        valid_positions: which output positions the check compares (``valid_positions.py``):
+            None derives them from an ``attention_mask`` argument, False compares all.
     """
 
     tolerance: tuple[float, float] | None = None
@@ -99,9 +103,11 @@ class TuneOptions:
     min_speedup: float = dataclasses.field(default_factory=lambda: _defaults.min_speedup)
     find_max_batch_size: bool = dataclasses.field(default_factory=lambda: _defaults.find_max_batch_size)
     max_batch_size: int = dataclasses.field(default_factory=lambda: _defaults.max_batch_size)
+    valid_positions: Any = None
 
     def __post_init__(self) -> None:
         _check_switches(self.performance_validation, self.min_speedup, self.find_max_batch_size, self.max_batch_size)
+        check_valid_positions(self.valid_positions)
 
     def tuner_options(self) -> _core.TunerOptions:
         options = _core.TunerOptions()

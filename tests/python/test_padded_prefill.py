@@ -1,0 +1,65 @@
+"""Decoder LLM prefill with padded rows tunes: outputs at padded positions (attention_mask
+== 0) are undefined by the model's contract and are left out of the correctness check,
+derived from a keyword input named attention_mask or declared with valid_positions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch_models import cpu_strategy
+
+import aitune.torch as ait
+from aitune.torch import ModuleState
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 256
+
+
+def _decoder(kind: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    if kind == "llama":
+        return transformers.LlamaForCausalLM(transformers.LlamaConfig(**common)).eval()
+    return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common)).eval()
+
+
+def _padded_batches(batch_size: int):
+    """One batch per size, its rows left-padded, right-padded and unpadded in turn."""
+    generator = torch.Generator().manual_seed(batch_size)
+    length = 8
+    ids = torch.randint(0, VOCAB, (batch_size, length), generator=generator)
+    mask = torch.ones(batch_size, length, dtype=torch.long)
+    for row in range(batch_size):
+        if row % 3 == 0:
+            mask[row, :3] = 0  # left padding
+        elif row % 3 == 1:
+            mask[row, -2:] = 0  # right padding
+    return [{"input_ids": ids, "attention_mask": mask, "use_cache": False}]
+
+
+def _tune(inner, name, **kwargs) -> ait.Module:
+    model = ait.Module(inner, name, strategy=cpu_strategy(use_dynamo=True, tune_provider_options=False))
+    ait.tune(model, _padded_batches, batch_sizes=[2, 3], ignore_failing_modules=False,
+             disable_external_logging=True, progress=False, **kwargs)
+    return model
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_padded_prefill_tunes_with_padded_positions_left_out(kind):
+    inner = _decoder(kind)
+    model = _tune(inner, f"padded-{kind}")
+    assert model.ait_state is ModuleState.TUNED
+    assert all("ONNXRuntimeBackend" in b for b in model.ait_backends.values()), model.ait_backends
+    (report,) = model.ait_reports.values()
+    # the report names how many positions the check left out, per sample
+    assert "positions undefined by attention_mask" in report.to_json()
+    # valid positions match eager; the padded ones are whatever the graph computes
+    batch = _padded_batches(3)[0]
+    with torch.no_grad():
+        expected = inner(**batch).logits
+        actual = model(**batch).logits
+    valid = batch["attention_mask"].bool()
+    torch.testing.assert_close(actual[valid], expected[valid], atol=1e-4, rtol=1e-4)
+
