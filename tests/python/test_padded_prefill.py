@@ -63,3 +63,29 @@ def test_padded_prefill_tunes_with_padded_positions_left_out(kind):
     valid = batch["attention_mask"].bool()
     torch.testing.assert_close(actual[valid], expected[valid], atol=1e-4, rtol=1e-4)
 
+
+
+def test_every_position_compared_rejects_the_padded_batch():
+    """valid_positions=False compares padding too: the outputs there differ from eager's
+    (undefined), so every candidate is rejected, as before masks were derived."""
+    with pytest.raises(Exception, match="every candidate differs from eager|elements beyond"):
+        _tune(_decoder("llama"), "padded-llama-all", valid_positions=False)
+
+
+def test_declared_valid_positions_callable_is_used():
+    seen = []
+
+    def valid(arguments, outputs):
+        seen.append(sorted(k for k, v in arguments.items() if isinstance(v, torch.Tensor)))
+        return arguments["attention_mask"] != 0
+
+    model = _tune(_decoder("llama"), "padded-llama-declared", valid_positions=valid)
+    assert model.ait_state is ModuleState.TUNED
+    assert seen and all(names == ["attention_mask", "input_ids"] for names in seen), seen
+    (report,) = model.ait_reports.values()
+    assert "positions undefined by valid_positions" in report.to_json()
+
+
+def test_bad_valid_positions_option_is_a_type_error():
+    with pytest.raises(TypeError, match="valid_positions"):
+        ait.tune(lambda **k: None, [{"x": torch.ones(2)}], valid_positions=3)
