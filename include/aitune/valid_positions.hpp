@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "aitune/correctness.hpp"
@@ -15,6 +16,12 @@ namespace aitune {
 /// (data == nullptr) means every position is defined. `source` names where the masks
 /// came from ("attention_mask"), for the report.
 struct ValidPositions {
+  // Not an aggregate: TuneSample stays brace-initialisable as {inputs, expected, batch}
+  // without a braced list being taken for the masks.
+  ValidPositions() = default;
+  ValidPositions(std::vector<TensorView> masks_, std::string source_)
+      : masks(std::move(masks_)), source(std::move(source_)) {}
+
   std::vector<TensorView> masks;
   std::string source;
   bool empty() const noexcept;
