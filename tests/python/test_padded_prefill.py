@@ -89,3 +89,19 @@ def test_declared_valid_positions_callable_is_used():
 def test_bad_valid_positions_option_is_a_type_error():
     with pytest.raises(TypeError, match="valid_positions"):
         ait.tune(lambda **k: None, [{"x": torch.ones(2)}], valid_positions=3)
+
+
+def test_fused_candidate_is_judged_on_the_padded_batch():
+    """The ort_fusions candidate (onnxscript's optimize_for_ort: SkipSimplifiedLayerNormalization
+    for the RMSNorms) is checked on the padded samples too, and matches eager where defined."""
+    import json
+
+    model = ait.Module(_decoder("llama"), "padded-llama-fused", strategy=cpu_strategy(use_dynamo=True))
+    ait.tune(model, _padded_batches, batch_sizes=[2, 3], ignore_failing_modules=False,
+             disable_external_logging=True, progress=False)
+    (report,) = model.ait_reports.values()
+    (fused,) = [c for c in json.loads(report.to_json())["candidates"] if c.get("transform") == "ort_fusions"]
+    assert fused["fused_operators"].get("SkipSimplifiedLayerNormalization", 0) > 0, fused
+    assert fused["status"] in ("selected", "not chosen"), fused
+    assert fused["correctness"]["passed"] and fused["correctness"]["max_abs_error"] < 1e-4
+    assert all("positions undefined by attention_mask" in s["sample"] for s in fused["correctness"]["samples"])
