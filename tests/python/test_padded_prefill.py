@@ -105,3 +105,20 @@ def test_fused_candidate_is_judged_on_the_padded_batch():
     assert fused["status"] in ("selected", "not chosen"), fused
     assert fused["correctness"]["passed"] and fused["correctness"]["max_abs_error"] < 1e-4
     assert all("positions undefined by attention_mask" in s["sample"] for s in fused["correctness"]["samples"])
+
+
+def test_derived_mask_covers_only_outputs_with_more_dims():
+    """A [batch, hidden] pooled output whose hidden size equals the sequence length is not
+    masked by position; [batch, seq, vocab] logits are."""
+    from aitune.torch.valid_positions import masks_for
+
+    mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 0]])
+    logits, pooled = torch.zeros(2, 4, 8), torch.zeros(2, 4)
+    masks, source = masks_for(None, {"attention_mask": mask}, [logits, pooled], "test")
+    assert source == "attention_mask"
+    assert masks[1] is None and torch.equal(masks[0], mask)
+    assert masks_for(None, {"input_ids": mask}, [logits], "test") is None  # nothing to derive from
+    declared, _ = masks_for(lambda arguments, outputs: mask, {}, [logits, pooled], "test")
+    assert all(m is not None for m in declared)  # a declared mask covers outputs of its shape
+    with pytest.raises(ValueError, match="no tensor argument 'padding'"):
+        masks_for("padding", {"attention_mask": mask}, [logits], "test")

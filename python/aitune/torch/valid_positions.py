@@ -27,17 +27,21 @@ def check_option(option: ValidPositionsOption) -> None:
     )
 
 
-def _prefixes(mask: torch.Tensor, output: torch.Tensor) -> bool:
-    return 0 < mask.dim() <= output.dim() and tuple(mask.shape) == tuple(output.shape[: mask.dim()])
+def _prefixes(mask: torch.Tensor, output: torch.Tensor, derived: bool) -> bool:
+    """Derived masks apply only to outputs with more dims than the mask ([batch, seq, ...]):
+    a [batch, hidden] pooled output whose hidden size happens to equal the sequence length
+    must not be masked by position. A declared mask may also cover an output of its shape."""
+    longer = mask.dim() < output.dim() if derived else mask.dim() <= output.dim()
+    return mask.dim() > 0 and longer and tuple(mask.shape) == tuple(output.shape[: mask.dim()])
 
 
-def _per_output(mask: torch.Tensor, outputs: list[torch.Tensor]) -> list[torch.Tensor | None]:
+def _per_output(mask: torch.Tensor, outputs: list[torch.Tensor], derived: bool = False) -> list[torch.Tensor | None]:
     """The mask for every output whose leading dims it matches (logits, hidden states),
     None for the others (a pooled output is defined everywhere)."""
     host = mask.detach().to("cpu").contiguous()
     if host.dtype not in (torch.bool, torch.uint8, torch.int8, torch.int32, torch.int64, torch.int16):
         host = (host != 0).to(torch.uint8)
-    return [host if _prefixes(host, out) else None for out in outputs]
+    return [host if _prefixes(host, out, derived) else None for out in outputs]
 
 
 def masks_for(option: ValidPositionsOption, arguments: dict[str, Any], outputs: list[torch.Tensor],
@@ -69,7 +73,7 @@ def masks_for(option: ValidPositionsOption, arguments: dict[str, Any], outputs: 
             return None  # nothing to derive from: every position is defined
         raise ValueError(f"{where}: valid_positions={name!r}, but the call has no tensor argument {name!r} "
                          f"(its arguments: {sorted(arguments)})")
-    masks = _per_output(mask, outputs)
+    masks = _per_output(mask, outputs, derived=option in (None, True))
     if all(m is None for m in masks):
         return None
     return masks, name
