@@ -19,6 +19,7 @@
 #include "aitune/profiler.hpp"
 #include "aitune/strategy.hpp"
 #include "aitune/tune_report.hpp"
+#include "aitune/valid_positions.hpp"
 
 namespace aitune {
 
@@ -30,6 +31,8 @@ struct TuneSample {
   std::vector<TensorView> inputs;
   std::vector<TensorView> expected;
   int64_t batch_size = 1;
+  /// Positions of each output the model leaves undefined (padding), left out of the checks.
+  ValidPositions valid;
 };
 
 /// A candidate that runs outside ONNX Runtime (the front end's torch.compile backend):

@@ -404,8 +404,19 @@ void bind_tuning(nb::module_& m) {
           [](PyGraphTuner* self, std::string graph, GraphSpec spec, nb::list samples, TunerOptions options) {
             std::vector<TuneSample> tune_samples;
             for (nb::handle item : samples) {
-              auto [inputs, expected, batch] = nb::cast<PySample>(item);
+              // (inputs, expected, batch) or, with positions the model leaves undefined,
+              // (inputs, expected, batch, [mask or None per output], mask source)
+              nb::tuple fields = nb::cast<nb::tuple>(item);
+              if (fields.size() != 3 && fields.size() != 5)
+                throw Error(ErrorCode::kInvalidArgument,
+                            "GraphTuner: a sample is (inputs, expected, batch_size[, valid masks, source])");
+              auto [inputs, expected, batch] = nb::cast<PySample>(nb::make_tuple(fields[0], fields[1], fields[2]));
               TuneSample s;
+              if (fields.size() == 5) {
+                for (nb::handle mask : nb::cast<nb::list>(fields[3]))
+                  s.valid.masks.push_back(mask.is_none() ? TensorView{} : view_of(nb::cast<AnyArray>(mask), "valid positions"));
+                s.valid.source = nb::cast<std::string>(fields[4]);
+              }
               for (std::size_t i = 0; i < inputs.size(); ++i)
                 s.inputs.push_back(view_of(inputs[i], i < spec.inputs.size() ? spec.inputs[i].name : "?"));
               for (std::size_t i = 0; i < expected.size(); ++i)
@@ -417,7 +428,9 @@ void bind_tuning(nb::module_& m) {
                                                                          std::move(tune_samples), std::move(options))};
           },
           nb::arg("graph"), nb::arg("spec"), nb::arg("samples"), nb::arg("options"),
-          "samples: [(inputs, expected_host_outputs, batch_size)], arrays kept alive by the tuner.")
+          "samples: [(inputs, expected_host_outputs, batch_size[, valid_masks, source])], arrays kept alive by the "
+          "tuner; valid_masks: per output a host mask prefixing its shape (None: all defined), non-zero where "
+          "the output is defined, the rest left out of the checks.")
       .def(
           "profile_reference",
           [](PyGraphTuner& t, nb::callable run, const std::string& label) {

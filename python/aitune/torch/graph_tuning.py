@@ -28,6 +28,8 @@ from aitune.torch.export import same_math_as_export, same_math_differs
 from aitune.torch.graph import RecordedGraph
 from aitune.torch.options import TuneOptions
 from aitune.torch.strategy import TuneStrategy
+from aitune.torch.valid_positions import ValidPositionsOption
+from aitune.torch.valid_positions import masks_for as valid_position_masks
 
 logger = logging.getLogger("aitune")
 
@@ -100,20 +102,25 @@ def reference_outputs(graph: RecordedGraph) -> list[list[torch.Tensor]]:
     return outputs
 
 
-def _samples(graph: RecordedGraph) -> list[tuple[list[torch.Tensor], list[torch.Tensor], int]]:
-    """Inputs on the module's device, reference outputs in host memory (the engine compares there)."""
+def _samples(graph: RecordedGraph, valid_positions: ValidPositionsOption = None) -> list[tuple]:
+    """Inputs on the module's device, reference outputs in host memory (the engine compares
+    there), and where a sample has positions its outputs leave undefined (padding), the
+    masks the engine's check leaves them out by (``valid_positions``)."""
     graph.check_unchanged()
-    return [
-        ([t.detach().contiguous() for t in s.inputs], expected, max(s.batch_size, 1))
-        for s, expected in zip(graph.samples, reference_outputs(graph), strict=True)
-    ]
+    samples = []
+    for i, (s, expected) in enumerate(zip(graph.samples, reference_outputs(graph), strict=True)):
+        sample = ([t.detach().contiguous() for t in s.inputs], expected, max(s.batch_size, 1))
+        masks = valid_position_masks(valid_positions, graph._inputs.fill(s.inputs), s.outputs,  # noqa: SLF001
+                                     f"{graph.module_name}/{graph.key} sample {i}")
+        samples.append(sample if masks is None else (*sample, *masks))
+    return samples
 
 
 def _user_metric(graph: RecordedGraph, samples, accuracy):
     """The engine's metric callable over the user's ``accuracy(eager, candidate)``: the
     engine hands it a candidate's outputs (DLPack capsules, valid during the call), and the
     reference's own to get the baseline."""
-    eager = [graph.rebuild_outputs(expected) for _, expected, _ in samples]
+    eager = [graph.rebuild_outputs(sample[1]) for sample in samples]
 
     def score(outputs) -> float:
         candidate = [graph.rebuild_outputs([torch.from_dlpack(c).clone() for c in sample]) for sample in outputs]
@@ -165,7 +172,7 @@ def tune_graph(strategy: TuneStrategy, graph: RecordedGraph, options: TuneOption
         tuner_options.cuda_stream = torch.cuda.current_stream(graph.device).cuda_stream
     name = f"{graph.module_name}/{graph.key}"
     tuner_options.log = lambda line: logger.debug("%s", line)
-    samples = _samples(graph)
+    samples = _samples(graph, options.valid_positions)
     # Calibrated acceptance: eager at a candidate's reduced precision, asked by the engine
     # once per precision (on the host the recorded outputs are the strict reference too).
     tuner_options.eager_at_precision = lambda precision: eager_outputs_at(graph, precision)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
+from typing import Any
 
 from aitune import _core
+from aitune.torch.valid_positions import check_option as check_valid_positions
 
 
 @dataclasses.dataclass
@@ -96,6 +98,8 @@ class TuneOptions:
             ``accuracy(eager_outputs, candidate_outputs) -> float`` (each a list over
             samples of the module's outputs, higher is better); a candidate passes when
             ``accuracy(eager, eager) - accuracy(eager, candidate) <= max_accuracy_drop``.
+        valid_positions: which output positions the check compares (``valid_positions.py``):
+            None derives them from an ``attention_mask`` argument, False compares all.
     """
 
     tolerance: tuple[float, float] | None = None
@@ -109,9 +113,11 @@ class TuneOptions:
     accuracy_factor: float = 2.0
     accuracy: Callable | None = None
     max_accuracy_drop: float = 0.0
+    valid_positions: Any = None
 
     def __post_init__(self) -> None:
         _check_switches(self.performance_validation, self.min_speedup, self.find_max_batch_size, self.max_batch_size)
+        check_valid_positions(self.valid_positions)
         if isinstance(self.accuracy_factor, bool) or not isinstance(self.accuracy_factor, (int, float)) \
                 or not 1 <= self.accuracy_factor < float("inf"):
             raise ValueError(f"accuracy_factor must be a finite number >= 1, got {self.accuracy_factor!r}")

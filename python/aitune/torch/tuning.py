@@ -17,6 +17,7 @@ from aitune.torch.context import TuneSession, quiet_var, recording
 from aitune.torch.dataset import iterate_calls
 from aitune.torch.module import Module
 from aitune.torch.options import TuneOptions
+from aitune.torch.valid_positions import ValidPositionsOption
 
 logger = logging.getLogger("aitune")
 
@@ -74,6 +75,7 @@ def tune(
     accuracy_factor: float = 2.0,
     accuracy: Callable[[list, list], float] | None = None,
     max_accuracy_drop: float = 0.0,
+    valid_positions: ValidPositionsOption = None,
 ) -> None:
     """Records every ait.Module that ``func`` calls on the dataset's samples, then tunes each.
 
@@ -111,12 +113,20 @@ def tune(
             ``accuracy(eager_outputs, candidate_outputs) -> float`` over lists of the
             module's outputs per sample (higher is better); a candidate passes when its
             score is at most ``max_accuracy_drop`` below ``accuracy(eager, eager)``.
+        valid_positions: the output positions the model defines; the check leaves the
+            rest out and the report says how many. None (default): where the call has an
+            ``attention_mask`` argument whose shape prefixes an output's (``[batch, seq]``
+            for logits ``[batch, seq, vocab]``), positions where it is 0 (padding) are left
+            out. False: every position is compared. A string: the argument holding the
+            mask. A callable ``(arguments by parameter name, output tensors) -> mask or
+            None``. A position left out may hold anything in the tuned module's output.
     """
     switches = dict(performance_validation=performance_validation, min_speedup=min_speedup,
                     find_max_batch_size=find_max_batch_size, max_batch_size=max_batch_size)
     options = TuneOptions(tolerance, output_tolerances, profile_config, progress,
                           **{name: value for name, value in switches.items() if value is not None},
-                          accuracy_factor=accuracy_factor, accuracy=accuracy, max_accuracy_drop=max_accuracy_drop)
+                          accuracy_factor=accuracy_factor, accuracy=accuracy, max_accuracy_drop=max_accuracy_drop,
+                          valid_positions=valid_positions)
     options.tuner_options()  # bad tolerances or profile settings fail now, before recording
     batch_sizes = list(DEFAULT_BATCH_SIZES if batch_sizes is None else batch_sizes)
     if not batch_sizes or not all(isinstance(b, int) and b > 0 for b in batch_sizes):

@@ -85,8 +85,8 @@ CorrectnessReport GraphTuner::Impl::judge(Precision precision, const std::vector
   const ToleranceSpec tolerances = tolerances_for(precision);
   CorrectnessReport result;
   for (std::size_t i = 0; i < samples.size(); ++i)
-    result.samples.push_back(
-        compare_sample(sample_label(i), output_names, views_of(outputs.at(i)), samples[i].expected, tolerances));
+    result.samples.push_back(compare_sample_at_valid_positions(sample_label(i), output_names, views_of(outputs.at(i)),
+                                                               samples[i].expected, samples[i].valid, tolerances));
   if (precision != Precision::kStrict && options.eager_at_precision)
     apply_calibration(result, calibration(precision), options.accuracy_factor);
   if (options.accuracy_metric) {

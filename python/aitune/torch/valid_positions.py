@@ -1,0 +1,79 @@
+"""Which positions of a recorded call's outputs the model defines: masks by which the
+correctness check leaves out the rest (a padded batch's positions where attention_mask
+is 0, whose outputs a decoder leaves undefined). The engine applies them
+(``aitune/valid_positions.hpp``); this module only finds the masks."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Union
+
+import torch
+
+#: ``ait.tune(valid_positions=...)``: None (derive from a keyword input named
+#: ``attention_mask``), False (every position is defined), the name of the forward's
+#: argument that holds the mask, or ``fn(arguments, outputs) -> mask or None``.
+ValidPositionsOption = Union[None, bool, str, Callable[[dict, list], Any]]
+
+AUTO_INPUT = "attention_mask"
+
+
+def check_option(option: ValidPositionsOption) -> None:
+    if option is None or isinstance(option, (bool, str)) or callable(option):
+        return
+    raise TypeError(
+        "valid_positions must be None (derive from attention_mask), False, the name of the argument holding "
+        f"the mask, or a callable (arguments, outputs) -> mask; got {type(option).__name__}"
+    )
+
+
+def _prefixes(mask: torch.Tensor, output: torch.Tensor, derived: bool) -> bool:
+    """Derived masks apply only to outputs with more dims than the mask ([batch, seq, ...]):
+    a [batch, hidden] pooled output whose hidden size happens to equal the sequence length
+    must not be masked by position. A declared mask may also cover an output of its shape."""
+    longer = mask.dim() < output.dim() if derived else mask.dim() <= output.dim()
+    return mask.dim() > 0 and longer and tuple(mask.shape) == tuple(output.shape[: mask.dim()])
+
+
+def _per_output(mask: torch.Tensor, outputs: list[torch.Tensor], derived: bool = False) -> list[torch.Tensor | None]:
+    """The mask for every output whose leading dims it matches (logits, hidden states),
+    None for the others (a pooled output is defined everywhere)."""
+    host = mask.detach().to("cpu").contiguous()
+    if host.dtype not in (torch.bool, torch.uint8, torch.int8, torch.int32, torch.int64, torch.int16):
+        host = (host != 0).to(torch.uint8)
+    return [host if _prefixes(host, out, derived) else None for out in outputs]
+
+
+def masks_for(option: ValidPositionsOption, arguments: dict[str, Any], outputs: list[torch.Tensor],
+              where: str) -> tuple[list[torch.Tensor | None], str] | None:
+    """Per output, the mask of its defined positions (None: all defined), and where the
+    masks came from; None when nothing is left out. ``arguments``: the recorded call's
+    arguments by the forward's parameter names."""
+    if option is False:
+        return None
+    if callable(option) and not isinstance(option, str):
+        mask = option(arguments, outputs)
+        if mask is None:
+            return None
+        if not isinstance(mask, torch.Tensor):
+            raise TypeError(f"{where}: valid_positions returned {type(mask).__name__}, expected a tensor or None")
+        masks = _per_output(mask, outputs)
+        if all(m is None for m in masks):
+            raise ValueError(
+                f"{where}: the valid_positions mask {list(mask.shape)} prefixes no output's shape "
+                f"({[list(o.shape) for o in outputs]})"
+            )
+        return masks, "valid_positions"
+    name = AUTO_INPUT if option in (None, True) else option
+    mask = arguments.get(name)
+    if mask is None and isinstance(arguments.get("kwargs"), dict):  # forward(**kwargs)
+        mask = arguments["kwargs"].get(name)
+    if not isinstance(mask, torch.Tensor):
+        if option in (None, True):
+            return None  # nothing to derive from: every position is defined
+        raise ValueError(f"{where}: valid_positions={name!r}, but the call has no tensor argument {name!r} "
+                         f"(its arguments: {sorted(arguments)})")
+    masks = _per_output(mask, outputs, derived=option in (None, True))
+    if all(m is None for m in masks):
+        return None
+    return masks, name
