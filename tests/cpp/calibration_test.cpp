@@ -131,6 +131,35 @@ TEST(Calibration, TopOneDisagreementBeyondFactorFailsEvenWhenErrorsAreClose) {
   EXPECT_NE(r.first_failure().find("top-1"), std::string::npos) << r.first_failure();
 }
 
+TEST(Calibration, AFewNearTiedRowsMayFlipWhereEagerFlippedNone) {
+  // 200 rows whose two best classes are 1e-3 apart: the candidate flips 1 row (0.5 %),
+  // eager at fp16 flips none; both err by about as much. Under 1 % of rows is allowed.
+  constexpr int64_t rows = 200, classes = 8;
+  std::vector<float> ref(rows * classes), eager_v(rows * classes), cand(rows * classes);
+  for (int64_t i = 0; i < rows * classes; ++i) {
+    const int64_t c = i % classes;
+    ref[i] = static_cast<float>(c == 0 ? 5.0 : c == 1 ? 4.999 : 0.5 * std::sin(static_cast<double>(i)));
+    eager_v[i] = ref[i] + 0.02f;  // a uniform shift: every winner kept
+    cand[i] = ref[i] + ((i / classes) % 2 ? 0.03f : -0.01f);
+  }
+  cand[1] = ref[0] + 0.01f;  // row 0: class 1 now wins
+  auto expected = make_host(DType::kFloat32, {rows, classes}, ref);
+  auto eager_t = make_host(DType::kFloat32, {rows, classes}, eager_v);
+  auto cand_t = make_host(DType::kFloat32, {rows, classes}, cand);
+  const ToleranceSpec fp16{.precision = Precision::kFP16};
+  CorrectnessReport r;
+  r.samples.push_back(compare_sample("sample 0", {"logits"}, {cand_t.view()}, {expected.view()}, fp16));
+  ASSERT_FALSE(r.passed());
+  ASSERT_NEAR(*r.samples[0].outputs[0].top1_agreement, 0.995, 1e-9);
+  EagerAtPrecision eager;
+  eager.precision = Precision::kFP16;
+  eager.available = true;
+  eager.samples.push_back(compare_sample("sample 0", {"logits"}, {eager_t.view()}, {expected.view()}, fp16));
+  ASSERT_EQ(*eager.samples[0].outputs[0].top1_agreement, 1.0);
+  apply_calibration(r, eager, 2.0);
+  EXPECT_TRUE(r.passed()) << r.first_failure();
+}
+
 TEST(Calibration, EagerUnavailableKeepsTheTableAndSaysSo) {
   auto r = candidate_report(0.15, true);
   EagerAtPrecision none;

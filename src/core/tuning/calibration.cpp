@@ -1,5 +1,6 @@
 // The calibrated acceptance rule: a candidate's error against eager PyTorch's own error
 // at the candidate's precision.
+#include <algorithm>
 #include "aitune/calibration.hpp"
 
 #include <cmath>
@@ -37,6 +38,14 @@ void validate_accuracy_factor(double factor) {
     throw Error(ErrorCode::kInvalidArgument, "accuracy_factor must be a finite number >= 1, got " + fmt(factor));
 }
 
+// Top-1 disagreement a reduced precision may always have, whatever eager's own: rows whose
+// two best classes are nearly tied flip under any rounding, and eager at the same precision
+// flipping none of them on a few samples is luck, not a bound (a Llama-shaped model's
+// logits on the H200: TF32 flipped 0.4 % of 256 rows where eager TF32 flipped none, and the
+// candidate was refused with an error below eager's). A wrong graph moves far more rows,
+// and its errors fail the max-abs / relative-L2 ratio anyway.
+constexpr double kTop1DisagreementFloor = 0.01;
+
 void apply_calibration(CorrectnessReport& candidate, const EagerAtPrecision& eager, double factor) {
   validate_accuracy_factor(factor);
   candidate.accuracy_factor = factor;
@@ -60,7 +69,8 @@ void apply_calibration(CorrectnessReport& candidate, const EagerAtPrecision& eag
       if (!value_failure(c)) continue;
       bool top1_ok = true;
       if (c.top1_agreement && e->top1_agreement)
-        top1_ok = 1 - *c.top1_agreement <= factor * (1 - *e->top1_agreement) + 1e-12;
+        top1_ok = 1 - *c.top1_agreement <=
+                  std::max(factor * (1 - *e->top1_agreement), kTop1DisagreementFloor) + 1e-12;
       if (*c.error_ratio <= factor && top1_ok) {
         c.passed = true;
         c.rule = "calibrated";
