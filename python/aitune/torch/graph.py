@@ -193,6 +193,22 @@ class _GraphCalls:
         with run_eagerly():  # forward: the module's hooks run around a graph, not in it
             return self.output_tensors(self.module.forward(*args, **kwargs))
 
+    def _keep(self, tensor: torch.Tensor) -> torch.Tensor:
+        if not is_owned_batch(tensor):
+            return tensor.detach().clone()
+        self.borrowed.append((tensor, tensor._version))
+        return tensor.detach()
+
+    def check_unchanged(self) -> None:
+        """ValueError when a tensor kept without a copy was changed in place since it was
+        recorded (its samples would no longer match the recorded outputs)."""
+        if any(tensor._version != version for tensor, version in self.borrowed):
+            raise ValueError(
+                f"ait.Module '{self.module_name}': a sample tensor was changed in place after it was recorded "
+                "(ait.tune keeps the samples it was given without copying them); leave the samples unchanged while "
+                "ait.tune runs"
+            )
+
 
 class RecordedGraph(_GraphCalls):
     """Calls of one module with equal input structure, tensor dtypes and ranks, and
@@ -292,21 +308,6 @@ class RecordedGraph(_GraphCalls):
                     stacklevel=2,
                 )
 
-    def _keep(self, tensor: torch.Tensor) -> torch.Tensor:
-        if not is_owned_batch(tensor):
-            return tensor.detach().clone()
-        self.borrowed.append((tensor, tensor._version))
-        return tensor.detach()
-
-    def check_unchanged(self) -> None:
-        """ValueError when a tensor kept without a copy was changed in place since it was
-        recorded (its samples would no longer match the recorded outputs)."""
-        if any(tensor._version != version for tensor, version in self.borrowed):
-            raise ValueError(
-                f"ait.Module '{self.module_name}': a sample tensor was changed in place after it was recorded "
-                "(ait.tune keeps the samples it was given without copying them); leave the samples unchanged while "
-                "ait.tune runs"
-            )
 
     def graph_spec(self, input_names: list[str] | None = None) -> _core.GraphSpec:
         """Min/max shapes, batch and dynamic axes of the recorded samples, derived by
@@ -385,21 +386,6 @@ class SavedGraph(_GraphCalls):
         # counters then: a tune checks that nothing changed them in place since.
         self.borrowed: list[tuple[torch.Tensor, int]] = []
 
-    def _keep(self, tensor: torch.Tensor) -> torch.Tensor:
-        if not is_owned_batch(tensor):
-            return tensor.detach().clone()
-        self.borrowed.append((tensor, tensor._version))
-        return tensor.detach()
-
-    def check_unchanged(self) -> None:
-        """ValueError when a tensor kept without a copy was changed in place since it was
-        recorded (its samples would no longer match the recorded outputs)."""
-        if any(tensor._version != version for tensor, version in self.borrowed):
-            raise ValueError(
-                f"ait.Module '{self.module_name}': a sample tensor was changed in place after it was recorded "
-                "(ait.tune keeps the samples it was given without copying them); leave the samples unchanged while "
-                "ait.tune runs"
-            )
 
     def graph_spec(self, input_names: list[str] | None = None) -> _core.GraphSpec:
         """The graph spec saved with the graph (of the inputs its ONNX model declares)."""
