@@ -338,15 +338,34 @@ std::pair<std::uint64_t, std::uint64_t> identity_of(const std::string& path) {
   if (::stat(path.c_str(), &st) != 0) return {0, 0};
   return {static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino)};
 }
+// (device, inode) and the directory's ctime: a new directory reusing a removed one's inode
+// number was made (renamed into place) later, so its ctime differs.
+std::tuple<std::uint64_t, std::uint64_t, std::int64_t, std::int64_t> version_of(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return {0, 0, 0, 0};
+  return {static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino),
+          static_cast<std::int64_t>(st.st_ctim.tv_sec), static_cast<std::int64_t>(st.st_ctim.tv_nsec)};
+}
 constexpr int kLoadAttempts = 20;
+
+// The manifest's bytes now ("" when there is none): a load that failed compares them with
+// what they were when it began, since (device, inode) alone can repeat: a save's new
+// directory may get the inode number of a version removed a moment earlier.
+std::string manifest_bytes(const std::string& dir) {
+  std::ifstream in(fs::path(dir) / kCheckpointManifestFile, std::ios::binary);
+  if (!in) return {};
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
 }  // namespace
 
 Checkpoint Checkpoint::load(const std::string& dir) {
   for (int attempt = 1;; ++attempt) {
     const auto before = identity_of(dir);
+    const auto version_before = version_of(dir);
+    const std::string manifest_before = manifest_bytes(dir);
     try {
       Checkpoint checkpoint = load_once(dir);
-      if (identity_of(dir) == before) {
+      if (version_of(dir) == version_before) {
         std::tie(checkpoint.device_, checkpoint.inode_) = before;
         detail::remove_stale_beside(fs::path(checkpoint.directory_));
         return checkpoint;
@@ -354,7 +373,7 @@ Checkpoint Checkpoint::load(const std::string& dir) {
     } catch (const Error&) {
       // What failed was read from one version: a failure is the checkpoint's own only
       // when no save replaced it meanwhile.
-      if (identity_of(dir) == before) throw;
+      if (version_of(dir) == version_before && manifest_bytes(dir) == manifest_before) throw;
     }
     if (attempt == kLoadAttempts)
       fail(ErrorCode::kIo, "checkpoint '" + dir + "' was replaced by concurrent saves " + std::to_string(attempt) +
