@@ -17,6 +17,7 @@ struct Fp32NodeSearchResult {
   bool passed = false;             ///< a set was found that passes (false: not even every node in fp32 did)
   std::vector<std::string> kept;   ///< the nodes to keep in fp32, in the order given
   int evaluations = 0;             ///< models checked
+  int unrunnable = 0;              ///< of those, models that could not be built or run (`passes` threw)
   std::string note;                ///< how the search ended
 };
 
@@ -25,7 +26,10 @@ struct Fp32NodeSearchResult {
 /// while the model still passes (`passes(kept)` builds and checks the model keeping those
 /// nodes in fp32), until single nodes were tried or `max_evaluations` models were checked.
 /// The all-fp16 model (nothing kept) is assumed to have failed already. The first check
-/// is every node kept; when that fails the search stops (passed false).
+/// is every node kept; when that fails the search stops (passed false). `passes` throws an
+/// aitune::Error when the model could not be built or run (not a verdict on its numbers): that set
+/// counts as not passing, and the note says so with the first error, so a model that
+/// does not load is never reported as "fails even with every node in fp32".
 Fp32NodeSearchResult search_fp32_nodes(const std::vector<std::string>& nodes,
                                        const std::function<bool(const std::vector<std::string>& kept)>& passes,
                                        int max_evaluations = 24);

@@ -130,8 +130,8 @@ class GraphTuner {
 
   /// Whether `candidate` on `model_path` passes the check (its session created, every
   /// sample judged as evaluate_onnx judges), without profiling it or adding it to the
-  /// report: one step of a search (fp32_node_search.hpp). A model that cannot be created
-  /// or run does not pass.
+  /// report: one step of a search (fp32_node_search.hpp). Throws the session's Error when
+  /// the model cannot be created or run: that is no verdict on its numbers.
   bool check_onnx(const std::string& model_path, const OnnxCandidate& candidate,
                   const std::vector<std::size_t>& model_inputs = {});
 

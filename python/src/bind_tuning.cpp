@@ -218,10 +218,29 @@ void bind_tuning(nb::module_& m) {
       .def_ro("passed", &Fp32NodeSearchResult::passed)
       .def_ro("kept", &Fp32NodeSearchResult::kept)
       .def_ro("evaluations", &Fp32NodeSearchResult::evaluations)
+      .def_ro("unrunnable", &Fp32NodeSearchResult::unrunnable)
       .def_ro("note", &Fp32NodeSearchResult::note);
-  m.def("search_fp32_nodes", &search_fp32_nodes, nb::arg("nodes"), nb::arg("passes"), nb::arg("max_evaluations") = 24,
-        "Bisection for the smallest set of `nodes` to keep in fp32: passes(kept) -> bool builds and checks the "
-        "model keeping `kept` in fp32 (fp32_node_search.hpp).");
+  m.def(
+      "search_fp32_nodes",
+      [](const std::vector<std::string>& nodes, nb::callable passes, int max_evaluations) {
+        return search_fp32_nodes(
+            nodes,
+            [&](const std::vector<std::string>& kept) {
+              try {
+                return nb::cast<bool>(passes(kept));
+              } catch (nb::python_error& e) {
+                // An exception (not KeyboardInterrupt / SystemExit) means the model could
+                // not be built or run: the engine reports that, not a failed check.
+                if (!e.matches(PyExc_Exception)) throw;
+                std::string type = nb::cast<std::string>(nb::handle(e.type()).attr("__name__"));
+                throw Error(ErrorCode::kModelInvalid, type + ": " + nb::cast<std::string>(nb::str(e.value())));
+              }
+            },
+            max_evaluations);
+      },
+      nb::arg("nodes"), nb::arg("passes"), nb::arg("max_evaluations") = 24,
+      "Bisection for the smallest set of `nodes` to keep in fp32: passes(kept) -> bool builds and checks the "
+      "model keeping `kept` in fp32, raising when it cannot be built or run (fp32_node_search.hpp).");
   m.def("rejected_fp16_candidate", &rejected_fp16_candidate, nb::arg("report"), nb::arg("config"),
         "Index of the all-fp16 candidate with this configuration when the check rejected it, else None.");
   m.def("tensorrt_provider_options", &tensorrt_provider_options, nb::arg("spec"), nb::arg("cache_dir"),

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "aitune/error.hpp"
 #include "aitune/fp32_node_search.hpp"
 
 namespace aitune {
@@ -49,6 +50,34 @@ TEST(Fp32NodeSearch, AModelThatFailsEvenInFp32IsReported) {
   EXPECT_FALSE(result.passed);
   EXPECT_EQ(result.evaluations, 1);
   EXPECT_NE(result.note.find("every node in fp32"), std::string::npos);
+}
+
+TEST(Fp32NodeSearch, AModelThatCannotBeBuiltIsNotReportedAsFailingInFp32) {
+  // The H200 run's "fails even with every node in fp32": the probe keeping every node was
+  // refused by ONNX Runtime (two nodes with one name), which the search took for a failed check.
+  auto refused = [](const std::vector<std::string>&) -> bool {
+    throw Error(ErrorCode::kModelInvalid, "two nodes with same node name (w_cast_to_fp32_node)");
+  };
+  auto result = search_fp32_nodes(names(4), refused);
+  EXPECT_FALSE(result.passed);
+  EXPECT_EQ(result.evaluations, 1);
+  EXPECT_EQ(result.unrunnable, 1);
+  EXPECT_EQ(result.note.find("fails even"), std::string::npos) << result.note;
+  EXPECT_NE(result.note.find("could not be built or run: two nodes with same node name"), std::string::npos)
+      << result.note;
+}
+
+TEST(Fp32NodeSearch, AProbeThatCannotRunKeepsItsNodesAndIsCounted) {
+  // n2 must stay fp32; any probe without n0 cannot be built (a converter bug, say).
+  auto passes = [](const std::vector<std::string>& kept) {
+    if (!contains(kept, "n0")) throw Error(ErrorCode::kModelInvalid, "converter bug");
+    return contains(kept, "n2");
+  };
+  auto result = search_fp32_nodes(names(8), passes, 64);
+  EXPECT_TRUE(result.passed);
+  EXPECT_EQ(result.kept, (std::vector<std::string>{"n0", "n2"}));
+  EXPECT_GT(result.unrunnable, 0);
+  EXPECT_NE(result.note.find("could not be built or run (first: converter bug)"), std::string::npos) << result.note;
 }
 
 TEST(Fp32NodeSearch, TriedOnlyWhereTheAllFp16ModelOfThatConfigurationWasRejected) {

@@ -102,3 +102,58 @@ def test_a_vocabulary_sized_final_projection_is_kept_in_fp32(tmp_path):
     names = transforms.vocabulary_projections(model)
     assert len(names) == 1 and model.graph.node[[n.name for n in model.graph.node].index(names[0])].op_type in (
         "MatMul", "Gemm")
+
+
+class ScaledHead(torch.nn.Module):
+    """A linear layer and two scalars: the trace exporter makes them Constant nodes, and
+    1.0001 is 1.0 in fp16."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(16, 8)
+
+    def forward(self, x):
+        return self.linear(x) * 1.0001 - 100.0
+
+
+def test_keeping_every_node_in_fp32_is_the_fp32_model(tmp_path):
+    """The search's first probe keeps every node in fp32; it must compute what the fp32
+    model does, or "fails even with every node in fp32" can be the converter's doing: the
+    output rounded to fp16 by its keep_io_types Cast, float Constants rounded to fp16."""
+    import numpy as np
+    import onnxruntime
+
+    torch.manual_seed(0)
+    source = tmp_path / "scaled.onnx"
+    torch.onnx.export(ScaledHead().eval(), (torch.randn(2, 16),), str(source), dynamo=False)
+    assert transforms.float_constant_nodes(onnx.load(str(source)))  # the export has float Constants
+    probe = transforms.fp16_keeping(source, tmp_path / "probe.onnx", transforms.float_compute_nodes(source))
+    x = {"onnx::Gemm_0": np.random.default_rng(0).standard_normal((2, 16), dtype=np.float32)}
+    (expected,) = onnxruntime.InferenceSession(str(source), providers=["CPUExecutionProvider"]).run(None, x)
+    (got,) = onnxruntime.InferenceSession(str(probe), providers=["CPUExecutionProvider"]).run(None, x)
+    assert np.array_equal(got, expected), np.abs(got - expected).max()
+
+
+def test_a_search_whose_models_cannot_be_built_says_so(tmp_path, monkeypatch):
+    """On the H200 the search reported "fails even with every node in fp32" for a model
+    ONNX Runtime had refused to load (the converter's duplicated node names): a model that
+    cannot be built or run is no verdict on fp16, and the reason says what happened."""
+    graph, exported, tuner, config = _setup(tmp_path)
+    models = transforms.TransformedModels(exported, transforms.TransformContext(tmp_path))
+    fp16 = models.get("fp16")
+    tuner.evaluate_onnx(str(fp16.path), _core.OnnxCandidate("cpu fp16 model", config, _core.Precision.FP16,
+                                                            fp16.transform), "ONNXRuntimeBackend", 0)
+    assert tuner.report.candidates[0].status == "incorrect"
+
+    def unloadable(source, target, nodes):
+        target.write_bytes(b"not an onnx model")
+        return target
+
+    monkeypatch.setattr(transforms, "fp16_keeping", unloadable)
+    backend = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cpu"))
+    planned = types.SimpleNamespace(name="cpu fp16 searched model", config=config, precision=_core.Precision.FP16)
+    backend._search_fp16(planned, models, tuner, 0, [0], graph, tmp_path)
+    searched = tuner.report.candidates[1]
+    assert searched.status == "failed"
+    assert "fails even" not in searched.reason
+    assert "the model keeping every node in fp32 could not be built or run" in searched.reason, searched.reason

@@ -363,7 +363,9 @@ def _drop_fp16_round_trips(model: onnx.ModelProto) -> int:
     """The converter casts every value between two nodes kept in fp32 to fp16 and back
     (Cast to fp16, Cast to fp32): the value is rounded to fp16 although both nodes compute
     in fp32. Consumers of such a round trip read the original fp32 value instead (the
-    unused Casts are left for ONNX Runtime to drop). Returns the round trips bypassed."""
+    unused Casts are left for ONNX Runtime to drop); so does the Cast making a graph output
+    (keep_io_types) from a node kept in fp32. So a model keeping every node in fp32 computes
+    exactly what the fp32 model does. Returns the round trips bypassed."""
     to = {n.output[0]: n for n in model.graph.node if n.op_type == "Cast" and n.output}
 
     def cast_to(node) -> int | None:
@@ -374,7 +376,11 @@ def _drop_fp16_round_trips(model: onnx.ModelProto) -> int:
     for name, node in to.items():
         source = to.get(node.input[0])
         if cast_to(node) == onnx.TensorProto.FLOAT and source is not None \
-                and cast_to(source) == onnx.TensorProto.FLOAT16 and name not in outputs:
+                and cast_to(source) == onnx.TensorProto.FLOAT16:
+            if name in outputs:
+                # The output's own Cast reads the fp32 value (a Cast to float of a float):
+                # an output computed in fp32 (a kept LM head) is not rounded to fp16 on the way out.
+                node.input[0] = source.input[0]
             bypass[name] = source.input[0]
     for node in model.graph.node:
         for i, value in enumerate(node.input):

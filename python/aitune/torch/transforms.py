@@ -235,15 +235,25 @@ def float_compute_nodes(path: Path) -> list[str]:
     return [n.name for n in model.graph.node if n.name and n.op_type not in default and n.op_type != "Constant"]
 
 
+def float_constant_nodes(model: onnx.ModelProto) -> list[str]:
+    """Names of the Constant nodes holding a float32 tensor (the trace exporter's scalars)."""
+    return [n.name for n in model.graph.node if n.op_type == "Constant" and n.name
+            and any(a.name == "value" and a.t.data_type == onnx.TensorProto.FLOAT for a in n.attribute)]
+
+
 def fp16_keeping(source: Path, target: Path, nodes: list[str]) -> Path:
     """An fp16 copy of ``source`` keeping ``nodes`` (names) in fp32, besides the
-    converter's default operators (the converter's node_block_list)."""
+    converter's default operators (the converter's node_block_list). Float Constant nodes
+    are kept too (the converter would round their values, 1.0001 to 1, even for nodes kept
+    in fp32; an fp16 consumer reads a Cast that ONNX Runtime folds): so keeping every node
+    of ``float_compute_nodes`` is the fp32 model, the search's first probe."""
     from onnxruntime.transformers import float16
 
     from aitune.torch import export
 
+    constants = float_constant_nodes(onnx.load(str(source), load_external_data=False))
     return export.convert_to_fp16(source, target, op_block_list=list(float16.DEFAULT_OP_BLOCK_LIST),
-                                  node_block_list=list(nodes))
+                                  node_block_list=[*nodes, *constants])
 
 
 def _to_fp16_mixed(source, context: TransformContext):

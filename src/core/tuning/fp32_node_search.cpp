@@ -3,19 +3,44 @@
 
 #include <algorithm>
 
+#include "aitune/error.hpp"
+
 namespace aitune {
 
 Fp32NodeSearchResult search_fp32_nodes(const std::vector<std::string>& nodes,
                                        const std::function<bool(const std::vector<std::string>& kept)>& passes,
                                        int max_evaluations) {
   Fp32NodeSearchResult result;
+  std::string first_error;  // why the first model that could not be built or run could not
   auto check = [&](const std::vector<std::string>& kept) {
     ++result.evaluations;
-    return passes(kept);
+    try {
+      return passes(kept);
+    } catch (const Error& e) {
+      // Not a verdict on the numbers: the model could not be made or run. It does not
+      // pass (its set stays kept), and the note says so rather than blaming fp16.
+      ++result.unrunnable;
+      if (first_error.empty()) first_error = e.what();
+      return false;
+    }
+  };
+  auto with_errors = [&](std::string note) {
+    if (result.unrunnable > 0)
+      note += "; " + std::to_string(result.unrunnable) + " of the models could not be built or run (first: " +
+              first_error + ")";
+    return note;
   };
   result.kept = nodes;
-  if (nodes.empty() || !check(result.kept)) {
-    result.note = nodes.empty() ? "no node to keep in fp32" : "fails even with every node in fp32";
+  if (nodes.empty()) {
+    result.note = "no node to keep in fp32";
+    return result;
+  }
+  if (!check(result.kept)) {
+    // Every node kept is the fp32 model up to the casts at its inputs and outputs: a model
+    // that could not run says nothing about fp16, one that ran and failed is a real finding.
+    result.note = result.unrunnable > 0
+                      ? "the model keeping every node in fp32 could not be built or run: " + first_error
+                      : "fails even with every node in fp32";
     return result;
   }
   result.passed = true;
@@ -24,7 +49,7 @@ Fp32NodeSearchResult search_fp32_nodes(const std::vector<std::string>& nodes,
     // Drop each chunk of the kept set in turn (convert it to fp16) where the model still passes.
     for (std::size_t start = 0; start < result.kept.size();) {
       if (result.evaluations >= max_evaluations) {
-        result.note = "stopped after " + std::to_string(result.evaluations) + " checks";
+        result.note = with_errors("stopped after " + std::to_string(result.evaluations) + " checks");
         return result;
       }
       std::size_t end = std::min(result.kept.size(), start + chunk);
@@ -38,7 +63,8 @@ Fp32NodeSearchResult search_fp32_nodes(const std::vector<std::string>& nodes,
     if (chunk == 1) break;
     chunk = std::max<std::size_t>(1, chunk / 2);
   }
-  result.note = "minimal: no single kept node can go to fp16 (" + std::to_string(result.evaluations) + " checks)";
+  result.note =
+      with_errors("minimal: no single kept node can go to fp16 (" + std::to_string(result.evaluations) + " checks)");
   return result;
 }
 

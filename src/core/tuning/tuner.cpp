@@ -217,8 +217,9 @@ bool GraphTuner::check_onnx(const std::string& model_path, const OnnxCandidate& 
     impl.log(candidate.name + " on " + model_path + ": " + (passed ? "passes" : "fails") + " the check");
     return passed;
   } catch (const Error& e) {
-    impl.log(candidate.name + " on " + model_path + ": failed: " + e.what());
-    return false;
+    // Not a verdict: the search must not take "could not run" for "fails the check".
+    impl.log(candidate.name + " on " + model_path + ": could not be run: " + e.what());
+    throw;
   }
 }
 
