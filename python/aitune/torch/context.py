@@ -18,6 +18,7 @@ class TuneSession:
 
     def __init__(self) -> None:
         self.batch_size = 0
+        self.evaluation: int | None = None  # the labelled evaluation batch being fed (None: a tuning sample)
         self.modules: dict[int, torch.nn.Module] = {}  # id -> ait.Module, in order of first call
 
     def enlist(self, module: torch.nn.Module) -> bool:

@@ -22,6 +22,7 @@ class Sample:
     inputs: list[torch.Tensor]
     outputs: list[torch.Tensor]
     batch_size: int
+    evaluation: int | None = None  # the labelled evaluation batch this call came from (evaluation.py); None: tuning
 
 
 #: Non-tensor output values a graph can return as constants: the same value on every call.
@@ -268,7 +269,8 @@ class RecordedGraph(_GraphCalls):
 
     # -- recording -----------------------------------------------------------------
 
-    def add_sample(self, input_tensors: list[torch.Tensor], outputs: Any, batch_size: int) -> None:
+    def add_sample(self, input_tensors: list[torch.Tensor], outputs: Any, batch_size: int,
+                   evaluation: int | None = None) -> None:
         """Keeps one call's tensors: copies of the caller's (it may reuse or modify its
         own), the batches ait.tune stacked for this call as they are (nobody else holds
         them; a copy would hold every sample twice)."""
@@ -286,6 +288,7 @@ class RecordedGraph(_GraphCalls):
                 inputs=[self._keep(t) for t in input_tensors],
                 outputs=[t.detach().clone() for t in out_tensors],
                 batch_size=batch_size,
+                evaluation=evaluation,
             )
         )
 

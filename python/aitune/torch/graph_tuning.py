@@ -23,6 +23,7 @@ from aitune.torch.backend.torch_eager import EagerGraph, TorchEagerBackend
 from aitune.torch.candidate_isolation import CudaContextLostError
 from aitune.torch.context import run_eagerly
 from aitune.torch.eager_precision import eager_outputs_at
+from aitune.torch.evaluation import labelled_metric
 from aitune.torch.divergence import trace_failed_candidates
 from aitune.torch.export import same_math_as_export, same_math_differs
 from aitune.torch.graph import RecordedGraph
@@ -176,8 +177,11 @@ def tune_graph(strategy: TuneStrategy, graph: RecordedGraph, options: TuneOption
     # Calibrated acceptance: eager at a candidate's reduced precision, asked by the engine
     # once per precision (on the host the recorded outputs are the strict reference too).
     tuner_options.eager_at_precision = lambda precision: eager_outputs_at(graph, precision)
-    if options.accuracy is not None:
-        tuner_options.accuracy_metric = _user_metric(graph, samples, options.accuracy)
+    metric = None if options.accuracy is None else (
+        _user_metric(graph, samples, options.accuracy) if options.evaluation_labels is None
+        else labelled_metric(graph, samples, options.accuracy, options.evaluation_labels))
+    if metric is not None:
+        tuner_options.accuracy_metric = metric
     tuner = _core.GraphTuner(name, graph.graph_spec(), samples, tuner_options)
     _warn_vacuous(name, tuner.report)
 

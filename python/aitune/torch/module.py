@@ -361,7 +361,8 @@ class Module(DispatchedModule):
                 form = CallForm.of(self._ait_signature, len(args), kwargs)
                 graph = RecordedGraph(self._ait_name, self._ait_module, self._ait_signature, arguments, outputs, form)
                 self._ait_graphs[identity] = graph
-            graph.add_sample([leaf for leaf in leaves if isinstance(leaf, torch.Tensor)], outputs, session.batch_size)
+            graph.add_sample([leaf for leaf in leaves if isinstance(leaf, torch.Tensor)], outputs, session.batch_size,
+                             session.evaluation)
             graph.note_mutated_state(mutated)
         except Exception as error:  # keep feeding samples; tuning reports it
             self._ait_record_errors.append(f"{type(error).__name__}: {error}")

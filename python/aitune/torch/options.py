@@ -98,6 +98,9 @@ class TuneOptions:
             ``accuracy(eager_outputs, candidate_outputs) -> float`` (each a list over
             samples of the module's outputs, higher is better); a candidate passes when
             ``accuracy(eager, eager) - accuracy(eager, candidate) <= max_accuracy_drop``.
+        evaluation_labels: set by ``ait.tune(..., evaluation=(samples, labels))``: per
+            evaluation batch its labels; ``accuracy`` is then ``accuracy(outputs, labels)``
+            over the graph's evaluation calls (evaluation.py).
         valid_positions: which output positions the check compares (``valid_positions.py``):
             None derives them from an ``attention_mask`` argument, False compares all.
     """
@@ -114,6 +117,9 @@ class TuneOptions:
     accuracy: Callable | None = None
     max_accuracy_drop: float = 0.0
     valid_positions: Any = None
+    #: The labels of each labelled evaluation batch (``ait.tune(..., evaluation=...)``,
+    #: evaluation.py): ``accuracy`` is then ``accuracy(outputs, labels)`` over those batches.
+    evaluation_labels: list | None = None
 
     def __post_init__(self) -> None:
         _check_switches(self.performance_validation, self.min_speedup, self.find_max_batch_size, self.max_batch_size)

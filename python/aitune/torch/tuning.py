@@ -15,6 +15,7 @@ from aitune import _core
 from aitune.torch.candidate_isolation import CudaContextLostError
 from aitune.torch.context import TuneSession, quiet_var, recording
 from aitune.torch.dataset import iterate_calls
+from aitune.torch.evaluation import evaluation_batches
 from aitune.torch.module import Module
 from aitune.torch.options import TuneOptions
 from aitune.torch.valid_positions import ValidPositionsOption
@@ -76,6 +77,7 @@ def tune(
     accuracy: Callable[[list, list], float] | None = None,
     max_accuracy_drop: float = 0.0,
     valid_positions: ValidPositionsOption = None,
+    evaluation: tuple[Sequence, Sequence] | None = None,
 ) -> None:
     """Records every ait.Module that ``func`` calls on the dataset's samples, then tunes each.
 
@@ -113,6 +115,14 @@ def tune(
             ``accuracy(eager_outputs, candidate_outputs) -> float`` over lists of the
             module's outputs per sample (higher is better); a candidate passes when its
             score is at most ``max_accuracy_drop`` below ``accuracy(eager, eager)``.
+        evaluation: ``(samples, labels)``, a labelled evaluation set for ``accuracy``, which
+            then is ``accuracy(outputs, labels) -> float``: ``outputs`` the module's outputs
+            for each evaluation batch, ``labels`` that batch's labels (collated: numbers and
+            tensors stacked). Samples take the dataset's forms (no batch axis) and are
+            stacked in order into batches of the largest of ``batch_sizes``; they are recorded
+            with the tuning samples (so the check compares them with eager too). The metric
+            is scored for eager (the baseline) and each candidate on them, and a candidate
+            whose score drops more than ``max_accuracy_drop`` below eager's is refused.
         valid_positions: the output positions the model defines; the check leaves the
             rest out and the report says how many. None (default): where the call has an
             ``attention_mask`` argument whose shape prefixes an output's (``[batch, seq]``
@@ -121,6 +131,8 @@ def tune(
             mask. A callable ``(arguments by parameter name, output tensors) -> mask or
             None``. A position left out may hold anything in the tuned module's output.
     """
+    if evaluation is not None and accuracy is None:
+        raise ValueError("evaluation=(samples, labels) needs accuracy=fn(outputs, labels) -> float to score them")
     switches = dict(performance_validation=performance_validation, min_speedup=min_speedup,
                     find_max_batch_size=find_max_batch_size, max_batch_size=max_batch_size)
     options = TuneOptions(tolerance, output_tolerances, profile_config, progress,
@@ -131,6 +143,9 @@ def tune(
     batch_sizes = list(DEFAULT_BATCH_SIZES if batch_sizes is None else batch_sizes)
     if not batch_sizes or not all(isinstance(b, int) and b > 0 for b in batch_sizes):
         raise ValueError(f"batch_sizes must be positive ints, got {batch_sizes!r}")
+    evaluated = [] if evaluation is None else evaluation_batches(evaluation, max(batch_sizes))
+    if evaluated:
+        options.evaluation_labels = [batch.labels for batch in evaluated]
     if device is None and isinstance(func, Module):
         device = func.ait_device()
 
@@ -151,6 +166,19 @@ def tune(
                         "tensor, or give batches through a DataLoader or a factory)"
                     )
                     raise
+            for index, batch in enumerate(evaluated):  # recorded after the tuning samples, each marked
+                args, kwargs = batch.args, batch.kwargs
+                if device is not None:
+                    args, kwargs = pytree.tree_map_only(torch.Tensor, lambda t: t.to(device), (args, kwargs))
+                session.batch_size, session.evaluation = batch.size, index
+                try:
+                    func(*args, **kwargs)
+                except Exception as error:
+                    error.add_note(f"ait.tune: raised by func called eagerly with evaluation batch {index} "
+                                   f"({batch.size} samples)")
+                    raise
+                finally:
+                    session.evaluation = None
     except BaseException:  # the modules recorded so far go back to what they were
         for module in session.modules.values():
             module._ait_recording_ended(failed=True)
