@@ -21,6 +21,16 @@ struct ModuleOutput {
   std::string module;
   std::string value;
   TensorView expected;  ///< host memory, contiguous
+  /// The module's scope as the exporter records it in node metadata ("inner.model.layers.1";
+  /// "" for the root module): how a scope is named as the user's module path.
+  std::string scope = {};
+};
+
+/// A node between the last values within tolerance and the first beyond it.
+struct SuspectNode {
+  std::string name;
+  std::string op_type;
+  std::string scope;  ///< its innermost module scope as exported ("" when it has none)
 };
 
 /// The first intermediate value beyond tolerance.
@@ -30,6 +40,13 @@ struct DivergencePoint {
   std::string op_type;
   std::string value;    ///< the ONNX value name
   OutputCheck check;    ///< the comparison that failed
+  /// Where it first diverges: the deepest module containing every scoped node that feeds
+  /// `value` without feeding any value found within tolerance (`suspects`), named as the
+  /// user's module path; a fault in a module's own code between its children (a wrong
+  /// Softmax in self_attn) is named as that module, not as the child whose output first
+  /// shows it. Equal to `module` when nothing narrower is known.
+  std::string location;
+  std::vector<SuspectNode> suspects;  ///< in graph order
 };
 
 /// The result of tracing one candidate's divergence.
@@ -39,7 +56,9 @@ struct DivergenceReport {
   std::size_t skipped = 0;   ///< values not compared: not floating point, or absent from the candidate's graph
   std::optional<DivergencePoint> first;  ///< nullopt: every compared value is within tolerance
 
-  /// One sentence: "first diverges in model.layers.1 (node node_add_3, Add, value add_3):
+  /// One sentence: "first diverges in model.layers.1.self_attn (3 nodes after the last
+  /// values within tolerance: MatMul, LogSoftmax, MatMul; first module output beyond
+  /// tolerance: model.layers.1.self_attn.o_proj, node node_add_3 (Add), value add_3):
   /// 12 of 40 elements beyond ..." or why nothing was found.
   std::string describe() const;
   std::string to_json(int indent = 2) const;

@@ -11,6 +11,7 @@ namespace aitune {
 struct OnnxNode {
   std::string name;
   std::string op_type;
+  std::vector<std::string> inputs;  ///< value names read ("" for an omitted optional input)
   std::vector<std::string> outputs;
   /// The module the node was exported from, as torch's dynamo exporter records it in the
   /// node's metadata_props: the innermost module path of `pkg.torch.onnx.name_scopes`

@@ -319,6 +319,7 @@ void bind_tuning(nb::module_& m) {
   nb::class_<OnnxNode>(m, "OnnxNode", "A node of an ONNX graph with the module scope its exporter recorded.")
       .def_ro("name", &OnnxNode::name)
       .def_ro("op_type", &OnnxNode::op_type)
+      .def_ro("inputs", &OnnxNode::inputs)
       .def_ro("outputs", &OnnxNode::outputs)
       .def_ro("scope", &OnnxNode::scope)
       .def_ro("scopes", &OnnxNode::scopes);
@@ -531,15 +532,17 @@ void bind_tuning(nb::module_& m) {
       .def(
           "trace_divergence",
           [](PyGraphTuner& t, std::size_t candidate, std::size_t sample,
-             const std::vector<std::tuple<std::string, std::string, AnyArray>>& eager) {
+             const std::vector<std::tuple<std::string, std::string, AnyArray, std::string>>& eager) {
             std::vector<ModuleOutput> outputs;
-            for (const auto& [module, value, array] : eager) outputs.push_back({module, value, view_of(array, module)});
+            for (const auto& [module, value, array, scope] : eager)
+              outputs.push_back({module, value, view_of(array, module), scope});
             nb::gil_scoped_release release;
             return t.tuner->trace_divergence(candidate, sample, outputs).to_json(-1);
           },
           nb::arg("candidate"), nb::arg("sample"), nb::arg("eager"),
-          "eager: [(module path, ONNX value name, host array)] in the order the modules finished; traces where "
-          "the candidate's graph first diverges on that sample, keeps it in the report and returns it as JSON.")
+          "eager: [(module path, ONNX value name, host array, exported scope)] in the order the modules finished "
+          "(the root module's scope ''); traces where the candidate's graph first diverges on that sample, keeps "
+          "it in the report and returns it as JSON.")
       .def("take_winner", [](PyGraphTuner& t) { return t.tuner->take_winner(); })
       .def_prop_ro("report", [](const PyGraphTuner& t) { return t.tuner->report(); })
       .def_prop_ro("spec", [](const PyGraphTuner& t) { return t.tuner->spec(); });

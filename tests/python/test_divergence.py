@@ -124,7 +124,9 @@ def test_a_wrong_op_in_layer_1_is_traced_to_its_module(faulty_export, cache_dir)
 
     # The error names the module where the graph first diverges, not only the output.
     message = str(raised.value)
-    assert "first diverges in model.layers.1.self_attn" in message, message
+    # ...the module holding the wrong op (the Softmax is self_attn's own code), not the
+    # child (o_proj) whose output first shows it
+    assert "first diverges in model.layers.1.self_attn (" in message, message
     assert "model.layers.0" not in message.split("first diverges in")[1].split(":")[0]
 
     # The report: a divergence per incorrect candidate, compared with eager's module outputs.
@@ -137,6 +139,9 @@ def test_a_wrong_op_in_layer_1_is_traced_to_its_module(faulty_export, cache_dir)
         divergence = candidate["divergence"]
         assert divergence["reference"] == "eager PyTorch's module outputs"
         assert divergence["first"]["module"].startswith("model.layers.1.self_attn"), divergence
+        assert divergence["first"]["location"] == "model.layers.1.self_attn", divergence
+        assert "LogSoftmax" in [s["op_type"] for s in divergence["first"]["suspects"]]
+        assert divergence["first"]["suspect_count"] == len(divergence["first"]["suspects"]) < 20
         assert divergence["compared"] > 10  # every module of layer 0 compared within tolerance first
         assert divergence["first"]["max_abs_error"] > 0.1
 
@@ -178,3 +183,49 @@ def test_a_wrong_op_in_layer_1_is_traced_to_its_module(faulty_export, cache_dir)
         pytest.skip("chromium is not installed (scripts/setup.sh installs it): the page was not opened")
     dom = dump_dom(page, faulty_export / "chromium-profile")
     assert 'id="divergence"' in dom and "model.layers.1.self_attn" in dom.split('id="divergence"')[1]
+
+
+def _break_node(path: Path, op_type: str, scope: str, replacement: str) -> None:
+    model = onnx.load(str(path))
+    broken = [n for n in model.graph.node if n.op_type == op_type
+              and any(p.key == "pkg.torch.onnx.name_scopes" and f"'{scope}'" in p.value for p in n.metadata_props)]
+    assert broken, f"no {op_type} in {scope}: the exporter's scope metadata changed"
+    broken[-1].op_type = replacement
+    onnx.save(model, str(path))
+
+
+@pytest.mark.parametrize(("op_type", "scope", "replacement", "location"), [
+    # a wrong op in self_attn's own code (between its children): named self_attn
+    ("Softmax", "inner.model.layers.1.self_attn", "LogSoftmax", "model.layers.1.self_attn"),
+    # a wrong op inside a leaf module: named the leaf, not its parent
+    ("Add", "inner.model.layers.2.mlp.down_proj", "Sub", "model.layers.2.mlp.down_proj"),
+])
+def test_an_fp16_candidate_is_traced_to_the_deepest_module_holding_the_fault(tmp_path, op_type, scope, replacement,
+                                                                            location):
+    """The candidate is the fp16 conversion of the export (onnxconverter-common keeps the
+    node metadata and value names; its Casts have no scope), with one node broken in a
+    chosen submodule: the divergence names that submodule's path, compared with eager."""
+    from aitune.torch.divergence import trace_failed_candidates
+    from aitune.torch.graph_tuning import _samples
+
+    torch.manual_seed(0)
+    model = ait.Module(TinyCausalLM().eval(), "tiny-lm-fp16")
+    ait.tune(model, torch.randint(0, 32, (1, 8)), dry_run=True)
+    (graph,) = model.ait_graphs
+    spec = graph.graph_spec()
+    exported = export.export_onnx(graph, spec, tmp_path / "model.onnx", use_dynamo=True)
+    fp16 = export.convert_to_fp16(exported, tmp_path / "model_fp16.onnx")
+    _break_node(fp16, op_type, scope, replacement)
+    options = _core.TunerOptions()
+    options.profile.warmup_calls, options.profile.window_calls, options.profile.time_cap_s = 1, 5, 0.2
+    tuner = _core.GraphTuner("tiny-lm-fp16", spec, _samples(graph), options)
+    config = _core.OnnxSessionConfig()
+    config.provider = _core.parse_execution_provider("cpu")
+    tuner.evaluate_onnx(str(fp16), _core.OnnxCandidate("cpu fp16 model", config, _core.Precision.FP16, "fp16"),
+                        "ONNXRuntimeBackend", 0)
+    assert tuner.report.candidates[0].status == "incorrect"
+    trace_failed_candidates(graph, tuner)
+    first = json.loads(tuner.report.to_json())["candidates"][0]["divergence"]["first"]
+    assert first["location"] == location, first
+    assert replacement in [s["op_type"] for s in first["suspects"]]
+    assert tuner.report.candidates[0].divergence_summary.startswith(f"first diverges in {location} ")

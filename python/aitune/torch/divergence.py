@@ -81,7 +81,9 @@ def trace_failed_candidates(graph: RecordedGraph, tuner: _core.GraphTuner) -> No
             for path, tensor in eager_by_sample[sample]:
                 scope = f"{_EXPORT_ROOT}.{path}" if path else _EXPORT_ROOT
                 if scope in values:
-                    eager.append((display_path(graph, path), values[scope], tensor))
+                    # the scope as node metadata names it (the root module has none there),
+                    # so the engine names where the suspect nodes lie as a module path
+                    eager.append((display_path(graph, path), values[scope], tensor, scope if path else ""))
             if not eager:
                 logger.info("%s: %s: no module scopes in its graph's metadata to trace the divergence by",
                             graph.module_name, candidate.name)

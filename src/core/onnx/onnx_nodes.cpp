@@ -12,10 +12,10 @@ namespace aitune {
 namespace {
 
 // Field numbers of onnx.proto3: ModelProto.graph = 7; GraphProto.node = 1, .output = 12;
-// NodeProto.output = 2, .name = 3, .op_type = 4, .metadata_props = 9;
+// NodeProto.input = 1, .output = 2, .name = 3, .op_type = 4, .metadata_props = 9;
 // StringStringEntryProto.key = 1, .value = 2; ValueInfoProto.name = 1.
 constexpr std::uint64_t kModelGraph = 7, kGraphNode = 1, kGraphOutput = 12;
-constexpr std::uint64_t kNodeOutput = 2, kNodeName = 3, kNodeOpType = 4, kNodeMetadata = 9;
+constexpr std::uint64_t kNodeInput = 1, kNodeOutput = 2, kNodeName = 3, kNodeOpType = 4, kNodeMetadata = 9;
 
 // The module paths of torch's `pkg.torch.onnx.name_scopes` (a Python list literal,
 // "['', 'inner', 'inner.layers.0', 'layer_norm']"): every quoted item but the last, which
@@ -123,6 +123,8 @@ class NodeWalker : detail::ProtobufReader {
       const auto [field, wire] = tag(i, end);
       if (wire != 2) {
         skip(i, end, wire, static_cast<std::uint32_t>(field), 2);
+      } else if (field == kNodeInput) {
+        n.inputs.push_back(string_at(i, end));
       } else if (field == kNodeOutput) {
         n.outputs.push_back(string_at(i, end));
       } else if (field == kNodeName) {

@@ -4,12 +4,14 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -117,6 +119,56 @@ std::map<std::string, const OnnxNode*> producers(const std::vector<OnnxNode>& no
   return out;
 }
 
+// The nodes that feed `value` (its producer included) without feeding any of `good`
+// (values found within tolerance), in graph order: where a wrong value can have come from.
+std::vector<const OnnxNode*> suspects_of(const std::vector<OnnxNode>& nodes,
+                                         const std::map<std::string, const OnnxNode*>& by_value,
+                                         const std::string& value, const std::vector<std::string>& good) {
+  std::set<const OnnxNode*> fine, suspect;
+  std::vector<const OnnxNode*> stack;
+  auto walk = [&](std::set<const OnnxNode*>& marked, const std::vector<std::string>& from, bool stop_at_fine) {
+    auto push = [&](const std::string& v) {
+      auto it = by_value.find(v);
+      if (it == by_value.end() || (stop_at_fine && fine.count(it->second))) return;
+      if (marked.insert(it->second).second) stack.push_back(it->second);
+    };
+    for (const auto& v : from) push(v);
+    while (!stack.empty()) {
+      const OnnxNode* n = stack.back();
+      stack.pop_back();
+      for (const auto& v : n->inputs) push(v);
+    }
+  };
+  walk(fine, good, false);  // everything upstream of a value within tolerance
+  walk(suspect, {value}, true);
+  std::vector<const OnnxNode*> ordered;
+  for (const auto& n : nodes)
+    if (suspect.count(&n)) ordered.push_back(&n);
+  return ordered;
+}
+
+// The deepest module path containing every scoped suspect: the longest common prefix of
+// their scope chains, named by the deepest scope in it that `names` knows (scope -> the
+// user's module path; "" is the root module). "" when no scope is known.
+std::string location_of(const std::vector<const OnnxNode*>& suspects, const std::map<std::string, std::string>& names) {
+  std::optional<std::vector<std::string>> common;
+  for (const OnnxNode* n : suspects) {
+    if (n->scopes.empty()) continue;  // a node a transform added (a Cast of the fp16 converter)
+    if (!common) {
+      common = n->scopes;
+      continue;
+    }
+    std::size_t k = 0;
+    while (k < common->size() && k < n->scopes.size() && (*common)[k] == n->scopes[k]) ++k;
+    common->resize(k);
+  }
+  if (!common) return "";
+  for (auto it = common->rbegin(); it != common->rend(); ++it)
+    if (auto name = names.find(*it); name != names.end()) return name->second;
+  auto root = names.find("");
+  return root == names.end() ? "" : root->second;
+}
+
 // Compares `actual` with `expected` in float32; nullopt when either is not floating point.
 std::optional<OutputCheck> compare_value(const std::string& value, const Tensor& actual, const TensorView& expected,
                                          const Tolerance& tolerance) {
@@ -132,17 +184,38 @@ std::string DivergenceReport::describe() const {
     return "no intermediate value beyond tolerance (" + std::to_string(compared) + " compared with " + reference +
            ", " + std::to_string(skipped) + " skipped): the divergence is in the graph outputs alone";
   const auto& p = *first;
-  std::string where = p.module.empty() ? "an unscoped node" : p.module;
   std::string node = p.node.empty() ? "" : "node " + p.node + " (" + p.op_type + "), ";
-  return "first diverges in " + where + " (" + node + "value " + p.value + "; compared with " + reference +
-         ", after " + std::to_string(compared - 1) + " values within tolerance): " + p.check.failure;
+  const std::string after = "compared with " + reference + ", after " + std::to_string(compared - 1) +
+                            " values within tolerance): " + p.check.failure;
+  if (!p.location.empty() && p.location != p.module) {
+    // The wrong value first shows at a module output deeper in (or after) the place its
+    // suspect nodes share: name that place, then what showed it.
+    std::string ops;
+    const std::size_t shown = std::min<std::size_t>(p.suspects.size(), 8);
+    for (std::size_t i = 0; i < shown; ++i) ops += (i ? ", " : "") + p.suspects[i].op_type;
+    if (p.suspects.size() > shown) ops += ", ...";
+    return "first diverges in " + p.location + " (" + std::to_string(p.suspects.size()) +
+           " nodes after the last values within tolerance: " + ops + "; first module output beyond tolerance: " +
+           (p.module.empty() ? std::string("an unscoped value") : p.module) + ", " + node + "value " + p.value +
+           "; " + after;
+  }
+  std::string where = p.module.empty() ? "an unscoped node" : p.module;
+  return "first diverges in " + where + " (" + node + "value " + p.value + "; " + after;
 }
 
 std::string DivergenceReport::to_json(int indent) const {
   nlohmann::json j = {{"reference", reference}, {"compared", compared}, {"skipped", skipped}};
   if (first) {
     const auto& c = first->check;
+    nlohmann::json suspects = nlohmann::json::array();
+    for (std::size_t i = 0; i < first->suspects.size() && i < 50; ++i)  // the first 50: a report, not a dump
+      suspects.push_back({{"name", first->suspects[i].name},
+                          {"op_type", first->suspects[i].op_type},
+                          {"scope", first->suspects[i].scope}});
     j["first"] = {{"module", first->module},
+                  {"location", first->location.empty() ? first->module : first->location},
+                  {"suspect_count", first->suspects.size()},
+                  {"suspects", suspects},
                   {"node", first->node},
                   {"op_type", first->op_type},
                   {"value", first->value},
@@ -173,6 +246,10 @@ DivergenceReport trace_divergence(const std::string& model_path, const OnnxSessi
   const auto actual = run_with_outputs(model_path, values, config, inputs);
   const Tolerance tolerance = default_tolerance(DType::kFloat32, precision);
 
+  std::map<std::string, std::string> module_of_scope;  // exported scope -> the user's module path
+  for (const auto& m : expected) module_of_scope.emplace(m.scope, m.module);
+  std::vector<std::string> within;  // values found within tolerance so far
+
   DivergenceReport report;
   report.reference = "eager PyTorch's module outputs";
   for (const auto& m : expected) {
@@ -187,12 +264,19 @@ DivergenceReport trace_divergence(const std::string& model_path, const OnnxSessi
       continue;
     }
     ++report.compared;
-    if (check->passed) continue;
+    if (check->passed) {
+      within.push_back(m.value);
+      continue;
+    }
     DivergencePoint p{m.module, "", "", m.value, *check};
     if (auto node = by_value.find(m.value); node != by_value.end()) {
       p.node = node->second->name;
       p.op_type = node->second->op_type;
     }
+    const auto suspects = suspects_of(nodes, by_value, m.value, within);
+    for (const OnnxNode* n : suspects) p.suspects.push_back({n->name, n->op_type, n->scope});
+    p.location = location_of(suspects, module_of_scope);
+    if (p.location.empty()) p.location = p.module;
     report.first = std::move(p);
     break;
   }
@@ -240,6 +324,8 @@ DivergenceReport debug_precision(const std::string& model_path, const std::strin
         p.op_type = c->second->op_type;
         if (!c->second->scope.empty()) p.module = c->second->scope;
       }
+      p.location = p.module;  // node by node: the node itself is where it diverges
+      p.suspects.push_back({p.node, p.op_type, p.module});
       report.first = std::move(p);
       return report;
     }
