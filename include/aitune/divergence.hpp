@@ -24,6 +24,9 @@ struct ModuleOutput {
   /// The module's scope as the exporter records it in node metadata ("inner.model.layers.1";
   /// "" for the root module): how a scope is named as the user's module path.
   std::string scope = {};
+  /// The module's input (the value its first node reads from outside it), not its output:
+  /// a wrong input clears the module itself, an input within tolerance clears its producers.
+  bool input = false;
 };
 
 /// A node between the last values within tolerance and the first beyond it.
@@ -36,6 +39,7 @@ struct SuspectNode {
 /// The first intermediate value beyond tolerance.
 struct DivergencePoint {
   std::string module;   ///< the module path (the node's scope when compared node by node); "" when unknown
+  bool input = false;   ///< the value is `module`'s input, not its output
   std::string node;     ///< the ONNX node producing `value` ("" when not found in the graph)
   std::string op_type;
   std::string value;    ///< the ONNX value name

@@ -532,16 +532,16 @@ void bind_tuning(nb::module_& m) {
       .def(
           "trace_divergence",
           [](PyGraphTuner& t, std::size_t candidate, std::size_t sample,
-             const std::vector<std::tuple<std::string, std::string, AnyArray, std::string>>& eager) {
+             const std::vector<std::tuple<std::string, std::string, AnyArray, std::string, bool>>& eager) {
             std::vector<ModuleOutput> outputs;
-            for (const auto& [module, value, array, scope] : eager)
-              outputs.push_back({module, value, view_of(array, module), scope});
+            for (const auto& [module, value, array, scope, input] : eager)
+              outputs.push_back({module, value, view_of(array, module), scope, input});
             nb::gil_scoped_release release;
             return t.tuner->trace_divergence(candidate, sample, outputs).to_json(-1);
           },
           nb::arg("candidate"), nb::arg("sample"), nb::arg("eager"),
-          "eager: [(module path, ONNX value name, host array, exported scope)] in the order the modules finished "
-          "(the root module's scope ''); traces where the candidate's graph first diverges on that sample, keeps "
+          "eager: [(module path, ONNX value name, host array, exported scope, is the module's input)] in the "
+          "order eager computed them (the root module's scope ''); traces where the candidate's graph first diverges on that sample, keeps "
           "it in the report and returns it as JSON.")
       .def("take_winner", [](PyGraphTuner& t) { return t.tuner->take_winner(); })
       .def_prop_ro("report", [](const PyGraphTuner& t) { return t.tuner->report(); })

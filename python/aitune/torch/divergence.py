@@ -22,15 +22,23 @@ logger = logging.getLogger("aitune")
 _EXPORT_ROOT = "inner"
 
 
-def _module_outputs(graph: RecordedGraph, sample: int) -> list[tuple[str, torch.Tensor]]:
-    """(module path, output) of every module whose output is one tensor, in the order the
-    modules finished, on recorded sample ``sample``."""
-    finished: list[tuple[str, torch.Tensor]] = []
+def _module_values(graph: RecordedGraph, sample: int) -> list[tuple[str, bool, torch.Tensor]]:
+    """(module path, is its input, tensor) of every module's first positional input and
+    of its output, where that is one floating-point tensor, in the order eager computed
+    them (a module's input when it starts, its output when it finishes), on recorded
+    sample ``sample``. Inputs narrow the divergence: a module whose input is within
+    tolerance and whose output is not holds the fault itself."""
+    finished: list[tuple[str, bool, torch.Tensor]] = []
     handles = []
     for name, module in graph.module.named_modules():
+        def pre_hook(_module, args, name=name):
+            if args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point():
+                finished.append((name, True, args[0].detach().cpu().contiguous()))
+
         def hook(_module, _args, output, name=name):
             if isinstance(output, torch.Tensor) and output.is_floating_point():
-                finished.append((name, output.detach().cpu().contiguous()))
+                finished.append((name, False, output.detach().cpu().contiguous()))
+        handles.append(module.register_forward_pre_hook(pre_hook))
         handles.append(module.register_forward_hook(hook))
     try:
         with torch.no_grad(), run_eagerly():
@@ -41,16 +49,24 @@ def _module_outputs(graph: RecordedGraph, sample: int) -> list[tuple[str, torch.
     return finished
 
 
-def _value_of_scope(model_path: str) -> dict[str, str]:
-    """Per exported module scope, the first output of the last node (in graph order)
-    inside it: the value that module returns."""
-    last: dict[str, str] = {}
-    for node in _core.onnx_graph_nodes(model_path):
+def _value_of_scope(model_path: str) -> dict[tuple[str, bool], str]:
+    """Per exported module scope, ``(scope, False)``: the first output of the last node (in
+    graph order) inside it, the value that module returns; ``(scope, True)``: the first
+    value a node inside it reads that a node outside it produced, its input (weights and
+    graph inputs have no producer and are not counted)."""
+    nodes = _core.onnx_graph_nodes(model_path)
+    producer_scopes = {value: set(node.scopes) for node in nodes for value in node.outputs}
+    values: dict[tuple[str, bool], str] = {}
+    for node in nodes:
         if not node.outputs:
             continue
         for scope in node.scopes:
-            last[scope] = node.outputs[0]
-    return last
+            values[(scope, False)] = node.outputs[0]
+            if (scope, True) not in values:
+                outside = [v for v in node.inputs if v in producer_scopes and scope not in producer_scopes[v]]
+                if outside:
+                    values[(scope, True)] = outside[0]
+    return values
 
 
 def display_path(graph: RecordedGraph, module_path: str) -> str:
@@ -62,8 +78,8 @@ def trace_failed_candidates(graph: RecordedGraph, tuner: _core.GraphTuner) -> No
     """Traces every incorrect ONNX candidate of ``tuner`` (the result lands in its report).
     Tracing is a diagnosis: when it cannot be done (no scope metadata, a graph that will
     not run with extra outputs) the candidate's report says nothing more, and the log why."""
-    eager_by_sample: dict[int, list[tuple[str, torch.Tensor]]] = {}
-    values_by_model: dict[str, dict[str, str]] = {}
+    eager_by_sample: dict[int, list[tuple[str, bool, torch.Tensor]]] = {}
+    values_by_model: dict[str, dict[tuple[str, bool], str]] = {}
     for index, candidate in enumerate(tuner.report.candidates):
         if candidate.status != "incorrect":
             continue
@@ -73,17 +89,18 @@ def trace_failed_candidates(graph: RecordedGraph, tuner: _core.GraphTuner) -> No
             continue
         try:
             if sample not in eager_by_sample:
-                eager_by_sample[sample] = _module_outputs(graph, sample)
+                eager_by_sample[sample] = _module_values(graph, sample)
             if model_path not in values_by_model:
                 values_by_model[model_path] = _value_of_scope(model_path)
             values = values_by_model[model_path]
             eager = []
-            for path, tensor in eager_by_sample[sample]:
+            for path, is_input, tensor in eager_by_sample[sample]:
                 scope = f"{_EXPORT_ROOT}.{path}" if path else _EXPORT_ROOT
-                if scope in values:
+                if (scope, is_input) in values:
                     # the scope as node metadata names it (the root module has none there),
                     # so the engine names where the suspect nodes lie as a module path
-                    eager.append((display_path(graph, path), values[scope], tensor, scope if path else ""))
+                    eager.append((display_path(graph, path), values[(scope, is_input)], tensor, scope if path else "",
+                                  is_input))
             if not eager:
                 logger.info("%s: %s: no module scopes in its graph's metadata to trace the divergence by",
                             graph.module_name, candidate.name)

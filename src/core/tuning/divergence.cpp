@@ -195,11 +195,11 @@ std::string DivergenceReport::describe() const {
     for (std::size_t i = 0; i < shown; ++i) ops += (i ? ", " : "") + p.suspects[i].op_type;
     if (p.suspects.size() > shown) ops += ", ...";
     return "first diverges in " + p.location + " (" + std::to_string(p.suspects.size()) +
-           " nodes after the last values within tolerance: " + ops + "; first module output beyond tolerance: " +
-           (p.module.empty() ? std::string("an unscoped value") : p.module) + ", " + node + "value " + p.value +
-           "; " + after;
+           " nodes after the last values within tolerance: " + ops + "; first beyond tolerance: " +
+           (p.module.empty() ? std::string("an unscoped value") : (p.input ? "the input of " : "the output of ") + p.module) +
+           ", " + node + "value " + p.value + "; " + after;
   }
-  std::string where = p.module.empty() ? "an unscoped node" : p.module;
+  std::string where = p.module.empty() ? "an unscoped node" : p.input ? "the input of " + p.module : p.module;
   return "first diverges in " + where + " (" + node + "value " + p.value + "; " + after;
 }
 
@@ -213,6 +213,7 @@ std::string DivergenceReport::to_json(int indent) const {
                           {"op_type", first->suspects[i].op_type},
                           {"scope", first->suspects[i].scope}});
     j["first"] = {{"module", first->module},
+                  {"input", first->input},
                   {"location", first->location.empty() ? first->module : first->location},
                   {"suspect_count", first->suspects.size()},
                   {"suspects", suspects},
@@ -247,7 +248,8 @@ DivergenceReport trace_divergence(const std::string& model_path, const OnnxSessi
   const Tolerance tolerance = default_tolerance(DType::kFloat32, precision);
 
   std::map<std::string, std::string> module_of_scope;  // exported scope -> the user's module path
-  for (const auto& m : expected) module_of_scope.emplace(m.scope, m.module);
+  for (const auto& m : expected)
+    if (!m.input) module_of_scope.emplace(m.scope, m.module);
   std::vector<std::string> within;  // values found within tolerance so far
 
   DivergenceReport report;
@@ -268,7 +270,7 @@ DivergenceReport trace_divergence(const std::string& model_path, const OnnxSessi
       within.push_back(m.value);
       continue;
     }
-    DivergencePoint p{m.module, "", "", m.value, *check};
+    DivergencePoint p{m.module, m.input, "", "", m.value, *check};
     if (auto node = by_value.find(m.value); node != by_value.end()) {
       p.node = node->second->name;
       p.op_type = node->second->op_type;
@@ -318,7 +320,7 @@ DivergenceReport debug_precision(const std::string& model_path, const std::strin
       if (check->passed) continue;
       // Named as the candidate's graph has it (a transformed copy may compute the value
       // with another op), with the reference's scope where the copy lost it.
-      DivergencePoint p{n.scope, n.name, n.op_type, v, *check};
+      DivergencePoint p{n.scope, false, n.name, n.op_type, v, *check};
       if (auto c = candidate_producers.find(v); c != candidate_producers.end()) {
         p.node = c->second->name;
         p.op_type = c->second->op_type;
