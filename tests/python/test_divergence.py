@@ -137,7 +137,7 @@ def test_a_wrong_op_in_layer_1_is_traced_to_its_module(faulty_export, cache_dir)
     assert incorrect
     for candidate in incorrect:
         divergence = candidate["divergence"]
-        assert divergence["reference"] == "eager PyTorch's module outputs"
+        assert divergence["reference"] == "eager PyTorch's module inputs and outputs"
         assert divergence["first"]["module"].startswith("model.layers.1.self_attn"), divergence
         assert divergence["first"]["location"] == "model.layers.1.self_attn", divergence
         assert "LogSoftmax" in [s["op_type"] for s in divergence["first"]["suspects"]]

@@ -253,7 +253,7 @@ DivergenceReport trace_divergence(const std::string& model_path, const OnnxSessi
   std::vector<std::string> within;  // values found within tolerance so far
 
   DivergenceReport report;
-  report.reference = "eager PyTorch's module outputs";
+  report.reference = "eager PyTorch's module inputs and outputs";
   for (const auto& m : expected) {
     auto it = actual.find(m.value);
     std::optional<OutputCheck> check;

@@ -386,8 +386,12 @@ std::string tune_report_html(const std::string& report_json) {
     if (!c.contains("divergence") || !c["divergence"].is_object()) continue;
     const auto& d = c["divergence"];
     const json first = d.value("first", json());
+    // "where": the deepest module holding the suspect nodes; "seen at": the first value beyond tolerance.
+    const std::string seen =
+        first.is_object() ? (first.value("input", false) ? "input of " : "output of ") + first.value("module", "") : "";
     rows.push_back({{"candidate", str_of(c, "name")},
-                    {"module", first.is_object() ? first.value("module", "") : "(none found)"},
+                    {"where", first.is_object() ? first.value("location", first.value("module", "")) : "(none found)"},
+                    {"seen at", seen},
                     {"node", first.is_object() ? first.value("node", "") : ""},
                     {"op", first.is_object() ? first.value("op_type", "") : ""},
                     {"max abs error", first.is_object() ? first.value("max_abs_error", json()) : json()},
