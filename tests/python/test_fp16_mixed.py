@@ -157,3 +157,33 @@ def test_a_search_whose_models_cannot_be_built_says_so(tmp_path, monkeypatch):
     assert searched.status == "failed"
     assert "fails even" not in searched.reason
     assert "the model keeping every node in fp32 could not be built or run" in searched.reason, searched.reason
+
+
+def test_a_llama_keeping_every_node_in_fp32_loads_and_is_the_fp32_model(tmp_path):
+    """The H200 case at toy size: transformers' LlamaForCausalLM, dynamo export, logits.
+    The search's first probe (every node kept) must load in ONNX Runtime (the converter's
+    duplicated Cast names made it refuse the model) and compute the export's logits exactly."""
+    import numpy as np
+    import onnxruntime
+    import pytest
+
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=1024, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    model = ait.Module(transformers.LlamaForCausalLM(config).eval(), "tiny_llama_fp32_probe")
+
+    def batches(size):
+        ids = torch.randint(0, 1024, (size, 16), generator=torch.Generator().manual_seed(size))
+        return [{"input_ids": ids, "attention_mask": torch.ones_like(ids), "use_cache": False}]
+
+    ait.tune(model, batches, batch_sizes=[1, 2], dry_run=True, disable_external_logging=True)
+    (graph,) = model.ait_graphs
+    exported = export.export_onnx(graph, graph.graph_spec(), tmp_path / "model_raw.onnx", use_dynamo=True)
+    probe = transforms.fp16_keeping(exported, tmp_path / "probe.onnx", transforms.float_compute_nodes(exported))
+    names, _ = export.onnx_io_names(exported)
+    sample = graph.samples[-1]
+    feeds = {n: sample.inputs[graph.input_names.index(n)].numpy() for n in names}
+    expected = onnxruntime.InferenceSession(str(exported), providers=["CPUExecutionProvider"]).run(None, feeds)
+    got = onnxruntime.InferenceSession(str(probe), providers=["CPUExecutionProvider"]).run(None, feeds)
+    assert all(np.array_equal(g, e) for g, e in zip(got, expected, strict=True))
