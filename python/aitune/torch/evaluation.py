@@ -35,8 +35,8 @@ def evaluation_batches(evaluation: Any, batch_size: int) -> list[EvaluationBatch
     if not isinstance(evaluation, (tuple, list)) or len(evaluation) != 2:
         raise TypeError(f"evaluation must be a pair (samples, labels), got {type(evaluation).__name__}")
     samples, labels = evaluation
-    if isinstance(samples, torch.Tensor) or not isinstance(samples, Sequence) or not isinstance(labels, Sequence) \
-            and not isinstance(labels, torch.Tensor):
+    if isinstance(samples, torch.Tensor) or not isinstance(samples, Sequence) \
+            or not (isinstance(labels, Sequence) or isinstance(labels, torch.Tensor)):
         raise TypeError("evaluation=(samples, labels): both must be sequences with one entry per sample "
                         f"(got {type(samples).__name__} and {type(labels).__name__})")
     if len(samples) == 0:
