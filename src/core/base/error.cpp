@@ -18,6 +18,7 @@ constexpr detail::EnumNames<ErrorCode, 11> kNames{{
     {ErrorCode::kInternal, "internal"},
     {ErrorCode::kOutOfMemory, "out_of_memory"},
     {ErrorCode::kCudaGraphCapture, "cuda_graph_capture"},
+    {ErrorCode::kBackendUnavailable, "backend_unavailable"},
 }};
 
 }  // namespace
