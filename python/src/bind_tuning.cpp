@@ -180,6 +180,12 @@ void bind_tuning(nb::module_& m) {
         nb::arg("limit").none());
   m.def(
       "precision_allowed",
+      [](Precision candidate, std::optional<Precision> limit) { return precision_allowed(candidate, limit); },
+      nb::arg("candidate"), nb::arg("limit").none(),
+      "Whether a candidate of this precision may be chosen under limit (a Precision; None: any).");
+  // A config's limit as the user wrote it ('any', 'fp32', ...): converted here, at the kwargs edge.
+  m.def(
+      "precision_allowed",
       [](Precision candidate, const std::string& limit) {
         return precision_allowed(candidate, parse_precision_limit(limit));
       },
@@ -261,11 +267,9 @@ void bind_tuning(nb::module_& m) {
       .def(nb::init<>())
       .def_rw("base", &CandidateRequest::base)
       .def_rw("spec", &CandidateRequest::spec)
-      .def_prop_rw(
-          "precision_limit",
-          [](const CandidateRequest& r) { return std::string(precision_limit_name(r.precision_limit)); },
-          [](CandidateRequest& r, const std::string& limit) { r.precision_limit = parse_precision_limit(limit); },
-          "'any', 'fp32', 'tf32', 'fp16' or 'bf16'.")
+      .def_rw("precision_limit", &CandidateRequest::precision_limit,
+              "The engine's Precision, or None for any (text is converted at the kwargs edge, "
+              "aitune.torch.backend.precision).")
       .def_rw("model_precision", &CandidateRequest::model_precision)
       .def_rw("has_convolutions", &CandidateRequest::has_convolutions)
       .def_rw("tune_provider_options", &CandidateRequest::tune_provider_options)

@@ -6,7 +6,7 @@
 namespace aitune {
 namespace {
 
-constexpr detail::EnumNames<ErrorCode, 11> kNames{{
+constexpr detail::EnumNames<ErrorCode, 12> kNames{{
     {ErrorCode::kInvalidArgument, "invalid_argument"},
     {ErrorCode::kShapeMismatch, "shape_mismatch"},
     {ErrorCode::kDTypeMismatch, "dtype_mismatch"},
