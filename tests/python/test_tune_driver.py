@@ -13,7 +13,9 @@ import aitune
 import aitune.torch as ait
 from aitune import _core
 from aitune.torch.backend import TorchCompileBackend, TorchCompileBackendConfig, TorchEagerBackend
+from aitune.torch.backend.base import Backend
 from aitune.torch.backend.onnx_runtime_backend import ONNXRuntimeBackend, ONNXRuntimeBackendConfig
+from aitune.torch.candidate_isolation import CudaContextLostError
 from torch_models import MLP, SmallCNN, cpu_backend
 
 # What main reported before the driver moved into C++ (same models, same strategy).
@@ -91,3 +93,32 @@ def test_one_backend_propagates_its_error_with_its_type_and_a_note():
         ait.tune(model, torch.randn(16), ignore_failing_modules=False, disable_external_logging=True)
     assert any(note.startswith("while building driver-one/") and "ONNXRuntimeBackend" in note
                for note in caught.value.__notes__)
+
+
+class _Raising(Backend):
+    """A backend that cannot make any candidate: its add_candidates raises ``error``."""
+
+    def __init__(self, error: BaseException):
+        super().__init__()
+        self.error = error
+
+    def add_candidates(self, graph, tuner, group, advance, module_call=None):
+        raise self.error
+
+
+def test_a_backends_exception_is_recorded_by_type_and_a_fatal_one_stops_the_tune():
+    strategy = ait.FirstWinsStrategy([_Raising(RuntimeError("no export today")), cpu_backend(tune_provider_options=False)])
+    _, report = _tune(MLP(), "driver-recorded", [torch.randn(16)], strategy)
+    failed, cpu = report.candidates
+    assert (failed.name, failed.backend, failed.status) == ("_Raising", "_Raising", "failed")
+    assert failed.reason == "RuntimeError: no export today"
+    assert cpu.status == "selected"
+
+    # Nothing can run after a lost CUDA context: it reaches the user whatever the strategy,
+    # as itself, and no later backend is asked.
+    later = _Raising(AssertionError("never asked"))
+    strategy = ait.FirstWinsStrategy([_Raising(CudaContextLostError("context gone")), later, TorchEagerBackend()])
+    model = ait.Module(MLP().eval(), "driver-fatal", strategy=strategy)
+    with pytest.raises(CudaContextLostError, match="context gone") as caught:
+        ait.tune(model, torch.randn(16), ignore_failing_modules=False, disable_external_logging=True)
+    assert not getattr(caught.value, "__notes__", [])
