@@ -789,6 +789,24 @@ TEST_F(CheckpointTest, CliExitsWith5OnACorruptCheckpoint) {
   EXPECT_EQ(r.exit_code, 5) << r.output;
   EXPECT_TRUE(test::contains_icase(r.output, "manifest.json")) << r.output;
 }
+TEST_F(CheckpointTest, CliNamesAGraphOnlyThePythonFrontEndRunsAndExitsWith3) {
+  auto manifest = mlp_manifest();
+  CheckpointGraph compiled;
+  compiled.key = "compiled";
+  compiled.backend = std::string(kTorchCompileBackendName);
+  compiled.section_json = R"({"config": {"mode": "default"}})";
+  manifest.graphs.push_back(compiled);
+  Checkpoint::save(dir_, manifest, mlp_files());
+  auto r = run_cli("inspect '" + dir_ + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("graph compiled: torch_compile (section version 1"), std::string::npos) << r.output;
+  r = run_cli("run '" + dir_ + "' --iterations 1 --warmup 0 --graph compiled");
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_NE(r.output.find("Python front end"), std::string::npos) << r.output;
+  r = run_cli("run '" + dir_ + "' --iterations 1 --warmup 0 --graph mlp");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
 #endif
 
 // On a GPU: a checkpoint saved for CUDA loads (here and in a fresh process) to outputs
