@@ -183,15 +183,6 @@ void bind_tuning(nb::module_& m) {
       [](Precision candidate, std::optional<Precision> limit) { return precision_allowed(candidate, limit); },
       nb::arg("candidate"), nb::arg("limit").none(),
       "Whether a candidate of this precision may be chosen under limit (a Precision; None: any).");
-  // A config's limit as the user wrote it ('any', 'fp32', ...): converted here, at the kwargs edge.
-  m.def(
-      "precision_allowed",
-      [](Precision candidate, const std::string& limit) {
-        return precision_allowed(candidate, parse_precision_limit(limit));
-      },
-      nb::arg("candidate"), nb::arg("limit"),
-      "Whether a candidate of this precision may be chosen under limit ('any', 'fp32', 'tf32', 'fp16', 'bf16'); "
-      "ValueError for another limit.");
 
   nb::class_<Tolerance>(m, "Tolerance", "An element fails only when beyond both atol and rtol * |expected|.")
       .def(nb::init<>())
