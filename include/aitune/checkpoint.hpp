@@ -20,13 +20,34 @@
 namespace aitune {
 
 /// The manifest format this aitune writes, and the newest it reads (it reads 1..this).
-inline constexpr int kCheckpointFormatVersion = 1;
+/// 2: a graph names its backend's section (any of checkpoint_sections()), with the
+/// section's version and own fields; 1: every graph is an ONNX Runtime graph.
+inline constexpr int kCheckpointFormatVersion = 2;
 /// Name of the manifest inside a checkpoint directory.
 inline constexpr std::string_view kCheckpointManifestFile = "manifest.json";
 /// Value of the manifest's "format" field, which marks a directory as an aitune checkpoint.
 inline constexpr std::string_view kCheckpointFormatName = "aitune-checkpoint";
-/// The backend name a graph run by OnnxSession is saved under (the only one so far).
+/// The backend name a graph run by OnnxSession is saved under.
 inline constexpr std::string_view kOnnxRuntimeBackendName = "onnxruntime";
+/// The backend names of graphs only the Python front end runs (ait.load): torch.compile
+/// (its section holds the configuration it is compiled again with) and eager PyTorch.
+inline constexpr std::string_view kTorchCompileBackendName = "torch_compile";
+inline constexpr std::string_view kEagerBackendName = "eager";
+
+/// A backend's section of a manifest: the name a graph's `backend` field holds, the
+/// newest version of its fields this aitune reads, and who runs its graphs. The loader
+/// dispatches on the name; a graph of a section this engine does not run loads (the
+/// checkpoint is verified as a whole) but creating it is Error(kBackendUnavailable).
+struct CheckpointSection {
+  std::string_view name;
+  int version = 1;
+  bool runs_in_engine = false;   ///< an OnnxSession runs it (an ONNX model among its artifacts)
+  std::string_view runs_where;   ///< who runs it otherwise ("the Python front end (ait.load)")
+};
+/// The sections this aitune knows: onnxruntime, torch_compile, eager.
+const std::vector<CheckpointSection>& checkpoint_sections();
+/// The section called `name`, or nullptr.
+const CheckpointSection* find_checkpoint_section(std::string_view name) noexcept;
 
 /// One file of a checkpoint. Value type.
 struct CheckpointArtifact {
@@ -44,8 +65,13 @@ struct CheckpointGraph {
   std::string key;
   /// Bounds the inputs the loaded backend accepts.
   GraphSpec graph_spec;
-  /// Which backend runs the graph; kOnnxRuntimeBackendName.
+  /// Which backend runs the graph: the name of its section (checkpoint_sections()).
   std::string backend = std::string(kOnnxRuntimeBackendName);
+  /// The version of the section's fields the graph was written with (1..its section's version).
+  int section_version = 1;
+  /// The section's own fields, opaque JSON ("null" for onnxruntime, whose fields are the
+  /// ones below; torch_compile: the configuration it is compiled with). Returned compact.
+  std::string section_json = "null";
   /// The backend's full configuration, provider options included, as saved (path
   /// options named in `path_options` hold checkpoint-relative paths here).
   OnnxSessionConfig backend_config;
@@ -207,6 +233,9 @@ class Checkpoint {
   /// Absolute path of the ONNX model of graph `key`.
   std::string model_path(const std::string& key) const;
 
+  /// Whether this engine can run graph `key` (its section runs in the engine).
+  bool runs_in_engine(const std::string& key) const;
+
   /// The configuration a backend for graph `key` is created with: the saved one, its
   /// path options made absolute inside this directory, then `overrides` applied.
   OnnxSessionConfig backend_config(const std::string& key,
@@ -214,7 +243,9 @@ class Checkpoint {
 
   /// Creates the backend for graph `key` (`OnnxSession::create` on the model
   /// with `backend_config(key, overrides)` and the saved graph spec). Errors are those
-  /// of `OnnxSession::create`, prefixed with the checkpoint and graph.
+  /// of `OnnxSession::create`, prefixed with the checkpoint and graph;
+  /// Error(kBackendUnavailable) naming the section and who runs it for a graph of a
+  /// section this engine does not run (a torch.compile graph), as for `model_path`.
   /// When a save replaced the checkpoint since it was loaded (`is_current()` false), a
   /// failure is Error(kIo) saying so instead of blaming the model.
   std::unique_ptr<OnnxSession> create_session(const std::string& key,

@@ -21,6 +21,7 @@ enum class ErrorCode {
   kInternal,             ///< an unexpected failure inside ORT or aitune
   kOutOfMemory,          ///< host or device memory ran out (ORT's allocator, CUDA, std::bad_alloc)
   kCudaGraphCapture,     ///< a model cannot be captured as a CUDA graph, or a capture/replay failed
+  kBackendUnavailable,   ///< a saved graph's backend cannot run in this engine (torch.compile needs Python)
 };
 
 /// Stable lower-case name of a code ("invalid_argument", ...), used in JSON and logs.

@@ -26,6 +26,8 @@ struct TuneOutcome {
   std::string why;
   /// The candidate index for kWinner.
   std::size_t winner = 0;
+  /// For a failure: what the user is told (each candidate's reason, the summary table).
+  std::string message;
   bool is_failure() const noexcept {
     return kind == TuneOutcomeKind::kAllIncorrect || kind == TuneOutcomeKind::kNoCandidate;
   }
@@ -36,6 +38,11 @@ struct TuneOutcome {
 /// a tune whose every candidate is incorrect is kAllIncorrect (the front end's
 /// NumericMismatchError) instead of kNoCandidate.
 TuneOutcome decide_outcome(const TuneReport& report, bool eager_fallback, bool errors_as_mismatch);
+
+/// The message of a failed outcome (kAllIncorrect: the first candidate's mismatch and
+/// where it diverges; kNoCandidate: every candidate's reason), with the summary table; ""
+/// for any other kind.
+std::string failure_message(TuneOutcomeKind kind, const TuneReport& report);
 
 /// True when a candidate of `group` passed its checks: with a first-wins strategy
 /// (stop_at_first_success) the driver evaluates no later group.

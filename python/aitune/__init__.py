@@ -9,6 +9,7 @@ from aitune import _core, _ort_wheel
 from aitune._core import (  # noqa: F401
     AituneError,
     AituneIOError,
+    BackendUnavailableError,
     CheckpointCorruptError,
     CudaGraphCaptureError,
     DTypeMismatchError,

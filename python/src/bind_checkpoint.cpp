@@ -19,6 +19,8 @@ void bind_checkpoint(nb::module_& m) {
   m.attr("CHECKPOINT_MANIFEST_FILE") = std::string(kCheckpointManifestFile);
   m.attr("CHECKPOINT_FORMAT_NAME") = std::string(kCheckpointFormatName);
   m.attr("ONNX_RUNTIME_BACKEND_NAME") = std::string(kOnnxRuntimeBackendName);
+  m.attr("TORCH_COMPILE_BACKEND_NAME") = std::string(kTorchCompileBackendName);
+  m.attr("EAGER_BACKEND_NAME") = std::string(kEagerBackendName);
 
   nb::class_<CheckpointArtifact>(m, "CheckpointArtifact", "One file of a checkpoint: relative path, size, sha256.")
       .def(
@@ -55,6 +57,8 @@ void bind_checkpoint(nb::module_& m) {
       .def_rw("key", &CheckpointGraph::key)
       .def_rw("graph_spec", &CheckpointGraph::graph_spec)
       .def_rw("backend", &CheckpointGraph::backend)
+      .def_rw("section_version", &CheckpointGraph::section_version)
+      .def_rw("section_json", &CheckpointGraph::section_json)
       .def_rw("backend_config", &CheckpointGraph::backend_config)
       .def_rw("path_options", &CheckpointGraph::path_options)
       .def_rw("model", &CheckpointGraph::model)
@@ -148,6 +152,8 @@ void bind_checkpoint(nb::module_& m) {
       .def("graph", &Checkpoint::graph, nb::arg("key"), nb::rv_policy::reference_internal)
       .def("artifact_path", &Checkpoint::artifact_path, nb::arg("relative"))
       .def("model_path", &Checkpoint::model_path, nb::arg("key"))
+      .def("runs_in_engine", &Checkpoint::runs_in_engine, nb::arg("key"),
+           "Whether this engine runs the graph (an onnxruntime section); else BackendUnavailableError on create.")
       .def("backend_config", &Checkpoint::backend_config, nb::arg("key"),
            nb::arg("overrides") = CheckpointBackendOverrides{})
       .def(

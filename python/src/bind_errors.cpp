@@ -54,6 +54,9 @@ void bind_errors(nb::module_& m) {
       make_type(m, "OutOfMemoryError", {base}, "Host or device memory ran out (a session, a run, a copy).");
   t[ErrorCode::kCudaGraphCapture] = make_type(m, "CudaGraphCaptureError", {base},
                                               "A model cannot be captured as a CUDA graph, or a capture or replay failed.");
+  t[ErrorCode::kBackendUnavailable] = make_type(
+      m, "BackendUnavailableError", {base},
+      "A checkpoint graph's backend cannot run here (a torch.compile graph outside the Python front end).");
 
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {

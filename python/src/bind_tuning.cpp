@@ -9,8 +9,10 @@
 #include <nanobind/stl/vector.h>
 
 #include <cstring>
+#include <stdexcept>
 
 #include "aitune/candidates.hpp"
+#include "aitune/tune_driver.hpp"
 #include "aitune/tune_outcome.hpp"
 #include "aitune/error.hpp"
 #include "aitune/fp32_node_search.hpp"
@@ -87,6 +89,79 @@ std::optional<double> max_abs_error(const CandidateResult& c) {
   return c.correctness->max_abs_error();
 }
 
+// The front end's side of the one driver (TuneFrontEnd) over a Python object with the
+// methods run_reference(), add_candidates(backend, group), explain_failures(), warn(line)
+// and the attribute fatal_errors (exception types that stop a tune: a lost CUDA context).
+// The driver runs without the GIL; each call takes it. A Python exception is kept as it
+// is and reaches the caller unchanged when the driver lets it through; to the driver it
+// is a FatalTuneError (fatal_errors, or not an Exception: KeyboardInterrupt) or a
+// backend's failure whose reason is "TypeName: message".
+// The C++ exceptions that stand for a kept Python one while it crosses the driver.
+struct PythonBackendError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+struct PythonFatalError : FatalTuneError {
+  using FatalTuneError::FatalTuneError;
+};
+
+class PyTuneFrontEnd final : public TuneFrontEnd {
+ public:
+  explicit PyTuneFrontEnd(nb::object front_end)
+      : front_end_(std::move(front_end)), fatal_(front_end_.attr("fatal_errors")) {}
+
+  void run_reference(const std::vector<TensorView>&) override {
+    call([&] { front_end_.attr("run_reference")(); }, kNoBackend);
+  }
+  void add_candidates(std::size_t backend, GraphTuner&, int group) override {
+    call([&] { front_end_.attr("add_candidates")(backend, group); }, backend);
+  }
+  void explain_failures(GraphTuner&) override {
+    call([&] { front_end_.attr("explain_failures")(); }, kNoBackend);
+  }
+  void warn(const std::string& line) override {
+    call([&] { front_end_.attr("warn")(line); }, kNoBackend);
+  }
+
+  // After the driver threw (the GIL held again): the Python exception it carried, with
+  // `note` added where a backend's own error was let through; otherwise nothing.
+  void rethrow_kept(const std::string& note) {
+    if (!kept_) return;
+    nb::python_error error = std::move(*kept_);
+    kept_.reset();
+    if (!note.empty() && !kept_fatal_ && nb::hasattr(error.value(), "add_note"))
+      error.value().attr("add_note")(note);
+    throw error;
+  }
+  std::size_t kept_backend() const { return kept_backend_; }
+
+ private:
+  static constexpr std::size_t kNoBackend = static_cast<std::size_t>(-1);
+
+  template <typename F>
+  void call(F&& f, std::size_t backend) {
+    nb::gil_scoped_acquire gil;
+    try {
+      f();
+    } catch (nb::python_error& e) {
+      const bool fatal = !PyErr_GivenExceptionMatches(e.type().ptr(), PyExc_Exception) ||
+                         PyObject_IsInstance(e.value().ptr(), fatal_.ptr()) == 1;
+      std::string reason = nb::cast<std::string>(e.type().attr("__name__")) + ": " +
+                           nb::cast<std::string>(nb::str(e.value()));
+      kept_.emplace(std::move(e));
+      kept_backend_ = backend;
+      kept_fatal_ = fatal;
+      if (fatal) throw PythonFatalError(reason);
+      throw PythonBackendError(reason);
+    }
+  }
+
+  nb::object front_end_;
+  nb::object fatal_;
+  std::optional<nb::python_error> kept_;
+  std::size_t kept_backend_ = kNoBackend;
+  bool kept_fatal_ = false;
+};
+
 }  // namespace
 
 void bind_tuning(nb::module_& m) {
@@ -105,12 +180,9 @@ void bind_tuning(nb::module_& m) {
         nb::arg("limit").none());
   m.def(
       "precision_allowed",
-      [](Precision candidate, const std::string& limit) {
-        return precision_allowed(candidate, parse_precision_limit(limit));
-      },
-      nb::arg("candidate"), nb::arg("limit"),
-      "Whether a candidate of this precision may be chosen under limit ('any', 'fp32', 'tf32', 'fp16', 'bf16'); "
-      "ValueError for another limit.");
+      [](Precision candidate, std::optional<Precision> limit) { return precision_allowed(candidate, limit); },
+      nb::arg("candidate"), nb::arg("limit").none(),
+      "Whether a candidate of this precision may be chosen under limit (a Precision; None: any).");
 
   nb::class_<Tolerance>(m, "Tolerance", "An element fails only when beyond both atol and rtol * |expected|.")
       .def(nb::init<>())
@@ -186,11 +258,9 @@ void bind_tuning(nb::module_& m) {
       .def(nb::init<>())
       .def_rw("base", &CandidateRequest::base)
       .def_rw("spec", &CandidateRequest::spec)
-      .def_prop_rw(
-          "precision_limit",
-          [](const CandidateRequest& r) { return std::string(precision_limit_name(r.precision_limit)); },
-          [](CandidateRequest& r, const std::string& limit) { r.precision_limit = parse_precision_limit(limit); },
-          "'any', 'fp32', 'tf32', 'fp16' or 'bf16'.")
+      .def_rw("precision_limit", &CandidateRequest::precision_limit,
+              "The engine's Precision, or None for any (text is converted at the kwargs edge, "
+              "aitune.torch.backend.precision).")
       .def_rw("model_precision", &CandidateRequest::model_precision)
       .def_rw("has_convolutions", &CandidateRequest::has_convolutions)
       .def_rw("tune_provider_options", &CandidateRequest::tune_provider_options)
@@ -554,7 +624,53 @@ void bind_tuning(nb::module_& m) {
                    "'winner', 'eager_kept', 'eager_fallback', 'all_incorrect' or 'no_candidate'.")
       .def_ro("why", &TuneOutcome::why)
       .def_ro("winner", &TuneOutcome::winner)
+      .def_ro("message", &TuneOutcome::message, "A failure's message (each candidate's reason, the table).")
       .def_prop_ro("is_failure", &TuneOutcome::is_failure);
+  nb::class_<DriverBackend>(m, "DriverBackend", "One backend of a strategy, as the tuning driver sees it.")
+      .def("__init__",
+           [](DriverBackend* b, std::string name, std::string kind, bool eager) {
+             new (b) DriverBackend{std::move(name), std::move(kind), eager};
+           },
+           nb::arg("name"), nb::arg("kind"), nb::arg("eager") = false)
+      .def_ro("name", &DriverBackend::name)
+      .def_ro("kind", &DriverBackend::kind)
+      .def_ro("eager", &DriverBackend::eager);
+  nb::class_<DriverStrategy>(m, "DriverStrategy", "A strategy as the tuning driver sequences it (tune_driver.hpp).")
+      .def("__init__",
+           [](DriverStrategy* s, StrategyConfig choice, std::vector<DriverBackend> backends, bool first, bool propagate) {
+             new (s) DriverStrategy{std::move(choice), std::move(backends), first, propagate};
+           },
+           nb::arg("choice"), nb::arg("backends"), nb::arg("stop_at_first_success") = false,
+           nb::arg("propagate_errors") = false)
+      .def_ro("choice", &DriverStrategy::choice)
+      .def_ro("backends", &DriverStrategy::backends)
+      .def_ro("stop_at_first_success", &DriverStrategy::stop_at_first_success)
+      .def_ro("propagate_errors", &DriverStrategy::propagate_errors);
+  m.def(
+      "drive_tune",
+      [](PyGraphTuner& t, const DriverStrategy& strategy, nb::object front_end, const std::string& reference_label) {
+        PyTuneFrontEnd adapter(std::move(front_end));
+        try {
+          nb::gil_scoped_release release;
+          return drive_tune(*t.tuner, strategy, adapter, reference_label);
+        } catch (const PythonBackendError&) {
+          const std::size_t backend = adapter.kept_backend();
+          adapter.rethrow_kept(backend < strategy.backends.size()
+                                   ? "while building " + t.tuner->report().graph + " with " +
+                                         strategy.backends[backend].name
+                                   : std::string());
+          throw;
+        } catch (const PythonFatalError&) {
+          adapter.rethrow_kept("");
+          throw;
+        }
+      },
+      nb::arg("tuner"), nb::arg("strategy"), nb::arg("front_end"), nb::arg("reference_label") = "eager",
+      "The one tuning driver: profiles the reference, asks each backend for its candidates, first-wins early "
+      "stop, eager fallback, the strategy's choice, the outcome (failures with their message). front_end has "
+      "run_reference(), add_candidates(backend, group), explain_failures(), warn(line) and fatal_errors (a tuple "
+      "of exception types that stop the tune). A backend's exception propagates unchanged (with a note) when the "
+      "strategy propagates errors; a fatal one always.");
   m.def("decide_outcome", &decide_outcome, nb::arg("report"), nb::arg("eager_fallback"),
         nb::arg("errors_as_mismatch"));
   m.def("group_succeeded", &group_succeeded, nb::arg("report"), nb::arg("group"),

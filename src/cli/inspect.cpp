@@ -31,6 +31,14 @@ int inspect_checkpoint(const std::string& dir) {
             << ", ONNX Runtime " << m.onnxruntime_version << ", at " << m.created << "\n";
   std::cout << "module: " << m.module_name << "\n";
   for (const auto& g : m.graphs) {
+    if (!checkpoint.runs_in_engine(g.key)) {  // a front end's section: its own fields, no model
+      std::cout << "graph " << g.key << ": " << g.backend << " (section version " << g.section_version
+                << ", run by " << find_checkpoint_section(g.backend)->runs_where << "): " << g.section_json << "\n";
+      for (const auto& a : g.artifacts)
+        std::cout << "  artifact " << a.path << ": " << human_bytes(a.size) << ", sha256 " << a.sha256.substr(0, 16)
+                  << "...\n";
+      continue;
+    }
     const auto& c = g.backend_config;
     std::cout << "graph " << g.key << ": " << g.backend << " on " << execution_provider_name(c.provider)
               << " (device " << c.device_id << "), model " << g.model << "\n";

@@ -14,7 +14,7 @@
 #include "aitune/candidates.hpp"
 #include "aitune/checkpoint.hpp"
 #include "aitune/error.hpp"
-#include "aitune/tune_outcome.hpp"
+#include "aitune/tune_driver.hpp"
 #include "aitune/tuner.hpp"
 #include "aitune/ort_runtime.hpp"
 #include "arguments.hpp"
@@ -195,23 +195,43 @@ int tune_model(const CliTuneArgs& o) {
     samples.push_back(std::move(s));
   }
   GraphTuner tuner(o.model, spec, samples, options);
-  tuner.profile_reference([&](const std::vector<TensorView>& inputs) { reference->infer(inputs); },
-                          "reference (cpu fp32)");
 
-  std::vector<std::string> front_end_only;
-  for (std::size_t i = 0; i < plan.size(); ++i) {
-    const auto& c = plan[i];
-    if (c.needs_front_end()) {  // its model is made by a Python transform
-      front_end_only.push_back(c.name);
-      if (!o.quiet)
-        std::cerr << "aitune: [" << i + 1 << "/" << plan.size() << "] " << c.name << ": skipped: " << kNeedsFrontEnd
-                  << " (model transform '" << c.model_transform << "')\n";
-      continue;
+  // The CLI's side of the one driver (tune_driver.hpp): the CPU session is the reference,
+  // and its one backend evaluates the plan on the model as given.
+  struct CliFrontEnd : TuneFrontEnd {
+    const CliTuneArgs& o;
+    OnnxSession& reference;
+    const std::vector<PlannedCandidate>& plan;
+    std::vector<std::string> front_end_only;
+    CliFrontEnd(const CliTuneArgs& args, OnnxSession& ref, const std::vector<PlannedCandidate>& p)
+        : o(args), reference(ref), plan(p) {}
+    void run_reference(const std::vector<TensorView>& inputs) override { reference.infer(inputs); }
+    void add_candidates(std::size_t, GraphTuner& tuner, int group) override {
+      for (std::size_t i = 0; i < plan.size(); ++i) {
+        const auto& c = plan[i];
+        if (c.needs_front_end()) {  // its model is made by a Python transform
+          front_end_only.push_back(c.name);
+          if (!o.quiet)
+            std::cerr << "aitune: [" << i + 1 << "/" << plan.size() << "] " << c.name << ": skipped: " << kNeedsFrontEnd
+                      << " (model transform '" << c.model_transform << "')\n";
+          continue;
+        }
+        if (!o.quiet) std::cerr << "aitune: [" << i + 1 << "/" << plan.size() << "] " << c.name << "\n";
+        tuner.evaluate_onnx(o.model, {c.name, c.config, c.precision}, "OnnxSession", group);
+      }
     }
-    if (!o.quiet) std::cerr << "aitune: [" << i + 1 << "/" << plan.size() << "] " << c.name << "\n";
-    tuner.evaluate_onnx(o.model, {c.name, c.config, c.precision}, "OnnxSession", 0);
-  }
-  const auto& report = tuner.select(strategy);
+    void warn(const std::string& line) override {
+      if (!o.quiet) std::cerr << "aitune: " << line << "\n";
+    }
+  } front_end(o, *reference, plan);
+  DriverStrategy driver;
+  driver.choice = strategy;
+  driver.backends = {{"OnnxSession", "OnnxSession", false}};
+  // The CLI has no eager to fall back to, so anything but a winner is a failure (eager kept
+  // by validation included).
+  const TuneOutcome outcome = drive_tune(tuner, driver, front_end, "reference (cpu fp32)");
+  const auto& front_end_only = front_end.front_end_only;
+  const auto& report = tuner.report();
   std::cout << report.summary_table();
   if (!front_end_only.empty()) {
     std::cout << "not evaluated here, " << kNeedsFrontEnd << ":";
@@ -224,9 +244,6 @@ int tune_model(const CliTuneArgs& o) {
     if (!out) throw Error(ErrorCode::kIo, "cannot write the report to '" + o.report + "'");
     std::cout << "report: " << o.report << "\n";
   }
-  // The same decision as the front end's driver (tune_outcome.hpp); the CLI has no eager to
-  // fall back to, so anything but a winner is a failure (eager kept by validation included).
-  const TuneOutcome outcome = decide_outcome(report, /*eager_fallback=*/false, /*errors_as_mismatch=*/false);
   auto winner = outcome.kind == TuneOutcomeKind::kWinner ? tuner.take_winner() : nullptr;
   if (!winner) {
     std::cerr << "aitune: no candidate was chosen: " << report.decision << "\n";

@@ -160,7 +160,9 @@ TEST_F(CheckpointTest, ManifestJsonRoundTripsAndNamesEveryField) {
   const auto written = save_mlp();
   const json j = json::parse(test::read_file_bytes(artifact("manifest.json")));
   EXPECT_EQ(j.at("format"), "aitune-checkpoint");
-  EXPECT_EQ(j.at("format_version"), 1);
+  EXPECT_EQ(j.at("format_version"), kCheckpointFormatVersion);
+  EXPECT_EQ(j.at("graphs")[0].at("backend"), "onnxruntime");
+  EXPECT_EQ(j.at("graphs")[0].at("section_version"), 1);
   EXPECT_EQ(j.at("metadata").at("epoch"), 3);  // stored as JSON, not as a string
   EXPECT_EQ(j.at("graphs")[0].at("structure").at("outputs")[0], "y");
   EXPECT_EQ(j.at("graphs")[0].at("backend_config").at("session_config").at("session.disable_prepacking"), "1");
@@ -262,6 +264,63 @@ TEST_F(CheckpointTest, SeveralGraphsAndUnknownKey) {
   expect_error([&] { loaded.graph("nope"); }, ErrorCode::kInvalidArgument, {"nope", "mlp", "add_graph"});
   expect_error([&] { loaded.create_session("nope"); }, ErrorCode::kInvalidArgument, {"nope"});
   expect_error([&] { loaded.artifact_path("graphs/mlp/other.bin"); }, ErrorCode::kInvalidArgument, {});
+}
+
+// A section per backend: the loader dispatches on the graph's backend name.
+TEST_F(CheckpointTest, TorchCompileAndEagerSectionsLoadAndOnlyTheirCreationIsRefusedTyped) {
+  auto manifest = mlp_manifest();
+  CheckpointGraph compiled;
+  compiled.key = "compiled";
+  compiled.graph_spec = mlp_spec();
+  compiled.backend = std::string(kTorchCompileBackendName);
+  compiled.section_json = R"({"precision": "fp32", "mode": "default", "dynamic": null})";
+  CheckpointGraph eager = compiled;
+  eager.key = "eager";
+  eager.backend = std::string(kEagerBackendName);
+  eager.section_json = R"({"note": "kept"})";
+  manifest.graphs.push_back(compiled);
+  manifest.graphs.push_back(eager);
+  auto files = mlp_files();
+  files["graphs/compiled/tune_report.json"] = abc_;  // a front end's graph may keep files (its report)
+  Checkpoint::save(dir_, manifest, files);
+
+  const json j = json::parse(test::read_file_bytes(artifact("manifest.json")));
+  EXPECT_EQ(j.at("graphs")[1].at("backend"), "torch_compile");
+  EXPECT_EQ(j.at("graphs")[1].at("section").at("mode"), "default");  // JSON, not a string
+  EXPECT_EQ(j.at("graphs")[1].at("section_version"), 1);
+  EXPECT_EQ(j.at("graphs")[1].at("model"), "");
+
+  const auto loaded = Checkpoint::load(dir_);  // the whole manifest loads and verifies
+  EXPECT_EQ(loaded.graph_keys(), (std::vector<std::string>{"mlp", "compiled", "eager"}));
+  EXPECT_TRUE(loaded.runs_in_engine("mlp"));
+  EXPECT_FALSE(loaded.runs_in_engine("compiled"));
+  EXPECT_EQ(json::parse(loaded.graph("compiled").section_json).at("precision"), "fp32");
+  EXPECT_EQ(run_mlp(*loaded.create_session("mlp")), run_original_mlp());  // the ONNX Runtime graph still runs
+  expect_error([&] { loaded.create_session("compiled"); }, ErrorCode::kBackendUnavailable,
+               {"compiled", "torch_compile", "Python"});
+  expect_error([&] { loaded.model_path("eager"); }, ErrorCode::kBackendUnavailable, {"eager"});
+  EXPECT_EQ(CheckpointManifest::from_json(test::read_file_bytes(artifact("manifest.json"))), loaded.manifest());
+}
+
+TEST_F(CheckpointTest, UnknownSectionsAndNewerSectionVersionsAreCorrupt) {
+  save_mlp();
+  edit_manifest([](json& j) { j["graphs"][0]["backend"] = "tensorflow"; });
+  expect_corrupt(dir_, {"unknown"}, {"tensorflow", "onnxruntime, torch_compile, eager"});
+  edit_manifest([](json& j) {
+    j["graphs"][0]["backend"] = "onnxruntime";
+    j["graphs"][0]["section_version"] = 7;
+  });
+  expect_corrupt(dir_, {"upgrade"}, {"section_version 7", "onnxruntime"});
+  // Format 1 had neither field: an ONNX Runtime graph of section version 1.
+  edit_manifest([](json& j) {
+    j["format_version"] = 1;
+    j["graphs"][0].erase("section_version");
+    j["graphs"][0].erase("section");
+  });
+  const auto loaded = Checkpoint::load(dir_);
+  EXPECT_EQ(loaded.manifest().format_version, 1);
+  EXPECT_EQ(loaded.graph("mlp").section_version, 1);
+  EXPECT_EQ(run_mlp(*loaded.create_session("mlp")), run_original_mlp());
 }
 
 // ---------------------------------------------------------------------------------
@@ -730,6 +789,24 @@ TEST_F(CheckpointTest, CliExitsWith5OnACorruptCheckpoint) {
   EXPECT_EQ(r.exit_code, 5) << r.output;
   EXPECT_TRUE(test::contains_icase(r.output, "manifest.json")) << r.output;
 }
+TEST_F(CheckpointTest, CliNamesAGraphOnlyThePythonFrontEndRunsAndExitsWith3) {
+  auto manifest = mlp_manifest();
+  CheckpointGraph compiled;
+  compiled.key = "compiled";
+  compiled.backend = std::string(kTorchCompileBackendName);
+  compiled.section_json = R"({"config": {"mode": "default"}})";
+  manifest.graphs.push_back(compiled);
+  Checkpoint::save(dir_, manifest, mlp_files());
+  auto r = run_cli("inspect '" + dir_ + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("graph compiled: torch_compile (section version 1"), std::string::npos) << r.output;
+  r = run_cli("run '" + dir_ + "' --iterations 1 --warmup 0 --graph compiled");
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_NE(r.output.find("Python front end"), std::string::npos) << r.output;
+  r = run_cli("run '" + dir_ + "' --iterations 1 --warmup 0 --graph mlp");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+}
+
 #endif
 
 // On a GPU: a checkpoint saved for CUDA loads (here and in a fresh process) to outputs

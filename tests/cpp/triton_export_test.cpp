@@ -269,6 +269,35 @@ TEST(TritonExport, EagerGraphsOfTheFrontEndAreNamed) {
   EXPECT_TRUE(contains(result.notes[0], "slower than eager")) << result.notes[0];
 }
 
+TEST(TritonExport, GraphsOfSectionsThisEngineDoesNotRunAreNamedNotExported) {
+  ScopedTempDir tmp;
+  CheckpointManifest manifest;
+  manifest.module_name = "tuned-mlp";
+  CheckpointGraph onnx;
+  onnx.key = "g";
+  onnx.graph_spec = spec_of(test::fixture("mlp.onnx"));
+  onnx.backend_config = cpu_config();
+  CheckpointGraph compiled;
+  compiled.key = "graph_compiled";
+  compiled.backend = std::string(kTorchCompileBackendName);
+  compiled.section_json = R"({"config": {"mode": "default"}})";
+  manifest.graphs = {onnx, compiled};
+  Checkpoint::save((tmp.path() / "ckpt").string(), manifest, {{"graphs/g/mlp.onnx", test::fixture("mlp.onnx")}});
+  auto checkpoint = Checkpoint::load((tmp.path() / "ckpt").string());
+  auto result = export_triton(checkpoint, (tmp.path() / "repo").string());
+  ASSERT_EQ(result.models.size(), 1u);  // the ONNX Runtime graph alone, under the module's name
+  EXPECT_EQ(result.models[0].name, "tuned-mlp");
+  ASSERT_EQ(result.notes.size(), 1u);
+  EXPECT_TRUE(contains(result.notes[0], "graph_compiled")) << result.notes[0];
+  EXPECT_TRUE(contains(result.notes[0], "torch_compile")) << result.notes[0];
+
+  manifest.graphs = {compiled};  // nothing this engine runs: nothing to export
+  Checkpoint::save((tmp.path() / "only").string(), manifest, {});
+  test::expect_error([&] { export_triton(Checkpoint::load((tmp.path() / "only").string()),
+                                         (tmp.path() / "repo2").string()); },
+                     ErrorCode::kState, {"no ONNX Runtime graphs"});
+}
+
 TEST(TritonExport, BadInputWritesNothing) {
   ScopedTempDir tmp;
   auto checkpoint = make_checkpoint(tmp.path() / "ckpt", {{"g", "mlp.onnx", cpu_config()}});

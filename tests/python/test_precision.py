@@ -43,7 +43,9 @@ def test_names_round_trip_and_strict_is_reported_as_fp32():
     ],
 )
 def test_a_limit_admits_itself_and_every_stricter_precision(limit, allowed):
-    assert {p for p in (P.STRICT, P.TF32, P.FP16, P.BF16) if _core.precision_allowed(p, limit)} == allowed
+    engine_limit = _core.parse_precision_limit(limit)  # the kwargs edge's one conversion
+    assert (engine_limit is None) == (limit == "any")
+    assert {p for p in (P.STRICT, P.TF32, P.FP16, P.BF16) if _core.precision_allowed(p, engine_limit)} == allowed
 
 
 def test_bf16_has_a_looser_default_tolerance_than_fp16():

@@ -125,10 +125,16 @@ def test_graphs_outside_onnx_runtime_are_named_as_not_served():
 
     from aitune.serve.graph_server import unserved_graphs
 
+    # Older checkpoints (metadata format 1 and 2) listed them in the metadata ...
     metadata = {"aitune.torch": {"eager_graphs": [{"key": "g_eager"}], "compiled_graphs": [{"key": "g_compiled"}]}}
-    manifest = SimpleNamespace(metadata_json=json.dumps(metadata))
+    manifest = SimpleNamespace(metadata_json=json.dumps(metadata), graphs=[])
     assert unserved_graphs(manifest) == {"g_eager": "runs eagerly", "g_compiled": "torch.compile"}
-    assert unserved_graphs(SimpleNamespace(metadata_json="{}")) == {}
+    assert unserved_graphs(SimpleNamespace(metadata_json="{}", graphs=[])) == {}
+    # ... now they are the manifest's graphs of the eager and torch_compile sections.
+    graphs = [SimpleNamespace(key=k, backend=b) for k, b in
+              (("g_onnx", "onnxruntime"), ("g_eager", "eager"), ("g_compiled", "torch_compile"))]
+    manifest = SimpleNamespace(metadata_json="{}", graphs=graphs)
+    assert unserved_graphs(manifest) == {"g_eager": "runs eagerly", "g_compiled": "torch.compile"}
 
 
 def test_bad_bodies_are_refused_with_a_reason(checkpoint):

@@ -161,8 +161,9 @@ def test_the_manifest_holds_config_spec_structure_and_report(tmp_path):
     report = json.loads((tmp_path / "ckpt" / "graphs" / graph.key / "tune_report.json").read_text())
     assert report["winner"] == json.loads(model.ait_reports[graph.key].to_json())["winner"]
     meta = manifest["metadata"]["aitune.torch"]
-    assert meta["module_class"] == "torch_models.MLP" and meta["sections"] == {}
-    assert meta["format_version"] == 3  # every backend's graphs in its named section
+    assert meta["module_class"] == "torch_models.MLP" and "sections" not in meta
+    assert meta["format_version"] == 4  # every graph in the manifest's graphs, under its backend's section
+    assert (saved["backend"], saved["section"]) == ("onnxruntime", None)
 
     loaded = ait.load(ait.Module(MLP().eval(), "mlp"), tmp_path / "ckpt")
     assert loaded.ait_reports[graph.key].winner == report["winner"]
@@ -216,9 +217,12 @@ def test_a_graph_kept_eager_is_restored_as_eager(tmp_path):
     identity, (graph, _) = next((i, e) for i, e in model._ait_tuned.items() if "diff" in graph_constants(e[0]))
     model._ait_tuned[identity] = (graph, EagerGraph(graph, note="eager was faster"))
     ait.save(model, tmp_path / "ckpt")
-    meta = json.loads((tmp_path / "ckpt" / "manifest.json").read_text())["metadata"]["aitune.torch"]
-    assert [e["key"] for e in meta["sections"]["eager"]] == [graph.key]
-    assert len(json.loads((tmp_path / "ckpt" / "manifest.json").read_text())["graphs"]) == 1
+    graphs = json.loads((tmp_path / "ckpt" / "manifest.json").read_text())["graphs"]
+    (eager,) = [g for g in graphs if g["backend"] == "eager"]  # one manifest: a section per backend
+    assert (eager["key"], eager["section"], eager["model"]) == (graph.key, {"note": "eager was faster"}, "")
+    assert [g["backend"] for g in graphs].count("onnxruntime") == 1
+    with pytest.raises(aitune.BackendUnavailableError, match="eager"):  # the engine loads it, runs only its own
+        _core.Checkpoint.load(str(tmp_path / "ckpt")).create_session(graph.key)
 
     torch.manual_seed(7)
     fresh_inner = NestedModel().eval()
@@ -390,15 +394,13 @@ def test_newer_manifest_format_version_is_refused(target, damaged):
     _load_fails(target, damaged, aitune.CheckpointCorruptError, r"format_version 2.*newer|newer.*format_version")
 
 
-def test_a_version_2_checkpoint_still_loads(target, damaged):
-    # Before the per-backend sections (format_version 3), eager graphs were listed under
-    # "eager_graphs" and torch.compile graphs under "compiled_graphs".
+@pytest.mark.parametrize("version, fields", [
+    (2, {"eager_graphs": [], "compiled_graphs": []}),  # before the per-backend sections
+    (3, {"sections": {"eager": []}}),  # the sections other than onnxruntime in the metadata
+])
+def test_version_2_and_3_checkpoints_still_load(target, damaged, version, fields):
     manifest = _manifest(damaged)
-    meta = manifest["metadata"]["aitune.torch"]
-    sections = meta.pop("sections")
-    meta["format_version"] = 2
-    meta["eager_graphs"] = sections.get("eager", [])
-    meta["compiled_graphs"] = sections.get("torch_compile", [])
+    manifest["metadata"]["aitune.torch"].update(format_version=version, **fields)
     _write_manifest(damaged, manifest)
     module, _ = target
     loaded = ait.load(module, damaged)
@@ -407,9 +409,16 @@ def test_a_version_2_checkpoint_still_loads(target, damaged):
 
 def test_an_unknown_metadata_section_is_refused(target, damaged):
     manifest = _manifest(damaged)
-    manifest["metadata"]["aitune.torch"]["sections"]["tensorflow"] = []
+    manifest["metadata"]["aitune.torch"].update(format_version=3, sections={"tensorflow": []})
     _write_manifest(damaged, manifest)
     _load_fails(target, damaged, aitune.CheckpointCorruptError, r"metadata section 'tensorflow' is not one")
+
+
+def test_an_unknown_manifest_section_is_refused(target, damaged):
+    manifest = _manifest(damaged)
+    manifest["graphs"][0]["backend"] = "tensorflow"  # the engine's loader refuses a section it does not know
+    _write_manifest(damaged, manifest)
+    _load_fails(target, damaged, aitune.CheckpointCorruptError, r"unknown backend 'tensorflow'.*torch_compile")
 
 
 def test_newer_aitune_torch_structure_version_is_refused(target, damaged):

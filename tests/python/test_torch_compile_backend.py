@@ -135,11 +135,11 @@ def test_compiled_graph_runs_saves_its_decision_and_recompiles_on_load(compiled_
     path = ait.save(model, tmp_path / "ckpt")
     manifest = json.loads((path / "manifest.json").read_text())
     meta = json.loads(manifest["metadata"]) if isinstance(manifest.get("metadata"), str) else manifest["metadata"]
-    assert meta["aitune.torch"]["format_version"] == 3  # an aitune without sections refuses it
-    (entry,) = meta["aitune.torch"]["sections"]["torch_compile"]
-    assert entry["config"] == tuned.config() == {"precision": "fp32", "mode": "default", "dynamic": None,
-                                                 "output_dtypes": ["float32"]}
-    assert manifest["graphs"] == []  # no ONNX model: nothing but the decision is stored
+    assert meta["aitune.torch"]["format_version"] == 4  # an aitune without manifest sections refuses it
+    (entry,) = manifest["graphs"]  # the manifest's torch_compile section
+    assert entry["backend"] == "torch_compile" and entry["model"] == ""  # nothing but the decision is stored
+    assert entry["section"]["config"] == tuned.config() == {"precision": "fp32", "mode": "default", "dynamic": None,
+                                                            "output_dtypes": ["float32"]}
 
     fresh = ait.Module(MLP().eval(), "compiled-mlp")
     fresh.ait_module.load_state_dict(inner.state_dict())  # a compiled graph runs the module's own weights

@@ -20,12 +20,16 @@ TORCH_METADATA_KEY = "aitune.torch"
 
 def unserved_graphs(manifest) -> dict[str, str]:
     """Graphs ait.save kept outside ONNX Runtime (eager, torch.compile): they need the user's
-    nn.Module, so a server of the checkpoint alone cannot run them. key -> what they are."""
+    nn.Module, so a server of the checkpoint alone cannot run them. key -> what they are:
+    the manifest's graphs of another section than onnxruntime, and those older checkpoints
+    listed in the metadata (format 1 and 2)."""
+    kinds = {_core.EAGER_BACKEND_NAME: "runs eagerly", _core.TORCH_COMPILE_BACKEND_NAME: "torch.compile"}
+    out = {g.key: kinds.get(g.backend, g.backend) for g in manifest.graphs
+           if g.backend != _core.ONNX_RUNTIME_BACKEND_NAME}
     try:
         ours = json.loads(manifest.metadata_json).get(TORCH_METADATA_KEY) or {}
     except (ValueError, AttributeError):
-        return {}
-    out = {}
+        return out
     for field, kind in (("eager_graphs", "runs eagerly"), ("compiled_graphs", "torch.compile")):
         for entry in ours.get(field) or []:
             if isinstance(entry, dict) and isinstance(entry.get("key"), str):
@@ -57,6 +61,8 @@ class GraphServer:
         self.specs: dict[str, object] = {}
         self.sessions: dict[str, object] = {}
         for key in self.checkpoint.graph_keys():
+            if not self.checkpoint.runs_in_engine(key):
+                continue  # an eager or torch.compile graph (unserved_graphs)
             graph = self.checkpoint.graph(key)
             config = self.checkpoint.backend_config(key, overrides)
             if intra_op_threads:

@@ -28,7 +28,7 @@ def batch_limit(spec) -> int:
 def plan_for(checkpoint, slo_ms: float | None = None, overhead_ms: float = 2.0, graph: str | None = None):
     """The engine's ServingPlan for the checkpoint's graph (the named one, else the first:
     Ray Serve batches one method with one max_batch_size, so the first graph decides)."""
-    key = graph or checkpoint.graph_keys()[0]
+    key = graph or next((k for k in checkpoint.graph_keys() if checkpoint.runs_in_engine(k)), checkpoint.graph_keys()[0])
     spec = checkpoint.graph(key).graph_spec
     if not any(t.batch_axis is not None for t in spec.inputs):
         # Nothing may be concatenated: every request is a call of its own.

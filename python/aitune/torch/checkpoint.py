@@ -53,9 +53,12 @@ DeviceLike = str | torch.device | None
 #: 1 had ONNX Runtime and eager graphs only): an aitune that does not know them refuses it
 #: rather than dropping those graphs.
 COMPILED_GRAPHS_FORMAT_VERSION = STRUCTURE_FORMAT_VERSION + 1
-#: The metadata format_version written now: every backend's graphs in its named section
-#: (checkpoint_sections.py). Versions 1 and 2 are still read.
+#: The metadata format_version of a checkpoint whose JSON sections lived in the metadata
+#: (every backend but ONNX Runtime, by section name).
 SECTIONS_FORMAT_VERSION = COMPILED_GRAPHS_FORMAT_VERSION + 1
+#: The metadata format_version written now: every graph in the C++ manifest's ``graphs``,
+#: under its backend's section (checkpoint_sections.py). Versions 1 to 3 are still read.
+MANIFEST_SECTIONS_FORMAT_VERSION = SECTIONS_FORMAT_VERSION + 1
 
 
 class SavedReport:
@@ -152,22 +155,19 @@ def save(
                 f"cannot store ({', '.join(s.label for s in SECTIONS.values())} graphs only)"
             )
         section.save(graph, tuned, graph_structure(graph, module.ait_name), _report_data(tuned.report), out)
-    computing = len(out.native_graphs) + sum(len(out.entries.get(s.name, [])) for s in SECTIONS.values() if s.runs)
-    if not computing:
-        kept = [e for s in SECTIONS.values() if not s.runs for e in out.entries.get(s.name, [])]
+    if not any(SECTIONS[g.backend].runs for g in out.native_graphs):
+        notes = [json.loads(g.section_json).get("note") for g in out.native_graphs]
         raise _core.InvalidArgumentError(
             f"ait.save: every graph of ait.Module '{module.ait_name}' runs eagerly "
-            f"({'; '.join(e.get('note') or 'TorchEagerBackend' for e in kept)}); a checkpoint needs at least one graph "
+            f"({'; '.join(n or 'TorchEagerBackend' for n in notes)}); a checkpoint needs at least one graph "
             "in ONNX Runtime or torch.compile, so there is nothing to save"
         )
-    entries = [e for listed in out.entries.values() for e in listed]
     metadata = {
         METADATA_KEY: {
-            "format_version": SECTIONS_FORMAT_VERSION,
+            "format_version": MANIFEST_SECTIONS_FORMAT_VERSION,
             "module_class": class_name(type(module.ait_module)),
             "torch_version": torch.__version__,
-            "sections": out.entries,
-            "tuning_s": sum(SavedReport(r).tuning_s for r in [*out.reports.values(), *(e["report"] or {} for e in entries)]),
+            "tuning_s": sum(SavedReport(r).tuning_s for r in out.reports.values()),
         }
     }
     graphs, files, reports = out.native_graphs, out.files, out.reports
@@ -183,8 +183,7 @@ def save(
     logger.info(
         "ait.save: '%s' (%s) saved to %s in %.3f s",
         module.ait_name,
-        ", ".join(f"{len(out.native_graphs) if s.native else len(out.entries.get(s.name, []))} {s.label}"
-                  for s in SECTIONS.values()),
+        ", ".join(f"{sum(g.backend == s.name for g in out.native_graphs)} {s.label}" for s in SECTIONS.values()),
         directory, time.perf_counter() - start,
     )
     return directory
@@ -256,18 +255,22 @@ def _metadata(manifest, where: str) -> dict:
             "(a C++ checkpoint runs with `aitune run` or aitune::Checkpoint, not into an ait.Module)",
         )
     version = field(ours, "format_version", int, where + ", metadata")
-    if version > SECTIONS_FORMAT_VERSION or version < 1:
+    if version > MANIFEST_SECTIONS_FORMAT_VERSION or version < 1:
         raise corrupt(
             where,
-            f"metadata format_version {version} is not supported (this aitune reads 1..{SECTIONS_FORMAT_VERSION}); "
+            f"metadata format_version {version} is not supported (this aitune reads "
+            f"1..{MANIFEST_SECTIONS_FORMAT_VERSION}); "
             "it was written by a newer aitune",
         )
     return ours
 
 
 def _sections(meta: dict, where: str) -> list[tuple[str, list]]:
-    """(section name, entries) of the metadata: version 3's ``sections``, or the keys
-    versions 1 and 2 stored eager and torch.compile graphs under."""
+    """(section name, entries) of the metadata: none from version 4 on (every graph is in
+    the manifest's graphs), version 3's ``sections``, or the keys versions 1 and 2 stored
+    eager and torch.compile graphs under."""
+    if meta["format_version"] >= MANIFEST_SECTIONS_FORMAT_VERSION:
+        return []
     if meta["format_version"] >= SECTIONS_FORMAT_VERSION:
         sections = field(meta, "sections", dict, where + ", metadata")
         return [(name, field(sections, name, list, where + ", metadata sections")) for name in sections]
@@ -306,15 +309,15 @@ def _restore_graphs(module, path, device, seen: list):
     for key in checkpoint.graph_keys():
         graph_where = f"{where}, graph '{key}'"
         section = SECTIONS.get(checkpoint.graph(key).backend)
-        if section is None or not section.native:
+        if section is None:
             raise corrupt(graph_where, f"backend '{checkpoint.graph(key).backend}' is not one ait.load runs")
         add(*section.load_native(key, ctx), graph_where)
     # The JSON sections of the metadata, by name.
     for name, entries in _sections(meta, where):
         section = SECTIONS.get(name)
-        if section is None or section.native:
+        if section is None or name == _core.ONNX_RUNTIME_BACKEND_NAME:
             raise corrupt(where, f"metadata section '{name}' is not one this aitune reads "
-                                 f"(it reads {', '.join(s for s in SECTIONS if not SECTIONS[s].native)})")
+                                 f"(it reads {', '.join(s for s in SECTIONS if s != _core.ONNX_RUNTIME_BACKEND_NAME)})")
         for i, entry in enumerate(entries):
             entry_where = f"{where}, {section.label} graph {i}"
             if not isinstance(entry, dict):

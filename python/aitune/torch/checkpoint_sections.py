@@ -3,14 +3,18 @@ restores it, registered by name (``SECTIONS``). The checkpoint code asks the reg
 the tuned graph's ``checkpoint_section`` (save) and by the section name stored in the
 checkpoint (load); it knows no backend.
 
-Where a section lives in the checkpoint (metadata format_version 3):
-  * ``onnxruntime``: the C++ manifest's ``graphs`` (model files, sha256, session
-    configuration), whose ``backend`` field names the section;
-  * every other section: ``metadata["aitune.torch"]["sections"][<name>]``, a list of JSON
-    entries, each ``{"key", "structure", "report", ...}`` plus the section's own fields.
-Versions 1 and 2 stored eager graphs under ``eager_graphs`` and torch.compile graphs under
-``compiled_graphs``; ``legacy_sections`` maps those keys to their sections, so old
-checkpoints still load.
+Where a section lives in the checkpoint (metadata format_version 4): every graph is one of
+the C++ manifest's ``graphs`` (one manifest schema, docs/checkpoints.md), whose
+``backend`` field names its section and whose ``section`` holds the section's own fields;
+``onnxruntime`` adds its model files and session configuration, the others (``eager``,
+``torch_compile``) store no model, and the engine's loader refuses to create them
+(``BackendUnavailableError``) rather than refusing the checkpoint. Each graph's report is
+an artifact beside it (``tune_report.json``).
+Version 3 stored the sections other than onnxruntime in
+``metadata["aitune.torch"]["sections"][<name>]`` as JSON entries ``{"key", "structure",
+"report", ...}`` plus the section's own fields; versions 1 and 2 stored eager graphs under
+``eager_graphs`` and torch.compile graphs under ``compiled_graphs``
+(``LEGACY_SECTION_KEYS``). Those checkpoints still load.
 """
 
 from __future__ import annotations
@@ -33,13 +37,12 @@ REPORT_FILE = "tune_report.json"
 
 @dataclass
 class SaveContext:
-    """What a section's save adds to: the C++ manifest's graphs and files, the report
-    artifacts, and the metadata entries of the JSON sections."""
+    """What a section's save adds to: the C++ manifest's graphs and files, and the report
+    artifacts."""
 
     native_graphs: list = dataclass_field(default_factory=list)  # _core.CheckpointGraph
     files: dict = dataclass_field(default_factory=dict)  # relative path -> source file
     reports: dict = dataclass_field(default_factory=dict)  # relative path -> report JSON
-    entries: dict = dataclass_field(default_factory=dict)  # section name -> [entry]
 
 
 @dataclass
@@ -59,23 +62,42 @@ class CheckpointSection:
     name: ClassVar[str]
     label: ClassVar[str]  # for messages: "ONNX Runtime", "torch.compile", "eager"
     runs: ClassVar[bool] = True
-    #: True: its graphs live in the C++ manifest's ``graphs``; False: in a metadata section.
-    native: ClassVar[bool] = False
 
     def save(self, graph, tuned: TunedGraph, structure: dict, report: dict | None, out: SaveContext) -> None:
-        entry = {"key": graph.key, "structure": structure, "report": report, **self.entry_fields(tuned)}
-        out.entries.setdefault(self.name, []).append(entry)
+        """One graph of the C++ manifest under this section's name, its own fields in
+        ``section``, no model (the engine does not run it), its report beside it."""
+        out.native_graphs.append(_core.CheckpointGraph(
+            key=graph.key, graph_spec=_core.GraphSpec(), structure_json=json.dumps(structure), backend=self.name))
+        out.native_graphs[-1].section_json = json.dumps(self.entry_fields(tuned))
+        if report is not None:
+            out.reports[f"{_core.Checkpoint.graph_directory(graph.key)}/{REPORT_FILE}"] = report
 
     def entry_fields(self, tuned: TunedGraph) -> dict:
         return {}
 
+    def load_native(self, key: str, ctx: LoadContext):
+        """(SavedGraph, TunedGraph, report) of the C++ manifest's graph ``key``: its
+        section's fields, structure and report as one entry for ``load``."""
+        where = f"{ctx.where}, {self.label} graph '{key}'"
+        saved = ctx.checkpoint.graph(key)
+        try:
+            structure, fields = json.loads(saved.structure_json), json.loads(saved.section_json)
+        except (ValueError, RecursionError) as error:
+            raise corrupt(where, f"structure or section is not JSON: {error}") from None
+        if not isinstance(fields, dict):
+            raise corrupt(where, f"section is not a JSON object: {saved.section_json}")
+        entry = {**fields, "key": key, "structure": structure, "report": read_report(ctx.checkpoint, saved, where)}
+        return self.load(entry, ctx, where)
+
     def load(self, entry: Any, ctx: LoadContext, entry_where: str):
-        """(SavedGraph, TunedGraph, report) from one metadata entry."""
+        """(SavedGraph, TunedGraph, report) from one entry: ``{"key", "structure",
+        "report"}`` and the section's own fields (a manifest graph's, or a version-3
+        metadata entry)."""
         raise NotImplementedError
 
 
 class EagerSection(CheckpointSection):
-    name, label, runs = "eager", "eager", False
+    name, label, runs = _core.EAGER_BACKEND_NAME, "eager", False
 
     def entry_fields(self, tuned: EagerGraph) -> dict:
         return {"note": tuned.note}
@@ -92,7 +114,7 @@ class TorchCompileSection(CheckpointSection):
     (lazily, on the first call) from the saved precision and mode, with the weights of the
     module loaded into."""
 
-    name, label = "torch_compile", "torch.compile"
+    name, label = _core.TORCH_COMPILE_BACKEND_NAME, "torch.compile"
 
     def entry_fields(self, tuned: TorchCompileTunedGraph) -> dict:
         return {"config": tuned.config()}
@@ -118,7 +140,7 @@ class OnnxRuntimeSection(CheckpointSection):
     trt_engine_cache_path / trt_timing_cache_path), spec, session configuration, and the
     structure that dispatches calls to it; its report an artifact beside the model."""
 
-    name, label, native = _core.ONNX_RUNTIME_BACKEND_NAME, "ONNX Runtime", True
+    name, label = _core.ONNX_RUNTIME_BACKEND_NAME, "ONNX Runtime"
 
     def save(self, graph, tuned: OnnxRuntimeTunedGraph, structure, report, out):
         session = tuned.session

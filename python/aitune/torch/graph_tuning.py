@@ -1,7 +1,8 @@
-"""The tuning driver: drives the C++ tuning engine for one recorded graph as a strategy
-(plain data, strategy.py) says: hands it the samples and the eager reference, lets each
-backend add its candidates, and turns the winner into a TunedGraph. Writes the JSON
-report and logs the summary table."""
+"""The front end's side of tuning one recorded graph: the engine's one driver
+(``_core.drive_tune``, src/core/tuning/tune_driver.cpp) sequences the tune a strategy
+(plain data, strategy.py) describes; this hands it the samples, the eager reference and
+each backend's candidates (``_FrontEnd``), turns its outcome into a TunedGraph or an
+exception, writes the JSON report and logs the summary table."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from aitune.torch.backend.base import TunedGraph
 from aitune.torch.backend.onnx_runtime_backend import NumericMismatchError
 from aitune.torch.backend.torch_eager import EagerGraph, TorchEagerBackend
 from aitune.torch.candidate_isolation import CudaContextLostError
-from aitune.torch.context import run_eagerly
+from aitune.torch.context import eager_var
 from aitune.torch.eager_precision import eager_outputs_at
 from aitune.torch.evaluation import labelled_metric
 from aitune.torch.divergence import trace_failed_candidates
@@ -140,22 +141,44 @@ def _warn_vacuous(name: str, report: _core.TuneReport) -> None:
                        "nothing; check the samples (report field vacuous_outputs)", name, output, why)
 
 
-def _failure(outcome: _core.TuneOutcome, graph: RecordedGraph, report: _core.TuneReport) -> Exception:
-    """The exception of a failed outcome (the engine classified it: decide_outcome)."""
-    table = report.summary_table()
-    if outcome.kind == "all_incorrect":
-        incorrect = report.candidates
-        where = f"; {incorrect[0].divergence_summary}" if incorrect[0].divergence_summary else ""
-        return NumericMismatchError(
-            f"{graph.module_name}/{graph.key}: every candidate differs from eager PyTorch; "
-            f"{incorrect[0].name}: {incorrect[0].reason}{where}\n{table}"
-        )
-    reasons = "\n".join(
-        f"  - {c.name} ({c.backend}): {c.status}: {c.reason}"
-        + (f"\n    {c.divergence_summary}" if c.divergence_summary else "")
-        for c in report.candidates
-    )
-    return TuningError(f"no backend could build {graph.module_name}/{graph.key}:\n{reasons}\n{table}")
+class _FrontEnd:
+    """The front end's side of the one driver (``_core.drive_tune``, tune_driver.hpp): what
+    needs torch. The engine sequences the tune and calls these."""
+
+    #: Failures after which nothing can run: the driver stops whatever the strategy says.
+    fatal_errors = (CudaContextLostError,)
+
+    def __init__(self, name: str, graph: RecordedGraph, tuner, strategy: TuneStrategy, bar, module_call):
+        self.name, self.graph, self.tuner, self.strategy = name, graph, tuner, strategy
+        self.advance = (lambda: bar.update(1)) if bar is not None else (lambda: None)
+        self.measure = None if module_call is None else (lambda tuned: module_call(graph, tuned))
+        self.wrappers = {}  # group -> function(session, candidate) -> TunedGraph
+        largest = max(range(len(graph.samples)), key=lambda i: graph.samples[i].batch_size)
+        self._args, self._kwargs = graph.call_arguments(graph.samples[largest].inputs)
+
+    def run_reference(self) -> None:
+        token = eager_var.set(True)  # run_eagerly() per timed call, without a generator's cost
+        try:
+            self.graph.module.forward(*self._args, **self._kwargs)
+        finally:
+            eager_var.reset(token)
+
+    def add_candidates(self, backend: int, group: int) -> None:
+        self.wrappers[group] = self.strategy.backends[backend].add_candidates(
+            self.graph, self.tuner, group, self.advance, module_call=self.measure)
+
+    def explain_failures(self) -> None:
+        trace_failed_candidates(self.graph, self.tuner)  # where each failed candidate diverges, into the report
+
+    def warn(self, line: str) -> None:
+        logger.warning("%s: %s", self.name, line)
+
+
+def _driver_strategy(strategy: TuneStrategy, options: TuneOptions) -> _core.DriverStrategy:
+    backends = [_core.DriverBackend(b.describe(), type(b).__name__, isinstance(b, TorchEagerBackend))
+                for b in strategy.backends]
+    return _core.DriverStrategy(options.strategy_config(strategy.kind, strategy.latency_budget_ms), backends,
+                                strategy.stop_at_first_success, strategy.propagate_errors)
 
 
 def tune_graph(strategy: TuneStrategy, graph: RecordedGraph, options: TuneOptions | None = None,
@@ -185,52 +208,24 @@ def tune_graph(strategy: TuneStrategy, graph: RecordedGraph, options: TuneOption
     tuner = _core.GraphTuner(name, graph.graph_spec(), samples, tuner_options)
     _warn_vacuous(name, tuner.report)
 
-    largest = max(range(len(graph.samples)), key=lambda i: graph.samples[i].batch_size)
-    args, kwargs = graph.call_arguments(graph.samples[largest].inputs)
-    with run_eagerly():
-        tuner.profile_reference(lambda: graph.module.forward(*args, **kwargs), "eager")
-
-    wrappers = {}  # group -> function(session, candidate) -> TunedGraph
-    eager_group = None
+    # The engine sequences the tune (tune_driver.cpp): backends in order, first-wins early
+    # stop, eager as the fallback, failures recorded or propagated, the choice, the outcome.
     total = sum(backend.candidate_count(graph) for backend in strategy.backends)
     with _progress_bar(total, name, options.progress) as bar:
-        for group, backend in enumerate(strategy.backends):
-            if isinstance(backend, TorchEagerBackend):
-                eager_group = group  # eager wins unless an earlier backend already has
-                break
-            advance = (lambda: bar.update(1)) if bar is not None else (lambda: None)
-            try:
-                measure = None if module_call is None else (lambda tuned: module_call(graph, tuned))
-                wrappers[group] = backend.add_candidates(graph, tuner, group, advance, module_call=measure)
-            except CudaContextLostError:
-                raise  # nothing after it can run: never reported as one backend's failure
-            except Exception as error:
-                if strategy.propagate_errors:
-                    error.add_note(f"while building {name} with {backend.describe()}")
-                    raise
-                reason = f"{type(error).__name__}: {error}"
-                logger.warning("%s: %s: %s", name, backend.describe(), reason)
-                tuner.add_failed(backend.describe(), type(backend).__name__, group, reason)
-            if strategy.stop_at_first_success and _core.group_succeeded(tuner.report, group):
-                break  # first wins
-        tuner.select(options.strategy_config(strategy.kind, strategy.latency_budget_ms))
-    trace_failed_candidates(graph, tuner)  # where each failed candidate diverges, into the report
+        front_end = _FrontEnd(name, graph, tuner, strategy, bar, module_call)
+        outcome = _core.drive_tune(tuner, _driver_strategy(strategy, options), front_end)
     report = tuner.report
 
     path = _write_report(graph, report)
     logger.info("%s: tuning report %s\n%s", name, path, report.summary_table())
-    # What the tune leads to is the engine's decision (winner, eager kept by validation,
-    # eager as the strategy's fallback, or which failure); this only acts on it.
-    outcome = _core.decide_outcome(report, eager_group is not None, strategy.propagate_errors)
     if outcome.is_failure:
-        raise _failure(outcome, graph, report)
+        raise (NumericMismatchError if outcome.kind == "all_incorrect" else TuningError)(outcome.message)
     if outcome.kind == "winner":
         candidate = report.candidates[outcome.winner]
-        tuned = wrappers[candidate.group](tuner.take_winner(), candidate)
+        tuned = front_end.wrappers[candidate.group](tuner.take_winner(), candidate)
     else:
         if outcome.kind == "eager_kept":
             logger.warning("%s: eager kept: %s", name, outcome.why)
         tuned = EagerGraph(graph, note=outcome.why or None)
     tuned.report = report
     return tuned
-

@@ -6,7 +6,7 @@
 namespace aitune {
 namespace {
 
-constexpr detail::EnumNames<ErrorCode, 11> kNames{{
+constexpr detail::EnumNames<ErrorCode, 12> kNames{{
     {ErrorCode::kInvalidArgument, "invalid_argument"},
     {ErrorCode::kShapeMismatch, "shape_mismatch"},
     {ErrorCode::kDTypeMismatch, "dtype_mismatch"},
@@ -18,6 +18,7 @@ constexpr detail::EnumNames<ErrorCode, 11> kNames{{
     {ErrorCode::kInternal, "internal"},
     {ErrorCode::kOutOfMemory, "out_of_memory"},
     {ErrorCode::kCudaGraphCapture, "cuda_graph_capture"},
+    {ErrorCode::kBackendUnavailable, "backend_unavailable"},
 }};
 
 }  // namespace

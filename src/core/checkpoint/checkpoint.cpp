@@ -264,6 +264,13 @@ CheckpointManifest Checkpoint::save(const std::string& dir, const CheckpointMani
   // Models and path options, per graph.
   for (std::size_t i = 0; i < m.graphs.size(); ++i) {
     auto& g = m.graphs[i];
+    if (const auto* section = find_checkpoint_section(g.backend); section && !section->runs_in_engine) {
+      // A front end's graph: its section's fields, no model, no session options to resolve.
+      if (!g.model.empty() && (!plan.count(g.model) || owner[g.model] != i))
+        fail(ErrorCode::kInvalidArgument, "graph '" + g.key + "': model '" + g.model + "' is not among the files of " +
+                                              graph_directory(g.key) + "/");
+      continue;
+    }
     if (g.model.empty()) {
       std::vector<std::string> models;
       for (const auto& [rel, idx] : owner)
@@ -428,6 +435,7 @@ Checkpoint Checkpoint::load_once(const std::string& dir) {
   }
   // A model must not pull in data from outside the verified set of files.
   for (const auto& g : m.graphs) {
+    if (g.model.empty()) continue;  // a graph of a section that runs outside this engine
     for (const auto& location : onnx_external_data_locations((root / g.model).string())) {
       const std::string what = "checkpoint '" + root.string() + "', graph '" + g.key + "': model '" + g.model +
                                "' references external data '" + location + "'";
@@ -461,8 +469,20 @@ std::string Checkpoint::artifact_path(const std::string& relative) const {
   fail(ErrorCode::kInvalidArgument, "checkpoint '" + directory_ + "' has no artifact '" + relative + "'");
 }
 
+bool Checkpoint::runs_in_engine(const std::string& key) const {
+  const auto* section = find_checkpoint_section(graph(key).backend);
+  return section && section->runs_in_engine;
+}
+
 std::string Checkpoint::model_path(const std::string& key) const {
-  return (fs::path(directory_) / graph(key).model).string();
+  const auto& g = graph(key);
+  const auto* section = find_checkpoint_section(g.backend);
+  if (!section || !section->runs_in_engine)
+    fail(ErrorCode::kBackendUnavailable,
+         "checkpoint '" + directory_ + "', graph '" + key + "' is a '" + g.backend + "' graph, which " +
+             (section ? "runs in " + std::string(section->runs_where) : std::string("this aitune does not know")) +
+             ", not in this engine (it runs '" + std::string(kOnnxRuntimeBackendName) + "' graphs)");
+  return (fs::path(directory_) / g.model).string();
 }
 
 OnnxSessionConfig Checkpoint::backend_config(const std::string& key,
@@ -485,9 +505,10 @@ std::unique_ptr<OnnxSession> Checkpoint::create_session(const std::string& key,
                                                                const CheckpointBackendOverrides& overrides,
                                                                std::shared_ptr<OrtRuntime> runtime) const {
   const auto& g = graph(key);
+  const std::string model = model_path(key);  // Error(kBackendUnavailable) for a graph this engine does not run
   auto config = backend_config(key, overrides);
   try {
-    return OnnxSession::create(model_path(key), config, g.graph_spec, std::move(runtime));
+    return OnnxSession::create(model, config, g.graph_spec, std::move(runtime));
   } catch (const Error& e) {
     if (!is_current())
       throw Error(ErrorCode::kIo, "checkpoint '" + directory_ + "' was replaced by another save since it was loaded, "

@@ -66,9 +66,16 @@ void validate_manifest(const CheckpointManifest& m, ErrorCode code, bool artifac
     const std::string where = graph_where(g, i);
     check_key(g.key, code, "graphs[" + std::to_string(i) + "]");
     if (!keys.insert(g.key).second) fail(code, where + ": graph key '" + g.key + "' appears twice");
-    if (g.backend != kOnnxRuntimeBackendName)
-      fail(code, where + ": unknown backend '" + g.backend + "'; this aitune knows: " +
-                     std::string(kOnnxRuntimeBackendName));
+    const CheckpointSection* section = find_checkpoint_section(g.backend);
+    if (!section) {
+      std::string known;
+      for (const auto& s : checkpoint_sections()) known += (known.empty() ? "" : ", ") + std::string(s.name);
+      fail(code, where + ": unknown backend '" + g.backend + "'; this aitune knows: " + known);
+    }
+    if (g.section_version < 1 || g.section_version > section->version)
+      fail(code, where + ": section_version " + std::to_string(g.section_version) + " of backend '" + g.backend +
+                     "' is not one this aitune reads (1 to " + std::to_string(section->version) +
+                     (g.section_version > section->version ? "); upgrade aitune to load it" : ")"));
     const auto& c = g.backend_config;
     for (auto [name, value] : {std::pair{"intra_op_threads", c.intra_op_threads}, std::pair{"inter_op_threads", c.inter_op_threads}})
       if (value < 0 || value > kMaxSessionThreads)
@@ -78,7 +85,7 @@ void validate_manifest(const CheckpointManifest& m, ErrorCode code, bool artifac
       fail(code, where + ": backend_config.device_id is " + std::to_string(c.device_id) + "; allowed: 0 to " +
                      std::to_string(kMaxDeviceId));
     if (!artifacts) continue;
-    bool has_model = false;
+    bool has_model = !section->runs_in_engine && g.model.empty();  // a front end's graph has no model
     for (std::size_t k = 0; k < g.artifacts.size(); ++k) {
       const auto& a = g.artifacts[k];
       const std::string at = where + ".artifacts[" + std::to_string(k) + "]";
@@ -141,6 +148,14 @@ CheckpointGraph graph_from_json(const Json& j, const std::string& where) {
   CheckpointGraph g;
   g.key = string_field(j, "key", where);
   g.backend = string_field(j, "backend", where);
+  // Format 1 has neither field: its graphs are ONNX Runtime graphs, section version 1.
+  if (j.contains("section_version")) {
+    const Json& v = j.at("section_version");
+    if (!v.is_number_integer() || v.get<std::int64_t>() < 0 || v.get<std::int64_t>() > (1 << 20))
+      fail(ErrorCode::kCheckpointCorrupt, "field '" + where + ".section_version' must be a small integer, not " + v.dump());
+    g.section_version = static_cast<int>(v.get<std::int64_t>());
+  }
+  if (j.contains("section")) g.section_json = j.at("section").dump();
   g.model = string_field(j, "model", where);
   try {
     g.graph_spec = GraphSpec::from_json(field(j, "graph_spec", where).dump());
@@ -200,6 +215,21 @@ using detail::string_field;
 using detail::array_field;
 using detail::graph_from_json;
 
+const std::vector<CheckpointSection>& checkpoint_sections() {
+  static const std::vector<CheckpointSection> sections = {
+      {kOnnxRuntimeBackendName, 1, true, "this engine (OnnxSession)"},
+      {kTorchCompileBackendName, 1, false, "the Python front end (ait.load compiles it again)"},
+      {kEagerBackendName, 1, false, "the Python front end (ait.load runs the module itself)"},
+  };
+  return sections;
+}
+
+const CheckpointSection* find_checkpoint_section(std::string_view name) noexcept {
+  for (const auto& s : checkpoint_sections())
+    if (s.name == name) return &s;
+  return nullptr;
+}
+
 const CheckpointGraph* CheckpointManifest::find_graph(const std::string& key) const noexcept {
   for (const auto& g : graphs)
     if (g.key == key) return &g;
@@ -220,6 +250,8 @@ std::string CheckpointManifest::to_json(int indent) const {
     Json jg;
     jg["key"] = g.key;
     jg["backend"] = g.backend;
+    jg["section_version"] = g.section_version;
+    jg["section"] = parse_opaque_json(g.section_json, "null", "section_json of graph '" + g.key + "'");
     jg["model"] = g.model;
     jg["graph_spec"] = Json::parse(g.graph_spec.to_json());
     jg["backend_config"] = Json::parse(g.backend_config.to_json());

@@ -162,10 +162,18 @@ std::string ensemble_config(const std::string& name, const std::vector<const Che
   return out.str();
 }
 
-// Graphs a front end recorded in the metadata as kept out of ONNX Runtime (aitune.torch's
-// eager graphs), so the export can say they were not exported.
+// Graphs kept out of ONNX Runtime, so the export can say they were not exported: the
+// manifest's graphs of sections this engine does not run (eager, torch_compile), and
+// those an older aitune.torch recorded in the metadata (format 1 and 2: eager_graphs).
 std::vector<std::string> eager_graph_notes(const CheckpointManifest& manifest) {
   std::vector<std::string> notes;
+  for (const auto& g : manifest.graphs) {
+    const auto* section = find_checkpoint_section(g.backend);
+    if (section && section->runs_in_engine) continue;
+    notes.push_back("graph '" + g.key + "' is a '" + g.backend + "' graph, run by " +
+                    std::string(section ? section->runs_where : "another aitune") +
+                    "; it has no ONNX model and was not exported");
+  }
   auto metadata = nlohmann::json::parse(manifest.metadata_json, nullptr, false);
   if (!metadata.is_object() || !metadata.contains("aitune.torch")) return notes;
   const auto& torch = metadata["aitune.torch"];
@@ -188,9 +196,12 @@ std::vector<std::string> eager_graph_notes(const CheckpointManifest& manifest) {
 TritonExportResult export_triton(const Checkpoint& checkpoint, const std::string& repository,
                                  const TritonExportOptions& options) {
   const auto& manifest = checkpoint.manifest();
-  if (manifest.graphs.empty())
+  std::vector<const CheckpointGraph*> graphs;  // those this engine runs: a Triton model each
+  for (const auto& g : manifest.graphs)
+    if (checkpoint.runs_in_engine(g.key)) graphs.push_back(&g);
+  if (graphs.empty())
     throw Error(ErrorCode::kState, "checkpoint '" + checkpoint.directory() +
-                                       "' holds no tuned graphs; there is nothing to export to Triton");
+                                       "' holds no ONNX Runtime graphs; there is nothing to export to Triton");
   std::string base = options.model_name.empty() ? manifest.module_name : options.model_name;
   if (!is_valid_triton_model_name(base))
     throw Error(ErrorCode::kInvalidArgument,
@@ -203,8 +214,6 @@ TritonExportResult export_triton(const Checkpoint& checkpoint, const std::string
                 "instances must be >= 1 (the instance_group count), got " + std::to_string(options.instances));
 
   // -- decide everything before writing anything ----------------------------------------
-  std::vector<const CheckpointGraph*> graphs;
-  for (const auto& g : manifest.graphs) graphs.push_back(&g);
   const bool several = graphs.size() > 1;
   std::vector<std::string> names;
   for (const auto* g : graphs) names.push_back(several ? base + "_" + g->key : base);

@@ -2,6 +2,7 @@
 #include "aitune/tune_outcome.hpp"
 
 #include <algorithm>
+#include <string>
 
 namespace aitune {
 
@@ -39,6 +40,25 @@ TuneOutcome decide_outcome(const TuneReport& report, bool eager_fallback, bool e
   });
   out.kind = errors_as_mismatch && all_incorrect ? TuneOutcomeKind::kAllIncorrect : TuneOutcomeKind::kNoCandidate;
   return out;
+}
+
+std::string failure_message(TuneOutcomeKind kind, const TuneReport& report) {
+  const auto& cs = report.candidates;
+  auto where = [](const CandidateResult& c) { return c.divergence ? c.divergence->describe() : std::string(); };
+  if (kind == TuneOutcomeKind::kAllIncorrect && !cs.empty()) {
+    const auto& first = cs.front();
+    const std::string at = where(first);
+    return report.graph + ": every candidate differs from eager PyTorch; " + first.name + ": " + first.reason +
+           (at.empty() ? "" : "; " + at) + "\n" + report.summary_table();
+  }
+  if (kind != TuneOutcomeKind::kNoCandidate && kind != TuneOutcomeKind::kAllIncorrect) return "";
+  std::string reasons;
+  for (const auto& c : cs) {
+    const std::string at = where(c);
+    reasons += (reasons.empty() ? "  - " : "\n  - ") + c.name + " (" + c.backend +
+               "): " + std::string(candidate_status_name(c.status)) + ": " + c.reason + (at.empty() ? "" : "\n    " + at);
+  }
+  return "no backend could build " + report.graph + ":\n" + reasons + "\n" + report.summary_table();
 }
 
 bool group_succeeded(const TuneReport& report, int group) noexcept {

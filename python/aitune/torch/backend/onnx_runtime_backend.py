@@ -132,6 +132,11 @@ class ONNXRuntimeBackendConfig(BackendConfig):
             raise ValueError(f"allow_trace_warnings must be a bool, got {self.allow_trace_warnings!r}")
 
     @property
+    def precision_limit(self) -> _core.Precision | None:
+        """``precision`` as the engine's value (None: any), what the candidate plan gets."""
+        return precision_edge.parse_limit(self.precision)
+
+    @property
     def provider(self) -> ONNXExecutionProvider | str:
         """The provider in effect: ``execution_provider``, or CUDA when it is None."""
         return self.execution_provider or ONNXExecutionProvider.CUDA
@@ -220,7 +225,7 @@ class ONNXRuntimeBackend(Backend):
         request = _core.CandidateRequest()
         request.base = self._core_config(device)
         request.spec = spec
-        request.precision_limit = self.config.precision
+        request.precision_limit = self.config.precision_limit
         request.model_precision = module_precision(module)
         request.has_convolutions = _has_convolutions(module)
         request.tune_provider_options = self.config.tune_provider_options

@@ -26,6 +26,12 @@ def precision_limit(value: object) -> str:
         raise ValueError(f"precision must be one of {', '.join(map(repr, LIMIT_NAMES))}, got {value!r}") from None
 
 
+def parse_limit(text: str) -> _core.Precision | None:
+    """A config's limit text (already checked by ``precision_limit``) as the engine's value:
+    None for "any". The one conversion of a limit on its way into the engine."""
+    return _core.parse_precision_limit(text)
+
+
 def candidate_precision(name: str) -> _core.Precision:
     """A candidate precision's name ("fp32", ...) as the engine's Precision."""
     return _core.parse_precision(name)

@@ -97,7 +97,8 @@ class TorchCompileBackendConfig(BackendConfig):
     def candidate_precisions(self, device: torch.device) -> list[str]:
         """The precisions tried on ``device``, those ``precision`` allows."""
         wanted = self.precisions or (DEFAULT_CUDA_PRECISIONS if device.type == "cuda" else DEFAULT_CPU_PRECISIONS)
-        return [p for p in wanted if _core.precision_allowed(precision_edge.candidate_precision(p), self.precision)]
+        limit = precision_edge.parse_limit(self.precision)
+        return [p for p in wanted if _core.precision_allowed(precision_edge.candidate_precision(p), limit)]
 
 
 @contextlib.contextmanager
