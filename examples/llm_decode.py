@@ -6,6 +6,8 @@ of a tiny random Llama on the CPU provider, checked token for token against tran
 """
 from __future__ import annotations
 
+import json
+
 import torch
 import transformers
 
@@ -39,7 +41,8 @@ def tune_steps(model: torch.nn.Module) -> tuple[ait.Module, ait.Module]:
     """A prefill and a decode step, each an ait.Module over DecodeStep, tuned by recording
     greedy generations of batches of 1 and 2 prompts."""
     strategy = ait.OneBackendStrategy(ONNXRuntimeBackend(ONNXRuntimeBackendConfig(
-        execution_provider=ONNXExecutionProvider.CPU, use_dynamo=True)))
+        execution_provider=ONNXExecutionProvider.CPU, use_dynamo=True,
+        tune_provider_options=False)))  # CPU thread variants are not the point here
     prefill = ait.Module(DecodeStep(model), "llm-prefill", strategy=strategy)
     decode = ait.Module(DecodeStep(model), "llm-decode", strategy=strategy)
 
@@ -55,7 +58,11 @@ def tune_steps(model: torch.nn.Module) -> tuple[ait.Module, ait.Module]:
 def main() -> None:
     model = tiny_llama()
     prefill, decode = tune_steps(model)
-    print("prefill:", prefill.ait_backends, "\ndecode:", decode.ait_backends)
+    for name, module in (("prefill", prefill), ("decode", decode)):
+        (report,) = module.ait_reports.values()
+        fused = [c for c in json.loads(report.to_json())["candidates"] if c.get("transform") == "ort_fusions"]
+        print(f"{name}: {list(module.ait_backends.values())}; fused operators "
+              f"{fused[0]['fused_operators'] if fused else 'none'}")
     for size in (1, 2):
         batch = prompts(size)
         with torch.no_grad():
