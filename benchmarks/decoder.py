@@ -159,8 +159,12 @@ def bench(workload: str, args) -> list[dict]:
     with torch.no_grad():
         with _autocast(autocast):
             reference = module(**inputs)
-        eager = {"row": "eager", "precision": precision,
-                 "p50_us": p50_us(lambda: (_autocast(autocast).__enter__(), module(**inputs)), args.iterations)}
+
+        def eager_call():
+            with _autocast(autocast):
+                return module(**inputs)
+
+        eager = {"row": "eager", "precision": precision, "p50_us": p50_us(eager_call, args.iterations)}
         rows.append(eager)
         if not args.skip_compile:
             torch._dynamo.reset()
