@@ -40,12 +40,13 @@ def _elementwise_rotary(self, x, position_ids):
     return (emb.cos() * self.attention_scaling).to(x.dtype), (emb.sin() * self.attention_scaling).to(x.dtype)
 
 
-def _padded(batch_size: int) -> dict:
+def _padded(batch_size: int, static: bool = False) -> dict:
     """Rows left-padded, right-padded and unpadded in turn; the length differs per batch
-    size, so the sequence axis is exported dynamic (a static one folds the attention's
-    reshapes into a form onnxscript's SDPA rule does not match: no attention fusion)."""
+    size (a dynamic sequence axis in the export) unless ``static`` (a static one: the
+    exporter folds the causal mask and the rotary tables into constants and the key's
+    transpose into 3-D reshapes, which our rules normalise)."""
     generator = torch.Generator().manual_seed(batch_size)
-    length = LENGTH - batch_size
+    length = LENGTH if static else LENGTH - batch_size
     ids = torch.randint(0, VOCAB, (batch_size, length), generator=generator)
     mask = torch.ones(batch_size, length, dtype=torch.long)
     for row in range(batch_size):
@@ -56,13 +57,14 @@ def _padded(batch_size: int) -> dict:
     return {"input_ids": ids, "attention_mask": mask, "use_cache": False}
 
 
-@pytest.mark.parametrize("kind,rotary", [("llama", "matmul"), ("qwen2", "elementwise")])
-def test_fused_decoder_candidate_matches_eager_on_padded_batches(kind, rotary, monkeypatch):
+@pytest.mark.parametrize("kind,rotary,static", [("llama", "matmul", False), ("qwen2", "elementwise", False),
+                                                ("llama", "matmul", True)])
+def test_fused_decoder_candidate_matches_eager_on_padded_batches(kind, rotary, static, monkeypatch):
     inner = _decoder(kind)
     if rotary == "elementwise":
         monkeypatch.setattr(type(inner.model.rotary_emb), "forward", _elementwise_rotary)
-    model = ait.Module(inner, f"fused-{kind}-{rotary}", strategy=cpu_strategy(use_dynamo=True))
-    ait.tune(model, lambda size: [_padded(size)], batch_sizes=[1, 2, 3], ignore_failing_modules=False,
+    model = ait.Module(inner, f"fused-{kind}-{rotary}-{static}", strategy=cpu_strategy(use_dynamo=True))
+    ait.tune(model, lambda size: [_padded(size, static)], batch_sizes=[1, 2, 3], ignore_failing_modules=False,
              disable_external_logging=True, progress=False)
     (report,) = model.ait_reports.values()
     (fused,) = [c for c in json.loads(report.to_json())["candidates"] if c.get("transform") == "ort_fusions"]
@@ -73,7 +75,7 @@ def test_fused_decoder_candidate_matches_eager_on_padded_batches(kind, rotary, m
     assert correctness["passed"] and correctness["max_abs_error"] < 1e-4, correctness
     assert len(correctness["samples"]) == 3  # batches of 1, 2 and 3 rows, each padded
     # and the tuned module (whichever candidate won) agrees at valid positions
-    batch = _padded(3)
+    batch = _padded(3, static)
     with torch.no_grad():
         expected, actual = inner(**batch).logits, model(**batch).logits
     valid = batch["attention_mask"].bool()

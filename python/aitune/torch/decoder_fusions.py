@@ -137,6 +137,51 @@ def _cos_sin_cache_rules() -> pattern.RewriteRuleSet:
     return pattern.RewriteRuleSet(rules)
 
 
+# -- static shapes: the key's transpose as the attention rules expect it -----------------
+
+
+class _FlatKeyTranspose(pattern.RewriteRuleClassBase):
+    """Exported with a static sequence length, ``key.transpose(-1, -2)`` of a [B, H, S, Dh]
+    key reaches the graph as ``Reshape([-1, S, Dh]) -> Transpose([0, 2, 1]) -> Reshape([-1,
+    H, Dh, S])`` (the batch folded into the heads), which onnxscript's SDPA rule (a 4-D
+    Transpose [0, 1, 3, 2]) does not match, so no attention fuses. Rewritten to
+    ``Reshape([-1, H, S, Dh]) -> Transpose([0, 1, 3, 2])``: the same elements for any input
+    (row n of the [B * H, S, Dh] view is head n % H of batch n // H in both)."""
+
+    def pattern(self, op, x, flat_shape, key_shape):
+        flat = op.Reshape(x, flat_shape, _allow_other_attributes=True)
+        return op.Reshape(op.Transpose(flat, perm=[0, 2, 1]), key_shape, _allow_other_attributes=True)
+
+    def check(self, context, flat_shape, key_shape, **_) -> pattern.MatchResult:
+        result = pattern.MatchResult()
+        flat = flat_shape.const_value.numpy().tolist() if flat_shape.const_value is not None else None
+        key = key_shape.const_value.numpy().tolist() if key_shape.const_value is not None else None
+        if flat is None or key is None or len(flat) != 3 or len(key) != 4:
+            return result.fail("the reshapes' shapes are not constants [-1, S, Dh] and [-1, H, Dh, S]", flat_shape)
+        _, rows, width = flat
+        if flat[0] != -1 or key[0] != -1 or key[2] != width or key[3] != rows or min(rows, width, key[1]) <= 0:
+            return result.fail(f"shapes {flat} / {key} are not [-1, S, Dh] / [-1, H, Dh, S]", flat_shape)
+        self._heads, self._rows, self._width = key[1], rows, width
+        return result
+
+    def rewrite(self, op, x, **_):
+        heads = op.Reshape(x, op.Constant(value_ints=[-1, self._heads, self._rows, self._width]))
+        transposed = op.Transpose(heads, perm=[0, 1, 3, 2])
+        # the batch dimension by name where x shows it ([B, ...] holding B * H * S * Dh
+        # elements), so the attention rules' shape checks see the query's B (shape inference
+        # of a -1 reshape would call it unknown)
+        known = x.shape is not None and x.shape.rank() >= 2 and all(isinstance(d, int) for d in x.shape[1:])
+        if known and int(np.prod(list(x.shape[1:]))) == self._heads * self._rows * self._width:
+            batch = x.shape[0]
+            heads.shape = ir.Shape([batch, self._heads, self._rows, self._width])
+            transposed.shape = ir.Shape([batch, self._heads, self._width, self._rows])
+            heads.dtype = transposed.dtype = x.dtype
+        return transposed
+
+
+_flat_key_transpose_rules = pattern.RewriteRuleSet([_FlatKeyTranspose.rule()])
+
+
 # -- grouped-query attention that keeps the mask ---------------------------------------
 
 #: Ops whose presence among the mask's producers shows it compares query and key positions
@@ -145,13 +190,29 @@ _CAUSAL_COMPARISONS = {"LessOrEqual", "GreaterOrEqual", "Less", "Greater", "Tril
 _MASK_SEARCH_LIMIT = 400  # producers visited before the mask is called unrecognised
 
 
+def _is_causal_table(value: ir.Value) -> bool:
+    """A constant [..., S, S] (S > 1) that is the lower triangle: True / 0 where the key
+    position is at most the query's, False / negative elsewhere (a causal mask the
+    exporter folded, with a static sequence length)."""
+    if value.const_value is None or value.shape is None or value.shape.rank() < 2:
+        return False
+    table = value.const_value.numpy()
+    if table.shape[-1] != table.shape[-2] or table.shape[-1] < 2:
+        return False
+    allowed = table if table.dtype == np.bool_ else table == 0
+    lower = np.tril(np.ones(table.shape[-2:], dtype=bool))
+    return bool(np.all(allowed.reshape(-1, *lower.shape) == lower))
+
+
 def _mask_is_causal(mask: ir.Value) -> bool:
-    """Whether the mask's producers compare positions (a causal mask). GroupQueryAttention
-    is always causal: a mask built without such a comparison (bidirectional attention)
-    must not be fused into it."""
+    """Whether the mask's producers compare positions, or hold a folded causal table (a
+    causal mask). GroupQueryAttention is always causal: a mask built without either
+    (bidirectional attention) must not be fused into it."""
     seen, stack = set(), [mask]
     while stack and len(seen) < _MASK_SEARCH_LIMIT:
         value = stack.pop()
+        if value is not None and _is_causal_table(value):
+            return True
         node = value.producer() if value is not None else None
         if node is None or id(node) in seen:
             continue
@@ -263,6 +324,7 @@ def optimize_for_ort(model: ir.Model) -> tuple[ir.Model, dict[str, int]]:
     }
     common_passes.CommonSubexpressionEliminationPass()(model)
     counts["partial_rotary_embedding"] = rotary_embedding.fuse_partial_rotary_embedding(model)
+    counts["flat_key_transpose"] = _apply(_flat_key_transpose_rules, model)
     counts["sdpa"] = sdpa.fuse_sdpa(model, apply_shape_inference=True)
     counts["masked_gqa"] = _apply(_masked_gqa_rules, model)
     counts["mha1"] = mha.fuse_mha1(model)
