@@ -146,9 +146,17 @@ class _FlatKeyTranspose(pattern.RewriteRuleClassBase):
     H, Dh, S])`` (the batch folded into the heads), which onnxscript's SDPA rule (a 4-D
     Transpose [0, 1, 3, 2]) does not match, so no attention fuses. Rewritten to
     ``Reshape([-1, H, S, Dh]) -> Transpose([0, 1, 3, 2])``: the same elements for any input
-    (row n of the [B * H, S, Dh] view is head n % H of batch n // H in both)."""
+    (row n of the [B * H, S, Dh] view is head n % H of batch n // H in both). Only for keys
+    grouped by ``repeat_kv``, which MaskedGroupQueryAttention then matches."""
 
-    def pattern(self, op, x, flat_shape, key_shape):
+    def __init__(self):
+        super().__init__("FlatKeyTranspose", remove_nodes=False)  # the Expand stays the key's input
+
+    def pattern(self, op, kv, flat_shape, key_shape):
+        # only grouped keys (``repeat_kv``: Unsqueeze -> Expand): other attention (BERT's)
+        # already matches onnxscript's rules, whose later fusions (packed QKV Attention)
+        # expect the exporter's form
+        x = op.Expand(op.Unsqueeze(kv, [2]), pattern.ANY_VALUE, _outputs=["x"])
         flat = op.Reshape(x, flat_shape, _allow_other_attributes=True)
         return op.Reshape(op.Transpose(flat, perm=[0, 2, 1]), key_shape, _allow_other_attributes=True)
 
