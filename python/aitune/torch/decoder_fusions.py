@@ -143,9 +143,9 @@ def _cos_sin_cache_rules() -> pattern.RewriteRuleSet:
 class _FlatKeyTranspose(pattern.RewriteRuleClassBase):
     """Exported with a static sequence length, ``key.transpose(-1, -2)`` of a [B, H, S, Dh]
     key reaches the graph as ``Reshape([-1, S, Dh]) -> Transpose([0, 2, 1]) -> Reshape([-1,
-    H, Dh, S])`` (the batch folded into the heads), which onnxscript's SDPA rule (a 4-D
+    H, Dh, S])`` (the batch folded into the heads; B * H and B where the batch is static too), which onnxscript's SDPA rule (a 4-D
     Transpose [0, 1, 3, 2]) does not match, so no attention fuses. Rewritten to
-    ``Reshape([-1, H, S, Dh]) -> Transpose([0, 1, 3, 2])``: the same elements for any input
+    ``Reshape([B | -1, H, S, Dh]) -> Transpose([0, 1, 3, 2])``: the same elements for any input
     (row n of the [B * H, S, Dh] view is head n % H of batch n // H in both). Only for keys
     grouped by ``repeat_kv``, which MaskedGroupQueryAttention then matches."""
 
@@ -166,14 +166,18 @@ class _FlatKeyTranspose(pattern.RewriteRuleClassBase):
         key = key_shape.const_value.numpy().tolist() if key_shape.const_value is not None else None
         if flat is None or key is None or len(flat) != 3 or len(key) != 4:
             return result.fail("the reshapes' shapes are not constants [-1, S, Dh] and [-1, H, Dh, S]", flat_shape)
-        _, rows, width = flat
-        if flat[0] != -1 or key[0] != -1 or key[2] != width or key[3] != rows or min(rows, width, key[1]) <= 0:
-            return result.fail(f"shapes {flat} / {key} are not [-1, S, Dh] / [-1, H, Dh, S]", flat_shape)
-        self._heads, self._rows, self._width = key[1], rows, width
+        batch_heads, rows, width = flat
+        batch, heads = key[0], key[1]
+        # [B * H | -1, S, Dh] and [B | -1, H, Dh, S] (static shapes name B * H and B)
+        if key[2] != width or key[3] != rows or min(rows, width, heads) <= 0:
+            return result.fail(f"shapes {flat} / {key} are not [B*H, S, Dh] / [B, H, Dh, S]", flat_shape)
+        if not ((batch_heads == -1 and batch == -1) or (batch > 0 and batch_heads == batch * heads)):
+            return result.fail(f"shapes {flat} / {key}: the batch of the two reshapes differs", flat_shape)
+        self._batch, self._heads, self._rows, self._width = batch, heads, rows, width
         return result
 
     def rewrite(self, op, x, **_):
-        heads = op.Reshape(x, op.Constant(value_ints=[-1, self._heads, self._rows, self._width]))
+        heads = op.Reshape(x, op.Constant(value_ints=[self._batch, self._heads, self._rows, self._width]))
         transposed = op.Transpose(heads, perm=[0, 1, 3, 2])
         # the batch dimension by name where x shows it ([B, ...] holding B * H * S * Dh
         # elements), so the attention rules' shape checks see the query's B (shape inference
