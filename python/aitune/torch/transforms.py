@@ -17,7 +17,7 @@ from aitune import _core
 from aitune.torch.library_logs import routed_to_aitune
 
 #: The transform names candidates and reports carry.
-ORT_FUSIONS = "ort_fusions"  # onnxscript.rewriter.ort_fusions.optimize_for_ort (dynamo exports)
+ORT_FUSIONS = "ort_fusions"  # decoder_fusions.optimize_for_ort: onnxscript's fusions + ours (dynamo exports)
 ORT_TRANSFORMERS_OPTIMIZER = "ort_transformers_optimizer"  # onnxruntime.transformers.optimizer (trace exports)
 FP16 = "fp16"  # every float node in fp16 (onnxconverter-common), I/O kept
 FP16_MIXED = "fp16_mixed"  # sensitive nodes kept in fp32 (SENSITIVE_OPS, vocabulary projections)
@@ -65,20 +65,23 @@ def _save(model: onnx.ModelProto, target: Path) -> None:
 
 def fuse_for_ort(source: Path, target: Path, *, use_dynamo: bool, model_type: str = "bert") -> FusedModel | None:
     """Writes ``target``: ``source`` with ONNX Runtime's transformer fusions applied.
-    A dynamo export goes through onnxscript's ``optimize_for_ort`` (it matches today's
-    transformers attention); a trace export through ``onnxruntime.transformers.optimizer``
+    A dynamo export goes through onnxscript's ``optimize_for_ort`` sequence with our decoder
+    rules (``decoder_fusions.py``); a trace export through ``onnxruntime.transformers.optimizer``
     (``model_type`` picks its fusion set: "bert", "gpt2", ...; its attention patterns do not
     match today's transformers, so it fuses normalisations and GELUs only). Returns None
     and writes nothing when no fused operator results (the transform does not apply to
     this graph). Raises ImportError when the transform's package is missing."""
     if use_dynamo:
         import onnx_ir as ir
-        from onnxscript.rewriter import ort_fusions
+
+        from aitune.torch import decoder_fusions
 
         model = ir.load(str(source))
         ranks = {v.name: len(v.shape) for v in _values(model.graph) if v.name and v.shape is not None}
         with routed_to_aitune():  # the constant folder's notes, not the user's business
-            fused, _ = ort_fusions.optimize_for_ort(model)
+            # onnxscript's sequence with our decoder rules (rotary with per-row positions,
+            # transformers 5's angle form, GroupQueryAttention that keeps the mask)
+            fused, _ = decoder_fusions.optimize_for_ort(model)
         _restore_flat_attention_outputs(fused, ranks)
         proto = ir.serde.serialize_model(fused)
         transform = ORT_FUSIONS

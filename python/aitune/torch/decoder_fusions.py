@@ -1,0 +1,358 @@
+"""Decoder-LLM fusions for dynamo exports: onnxscript's ``optimize_for_ort`` sequence with our
+own rewrite rules where its rules are wrong or absent for today's transformers (rotary cos/sin
+computed as ``position_ids[..., None].float() * inv_freq``, position ids per row, and
+grouped-query attention that keeps the model's attention mask)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_ir as ir
+import onnx_ir.passes.common as common_passes
+from onnxscript.optimizer import optimize
+from onnxscript.rewriter import _fusion_utils, _ir_utils, pattern, rewrite
+from onnxscript.rewriter.ort_fusions import (
+    attention,
+    bias_gelu,
+    cos_sin_cache,
+    erfgelu,
+    gelu,
+    mha,
+    mha_bias,
+    mha_scale,
+    rms_normalization,
+    rotary_embedding,
+    sdpa,
+    sdpa_via_mha,
+    shape_optimization,
+    skip_normalization,
+)
+from onnxscript.rewriter.ort_fusions._core import ORT_PATTERN_REWRITE_RULES
+from onnxscript.rewriter.rules.common import _gemm_to_matmul_add
+
+_CONTRIB = "com.microsoft"
+_FUSION_DOMAIN = "ai.onnxruntime._fusion"  # onnxscript's intermediate ops (RotaryEmbedding, SDPA)
+
+
+# -- rotary: position ids per row ------------------------------------------------------
+
+
+class _RowPositionsCosSinCache(cos_sin_cache.CosSinCacheFusion):
+    """onnxscript's cos/sin-cache fusion, with the RotaryEmbedding's position ids broadcast
+    to [batch, sequence]. transformers' plain forward passes [1, S] (``cache_position``)
+    and ONNX Runtime's RotaryEmbedding accepts only (1) or (batch, sequence): a [1, S]
+    input fails at batch > 1."""
+
+    def rewrite(self, op, x, inv_freq, position_ids, **kwargs):
+        rotated = super().rewrite(op, x, inv_freq, position_ids, **kwargs)
+        node = rotated.producer()
+        rows = node.inputs[1]  # [1, S] or [B, S]: the parent's (possibly unsqueezed) position ids
+        batch = op.Shape(x, start=0, end=1)
+        sequence = op.Shape(rows, start=1, end=2)
+        node.replace_input_with(1, op.Expand(rows, op.Concat(batch, sequence, axis=0)))
+        return rotated
+
+
+class _ElementwiseCosSinCache(_RowPositionsCosSinCache):
+    """transformers >= 5.2x computes the rotary angles elementwise,
+    ``freqs = position_ids[:, :, None].float() * inv_freq[None, None, :]`` ([B, S, E], no
+    MatMul and no Transpose), which onnxscript's rule (4.x: ``MatMul(inv_freq, positions)``
+    then ``Transpose``) does not match. Same rewrite: a cos/sin cache indexed by position."""
+
+    def pattern(self, op, x, inv_freq, position_ids, interleaved, num_heads, freqs, dtype, extra_dims):
+        positions = op.Cast(op.Unsqueeze(position_ids, extra_dims), to=ir.DataType.FLOAT)  # [B, S, 1]
+        freqs = pattern.OrValue([op.Mul(positions, inv_freq), op.Mul(inv_freq, positions)])  # [B, S, E]
+        emb = op.Concat(freqs, freqs, axis=-1)
+        cos, sin = op.Cos(emb), op.Sin(emb)
+        if self._cast:
+            cos, sin = op.Cast(cos, to=dtype), op.Cast(sin, to=dtype)
+        return op.RotaryEmbedding(x, op.Unsqueeze(cos, [1]), op.Unsqueeze(sin, [1]), interleaved=interleaved,
+                                  num_heads=num_heads, _domain=_FUSION_DOMAIN)
+
+    def check(self, context, inv_freq, position_ids, extra_dims, **_) -> pattern.MatchResult:
+        result = pattern.MatchResult()
+        # positions [B, S] unsqueezed at the end (axes [2] or [-1]), or [S] (the constant-folded
+        # ``cache_position[None]``) unsqueezed at both ends (axes [0, 2] or [0, -1])
+        last = any(_ir_utils.is_singleton_value(extra_dims, axis) for axis in (2, -1))
+        both = any(_ir_utils.is_1d_value(extra_dims, axes) for axes in ([0, 2], [0, -1]))
+        if not ((_ir_utils.has_rank(position_ids, 2) and last) or (_ir_utils.has_rank(position_ids, 1) and both)):
+            return result.fail("position_ids is not [B, S] or [S] unsqueezed to [B|1, S, 1]", position_ids)
+        if inv_freq.const_value is None or inv_freq.shape is None:
+            return result.fail("inv_freq is not a constant", inv_freq)
+        dims = list(inv_freq.shape)
+        if not dims or any(d != 1 for d in dims[:-1]):
+            return result.fail("inv_freq is not [E] or [1, 1, E]", inv_freq)
+        return result
+
+
+class _FoldedCosSinCache(pattern.RewriteRuleClassBase):
+    """A graph exported with a static sequence length has its cos / sin tables folded into
+    constants ``[1, 1, S, Dh]`` (no Cos, no Sin left for the rules above). Row i of such a
+    table is position i, so the cache is the table's first half and the position ids are
+    ``arange(S)`` for every row: exactly what the constants encode."""
+
+    def __init__(self):
+        super().__init__("CosSinCacheFolded")
+
+    def pattern(self, op, x, cos, sin, interleaved, num_heads):
+        return op.RotaryEmbedding(x, cos, sin, interleaved=interleaved, num_heads=num_heads, _domain=_FUSION_DOMAIN)
+
+    def check(self, context, x, cos, sin, **_) -> pattern.MatchResult:
+        result = pattern.MatchResult()
+        tables = []
+        for table in (cos, sin):
+            if table.const_value is None:
+                return result.fail("cos / sin is not a constant", table)
+            values = table.const_value.numpy()
+            if values.ndim < 2 or any(d != 1 for d in values.shape[:-2]) or values.shape[-1] % 2:
+                return result.fail(f"cos / sin shape {values.shape} is not [1, 1, S, Dh]", table)
+            values = values.reshape(values.shape[-2:])
+            half = values.shape[-1] // 2
+            if not np.array_equal(values[:, :half], values[:, half:]):  # Concat(freqs, freqs) only
+                return result.fail("cos / sin halves differ (not rotate_half's table)", table)
+            tables.append(values[:, :half])
+        if not _ir_utils.has_rank(x, 4) or x.shape[2] != tables[0].shape[0]:
+            return result.fail("x is not [B, H, S, Dh] with the table's S", x)
+        self._cos, self._sin = tables
+        return result
+
+    def rewrite(self, op, x, interleaved, num_heads, **_):
+        rows = self._cos.shape[0]
+        positions = op.Constant(value=ir.tensor(np.arange(rows, dtype=np.int64).reshape(1, rows)))
+        batch = op.Shape(x, start=0, end=1)
+        positions = op.Expand(positions, op.Concat(batch, op.Constant(value_ints=[rows]), axis=0))
+        return op.RotaryEmbedding(x, positions, op.Constant(value=ir.tensor(np.ascontiguousarray(self._cos))),
+                                  op.Constant(value=ir.tensor(np.ascontiguousarray(self._sin))),
+                                  interleaved=interleaved, num_heads=num_heads, _domain=_CONTRIB)
+
+
+def _cos_sin_cache_rules() -> pattern.RewriteRuleSet:
+    """Every onnxscript variant (cast or not, constant angles or not) with per-row position
+    ids, the elementwise-angle variants, and folded tables."""
+    rules = [_FoldedCosSinCache.rule()]
+    for cast in (True, False):
+        suffix = "_cast" if cast else ""
+        rules.append(_RowPositionsCosSinCache.rule(f"CosSinCacheRows{suffix}", cast=cast, const_freqs=False))
+        rules.append(_RowPositionsCosSinCache.rule(f"CosSinCacheRows{suffix}_const", cast=cast, const_freqs=True))
+        rules.append(_ElementwiseCosSinCache.rule(f"CosSinCacheElementwise{suffix}", cast=cast, const_freqs=False))
+    return pattern.RewriteRuleSet(rules)
+
+
+# -- static shapes: the key's transpose as the attention rules expect it -----------------
+
+
+class _FlatKeyTranspose(pattern.RewriteRuleClassBase):
+    """Exported with a static sequence length, ``key.transpose(-1, -2)`` of a [B, H, S, Dh]
+    key reaches the graph as ``Reshape([-1, S, Dh]) -> Transpose([0, 2, 1]) -> Reshape([-1,
+    H, Dh, S])`` (the batch folded into the heads; B * H and B where the batch is static too), which onnxscript's SDPA rule (a 4-D
+    Transpose [0, 1, 3, 2]) does not match, so no attention fuses. Rewritten to
+    ``Reshape([B | -1, H, S, Dh]) -> Transpose([0, 1, 3, 2])``: the same elements for any input
+    (row n of the [B * H, S, Dh] view is head n % H of batch n // H in both). Only for keys
+    grouped by ``repeat_kv``, which MaskedGroupQueryAttention then matches."""
+
+    def __init__(self):
+        super().__init__("FlatKeyTranspose", remove_nodes=False)  # the Expand stays the key's input
+
+    def pattern(self, op, kv, flat_shape, key_shape):
+        # only grouped keys (``repeat_kv``: Unsqueeze -> Expand): other attention (BERT's)
+        # already matches onnxscript's rules, whose later fusions (packed QKV Attention)
+        # expect the exporter's form
+        x = op.Expand(op.Unsqueeze(kv, [2]), pattern.ANY_VALUE, _outputs=["x"])
+        flat = op.Reshape(x, flat_shape, _allow_other_attributes=True)
+        return op.Reshape(op.Transpose(flat, perm=[0, 2, 1]), key_shape, _allow_other_attributes=True)
+
+    def check(self, context, flat_shape, key_shape, **_) -> pattern.MatchResult:
+        result = pattern.MatchResult()
+        flat = flat_shape.const_value.numpy().tolist() if flat_shape.const_value is not None else None
+        key = key_shape.const_value.numpy().tolist() if key_shape.const_value is not None else None
+        if flat is None or key is None or len(flat) != 3 or len(key) != 4:
+            return result.fail("the reshapes' shapes are not constants [-1, S, Dh] and [-1, H, Dh, S]", flat_shape)
+        batch_heads, rows, width = flat
+        batch, heads = key[0], key[1]
+        # [B * H | -1, S, Dh] and [B | -1, H, Dh, S] (static shapes name B * H and B)
+        if key[2] != width or key[3] != rows or min(rows, width, heads) <= 0:
+            return result.fail(f"shapes {flat} / {key} are not [B*H, S, Dh] / [B, H, Dh, S]", flat_shape)
+        if not ((batch_heads == -1 and batch == -1) or (batch > 0 and batch_heads == batch * heads)):
+            return result.fail(f"shapes {flat} / {key}: the batch of the two reshapes differs", flat_shape)
+        self._batch, self._heads, self._rows, self._width = batch, heads, rows, width
+        return result
+
+    def rewrite(self, op, x, **_):
+        heads = op.Reshape(x, op.Constant(value_ints=[self._batch, self._heads, self._rows, self._width]))
+        transposed = op.Transpose(heads, perm=[0, 1, 3, 2])
+        # the batch dimension by name where x shows it ([B, ...] holding B * H * S * Dh
+        # elements), so the attention rules' shape checks see the query's B (shape inference
+        # of a -1 reshape would call it unknown)
+        known = x.shape is not None and x.shape.rank() >= 2 and all(isinstance(d, int) for d in x.shape[1:])
+        if known and int(np.prod(list(x.shape[1:]))) == self._heads * self._rows * self._width:
+            batch = x.shape[0]
+            heads.shape = ir.Shape([batch, self._heads, self._rows, self._width])
+            transposed.shape = ir.Shape([batch, self._heads, self._width, self._rows])
+            heads.dtype = transposed.dtype = x.dtype
+        return transposed
+
+
+_flat_key_transpose_rules = pattern.RewriteRuleSet([_FlatKeyTranspose.rule()])
+
+
+# -- grouped-query attention that keeps the mask ---------------------------------------
+
+#: Ops whose presence among the mask's producers shows it compares query and key positions
+#: (transformers 5: LessOrEqual(kv_idx, q_idx); 4.x: Greater / Trilu).
+_CAUSAL_COMPARISONS = {"LessOrEqual", "GreaterOrEqual", "Less", "Greater", "Trilu"}
+_MASK_SEARCH_LIMIT = 400  # producers visited before the mask is called unrecognised
+
+
+def _is_causal_table(value: ir.Value) -> bool:
+    """A constant [..., S, S] (S > 1) that is the lower triangle: True / 0 where the key
+    position is at most the query's, False / negative elsewhere (a causal mask the
+    exporter folded, with a static sequence length)."""
+    if value.const_value is None or value.shape is None or value.shape.rank() < 2:
+        return False
+    table = value.const_value.numpy()
+    if table.shape[-1] != table.shape[-2] or table.shape[-1] < 2:
+        return False
+    allowed = table if table.dtype == np.bool_ else table == 0
+    lower = np.tril(np.ones(table.shape[-2:], dtype=bool))
+    return bool(np.all(allowed.reshape(-1, *lower.shape) == lower))
+
+
+def _mask_is_causal(mask: ir.Value) -> bool:
+    """Whether the mask's producers compare positions, or hold a folded causal table (a
+    causal mask). GroupQueryAttention is always causal: a mask built without either
+    (bidirectional attention) must not be fused into it."""
+    seen, stack = set(), [mask]
+    while stack and len(seen) < _MASK_SEARCH_LIMIT:
+        value = stack.pop()
+        if value is not None and _is_causal_table(value):
+            return True
+        node = value.producer() if value is not None else None
+        if node is None or id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node.op_type in _CAUSAL_COMPARISONS and node.domain in ("", "ai.onnx"):
+            return True
+        stack.extend(v for v in node.inputs if v is not None)
+    return False
+
+
+class MaskedGroupQueryAttention(pattern.RewriteRuleClassBase):
+    """SDPA over ``repeat_kv``-expanded keys and values (grouped KV heads) -> ONNX Runtime's
+    GroupQueryAttention, prefill without past. Unlike onnxscript's GQA rule (which drops
+    the attention mask and derives ``seqlens_k`` from position ids, right only for unpadded
+    rows; and accepts its mask sub-pattern's falsy result as a match), the model's own
+    additive mask goes in as ``attention_bias`` (padding of any side and causality kept as
+    the model computed them), rotary stays outside (per-row positions), ``seqlens_k`` is
+    S - 1 for every row ([batch], so batch > 1 runs). Refused (a falsy MatchResult) where
+    the mask is missing, not [B|1, 1, S, S] float, or not causal."""
+
+    def __init__(self):
+        super().__init__("MaskedGroupQueryAttention", remove_nodes=False)  # shared values: dead nodes go in the final optimize
+
+    def pattern(self, op, query_BHSDh, key_BHkvSDh, value_BHkvSDh, mask):
+        key_BHSDh = op.Reshape(op.Expand(op.Unsqueeze(key_BHkvSDh, [2]), pattern.ANY_VALUE), pattern.ANY_VALUE,
+                               _outputs=["key_BHSDh"])
+        value_BHSDh = op.Reshape(op.Expand(op.Unsqueeze(value_BHkvSDh, [2]), pattern.ANY_VALUE), pattern.ANY_VALUE,
+                                 _outputs=["value_BHSDh"])
+        attention_BHSDh = op.SDPA(query_BHSDh, key_BHSDh, value_BHSDh, mask, key_format="BHSd",
+                                  _allow_other_attributes=True, _domain=_FUSION_DOMAIN, _outputs=["attention_BHSDh"])
+        attention_BSHDh = op.Transpose(attention_BHSDh, perm=[0, 2, 1, 3])
+        return op.Reshape(attention_BSHDh, pattern.ANY_VALUE, _outputs=["attention_BSD"])
+
+    def check(self, context, query_BHSDh, key_BHkvSDh, value_BHkvSDh, key_BHSDh, value_BHSDh, mask, attention_BSD,
+              **_) -> pattern.MatchResult:
+        result = pattern.MatchResult()
+        dims: dict = {}
+        for value, names in ((query_BHSDh, "B H S Dh"), (key_BHkvSDh, "B Hkv S Dh"), (value_BHkvSDh, "B Hkv S Dh"),
+                             (key_BHSDh, "B H S Dh"), (value_BHSDh, "B H S Dh"), (attention_BSD, "B S D")):
+            if not _fusion_utils.check_shape_bool(dims, value, names.split()):
+                return result.fail(f"{value.name} is not [{names}] (a past or a cross attention)", value)
+        heads, kv_heads = dims["H"], dims["Hkv"]
+        if not isinstance(heads, int) or not isinstance(kv_heads, int) or heads % kv_heads or heads == kv_heads:
+            return result.fail(f"heads {heads} / kv heads {kv_heads} are not grouped", query_BHSDh)
+        if mask is None:
+            return result.fail("no attention mask: causality unknown", query_BHSDh)
+        if mask.shape is None or mask.shape.rank() != 4 or mask.dtype != query_BHSDh.dtype:
+            return result.fail("the mask is not a 4-D additive mask of the query's dtype", mask)
+        batch, head, rows, columns = mask.shape
+        if head != 1 or batch not in (1, dims["B"]) or rows != dims["S"] or columns != dims["S"]:
+            return result.fail(f"mask shape {mask.shape} is not [B|1, 1, S, S]", mask)
+        if not _mask_is_causal(mask):
+            return result.fail("the mask compares no positions (not causal): GroupQueryAttention is causal", mask)
+        self._heads, self._kv_heads = heads, kv_heads
+        return result
+
+    def rewrite(self, op, query_BHSDh, key_BHkvSDh, value_BHkvSDh, mask, attention_BHSDh, **_):
+        to_BSD = op.Constant(value_ints=[0, 0, -1])
+
+        def flat(value):  # [B, H, S, Dh] -> [B, S, H * Dh]
+            return op.Reshape(op.Transpose(value, perm=[0, 2, 1, 3]), to_BSD)
+
+        sequence = op.Cast(op.Shape(query_BHSDh, start=2, end=3), to=ir.DataType.INT32)  # [1]
+        one = op.Constant(value=ir.tensor(np.array([1], dtype=np.int32)))
+        # every row's total length is S: padding is the mask's business, not GQA's
+        seqlens_k = op.Expand(op.Sub(sequence, one), op.Shape(query_BHSDh, start=0, end=1))
+        total_sequence_length = op.Squeeze(sequence)
+        # Fully masked rows (a padded query position) would be -inf everywhere, NaN after the
+        # softmax, and NaN times a zero weight spreads to valid rows in the next layer:
+        # clamped to the lowest finite value those rows get a finite (undefined) result.
+        lowest = np.array(np.finfo(mask.dtype.numpy()).min, dtype=mask.dtype.numpy())
+        bias = op.Max(mask, op.Constant(value=ir.tensor(lowest)))
+        attributes = {}
+        scale = attention_BHSDh.producer().attributes.get_float("scale", None)
+        if scale is not None:
+            attributes["scale"] = scale
+        output, _present_key, _present_value = op.GroupQueryAttention(
+            flat(query_BHSDh), flat(key_BHkvSDh), flat(value_BHkvSDh), None, None, seqlens_k, total_sequence_length,
+            None, None, None, bias, num_heads=self._heads, kv_num_heads=self._kv_heads, _domain=_CONTRIB,
+            _outputs=3, **attributes)
+        return output
+
+
+_masked_gqa_rules = pattern.RewriteRuleSet([MaskedGroupQueryAttention.rule()])
+
+
+# -- the sequence ------------------------------------------------------------------------
+
+def _apply(rules, model: ir.Model, **kwargs) -> int:
+    return _fusion_utils.apply_fusion_rules(rules)(model, **kwargs)
+
+
+def optimize_for_ort(model: ir.Model) -> tuple[ir.Model, dict[str, int]]:
+    """onnxscript's ``optimize_for_ort`` in its order, with the cos/sin-cache rules replaced
+    by the per-row and elementwise variants and its GQA rule by MaskedGroupQueryAttention.
+    Returns the model (changed in place) and the count of each fusion."""
+    rewrite(model, [_gemm_to_matmul_add.gemm_to_matmul_add_rule])
+    common_passes.ShapeInferencePass()(model)
+    optimize(model)
+    shape_optimization.rules.apply_to_model(model)
+    optimize(model)
+    counts = {
+        "erf_gelu": erfgelu.fuse_erfgelu(model),
+        "rms_normalization": rms_normalization.fuse_rms_normalization(model),
+        "skip_layer_normalization": skip_normalization.fuse_skip_layer_normalization(model),
+        "skip_rms_normalization": skip_normalization.fuse_skip_rms_normalization(model),
+        "rotary_embedding": rotary_embedding.fuse_rotary_embedding(model),
+        "cos_sin_cache": _apply(_cos_sin_cache_rules(), model),
+    }
+    common_passes.CommonSubexpressionEliminationPass()(model)
+    counts["partial_rotary_embedding"] = rotary_embedding.fuse_partial_rotary_embedding(model)
+    counts["flat_key_transpose"] = _apply(_flat_key_transpose_rules, model)
+    counts["sdpa"] = sdpa.fuse_sdpa(model, apply_shape_inference=True)
+    counts["masked_gqa"] = _apply(_masked_gqa_rules, model)
+    counts["mha1"] = mha.fuse_mha1(model)
+    counts["mha2"] = mha.fuse_mha2(model)
+    counts["mha_scale"] = mha_scale.fuse_mha_scale(model)
+    if counts["mha1"] or counts["mha2"]:
+        counts["mha_bias"] = mha_bias.fuse_mha_bias(model)
+        counts["attention"] = attention.fuse_attention(model)
+    counts["gelu"] = gelu.fuse_gelu(model)
+    counts["bias_gelu"] = bias_gelu.fuse_bias_gelu(model)
+    counts["sdpa_via_mha"] = sdpa_via_mha.replace_sdpa_by_mha(model)
+    optimize(model)  # inlines intermediate fusion functions nothing consumed, drops dead nodes
+    rewrite(model, ORT_PATTERN_REWRITE_RULES)
+    ir.passes.Sequential(
+        common_passes.LiftConstantsToInitializersPass(lift_all_constants=False, size_limit=1),
+        common_passes.RemoveInitializersFromInputsPass(),
+        common_passes.ShapeInferencePass(),
+    )(model)
+    return model, counts

@@ -1,0 +1,142 @@
+"""Decoder fusions (decoder_fusions.py) on transformers' tiny Llama and Qwen2: RotaryEmbedding
+(both rotary angle forms) and GroupQueryAttention with the attention mask kept fuse, and the
+fused candidate matches eager at valid positions of left- and right-padded batches of 1, 2
+and 3 rows; attention GroupQueryAttention cannot express (no mask, a bidirectional mask) is
+not fused into it."""
+
+from __future__ import annotations
+
+import collections
+import json
+
+import pytest
+import torch
+from torch_models import cpu_strategy
+
+import aitune.torch as ait
+
+transformers = pytest.importorskip("transformers")
+onnx_ir = pytest.importorskip("onnx_ir")
+ort = pytest.importorskip("onnxruntime")
+
+VOCAB = 256
+LENGTH = 8
+
+
+def _decoder(kind: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    if kind == "llama":
+        return transformers.LlamaForCausalLM(transformers.LlamaConfig(**common)).eval()
+    return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common)).eval()
+
+
+def _elementwise_rotary(self, x, position_ids):
+    """The rotary angles as later transformers 5 releases compute them (``positions[..., None]
+    * inv_freq``, no MatMul, no Transpose); the installed release may use the 4.x form."""
+    freqs = position_ids[:, :, None].float() * self.inv_freq[None, None, :].float()
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return (emb.cos() * self.attention_scaling).to(x.dtype), (emb.sin() * self.attention_scaling).to(x.dtype)
+
+
+def _padded(batch_size: int, static: bool = False) -> dict:
+    """Rows left-padded, right-padded and unpadded in turn; the length differs per batch
+    size (a dynamic sequence axis in the export) unless ``static`` (a static one: the
+    exporter folds the causal mask and the rotary tables into constants and the key's
+    transpose into 3-D reshapes, which our rules normalise)."""
+    generator = torch.Generator().manual_seed(batch_size)
+    length = LENGTH if static else LENGTH - batch_size
+    ids = torch.randint(0, VOCAB, (batch_size, length), generator=generator)
+    mask = torch.ones(batch_size, length, dtype=torch.long)
+    for row in range(batch_size):
+        if row % 3 == 0:
+            mask[row, :3] = 0
+        elif row % 3 == 1:
+            mask[row, -2:] = 0
+    return {"input_ids": ids, "attention_mask": mask, "use_cache": False}
+
+
+@pytest.mark.parametrize("kind,rotary,static,sizes", [
+    ("llama", "matmul", False, (1, 2, 3)), ("qwen2", "elementwise", False, (1, 2, 3)),
+    ("llama", "matmul", True, (1, 2, 3)),
+    ("qwen2", "matmul", True, (1,)),  # every shape static (the benchmark's prefill at batch 1)
+])
+def test_fused_decoder_candidate_matches_eager_on_padded_batches(kind, rotary, static, sizes, monkeypatch):
+    inner = _decoder(kind)
+    if rotary == "elementwise":
+        monkeypatch.setattr(type(inner.model.rotary_emb), "forward", _elementwise_rotary)
+    model = ait.Module(inner, f"fused-{kind}-{rotary}-{static}-{len(sizes)}", strategy=cpu_strategy(use_dynamo=True))
+    ait.tune(model, lambda size: [_padded(size, static)], batch_sizes=list(sizes), ignore_failing_modules=False,
+             disable_external_logging=True, progress=False)
+    (report,) = model.ait_reports.values()
+    (fused,) = [c for c in json.loads(report.to_json())["candidates"] if c.get("transform") == "ort_fusions"]
+    ops = fused["fused_operators"]
+    assert ops.get("GroupQueryAttention") == 2 and ops.get("RotaryEmbedding") == 4, ops
+    assert ops.get("SkipSimplifiedLayerNormalization", 0) > 0, ops
+    correctness = fused["correctness"]
+    assert correctness["passed"] and correctness["max_abs_error"] < 1e-4, correctness
+    assert len(correctness["samples"]) == len(sizes)  # a batch per size, each padded
+    # and the tuned module (whichever candidate won) agrees at valid positions
+    batch = _padded(max(sizes), static)
+    with torch.no_grad():
+        expected, actual = inner(**batch).logits, model(**batch).logits
+    valid = batch["attention_mask"].bool()
+    torch.testing.assert_close(actual[valid], expected[valid], atol=1e-4, rtol=1e-4)
+
+
+class _GroupedAttention(torch.nn.Module):
+    """Grouped KV heads (repeat_kv) into SDPA with a given mask kind: "causal" (causal and
+    padding, additive), "bidirectional" (padding only), "none"."""
+
+    def __init__(self, mask_kind: str, heads: int = 4, kv_heads: int = 2, head_size: int = 8):
+        super().__init__()
+        torch.manual_seed(0)
+        self.mask_kind, self.heads, self.kv_heads, self.head_size = mask_kind, heads, kv_heads, head_size
+        hidden = heads * head_size
+        self.q = torch.nn.Linear(hidden, hidden, bias=False)
+        self.k = torch.nn.Linear(hidden, kv_heads * head_size, bias=False)
+        self.v = torch.nn.Linear(hidden, kv_heads * head_size, bias=False)
+
+    def forward(self, x, attention_mask):
+        b, s, _ = x.shape
+        q = self.q(x).view(b, s, self.heads, self.head_size).transpose(1, 2)
+        k = self.k(x).view(b, s, self.kv_heads, self.head_size).transpose(1, 2)
+        v = self.v(x).view(b, s, self.kv_heads, self.head_size).transpose(1, 2)
+        groups = self.heads // self.kv_heads
+        k = k[:, :, None].expand(b, self.kv_heads, groups, s, self.head_size).reshape(b, self.heads, s, -1)
+        v = v[:, :, None].expand(b, self.kv_heads, groups, s, self.head_size).reshape(b, self.heads, s, -1)
+        keep = attention_mask.bool()[:, None, None, :]
+        if self.mask_kind == "causal":
+            positions = torch.arange(s, device=x.device)
+            keep = keep & (positions[None, :] <= positions[:, None])[None, None]
+        scores = q @ k.transpose(-1, -2) / self.head_size**0.5
+        if self.mask_kind != "none":
+            scores = scores + torch.where(keep, 0.0, torch.finfo(x.dtype).min)
+        out = torch.softmax(scores, dim=-1) @ v
+        return out.transpose(1, 2).reshape(b, s, -1)
+
+
+@pytest.mark.parametrize("mask_kind,fuses", [("causal", True), ("bidirectional", False), ("none", False)])
+def test_group_query_attention_fuses_only_a_causal_mask(mask_kind, fuses, tmp_path):
+    from aitune.torch import decoder_fusions
+
+    module = _GroupedAttention(mask_kind).eval()
+    x, mask = torch.randn(2, 6, 32), torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    path = tmp_path / "attention.onnx"
+    batch, seq = torch.export.Dim("batch"), torch.export.Dim("seq")
+    torch.onnx.export(module, (x, mask), str(path), dynamo=True, input_names=["x", "attention_mask"],
+                      dynamic_shapes=({0: batch, 1: seq}, {0: batch, 1: seq}))
+    fused, counts = decoder_fusions.optimize_for_ort(onnx_ir.load(str(path)))
+    ops = collections.Counter(n.op_type for n in fused.graph if n.domain == "com.microsoft")
+    assert (ops["GroupQueryAttention"] == 1) is fuses, (ops, counts)
+    onnx_ir.save(fused, str(tmp_path / "fused.onnx"))
+    session = ort.InferenceSession(str(tmp_path / "fused.onnx"), providers=["CPUExecutionProvider"])
+    for rows in (1, 3):
+        xs, masks = torch.randn(rows, 6, 32), torch.ones(rows, 6, dtype=torch.long)
+        masks[0, :2] = 0
+        with torch.no_grad():
+            expected = module(xs, masks)
+        (actual,) = session.run(None, {"x": xs.numpy(), "attention_mask": masks.numpy()})
+        valid = masks.bool()  # a padded query row is undefined (fully masked where causal)
+        torch.testing.assert_close(torch.from_numpy(actual)[valid], expected[valid], atol=1e-5, rtol=1e-5)
