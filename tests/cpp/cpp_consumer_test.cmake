@@ -67,7 +67,7 @@ unset(ENV{AITUNE_ORT_LIBRARY})
 step(run_inputs "${example}" "${WORK_DIR}/ckpt" --iterations 5 --input "x=${MODELS_DIR}/mlp_x.npy"
      --save-outputs "${WORK_DIR}/out")
 message("${step_output}")
-expect_output("module 'make_test_checkpoint', format version 1")
+expect_output("module 'make_test_checkpoint', format version 2")
 expect_output("graph mlp on cpu")
 get_filename_component(ort_real "${ORT_LIBRARY}" REALPATH)
 expect_output("ONNX Runtime [0-9.]+ loaded from ${ort_real}\n")  # the compiled-in default
