@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from graph_cycles import find_cycle
+
 PACKAGE_ROOT = Path(__file__).resolve().parents[2] / "python"
 
 
@@ -55,29 +57,6 @@ def import_graph() -> dict[str, set[str]]:
                 if resolved is not None and resolved != name:
                     graph[name].add(resolved)
     return graph
-
-
-def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    """One cycle as [a, b, ..., a], or None."""
-    state: dict[str, int] = {}  # 1: on the stack, 2: done
-    stack: list[str] = []
-
-    def visit(node: str) -> list[str] | None:
-        state[node] = 1
-        stack.append(node)
-        for nxt in sorted(graph[node]):
-            if state.get(nxt) == 1:
-                return stack[stack.index(nxt) :] + [nxt]
-            if nxt not in state and (cycle := visit(nxt)) is not None:
-                return cycle
-        stack.pop()
-        state[node] = 2
-        return None
-
-    for node in sorted(graph):
-        if node not in state and (cycle := visit(node)) is not None:
-            return cycle
-    return None
 
 
 def test_the_parser_sees_the_front_end():

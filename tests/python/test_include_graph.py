@@ -7,6 +7,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from graph_cycles import find_cycle
+
 ROOT = Path(__file__).resolve().parents[2]
 CORE = ROOT / "src" / "core"
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
@@ -45,28 +47,6 @@ def folder_graph() -> dict[str, set[str]]:
     return graph
 
 
-def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
-    state: dict[str, int] = {}  # 1: on the stack, 2: done
-    stack: list[str] = []
-
-    def visit(node: str) -> list[str] | None:
-        state[node] = 1
-        stack.append(node)
-        for nxt in sorted(graph.get(node, ())):
-            if state.get(nxt) == 1:
-                return stack[stack.index(nxt):] + [nxt]
-            if nxt not in state and (cycle := visit(nxt)):
-                return cycle
-        stack.pop()
-        state[node] = 2
-        return None
-
-    for node in sorted(graph):
-        if node not in state and (cycle := visit(node)):
-            return cycle
-    return None
-
-
 def test_no_include_climbs_out_of_its_folder():
     upward = [f"{p.relative_to(ROOT)}: {n}" for root in (CORE, ROOT / "src" / "cli", ROOT / "include")
               for p in _sources(root) for n in _quoted_includes(p) if ".." in Path(n).parts]
@@ -82,8 +62,3 @@ def test_public_headers_include_only_public_headers():
 def test_the_folders_of_src_core_form_no_cycle():
     cycle = find_cycle(folder_graph())
     assert cycle is None, "folders of src/core include each other: " + " -> ".join(cycle)
-
-
-def test_the_cycle_finder_finds_a_cycle():
-    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
-    assert find_cycle({"a": {"b"}, "b": set()}) is None

@@ -17,7 +17,22 @@ REPO = Path(__file__).resolve().parents[2]
 TARBALL = "com.github.asus4.onnxruntime-0.4.9.tgz"
 PINNED_SHA256 = "e59788788818fdde1b2e522e766a21ba0f7d8391de55737abf81e32cc801785d"
 
-pytestmark = pytest.mark.skipif(shutil.which("cmake") is None, reason="needs cmake")
+#: The header-only dependencies CMake looks up before the ONNX Runtime headers
+#: (cmake/AituneDependencies.cmake): without them no configure reaches what is tested here.
+HEADER_DEPS = ("nlohmann/json.hpp", "CLI/CLI.hpp", "dlpack/dlpack.h")
+
+
+def _missing_header_deps() -> list[str]:
+    roots = [os.environ.get("AITUNE_DEPS_INCLUDE"), "/usr/include", "/usr/local/include"]
+    return [h for h in HEADER_DEPS if not any(r and (Path(r) / h).is_file() for r in roots)]
+
+
+pytestmark = [
+    pytest.mark.skipif(shutil.which("cmake") is None, reason="needs cmake"),
+    pytest.mark.skipif(bool(_missing_header_deps()),
+                       reason=f"the header-only dependencies {_missing_header_deps()} are not installed and "
+                              "AITUNE_DEPS_INCLUDE does not name them (scripts/setup.sh installs them)"),
+]
 
 
 def _fresh_clone(tmp_path: Path) -> Path:

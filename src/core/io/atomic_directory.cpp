@@ -9,10 +9,10 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
-#include <random>
 #include <vector>
 
 #include "aitune/error.hpp"
+#include "io/random_token.hpp"
 
 namespace aitune::detail {
 namespace fs = std::filesystem;
@@ -69,14 +69,6 @@ void sync_and_close(Fd& fd, const fs::path& path) {
 }
 
 }  // namespace
-
-std::string random_token() {
-  std::random_device rd;
-  std::uniform_int_distribution<std::uint64_t> dist;
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(dist(rd)));
-  return buf;
-}
 
 namespace {
 std::string hidden_name(const fs::path& target, const std::string& infix) {

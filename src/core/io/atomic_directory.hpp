@@ -9,9 +9,6 @@
 
 namespace aitune::detail {
 
-/// 16 random hex digits (std::random_device), for temporary names.
-std::string random_token();
-
 /// Copies `source` to the new file `dest` (which must not exist), hashing what it
 /// writes; the copy is flushed to disk (fsync) before this returns. Error(kIo) naming
 /// the file otherwise.

@@ -11,21 +11,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <random>
 
 #include "aitune/error.hpp"
+#include "io/random_token.hpp"
 
 namespace aitune {
 namespace fs = std::filesystem;
 namespace {
-
-std::string token() {
-  std::random_device rd;
-  std::uniform_int_distribution<std::uint64_t> dist;
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(dist(rd)));
-  return buf;
-}
 
 // The pid of "<prefix><pid>-<rest>", or 0 when the name is not of that form.
 long pid_in_name(const std::string& name, const std::string& prefix) {
@@ -85,7 +77,7 @@ OwnedDirectory OwnedDirectory::create(const std::string& parent, const std::stri
     std::string name = prefix;
     name += std::to_string(::getpid());
     name += "-";
-    name += token();
+    name += detail::random_token();
     fs::path path = fs::path(parent) / name;
     if (::mkdir(path.c_str(), 0755) == 0) {
       int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
