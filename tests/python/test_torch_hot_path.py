@@ -344,3 +344,16 @@ def test_a_module_in_a_cycle_through_its_dispatch_is_collected():
     del model
     gc.collect()
     assert ref() is None
+
+
+def test_a_python_graph_is_registered_with_a_callable_and_never_run_as_a_session():
+    dispatch = new_dispatch(MLP(), None)
+    with pytest.raises(_core.InvalidArgumentError, match="run must be callable"):
+        dispatch.add_python_graph(42, 1)
+    index = dispatch.add_python_graph(lambda tensors: tensors[0] * 2, 1)
+    x = torch.randn(2, 16)
+    assert dispatch.add_route([x], index, [])
+    torch.testing.assert_close(dispatch.serve((x,)), x * 2)
+    assert dispatch.serve((x.double(),)) is NotImplemented  # another dtype: no route
+    with pytest.raises(_core.InvalidArgumentError, match="runs in Python"):
+        dispatch.run(index, [x])
