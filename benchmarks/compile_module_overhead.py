@@ -8,11 +8,14 @@ GPT-2 LM), tuned with TorchCompileBackend alone (mode default, fp32), p50 µs pe
 - module, general path: the same call with no route and the pytree replay (the path every
   call of a torch.compile graph took before routes served Python graphs)
 
-plus module / candidate and module - compiled call alone. Columns are timed in
-alternating blocks (benchmarks/forward_dispatch.py's block_p50s) so the drift of a shared
-machine hits each alike; each reports the median of its block p50s.
+plus module / candidate and module - compiled call alone. The columns take turns call by
+call (one call of each, ``--calls`` times) so the drift of a shared machine hits each alike;
+each reports the median of its calls.
 
-    python benchmarks/compile_module_overhead.py [--models bert,gpt2] [--rounds 20]
+    python benchmarks/compile_module_overhead.py [--models bert,gpt2] [--calls 3000] [--threads 1]
+
+``--threads`` (torch.set_num_threads, default 1): on a shared machine torch's thread pool
+contending with other work swamps the microseconds measured here.
 """
 
 from __future__ import annotations
@@ -28,7 +31,23 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from forward_dispatch import block_p50s  # noqa: E402
+
+
+def interleaved_p50s(columns: dict, calls: int, warmup: int = 50) -> dict[str, float]:
+    """Per column, the median µs of ``calls`` calls, the columns taking turns call by call."""
+    import time
+
+    samples = {name: [] for name in columns}
+    for _ in range(warmup):
+        for fn in columns.values():
+            fn()
+    clock = time.perf_counter_ns
+    for _ in range(calls):
+        for name, fn in columns.items():
+            start = clock()
+            fn()
+            samples[name].append((clock() - start) / 1e3)
+    return {name: statistics.median(v) for name, v in samples.items()}
 
 
 def build(name: str):
@@ -48,7 +67,7 @@ def build(name: str):
     return model.eval(), {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
-def row(name: str, iterations: int, rounds: int) -> dict:
+def row(name: str, calls: int) -> dict:
     import aitune.torch as ait
     from aitune.torch.backend import TorchCompileBackend, TorchCompileBackendConfig
 
@@ -85,8 +104,7 @@ def row(name: str, iterations: int, rounds: int) -> dict:
     }
     with torch.no_grad():
         tuned(**kwargs)  # the first call adds the route
-        blocks = block_p50s(columns, iterations, rounds)
-    p50 = {c: statistics.median(v) for c, v in blocks.items()}
+        p50 = interleaved_p50s(columns, calls)
     return {"model": name, "winner": winner.name, "candidate_us": winner.p50_us, **{f"{c}_us": v for c, v in p50.items()},
             "module_over_candidate": p50["module"] / winner.p50_us,
             "module_minus_compiled_us": p50["module"] - p50["compiled call alone"],
@@ -96,14 +114,15 @@ def row(name: str, iterations: int, rounds: int) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="bert,gpt2")
-    parser.add_argument("--iterations", type=int, default=200)
-    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--calls", type=int, default=3000)
+    parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     os.environ.setdefault("AITUNE_CACHE_DIR", tempfile.mkdtemp(prefix="aitune-overhead-"))
     print("| model | compiled call alone | candidate (tuner) | module | module / candidate | module - compiled | "
           "general path - compiled |\n|---|---|---|---|---|---|---|")
     for name in args.models.split(","):
-        r = row(name, args.iterations, args.rounds)
+        r = row(name, args.calls)
         print(f"| {name} | {r['compiled call alone_us']:.1f} | {r['candidate_us']:.1f} | {r['module_us']:.1f} | "
               f"{r['module_over_candidate']:.2f} | {r['module_minus_compiled_us']:.1f} | "
               f"{r['general_minus_compiled_us']:.1f} |", flush=True)

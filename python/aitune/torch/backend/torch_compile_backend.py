@@ -20,7 +20,7 @@ import torch.utils._pytree as pytree
 from aitune import _core
 from aitune.torch.backend import precision as precision_edge
 from aitune.torch.backend.base import Backend, BackendConfig, TunedGraph
-from aitune.torch.context import run_eagerly
+from aitune.torch.context import eager_var
 
 #: Candidate precisions by name (the engine's Precision, which sets their default
 #: tolerance, is parsed from the name at the edge: precision.candidate_precision).
@@ -244,11 +244,22 @@ class TorchCompileTunedGraph(TunedGraph):
     def infer(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         # The compiled outputs as they are: no copy, no cast (with CUDA graphs they live
         # in the graph's pool until the next call, exactly as with torch.compile).
-        with run_eagerly(), (_tf32(self.precision == "tf32") if self._sets_tf32 else contextlib.nullcontext()):
-            if self._cuda_graphs:
-                torch.compiler.cudagraph_mark_step_begin()
-            args, kwargs = self.graph.call_arguments(inputs)
-            return list(self._compiled(*args, **kwargs))
+        # run_eagerly() (nested ait.Modules run their PyTorch code if dynamo traces again),
+        # set directly: a generator context manager per call costs more than the rest here
+        token = eager_var.set(True)
+        try:
+            if self._sets_tf32:
+                with _tf32(self.precision == "tf32"):
+                    return self._run(inputs)
+            return self._run(inputs)
+        finally:
+            eager_var.reset(token)
+
+    def _run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        if self._cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        args, kwargs = self.graph.call_arguments(inputs)
+        return list(self._compiled(*args, **kwargs))
 
     def config(self) -> dict:
         """What a checkpoint stores to recompile this graph on load (``weights`` and
