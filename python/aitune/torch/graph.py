@@ -208,7 +208,10 @@ class _GraphCalls:
         values (HF forwards: ``input_ids=``, ``attention_mask=``, defaults None) then skip
         pytree on every call (issue 28: it ran on every call of a torch.compile graph)."""
         markers = [_Marker(i) for i in range(len(self._inputs.tensor_positions))]
-        args, kwargs = self._replay(markers)
+        try:
+            args, kwargs = self._replay(markers)
+        except Exception:  # a container whose constructor looks at its tensors: replayed per call
+            return None
 
         def source(value):
             if type(value) is _Marker:
