@@ -10,6 +10,9 @@ Rows (all mode="reduce-overhead", fp16 autocast, TF32 matmuls on, as precision_b
   inside+cast     autocast inside, outputs cast back inside the compiled code (aitune's form)
   aitune module   the module tuned with TorchCompileBackend(precisions=("fp16",)) only,
                   called as a user calls it; with the candidate p50 the tuner recorded
+  aitune half weights / fp16 outputs   the same with TorchCompileBackendConfig(half_weights=True)
+                  and with output_dtype="compute" (rows named by the winner), each
+                  with every compile candidate's tuner p50 printed
 Per row: p50 us, output dtype, device time per call by kernel family (profile_kernels).
 """
 
@@ -92,23 +95,28 @@ def main() -> int:
             print(f"{name:14s} p50 {rows[name]['p50_us']:8.1f} us  out {out.dtype}  "
                   f"kernels {rows[name]['kernels']['device_us_per_call']:8.1f} us/call", flush=True)
         torch.set_float32_matmul_precision("highest")
-        torch._dynamo.reset()
-        backend = TorchCompileBackend(TorchCompileBackendConfig(precisions=("fp16",)))
-        module = ait.Module(copy.deepcopy(model), f"gap-{args.model}", strategy=ait.OneBackendStrategy(backend))
-        ait.tune(module, [x[i] for i in range(x.shape[0])], batch_sizes=[x.shape[0]], progress=False)
-        (report,) = module.ait_reports.values()
-        print(report.summary_table())
-        winner = report.candidates[report.winner] if report.winner is not None else None
-        out = module(x)
-        rows["aitune module"] = {
-            "p50_us": p50_us(lambda: module(x), args.iterations), "output_dtype": str(out.dtype),
-            "candidate": winner.name if winner else report.decision,
-            "candidate_p50_us": winner.p50_us if winner else None,
-            "kernels": kernel_profile(lambda: module(x), args.calls),
-        }
-        r = rows["aitune module"]
-        print(f"aitune module  p50 {r['p50_us']:8.1f} us  out {out.dtype}  candidate {r['candidate']} "
-              f"p50 {r['candidate_p50_us']}  kernels {r['kernels']['device_us_per_call']:8.1f} us/call")
+        variants = {"aitune module": {}, "aitune half weights": {"half_weights": True},
+                    "aitune fp16 outputs": {"half_weights": True, "output_dtype": "compute"}}
+        for label, options in variants.items():
+            torch._dynamo.reset()
+            backend = TorchCompileBackend(TorchCompileBackendConfig(precisions=("fp16",), **options))
+            module = ait.Module(copy.deepcopy(model), f"gap-{args.model}-{len(rows)}",
+                                strategy=ait.OneBackendStrategy(backend))
+            ait.tune(module, [x[i] for i in range(x.shape[0])], batch_sizes=[x.shape[0]], progress=False)
+            (report,) = module.ait_reports.values()
+            print(report.summary_table())
+            winner = report.candidates[report.winner] if report.winner is not None else None
+            out = module(x)
+            rows[label] = {
+                "p50_us": p50_us(lambda: module(x), args.iterations), "output_dtype": str(out.dtype),
+                "candidate": winner.name if winner else report.decision,
+                "candidate_p50_us": winner.p50_us if winner else None,
+                "candidates": {c.name: c.p50_us for c in report.candidates},
+                "kernels": kernel_profile(lambda: module(x), args.calls),
+            }
+            r = rows[label]
+            print(f"{label}  p50 {r['p50_us']:8.1f} us  out {out.dtype}  candidate {r['candidate']} "
+                  f"p50 {r['candidate_p50_us']}  kernels {r['kernels']['device_us_per_call']:8.1f} us/call")
     base = rows["bare"]["p50_us"]
     print(f"\n| row | p50 us | bare / row | output | kernel us/call | launches/call |\n|---|---|---|---|---|---|")
     for name, r in rows.items():

@@ -4,7 +4,7 @@ with its winner, every column timed the same way (benchmarks/timing.py), the tun
 called as a user calls it (keywords for the language models).
 
     python benchmarks/zoo.py [--device cuda|cpu] [--small] [--models a,b] [--no-compile]
-                             [--iterations 200] [--json zoo.json]
+                             [--half-weights] [--cuda-ep-options] [--iterations 200] [--json zoo.json]
 
 Models (random weights from Hugging Face transformers configs; no download):
 EfficientNet-B0 b32, Swin-T b8, GPT-2 with LM head b8 s128 (keywords), DistilBERT
@@ -18,6 +18,14 @@ CPU; the best ORT candidate per precision (from the tune report); the tuned modu
 its winner (name, precision); the module's p50 over the p50 the tuner measured for its
 winner (candidate/module: 1.0 means the module costs what was measured); best bare
 compile p50 / tuned module p50 (> 1: the tuned module is faster).
+
+``--half-weights``: the torch.compile fp16 candidates also with the module's weights
+converted once to fp16 (TorchCompileBackendConfig(half_weights=True)). ``--cuda-ep-options``:
+CUDA EP options not in the default plan tried as extra candidates (for CNNs; a measurement
+decides whether they join the plan): ORT's plan again with ``cudnn_conv_algo_search=EXHAUSTIVE``
++ ``cudnn_conv_use_max_workspace=1``, and with ``fuse_conv_bias=1`` in every variant (the
+default plan uses it in fp16 NHWC only). Every ORT candidate's p50 is then in the JSON
+(``ort_candidates``).
 """
 
 from __future__ import annotations
@@ -108,7 +116,15 @@ def bare_compile(model, args, kwargs, device, precision: str, iterations: int) -
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
 
 
-def tune(name: str, model, args, kwargs, device, compile_candidates: bool):
+#: --cuda-ep-options: base provider options of the extra ORT backends (each planned in full).
+EXTRA_CUDA_EP_OPTIONS = (
+    {"cudnn_conv_algo_search": "EXHAUSTIVE", "cudnn_conv_use_max_workspace": "1"},
+    {"fuse_conv_bias": "1"},
+)
+
+
+def tune(name: str, model, args, kwargs, device, compile_candidates: bool, half_weights: bool = False,
+         cuda_ep_options: bool = False):
     """The module tuned on the timed batch itself (its rows as samples, one batch of
     that size), with ORT and, unless told not to, torch.compile candidates."""
     import aitune.torch as ait
@@ -117,10 +133,14 @@ def tune(name: str, model, args, kwargs, device, compile_candidates: bool):
 
     provider = "cuda" if device.type == "cuda" else "cpu"
     backends = [ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider=provider))]
+    if cuda_ep_options and provider == "cuda":
+        backends += [ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cuda", provider_options=options))
+                     for options in EXTRA_CUDA_EP_OPTIONS]
     if compile_candidates:
         precisions = ("tf32", "fp16") if device.type == "cuda" else ("fp32",)
         mode = "reduce-overhead" if device.type == "cuda" else "default"
-        backends.append(TorchCompileBackend(TorchCompileBackendConfig(mode=mode, precisions=precisions)))
+        backends.append(TorchCompileBackend(TorchCompileBackendConfig(mode=mode, precisions=precisions,
+                                                                      half_weights=half_weights)))
     tuned = ait.Module(model, f"zoo-{name}", strategy=ait.MaxThroughputStrategy(backends))
     batch = (args[0] if args else next(iter(kwargs.values()))).shape[0]
     rows = [tuple(a[i] for a in args) if args else {k: v[i] for k, v in kwargs.items()} for i in range(batch)]
@@ -129,7 +149,8 @@ def tune(name: str, model, args, kwargs, device, compile_candidates: bool):
     return tuned
 
 
-def row(name: str, small: bool, device, iterations: int, compile_columns: bool) -> dict:
+def row(name: str, small: bool, device, iterations: int, compile_columns: bool, half_weights: bool = False,
+        cuda_ep_options: bool = False) -> dict:
     model, args, kwargs = build(name, small, device)
     model = model.to(device).eval()
     result = {"model": name, "device": str(device), "dtype": "float32"}
@@ -146,7 +167,7 @@ def row(name: str, small: bool, device, iterations: int, compile_columns: bool) 
         torch._dynamo.reset()
     result["bare_compile_us"] = bare
     start = time.perf_counter()
-    tuned = tune(name, model, args, kwargs, device, compile_columns)
+    tuned = tune(name, model, args, kwargs, device, compile_columns, half_weights, cuda_ep_options)
     result["tune_s"] = round(time.perf_counter() - start, 1)
     (report,) = tuned.ait_reports.values()
     best = {}
@@ -155,6 +176,12 @@ def row(name: str, small: bool, device, iterations: int, compile_columns: bool) 
             if c.precision_name not in best or c.p50_us < best[c.precision_name]["p50_us"]:
                 best[c.precision_name] = {"name": c.name, "p50_us": c.p50_us}
     result["best_ort_per_precision"] = best
+    if cuda_ep_options:
+        result["ort_candidates"] = [{"name": c.name, "precision": c.precision_name, "status": c.status,
+                                     "p50_us": c.p50_us} for c in report.candidates
+                                    if c.backend.startswith("ONNXRuntimeBackend")]
+    compiled = [c for c in report.candidates if c.backend.startswith("TorchCompileBackend")]
+    result["compile_candidates"] = [{"name": c.name, "status": c.status, "p50_us": c.p50_us} for c in compiled]
     with torch.no_grad():
         result["module_us"] = p50_us(lambda: tuned(*args, **kwargs), iterations)
     if report.winner is not None:
@@ -197,6 +224,9 @@ def main() -> int:
     parser.add_argument("--small", action="store_true", help="small models, for the CPU")
     parser.add_argument("--models", help="comma-separated subset")
     parser.add_argument("--no-compile", action="store_true", help="no torch.compile columns or candidates")
+    parser.add_argument("--half-weights", action="store_true", help="torch.compile fp16 also with fp16 weights")
+    parser.add_argument("--cuda-ep-options", action="store_true",
+                        help="extra ORT candidates with CUDA EP options not in the default plan")
     parser.add_argument("--iterations", type=int, default=200)
     parser.add_argument("--json", default="zoo.json")
     options = parser.parse_args()
@@ -211,7 +241,8 @@ def main() -> int:
     rows = []
     for name in names:
         try:
-            rows.append(row(name, options.small, device, options.iterations, not options.no_compile))
+            rows.append(row(name, options.small, device, options.iterations, not options.no_compile,
+                            options.half_weights, options.cuda_ep_options))
         except Exception as error:
             rows.append({"model": name, "error": f"{type(error).__name__}: {error}"})
         print(json.dumps(rows[-1]), flush=True)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import aitune.torch as ait
+from aitune import _core
 from aitune.torch import transforms
 from torch_models import cpu_backend
 
@@ -55,7 +56,22 @@ def _tune(name: str, **config):
 
 
 def _fused(report):
-    return [c for c in report.candidates if c.transform]
+    """The candidates on a fused model. Not every transformed model is fused: the fp16 and
+    fp16_mixed conversions of the export (CUDA plans) carry a transform and no fused
+    operators; picking them up made the CUDA test below expect fusion counts of them."""
+    fusions = {transforms.ORT_FUSIONS, transforms.ORT_TRANSFORMERS_OPTIMIZER}
+    return [c for c in report.candidates if fusions & set(_core.model_transform_steps(c.transform))]
+
+
+def test_only_candidates_on_fused_models_count_as_fused():
+    """The CUDA plan's transforms (aitune candidates on a CUDA device print them): the fp16
+    conversions of the export are transformed but not fused, and must not be judged by
+    the fusion counts (the H200 failure of the CUDA test below)."""
+    import types
+
+    plan = ["", "fp16", "fp16_mixed", "fp16_search", "ort_fusions", "ort_fusions+fp16", "ort_transformers_optimizer"]
+    report = types.SimpleNamespace(candidates=[types.SimpleNamespace(transform=t) for t in plan])
+    assert [c.transform for c in _fused(report)] == ["ort_fusions", "ort_fusions+fp16", "ort_transformers_optimizer"]
 
 
 @pytest.mark.parametrize(

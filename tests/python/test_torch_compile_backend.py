@@ -121,7 +121,7 @@ def _force_compiled(model, inner):
     """The module's graph running in the compile candidate, whichever won on this machine."""
     ((key, (graph, _)),) = model._ait_tuned.items()
     tuned = TorchCompileTunedGraph(graph, "fp32", "default", [torch.float32])
-    model._ait_tuned[key] = (graph, tuned)
+    model._ait_set_tuned({key: (graph, tuned)})  # a new dispatch: its C++ half runs this graph
     return tuned
 
 
@@ -206,3 +206,84 @@ def test_compile_candidate_returns_the_compiled_outputs_without_copy_or_cast(com
         monkeypatch.setattr(tuned, "_compiled", lambda *args, **kwargs: (produced,))
         (handed,) = tuned.infer([x])
         assert handed is produced and handed.data_ptr() == produced.data_ptr()
+
+
+def _recorded_mlp():
+    """An MLP's recorded graph (tuned with eager: no compile, no export)."""
+    from aitune.torch.backend import TorchEagerBackend
+
+    torch.manual_seed(0)
+    inner = MLP().eval()
+    model = ait.Module(inner, "half-mlp", strategy=ait.OneBackendStrategy(TorchEagerBackend()))
+    ait.tune(model, [torch.randn(16) for _ in range(2)])
+    (graph,) = model.ait_graphs
+    return inner, graph
+
+
+def test_half_weights_candidate_runs_a_converted_copy_and_leaves_the_module_alone():
+    """The half-weights variant: the module's floating weights converted once, in a copy
+    (the user's module keeps its fp32 weights), float inputs cast in, outputs cast back
+    unless output_dtype="compute"; its name and config say so, with the copy's bytes.
+    (The forward that is compiled, run uncompiled: no compile in this test.)"""
+    inner, graph = _recorded_mlp()
+    x = torch.randn(2, 16)
+    tuned = TorchCompileTunedGraph(graph, "bf16", "default", [torch.float32], weights="half")
+    forward = tuned._compiled._orig_mod
+    assert {p.dtype for p in forward.inner.parameters()} == {torch.bfloat16}
+    assert {p.dtype for p in inner.parameters()} == {torch.float32}  # the user's module is untouched
+    assert tuned.weights_copy_bytes == sum(p.numel() * 2 for p in inner.parameters())
+    with torch.no_grad():
+        (out,) = forward(x)
+        assert out.dtype == torch.float32
+        torch.testing.assert_close(out, inner(x), atol=5e-2, rtol=5e-2)
+        (computed,) = TorchCompileTunedGraph(graph, "bf16", "default", [torch.float32], weights="half",
+                                             output_dtype="compute")._compiled._orig_mod(x)
+        assert computed.dtype == torch.bfloat16
+        (autocast,) = TorchCompileTunedGraph(graph, "bf16", "default", [torch.float32],
+                                             output_dtype="compute")._compiled._orig_mod(x)
+        assert autocast.dtype == torch.bfloat16
+    assert tuned.config()["weights"] == "half" and "output_dtype" not in tuned.config()
+    assert tuned.describe() == "TorchCompileBackend[mode=default, precision=bf16, weights=half]"
+    # fp32 candidates compute in the module's dtypes: output_dtype changes nothing there
+    assert TorchCompileTunedGraph(graph, "fp32", "default", [torch.float32], output_dtype="compute").config() == {
+        "precision": "fp32", "mode": "default", "dynamic": None, "output_dtypes": ["float32"]}
+    with pytest.raises(ValueError, match="half weights need precision fp16 or bf16"):
+        TorchCompileTunedGraph(graph, "fp32", "default", [torch.float32], weights="half")
+    for bad in ({"half_weights": "yes"}, {"output_dtype": "fp16"}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            TorchCompileBackendConfig(**bad)
+    config = TorchCompileBackendConfig(precisions=("fp32", "fp16", "bf16"), half_weights=True)
+    assert config.candidate_variants(torch.device("cpu")) == [
+        ("fp32", "module"), ("fp16", "module"), ("fp16", "half"), ("bf16", "module"), ("bf16", "half")]
+
+
+def test_half_weights_and_compute_dtype_outputs_tune_and_the_user_is_told(caplog, tmp_path):
+    """On the CPU, bf16: both candidates (autocast, half weights) compile, are judged by the
+    bf16 rule and named apart; with output_dtype="compute" the tuned module returns bf16,
+    which tuning says in a warning, and a checkpoint keeps both settings."""
+    import logging
+
+    torch.manual_seed(0)
+    inner = MLP().eval()
+    backend = TorchCompileBackend(TorchCompileBackendConfig(mode="default", precisions=("bf16",), half_weights=True,
+                                                            output_dtype="compute"))
+    model = ait.Module(inner, "half-compute-mlp", strategy=ait.OneBackendStrategy(backend))
+    with caplog.at_level(logging.WARNING, logger="aitune"):
+        ait.tune(model, [torch.randn(16) for _ in range(4)], batch_sizes=[2], performance_validation=False)
+    (report,) = model.ait_reports.values()
+    names = {c.name: c for c in report.candidates}
+    half = names["torch.compile[mode=default] bf16 (half weights, bf16 outputs)"]
+    assert "torch.compile[mode=default] bf16 (bf16 outputs)" in names
+    assert half.status in ("selected", "not chosen"), half.reason
+    config = json.loads(half.config_json)
+    assert config["weights"] == "half" and config["weights_copy_bytes"] == sum(p.numel() * 2 for p in inner.parameters())
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        assert model(x).dtype == torch.bfloat16
+    assert any("returns its outputs as bf16 computes them" in r.getMessage() for r in caplog.records)
+    (backend_name,) = model.ait_backends.values()
+    assert "output_dtype=compute" in backend_name
+    fresh = ait.Module(MLP().eval(), "half-compute-mlp")
+    fresh.ait_module.load_state_dict(inner.state_dict())
+    ait.load(fresh, ait.save(model, tmp_path / "ckpt"))
+    assert list(fresh.ait_backends.values()) == [backend_name]  # weights and output_dtype come back

@@ -300,18 +300,33 @@ def test_the_general_path_runs_sessions_through_the_cpp_half(monkeypatch):
     assert runs == [0]
 
 
-def test_a_graph_run_eagerly_gets_no_dispatch(python_path_calls):
+def test_a_graph_run_in_python_is_served_by_the_cpp_route_after_the_first_call(python_path_calls, monkeypatch):
+    """Issue 28: a graph that runs in Python (torch.compile; eager here, the same path)
+    gets a route like a session's graph: after the first call, calls of plain tensors,
+    keywords included, go from the C++ half straight to the graph's infer (no
+    nn.Module.__call__, forward, binding or flattening), and come back in the module's
+    output structure."""
     from aitune.torch.backend import TorchEagerBackend
+    from aitune.torch.backend.torch_eager import EagerGraph
 
-    inner = MLP().eval()
-    model = ait.Module(inner, "eager-mlp", strategy=ait.OneBackendStrategy(TorchEagerBackend()))
-    ait.tune(model, torch.randn(16))
-    x = torch.randn(2, 16)
+    infers = []
+    original = EagerGraph.infer
+    monkeypatch.setattr(EagerGraph, "infer", lambda self, inputs: infers.append(len(inputs)) or original(self, inputs))
+    inner = TwoOutputs().eval()
+    model = ait.Module(inner, "eager-two-out", strategy=ait.OneBackendStrategy(TorchEagerBackend()))
+    ait.tune(model, [{"x": torch.randn(16), "y": torch.randn(8)} for _ in range(2)])
+    x, y = torch.randn(2, 16), torch.randn(2, 8)
     with torch.no_grad():
         for _ in range(3):
-            assert torch.equal(model(x), inner(x))
-    assert model._ait_calls.direct is None  # no route: calls skip the C++ detour
-    assert len(python_path_calls) == 3
+            out, expected = model(x=x, y=y), inner(x=x, y=y)
+            assert out.keys() == expected.keys() and all(torch.equal(out[k], expected[k]) for k in out)
+    assert len(python_path_calls) == 1  # the first call resolved it; the route served the others
+    assert len(model._ait_calls.direct) == 1 and infers == [2, 2, 2]
+    from aitune.torch.dispatch import GraphNotRecordedError
+
+    with torch.no_grad(), pytest.raises(GraphNotRecordedError):
+        model(x=x, y=y.to(torch.float64))  # another dtype: no route; the general path names the graphs
+    assert len(python_path_calls) == 2
 
 
 def test_a_module_in_a_cycle_through_its_dispatch_is_collected():
@@ -329,3 +344,16 @@ def test_a_module_in_a_cycle_through_its_dispatch_is_collected():
     del model
     gc.collect()
     assert ref() is None
+
+
+def test_a_python_graph_is_registered_with_a_callable_and_never_run_as_a_session():
+    dispatch = new_dispatch(MLP(), None)
+    with pytest.raises(_core.InvalidArgumentError, match="run must be callable"):
+        dispatch.add_python_graph(42, 1)
+    index = dispatch.add_python_graph(lambda tensors: tensors[0] * 2, 1)
+    x = torch.randn(2, 16)
+    assert dispatch.add_route([x], index, [])
+    torch.testing.assert_close(dispatch.serve((x,)), x * 2)
+    assert dispatch.serve((x.double(),)) is NotImplemented  # another dtype: no route
+    with pytest.raises(_core.InvalidArgumentError, match="runs in Python"):
+        dispatch.run(index, [x])

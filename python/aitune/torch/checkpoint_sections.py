@@ -126,7 +126,9 @@ class TorchCompileSection(CheckpointSection):
         try:
             dtypes = [dtype_from_name(d) for d in field(config, "output_dtypes", list, entry_where)]
             tuned = TorchCompileTunedGraph(graph, field(config, "precision", str, entry_where),
-                                           field(config, "mode", str, entry_where), dtypes, config.get("dynamic"))
+                                           field(config, "mode", str, entry_where), dtypes, config.get("dynamic"),
+                                           weights=config.get("weights", "module"),
+                                           output_dtype=config.get("output_dtype", "module"))
         except (ValueError, TypeError) as error:
             raise corrupt(entry_where, f"configuration {config} is not one TorchCompileBackend runs: {error}") from None
         return graph, tuned, entry.get("report")

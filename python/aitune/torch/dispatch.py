@@ -6,7 +6,9 @@ resolves what that half cannot: it binds a call to the forward's parameters, fla
 and finds its graph (``ModuleDispatch.call``, the general path), then hands the call's
 tensors to the C++ half, and adds a route there for calls of plain tensors like it, which
 the C++ half then serves before any Python runs. Graphs that run in Python (eager,
-torch.compile) are run here by their ``TunedGraph.infer``.
+torch.compile) are run by their ``TunedGraph.infer``: here on the general path, and
+called by the C++ half's routes (``python_graph_run``), so their calls skip the same
+Python a session's do.
 """
 
 from __future__ import annotations
@@ -129,6 +131,16 @@ def measured_call(graph, tuned: TunedGraph) -> Callable[[], Any]:
     return call
 
 
+def python_graph_run(graph, tuned: TunedGraph) -> Callable[[list], Any]:
+    """What the C++ half calls for a routed call of a graph that runs in Python: the
+    call's tensors (recording order) in, the module's output out; the general path's
+    ``graph.rebuild_outputs(tuned.infer(tensors))``, nothing else."""
+    infer, rebuild = tuned.infer, graph.rebuild_outputs
+    if graph.returns_one_tensor:
+        return lambda tensors: infer(tensors)[0]
+    return lambda tensors: rebuild(infer(tensors))
+
+
 def positional_defaults(signature: inspect.Signature) -> tuple[list[str], dict[str, Any], str | None] | None:
     """Names and defaults of a forward whose parameters are all positional-or-keyword,
     optionally followed by ``**kwargs`` (the shape of most forwards, Hugging Face's
@@ -207,13 +219,16 @@ class ModuleDispatch:
         # checkpoint written before it was kept) or mixed, then not checked.
         modes = {getattr(graph, "training", None) for graph, _ in self.tuned.values()}
         self.training = modes.pop() if len(modes) == 1 else None
-        self.cpp = (new_dispatch(module, self.training) if any(t.session is not None for _, t in self.tuned.values())
-                    else None)
-        # identity -> the graph's index in the C++ half (graphs that run in a session)
+        self.cpp = new_dispatch(module, self.training) if self.tuned else None
+        # identity -> the graph's index in the C++ half: graphs that run in a session, and
+        # those that run in Python (torch.compile, eager), whose routed calls the C++ half
+        # hands straight to their run (python_graph_run), past nn.Module.__call__ and binding
         self.indices = {
-            identity: self.cpp.add_graph(tuned.session, list(tuned.order), len(graph.input_names),
-                                         None if graph.returns_one_tensor else graph.rebuild_outputs)
-            for identity, (graph, tuned) in self.tuned.items() if tuned.session is not None
+            identity: (self.cpp.add_graph(tuned.session, list(tuned.order), len(graph.input_names),
+                                          None if graph.returns_one_tensor else graph.rebuild_outputs)
+                       if tuned.session is not None
+                       else self.cpp.add_python_graph(python_graph_run(graph, tuned), len(graph.input_names)))
+            for identity, (graph, tuned) in self.tuned.items()
         }
         self.direct = None  # the C++ half, once it has a route (before: a detour for every call)
         self.mode_logged = False  # the first call run eagerly for the other mode was logged
@@ -276,11 +291,12 @@ class ModuleDispatch:
             return self._unrecorded(identity, arguments, args, kwargs)
         graph, tuned = entry
         tensors = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
-        index = self.indices.get(identity)
+        index = self.indices[identity]
         try:
-            if index is None:  # a graph run in Python (eager, torch.compile)
-                return graph.rebuild_outputs(tuned.infer(tensors))
-            outputs = self.cpp.run(index, tensors)
+            if tuned.session is None:  # a graph run in Python (eager, torch.compile)
+                outputs = graph.rebuild_outputs(tuned.infer(tensors))
+            else:
+                outputs = self.cpp.run(index, tensors)
         except _core.ShapeMismatchError as error:
             if not self.eager_fallback:
                 error.add_note(f"ait.Module '{self.name}' recorded for this graph: {graph.describe()}")

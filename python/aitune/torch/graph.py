@@ -156,6 +156,29 @@ def _tensor_records(names: list[str], tensors: list[torch.Tensor]) -> list[tuple
     return [(n, flatten.dtype_name(t.dtype), list(t.shape)) for n, t in zip(names, tensors, strict=True)]
 
 
+class _Marker:
+    """Stands for call tensor ``index`` while a replay is planned (``_GraphCalls._plan_replay``)."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int):
+        self.index = index
+
+
+class _Constant:
+    """A constant value of a planned replay (a wrapper: an int constant is not an index)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any):
+        self.value = value
+
+
+_UNPLANNED = object()
+#: Values a planned replay passes on every call as the same object: nothing can change them.
+_IMMUTABLE_CONSTANTS = (type(None), bool, int, float, complex, str, bytes, torch.dtype, torch.device)
+
+
 class _GraphCalls:
     """Running a graph's calls: what RecordedGraph and SavedGraph share. Needs
     ``signature``, ``module``, ``_inputs`` and ``_outputs``."""
@@ -169,6 +192,40 @@ class _GraphCalls:
     def call_arguments(self, input_tensors) -> tuple[tuple, dict[str, Any]]:
         """``(args, kwargs)`` for the wrapped module: the recorded call with these tensors,
         in the form the user called it (``CallForm``)."""
+        plan = self.__dict__.get("_replay_plan", _UNPLANNED)
+        if plan is _UNPLANNED:
+            plan = self._replay_plan = self._plan_replay()
+        if plan is not None:  # each value a tensor or an immutable constant: no tree to rebuild
+            positional, keywords = plan
+            return (tuple(input_tensors[v] if type(v) is int else v.value for v in positional),
+                    {k: input_tensors[v] if type(v) is int else v.value for k, v in keywords})
+        return self._replay(input_tensors)
+
+    def _plan_replay(self):
+        """Where each value of the replayed call comes from: the index of a call tensor, or
+        a constant of the recording (``_Constant``); None when a value is a container (a
+        tuple of tensors, a dict) or a mutable object, rebuilt per call by ``_replay``.
+        Found by replaying markers in the tensors' places. Calls of tensors and plain
+        values (HF forwards: ``input_ids=``, ``attention_mask=``, defaults None) then skip
+        pytree on every call (issue 28: it ran on every call of a torch.compile graph)."""
+        markers = [_Marker(i) for i in range(len(self._inputs.tensor_positions))]
+        try:
+            args, kwargs = self._replay(markers)
+        except Exception:  # a container whose constructor looks at its tensors: replayed per call
+            return None
+
+        def source(value):
+            if type(value) is _Marker:
+                return value.index
+            return _Constant(value) if type(value) in _IMMUTABLE_CONSTANTS else None
+
+        positional = [source(v) for v in args]
+        keywords = [(k, source(v)) for k, v in kwargs.items()]
+        if any(v is None for v in positional) or any(v is None for _, v in keywords):
+            return None
+        return positional, keywords
+
+    def _replay(self, input_tensors) -> tuple[tuple, dict[str, Any]]:
         arguments = self._inputs.fill(input_tensors)
         if self.call_form is not None:
             return self.call_form.replay(self.signature, arguments)

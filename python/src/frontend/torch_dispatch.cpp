@@ -10,7 +10,9 @@
 //
 // One dispatch serves one ait.Module. The front end registers each tuned graph that runs
 // in a session (`add_graph`: the session, which call tensor each session input takes,
-// how the outputs become the module's output) and then:
+// how the outputs become the module's output), and each that runs in Python
+// (`add_python_graph`: torch.compile, eager; a routed call hands its tensors to the
+// graph's Python run, which makes the module's output) and then:
 //  - `run(graph, tensors)`: the front end's general path, after it bound and flattened a
 //    call and found its graph; takes any tensor (views are made contiguous, tensors that
 //    require grad are detached; a tensor the session cannot take is an error naming it).
@@ -60,10 +62,12 @@ struct ArgumentKind {
   }
 };
 
-// A tuned graph that runs in a session.
+// A tuned graph: one that runs in a session, or one that runs in Python (torch.compile,
+// eager: `python_run`, session null).
 struct Graph {
   nb::object session_object;  // keeps the session alive while the graph is registered
   const OnnxSession* session = nullptr;
+  nb::object python_run;  // list of the call's tensors (recording order) -> the module's output
   std::size_t inputs = 0;          // tensors per call, in the front end's recording order
   std::vector<std::size_t> order;  // session input i <- call tensor order[i]
   nb::object rebuild;              // list of outputs -> the module's output; None: the one output itself
@@ -142,6 +146,21 @@ class TorchDispatch {
     return graphs_.size() - 1;
   }
 
+  /// Registers a graph that runs in Python on calls of `inputs` tensors: a route's call
+  /// is handed to `run(list of the call's tensors in recording order)`, whose result is
+  /// the module's output. So a torch.compile graph's calls skip nn.Module.__call__, the
+  /// proxy's forward, binding and flattening as a session's do (issue 28). Returns its index.
+  std::size_t add_python_graph(nb::object run, std::size_t inputs) {
+    if (!PyCallable_Check(run.ptr()))
+      throw Error(ErrorCode::kInvalidArgument, "TorchDispatch.add_python_graph: run must be callable, got " +
+                                                   nb::cast<std::string>(nb::str(run.type())));
+    auto graph = std::make_shared<Graph>();
+    graph->python_run = std::move(run);
+    graph->inputs = inputs;
+    graphs_.push_back(std::move(graph));
+    return graphs_.size() - 1;
+  }
+
   /// Serves calls like `sample` (a sequence of tensors: the positional ones, then those
   /// passed by the names in `keywords`, in that order) with graph `index`. False when
   /// such a route exists already.
@@ -189,6 +208,9 @@ class TorchDispatch {
   /// cannot take raises aitune.InvalidArgumentError naming its input.
   nb::object run(std::size_t index, const nb::sequence& tensors) const {
     std::shared_ptr<const Graph> graph = graph_at(index, "run");
+    if (graph->session == nullptr)
+      throw Error(ErrorCode::kInvalidArgument, "TorchDispatch.run: graph " + std::to_string(index) +
+                                                   " runs in Python; the front end calls it itself");
     const std::size_t n = nb::len(tensors);
     if (n != graph->inputs)
       throw Error(ErrorCode::kInvalidArgument, "TorchDispatch.run: " + std::to_string(n) + " tensors for graph " +
@@ -283,6 +305,11 @@ class TorchDispatch {
       }
     }
     if (!route) return nb::borrow(Py_NotImplemented);
+    if (route->graph->session == nullptr) {  // runs in Python: the tensors as they are
+      nb::list call_tensors;
+      for (std::size_t i = 0; i < n; ++i) call_tensors.append(nb::handle(values[i]));
+      return route->graph->python_run(call_tensors);
+    }
 
     std::vector<TensorView> views;
     views.reserve(route->graph->order.size());
@@ -307,6 +334,7 @@ class TorchDispatch {
     for (const auto& g : graphs_) {
       Py_VISIT(g->session_object.ptr());
       Py_VISIT(g->rebuild.ptr());
+      Py_VISIT(g->python_run.ptr());
     }
     return 0;
   }
@@ -440,6 +468,9 @@ void bind_torch_dispatch(nb::module_& m) {
            "Register a graph run by `session` on calls of `inputs` tensors (recording order): session input i "
            "takes call tensor order[i]; rebuild(list of outputs) makes the module's output, None when the "
            "session's one output is the output. Returns the graph's index.")
+      .def("add_python_graph", &TorchDispatch::add_python_graph, nb::arg("run"), nb::arg("inputs"),
+           "Register a graph run in Python on calls of `inputs` tensors: a route's call becomes "
+           "run(list of its tensors in recording order), the module's output. Returns the graph's index.")
       .def("add_route", &TorchDispatch::add_route, nb::arg("sample"), nb::arg("graph"),
            nb::arg("keywords") = std::vector<nb::object>{},
            "Serve calls with the count, dtypes, ranks and devices of `sample` (the positional tensors, then "

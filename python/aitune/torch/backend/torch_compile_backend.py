@@ -7,17 +7,20 @@ same mode, under the same autocast; nothing is copied or cast after it (issue 28
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import json
+import logging
 import time
 from collections.abc import Iterator
 
 import torch
+import torch.utils._pytree as pytree
 
 from aitune import _core
 from aitune.torch.backend import precision as precision_edge
 from aitune.torch.backend.base import Backend, BackendConfig, TunedGraph
-from aitune.torch.context import run_eagerly
+from aitune.torch.context import eager_var
 
 #: Candidate precisions by name (the engine's Precision, which sets their default
 #: tolerance, is parsed from the name at the edge: precision.candidate_precision).
@@ -28,6 +31,12 @@ MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagrap
 #: fp16 autocast; on the host fp32 only (TF32 and fp16 autocast are GPU notions there).
 DEFAULT_CUDA_PRECISIONS = ("fp32", "tf32", "fp16")
 DEFAULT_CPU_PRECISIONS = ("fp32",)
+#: ``output_dtype``: "module" (outputs in the module's dtypes) or "compute" (as the
+#: reduced precision computes them, no cast back).
+OUTPUT_DTYPES = ("module", "compute")
+_REDUCED = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+logger = logging.getLogger("aitune")
 
 
 @dataclasses.dataclass
@@ -53,6 +62,19 @@ class TorchCompileBackendConfig(BackendConfig):
             ("any", "fp32", "tf32", "fp16", "bf16"): filters ``precisions``.
         dynamic: ``torch.compile``'s ``dynamic`` (None: its default, static shapes first,
             dynamic after a recompile).
+        half_weights: also try, per fp16 / bf16 precision, the module with its floating
+            parameters and buffers converted once to that dtype (what ``model.half()``
+            gives; float inputs cast in, outputs cast back), compiled without autocast:
+            no per-call weight casts. Judged like the autocast candidate (its error against
+            eager at that precision). Opt-in: its weights are a copy made at tuning (and on
+            ``ait.load``), so it costs that copy's memory (``weights_copy_bytes`` in the
+            report's config) and does not see later in-place changes of the module's
+            weights (``load_state_dict``, training); tune again after such changes.
+        output_dtype: "module" (default): outputs in the module's own dtypes, fp16 / bf16
+            results cast back inside the compiled code. "compute": fp16 / bf16 candidates
+            return outputs as they compute them (no cast back; saves the cast of large
+            outputs such as logits); the tuned module then returns other dtypes than the
+            user's module, which tuning warns about and the candidate's name says.
     """
 
     mode: str = "reduce-overhead"
@@ -61,8 +83,15 @@ class TorchCompileBackendConfig(BackendConfig):
     dynamic: bool | None = None
     modes: tuple[str, ...] | None = None
     max_compile_s: float | None = None
+    half_weights: bool = False
+    output_dtype: str = "module"
 
     def __post_init__(self) -> None:
+        if not isinstance(self.half_weights, bool):
+            raise ValueError(f"half_weights must be a bool, got {self.half_weights!r}")
+        if self.output_dtype not in OUTPUT_DTYPES:
+            raise ValueError(f"output_dtype must be one of {', '.join(map(repr, OUTPUT_DTYPES))}, "
+                             f"got {self.output_dtype!r}")
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))}, got {self.mode!r}")
         if self.modes is not None:
@@ -100,6 +129,16 @@ class TorchCompileBackendConfig(BackendConfig):
         limit = precision_edge.parse_limit(self.precision)
         return [p for p in wanted if _core.precision_allowed(precision_edge.candidate_precision(p), limit)]
 
+    def candidate_variants(self, device: torch.device) -> list[tuple[str, str]]:
+        """(precision, weights) of each candidate per mode: weights "module" (the module's
+        own, under autocast for fp16 / bf16) or "half" (a copy in that dtype, half_weights)."""
+        variants = []
+        for precision in self.candidate_precisions(device):
+            variants.append((precision, "module"))
+            if self.half_weights and precision in _REDUCED:
+                variants.append((precision, "half"))
+        return variants
+
 
 @contextlib.contextmanager
 def _tf32(enabled: bool) -> Iterator[None]:
@@ -119,25 +158,51 @@ class _PrecisionForward(torch.nn.Module):
     left in another dtype than the module's own is cast back inside the compiled code
     (the tuned module returns what the user's module returns); one already in the
     module's dtype is returned as it is, no op added (``Tensor.to`` of its own dtype is
-    the tensor itself)."""
+    the tensor itself). ``output_dtypes`` None: no cast back (output_dtype="compute").
+    ``input_dtype``: float inputs are cast to it first (a module whose weights are in it)."""
 
-    def __init__(self, graph, device_type: str, autocast: torch.dtype | None, output_dtypes: list[torch.dtype]):
+    def __init__(self, inner: torch.nn.Module, graph, device_type: str, autocast: torch.dtype | None,
+                 output_dtypes: list[torch.dtype] | None, input_dtype: torch.dtype | None = None):
         super().__init__()
-        self.inner = graph.module
+        self.inner = inner
         object.__setattr__(self, "graph", graph)  # not a submodule
         self.device_type = device_type
         self.autocast = autocast
         self.output_dtypes = output_dtypes
+        self.input_dtype = input_dtype
 
     def forward(self, *args, **kwargs) -> tuple[torch.Tensor, ...]:
         # The recorded call is rebuilt outside (infer): binding a signature inside the
         # compiled region would break its graph.
+        if self.input_dtype is not None:
+            args, kwargs = pytree.tree_map_only(
+                torch.Tensor, lambda t: t.to(self.input_dtype) if t.is_floating_point() else t, (args, kwargs))
         if self.autocast is None:
             outputs = self.inner.forward(*args, **kwargs)
         else:
             with torch.autocast(self.device_type, dtype=self.autocast):
                 outputs = self.inner.forward(*args, **kwargs)
-        return tuple(t.to(d) for t, d in zip(self.graph.output_tensors(outputs), self.output_dtypes, strict=True))
+        tensors = self.graph.output_tensors(outputs)
+        if self.output_dtypes is None:
+            return tuple(tensors)
+        return tuple(t.to(d) for t, d in zip(tensors, self.output_dtypes, strict=True))
+
+
+def half_weights_copy(module: torch.nn.Module, dtype: torch.dtype) -> tuple[torch.nn.Module, int]:
+    """A copy of ``module`` whose floating parameters and buffers are in ``dtype`` (what
+    ``module.half()`` / ``.to(torch.bfloat16)`` gives, without touching ``module``), and
+    the bytes its converted tensors take. The converted tensors are made directly (the
+    memo of deepcopy), so no fp32 copy of the weights is made on the way."""
+    memo: dict[int, object] = {}
+    extra = 0
+    for tensor in [*module.parameters(), *module.buffers()]:
+        if id(tensor) in memo or not tensor.is_floating_point():
+            continue
+        half = tensor.detach().to(dtype)
+        extra += half.numel() * half.element_size()
+        memo[id(tensor)] = torch.nn.Parameter(half, requires_grad=False) if isinstance(
+            tensor, torch.nn.Parameter) else half
+    return copy.deepcopy(module, memo), extra
 
 
 class TorchCompileTunedGraph(TunedGraph):
@@ -147,40 +212,75 @@ class TorchCompileTunedGraph(TunedGraph):
     backend_name = "TorchCompileBackend"
 
     def __init__(self, graph, precision: str, mode: str, output_dtypes: list[torch.dtype], dynamic: bool | None = None,
-                 device: torch.device | None = None):
+                 device: torch.device | None = None, weights: str = "module", output_dtype: str = "module"):
+        if weights not in ("module", "half"):
+            raise ValueError(f"weights must be 'module' or 'half', got {weights!r}")
+        if output_dtype not in OUTPUT_DTYPES:
+            raise ValueError(f"output_dtype must be one of {', '.join(map(repr, OUTPUT_DTYPES))}, got {output_dtype!r}")
+        reduced = _REDUCED.get(precision)
+        if weights == "half" and reduced is None:
+            raise ValueError(f"half weights need precision fp16 or bf16, got {precision!r}")
         self.graph = graph
         self.precision = precision
         self.mode = mode
         self.dynamic = dynamic
         self.output_dtypes = list(output_dtypes)
+        self.weights = weights
+        # "compute" only changes fp16 / bf16 candidates: the others compute in the module's dtypes
+        self.output_dtype = output_dtype if reduced is not None else "module"
         self.device = device if device is not None else _module_device(graph.module)
-        autocast = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(precision)
-        forward = _PrecisionForward(graph, self.device.type, autocast, self.output_dtypes)
+        self.weights_copy_bytes = 0
+        if weights == "half":
+            inner, self.weights_copy_bytes = half_weights_copy(graph.module, reduced)
+            forward = _PrecisionForward(inner, graph, self.device.type, None,
+                                        None if self.output_dtype == "compute" else self.output_dtypes, reduced)
+        else:
+            forward = _PrecisionForward(graph.module, graph, self.device.type, reduced,
+                                        None if self.output_dtype == "compute" else self.output_dtypes)
         self._compiled = torch.compile(forward, mode=mode, dynamic=dynamic)
         # TF32 is a CUDA setting; fp16 / bf16 candidates leave the user's flags alone.
-        self._sets_tf32 = self.device.type == "cuda" and autocast is None
+        self._sets_tf32 = self.device.type == "cuda" and reduced is None
         self._cuda_graphs = self.device.type == "cuda" and mode in ("reduce-overhead", "max-autotune")
 
     def infer(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         # The compiled outputs as they are: no copy, no cast (with CUDA graphs they live
         # in the graph's pool until the next call, exactly as with torch.compile).
-        with run_eagerly(), (_tf32(self.precision == "tf32") if self._sets_tf32 else contextlib.nullcontext()):
-            if self._cuda_graphs:
-                torch.compiler.cudagraph_mark_step_begin()
-            args, kwargs = self.graph.call_arguments(inputs)
-            return list(self._compiled(*args, **kwargs))
+        # run_eagerly() (nested ait.Modules run their PyTorch code if dynamo traces again),
+        # set directly: a generator context manager per call costs more than the rest here
+        token = eager_var.set(True)
+        try:
+            if self._sets_tf32:
+                with _tf32(self.precision == "tf32"):
+                    return self._run(inputs)
+            return self._run(inputs)
+        finally:
+            eager_var.reset(token)
+
+    def _run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        if self._cuda_graphs:
+            torch.compiler.cudagraph_mark_step_begin()
+        args, kwargs = self.graph.call_arguments(inputs)
+        return list(self._compiled(*args, **kwargs))
 
     def config(self) -> dict:
-        """What a checkpoint stores to recompile this graph on load."""
-        return {
+        """What a checkpoint stores to recompile this graph on load (``weights`` and
+        ``output_dtype`` only where they are not the defaults)."""
+        config = {
             "precision": self.precision,
             "mode": self.mode,
             "dynamic": self.dynamic,
             "output_dtypes": [str(d).removeprefix("torch.") for d in self.output_dtypes],
         }
+        if self.weights != "module":
+            config["weights"] = self.weights
+        if self.output_dtype != "module":
+            config["output_dtype"] = self.output_dtype
+        return config
 
     def describe(self) -> str:
-        return f"{self.backend_name}[mode={self.mode}, precision={self.precision}]"
+        extra = "".join(f", {k}={v}" for k, v in (("weights", self.weights), ("output_dtype", self.output_dtype))
+                        if v != "module")
+        return f"{self.backend_name}[mode={self.mode}, precision={self.precision}{extra}]"
 
 
 def _module_device(module: torch.nn.Module) -> torch.device:
@@ -217,7 +317,7 @@ class TorchCompileBackend(Backend):
         super().__init__(config)
 
     def candidate_count(self, graph) -> int:
-        return len(self.config.candidate_precisions(graph.device)) * len(self.config.candidate_modes())
+        return len(self.config.candidate_variants(graph.device)) * len(self.config.candidate_modes())
 
     def add_candidates(self, graph, tuner, group: int, advance, module_call=None):
         precisions = self.config.candidate_precisions(graph.device)
@@ -230,22 +330,42 @@ class TorchCompileBackend(Backend):
         largest = max(range(len(graph.samples)), key=lambda i: graph.samples[i].batch_size)
         made: dict[str, TorchCompileTunedGraph] = {}
         for mode in self.config.candidate_modes():
-            for precision in precisions:
-                tuned = TorchCompileTunedGraph(graph, precision, mode, output_dtypes, self.config.dynamic,
-                                               graph.device)
-                name = f"torch.compile[mode={mode}] {precision}"
+            for precision, weights in self.config.candidate_variants(graph.device):
+                variant = ", ".join(([] if weights == "module" else ["half weights"]) + (
+                    [f"{precision} outputs"] if self.config.output_dtype == "compute" and precision in _REDUCED else []))
+                name = f"torch.compile[mode={mode}] {precision}" + (f" ({variant})" if variant else "")
+                try:
+                    tuned = TorchCompileTunedGraph(graph, precision, mode, output_dtypes, self.config.dynamic,
+                                                   graph.device, weights, self.config.output_dtype)
+                except Exception as error:  # a module that cannot be copied: the other candidates stand
+                    tuner.add_failed(name, self.describe(), group, f"{type(error).__name__}: {error}",
+                                     precision_edge.candidate_precision(precision))
+                    advance()
+                    continue
                 made[name] = tuned
 
                 def outputs(i: int, tuned=tuned) -> list[torch.Tensor]:
-                    return [t.detach().cpu().contiguous() for t in tuned.infer(inputs[i])]
+                    # Judged in the module's dtypes: outputs left in fp16 / bf16
+                    # (output_dtype="compute") are compared by value, as computed.
+                    return [t.detach().to(d).cpu().contiguous() for t, d in zip(tuned.infer(inputs[i]), output_dtypes)]
 
+                config = {**self.config.to_dict(), **tuned.config()}
+                if tuned.weights_copy_bytes:
+                    config["weights_copy_bytes"] = tuned.weights_copy_bytes  # the memory the copy adds
                 tuner.evaluate_external(name, self.describe(), group, precision_edge.candidate_precision(precision),
-                                        json.dumps({**self.config.to_dict(), **tuned.config()}), outputs,
-                                        self._timed_call(tuned, inputs[largest], module_call))
+                                        json.dumps(config), outputs, self._timed_call(tuned, inputs[largest], module_call))
                 advance()
 
         def make(session, candidate) -> TunedGraph:
-            return made[candidate.name]
+            tuned = made[candidate.name]
+            if tuned.output_dtype == "compute":
+                module_dtypes = sorted({str(d).removeprefix("torch.") for d in output_dtypes if d.is_floating_point})
+                logger.warning(
+                    "ait.Module '%s' %s: %s returns its outputs as %s computes them (%s where it leaves them "
+                    "so), not cast to the module's %s (TorchCompileBackendConfig(output_dtype='compute'))",
+                    graph.module_name, graph.key, candidate.name, tuned.precision,
+                    str(_REDUCED[tuned.precision]).removeprefix("torch."), ", ".join(module_dtypes) or "dtypes")
+            return tuned
 
         return make
 
