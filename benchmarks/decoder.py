@@ -133,7 +133,7 @@ def aitune_row(name: str, module, inputs, *, cuda: bool, iterations: int) -> dic
     winner = report.candidates[report.winner] if report.winner is not None else None
     fused = [c for c in report.candidates if c.transform.startswith("ort_fusions")]
     with torch.no_grad():
-        out = tuned(**inputs)
+        out = _first(tuned(**inputs)).clone()  # a CUDA-graph winner's next replay overwrites it
         p50 = p50_us(lambda: tuned(**inputs), iterations)
     return {"p50_us": p50, "output": out, "tuning_s": tuning_s,
             "winner": winner.name if winner else f"eager kept ({report.decision})",
@@ -170,7 +170,8 @@ def bench(workload: str, args) -> list[dict]:
             torch._dynamo.reset()
             call = compiled_call(module, inputs, cuda=cuda, autocast=autocast)
             start = time.perf_counter()
-            out = call()
+            # Cloned: with CUDA graphs the next replay overwrites the output (torch raises on a read).
+            out = _first(call()).clone()
             compile_s = time.perf_counter() - start
             rows.append({"row": "compile", "precision": precision, "p50_us": p50_us(call, args.iterations),
                          "compile_s": compile_s, "max_error": _error(out, reference)})
