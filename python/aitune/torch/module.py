@@ -24,6 +24,7 @@ from aitune.torch.module_registry import MODULE_REGISTRY
 from aitune.torch.options import TuneOptions
 from aitune.torch.strategy import OneBackendStrategy, TuneStrategy
 from aitune.torch.strategy_selection import StrategySelection
+from aitune.torch.weight_changes import state_dict_changes_weights, weights_fingerprint
 
 logger = logging.getLogger("aitune")
 
@@ -279,17 +280,47 @@ class Module(DispatchedModule):
         return self
 
     def _apply(self, fn, recurse=True):  # .to(), .cuda(), .half(), ... act on the wrapped module
+        before = weights_fingerprint(self._ait_module) if self._ait_graphs_hold_weights() else None
         self._ait_module._apply(fn, recurse)
+        if before is not None and weights_fingerprint(self._ait_module) != before:
+            self._ait_weights_changed("were moved or converted (.to(), .cuda(), .half(), ...)")
         return self
 
     def state_dict(self, *args, **kwargs):
         return self._ait_module.state_dict(*args, **kwargs)
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        return self._ait_module.load_state_dict(state_dict, strict=strict, assign=assign)
+        changed = self._ait_graphs_hold_weights() and state_dict_changes_weights(self._ait_module, state_dict)
+        result = self._ait_module.load_state_dict(state_dict, strict=strict, assign=assign)
+        if changed:
+            self._ait_weights_changed("were changed by load_state_dict")
+        return result
 
-    def _load_from_state_dict(self, *args, **kwargs):  # a parent's load_state_dict comes here
-        return self._ait_module._load_from_state_dict(*args, **kwargs)
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # A parent's load_state_dict comes here first, then loads the submodules (shared
+        # with the wrapped module) itself: compare the whole subtree now, before it does.
+        if self._ait_graphs_hold_weights() and state_dict_changes_weights(self._ait_module, state_dict, prefix):
+            self._ait_weights_changed("were changed by a parent's load_state_dict")
+        return self._ait_module._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    # -- weights changed under the tuned graphs ----------------------------------------
+
+    def _ait_graphs_hold_weights(self) -> bool:
+        """Whether an active tuned graph computes with its own copy of the weights."""
+        return self._ait_state is ModuleState.TUNED and self.ait_active and any(
+            tuned.holds_weights for _, tuned in self._ait_tuned.values())
+
+    def _ait_weights_changed(self, how: str) -> None:
+        """The module's weights changed under tuned graphs that hold a copy of the old ones:
+        they would compute another model, so the module runs eagerly (``deactivate``) and
+        says so, until it is tuned again (or the user, knowingly, calls ``activate()``)."""
+        holding = sorted(graph.key for graph, tuned in self._ait_tuned.values() if tuned.holds_weights)
+        self.deactivate()
+        logger.warning(
+            "ait.Module '%s': its weights %s after tuning; the tuned graphs %s hold a copy of the weights they "
+            "were tuned with and would compute the old model, so the module now runs eagerly. Tune it again "
+            "(ait.tune) to use the new weights; ait.save refuses until then.", self._ait_name, how,
+            ", ".join(holding))
 
     def _get_name(self) -> str:
         return f"ait.Module[{self._ait_name!r}, {self._ait_state.value}]({type(self._ait_module).__name__})"

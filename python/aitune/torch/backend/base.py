@@ -60,9 +60,14 @@ class TunedGraph:
     torch.compile) leaves ``session`` None and implements ``infer``: the graph's tensor
     inputs in recording order in, its tensor outputs in recording order out.
     ``report`` is the engine's TuneReport of the tuning that chose it.
+    ``holds_weights``: the graph computes with its own copy of the module's weights (an
+    ONNX model's initializers, a half-precision copy), so it no longer computes the
+    module once the module's weights change; a graph that reads the module's own
+    parameters on every call (eager, torch.compile of the module) sets it False.
     """
 
     backend_name: str = "?"
+    holds_weights: bool = True
     report = None
     session = None
     order: tuple[int, ...] = ()

@@ -226,6 +226,8 @@ class TorchCompileTunedGraph(TunedGraph):
         self.dynamic = dynamic
         self.output_dtypes = list(output_dtypes)
         self.weights = weights
+        # A half-weights copy is a snapshot; the module compiled as it is reads its own parameters.
+        self.holds_weights = weights == "half"
         # "compute" only changes fp16 / bf16 candidates: the others compute in the module's dtypes
         self.output_dtype = output_dtype if reduced is not None else "module"
         self.device = device if device is not None else _module_device(graph.module)

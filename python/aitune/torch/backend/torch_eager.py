@@ -15,6 +15,7 @@ from aitune.torch.graph import RecordedGraph
 
 class EagerGraph(TunedGraph):
     backend_name = "TorchEagerBackend"
+    holds_weights = False  # the module itself
 
     def __init__(self, graph: RecordedGraph, note: str | None = None):
         self.graph = graph
