@@ -11,6 +11,7 @@ import json
 
 import pytest
 import torch
+from decoder_models import VOCAB, tiny_decoder
 from torch_models import cpu_strategy
 
 import aitune.torch as ait
@@ -19,17 +20,7 @@ transformers = pytest.importorskip("transformers")
 onnx_ir = pytest.importorskip("onnx_ir")
 ort = pytest.importorskip("onnxruntime")
 
-VOCAB = 256
 LENGTH = 8
-
-
-def _decoder(kind: str) -> torch.nn.Module:
-    torch.manual_seed(0)
-    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-    if kind == "llama":
-        return transformers.LlamaForCausalLM(transformers.LlamaConfig(**common)).eval()
-    return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common)).eval()
 
 
 def _elementwise_rotary(self, x, position_ids):
@@ -63,7 +54,7 @@ def _padded(batch_size: int, static: bool = False) -> dict:
     ("qwen2", "matmul", True, (1,)),  # every shape static (the benchmark's prefill at batch 1)
 ])
 def test_fused_decoder_candidate_matches_eager_on_padded_batches(kind, rotary, static, sizes, monkeypatch):
-    inner = _decoder(kind)
+    inner = tiny_decoder(kind)
     if rotary == "elementwise":
         monkeypatch.setattr(type(inner.model.rotary_emb), "forward", _elementwise_rotary)
     model = ait.Module(inner, f"fused-{kind}-{rotary}-{static}-{len(sizes)}", strategy=cpu_strategy(use_dynamo=True))

@@ -6,23 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from decoder_models import VOCAB, tiny_decoder
 from torch_models import cpu_strategy
 
 import aitune.torch as ait
 from aitune.torch import ModuleState
 
 transformers = pytest.importorskip("transformers")
-
-VOCAB = 256
-
-
-def _decoder(kind: str) -> torch.nn.Module:
-    torch.manual_seed(0)
-    common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-    if kind == "llama":
-        return transformers.LlamaForCausalLM(transformers.LlamaConfig(**common)).eval()
-    return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common)).eval()
 
 
 def _padded_batches(batch_size: int):
@@ -48,7 +38,7 @@ def _tune(inner, name, **kwargs) -> ait.Module:
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 def test_padded_prefill_tunes_with_padded_positions_left_out(kind):
-    inner = _decoder(kind)
+    inner = tiny_decoder(kind)
     model = _tune(inner, f"padded-{kind}")
     assert model.ait_state is ModuleState.TUNED
     assert all("ONNXRuntimeBackend" in b for b in model.ait_backends.values()), model.ait_backends
@@ -69,7 +59,7 @@ def test_every_position_compared_rejects_the_padded_batch():
     """valid_positions=False compares padding too: the outputs there differ from eager's
     (undefined), so every candidate is rejected, as before masks were derived."""
     with pytest.raises(Exception, match="every candidate differs from eager|elements beyond"):
-        _tune(_decoder("llama"), "padded-llama-all", valid_positions=False)
+        _tune(tiny_decoder("llama"), "padded-llama-all", valid_positions=False)
 
 
 def test_declared_valid_positions_callable_is_used():
@@ -79,7 +69,7 @@ def test_declared_valid_positions_callable_is_used():
         seen.append(sorted(k for k, v in arguments.items() if isinstance(v, torch.Tensor)))
         return arguments["attention_mask"] != 0
 
-    model = _tune(_decoder("llama"), "padded-llama-declared", valid_positions=valid)
+    model = _tune(tiny_decoder("llama"), "padded-llama-declared", valid_positions=valid)
     assert model.ait_state is ModuleState.TUNED
     assert seen and all(names == ["attention_mask", "input_ids"] for names in seen), seen
     (report,) = model.ait_reports.values()
@@ -96,7 +86,7 @@ def test_fused_candidate_is_judged_on_the_padded_batch():
     for the RMSNorms) is checked on the padded samples too, and matches eager where defined."""
     import json
 
-    model = ait.Module(_decoder("llama"), "padded-llama-fused", strategy=cpu_strategy(use_dynamo=True))
+    model = ait.Module(tiny_decoder("llama"), "padded-llama-fused", strategy=cpu_strategy(use_dynamo=True))
     ait.tune(model, _padded_batches, batch_sizes=[2, 3], ignore_failing_modules=False,
              disable_external_logging=True, progress=False)
     (report,) = model.ait_reports.values()

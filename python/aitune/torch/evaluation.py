@@ -87,10 +87,14 @@ def labelled_metric(graph, samples: list, accuracy: Callable, labels: Sequence) 
 
     def score(outputs) -> float:
         evaluated = [graph.rebuild_outputs([torch.from_dlpack(c).clone() for c in outputs[i]]) for i in indices]
-        value = accuracy(evaluated, batch_labels)
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            raise TypeError(f"accuracy must return a number, got {type(value).__name__}") from None
+        return metric_number(accuracy(evaluated, batch_labels))
 
     return score
+
+
+def metric_number(value) -> float:
+    """The user's ``accuracy`` result as the engine's number; anything else is a TypeError."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"accuracy must return a number, got {type(value).__name__}") from None

@@ -24,7 +24,7 @@ from aitune.torch.backend.torch_eager import EagerGraph, TorchEagerBackend
 from aitune.torch.candidate_isolation import CudaContextLostError
 from aitune.torch.context import eager_var
 from aitune.torch.eager_precision import eager_outputs_at
-from aitune.torch.evaluation import labelled_metric
+from aitune.torch.evaluation import labelled_metric, metric_number
 from aitune.torch.divergence import trace_failed_candidates
 from aitune.torch.export import same_math_as_export, same_math_differs
 from aitune.torch.graph import RecordedGraph
@@ -126,11 +126,7 @@ def _user_metric(graph: RecordedGraph, samples, accuracy):
 
     def score(outputs) -> float:
         candidate = [graph.rebuild_outputs([torch.from_dlpack(c).clone() for c in sample]) for sample in outputs]
-        value = accuracy(eager, candidate)
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            raise TypeError(f"accuracy must return a number, got {type(value).__name__}") from None
+        return metric_number(accuracy(eager, candidate))
 
     return score
 
