@@ -260,7 +260,7 @@ void bind_tuning(nb::module_& m) {
       .def_rw("spec", &CandidateRequest::spec)
       .def_rw("precision_limit", &CandidateRequest::precision_limit,
               "The engine's Precision, or None for any (text is converted at the kwargs edge, "
-              "aitune.torch.backend.precision).")
+              "ONNXRuntimeBackendConfig.precision_limit).")
       .def_rw("model_precision", &CandidateRequest::model_precision)
       .def_rw("has_convolutions", &CandidateRequest::has_convolutions)
       .def_rw("tune_provider_options", &CandidateRequest::tune_provider_options)

@@ -13,7 +13,6 @@ import torch
 
 from aitune import _core
 from aitune.torch import cache, candidate_isolation, export, transforms
-from aitune.torch.backend import precision as precision_edge
 from aitune.torch.backend.base import Backend, BackendConfig, TunedGraph
 from aitune.torch.graph import RecordedGraph
 
@@ -50,8 +49,26 @@ def _provider_from(value) -> ONNXExecutionProvider | str:
         return name
 
 
-#: The values of ``ONNXRuntimeBackendConfig.precision`` (the engine's precision limits).
-PRECISIONS = precision_edge.LIMIT_NAMES
+#: The candidate precisions by name, in the engine's spelling ("fp32", "tf32", "fp16", "bf16").
+PRECISION_NAMES = tuple(_core.precision_name(p) for p in (_core.Precision.STRICT, _core.Precision.TF32,
+                                                          _core.Precision.FP16, _core.Precision.BF16))
+#: The values of ``ONNXRuntimeBackendConfig.precision`` (the engine's precision limits):
+#: "any" and every precision.
+PRECISIONS = ("any", *PRECISION_NAMES)
+
+
+def checked_precision_limit(value: object) -> str:
+    """The precision kwargs edge: ``value`` ("any", "fp32", ... any case) as the engine
+    spells the limit, checked by the engine; ValueError naming the valid values otherwise.
+    Kept as text in a config (it is part of its key); ``_core.parse_precision_limit``
+    converts it, once, where it enters the engine (``precision_limit``). Shared with
+    TorchCompileBackendConfig, whose ``precision`` is the same limit."""
+    if isinstance(value, str):
+        try:
+            return _core.precision_limit_name(_core.parse_precision_limit(value.lower()))
+        except _core.InvalidArgumentError:
+            pass
+    raise ValueError(f"precision must be one of {', '.join(map(repr, PRECISIONS))}, got {value!r}") from None
 
 
 def module_precision(module: torch.nn.Module) -> _core.Precision:
@@ -125,7 +142,7 @@ class ONNXRuntimeBackendConfig(BackendConfig):
                 )
             self.provider_options = {k: str(int(v)) if isinstance(v, bool) else str(v)
                                      for k, v in self.provider_options.items()}
-        self.precision = precision_edge.precision_limit(self.precision)
+        self.precision = checked_precision_limit(self.precision)
         if not isinstance(self.transformer_fusions, bool):
             raise ValueError(f"transformer_fusions must be a bool, got {self.transformer_fusions!r}")
         if not isinstance(self.allow_trace_warnings, bool):
@@ -134,7 +151,7 @@ class ONNXRuntimeBackendConfig(BackendConfig):
     @property
     def precision_limit(self) -> _core.Precision | None:
         """``precision`` as the engine's value (None: any), what the candidate plan gets."""
-        return precision_edge.parse_limit(self.precision)
+        return _core.parse_precision_limit(self.precision)  # the limit's one conversion
 
     @property
     def provider(self) -> ONNXExecutionProvider | str:

@@ -18,13 +18,13 @@ import torch
 import torch.utils._pytree as pytree
 
 from aitune import _core
-from aitune.torch.backend import precision as precision_edge
 from aitune.torch.backend.base import Backend, BackendConfig, TunedGraph
+from aitune.torch.backend.onnx_runtime_backend import PRECISION_NAMES, checked_precision_limit
 from aitune.torch.context import eager_var
 
 #: Candidate precisions by name (the engine's Precision, which sets their default
-#: tolerance, is parsed from the name at the edge: precision.candidate_precision).
-PRECISIONS = precision_edge.PRECISION_NAMES
+#: tolerance, is parsed from the name once, at the edge: ``_core.parse_precision``).
+PRECISIONS = PRECISION_NAMES
 #: torch.compile modes.
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 #: What a CUDA module tries by default: fp32, TF32 (what a user tuning for speed sets) and
@@ -115,7 +115,7 @@ class TorchCompileBackendConfig(BackendConfig):
                     f"got {self.precisions!r}"
                 )
             self.precisions = tuple(self.precisions)
-        self.precision = precision_edge.precision_limit(self.precision)
+        self.precision = checked_precision_limit(self.precision)
         if self.dynamic is not None and not isinstance(self.dynamic, bool):
             raise ValueError(f"dynamic must be None or a bool, got {self.dynamic!r}")
 
@@ -126,8 +126,8 @@ class TorchCompileBackendConfig(BackendConfig):
     def candidate_precisions(self, device: torch.device) -> list[str]:
         """The precisions tried on ``device``, those ``precision`` allows."""
         wanted = self.precisions or (DEFAULT_CUDA_PRECISIONS if device.type == "cuda" else DEFAULT_CPU_PRECISIONS)
-        limit = precision_edge.parse_limit(self.precision)
-        return [p for p in wanted if _core.precision_allowed(precision_edge.candidate_precision(p), limit)]
+        limit = _core.parse_precision_limit(self.precision)
+        return [p for p in wanted if _core.precision_allowed(_core.parse_precision(p), limit)]
 
     def candidate_variants(self, device: torch.device) -> list[tuple[str, str]]:
         """(precision, weights) of each candidate per mode: weights "module" (the module's
@@ -341,7 +341,7 @@ class TorchCompileBackend(Backend):
                                                    graph.device, weights, self.config.output_dtype)
                 except Exception as error:  # a module that cannot be copied: the other candidates stand
                     tuner.add_failed(name, self.describe(), group, f"{type(error).__name__}: {error}",
-                                     precision_edge.candidate_precision(precision))
+                                     _core.parse_precision(precision))
                     advance()
                     continue
                 made[name] = tuned
@@ -354,7 +354,7 @@ class TorchCompileBackend(Backend):
                 config = {**self.config.to_dict(), **tuned.config()}
                 if tuned.weights_copy_bytes:
                     config["weights_copy_bytes"] = tuned.weights_copy_bytes  # the memory the copy adds
-                tuner.evaluate_external(name, self.describe(), group, precision_edge.candidate_precision(precision),
+                tuner.evaluate_external(name, self.describe(), group, _core.parse_precision(precision),
                                         json.dumps(config), outputs, self._timed_call(tuned, inputs[largest], module_call))
                 advance()
 
