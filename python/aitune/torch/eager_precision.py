@@ -5,6 +5,7 @@ judges a candidate at precision P against the error eager itself makes at P."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 
 import torch
 
@@ -15,9 +16,13 @@ _AUTOCAST = {_core.Precision.FP16: torch.float16, _core.Precision.BF16: torch.bf
 
 
 @contextlib.contextmanager
-def _tf32_on():
+def allow_tf32(enabled: bool) -> Iterator[None]:
+    """TF32 for CUDA matmuls and convolutions on or off (``torch.backends.cuda.matmul`` /
+    ``torch.backends.cudnn.allow_tf32``) for the block, the user's settings restored
+    after. The one place aitune sets these flags: eager at TF32 here, the exact float32
+    reference (``graph_tuning.exact_float32``), a torch.compile candidate's fp32 / tf32."""
     matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = enabled
     try:
         yield
     finally:
@@ -29,7 +34,7 @@ def _precision_context(device_type: str, precision: _core.Precision):
     if precision == _core.Precision.TF32:
         if device_type != "cuda":
             return f"TF32 is a CUDA setting; on {device_type} eager computes float32 exactly"
-        return _tf32_on()
+        return allow_tf32(True)
     dtype = _AUTOCAST.get(precision)
     if dtype is None:
         return f"no eager counterpart of {_core.precision_name(precision)}"

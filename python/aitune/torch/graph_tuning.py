@@ -23,7 +23,7 @@ from aitune.torch.backend.onnx_runtime_backend import NumericMismatchError
 from aitune.torch.backend.torch_eager import EagerGraph, TorchEagerBackend
 from aitune.torch.candidate_isolation import CudaContextLostError
 from aitune.torch.context import eager_var
-from aitune.torch.eager_precision import eager_outputs_at
+from aitune.torch.eager_precision import allow_tf32, eager_outputs_at
 from aitune.torch.evaluation import labelled_metric, metric_number
 from aitune.torch.divergence import trace_failed_candidates
 from aitune.torch.export import same_math_as_export, same_math_differs
@@ -77,14 +77,8 @@ def exact_float32() -> Iterator[None]:
     the settings restored afterwards. On a GPU torch computes convolutions in TF32 by
     default (``torch.backends.cudnn.allow_tf32``), matmuls too where the user allowed it;
     the correctness reference must be the most exact output the machine gives instead."""
-    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    try:
+    with allow_tf32(False):
         yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = matmul
-        torch.backends.cudnn.allow_tf32 = cudnn
 
 
 def reference_outputs(graph: RecordedGraph) -> list[list[torch.Tensor]]:

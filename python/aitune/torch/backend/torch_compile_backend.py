@@ -6,13 +6,11 @@ same mode, under the same autocast; nothing is copied or cast after it (issue 28
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import dataclasses
 import json
 import logging
 import time
-from collections.abc import Iterator
 
 import torch
 import torch.utils._pytree as pytree
@@ -21,6 +19,7 @@ from aitune import _core
 from aitune.torch.backend.base import Backend, BackendConfig, TunedGraph
 from aitune.torch.backend.onnx_runtime_backend import PRECISION_NAMES, checked_precision_limit
 from aitune.torch.context import eager_var
+from aitune.torch.eager_precision import allow_tf32
 
 #: Candidate precisions by name (the engine's Precision, which sets their default
 #: tolerance, is parsed from the name once, at the edge: ``_core.parse_precision``).
@@ -140,18 +139,6 @@ class TorchCompileBackendConfig(BackendConfig):
         return variants
 
 
-@contextlib.contextmanager
-def _tf32(enabled: bool) -> Iterator[None]:
-    """TF32 for CUDA matmuls and convolutions on or off around a call (and the compile
-    inside the first call, which reads these flags), restored after."""
-    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = enabled
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
-
-
 class _PrecisionForward(torch.nn.Module):
     """The graph's module as ``forward(*args, **kwargs) -> tuple of its output tensors``,
     under autocast when the candidate asks for it: what is compiled. An output autocast
@@ -252,7 +239,7 @@ class TorchCompileTunedGraph(TunedGraph):
         token = eager_var.set(True)
         try:
             if self._sets_tf32:
-                with _tf32(self.precision == "tf32"):
+                with allow_tf32(self.precision == "tf32"):
                     return self._run(inputs)
             return self._run(inputs)
         finally:
