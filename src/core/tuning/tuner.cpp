@@ -112,9 +112,7 @@ const GraphSpec& GraphTuner::spec() const noexcept { return impl_->spec; }
 void GraphTuner::profile_reference(const std::function<void(const std::vector<TensorView>&)>& run,
                                    const std::string& label) {
   const auto& sample = impl_->samples[impl_->profile_sample];
-  std::unique_ptr<DeviceTimer> timer;
-  if (impl_->options.cuda_stream && !sample.inputs.empty() && sample.inputs.front().device.kind == DeviceKind::kCUDA)
-    timer = make_cuda_event_timer(*impl_->options.cuda_stream, sample.inputs.front().device.index);
+  auto timer = impl_->front_end_timer(sample);
   impl_->report.eager_label = label;
   impl_->report.eager =
       profile_calls([&] { run(sample.inputs); }, sample.batch_size, impl_->options.profile, timer.get());
@@ -123,15 +121,7 @@ void GraphTuner::profile_reference(const std::function<void(const std::vector<Te
 
 std::size_t GraphTuner::add_failed(const std::string& name, const std::string& backend, int group,
                                    const std::string& reason, Precision precision) {
-  CandidateResult r;
-  r.name = name;
-  r.precision = precision;
-  r.backend = backend;
-  r.group = group;
-  r.status = CandidateStatus::kFailed;
-  r.reason = reason;
-  impl_->log(name + ": failed: " + reason);
-  return impl_->push(std::move(r), nullptr, "");
+  return impl_->push_failed(Impl::new_result(name, backend, group, precision), reason);
 }
 
 std::size_t GraphTuner::evaluate_onnx(const std::string& model_path, const OnnxCandidate& candidate,
@@ -139,20 +129,14 @@ std::size_t GraphTuner::evaluate_onnx(const std::string& model_path, const OnnxC
                                       const std::vector<std::size_t>& model_inputs,
                                       const SessionCallFactory& module_call) {
   auto& impl = *impl_;
-  std::vector<std::size_t> map = model_inputs;
-  if (map.empty())
-    for (std::size_t i = 0; i < impl.spec.inputs.size(); ++i) map.push_back(i);
+  const std::vector<std::size_t> map = impl.input_map(model_inputs);
   for (auto i : map)
     if (i >= impl.spec.inputs.size())
       throw Error(ErrorCode::kInvalidArgument, impl.report.graph + ": model input index " + std::to_string(i) +
                                                    " is out of range; the graph has " +
                                                    std::to_string(impl.spec.inputs.size()) + " inputs");
   const GraphSpec model_spec = impl.spec_for(map);
-  CandidateResult r;
-  r.name = candidate.name;
-  r.backend = backend_name;
-  r.group = group;
-  r.precision = candidate.precision;
+  CandidateResult r = Impl::new_result(candidate.name, backend_name, group, candidate.precision);
   r.transform = candidate.transform;
   r.fused_operators = candidate.fused_operators;
   r.fp32_nodes = candidate.fp32_nodes;
@@ -165,10 +149,7 @@ std::size_t GraphTuner::evaluate_onnx(const std::string& model_path, const OnnxC
   try {
     backend = OnnxSession::create(model_path, config, model_spec);
   } catch (const Error& e) {
-    r.status = CandidateStatus::kFailed;
-    r.reason = e.what();
-    impl.log(r.name + ": failed: " + r.reason);
-    return impl.push(std::move(r), nullptr, model_path, map);
+    return impl.push_failed(std::move(r), e.what(), model_path, map);
   }
   r.session_creation_ms = ms_since(start);
   r.config_json = backend->config().to_json(-1);
@@ -181,12 +162,7 @@ std::size_t GraphTuner::evaluate_onnx(const std::string& model_path, const OnnxC
     r.first_run_ms = ms_since(start);
 
     r.correctness = impl.check(*backend, candidate.precision, map);
-    if (!r.correctness->passed()) {
-      r.status = CandidateStatus::kIncorrect;
-      r.reason = r.correctness->first_failure();
-      impl.log(r.name + ": rejected: " + r.reason);
-      return impl.push(std::move(r), nullptr, model_path, map);
-    }
+    if (!r.correctness->passed()) return impl.push_rejected(std::move(r), model_path, map);
     auto timer = Impl::timer_for(*backend);
     // Through the module's own dispatch where the front end gives it: the latency a
     // candidate wins by is then the latency of the module a user calls.
@@ -194,23 +170,15 @@ std::size_t GraphTuner::evaluate_onnx(const std::string& model_path, const OnnxC
     if (module_call) call = module_call(*backend);
     r.profile = profile_calls(call, sample.batch_size, impl.options.profile, timer.get());
   } catch (const Error& e) {
-    r.status = CandidateStatus::kFailed;
-    r.reason = e.what();
-    impl.log(r.name + ": failed: " + r.reason);
-    return impl.push(std::move(r), nullptr, model_path, map);
+    return impl.push_failed(std::move(r), e.what(), model_path, map);
   }
-  r.status = CandidateStatus::kPassed;
-  impl.log(r.name + ": correct (max abs error " + std::to_string(r.correctness->max_abs_error()) + "), p50 " +
-           std::to_string(r.profile->host_us.p50) + " us");
-  return impl.push(std::move(r), std::move(backend), model_path, map);
+  return impl.push_passed(std::move(r), std::move(backend), model_path, map);
 }
 
 bool GraphTuner::check_onnx(const std::string& model_path, const OnnxCandidate& candidate,
                             const std::vector<std::size_t>& model_inputs) {
   auto& impl = *impl_;
-  std::vector<std::size_t> map = model_inputs;
-  if (map.empty())
-    for (std::size_t i = 0; i < impl.spec.inputs.size(); ++i) map.push_back(i);
+  const std::vector<std::size_t> map = impl.input_map(model_inputs);
   try {
     auto backend = OnnxSession::create(model_path, candidate.config, impl.spec_for(map));
     bool passed = impl.check(*backend, candidate.precision, map).passed();
@@ -226,11 +194,7 @@ bool GraphTuner::check_onnx(const std::string& model_path, const OnnxCandidate& 
 std::size_t GraphTuner::evaluate_external(const ExternalCandidate& candidate, const std::string& backend_name,
                                           int group) {
   auto& impl = *impl_;
-  CandidateResult r;
-  r.name = candidate.name;
-  r.backend = backend_name;
-  r.group = group;
-  r.precision = candidate.precision;
+  CandidateResult r = Impl::new_result(candidate.name, backend_name, group, candidate.precision);
   r.config_json = candidate.config_json;
   if (!candidate.outputs || !candidate.run)
     throw Error(ErrorCode::kInvalidArgument, impl.report.graph + ": external candidate '" + candidate.name +
@@ -243,27 +207,14 @@ std::size_t GraphTuner::evaluate_external(const ExternalCandidate& candidate, co
     std::vector<std::vector<Tensor>> outputs;
     for (std::size_t i = 0; i < impl.samples.size(); ++i) outputs.push_back(candidate.outputs(i));
     r.correctness = impl.judge(candidate.precision, outputs);
-    if (!r.correctness->passed()) {
-      r.status = CandidateStatus::kIncorrect;
-      r.reason = r.correctness->first_failure();
-      impl.log(r.name + ": rejected: " + r.reason);
-      return impl.push(std::move(r), nullptr, "");
-    }
+    if (!r.correctness->passed()) return impl.push_rejected(std::move(r));
     const auto& sample = impl.samples[impl.profile_sample];
-    std::unique_ptr<DeviceTimer> timer;
-    if (impl.options.cuda_stream && !sample.inputs.empty() && sample.inputs.front().device.kind == DeviceKind::kCUDA)
-      timer = make_cuda_event_timer(*impl.options.cuda_stream, sample.inputs.front().device.index);
+    auto timer = impl.front_end_timer(sample);
     r.profile = profile_calls([&] { candidate.run(); }, sample.batch_size, impl.options.profile, timer.get());
   } catch (const std::exception& e) {  // the front end's errors arrive as whatever it raised
-    r.status = CandidateStatus::kFailed;
-    r.reason = e.what();
-    impl.log(r.name + ": failed: " + r.reason);
-    return impl.push(std::move(r), nullptr, "");
+    return impl.push_failed(std::move(r), e.what());
   }
-  r.status = CandidateStatus::kPassed;
-  impl.log(r.name + ": correct (max abs error " + std::to_string(r.correctness->max_abs_error()) + "), p50 " +
-           std::to_string(r.profile->host_us.p50) + " us");
-  return impl.push(std::move(r), nullptr, "");
+  return impl.push_passed(std::move(r), nullptr);
 }
 
 const std::string& GraphTuner::model_path(std::size_t candidate) const {
@@ -293,9 +244,7 @@ const DivergenceReport& GraphTuner::trace_divergence(std::size_t candidate, std:
   auto& r = impl.report.candidates[candidate];
   const auto config = OnnxSessionConfig::from_json(r.config_json);
   // The model's inputs by name (the graph's names; an exporter may have dropped some).
-  std::vector<std::size_t> map = impl.input_maps[candidate];
-  if (map.empty())
-    for (std::size_t i = 0; i < impl.spec.inputs.size(); ++i) map.push_back(i);
+  const std::vector<std::size_t> map = impl.input_map(impl.input_maps[candidate]);
   std::map<std::string, TensorView> inputs;
   for (auto i : map) inputs.emplace(impl.spec.inputs.at(i).name, impl.samples[sample].inputs.at(i));
   impl.log(r.name + ": tracing where it diverges from eager");

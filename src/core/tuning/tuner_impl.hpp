@@ -110,6 +110,57 @@ struct GraphTuner::Impl {
     return report.candidates.size() - 1;
   }
 
+  // A candidate's result before it is evaluated: who it is and what precision it computes in.
+  static CandidateResult new_result(const std::string& name, const std::string& backend, int group,
+                                    Precision precision) {
+    CandidateResult r;
+    r.name = name;
+    r.backend = backend;
+    r.group = group;
+    r.precision = precision;
+    return r;
+  }
+
+  // A candidate's end: failed (it could not be made or run), rejected (its correctness
+  // report failed) or passed; logged and pushed with its session where it has one.
+  std::size_t push_failed(CandidateResult r, const std::string& reason, std::string model_path = "",
+                          std::vector<std::size_t> input_map = {}) {
+    r.status = CandidateStatus::kFailed;
+    r.reason = reason;
+    log(r.name + ": failed: " + r.reason);
+    return push(std::move(r), nullptr, std::move(model_path), std::move(input_map));
+  }
+  std::size_t push_rejected(CandidateResult r, std::string model_path = "", std::vector<std::size_t> input_map = {}) {
+    r.status = CandidateStatus::kIncorrect;
+    r.reason = r.correctness->first_failure();
+    log(r.name + ": rejected: " + r.reason);
+    return push(std::move(r), nullptr, std::move(model_path), std::move(input_map));
+  }
+  std::size_t push_passed(CandidateResult r, std::unique_ptr<OnnxSession> backend, std::string model_path = "",
+                          std::vector<std::size_t> input_map = {}) {
+    r.status = CandidateStatus::kPassed;
+    log(r.name + ": correct (max abs error " + std::to_string(r.correctness->max_abs_error()) + "), p50 " +
+        std::to_string(r.profile->host_us.p50) + " us");
+    return push(std::move(r), std::move(backend), std::move(model_path), std::move(input_map));
+  }
+
+  // Device time of calls the front end makes on `sample` (eager, an external candidate),
+  // by events on the user's CUDA stream; null on the host or without a stream.
+  std::unique_ptr<DeviceTimer> front_end_timer(const TuneSample& sample) const {
+    if (!options.cuda_stream || sample.inputs.empty() || sample.inputs.front().device.kind != DeviceKind::kCUDA)
+      return nullptr;
+    return make_cuda_event_timer(*options.cuda_stream, sample.inputs.front().device.index);
+  }
+
+  // A model's inputs as graph input indices: `model_inputs`, or every graph input in order
+  // when it is empty (the model takes them all).
+  std::vector<std::size_t> input_map(const std::vector<std::size_t>& model_inputs) const {
+    std::vector<std::size_t> map = model_inputs;
+    if (map.empty())
+      for (std::size_t i = 0; i < spec.inputs.size(); ++i) map.push_back(i);
+    return map;
+  }
+
   // Device time of a session's calls, by events on the stream it runs on.
   static std::unique_ptr<DeviceTimer> timer_for(const OnnxSession& backend) {
     // A session on a CUDA stream (the CUDA provider; TensorRT reports none).
