@@ -4,6 +4,7 @@
 #include <sys/wait.h>
 
 #include <cstdio>
+#include <utility>
 #include <nlohmann/json.hpp>
 
 #include "aitune/onnx_external_data.hpp"  // not in aitune.hpp: the checkpoint's own file scanning
@@ -582,6 +583,35 @@ TEST_F(CheckpointTest, FailureMidSaveLeavesThePreviousCheckpointLoadable) {
   EXPECT_FALSE(fs::exists(artifact("graphs/mlp/notes/more.txt")));
   EXPECT_EQ(run_mlp(*loaded.create_session("mlp")), run_original_mlp());
   EXPECT_EQ(siblings(), std::vector<std::string>{"ckpt"}) << "the temporary directory was left behind";
+}
+
+// Two processes saving to one new path (the cache stress test's shared directory): the
+// other's checkpoint lands after this save found the path free and before it moves its own
+// in. With overwrite on, this save replaces it as if it had been there; with overwrite off,
+// it refuses as for a checkpoint found at the start; either way nothing is left beside it.
+TEST_F(CheckpointTest, ACheckpointSavedMeanwhileToTheSamePathIsReplacedWhenOverwriting) {
+  CheckpointSaveOptions options;
+  bool raced = false;
+  options.on_file_written = [&](const std::string&, std::size_t) {
+    if (!std::exchange(raced, true)) save_mlp("other");
+  };
+  Checkpoint::save(dir_, mlp_manifest("mine"), mlp_files(), options);
+  EXPECT_TRUE(raced);
+  EXPECT_EQ(Checkpoint::load(dir_).manifest().module_name, "mine");
+  EXPECT_EQ(siblings(), std::vector<std::string>{"ckpt"}) << "a temporary or old directory was left behind";
+}
+
+TEST_F(CheckpointTest, ACheckpointSavedMeanwhileIsKeptWithoutOverwrite) {
+  CheckpointSaveOptions options;
+  options.overwrite = false;
+  bool raced = false;
+  options.on_file_written = [&](const std::string&, std::size_t) {
+    if (!std::exchange(raced, true)) save_mlp("other");
+  };
+  expect_error([&] { Checkpoint::save(dir_, mlp_manifest("mine"), mlp_files(), options); },
+               ErrorCode::kInvalidArgument, {"already holds a checkpoint"});
+  EXPECT_EQ(Checkpoint::load(dir_).manifest().module_name, "other");
+  EXPECT_EQ(siblings(), std::vector<std::string>{"ckpt"});
 }
 
 TEST_F(CheckpointTest, FailureOfAFirstSaveLeavesNothing) {

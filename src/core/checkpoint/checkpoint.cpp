@@ -328,7 +328,16 @@ CheckpointManifest Checkpoint::save(const std::string& dir, const CheckpointMani
     detail::validate_manifest(m, ErrorCode::kInternal, true);  // what save built must load
     detail::write_durable_file(tmp / kCheckpointManifestFile, m.to_json(2) + "\n");
     for (auto it = dirs.rbegin(); it != dirs.rend(); ++it) detail::sync_directory(*it);
-    detail::replace_directory(tmp, target, existing != Target::kAbsent);
+    try {
+      detail::replace_directory(tmp, target, existing != Target::kAbsent);
+    } catch (const Error&) {
+      // Another process may have saved a checkpoint to the path since it was found free:
+      // replace it as if it had been there from the start, or refuse as then.
+      if (existing != Target::kAbsent || inspect_target(target) != Target::kCheckpoint) throw;
+      if (!options.overwrite)
+        fail(ErrorCode::kInvalidArgument, "'" + target.string() + "' already holds a checkpoint and overwrite is off");
+      detail::replace_directory(tmp, target, true);
+    }
   } catch (...) {
     std::error_code ignored;
     fs::remove_all(tmp, ignored);
