@@ -1,29 +1,38 @@
 """Decoder-LLM benchmark (issue 30): a Llama-shaped model (hidden 2048, 8 layers, 32 query /
-4 key-value heads, vocab 32000, random weights), prefill and one decode step with a static
-KV cache, eager and bare torch.compile against aitune's tuned module.
+4 key-value heads, vocab 32000, random weights) and a Qwen2-shaped one (Qwen2's
+architecture, with biases on Q/K/V, at the same size: 16 query / 2 key-value heads, vocab
+32000 so that the batch-8 logits fit beside the model), prefill and one decode step with a
+static KV cache, eager and bare torch.compile against aitune's tuned module.
 
-    python benchmarks/decoder.py [--device cuda] [--out decoder.json] [--iterations 100]
-    python benchmarks/decoder.py --device cpu --tiny        # smoke test (a tiny Llama)
+    python benchmarks/decoder.py [--device cuda] [--models llama,qwen2] [--out decoder.json]
+                                 [--prefill-shapes 1x256,8x512] [--decode-batches 1,8]
+                                 [--cache-len 1024] [--iterations 100] [--log]
+    python benchmarks/decoder.py --device cpu --tiny        # smoke test (tiny models)
 
-Workloads:
-  prefill  ``model(input_ids, attention_mask, use_cache=False).logits``, batch 1, sequence
-           256 (--tiny: 16), all-ones mask.
-  decode   one token through ``aitune.torch.decode_step.DecodeStep`` (the static cache's
-           keys / values as inputs and outputs), batch 1, a 512-slot cache (--tiny: 32) half
-           full.
-Rows per workload (p50 us of one call + torch.cuda.synchronize() on CUDA):
+Workloads (``--workloads prefill,decode``):
+  prefill  ``model(input_ids, attention_mask, use_cache=False).logits`` at each
+           BATCHxSEQUENCE of --prefill-shapes (--tiny: 1x16), all-ones mask.
+  decode   one token per sequence through ``aitune.torch.decode_step.DecodeStep`` (the
+           static cache's keys / values as inputs and outputs) at each batch of
+           --decode-batches, a --cache-len cache (--tiny: 32) half full; tokens/s beside p50.
+Rows per case (p50 us of one call + torch.cuda.synchronize() on CUDA):
   eager            the model as a user runs it at the row's precision
   compile          bare ``torch.compile(mode="reduce-overhead")`` (CUDA graphs), a new
                    ``cudagraph_mark_step_begin()`` per call, as a user writes it
   aitune           ``ait.tune`` with MaxThroughputStrategy([ONNXRuntimeBackend(cuda),
                    TorchCompileBackend(fp16)]), measured through the tuned module; the
-                   winner's name and precision, the fused operators of the fusion candidate
+                   winner's name and precision, every candidate's p50 and verdict, the
+                   fused operators of the fusion candidate, the tune's wall time
 Precision on CUDA: prefill under ``torch.autocast(float16)`` over the fp32 model for eager
 and compile (as a user writes it; aitune is given the fp32 model and may choose fp16);
 decode with the model in fp16 (``.half()``) on every row, since the cache must have one
 dtype and autocast would write fp32 keys (rotary) and fp16 values. On the CPU everything
 is fp32 (compile mode "default": no CUDA graphs). Ratios: ``x eager`` and ``x compile`` are
 that row's speed-up (> 1: faster than the row named).
+
+Each row is printed as one JSON line when it is measured and --out is rewritten after each
+row, so a run cut short still leaves what it measured; --log prints the tuner's steps with
+timestamps (where a tune spends its time).
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ import argparse
 import contextlib
 import copy
 import json
+import logging
 import sys
 import time
 from pathlib import Path
@@ -51,8 +61,12 @@ from aitune.torch.backend import (  # noqa: E402
 )
 from aitune.torch.decode_step import DecodeStep, empty_cache  # noqa: E402
 
-FULL = dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=8, num_attention_heads=32,
-            num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048)
+FULL = {
+    "llama": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=8, num_attention_heads=32,
+                  num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048),
+    "qwen2": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=8, num_attention_heads=16,
+                  num_key_value_heads=2, vocab_size=32000, max_position_embeddings=2048),
+}
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, vocab_size=256, max_position_embeddings=128)
 
@@ -68,28 +82,31 @@ class Prefill(torch.nn.Module):
         return self.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
 
 
-def llama(tiny: bool) -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
+def decoder_model(kind: str, tiny: bool) -> torch.nn.Module:
+    """A random-weight ``kind`` ("llama" or "qwen2") causal LM from its config."""
+    import transformers
 
+    config_class, model_class = {"llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
+                                 "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM)}[kind]
     torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(**(TINY if tiny else FULL))).eval()
+    return model_class(config_class(**(TINY if tiny else FULL[kind]))).eval()
 
 
-def prefill_case(model, device: str, seq: int):
+def prefill_case(model, device: str, batch: int, seq: int):
     vocab = model.config.vocab_size
-    inputs = {"input_ids": torch.randint(0, vocab, (1, seq), device=device),
-              "attention_mask": torch.ones(1, seq, dtype=torch.long, device=device)}
+    inputs = {"input_ids": torch.randint(0, vocab, (batch, seq), device=device),
+              "attention_mask": torch.ones(batch, seq, dtype=torch.long, device=device)}
     return Prefill(model), inputs
 
 
-def decode_case(model, device: str, cache_len: int):
+def decode_case(model, device: str, batch: int, cache_len: int):
     filled = cache_len // 2
-    keys, values = empty_cache(model, 1, cache_len, device=device)
+    keys, values = empty_cache(model, batch, cache_len, device=device)
     keys.normal_(), values.normal_()  # a cache holding something, as after a prefill
-    mask = torch.zeros(1, cache_len, dtype=torch.long, device=device)
+    mask = torch.zeros(batch, cache_len, dtype=torch.long, device=device)
     mask[:, : filled + 1] = 1
-    inputs = {"input_ids": torch.randint(0, model.config.vocab_size, (1, 1), device=device), "attention_mask": mask,
-              "position_ids": torch.tensor([[filled]], device=device),
+    inputs = {"input_ids": torch.randint(0, model.config.vocab_size, (batch, 1), device=device),
+              "attention_mask": mask, "position_ids": torch.full((batch, 1), filled, device=device),
               "cache_position": torch.tensor([filled], device=device), "key_cache": keys, "value_cache": values}
     return DecodeStep(model), inputs
 
@@ -143,19 +160,52 @@ def aitune_row(name: str, module, inputs, *, cuda: bool, iterations: int) -> dic
                             "p50_us": c.p50_us, "reason": c.reason} for c in report.candidates]}
 
 
-def bench(workload: str, args) -> list[dict]:
+def cases(args) -> list[tuple[str, str, int, int]]:
+    """(model kind, workload, batch, sequence or cache length) per case, in the order run."""
+    prefill_shapes = ["1x16"] if args.tiny else args.prefill_shapes.split(",")
+    decode_batches = [1] if args.tiny else [int(b) for b in args.decode_batches.split(",")]
+    cache_len = 32 if args.tiny else args.cache_len
+    out = []
+    for kind in args.models.split(","):
+        for workload in args.workloads.split(","):
+            if workload == "prefill":
+                for shape in prefill_shapes:
+                    batch, seq = (int(x) for x in shape.lower().split("x"))
+                    out.append((kind, workload, batch, seq))
+            elif workload == "decode":
+                out.extend((kind, workload, batch, cache_len) for batch in decode_batches)
+            else:
+                raise SystemExit(f"--workloads: unknown workload {workload!r} (prefill, decode)")
+    return out
+
+
+def bench(kind: str, workload: str, batch: int, length: int, args, emit) -> None:
+    """Measures one case's rows, handing each to ``emit`` as soon as it is measured."""
     cuda = args.device == "cuda"
-    model = llama(args.tiny).to(args.device)
+    model = decoder_model(kind, args.tiny).to(args.device)
     half = cuda and workload == "decode"  # see the module docstring: one cache dtype
     autocast = cuda and workload == "prefill"
     if half:
         model = model.half()
     precision = "fp16 (autocast)" if autocast else "fp16 (.half())" if half else "fp32"
     if workload == "prefill":
-        module, inputs = prefill_case(model, args.device, 16 if args.tiny else 256)
+        module, inputs = prefill_case(model, args.device, batch, length)
     else:
-        module, inputs = decode_case(model, args.device, 32 if args.tiny else 512)
-    rows = []
+        module, inputs = decode_case(model, args.device, batch, length)
+    case = {"model": kind, "workload": workload, "batch": batch,
+            ("sequence" if workload == "prefill" else "cache_len"): length}
+    # Decode makes one token per sequence per call; prefill's tokens/s counts the prompt's.
+    tokens = batch * (length if workload == "prefill" else 1)
+
+    def finish(row: dict) -> dict:
+        row = {**case, **row}
+        row["tokens_per_s"] = tokens / (row["p50_us"] * 1e-6)
+        row["x_eager"] = eager_p50 / row["p50_us"] if eager_p50 else None
+        row["x_compile"] = compile_p50 / row["p50_us"] if compile_p50 else None
+        emit(row)
+        return row
+
+    eager_p50 = compile_p50 = None
     with torch.no_grad():
         with _autocast(autocast):
             reference = module(**inputs)
@@ -164,8 +214,8 @@ def bench(workload: str, args) -> list[dict]:
             with _autocast(autocast):
                 return module(**inputs)
 
-        eager = {"row": "eager", "precision": precision, "p50_us": p50_us(eager_call, args.iterations)}
-        rows.append(eager)
+        eager_p50 = p50_us(eager_call, args.iterations)
+        finish({"row": "eager", "precision": precision, "p50_us": eager_p50})
         if not args.skip_compile:
             torch._dynamo.reset()
             call = compiled_call(module, inputs, cuda=cuda, autocast=autocast)
@@ -173,47 +223,66 @@ def bench(workload: str, args) -> list[dict]:
             # Cloned: with CUDA graphs the next replay overwrites the output (torch raises on a read).
             out = _first(call()).clone()
             compile_s = time.perf_counter() - start
-            rows.append({"row": "compile", "precision": precision, "p50_us": p50_us(call, args.iterations),
-                         "compile_s": compile_s, "max_error": _error(out, reference)})
-    tuned = aitune_row(workload, module, inputs, cuda=cuda, iterations=args.iterations)
+            compile_p50 = p50_us(call, args.iterations)
+            finish({"row": "compile", "precision": precision, "p50_us": compile_p50, "compile_s": compile_s,
+                    "max_error": _error(out, reference)})
+    name = f"{kind}-{workload}-b{batch}-{length}"
+    tuned = aitune_row(name, module, inputs, cuda=cuda, iterations=args.iterations)
     tuned_out = tuned.pop("output")
-    rows.append({"row": "aitune", **tuned, "max_error": _error(tuned_out, reference)})
-    compile_p50 = next((r["p50_us"] for r in rows if r["row"] == "compile"), None)
-    for r in rows:
-        r["workload"] = workload
-        r["x_eager"] = eager["p50_us"] / r["p50_us"]
-        r["x_compile"] = compile_p50 / r["p50_us"] if compile_p50 else None
-    return rows
+    finish({"row": "aitune", **tuned, "max_error": _error(tuned_out, reference)})
 
 
 def _table(rows: list[dict]) -> str:
-    lines = [f"{'workload':8} {'row':8} {'precision':16} {'p50 us':>10} {'x eager':>8} {'x compile':>9}  winner"]
+    lines = [f"{'model':6} {'case':14} {'row':8} {'precision':16} {'p50 us':>10} {'tokens/s':>10} "
+             f"{'x eager':>8} {'x compile':>9}  winner"]
     for r in rows:
-        xc = f"{r['x_compile']:.2f}" if r["x_compile"] else "-"
+        case = f"{r['workload']} b{r['batch']} " + (f"s{r['sequence']}" if "sequence" in r else f"c{r['cache_len']}")
+        xc = f"{r['x_compile']:.2f}" if r.get("x_compile") else "-"
         winner = f"{r['winner']} [{r['precision']}]" if r["row"] == "aitune" else ""
-        lines.append(f"{r['workload']:8} {r['row']:8} {r.get('precision', ''):16} {r['p50_us']:10.1f} "
-                     f"{r['x_eager']:8.2f} {xc:>9}  {winner}")
+        lines.append(f"{r['model']:6} {case:14} {r['row']:8} {r.get('precision', ''):16} {r['p50_us']:10.1f} "
+                     f"{r['tokens_per_s']:10.0f} {r['x_eager']:8.2f} {xc:>9}  {winner}")
     return "\n".join(lines)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    parser.add_argument("--tiny", action="store_true", help="a tiny Llama (smoke test)")
+    parser.add_argument("--tiny", action="store_true", help="tiny models (smoke test)")
+    parser.add_argument("--models", default="llama", help="comma-separated: llama, qwen2")
     parser.add_argument("--iterations", type=int, default=100)
     parser.add_argument("--workloads", default="prefill,decode")
+    parser.add_argument("--prefill-shapes", default="1x256,8x512", help="BATCHxSEQUENCE, comma-separated")
+    parser.add_argument("--decode-batches", default="1,8")
+    parser.add_argument("--cache-len", type=int, default=1024)
     parser.add_argument("--skip-compile", action="store_true", help="no bare torch.compile row")
-    parser.add_argument("--out", type=Path, help="write the rows as JSON here")
+    parser.add_argument("--log", action="store_true", help="the tuner's steps, with timestamps, on stderr")
+    parser.add_argument("--out", type=Path, help="write the rows as JSON here (after each row)")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here (use --device cpu --tiny for the smoke test)")
-    rows = []
-    for workload in args.workloads.split(","):
-        rows.extend(bench(workload, args))
+    unknown = set(args.models.split(",")) - set(FULL)
+    if unknown:
+        parser.error(f"--models: unknown {sorted(unknown)} (of {', '.join(FULL)})")
+    if args.log:
+        logging.basicConfig(format="%(asctime)s %(name)s %(message)s")
+        logging.getLogger("aitune").setLevel(logging.DEBUG)
+    meta = {"device": args.device, "tiny": args.tiny, "torch": torch.__version__,
+            "onnxruntime": _core.OrtRuntime.load().version,
+            "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None}
+    rows: list[dict] = []
+
+    def emit(row: dict) -> None:
+        rows.append(row)
+        print(json.dumps(row, default=str), flush=True)
+        if args.out:
+            args.out.write_text(json.dumps({**meta, "rows": rows}, indent=2, default=str))
+
+    for kind, workload, batch, length in cases(args):
+        bench(kind, workload, batch, length, args, emit)
+        torch._dynamo.reset()  # the case's compiled graphs and their CUDA-graph pools go with it
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
     print(_table(rows))
-    if args.out:
-        args.out.write_text(json.dumps({"device": args.device, "tiny": args.tiny, "torch": torch.__version__,
-                                        "rows": rows}, indent=2, default=str))
     return 0
 
 
