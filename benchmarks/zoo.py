@@ -228,8 +228,14 @@ def main() -> int:
     parser.add_argument("--cuda-ep-options", action="store_true",
                         help="extra ORT candidates with CUDA EP options not in the default plan")
     parser.add_argument("--iterations", type=int, default=200)
-    parser.add_argument("--json", default="zoo.json")
+    parser.add_argument("--json", default="zoo.json", help="rewritten after each row")
+    parser.add_argument("--log", action="store_true", help="the tuner's steps, with timestamps, on stderr")
     options = parser.parse_args()
+    if options.log:
+        import logging
+
+        logging.basicConfig(format="%(asctime)s %(name)s %(message)s")
+        logging.getLogger("aitune").setLevel(logging.DEBUG)
     device = torch.device(options.device)
     names = options.models.split(",") if options.models else (SMALL if options.small else FULL)
     os.environ.setdefault("AITUNE_CACHE_DIR", tempfile.mkdtemp(prefix="aitune-zoo-"))
@@ -238,6 +244,10 @@ def main() -> int:
 
     ort = _core.OrtRuntime.load()  # the library aitune runs (AITUNE_ORT_LIBRARY, the wheel, ...), not onnxruntime's
 
+    meta = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "onnxruntime": ort.version,
+            "onnxruntime_library": ort.library_path, "aitune": getattr(aitune, "__version__", "?"),
+            "device": str(device), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
+            "small": options.small}
     rows = []
     for name in names:
         try:
@@ -246,10 +256,11 @@ def main() -> int:
         except Exception as error:
             rows.append({"model": name, "error": f"{type(error).__name__}: {error}"})
         print(json.dumps(rows[-1]), flush=True)
-    meta = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "onnxruntime": ort.version, "onnxruntime_library": ort.library_path,
-            "aitune": getattr(aitune, "__version__", "?"), "device": str(device),
-            "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None, "small": options.small}
-    Path(options.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+        # After each row: a run cut short keeps the rows it measured.
+        Path(options.json).write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+        torch._dynamo.reset()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
     print(table(rows))
     print(f"written: {options.json}")
     return 0

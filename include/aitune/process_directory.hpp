@@ -46,6 +46,10 @@ struct StaleDirectory {
   std::uint64_t bytes = 0;   ///< the regular files' sizes under it
 };
 
+/// The sizes of the regular files under `root`, recursively (0 for a missing root;
+/// entries that vanish or cannot be read while walking are skipped).
+std::uint64_t tree_bytes(const std::string& root);
+
 /// True when `pid` names a process that exists (kill(pid, 0) succeeds or is refused for
 /// permission); false for pid <= 0.
 bool process_alive(long pid);

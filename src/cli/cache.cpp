@@ -23,17 +23,6 @@ struct CacheOptions {
   std::string dir;
 };
 
-std::uint64_t tree_bytes(const fs::path& root) {
-  std::uint64_t total = 0;
-  std::error_code ec;
-  for (auto it = fs::recursive_directory_iterator(root, ec); !ec && it != fs::recursive_directory_iterator();
-       it.increment(ec)) {
-    std::error_code e;
-    if (it->is_regular_file(e)) total += it->file_size(e);
-  }
-  return total;
-}
-
 std::string temp_dir() {
   const char* tmp = std::getenv("TMPDIR");
   return tmp && *tmp ? tmp : "/tmp";
@@ -94,7 +83,7 @@ int cache_list(const CacheOptions& o) {
     std::string name = it->path().filename().string();
     std::ifstream recorded(it->path() / kModuleNameFile, std::ios::binary);
     if (recorded) name.assign(std::istreambuf_iterator<char>(recorded), std::istreambuf_iterator<char>());
-    const auto bytes = tree_bytes(it->path());
+    const auto bytes = tree_bytes(it->path().string());
     total += bytes;
     std::cout << "module '" << name << "': " << human_bytes(bytes) << "  " << it->path().filename().string() << "\n";
   }

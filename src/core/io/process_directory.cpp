@@ -40,17 +40,6 @@ int try_lock(const fs::path& path) {
   return fd;
 }
 
-std::uint64_t tree_bytes(const fs::path& root) {
-  std::uint64_t total = 0;
-  std::error_code ec;
-  for (auto it = fs::recursive_directory_iterator(root, ec); !ec && it != fs::recursive_directory_iterator();
-       it.increment(ec)) {
-    std::error_code size_ec;
-    if (it->is_regular_file(size_ec)) total += it->file_size(size_ec);
-  }
-  return total;
-}
-
 template <typename Visit>
 void each_stale(const std::string& parent, const std::string& prefix, Visit visit) {
   std::error_code ec;
@@ -62,7 +51,7 @@ void each_stale(const std::string& parent, const std::string& prefix, Visit visi
     if (process_alive(pid)) continue;  // its owner may be between mkdir and flock
     const int fd = try_lock(it->path());
     if (fd < 0) continue;  // held: a live owner (in another pid namespace, say)
-    visit(StaleDirectory{it->path().string(), pid, tree_bytes(it->path())}, it->path());
+    visit(StaleDirectory{it->path().string(), pid, tree_bytes(it->path().string())}, it->path());
     ::close(fd);
   }
 }
@@ -120,6 +109,17 @@ void OwnedDirectory::remove() noexcept {
 void OwnedDirectory::release() noexcept {
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
+}
+
+std::uint64_t tree_bytes(const std::string& root) {
+  std::uint64_t total = 0;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(root, ec); !ec && it != fs::recursive_directory_iterator();
+       it.increment(ec)) {
+    std::error_code size_ec;
+    if (it->is_regular_file(size_ec)) total += it->file_size(size_ec);
+  }
+  return total;
 }
 
 bool process_alive(long pid) {
