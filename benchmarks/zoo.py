@@ -65,7 +65,7 @@ def build(name: str, small: bool, device):
                                vocab_size=1000)
         return _text(tf.BertModel(config), 1, 32, 1000, device)
     if name == "efficientnet-b0":
-        config = tf.EfficientNetConfig(width_coefficient=1.0, depth_coefficient=1.0, image_size=224)
+        config = tf.EfficientNetConfig(width_coefficient=1.0, depth_coefficient=1.0, image_size=224, hidden_dim=1280)
         if small:
             config = tf.EfficientNetConfig(width_coefficient=0.25, depth_coefficient=0.25, image_size=64,
                                            hidden_dim=256)

@@ -277,3 +277,42 @@ def test_cuda_graph_session_refuses_a_node_off_the_cuda_provider(tmp_path):
     x = torch.eye(3, device="cuda").repeat(2, 1, 1) * 2
     (out,) = session.infer([torch.utils.dlpack.to_dlpack(x)], stream=torch.cuda.current_stream().cuda_stream)
     torch.testing.assert_close(out.cpu(), torch.tensor([8.0, 8.0]))
+
+
+_RELEASE_SCRIPT = r"""
+import sys, torch
+from aitune import _core
+
+class Model(torch.nn.Module):
+    # Concat of several inputs and Split: the CUDA provider stages their pointer arrays
+    # in pinned host buffers, returned to its pinned arena by a host function on the stream.
+    def forward(self, x):
+        parts = [x * (i + 1) for i in range(6)]
+        y = torch.cat(parts, dim=1) @ torch.cat(parts, dim=1).transpose(0, 1)
+        return torch.cat(torch.split(y, 64, dim=1)[::-1], dim=1)
+
+path = sys.argv[1]
+torch.onnx.export(Model(), (torch.randn(512, 256),), path, dynamo=False, input_names=["x"], output_names=["y"])
+x = torch.randn(512, 256, device="cuda")
+for _ in range(40):
+    session = _core.OnnxSession.create(path, _core.OnnxSessionConfig(provider_options={"use_tf32": "0"}))
+    for _ in range(3):  # queued, not waited for: the session goes while the GPU still runs them
+        session.infer([torch.utils.dlpack.to_dlpack(x)], stream=torch.cuda.current_stream().cuda_stream)
+    del session
+torch.cuda.synchronize()
+print("released cleanly")
+"""
+
+
+@needs_cuda
+def test_releasing_a_session_with_work_in_flight_does_not_abort(tmp_path):
+    """A CUDA session released right after runs it did not wait for: its stream is
+    drained first (onnx_session.cpp), so the provider's pinned arena is never destroyed
+    on CUDA's callback thread (on the H200 that aborted the process with "CUDA failure
+    800: operation not permitted ... cudaFreeHost" after a tune)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", _RELEASE_SCRIPT, str(tmp_path / "m.onnx")], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0 and "released cleanly" in done.stdout, done.stderr[-3000:]

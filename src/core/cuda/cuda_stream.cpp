@@ -76,6 +76,13 @@ bool stream_is_capturing(std::uintptr_t stream) noexcept {
   return status != kCudaStreamCaptureStatusNone;
 }
 
+void drain_stream(std::uintptr_t stream) noexcept {
+  if (stream == 0 || stream_is_capturing(stream)) return;
+  const auto& rt = cuda_runtime();
+  if (rt.error.empty() && rt.stream_synchronize(reinterpret_cast<cudaStream_t>(stream)) != 0)
+    rt.get_last_error();  // not sticky: leave no error for the next CUDA call to report
+}
+
 bool abandon_capture(std::uintptr_t stream) noexcept {
   if (!stream_is_capturing(stream)) return false;
   const auto& rt = cuda_runtime();

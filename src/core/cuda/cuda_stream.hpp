@@ -64,6 +64,11 @@ Tensor stream_buffer_tensor(DType dtype, const Shape& shape, Device device, std:
 /// false without a CUDA runtime.
 bool stream_is_capturing(std::uintptr_t stream) noexcept;
 
+/// Waits for the work queued on `stream` so far, host functions included, unless the
+/// stream is capturing (a wait there would break the capture). Errors are ignored: this
+/// runs in destructors. Nothing happens for stream 0 or without a CUDA runtime.
+void drain_stream(std::uintptr_t stream) noexcept;
+
 /// Ends a capture left open on `stream` (a capture that failed half-way) and drops the
 /// partial graph, so that the stream can be used again. Returns true when a capture was
 /// open. Never throws.

@@ -7,6 +7,7 @@
 #include <shared_mutex>
 
 #include "aitune/error.hpp"
+#include "cuda/cuda_stream.hpp"
 #include "session/cuda_graph_runner.hpp"
 #include "base/enum_names.hpp"
 #include "session/io_binding_runner.hpp"
@@ -154,7 +155,17 @@ void OnnxSession::Impl::create_session() {
   ctx.session = ort_call(failure, context, [&] {
     auto session = std::make_unique<Ort::Session>(*rt.env, model_path().c_str(), setup.options);
     detail::count_session_created();
-    return std::shared_ptr<Ort::Session>(session.release(), [owned = setup.owned_stream](Ort::Session* s) {
+    return std::shared_ptr<Ort::Session>(session.release(), [owned = setup.owned_stream,
+                                                             stream = setup.stream](Ort::Session* s) {
+      // Runs are not synchronised at their end (disable_synchronize_execution_providers),
+      // so the CUDA provider may still have a host function queued on the stream that
+      // returns pinned buffers to the session's pinned arena. Deleting the session first
+      // left that function holding the arena's last reference: the arena was then
+      // destroyed on CUDA's callback thread, where cudaFreeHost is not permitted, and ORT
+      // aborted the process ("CUDA failure 800: operation not permitted ... cudaFreeHost",
+      // seen on the H200 when a tune's losing sessions were released). Drained first, the
+      // arena dies here, on the caller's thread.
+      detail::drain_stream(stream);
       delete s;
       detail::count_session_released();
     });
