@@ -62,8 +62,11 @@ def test_mixed_precision_keeps_sensitive_nodes_and_the_search_finds_a_smaller_se
     assert tuner.report.candidates[0].status == "incorrect", tuner.report.candidates[0].reason
 
     mixed = models.get("fp16_mixed")
-    head = [n.name for n in onnx.load(str(exported)).graph.node if n.op_type in ("Gemm", "MatMul")]
-    assert len(head) == 1 and mixed.fp32_nodes == head
+    nodes = onnx.load(str(exported)).graph.node
+    head = [n.name for n in nodes if n.op_type in ("Gemm", "MatMul")]
+    assert len(head) == 1 and head[0] in mixed.fp32_nodes  # the vocabulary-sized projection
+    # As under autocast, every operator but the matmul / conv family stays fp32.
+    assert set(mixed.fp32_nodes) == {n.name for n in nodes if n.name and n.op_type != "Constant"}
     tuner.evaluate_onnx(str(mixed.path), _core.OnnxCandidate("cpu fp16 mixed model", config, _core.Precision.FP16,
                                                              mixed.transform, {}, mixed.fp32_nodes),
                         "ONNXRuntimeBackend", 0)
@@ -187,3 +190,58 @@ def test_a_llama_keeping_every_node_in_fp32_loads_and_is_the_fp32_model(tmp_path
     expected = onnxruntime.InferenceSession(str(exported), providers=["CPUExecutionProvider"]).run(None, feeds)
     got = onnxruntime.InferenceSession(str(probe), providers=["CPUExecutionProvider"]).run(None, feeds)
     assert all(np.array_equal(g, e) for g, e in zip(got, expected, strict=True))
+
+
+class Block(torch.nn.Module):
+    """A residual block as a transformer has them: x + W2 silu(W1 norm(x))."""
+
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(32)
+        self.up = torch.nn.Linear(32, 64)
+        self.down = torch.nn.Linear(64, 32)
+
+    def forward(self, x):
+        return x + self.down(torch.nn.functional.silu(self.up(self.norm(x))))
+
+
+def test_the_mixed_model_computes_in_fp16_what_autocast_does_and_nothing_else(tmp_path):
+    """Only the matmuls go to fp16 (their weights stored in fp16); the residual add, the
+    activation and the norm stay fp32, as autocast computes them (transforms.AUTOCAST_FP16_OPS)."""
+    torch.manual_seed(0)
+    block = Block().eval()
+    torch.onnx.export(block, (torch.randn(2, 8, 32),), str(tmp_path / "block.onnx"), dynamo=False,
+                      input_names=["x"], output_names=["y"])
+    models = transforms.TransformedModels(tmp_path / "block.onnx", transforms.TransformContext(tmp_path))
+    mixed = onnx.load(str(models.get("fp16_mixed").path))
+    types_of = {i.name: i.data_type for i in mixed.graph.initializer}
+    inferred = onnx.shape_inference.infer_shapes(mixed)
+    value_types = {v.name: v.type.tensor_type.elem_type for v in [*inferred.graph.value_info, *inferred.graph.input,
+                                                                   *inferred.graph.output]}
+    value_types.update(types_of)
+    fp16, fp32 = onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT
+    by_type = {}
+    for node in mixed.graph.node:
+        if node.op_type == "Cast":
+            continue
+        dtypes = {value_types.get(name) for name in node.input if name in value_types}
+        by_type.setdefault(node.op_type, set()).update(dtypes)
+    matmuls = [op for op in by_type if op in ("MatMul", "Gemm")]
+    assert matmuls and all(by_type[op] == {fp16} for op in matmuls), by_type
+    for op in ("Add", "LayerNormalization", "Sigmoid", "Mul"):
+        if op in by_type:
+            assert fp16 not in by_type[op], (op, by_type)
+    assert any(op in by_type for op in ("Add", "LayerNormalization"))
+    x = torch.randn(2, 8, 32)
+    import onnxruntime
+
+    out = onnxruntime.InferenceSession(str(models.get("fp16_mixed").path), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x.numpy()})[0]
+    error = abs(out - block(x).detach().numpy()).max()
+    assert out.dtype.name == "float32" and 0 < error < 1e-2, error  # fp16 matmuls: close, not exact
+
+
+def test_no_mixed_model_without_an_operator_autocast_computes_in_fp16(tmp_path):
+    torch.onnx.export(torch.nn.ReLU(), (torch.randn(2, 4),), str(tmp_path / "relu.onnx"), dynamo=False)
+    models = transforms.TransformedModels(tmp_path / "relu.onnx", transforms.TransformContext(tmp_path))
+    assert models.get("fp16_mixed") is None
