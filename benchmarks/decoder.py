@@ -14,11 +14,14 @@ Workloads (``--workloads prefill,decode``):
            BATCHxSEQUENCE of --prefill-shapes (--tiny: 1x16), all-ones mask.
   decode   one token per sequence through ``aitune.torch.decode_step.DecodeStep`` (the
            static cache's keys / values as inputs and outputs) at each batch of
-           --decode-batches, a --cache-len cache (--tiny: 32) half full; tokens/s beside p50.
+           --decode-batches, a --cache-len cache (--tiny: 96) half full; tokens/s beside p50.
 Rows per case (p50 us of one call + torch.cuda.synchronize() on CUDA):
   eager            the model as a user runs it at the row's precision
   compile          bare ``torch.compile(mode="reduce-overhead")`` (CUDA graphs), a new
-                   ``cudagraph_mark_step_begin()`` per call, as a user writes it
+                   ``cudagraph_mark_step_begin()`` per call, as a user writes it; for decode
+                   transformers' own route: the model's forward compiled (fullgraph) with a
+                   ``StaticCache`` updated in place, the x-compile baseline of decode rows
+  compile-step     (decode) bare torch.compile of the DecodeStep module itself
   aitune           ``ait.tune`` with MaxThroughputStrategy([ONNXRuntimeBackend(cuda),
                    TorchCompileBackend(fp16)]), measured through the tuned module; the
                    winner's name and precision, every candidate's p50 and verdict, the
@@ -49,7 +52,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import p50_us  # noqa: E402
+from timing import WARMUP, p50_us  # noqa: E402
 
 import aitune.torch as ait  # noqa: E402
 from aitune import _core  # noqa: E402
@@ -133,6 +136,34 @@ def compiled_call(module, inputs, *, cuda: bool, autocast: bool):
     return call
 
 
+def static_cache_call(model, inputs, *, cuda: bool):
+    """One decode step as transformers documents a compiled generation loop: the model's
+    own forward under ``torch.compile(mode="reduce-overhead", fullgraph=True)`` with a
+    ``StaticCache`` it updates in place, the cache filled by a prefill of the same length
+    as the DecodeStep case's, the same token and positions per call. transformers 5's
+    StaticCache writes each call at the slot after the last (a counter of its own), so a
+    measurement may make at most ``cache_len - filled`` calls (``free_slots(call)``)."""
+    from transformers import StaticCache
+
+    batch, cache_len = inputs["attention_mask"].shape
+    filled = int(inputs["cache_position"][0])
+    device = inputs["input_ids"].device
+    cache = StaticCache(config=model.config, max_cache_len=cache_len)
+    prompt = torch.randint(0, model.config.vocab_size, (batch, filled), device=device)
+    model(input_ids=prompt, past_key_values=cache, use_cache=True, cache_position=torch.arange(filled, device=device))
+    compiled = torch.compile(model, mode="reduce-overhead" if cuda else "default", fullgraph=True)
+    step = {"input_ids": inputs["input_ids"], "position_ids": inputs["position_ids"],
+            "cache_position": inputs["cache_position"], "past_key_values": cache, "use_cache": True}
+
+    def call():
+        if cuda:
+            torch.compiler.cudagraph_mark_step_begin()
+        return compiled(**step).logits
+
+    call.free_slots = cache_len - filled
+    return call
+
+
 def _autocast(enabled: bool):
     return torch.autocast("cuda", dtype=torch.float16) if enabled else contextlib.nullcontext()
 
@@ -164,7 +195,7 @@ def cases(args) -> list[tuple[str, str, int, int]]:
     """(model kind, workload, batch, sequence or cache length) per case, in the order run."""
     prefill_shapes = ["1x16"] if args.tiny else args.prefill_shapes.split(",")
     decode_batches = [1] if args.tiny else [int(b) for b in args.decode_batches.split(",")]
-    cache_len = 32 if args.tiny else args.cache_len
+    cache_len = 96 if args.tiny else args.cache_len
     out = []
     for kind in args.models.split(","):
         for workload in args.workloads.split(","):
@@ -223,9 +254,28 @@ def bench(kind: str, workload: str, batch: int, length: int, args, emit) -> None
             # Cloned: with CUDA graphs the next replay overwrites the output (torch raises on a read).
             out = _first(call()).clone()
             compile_s = time.perf_counter() - start
-            compile_p50 = p50_us(call, args.iterations)
-            finish({"row": "compile", "precision": precision, "p50_us": compile_p50, "compile_s": compile_s,
-                    "max_error": _error(out, reference)})
+            step_p50 = p50_us(call, args.iterations)
+            if workload == "decode":
+                # The baseline a user has for decode is transformers' static cache compiled;
+                # bare compile of the DecodeStep module is a row beside it.
+                finish({"row": "compile-step", "precision": precision, "p50_us": step_p50, "compile_s": compile_s,
+                        "max_error": _error(out, reference)})
+                torch._dynamo.reset()
+                call = static_cache_call(model, inputs, cuda=cuda)
+                start = time.perf_counter()
+                out = call().clone()
+                compile_s = time.perf_counter() - start
+                # The first call wrote one slot; warm-up and measured calls each write one more.
+                iterations = min(args.iterations, call.free_slots - 1 - WARMUP)
+                if iterations < 5:
+                    raise SystemExit(f"--cache-len {length}: too few free slots for the static-cache row")
+                compile_p50 = p50_us(call, iterations)
+                finish({"row": "compile", "precision": precision, "p50_us": compile_p50, "compile_s": compile_s,
+                        "cache": "transformers StaticCache", "max_error": _error(out, reference)})
+            else:
+                compile_p50 = step_p50
+                finish({"row": "compile", "precision": precision, "p50_us": compile_p50, "compile_s": compile_s,
+                        "max_error": _error(out, reference)})
     name = f"{kind}-{workload}-b{batch}-{length}"
     tuned = aitune_row(name, module, inputs, cuda=cuda, iterations=args.iterations)
     tuned_out = tuned.pop("output")
@@ -233,13 +283,13 @@ def bench(kind: str, workload: str, batch: int, length: int, args, emit) -> None
 
 
 def _table(rows: list[dict]) -> str:
-    lines = [f"{'model':6} {'case':14} {'row':8} {'precision':16} {'p50 us':>10} {'tokens/s':>10} "
+    lines = [f"{'model':6} {'case':14} {'row':12} {'precision':16} {'p50 us':>10} {'tokens/s':>10} "
              f"{'x eager':>8} {'x compile':>9}  winner"]
     for r in rows:
         case = f"{r['workload']} b{r['batch']} " + (f"s{r['sequence']}" if "sequence" in r else f"c{r['cache_len']}")
         xc = f"{r['x_compile']:.2f}" if r.get("x_compile") else "-"
         winner = f"{r['winner']} [{r['precision']}]" if r["row"] == "aitune" else ""
-        lines.append(f"{r['model']:6} {case:14} {r['row']:8} {r.get('precision', ''):16} {r['p50_us']:10.1f} "
+        lines.append(f"{r['model']:6} {case:14} {r['row']:12} {r.get('precision', ''):16} {r['p50_us']:10.1f} "
                      f"{r['tokens_per_s']:10.0f} {r['x_eager']:8.2f} {xc:>9}  {winner}")
     return "\n".join(lines)
 
@@ -282,6 +332,14 @@ def main() -> int:
         torch._dynamo.reset()  # the case's compiled graphs and their CUDA-graph pools go with it
         if args.device == "cuda":
             torch.cuda.empty_cache()
+    # Rows measured before their case's compile row get their x-compile now.
+    key = ("model", "workload", "batch", "sequence", "cache_len")
+    compile_p50 = {tuple(r.get(k) for k in key): r["p50_us"] for r in rows if r["row"] == "compile"}
+    for r in rows:
+        base = compile_p50.get(tuple(r.get(k) for k in key))
+        r["x_compile"] = base / r["p50_us"] if base else None
+    if args.out:
+        args.out.write_text(json.dumps({**meta, "rows": rows}, indent=2, default=str))
     print(_table(rows))
     return 0
 
