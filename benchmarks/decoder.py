@@ -52,6 +52,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from candidate_rows import candidate_rows  # noqa: E402
 from timing import WARMUP, p50_us  # noqa: E402
 
 import aitune.torch as ait  # noqa: E402
@@ -187,8 +188,7 @@ def aitune_row(name: str, module, inputs, *, cuda: bool, iterations: int) -> dic
             "winner": winner.name if winner else f"eager kept ({report.decision})",
             "precision": _core.precision_name(winner.precision) if winner else "eager",
             "fused_operators": dict(fused[0].fused_operators) if fused else {},
-            "candidates": [{"name": c.name, "precision": _core.precision_name(c.precision), "status": c.status,
-                            "p50_us": c.p50_us, "reason": c.reason} for c in report.candidates]}
+            "candidates": candidate_rows(report)}
 
 
 def cases(args) -> list[tuple[str, str, int, int]]:

@@ -24,8 +24,8 @@ converted once to fp16 (TorchCompileBackendConfig(half_weights=True)). ``--cuda-
 CUDA EP options not in the default plan tried as extra candidates (for CNNs; a measurement
 decides whether they join the plan): ORT's plan again with ``cudnn_conv_algo_search=EXHAUSTIVE``
 + ``cudnn_conv_use_max_workspace=1``, and with ``fuse_conv_bias=1`` in every variant (the
-default plan uses it in fp16 NHWC only). Every ORT candidate's p50 is then in the JSON
-(``ort_candidates``).
+default plan uses it in fp16 NHWC only). Every candidate's verdict, p50 and accuracy
+figures (its error, eager's at its precision, their ratio) are in the JSON (``candidates``).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from candidate_rows import candidate_rows  # noqa: E402
 from timing import p50_us  # noqa: E402
 
 
@@ -176,10 +177,7 @@ def row(name: str, small: bool, device, iterations: int, compile_columns: bool, 
             if c.precision_name not in best or c.p50_us < best[c.precision_name]["p50_us"]:
                 best[c.precision_name] = {"name": c.name, "p50_us": c.p50_us}
     result["best_ort_per_precision"] = best
-    if cuda_ep_options:
-        result["ort_candidates"] = [{"name": c.name, "precision": c.precision_name, "status": c.status,
-                                     "p50_us": c.p50_us} for c in report.candidates
-                                    if c.backend.startswith("ONNXRuntimeBackend")]
+    result["candidates"] = candidate_rows(report)  # every candidate: verdict, p50, accuracy figures
     compiled = [c for c in report.candidates if c.backend.startswith("TorchCompileBackend")]
     result["compile_candidates"] = [{"name": c.name, "status": c.status, "p50_us": c.p50_us} for c in compiled]
     with torch.no_grad():
