@@ -289,10 +289,12 @@ void bind_tuning(nb::module_& m) {
       .def_ro("kept", &Fp32NodeSearchResult::kept)
       .def_ro("evaluations", &Fp32NodeSearchResult::evaluations)
       .def_ro("unrunnable", &Fp32NodeSearchResult::unrunnable)
+      .def_ro("seconds", &Fp32NodeSearchResult::seconds)
       .def_ro("note", &Fp32NodeSearchResult::note);
+  m.attr("DEFAULT_FP32_NODE_SEARCH_SECONDS") = kDefaultFp32NodeSearchSeconds;
   m.def(
       "search_fp32_nodes",
-      [](const std::vector<std::string>& nodes, nb::callable passes, int max_evaluations) {
+      [](const std::vector<std::string>& nodes, nb::callable passes, int max_evaluations, double max_seconds) {
         return search_fp32_nodes(
             nodes,
             [&](const std::vector<std::string>& kept) {
@@ -306,11 +308,13 @@ void bind_tuning(nb::module_& m) {
                 throw Error(ErrorCode::kModelInvalid, type + ": " + nb::cast<std::string>(nb::str(e.value())));
               }
             },
-            max_evaluations);
+            max_evaluations, max_seconds);
       },
       nb::arg("nodes"), nb::arg("passes"), nb::arg("max_evaluations") = 24,
+      nb::arg("max_seconds") = kDefaultFp32NodeSearchSeconds,
       "Bisection for the smallest set of `nodes` to keep in fp32: passes(kept) -> bool builds and checks the "
-      "model keeping `kept` in fp32, raising when it cannot be built or run (fp32_node_search.hpp).");
+      "model keeping `kept` in fp32, raising when it cannot be built or run; no check starts after max_seconds "
+      "(wall clock), the set kept so far is used (fp32_node_search.hpp).");
   m.def("rejected_fp16_candidate", &rejected_fp16_candidate, nb::arg("report"), nb::arg("config"),
         "Index of the all-fp16 candidate with this configuration when the check rejected it, else None.");
   m.def("tensorrt_provider_options", &tensorrt_provider_options, nb::arg("spec"), nb::arg("cache_dir"),
