@@ -236,14 +236,17 @@ void bind_tuning(nb::module_& m) {
   nb::class_<OnnxCandidate>(m, "OnnxCandidate", "A full session configuration to try.")
       .def("__init__",
            [](OnnxCandidate* c, std::string name, OnnxSessionConfig config, Precision precision,
-              std::string transform, std::map<std::string, int64_t> fused, std::vector<std::string> fp32_nodes) {
-             new (c) OnnxCandidate{std::move(name), std::move(config), precision, std::move(transform), std::move(fused),
-                                   std::move(fp32_nodes)};
+              std::string transform, std::map<std::string, int64_t> fused, std::vector<std::string> fp32_nodes,
+              std::string transform_note) {
+             new (c) OnnxCandidate{std::move(name),  std::move(config),     precision,
+                                   std::move(transform), std::move(fused), std::move(fp32_nodes),
+                                   std::move(transform_note)};
            },
            nb::arg("name"), nb::arg("config"), nb::arg("precision") = Precision::kStrict, nb::arg("transform") = "",
            nb::arg("fused_operators") = std::map<std::string, int64_t>{},
-           nb::arg("fp32_nodes") = std::vector<std::string>{})
+           nb::arg("fp32_nodes") = std::vector<std::string>{}, nb::arg("transform_note") = "")
       .def_ro("fp32_nodes", &OnnxCandidate::fp32_nodes)
+      .def_ro("transform_note", &OnnxCandidate::transform_note)
       .def_ro("name", &OnnxCandidate::name)
       .def_ro("config", &OnnxCandidate::config)
       .def_ro("precision", &OnnxCandidate::precision)
@@ -331,6 +334,7 @@ void bind_tuning(nb::module_& m) {
       .def_ro("transform", &CandidateResult::transform)
       .def_ro("fused_operators", &CandidateResult::fused_operators)
       .def_ro("fp32_nodes", &CandidateResult::fp32_nodes)
+      .def_ro("transform_note", &CandidateResult::transform_note)
       .def_prop_ro("status", [](const CandidateResult& c) { return std::string(candidate_status_name(c.status)); })
       .def_ro("reason", &CandidateResult::reason)
       .def_prop_ro("max_abs_error", &max_abs_error)

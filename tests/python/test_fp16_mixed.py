@@ -145,11 +145,11 @@ def test_a_search_whose_models_cannot_be_built_says_so(tmp_path, monkeypatch):
                                                             fp16.transform), "ONNXRuntimeBackend", 0)
     assert tuner.report.candidates[0].status == "incorrect"
 
-    def unloadable(source, target, nodes):
+    def unloadable(self, target, nodes):
         target.write_bytes(b"not an onnx model")
         return target
 
-    monkeypatch.setattr(transforms, "fp16_keeping", unloadable)
+    monkeypatch.setattr(transforms.Fp16Keeping, "write", unloadable)
     backend = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cpu"))
     planned = types.SimpleNamespace(name="cpu fp16 searched model", config=config, precision=_core.Precision.FP16)
     backend._search_fp16(planned, models, tuner, 0, [0], graph, tmp_path)

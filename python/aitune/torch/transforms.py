@@ -244,19 +244,44 @@ def float_constant_nodes(model: onnx.ModelProto) -> list[str]:
             and any(a.name == "value" and a.t.data_type == onnx.TensorProto.FLOAT for a in n.attribute)]
 
 
+class Fp16Keeping:
+    """fp16 copies of one model, each keeping chosen nodes (names) in fp32 besides the
+    converter's default operators (the converter's node_block_list): the fp32-node
+    search's models. The source is loaded, prepared and its shapes inferred once; each
+    copy converts a copy of that in memory. Measured on a Llama (hidden 1024, 4 layers,
+    benchmarks/fp16_search_breakdown.py): reloading and re-inferring the source was half
+    of each step's conversion.
+
+    Float Constant nodes are kept too (the converter would round their values, 1.0001 to
+    1, even for nodes kept in fp32; an fp16 consumer reads a Cast that ONNX Runtime folds):
+    so keeping every node of ``float_compute_nodes`` is the fp32 model, the search's first
+    probe."""
+
+    def __init__(self, source: Path):
+        from aitune.torch import export
+
+        model = onnx.load(str(source))
+        export.separate_consumed_outputs(model)
+        self._constants = float_constant_nodes(model)
+        # What the converter does first on every call (a copy through serialisation), once.
+        self._inferred = onnx.shape_inference.infer_shapes(model)
+
+    def write(self, target: Path, nodes: list[str]) -> Path:
+        """The fp16 copy keeping ``nodes`` in fp32, written to ``target``."""
+        from onnxruntime.transformers import float16
+
+        from aitune.torch import export
+
+        model = onnx.ModelProto()
+        model.CopyFrom(self._inferred)  # the converter changes what it is given
+        converted = export.convert_keeping(model, list(float16.DEFAULT_OP_BLOCK_LIST), [*nodes, *self._constants],
+                                           shapes_inferred=True)
+        return export.save_converted(converted, target)
+
+
 def fp16_keeping(source: Path, target: Path, nodes: list[str]) -> Path:
-    """An fp16 copy of ``source`` keeping ``nodes`` (names) in fp32, besides the
-    converter's default operators (the converter's node_block_list). Float Constant nodes
-    are kept too (the converter would round their values, 1.0001 to 1, even for nodes kept
-    in fp32; an fp16 consumer reads a Cast that ONNX Runtime folds): so keeping every node
-    of ``float_compute_nodes`` is the fp32 model, the search's first probe."""
-    from onnxruntime.transformers import float16
-
-    from aitune.torch import export
-
-    constants = float_constant_nodes(onnx.load(str(source), load_external_data=False))
-    return export.convert_to_fp16(source, target, op_block_list=list(float16.DEFAULT_OP_BLOCK_LIST),
-                                  node_block_list=[*nodes, *constants])
+    """One fp16 copy of ``source`` keeping ``nodes`` in fp32 (``Fp16Keeping``)."""
+    return Fp16Keeping(source).write(target, nodes)
 
 
 def _to_fp16_mixed(source, context: TransformContext):
@@ -304,6 +329,19 @@ MODEL_TRANSFORMS: dict[str, ModelTransform] = {
 }
 
 
+@dataclasses.dataclass
+class Fp16Search:
+    """What the fp32-node search found for a graph (the backend runs it once per provider):
+    the model keeping ``kept`` in fp32, or ``failure``; ``configuration`` is the candidate
+    whose session checked its steps, ``note`` how it ended."""
+
+    configuration: str
+    kept: list[str] = dataclasses.field(default_factory=list)
+    path: Path | None = None
+    note: str = ""
+    failure: str | None = None
+
+
 class TransformFailed(Exception):
     """A model transform could not make its model; the message says which and why."""
 
@@ -315,6 +353,9 @@ class TransformedModels:
     def __init__(self, exported: Path, context: TransformContext):
         self._context = context
         self._made: dict[str, ModelFile | FusedModel | None | TransformFailed] = {"": ModelFile(Path(exported))}
+        #: provider name -> the fp32-node search's outcome on this export (one search per
+        #: provider: its verdicts do not depend on the session's options).
+        self.fp16_searches: dict[str, Fp16Search] = {}
 
     def get(self, name: str):
         """The model, None where a step does not apply; raises TransformFailed."""

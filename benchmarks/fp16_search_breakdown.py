@@ -1,0 +1,141 @@
+"""Where an ONNX Runtime tune's time goes for a Llama-shaped decoder (issue 24 point 3): export,
+each model transform, one step of the fp32-node search (its conversion piece by piece),
+session creation and the check, on the CPU provider.
+
+    python benchmarks/fp16_search_breakdown.py [--hidden 1024] [--layers 4] [--seq 128] [--steps 3]
+
+A transformers LlamaForCausalLM from a config (random weights, vocab 32000), recorded with
+``ait.tune(dry_run=True)`` at batch 1, exported with the dynamo exporter. Prints seconds per
+stage (wall clock; one run each; the search steps' mean over --steps) and a JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import onnx
+import torch
+
+import aitune.torch as ait
+from aitune import _core
+from aitune.torch import export, transforms
+
+
+def timed(results: dict, name: str, fn, *args, **kwargs):
+    start = time.perf_counter()
+    value = fn(*args, **kwargs)
+    results[name] = round(time.perf_counter() - start, 3)
+    print(f"{name:48s} {results[name]:8.3f} s", flush=True)
+    return value
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--steps", type=int, default=3, help="search steps timed (mean reported)")
+    args = parser.parse_args()
+    import transformers
+    import onnxruntime
+    from onnxruntime.transformers import float16
+
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden,
+                                      intermediate_size=args.hidden * 11 // 4, num_hidden_layers=args.layers,
+                                      num_attention_heads=16, num_key_value_heads=4,
+                                      max_position_embeddings=max(256, args.seq))
+    results: dict[str, float | int | str] = {"model": f"llama hidden {args.hidden}, {args.layers} layers, vocab "
+                                                      f"{args.vocab}, seq {args.seq}, batch 1"}
+    model = ait.Module(transformers.LlamaForCausalLM(config).eval(), "llama_breakdown")
+
+    def batches(size):
+        ids = torch.randint(0, args.vocab, (size, args.seq), generator=torch.Generator().manual_seed(size))
+        return [{"input_ids": ids, "attention_mask": torch.ones_like(ids), "use_cache": False}]
+
+    timed(results, "record (ait.tune dry_run)", ait.tune, model, batches, batch_sizes=[1], dry_run=True,
+          disable_external_logging=True)
+    (graph,) = model.ait_graphs
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(tmp)
+        spec = graph.graph_spec()
+        exported = timed(results, "export (dynamo)", export.export_onnx, graph, spec, directory / "model_raw.onnx",
+                         use_dynamo=True)
+        results["model_mb"] = round(exported.stat().st_size / 1e6, 1)
+        context = transforms.TransformContext(directory, "llama")
+        models = transforms.TransformedModels(exported, context)
+        timed(results, "transform fp16 (all nodes)", models.get, transforms.FP16)
+        timed(results, "transform fp16_mixed", models.get, transforms.FP16_MIXED)
+        timed(results, "transform ort_fusions", models.get, transforms.ORT_FUSIONS)
+
+        samples = [([t.contiguous() for t in s.inputs], [t.contiguous() for t in s.outputs], s.batch_size)
+                   for s in graph.samples]
+        tuner = _core.GraphTuner("llama_breakdown", spec, samples, _core.TunerOptions())
+        core_config = _core.OnnxSessionConfig()
+        core_config.provider = _core.parse_execution_provider("cpu")
+        names, _ = export.onnx_io_names(exported)
+        order = [graph.input_names.index(n) for n in names]
+        candidate = _core.OnnxCandidate("cpu fp16 probe", core_config, _core.Precision.FP16)
+
+        nodes = timed(results, "search: list the float nodes", transforms.float_compute_nodes, exported)
+        results["float_nodes"] = len(nodes)
+        kept = nodes[: len(nodes) // 2]  # a mid-search set
+        probe = directory / "probe.onnx"
+
+        # One step as the search made it before (the source reloaded and converted each step), piece by piece.
+        pieces = {"load source": 0.0, "load source again (constants)": 0.0, "shape inference": 0.0,
+                  "convert": 0.0, "clean up (duplicates, round trips)": 0.0, "save": 0.0}
+        for _ in range(args.steps):
+            t = time.perf_counter()
+            proto = onnx.load(str(exported))
+            export.separate_consumed_outputs(proto)
+            pieces["load source"] += time.perf_counter() - t
+            t = time.perf_counter()
+            constants = transforms.float_constant_nodes(onnx.load(str(exported), load_external_data=False))
+            pieces["load source again (constants)"] += time.perf_counter() - t
+            t = time.perf_counter()
+            inferred = onnx.shape_inference.infer_shapes(proto)
+            pieces["shape inference"] += time.perf_counter() - t
+            t = time.perf_counter()
+            converted = float16.convert_float_to_float16(inferred, keep_io_types=True,
+                                                         op_block_list=list(float16.DEFAULT_OP_BLOCK_LIST),
+                                                         node_block_list=[*kept, *constants],
+                                                         disable_shape_infer=True)
+            pieces["convert"] += time.perf_counter() - t
+            t = time.perf_counter()
+            export._drop_duplicate_nodes(converted)
+            export._drop_fp16_round_trips(converted)
+            pieces["clean up (duplicates, round trips)"] += time.perf_counter() - t
+            t = time.perf_counter()
+            onnx.save(converted, str(probe))
+            pieces["save"] += time.perf_counter() - t
+        for piece, seconds in pieces.items():
+            results[f"step piece: {piece}"] = round(seconds / args.steps, 3)
+            print(f"{'step piece: ' + piece:48s} {seconds / args.steps:8.3f} s", flush=True)
+
+        def mean(name, fn):
+            start = time.perf_counter()
+            for _ in range(args.steps):
+                fn()
+            results[name] = round((time.perf_counter() - start) / args.steps, 3)
+            print(f"{name:48s} {results[name]:8.3f} s", flush=True)
+
+        mean("step conversion, before (fp16_keeping)", lambda: transforms.fp16_keeping(exported, probe, kept))
+        if hasattr(transforms, "Fp16Keeping"):
+            keeping = timed(results, "step conversion, after: load once", transforms.Fp16Keeping, exported)
+            mean("step conversion, after (per step)", lambda: keeping.write(probe, kept))
+        timed(results, "session creation (onnxruntime, CPU)", onnxruntime.InferenceSession, str(probe),
+              providers=["CPUExecutionProvider"])
+        timed(results, "check (engine: session + run + compare)", tuner.check_onnx, str(probe), candidate, order)
+    print(json.dumps(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
