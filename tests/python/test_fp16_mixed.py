@@ -187,3 +187,102 @@ def test_a_llama_keeping_every_node_in_fp32_loads_and_is_the_fp32_model(tmp_path
     expected = onnxruntime.InferenceSession(str(exported), providers=["CPUExecutionProvider"]).run(None, feeds)
     got = onnxruntime.InferenceSession(str(probe), providers=["CPUExecutionProvider"]).run(None, feeds)
     assert all(np.array_equal(g, e) for g, e in zip(got, expected, strict=True))
+
+
+def _rejected_all_fp16(tuner, models, config, name):
+    fp16 = models.get("fp16")
+    tuner.evaluate_onnx(str(fp16.path), _core.OnnxCandidate(name, config, _core.Precision.FP16, fp16.transform),
+                        "ONNXRuntimeBackend", 0)
+    assert tuner.report.candidates[-1].status == "incorrect", tuner.report.candidates[-1].reason
+
+
+def test_one_search_per_graph_and_provider_its_set_reused_by_later_configurations(tmp_path, monkeypatch):
+    """Whether a set of fp32 nodes passes is a matter of the model's numbers, not of the
+    session's options: where the all-fp16 model of two configurations was rejected, the
+    search (each step a conversion of the whole export) runs once, and the second
+    configuration's candidate runs on the set it found, checked and measured as its own."""
+    graph, exported, tuner, config = _setup(tmp_path)
+    threads = _core.OnnxSessionConfig()
+    threads.provider = _core.parse_execution_provider("cpu")
+    threads.intra_op_threads = 1
+    models = transforms.TransformedModels(exported, transforms.TransformContext(tmp_path))
+    _rejected_all_fp16(tuner, models, config, "cpu fp16 model")
+    _rejected_all_fp16(tuner, models, threads, "cpu[intra_op_threads=1] fp16 model")
+
+    searches, steps = [], []
+    search = _core.search_fp32_nodes
+
+    def counted_search(nodes, passes, **limits):
+        def counted(kept):
+            steps.append(list(kept))
+            return passes(kept)
+
+        searches.append(list(nodes))
+        return search(nodes, counted, **limits)
+
+    monkeypatch.setattr(_core, "search_fp32_nodes", counted_search)
+    backend = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cpu"))
+    for name, session in (("cpu fp16 searched model", config), ("cpu[intra_op_threads=1] fp16 searched model", threads)):
+        planned = types.SimpleNamespace(name=name, config=session, precision=_core.Precision.FP16)
+        backend._search_fp16(planned, models, tuner, 0, [0], graph, tmp_path)
+
+    assert len(searches) == 1, f"{len(searches)} searches ({len(steps)} converted models) for one graph and provider"
+    first, second = tuner.report.candidates[2], tuner.report.candidates[3]
+    assert (first.name, second.name) == ("cpu fp16 searched model", "cpu[intra_op_threads=1] fp16 searched model")
+    assert first.status == "passed" and second.status == "passed", (first.reason, second.reason)
+    assert second.fp32_nodes == first.fp32_nodes and len(first.fp32_nodes) == 1
+    assert json.loads(second.config_json)["intra_op_threads"] == 1  # its own session configuration
+    assert second.p50_us is not None  # measured as its own candidate
+    assert first.transform_note.startswith("fp32-node search: minimal"), first.transform_note
+    assert second.transform_note.startswith("fp32-node set from the search for cpu fp16 searched model"), \
+        second.transform_note
+    data = json.loads(tuner.select(_core.StrategyConfig(performance_validation=False)).to_json())
+    assert data["candidates"][3]["transform_note"] == second.transform_note
+
+
+def test_the_search_stops_at_its_time_bound_with_the_set_that_passed(tmp_path):
+    """fp16_search_seconds bounds the search: past it no step starts, and the candidate
+    runs on the last set that passed (here the first, every node kept), its note saying
+    where the search stopped."""
+    graph, exported, tuner, config = _setup(tmp_path)
+    models = transforms.TransformedModels(exported, transforms.TransformContext(tmp_path))
+    _rejected_all_fp16(tuner, models, config, "cpu fp16 model")
+    backend = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cpu", fp16_search_seconds=1e-9))
+    planned = types.SimpleNamespace(name="cpu fp16 searched model", config=config, precision=_core.Precision.FP16)
+    backend._search_fp16(planned, models, tuner, 0, [0], graph, tmp_path)
+    searched = tuner.report.candidates[1]
+    assert searched.status == "passed", searched.reason
+    assert searched.fp32_nodes == transforms.float_compute_nodes(exported)
+    assert searched.transform_note.startswith("fp32-node search: stopped after "), searched.transform_note
+    assert searched.transform_note.endswith(" s (1 check)"), searched.transform_note
+
+
+def test_fp16_search_seconds_is_checked():
+    import math
+
+    import pytest
+
+    assert ONNXRuntimeBackendConfig().fp16_search_seconds == _core.DEFAULT_FP32_NODE_SEARCH_SECONDS == 120.0
+    assert ONNXRuntimeBackendConfig(fp16_search_seconds=30).fp16_search_seconds == 30.0
+    assert ONNXRuntimeBackendConfig(fp16_search_seconds=math.inf).fp16_search_seconds == math.inf
+    for bad in (0, -1.0, math.nan, "60", True, None):
+        with pytest.raises(_core.InvalidArgumentError, match="fp16_search_seconds must be a positive number"):
+            ONNXRuntimeBackendConfig(fp16_search_seconds=bad)
+
+
+def test_a_search_step_converts_exactly_as_a_fresh_conversion_does(tmp_path):
+    """The search loads and shape-infers the export once and converts a copy per step: each
+    step's model is byte for byte the one converting from the file would write."""
+    from onnxruntime.transformers import float16
+
+    torch.manual_seed(0)
+    source = tmp_path / "scaled.onnx"
+    torch.onnx.export(ScaledHead().eval(), (torch.randn(2, 16),), str(source), dynamo=False)
+    nodes = transforms.float_compute_nodes(source)
+    constants = transforms.float_constant_nodes(onnx.load(str(source)))
+    keeping = transforms.Fp16Keeping(source)
+    for kept in (nodes, nodes[:1], [], nodes[1:]):  # one loaded model, several steps
+        step = keeping.write(tmp_path / "step.onnx", kept)
+        fresh = export.convert_to_fp16(source, tmp_path / "fresh.onnx", op_block_list=list(float16.DEFAULT_OP_BLOCK_LIST),
+                                       node_block_list=[*kept, *constants])
+        assert step.read_bytes() == fresh.read_bytes(), kept
