@@ -286,3 +286,24 @@ def test_a_search_step_converts_exactly_as_a_fresh_conversion_does(tmp_path):
         fresh = export.convert_to_fp16(source, tmp_path / "fresh.onnx", op_block_list=list(float16.DEFAULT_OP_BLOCK_LIST),
                                        node_block_list=[*kept, *constants])
         assert step.read_bytes() == fresh.read_bytes(), kept
+
+
+def test_an_export_the_search_cannot_load_fails_its_candidate_only(tmp_path, monkeypatch):
+    """Loading and shape-inferring the export now happens once, before the steps (a model
+    past protobuf's 2 GB fails there): that fails the searched candidate with the reason,
+    it does not end the tune."""
+    graph, exported, tuner, config = _setup(tmp_path)
+    models = transforms.TransformedModels(exported, transforms.TransformContext(tmp_path))
+    _rejected_all_fp16(tuner, models, config, "cpu fp16 model")
+
+    def too_large(self, source):
+        raise ValueError("Message onnx.ModelProto exceeds maximum protobuf size of 2GB")
+
+    monkeypatch.setattr(transforms.Fp16Keeping, "__init__", too_large)
+    backend = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cpu"))
+    planned = types.SimpleNamespace(name="cpu fp16 searched model", config=config, precision=_core.Precision.FP16)
+    backend._search_fp16(planned, models, tuner, 0, [0], graph, tmp_path)
+    searched = tuner.report.candidates[1]
+    assert searched.status == "failed"
+    assert searched.reason == ("fp32-node search: the export could not be converted: ValueError: "
+                               "Message onnx.ModelProto exceeds maximum protobuf size of 2GB"), searched.reason

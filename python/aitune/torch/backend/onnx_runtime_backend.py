@@ -422,6 +422,8 @@ class ONNXRuntimeBackend(Backend):
         except ImportError as error:
             outcome.failure = (f"model transform '{transforms.FP16_SEARCH}' needs onnxruntime's transformers package: "
                                f"pip install onnxruntime ({error})")
+        except Exception as error:  # contained like any transform: the export cannot be loaded or converted
+            outcome.failure = f"fp32-node search: the export could not be converted: {type(error).__name__}: {error}"
         return outcome
 
     @staticmethod
