@@ -42,6 +42,9 @@ def main() -> int:
     parser.add_argument("--vocab", type=int, default=32000)
     parser.add_argument("--steps", type=int, default=3, help="search steps timed (mean reported)")
     parser.add_argument("--out", type=Path, help="also write the results here (JSON)")
+    parser.add_argument("--search-seconds", type=float, default=0,
+                        help="also run the backend's whole fp32-node search with this bound (where the all-fp16 "
+                             "model is rejected) and report how it ended")
     args = parser.parse_args()
     import transformers
     import onnxruntime
@@ -136,6 +139,27 @@ def main() -> int:
         timed(results, "session creation (onnxruntime, CPU)", onnxruntime.InferenceSession, str(probe),
               providers=["CPUExecutionProvider"])
         timed(results, "check (engine: session + run + compare)", tuner.check_onnx, str(probe), candidate, order)
+        if args.search_seconds > 0:
+            import types
+
+            from aitune.torch.backend import ONNXRuntimeBackend, ONNXRuntimeBackendConfig
+
+            fp16 = models.get(transforms.FP16)
+            tuner.evaluate_onnx(str(fp16.path), _core.OnnxCandidate("cpu fp16 model", core_config,
+                                                                    _core.Precision.FP16, fp16.transform),
+                                "ONNXRuntimeBackend", 0)
+            results["all-fp16 model"] = tuner.report.candidates[-1].status
+            backend = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cpu",
+                                                                  fp16_search_seconds=args.search_seconds))
+            planned = types.SimpleNamespace(name="cpu fp16 searched model", config=core_config,
+                                            precision=_core.Precision.FP16)
+            # The search itself, run even where the all-fp16 model passed (random weights often
+            # do): what its steps cost end to end, conversion and check together.
+            outcome = timed(results, f"whole search (bound {args.search_seconds:g} s)", backend._run_fp16_search,
+                            planned, models, tuner, order, directory)
+            results["search outcome"] = (f"{len(outcome.kept)} of {len(nodes)} nodes kept; "
+                                         f"{outcome.failure or outcome.note}")
+            print(results["search outcome"])
     print(json.dumps(results))
     if args.out:
         args.out.write_text(json.dumps(results, indent=2))

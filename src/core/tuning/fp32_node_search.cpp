@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 
 #include "aitune/error.hpp"
@@ -74,7 +73,7 @@ Fp32NodeSearchResult search_fp32_nodes(const std::vector<std::string>& nodes,
         return result;
       }
       if (double spent = elapsed(); spent >= max_seconds) {
-        // The time bound: the kept set passed its last check, so it is what the search found.
+        // The time bound: the kept set is the last one that passed, what the search found.
         char seconds[32];
         std::snprintf(seconds, sizeof seconds, "%.1f", spent);
         result.note = with_errors("stopped after " + std::string(seconds) + " s (" + checks(result.evaluations) + ")");
