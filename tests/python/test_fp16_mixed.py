@@ -236,8 +236,10 @@ def test_one_search_per_graph_and_provider_its_set_reused_by_later_configuration
     assert first.transform_note.startswith("fp32-node search: minimal"), first.transform_note
     assert second.transform_note.startswith("fp32-node set from the search for cpu fp16 searched model"), \
         second.transform_note
-    data = json.loads(tuner.select(_core.StrategyConfig(performance_validation=False)).to_json())
-    assert data["candidates"][3]["transform_note"] == second.transform_note
+    report = tuner.select(_core.StrategyConfig(performance_validation=False))
+    assert json.loads(report.to_json())["candidates"][3]["transform_note"] == second.transform_note
+    assert f"graph of {second.name}: fp16_search; kept in fp32: 1 node ({second.fp32_nodes[0]}); " \
+           f"{second.transform_note}\n" in report.summary_table()
 
 
 def test_the_search_stops_at_its_time_bound_with_the_set_that_passed(tmp_path):
