@@ -309,3 +309,33 @@ def test_an_export_the_search_cannot_load_fails_its_candidate_only(tmp_path, mon
     assert searched.status == "failed"
     assert searched.reason == ("fp32-node search: the export could not be converted: ValueError: "
                                "Message onnx.ModelProto exceeds maximum protobuf size of 2GB"), searched.reason
+
+
+def test_the_mixed_model_and_the_search_share_one_prepared_export(tmp_path, monkeypatch):
+    """The export is loaded and shape-inferred once for the mixed-precision model and the
+    search that follows it; the mixed model is byte for byte what converting from the file
+    writes."""
+    from onnxruntime.transformers import float16
+
+    graph, exported, tuner, config = _setup(tmp_path)
+    prepared = []
+    init = transforms.Fp16Keeping.__init__
+
+    def counted(self, source):
+        prepared.append(source)
+        init(self, source)
+
+    monkeypatch.setattr(transforms.Fp16Keeping, "__init__", counted)
+    models = transforms.TransformedModels(exported, transforms.TransformContext(tmp_path))
+    _rejected_all_fp16(tuner, models, config, "cpu fp16 model")
+    mixed = models.get("fp16_mixed")
+    fresh = export.convert_to_fp16(exported, tmp_path / "fresh_mixed.onnx",
+                                   op_block_list=sorted({*float16.DEFAULT_OP_BLOCK_LIST, *transforms.SENSITIVE_OPS}),
+                                   node_block_list=transforms.vocabulary_projections(onnx.load(str(exported))))
+    assert mixed.path.read_bytes() == fresh.read_bytes()
+
+    backend = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cpu"))
+    planned = types.SimpleNamespace(name="cpu fp16 searched model", config=config, precision=_core.Precision.FP16)
+    backend._search_fp16(planned, models, tuner, 0, [0], graph, tmp_path)
+    assert tuner.report.candidates[-1].status == "passed", tuner.report.candidates[-1].reason
+    assert len(prepared) == 1, prepared

@@ -184,6 +184,9 @@ class TransformContext:
 
     directory: Path  # where the transformed models are written
     model_type: str = "bert"  # onnxruntime.transformers.optimizer's fusion set (trace exports)
+    #: The export prepared once for fp16 conversions keeping nodes in fp32 (the mixed model,
+    #: the fp32-node search); TransformedModels sets it to its own.
+    fp16_keeping: Callable[[], Fp16Keeping] | None = None
 
 
 def _to_fp16(source, context: TransformContext):
@@ -245,17 +248,17 @@ def float_constant_nodes(model: onnx.ModelProto) -> list[str]:
 
 
 class Fp16Keeping:
-    """fp16 copies of one model, each keeping chosen nodes (names) in fp32 besides the
-    converter's default operators (the converter's node_block_list): the fp32-node
-    search's models. The source is loaded, prepared and its shapes inferred once; each
-    copy converts a copy of that in memory. Measured on a Llama (hidden 1024, 4 layers,
+    """fp16 copies of one model keeping chosen nodes in fp32 (onnxruntime.transformers'
+    converter with block lists): the mixed-precision model and the fp32-node search's
+    models. The source is loaded, prepared and its shapes inferred once; each copy
+    converts a copy of that in memory. Measured on a Llama (hidden 1024, 4 layers,
     benchmarks/fp16_search_breakdown.py): reloading and re-inferring the source was half
-    of each step's conversion.
+    of each search step's conversion.
 
-    Float Constant nodes are kept too (the converter would round their values, 1.0001 to
-    1, even for nodes kept in fp32; an fp16 consumer reads a Cast that ONNX Runtime folds):
-    so keeping every node of ``float_compute_nodes`` is the fp32 model, the search's first
-    probe."""
+    ``write`` (the search's models) keeps float Constant nodes too (the converter would
+    round their values, 1.0001 to 1, even for nodes kept in fp32; an fp16 consumer reads a
+    Cast that ONNX Runtime folds): so keeping every node of ``float_compute_nodes`` is the
+    fp32 model, the search's first probe."""
 
     def __init__(self, source: Path):
         from aitune.torch import export
@@ -267,15 +270,21 @@ class Fp16Keeping:
         self._inferred = onnx.shape_inference.infer_shapes(model)
 
     def write(self, target: Path, nodes: list[str]) -> Path:
-        """The fp16 copy keeping ``nodes`` in fp32, written to ``target``."""
+        """The fp16 copy keeping ``nodes`` (names) and the float Constants in fp32, besides
+        the converter's default operators, written to ``target``."""
         from onnxruntime.transformers import float16
 
+        return self.convert(target, list(float16.DEFAULT_OP_BLOCK_LIST), [*nodes, *self._constants])
+
+    def convert(self, target: Path, op_block_list: list[str], node_block_list: list[str]) -> Path:
+        """The fp16 copy keeping those operator types and node names in fp32, exactly as
+        ``export.convert_to_fp16(source, target, op_block_list=..., node_block_list=...)``
+        writes it, written to ``target``."""
         from aitune.torch import export
 
         model = onnx.ModelProto()
         model.CopyFrom(self._inferred)  # the converter changes what it is given
-        converted = export.convert_keeping(model, list(float16.DEFAULT_OP_BLOCK_LIST), [*nodes, *self._constants],
-                                           shapes_inferred=True)
+        converted = export.convert_keeping(model, op_block_list, node_block_list, shapes_inferred=True)
         return export.save_converted(converted, target)
 
 
@@ -294,8 +303,9 @@ def _to_fp16_mixed(source, context: TransformContext):
     model = onnx.load(str(source.path), load_external_data=False)
     kept_ops = sorted({*float16.DEFAULT_OP_BLOCK_LIST, *SENSITIVE_OPS})
     kept_nodes = vocabulary_projections(model)
-    path = export.convert_to_fp16(source.path, context.directory / "model_fp16_mixed.onnx", op_block_list=kept_ops,
-                                  node_block_list=kept_nodes)
+    # The export prepared once for this model and the fp32-node search that may follow.
+    keeping = context.fp16_keeping() if context.fp16_keeping is not None else Fp16Keeping(source.path)
+    path = keeping.convert(context.directory / "model_fp16_mixed.onnx", kept_ops, kept_nodes)
     kept = [n.name for n in model.graph.node if n.op_type in SENSITIVE_OPS or n.name in kept_nodes]
     return ModelFile(path, FP16_MIXED, fp32_nodes=kept)
 
@@ -351,11 +361,24 @@ class TransformedModels:
     the export, ``get("ort_fusions+fp16")`` the fused model converted to fp16."""
 
     def __init__(self, exported: Path, context: TransformContext):
-        self._context = context
+        self._context = dataclasses.replace(context, fp16_keeping=self.fp16_keeping)
         self._made: dict[str, ModelFile | FusedModel | None | TransformFailed] = {"": ModelFile(Path(exported))}
+        self._fp16_keeping: Fp16Keeping | None = None
         #: provider name -> the fp32-node search's outcome on this export (one search per
         #: provider: its verdicts do not depend on the session's options).
         self.fp16_searches: dict[str, Fp16Search] = {}
+
+    def fp16_keeping(self) -> Fp16Keeping:
+        """The export prepared once (loaded, shapes inferred) for the mixed-precision model
+        and the fp32-node search's steps; held, about the export's size in memory, until
+        ``release_fp16_keeping``."""
+        if self._fp16_keeping is None:
+            self._fp16_keeping = Fp16Keeping(self.get("").path)
+        return self._fp16_keeping
+
+    def release_fp16_keeping(self) -> None:
+        """Drops the prepared export (after the search: the fused models follow)."""
+        self._fp16_keeping = None
 
     def get(self, name: str):
         """The model, None where a step does not apply; raises TransformFailed."""

@@ -327,6 +327,7 @@ class ONNXRuntimeBackend(Backend):
         for planned in plan:
             if planned.model_transform == transforms.FP16_SEARCH:
                 self._search_fp16(planned, models, tuner, group, order, graph, directory)
+                models.release_fp16_keeping()  # the prepared export's memory, before the fused models
                 advance()
                 continue
             made = self._model_for(planned, models, tuner, group)
@@ -403,7 +404,7 @@ class ONNXRuntimeBackend(Backend):
         outcome = transforms.Fp16Search(configuration=planned.name)
         try:
             nodes = transforms.float_compute_nodes(exported)
-            keeping = transforms.Fp16Keeping(exported)  # the export loaded once for every step
+            keeping = models.fp16_keeping()  # the export loaded once for every step (and the mixed model)
 
             def passes(kept: list[str]) -> bool:
                 keeping.write(probe, kept)
