@@ -27,6 +27,9 @@ struct OnnxCandidate {
   std::map<std::string, int64_t> fused_operators;
   /// Mixed precision: the nodes its model keeps in fp32 (copied into the CandidateResult).
   std::vector<std::string> fp32_nodes = {};
+  /// How its model was made, where the transform's name does not say it all (copied into
+  /// the CandidateResult; see CandidateResult::transform_note).
+  std::string transform_note = {};
 };
 
 /// "cuda[use_tf32=0,enable_cuda_graph=1]": the provider and every option set, the

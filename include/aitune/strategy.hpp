@@ -63,6 +63,10 @@ struct CandidateResult {
   /// Mixed precision (transform "fp16_mixed"): the nodes its model keeps in fp32, as the
   /// search found them (names of the exported graph's nodes); empty otherwise.
   std::vector<std::string> fp32_nodes;
+  /// How its model was made, where the transform's name does not say it all: for
+  /// "fp16_search", how the search ended ("stopped after 120.4 s (7 checks)") and, where
+  /// the set was reused, the configuration whose search found it. Empty otherwise.
+  std::string transform_note;
   CandidateStatus status = CandidateStatus::kFailed;
   std::string reason;        ///< why it failed, was rejected or was chosen
   std::optional<CorrectnessReport> correctness;

@@ -236,14 +236,17 @@ void bind_tuning(nb::module_& m) {
   nb::class_<OnnxCandidate>(m, "OnnxCandidate", "A full session configuration to try.")
       .def("__init__",
            [](OnnxCandidate* c, std::string name, OnnxSessionConfig config, Precision precision,
-              std::string transform, std::map<std::string, int64_t> fused, std::vector<std::string> fp32_nodes) {
-             new (c) OnnxCandidate{std::move(name), std::move(config), precision, std::move(transform), std::move(fused),
-                                   std::move(fp32_nodes)};
+              std::string transform, std::map<std::string, int64_t> fused, std::vector<std::string> fp32_nodes,
+              std::string transform_note) {
+             new (c) OnnxCandidate{std::move(name),  std::move(config),     precision,
+                                   std::move(transform), std::move(fused), std::move(fp32_nodes),
+                                   std::move(transform_note)};
            },
            nb::arg("name"), nb::arg("config"), nb::arg("precision") = Precision::kStrict, nb::arg("transform") = "",
            nb::arg("fused_operators") = std::map<std::string, int64_t>{},
-           nb::arg("fp32_nodes") = std::vector<std::string>{})
+           nb::arg("fp32_nodes") = std::vector<std::string>{}, nb::arg("transform_note") = "")
       .def_ro("fp32_nodes", &OnnxCandidate::fp32_nodes)
+      .def_ro("transform_note", &OnnxCandidate::transform_note)
       .def_ro("name", &OnnxCandidate::name)
       .def_ro("config", &OnnxCandidate::config)
       .def_ro("precision", &OnnxCandidate::precision)
@@ -289,10 +292,12 @@ void bind_tuning(nb::module_& m) {
       .def_ro("kept", &Fp32NodeSearchResult::kept)
       .def_ro("evaluations", &Fp32NodeSearchResult::evaluations)
       .def_ro("unrunnable", &Fp32NodeSearchResult::unrunnable)
+      .def_ro("seconds", &Fp32NodeSearchResult::seconds)
       .def_ro("note", &Fp32NodeSearchResult::note);
+  m.attr("DEFAULT_FP32_NODE_SEARCH_SECONDS") = kDefaultFp32NodeSearchSeconds;
   m.def(
       "search_fp32_nodes",
-      [](const std::vector<std::string>& nodes, nb::callable passes, int max_evaluations) {
+      [](const std::vector<std::string>& nodes, nb::callable passes, int max_evaluations, double max_seconds) {
         return search_fp32_nodes(
             nodes,
             [&](const std::vector<std::string>& kept) {
@@ -306,11 +311,13 @@ void bind_tuning(nb::module_& m) {
                 throw Error(ErrorCode::kModelInvalid, type + ": " + nb::cast<std::string>(nb::str(e.value())));
               }
             },
-            max_evaluations);
+            max_evaluations, max_seconds);
       },
       nb::arg("nodes"), nb::arg("passes"), nb::arg("max_evaluations") = 24,
+      nb::arg("max_seconds") = kDefaultFp32NodeSearchSeconds,
       "Bisection for the smallest set of `nodes` to keep in fp32: passes(kept) -> bool builds and checks the "
-      "model keeping `kept` in fp32, raising when it cannot be built or run (fp32_node_search.hpp).");
+      "model keeping `kept` in fp32, raising when it cannot be built or run; no check starts after max_seconds "
+      "(wall clock), the set kept so far is used (fp32_node_search.hpp).");
   m.def("rejected_fp16_candidate", &rejected_fp16_candidate, nb::arg("report"), nb::arg("config"),
         "Index of the all-fp16 candidate with this configuration when the check rejected it, else None.");
   m.def("tensorrt_provider_options", &tensorrt_provider_options, nb::arg("spec"), nb::arg("cache_dir"),
@@ -327,6 +334,7 @@ void bind_tuning(nb::module_& m) {
       .def_ro("transform", &CandidateResult::transform)
       .def_ro("fused_operators", &CandidateResult::fused_operators)
       .def_ro("fp32_nodes", &CandidateResult::fp32_nodes)
+      .def_ro("transform_note", &CandidateResult::transform_note)
       .def_prop_ro("status", [](const CandidateResult& c) { return std::string(candidate_status_name(c.status)); })
       .def_ro("reason", &CandidateResult::reason)
       .def_prop_ro("max_abs_error", &max_abs_error)

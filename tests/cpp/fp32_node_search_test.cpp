@@ -1,6 +1,10 @@
 // The measured search for the smallest set of nodes an fp16 model keeps in fp32, and
 // when it is tried (the all-fp16 model of the same configuration was rejected).
 #include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -43,6 +47,72 @@ TEST(Fp32NodeSearch, StopsAtItsBudgetWithAPassingSet) {
   EXPECT_TRUE(contains(result.kept, "n3"));
   EXPECT_LT(result.kept.size(), 64u);
   EXPECT_NE(result.note.find("stopped after 4"), std::string::npos);
+}
+
+TEST(Fp32NodeSearch, StopsAtItsTimeBoundWithThePassingSetFoundSoFar) {
+  // Each check takes 10 s on a fake clock (a 2 GB model converted and loaded); the bound is
+  // 35 s: the checks starting at 0, 10, 20 and 30 s run, none starts at 40 s.
+  double clock = 0;
+  std::vector<std::vector<std::string>> passing;
+  auto passes = [&](const std::vector<std::string>& kept) {
+    clock += 10;
+    bool ok = contains(kept, "n3");
+    if (ok) passing.push_back(kept);
+    return ok;
+  };
+  auto result = search_fp32_nodes(names(64), passes, 24, 35.0, [&] { return clock; });
+  EXPECT_TRUE(result.passed);
+  EXPECT_EQ(result.evaluations, 4);
+  EXPECT_DOUBLE_EQ(result.seconds, 40.0);
+  EXPECT_EQ(result.note, "stopped after 40.0 s (4 checks)");
+  ASSERT_FALSE(passing.empty());
+  EXPECT_EQ(result.kept, passing.back()) << "the last set that passed, not one never checked";
+  EXPECT_LT(result.kept.size(), 64u);
+}
+
+TEST(Fp32NodeSearch, TheFirstCheckRunsWhateverTheBound) {
+  // Without the every-node check nothing is known to pass: it runs even past the bound.
+  double clock = 0;
+  auto passes = [&](const std::vector<std::string>&) {
+    clock += 100;
+    return true;
+  };
+  auto result = search_fp32_nodes(names(8), passes, 24, 1.0, [&] { return clock; });
+  EXPECT_TRUE(result.passed);
+  EXPECT_EQ(result.evaluations, 1);
+  EXPECT_EQ(result.kept, names(8));
+  EXPECT_EQ(result.note, "stopped after 100.0 s (1 check)");
+}
+
+TEST(Fp32NodeSearch, BoundedByTheRealClock) {
+  // The default clock: checks of ~20 ms against a 0.1 s bound end the search long before
+  // its 64 evaluations (a 64-node search with one node to keep runs ~20 checks).
+  auto passes = [](const std::vector<std::string>& kept) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    return contains(kept, "n40");
+  };
+  auto result = search_fp32_nodes(names(64), passes, 64, 0.1);
+  EXPECT_TRUE(result.passed);
+  EXPECT_LT(result.evaluations, 64);
+  EXPECT_GE(result.seconds, 0.1);
+  EXPECT_NE(result.note.find(" s ("), std::string::npos) << result.note;
+  EXPECT_TRUE(contains(result.kept, "n40"));
+}
+
+TEST(Fp32NodeSearch, BadBoundsAreRefused) {
+  auto passes = [](const std::vector<std::string>&) { return true; };
+  for (double bad : {0.0, -1.0, std::nan("")}) {
+    try {
+      search_fp32_nodes(names(4), passes, 24, bad);
+      ADD_FAILURE() << "max_seconds " << bad << " accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("max_seconds"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(search_fp32_nodes(names(4), passes, 0), Error);
+  auto unbounded = search_fp32_nodes(names(4), passes, 24, std::numeric_limits<double>::infinity());
+  EXPECT_TRUE(unbounded.passed);
 }
 
 TEST(Fp32NodeSearch, AModelThatFailsEvenInFp32IsReported) {

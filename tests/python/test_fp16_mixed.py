@@ -148,11 +148,11 @@ def test_a_search_whose_models_cannot_be_built_says_so(tmp_path, monkeypatch):
                                                             fp16.transform), "ONNXRuntimeBackend", 0)
     assert tuner.report.candidates[0].status == "incorrect"
 
-    def unloadable(source, target, nodes):
+    def unloadable(self, target, nodes):
         target.write_bytes(b"not an onnx model")
         return target
 
-    monkeypatch.setattr(transforms, "fp16_keeping", unloadable)
+    monkeypatch.setattr(transforms.Fp16Keeping, "write", unloadable)
     backend = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cpu"))
     planned = types.SimpleNamespace(name="cpu fp16 searched model", config=config, precision=_core.Precision.FP16)
     backend._search_fp16(planned, models, tuner, 0, [0], graph, tmp_path)
@@ -219,7 +219,7 @@ def test_the_mixed_model_computes_in_fp16_what_autocast_does_and_nothing_else(tm
     value_types = {v.name: v.type.tensor_type.elem_type for v in [*inferred.graph.value_info, *inferred.graph.input,
                                                                    *inferred.graph.output]}
     value_types.update(types_of)
-    fp16, fp32 = onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT
+    fp16 = onnx.TensorProto.FLOAT16
     by_type = {}
     for node in mixed.graph.node:
         if node.op_type == "Cast":
@@ -245,3 +245,155 @@ def test_no_mixed_model_without_an_operator_autocast_computes_in_fp16(tmp_path):
     torch.onnx.export(torch.nn.ReLU(), (torch.randn(2, 4),), str(tmp_path / "relu.onnx"), dynamo=False)
     models = transforms.TransformedModels(tmp_path / "relu.onnx", transforms.TransformContext(tmp_path))
     assert models.get("fp16_mixed") is None
+
+
+def _rejected_all_fp16(tuner, models, config, name):
+    fp16 = models.get("fp16")
+    tuner.evaluate_onnx(str(fp16.path), _core.OnnxCandidate(name, config, _core.Precision.FP16, fp16.transform),
+                        "ONNXRuntimeBackend", 0)
+    assert tuner.report.candidates[-1].status == "incorrect", tuner.report.candidates[-1].reason
+
+
+def test_one_search_per_graph_and_provider_its_set_reused_by_later_configurations(tmp_path, monkeypatch):
+    """Whether a set of fp32 nodes passes is a matter of the model's numbers, not of the
+    session's options: where the all-fp16 model of two configurations was rejected, the
+    search (each step a conversion of the whole export) runs once, and the second
+    configuration's candidate runs on the set it found, checked and measured as its own."""
+    graph, exported, tuner, config = _setup(tmp_path)
+    threads = _core.OnnxSessionConfig()
+    threads.provider = _core.parse_execution_provider("cpu")
+    threads.intra_op_threads = 1
+    models = transforms.TransformedModels(exported, transforms.TransformContext(tmp_path))
+    _rejected_all_fp16(tuner, models, config, "cpu fp16 model")
+    _rejected_all_fp16(tuner, models, threads, "cpu[intra_op_threads=1] fp16 model")
+
+    searches, steps = [], []
+    search = _core.search_fp32_nodes
+
+    def counted_search(nodes, passes, **limits):
+        def counted(kept):
+            steps.append(list(kept))
+            return passes(kept)
+
+        searches.append(list(nodes))
+        return search(nodes, counted, **limits)
+
+    monkeypatch.setattr(_core, "search_fp32_nodes", counted_search)
+    backend = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cpu"))
+    for name, session in (("cpu fp16 searched model", config), ("cpu[intra_op_threads=1] fp16 searched model", threads)):
+        planned = types.SimpleNamespace(name=name, config=session, precision=_core.Precision.FP16)
+        backend._search_fp16(planned, models, tuner, 0, [0], graph, tmp_path)
+
+    assert len(searches) == 1, f"{len(searches)} searches ({len(steps)} converted models) for one graph and provider"
+    first, second = tuner.report.candidates[2], tuner.report.candidates[3]
+    assert (first.name, second.name) == ("cpu fp16 searched model", "cpu[intra_op_threads=1] fp16 searched model")
+    assert first.status == "passed" and second.status == "passed", (first.reason, second.reason)
+    assert second.fp32_nodes == first.fp32_nodes and len(first.fp32_nodes) == 1
+    assert json.loads(second.config_json)["intra_op_threads"] == 1  # its own session configuration
+    assert second.p50_us is not None  # measured as its own candidate
+    assert first.transform_note.startswith("fp32-node search: minimal"), first.transform_note
+    assert second.transform_note.startswith("fp32-node set from the search for cpu fp16 searched model"), \
+        second.transform_note
+    report = tuner.select(_core.StrategyConfig(performance_validation=False))
+    assert json.loads(report.to_json())["candidates"][3]["transform_note"] == second.transform_note
+    assert f"graph of {second.name}: fp16_search; kept in fp32: 1 node ({second.fp32_nodes[0]}); " \
+           f"{second.transform_note}\n" in report.summary_table()
+
+
+def test_the_search_stops_at_its_time_bound_with_the_set_that_passed(tmp_path):
+    """fp16_search_seconds bounds the search: past it no step starts, and the candidate
+    runs on the last set that passed (here the first, every node kept), its note saying
+    where the search stopped."""
+    graph, exported, tuner, config = _setup(tmp_path)
+    models = transforms.TransformedModels(exported, transforms.TransformContext(tmp_path))
+    _rejected_all_fp16(tuner, models, config, "cpu fp16 model")
+    backend = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cpu", fp16_search_seconds=1e-9))
+    planned = types.SimpleNamespace(name="cpu fp16 searched model", config=config, precision=_core.Precision.FP16)
+    backend._search_fp16(planned, models, tuner, 0, [0], graph, tmp_path)
+    searched = tuner.report.candidates[1]
+    assert searched.status == "passed", searched.reason
+    assert searched.fp32_nodes == transforms.float_compute_nodes(exported)
+    assert searched.transform_note.startswith("fp32-node search: stopped after "), searched.transform_note
+    assert searched.transform_note.endswith(" s (1 check)"), searched.transform_note
+
+
+def test_fp16_search_seconds_is_checked():
+    import math
+
+    import pytest
+
+    assert ONNXRuntimeBackendConfig().fp16_search_seconds == _core.DEFAULT_FP32_NODE_SEARCH_SECONDS == 120.0
+    assert ONNXRuntimeBackendConfig(fp16_search_seconds=30).fp16_search_seconds == 30.0
+    assert ONNXRuntimeBackendConfig(fp16_search_seconds=math.inf).fp16_search_seconds == math.inf
+    for bad in (0, -1.0, math.nan, "60", True, None):
+        with pytest.raises(_core.InvalidArgumentError, match="fp16_search_seconds must be a positive number"):
+            ONNXRuntimeBackendConfig(fp16_search_seconds=bad)
+
+
+def test_a_search_step_converts_exactly_as_a_fresh_conversion_does(tmp_path):
+    """The search loads and shape-infers the export once and converts a copy per step: each
+    step's model is byte for byte the one converting from the file would write."""
+    from onnxruntime.transformers import float16
+
+    torch.manual_seed(0)
+    source = tmp_path / "scaled.onnx"
+    torch.onnx.export(ScaledHead().eval(), (torch.randn(2, 16),), str(source), dynamo=False)
+    nodes = transforms.float_compute_nodes(source)
+    constants = transforms.float_constant_nodes(onnx.load(str(source)))
+    keeping = transforms.Fp16Keeping(source)
+    for kept in (nodes, nodes[:1], [], nodes[1:]):  # one loaded model, several steps
+        step = keeping.write(tmp_path / "step.onnx", kept)
+        fresh = export.convert_to_fp16(source, tmp_path / "fresh.onnx", op_block_list=list(float16.DEFAULT_OP_BLOCK_LIST),
+                                       node_block_list=[*kept, *constants])
+        assert step.read_bytes() == fresh.read_bytes(), kept
+
+
+def test_an_export_the_search_cannot_load_fails_its_candidate_only(tmp_path, monkeypatch):
+    """Loading and shape-inferring the export now happens once, before the steps (a model
+    past protobuf's 2 GB fails there): that fails the searched candidate with the reason,
+    it does not end the tune."""
+    graph, exported, tuner, config = _setup(tmp_path)
+    models = transforms.TransformedModels(exported, transforms.TransformContext(tmp_path))
+    _rejected_all_fp16(tuner, models, config, "cpu fp16 model")
+
+    def too_large(self, source):
+        raise ValueError("Message onnx.ModelProto exceeds maximum protobuf size of 2GB")
+
+    monkeypatch.setattr(transforms.Fp16Keeping, "__init__", too_large)
+    backend = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cpu"))
+    planned = types.SimpleNamespace(name="cpu fp16 searched model", config=config, precision=_core.Precision.FP16)
+    backend._search_fp16(planned, models, tuner, 0, [0], graph, tmp_path)
+    searched = tuner.report.candidates[1]
+    assert searched.status == "failed"
+    assert searched.reason == ("fp32-node search: the export could not be converted: ValueError: "
+                               "Message onnx.ModelProto exceeds maximum protobuf size of 2GB"), searched.reason
+
+
+def test_the_mixed_model_and_the_search_share_one_prepared_export(tmp_path, monkeypatch):
+    """The export is loaded and shape-inferred once for the mixed-precision model and the
+    search that follows it; the mixed model is byte for byte what converting from the file
+    writes."""
+    from onnxruntime.transformers import float16
+
+    graph, exported, tuner, config = _setup(tmp_path)
+    prepared = []
+    init = transforms.Fp16Keeping.__init__
+
+    def counted(self, source):
+        prepared.append(source)
+        init(self, source)
+
+    monkeypatch.setattr(transforms.Fp16Keeping, "__init__", counted)
+    models = transforms.TransformedModels(exported, transforms.TransformContext(tmp_path))
+    _rejected_all_fp16(tuner, models, config, "cpu fp16 model")
+    mixed = models.get("fp16_mixed")
+    fresh = export.convert_to_fp16(exported, tmp_path / "fresh_mixed.onnx",
+                                   op_block_list=sorted({*float16.DEFAULT_OP_BLOCK_LIST, *transforms.SENSITIVE_OPS}),
+                                   node_block_list=transforms.vocabulary_projections(onnx.load(str(exported))))
+    assert mixed.path.read_bytes() == fresh.read_bytes()
+
+    backend = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cpu"))
+    planned = types.SimpleNamespace(name="cpu fp16 searched model", config=config, precision=_core.Precision.FP16)
+    backend._search_fp16(planned, models, tuner, 0, [0], graph, tmp_path)
+    assert tuner.report.candidates[-1].status == "passed", tuner.report.candidates[-1].reason
+    assert len(prepared) == 1, prepared

@@ -51,6 +51,7 @@ def test_mlp_matches_eager(use_dynamo, cache_dir):
         "precision": "any",
         "transformer_fusions": True,
         "allow_trace_warnings": False,
+        "fp16_search_seconds": 120.0,
     }
     assert not list(backend_dir.glob(".export-*"))  # scratch directory gone
 

@@ -184,6 +184,9 @@ class TransformContext:
 
     directory: Path  # where the transformed models are written
     model_type: str = "bert"  # onnxruntime.transformers.optimizer's fusion set (trace exports)
+    #: The export prepared once for fp16 conversions keeping nodes in fp32 (the mixed model,
+    #: the fp32-node search); TransformedModels sets it to its own.
+    fp16_keeping: Callable[[], Fp16Keeping] | None = None
 
 
 def _to_fp16(source, context: TransformContext):
@@ -251,25 +254,54 @@ def float_constant_nodes(model: onnx.ModelProto) -> list[str]:
             and any(a.name == "value" and a.t.data_type == onnx.TensorProto.FLOAT for a in n.attribute)]
 
 
+class Fp16Keeping:
+    """fp16 copies of one model keeping chosen nodes in fp32 (onnxruntime.transformers'
+    converter with block lists): the mixed-precision model and the fp32-node search's
+    models. The source is loaded, prepared and its shapes inferred once; each copy
+    converts a copy of that in memory. Measured on a Llama (hidden 1024, 4 layers,
+    benchmarks/fp16_search_breakdown.py): reloading and re-inferring the source was half
+    of each search step's conversion.
+
+    ``write`` (the search's models) keeps float Constant nodes too (the converter would
+    round their values, 1.0001 to 1, even for nodes kept in fp32; an fp16 consumer reads a
+    Cast that ONNX Runtime folds): so keeping every node of ``float_compute_nodes`` is the
+    fp32 model, the search's first probe."""
+
+    def __init__(self, source: Path):
+        from aitune.torch import export
+
+        model = onnx.load(str(source))
+        export.separate_consumed_outputs(model)
+        self._constants = float_constant_nodes(model)
+        # What the converter does first on every call (a copy through serialisation), once.
+        self._inferred = onnx.shape_inference.infer_shapes(model)
+
+    def write(self, target: Path, nodes: list[str]) -> Path:
+        """The fp16 copy keeping ``nodes`` (names) and the float Constants in fp32, besides
+        the converter's default operators, written to ``target``."""
+        from onnxruntime.transformers import float16
+
+        return self.convert(target, list(float16.DEFAULT_OP_BLOCK_LIST), [*nodes, *self._constants])
+
+    def convert(self, target: Path, op_block_list: list[str], node_block_list: list[str]) -> Path:
+        """The fp16 copy keeping those operator types and node names in fp32, exactly as
+        ``export.convert_to_fp16(source, target, op_block_list=..., node_block_list=...)``
+        writes it, written to ``target``."""
+        from aitune.torch import export
+
+        model = onnx.ModelProto()
+        model.CopyFrom(self._inferred)  # the converter changes what it is given
+        converted = export.convert_keeping(model, op_block_list, node_block_list, shapes_inferred=True)
+        return export.save_converted(converted, target)
+
+
 def fp16_keeping(source: Path, target: Path, nodes: list[str]) -> Path:
-    """An fp16 copy of ``source`` keeping ``nodes`` (names) in fp32, besides the
-    converter's default operators (the converter's node_block_list). Float Constant nodes
-    are kept too (the converter would round their values, 1.0001 to 1, even for nodes kept
-    in fp32; an fp16 consumer reads a Cast that ONNX Runtime folds): so keeping every node
-    of ``float_compute_nodes`` is the fp32 model, the search's first probe."""
-    from onnxruntime.transformers import float16
-
-    from aitune.torch import export
-
-    constants = float_constant_nodes(onnx.load(str(source), load_external_data=False))
-    return export.convert_to_fp16(source, target, op_block_list=list(float16.DEFAULT_OP_BLOCK_LIST),
-                                  node_block_list=[*nodes, *constants])
+    """One fp16 copy of ``source`` keeping ``nodes`` in fp32 (``Fp16Keeping``)."""
+    return Fp16Keeping(source).write(target, nodes)
 
 
 def _to_fp16_mixed(source, context: TransformContext):
     from onnxruntime.transformers import float16
-
-    from aitune.torch import export
 
     if isinstance(source, FusedModel):
         raise ValueError("the mixed-precision conversion applies to the export, not to a fused model")
@@ -279,8 +311,9 @@ def _to_fp16_mixed(source, context: TransformContext):
         return None  # nothing autocast would compute in fp16: the mixed model would be the fp32 one
     kept_ops = sorted({*float16.DEFAULT_OP_BLOCK_LIST, *(present - set(AUTOCAST_FP16_OPS))})
     kept_nodes = vocabulary_projections(model)
-    path = export.convert_to_fp16(source.path, context.directory / "model_fp16_mixed.onnx", op_block_list=kept_ops,
-                                  node_block_list=kept_nodes)
+    # The export prepared once for this model and the fp32-node search that may follow.
+    keeping = context.fp16_keeping() if context.fp16_keeping is not None else Fp16Keeping(source.path)
+    path = keeping.convert(context.directory / "model_fp16_mixed.onnx", kept_ops, kept_nodes)
     kept = [n.name for n in model.graph.node
             if n.name and n.op_type != "Constant" and (n.op_type not in AUTOCAST_FP16_OPS or n.name in kept_nodes)]
     return ModelFile(path, FP16_MIXED, fp32_nodes=kept)
@@ -315,6 +348,19 @@ MODEL_TRANSFORMS: dict[str, ModelTransform] = {
 }
 
 
+@dataclasses.dataclass
+class Fp16Search:
+    """What the fp32-node search found for a graph (the backend runs it once per provider):
+    the model keeping ``kept`` in fp32, or ``failure``; ``configuration`` is the candidate
+    whose session checked its steps, ``note`` how it ended."""
+
+    configuration: str
+    kept: list[str] = dataclasses.field(default_factory=list)
+    path: Path | None = None
+    note: str = ""
+    failure: str | None = None
+
+
 class TransformFailed(Exception):
     """A model transform could not make its model; the message says which and why."""
 
@@ -324,8 +370,24 @@ class TransformedModels:
     the export, ``get("ort_fusions+fp16")`` the fused model converted to fp16."""
 
     def __init__(self, exported: Path, context: TransformContext):
-        self._context = context
+        self._context = dataclasses.replace(context, fp16_keeping=self.fp16_keeping)
         self._made: dict[str, ModelFile | FusedModel | None | TransformFailed] = {"": ModelFile(Path(exported))}
+        self._fp16_keeping: Fp16Keeping | None = None
+        #: provider name -> the fp32-node search's outcome on this export (one search per
+        #: provider: its verdicts do not depend on the session's options).
+        self.fp16_searches: dict[str, Fp16Search] = {}
+
+    def fp16_keeping(self) -> Fp16Keeping:
+        """The export prepared once (loaded, shapes inferred) for the mixed-precision model
+        and the fp32-node search's steps; held, about the export's size in memory, until
+        ``release_fp16_keeping``."""
+        if self._fp16_keeping is None:
+            self._fp16_keeping = Fp16Keeping(self.get("").path)
+        return self._fp16_keeping
+
+    def release_fp16_keeping(self) -> None:
+        """Drops the prepared export (after the search: the fused models follow)."""
+        self._fp16_keeping = None
 
     def get(self, name: str):
         """The model, None where a step does not apply; raises TransformFailed."""

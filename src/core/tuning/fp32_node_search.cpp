@@ -2,14 +2,31 @@
 #include "aitune/fp32_node_search.hpp"
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 
 #include "aitune/error.hpp"
 
 namespace aitune {
+namespace {
+
+std::string checks(int n) { return std::to_string(n) + (n == 1 ? " check" : " checks"); }
+
+}  // namespace
 
 Fp32NodeSearchResult search_fp32_nodes(const std::vector<std::string>& nodes,
                                        const std::function<bool(const std::vector<std::string>& kept)>& passes,
-                                       int max_evaluations) {
+                                       int max_evaluations, double max_seconds, const SearchClock& clock) {
+  if (!(max_seconds > 0))  // NaN too
+    throw Error(ErrorCode::kInvalidArgument,
+                "search_fp32_nodes: max_seconds must be positive (infinity: no bound), got " + std::to_string(max_seconds));
+  if (max_evaluations < 1)
+    throw Error(ErrorCode::kInvalidArgument,
+                "search_fp32_nodes: max_evaluations must be at least 1, got " + std::to_string(max_evaluations));
+  const SearchClock now = clock ? clock : [] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  };
+  const double start_time = now();
   Fp32NodeSearchResult result;
   std::string first_error;  // why the first model that could not be built or run could not
   auto check = [&](const std::vector<std::string>& kept) {
@@ -24,7 +41,9 @@ Fp32NodeSearchResult search_fp32_nodes(const std::vector<std::string>& nodes,
       return false;
     }
   };
+  auto elapsed = [&] { return now() - start_time; };
   auto with_errors = [&](std::string note) {
+    result.seconds = elapsed();
     if (result.unrunnable > 0)
       note += "; " + std::to_string(result.unrunnable) + " of the models could not be built or run (first: " +
               first_error + ")";
@@ -41,6 +60,7 @@ Fp32NodeSearchResult search_fp32_nodes(const std::vector<std::string>& nodes,
     result.note = result.unrunnable > 0
                       ? "the model keeping every node in fp32 could not be built or run: " + first_error
                       : "fails even with every node in fp32";
+    result.seconds = elapsed();
     return result;
   }
   result.passed = true;
@@ -49,7 +69,14 @@ Fp32NodeSearchResult search_fp32_nodes(const std::vector<std::string>& nodes,
     // Drop each chunk of the kept set in turn (convert it to fp16) where the model still passes.
     for (std::size_t start = 0; start < result.kept.size();) {
       if (result.evaluations >= max_evaluations) {
-        result.note = with_errors("stopped after " + std::to_string(result.evaluations) + " checks");
+        result.note = with_errors("stopped after " + checks(result.evaluations));
+        return result;
+      }
+      if (double spent = elapsed(); spent >= max_seconds) {
+        // The time bound: the kept set is the last one that passed, what the search found.
+        char seconds[32];
+        std::snprintf(seconds, sizeof seconds, "%.1f", spent);
+        result.note = with_errors("stopped after " + std::string(seconds) + " s (" + checks(result.evaluations) + ")");
         return result;
       }
       std::size_t end = std::min(result.kept.size(), start + chunk);
@@ -64,7 +91,7 @@ Fp32NodeSearchResult search_fp32_nodes(const std::vector<std::string>& nodes,
     chunk = std::max<std::size_t>(1, chunk / 2);
   }
   result.note =
-      with_errors("minimal: no single kept node can go to fp16 (" + std::to_string(result.evaluations) + " checks)");
+      with_errors("minimal: no single kept node can go to fp16 (" + checks(result.evaluations) + ")");
   return result;
 }
 

@@ -41,6 +41,7 @@ std::string TuneReport::to_json(int indent) const {
         {"transform", c.transform},
         {"fused_operators", c.fused_operators},
         {"fp32_nodes", c.fp32_nodes},
+        {"transform_note", c.transform_note},
         {"status", candidate_status_name(c.status)},
         {"reason", c.reason},
         {"correctness", c.correctness ? parse_or_null(c.correctness->to_json(-1)) : nlohmann::json(nullptr)},
@@ -156,6 +157,7 @@ std::string TuneReport::summary_table() const {
       for (std::size_t i = 0; i < c.fp32_nodes.size() && i < 5; ++i) out << (i ? ", " : "") << c.fp32_nodes[i];
       out << (c.fp32_nodes.size() > 5 ? ", ...)" : ")");
     }
+    if (!c.transform_note.empty()) out << "; " << c.transform_note;
     out << "\n";
   }
   // Accuracy per output of reduced-precision candidates: its error, eager's at the same

@@ -140,6 +140,7 @@ std::size_t GraphTuner::evaluate_onnx(const std::string& model_path, const OnnxC
   r.transform = candidate.transform;
   r.fused_operators = candidate.fused_operators;
   r.fp32_nodes = candidate.fp32_nodes;
+  r.transform_note = candidate.transform_note;
   OnnxSessionConfig config = candidate.config;
   r.config_json = config.to_json(-1);
   impl.log(r.name + ": creating the session");

@@ -111,6 +111,12 @@ class ONNXRuntimeBackendConfig(BackendConfig):
             that the trace may be incorrect (a tensor's value decides Python control flow:
             the graph keeps the branch the example took). Off: such exports are refused,
             naming the lines.
+        fp16_search_seconds: the wall-clock bound on the fp32-node search (the "fp16
+            searched model" candidate, tried where the all-fp16 model fails the check):
+            no search step starts after this many seconds, and the smallest set of fp32
+            nodes that passed so far is used. Each step converts and checks the whole
+            model (seconds to tens of seconds for a large decoder). A positive number;
+            ``math.inf``: no bound (the search still stops after 24 steps).
     """
 
     use_dynamo: bool = True
@@ -121,6 +127,7 @@ class ONNXRuntimeBackendConfig(BackendConfig):
     precision: str = "any"
     transformer_fusions: bool = True
     allow_trace_warnings: bool = False
+    fp16_search_seconds: float = _core.DEFAULT_FP32_NODE_SEARCH_SECONDS
 
     def __post_init__(self) -> None:
         if self.execution_provider is not None:
@@ -147,6 +154,11 @@ class ONNXRuntimeBackendConfig(BackendConfig):
             raise ValueError(f"transformer_fusions must be a bool, got {self.transformer_fusions!r}")
         if not isinstance(self.allow_trace_warnings, bool):
             raise ValueError(f"allow_trace_warnings must be a bool, got {self.allow_trace_warnings!r}")
+        seconds = self.fp16_search_seconds
+        if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not seconds > 0:  # NaN fails too
+            raise _core.InvalidArgumentError(
+                f"fp16_search_seconds must be a positive number of seconds (math.inf: no bound), got {seconds!r}")
+        self.fp16_search_seconds = float(seconds)
 
     @property
     def precision_limit(self) -> _core.Precision | None:
@@ -315,6 +327,7 @@ class ONNXRuntimeBackend(Backend):
         for planned in plan:
             if planned.model_transform == transforms.FP16_SEARCH:
                 self._search_fp16(planned, models, tuner, group, order, graph, directory)
+                models.release_fp16_keeping()  # the prepared export's memory, before the fused models
                 advance()
                 continue
             made = self._model_for(planned, models, tuner, group)
@@ -352,37 +365,67 @@ class ONNXRuntimeBackend(Backend):
                      graph: RecordedGraph, directory: Path) -> None:
         """fp16 where it is safe: when the all-fp16 model of this configuration failed the
         check (the engine says, ``rejected_fp16_candidate``), the engine's bisection
-        (``search_fp32_nodes``) finds the smallest set of nodes to keep in fp32, each step
-        a model converted keeping that set and checked by the engine; the candidate on the
-        model it settles on carries the set (report field ``fp32_nodes``, kept with a
-        checkpoint's report). Nothing is tried where the all-fp16 model passed."""
+        (``search_fp32_nodes``, bounded by ``fp16_search_seconds``) finds the smallest set
+        of nodes to keep in fp32, each step a model converted keeping that set and checked
+        by the engine; the candidate on the model it settles on carries the set (report
+        field ``fp32_nodes``, kept with a checkpoint's report) and how the search ended
+        (``transform_note``). Nothing is tried where the all-fp16 model passed.
+
+        One search per graph and provider: whether a set of fp32 nodes passes is a matter
+        of the model's numbers, not of the session's options, so a later configuration of
+        the same provider reuses the set (and model) the first search found, and its
+        candidate is still checked and measured as its own, its note naming the
+        configuration whose search found the set."""
         if _core.rejected_fp16_candidate(tuner.report, planned.config) is None:
             return
+        provider = _core.execution_provider_name(planned.config.provider)
+        searched = models.fp16_searches.get(provider)
+        if searched is None:
+            searched = self._run_fp16_search(planned, models, tuner, order, directory)
+            models.fp16_searches[provider] = searched
+            note = searched.note
+        else:
+            note = f"fp32-node set from the search for {searched.configuration} ({searched.note})"
+        if searched.failure is not None:
+            reason = (searched.failure if searched.configuration == planned.name
+                      else f"no fp32-node set from the search for {searched.configuration}: {searched.failure}")
+            tuner.add_failed(planned.name, self.describe(), group, reason, planned.precision)
+            return
+        candidate = _core.OnnxCandidate(planned.name, planned.config, planned.precision, transforms.FP16_SEARCH, {},
+                                        list(searched.kept), note)
+        candidate_isolation.evaluate(tuner, str(searched.path), candidate, self.describe(), group, order, graph)
+
+    def _run_fp16_search(self, planned, models: transforms.TransformedModels, tuner, order: list[int],
+                         directory: Path) -> transforms.Fp16Search:
+        """The fp32-node search on the export, its steps checked under ``planned``'s
+        configuration: the model it settles on, or why there is none."""
         exported = models.get("").path
         probe = directory / "model_fp16_search_step.onnx"
+        outcome = transforms.Fp16Search(configuration=planned.name)
         try:
             nodes = transforms.float_compute_nodes(exported)
+            keeping = models.fp16_keeping()  # the export loaded once for every step (and the mixed model)
 
             def passes(kept: list[str]) -> bool:
-                transforms.fp16_keeping(exported, probe, kept)
+                keeping.write(probe, kept)
                 candidate = _core.OnnxCandidate(planned.name, planned.config, planned.precision)
                 return tuner.check_onnx(str(probe), candidate, order)
 
-            found = _core.search_fp32_nodes(nodes, passes)
+            found = _core.search_fp32_nodes(nodes, passes, max_evaluations=24,
+                                            max_seconds=self.config.fp16_search_seconds)
             probe.unlink(missing_ok=True)
+            outcome.note = f"fp32-node search: {found.note}"
             if not found.passed:
-                tuner.add_failed(planned.name, self.describe(), group, f"fp32-node search: {found.note}",
-                                 planned.precision)
-                return
-            path = transforms.fp16_keeping(exported, directory / "model_fp16_search.onnx", found.kept)
+                outcome.failure = outcome.note
+                return outcome
+            outcome.kept = list(found.kept)
+            outcome.path = keeping.write(directory / "model_fp16_search.onnx", found.kept)
         except ImportError as error:
-            tuner.add_failed(planned.name, self.describe(), group,
-                             f"model transform '{transforms.FP16_SEARCH}' needs onnxruntime's transformers package: "
-                             f"pip install onnxruntime ({error})", planned.precision)
-            return
-        candidate = _core.OnnxCandidate(planned.name, planned.config, planned.precision, transforms.FP16_SEARCH, {},
-                                        list(found.kept))
-        candidate_isolation.evaluate(tuner, str(path), candidate, self.describe(), group, order, graph)
+            outcome.failure = (f"model transform '{transforms.FP16_SEARCH}' needs onnxruntime's transformers package: "
+                               f"pip install onnxruntime ({error})")
+        except Exception as error:  # contained like any transform: the export cannot be loaded or converted
+            outcome.failure = f"fp32-node search: the export could not be converted: {type(error).__name__}: {error}"
+        return outcome
 
     @staticmethod
     def _check_provider(core_config) -> None:
