@@ -387,8 +387,9 @@ def test_the_mixed_model_and_the_search_share_one_prepared_export(tmp_path, monk
     models = transforms.TransformedModels(exported, transforms.TransformContext(tmp_path))
     _rejected_all_fp16(tuner, models, config, "cpu fp16 model")
     mixed = models.get("fp16_mixed")
-    fresh = export.convert_to_fp16(exported, tmp_path / "fresh_mixed.onnx",
-                                   op_block_list=sorted({*float16.DEFAULT_OP_BLOCK_LIST, *transforms.SENSITIVE_OPS}),
+    present = {n.op_type for n in onnx.load(str(exported)).graph.node}
+    kept_ops = sorted({*float16.DEFAULT_OP_BLOCK_LIST, *(present - set(transforms.AUTOCAST_FP16_OPS))})
+    fresh = export.convert_to_fp16(exported, tmp_path / "fresh_mixed.onnx", op_block_list=kept_ops,
                                    node_block_list=transforms.vocabulary_projections(onnx.load(str(exported))))
     assert mixed.path.read_bytes() == fresh.read_bytes()
 
