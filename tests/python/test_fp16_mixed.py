@@ -33,9 +33,9 @@ class OffsetHead(torch.nn.Module):
         return self.linear(x) - 100.0
 
 
-def _setup(tmp_path):
+def _setup(tmp_path, module_class=None):
     torch.manual_seed(0)
-    model = ait.Module(OffsetHead().eval(), "offset_head")
+    model = ait.Module((module_class or OffsetHead)().eval(), "offset_head")
     ait.tune(model, [torch.randn(16) for _ in range(3)], batch_sizes=[2], dry_run=True)
     (graph,) = model.ait_graphs
     spec = graph.graph_spec()
@@ -398,3 +398,49 @@ def test_the_mixed_model_and_the_search_share_one_prepared_export(tmp_path, monk
     backend._search_fp16(planned, models, tuner, 0, [0], graph, tmp_path)
     assert tuner.report.candidates[-1].status == "passed", tuner.report.candidates[-1].reason
     assert len(prepared) == 1, prepared
+
+
+class ProjectedOffsetHead(torch.nn.Module):
+    """A small projection (which the mixed model computes in fp16) before OffsetHead."""
+
+    def __init__(self):
+        super().__init__()
+        self.project = torch.nn.Linear(16, 16)
+        self.head = OffsetHead()
+
+    def forward(self, x):
+        return self.head(torch.relu(self.project(x)))
+
+
+def test_the_search_starts_from_the_mixed_models_fp32_set_when_that_model_passed(tmp_path, monkeypatch):
+    """A bounded search spends its steps below a set known to pass: its first probe keeps
+    exactly the nodes the passing mixed model kept (not every node), and it still ends on
+    the smallest set (the head alone)."""
+    graph, exported, tuner, config = _setup(tmp_path, ProjectedOffsetHead)
+    models = transforms.TransformedModels(exported, transforms.TransformContext(tmp_path))
+    _rejected_all_fp16(tuner, models, config, "cpu fp16 model")
+    mixed = models.get("fp16_mixed")
+    tuner.evaluate_onnx(str(mixed.path), _core.OnnxCandidate("cpu fp16 mixed model", config, _core.Precision.FP16,
+                                                             mixed.transform, {}, mixed.fp32_nodes),
+                        "ONNXRuntimeBackend", 0)
+    assert tuner.report.candidates[-1].status == "passed"
+    probes = []
+    write = transforms.Fp16Keeping.write
+
+    def recorded(self, target, kept):
+        probes.append(list(kept))
+        return write(self, target, kept)
+
+    monkeypatch.setattr(transforms.Fp16Keeping, "write", recorded)
+    extra = set(transforms.float_compute_nodes(exported)) - set(mixed.fp32_nodes)
+    backend = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cpu"))
+    planned = types.SimpleNamespace(name="cpu fp16 searched model", config=config, precision=_core.Precision.FP16)
+    backend._search_fp16(planned, models, tuner, 0, [0], graph, tmp_path)
+    searched = tuner.report.candidates[-1]
+    assert searched.status == "passed", searched.reason
+    assert set(probes[0]) == set(mixed.fp32_nodes) & set(transforms.float_compute_nodes(exported))
+    assert not any(set(p) & extra for p in probes)  # never above the mixed model's set
+    assert extra  # the projection's matmul, in fp16 in the mixed model
+    head = transforms.vocabulary_projections(onnx.load(str(exported)))
+    assert searched.fp32_nodes == head
+    assert "started from the mixed model's" in searched.transform_note

@@ -404,6 +404,12 @@ class ONNXRuntimeBackend(Backend):
         outcome = transforms.Fp16Search(configuration=planned.name)
         try:
             nodes = transforms.float_compute_nodes(exported)
+            start = _passed_mixed_nodes(tuner.report, planned.config.provider)
+            if start is not None:
+                # The mixed model (fp16 where autocast computes in fp16) passed: the search
+                # starts from its fp32 set rather than from every node, so a bounded search
+                # spends its steps below a set known to pass.
+                nodes = [n for n in nodes if n in start]
             keeping = models.fp16_keeping()  # the export loaded once for every step (and the mixed model)
 
             def passes(kept: list[str]) -> bool:
@@ -414,7 +420,8 @@ class ONNXRuntimeBackend(Backend):
             found = _core.search_fp32_nodes(nodes, passes, max_evaluations=24,
                                             max_seconds=self.config.fp16_search_seconds)
             probe.unlink(missing_ok=True)
-            outcome.note = f"fp32-node search: {found.note}"
+            outcome.note = f"fp32-node search: {found.note}" + (
+                f"; started from the mixed model's {len(nodes)} fp32 nodes" if start is not None else "")
             if not found.passed:
                 outcome.failure = outcome.note
                 return outcome
@@ -435,3 +442,13 @@ class ONNXRuntimeBackend(Backend):
             raise _core.ProviderUnavailableError(
                 f"{status.reason}. Without a GPU, use ONNXRuntimeBackendConfig(execution_provider='cpu')."
             )
+
+
+def _passed_mixed_nodes(report, provider) -> set[str] | None:
+    """The fp32 nodes of a mixed-precision candidate of ``provider`` that passed the check
+    in ``report``, or None when none did."""
+    for c in report.candidates:
+        if c.transform == transforms.FP16_MIXED and c.status == "passed" and c.fp32_nodes and \
+                _core.OnnxSessionConfig.from_json(c.config_json).provider == provider:
+            return set(c.fp32_nodes)
+    return None
