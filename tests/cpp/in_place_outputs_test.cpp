@@ -1,0 +1,122 @@
+// find_in_place_outputs and output_alias_indices: which outputs are written into an input's
+// buffer (a ScatterND of an input nothing else reads), declared aliases checked, the
+// string attributes the wire reader gives them, and the CUDA-graph slot key of such inputs.
+#include "aitune/in_place_outputs.hpp"
+
+#include <fstream>
+#include <gtest/gtest.h>
+
+#include "onnx_wire.hpp"
+#include "session/cuda_graph_runner.hpp"
+#include "test_support.hpp"
+
+namespace aitune {
+namespace {
+
+namespace w = test::onnx_wire;
+using Aliases = std::map<std::string, std::string>;
+
+IoInfo io(const std::string& name, DType dtype = DType::kFloat32, Shape shape = {-1, 2, 8, 4}) {
+  return IoInfo{name, dtype, std::move(shape), {}};
+}
+
+OnnxNode node(const std::string& op, std::vector<std::string> inputs, std::vector<std::string> outputs) {
+  OnnxNode n;
+  n.op_type = op;
+  n.inputs = std::move(inputs);
+  n.outputs = std::move(outputs);
+  return n;
+}
+
+// A decode step's shape: two caches each written by a ScatterND, read elsewhere only by Shape.
+struct DecodeGraph {
+  std::vector<OnnxNode> nodes{node("Shape", {"past_0"}, {"s"}), node("ScatterND", {"past_0", "idx", "upd_0"}, {"present_0"}),
+                              node("ScatterND", {"past_1", "idx", "upd_1"}, {"present_1"}),
+                              node("MatMul", {"present_0", "present_1"}, {"logits"})};
+  std::vector<IoInfo> inputs{io("pos", DType::kInt64, {1}), io("past_0"), io("past_1")};
+  std::vector<IoInfo> outputs{io("logits"), io("present_0"), io("present_1")};
+};
+
+TEST(InPlaceOutputs, AScatterNdOfAnInputNothingElseReadsIsWrittenIntoIt) {
+  DecodeGraph g;
+  EXPECT_EQ(find_in_place_outputs(g.nodes, g.inputs, g.outputs),
+            (Aliases{{"present_0", "past_0"}, {"present_1", "past_1"}}));
+  EXPECT_EQ(output_alias_indices(find_in_place_outputs(g.nodes, g.inputs, g.outputs), g.inputs, g.outputs, "m"),
+            (std::vector<int>{-1, 1, 2}));
+}
+
+TEST(InPlaceOutputs, AnythingElseIsNotAliased) {
+  {  // the input read by another node (it would see the write)
+    DecodeGraph g;
+    g.nodes.push_back(node("Add", {"past_1", "past_1"}, {"extra"}));
+    EXPECT_EQ(find_in_place_outputs(g.nodes, g.inputs, g.outputs), (Aliases{{"present_0", "past_0"}}));
+  }
+  {  // a reduction accumulates over reruns of one sample
+    DecodeGraph g;
+    g.nodes[1].string_attributes["reduction"] = "add";
+    g.nodes[2].string_attributes["reduction"] = "none";
+    EXPECT_EQ(find_in_place_outputs(g.nodes, g.inputs, g.outputs), (Aliases{{"present_1", "past_1"}}));
+  }
+  {  // the output is not the ScatterND itself (a Transpose after it), or its data is not an input
+    DecodeGraph g;
+    g.nodes[1].outputs = {"scattered"};
+    g.nodes.push_back(node("Transpose", {"scattered"}, {"present_0"}));
+    g.nodes[2].inputs[0] = "computed";
+    EXPECT_EQ(find_in_place_outputs(g.nodes, g.inputs, g.outputs), Aliases{});
+  }
+  {  // another dtype or rank, or the input passed through as an output too
+    DecodeGraph g;
+    g.outputs[1].dtype = DType::kFloat16;
+    g.outputs[2].shape = {2, 8, 4};
+    EXPECT_EQ(find_in_place_outputs(g.nodes, g.inputs, g.outputs), Aliases{});
+    DecodeGraph h;
+    h.outputs.push_back(io("past_0"));
+    EXPECT_EQ(find_in_place_outputs(h.nodes, h.inputs, h.outputs), (Aliases{{"present_1", "past_1"}}));
+  }
+}
+
+TEST(InPlaceOutputs, DeclaredAliasesAreChecked) {
+  DecodeGraph g;
+  auto fails = [&](const Aliases& aliases, std::initializer_list<std::string> words) {
+    test::expect_error([&] { output_alias_indices(aliases, g.inputs, g.outputs, "m.onnx"); },
+                       ErrorCode::kInvalidArgument, words);
+  };
+  fails({{"nosuch", "past_0"}}, {"m.onnx", "no output 'nosuch'"});
+  fails({{"present_0", "nosuch"}}, {"no input 'nosuch'"});
+  fails({{"present_0", "pos"}}, {"'present_0' -> 'pos'", "int64"});
+  fails({{"present_0", "past_0"}, {"present_1", "past_0"}}, {"another output is written into 'past_0'"});
+  g.inputs[1].shape = {1, 2, 16, 4};
+  g.outputs[1].shape = {1, 2, 8, 4};
+  fails({{"present_0", "past_0"}}, {"[1, 2, 16, 4]"});
+}
+
+TEST(InPlaceOutputs, TheWireReaderGivesStringAttributes) {
+  test::ScopedTempDir dir;
+  // NodeProto {input = 1, output = 2, op_type = 4, attribute = 5 {name = 1, s = 4}}
+  const std::string scatter = w::bytes_field(1, "past") + w::bytes_field(1, "idx") + w::bytes_field(1, "upd") +
+                              w::bytes_field(2, "present") + w::bytes_field(4, "ScatterND") +
+                              w::bytes_field(5, w::bytes_field(1, "reduction") + w::bytes_field(4, "mul")) +
+                              w::bytes_field(5, w::bytes_field(1, "axis") + w::varint_field(3, 2));
+  const std::string path = dir.file("model.onnx");
+  std::ofstream(path, std::ios::binary) << w::model(w::graph({}, {scatter}));
+  const auto nodes = onnx_graph_nodes(path);
+  ASSERT_EQ(nodes.size(), 1u);
+  EXPECT_EQ(nodes[0].string_attributes, (Aliases{{"reduction", "mul"}})) << "only string attributes are kept";
+}
+
+TEST(InPlaceOutputs, ACudaGraphSlotIsKeyedByTheAddressOfAnInputUpdatedInPlace) {
+  float cache_a[4] = {}, cache_b[4] = {}, ids[1] = {};
+  const Shape shape{4};
+  auto view = [&](float* data) { return TensorView{data, DType::kFloat32, shape, {}, Device::cpu()}; };
+  using Runner = detail::CudaGraphRunner;
+  const std::vector<bool> in_place{false, true};
+  const auto a = Runner::slot_key({view(ids), view(cache_a)}, in_place);
+  EXPECT_EQ(a, Runner::slot_key({view(ids + 0), view(cache_a)}, in_place)) << "the same cache: one slot";
+  EXPECT_NE(a, Runner::slot_key({view(ids), view(cache_b)}, in_place)) << "another cache: a slot of its own";
+  EXPECT_EQ(Runner::slot_key({view(cache_a), view(ids)}, {false, false}),
+            Runner::slot_key({view(cache_b), view(ids)}, {false, false}))
+      << "inputs copied into the graph's buffers: only their shapes count";
+}
+
+}  // namespace
+}  // namespace aitune
