@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -15,6 +16,8 @@ from aitune import _core
 from aitune.torch import cache, candidate_isolation, export, transforms
 from aitune.torch.backend.base import Backend, BackendConfig, TunedGraph
 from aitune.torch.graph import RecordedGraph
+
+logger = logging.getLogger("aitune")
 
 
 class ONNXExecutionProvider(str, enum.Enum):
@@ -111,6 +114,12 @@ class ONNXRuntimeBackendConfig(BackendConfig):
             that the trace may be incorrect (a tensor's value decides Python control flow:
             the graph keeps the branch the example took). Off: such exports are refused,
             naming the lines.
+        in_place_outputs: write each output that updates an input (a ScatterND of an
+            input nothing else reads: a decode step's KV cache, ``DecodeStep``) into that
+            input's buffer, so the tuned module updates the tensor passed in place and
+            returns that very tensor, with no copy of it per call (docs/decoders.md). The
+            caller must expect those inputs to change: the decode contract. A graph
+            without such outputs runs as before.
     """
 
     use_dynamo: bool = True
@@ -121,6 +130,7 @@ class ONNXRuntimeBackendConfig(BackendConfig):
     precision: str = "any"
     transformer_fusions: bool = True
     allow_trace_warnings: bool = False
+    in_place_outputs: bool = False
 
     def __post_init__(self) -> None:
         if self.execution_provider is not None:
@@ -147,6 +157,8 @@ class ONNXRuntimeBackendConfig(BackendConfig):
             raise ValueError(f"transformer_fusions must be a bool, got {self.transformer_fusions!r}")
         if not isinstance(self.allow_trace_warnings, bool):
             raise ValueError(f"allow_trace_warnings must be a bool, got {self.allow_trace_warnings!r}")
+        if not isinstance(self.in_place_outputs, bool):
+            raise ValueError(f"in_place_outputs must be a bool, got {self.in_place_outputs!r}")
 
     @property
     def precision_limit(self) -> _core.Precision | None:
@@ -202,8 +214,16 @@ class OnnxRuntimeTunedGraph(TunedGraph):
         self._describe = describe
         self.model_file = model_file_identity(session.model_path)  # ait.save checks it is still this file
 
+    @property
+    def updated_in_place(self) -> dict[str, str]:
+        """The graph's inputs its session updates in place, each with the output written into
+        it (``in_place_outputs``; the dispatch returns the input's own tensor as that output)."""
+        inputs, outputs = self.session.inputs, self.session.outputs
+        return {inputs[k].name: outputs[j].name for j, k in enumerate(self.session.output_aliases) if k >= 0}
+
     def describe(self) -> str:
-        return self._describe
+        updated = self.updated_in_place
+        return f"{self._describe}, updates in place: {', '.join(updated)}" if updated else self._describe
 
 
 class ONNXRuntimeBackend(Backend):
@@ -232,6 +252,7 @@ class ONNXRuntimeBackend(Backend):
         if device.type == "cuda":
             core.device_id = device.index or 0
         core.provider_options = dict(self.config.provider_options or {})
+        core.in_place_outputs = self.config.in_place_outputs
         return core
 
     def candidate_request(self, spec, module: torch.nn.Module, device: torch.device,
@@ -327,8 +348,14 @@ class ONNXRuntimeBackend(Backend):
         def make(session, candidate) -> TunedGraph:
             # The precision in the description: ait_backends says what the graph computes in.
             precision = _core.precision_name(candidate.precision)
-            return OnnxRuntimeTunedGraph(session, order, graph.input_names,
-                                         f"{self.describe()} {candidate.name} ({precision})")
+            tuned = OnnxRuntimeTunedGraph(session, order, graph.input_names,
+                                          f"{self.describe()} {candidate.name} ({precision})")
+            if tuned.updated_in_place:  # the module now changes what it is given: say so
+                logger.warning(
+                    "ait.Module '%s': the tuned graph writes its outputs into the buffers of inputs %s "
+                    "(in_place_outputs=True): each call updates those tensors in place and returns them",
+                    graph.module_name, ", ".join(tuned.updated_in_place))
+            return tuned
 
         return make
 
