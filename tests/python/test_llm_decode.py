@@ -14,6 +14,7 @@ import torch
 
 pytest.importorskip("transformers")
 
+import aitune.torch as ait  # noqa: E402
 from aitune.torch import ModuleState  # noqa: E402
 from aitune.torch.decode_step import DecodeStep, empty_cache, greedy_generate  # noqa: E402
 
@@ -27,7 +28,7 @@ def _example():
     return module
 
 
-def test_tuned_steps_generate_the_greedy_tokens_of_transformers():
+def test_tuned_steps_generate_the_greedy_tokens_of_transformers(tmp_path):
     example = _example()
     model = example.tiny_llama()
     prefill, decode = example.tune_steps(model)
@@ -42,6 +43,11 @@ def test_tuned_steps_generate_the_greedy_tokens_of_transformers():
             reference = model.generate(**batch, max_new_tokens=example.NEW_TOKENS, do_sample=False, pad_token_id=0)
         assert torch.equal(ours, reference[:, example.PROMPT_LEN:]), (ours, reference)
     _check_in_place_step(example, model, decode)
+    # The checkpoint keeps the choice: a loaded decode step updates its caches in place too.
+    ait.save(decode, tmp_path / "decode.ait")
+    loaded = ait.load(ait.Module(DecodeStep(model), "llm-decode"), tmp_path / "decode.ait")
+    assert all("updates in place: input_key_cache_0" in b for b in loaded.ait_backends.values()), loaded.ait_backends
+    _check_in_place_step(example, model, loaded)
 
 
 def _check_in_place_step(example, model, decode):
