@@ -123,3 +123,51 @@ def test_an_input_updated_in_place_may_not_share_memory_with_another(tmp_path):
     with pytest.raises(aitune.InvalidArgumentError, match="'past' is updated in place .* shares memory with input 'new'"):
         session.infer([past_in_shared, indices, new_in_shared])
     assert np.count_nonzero(shared.numpy()) == 0  # refused before anything ran
+
+
+class _CacheWrite(torch.nn.Module):
+    """Writes ``new`` [B, H, 1, D] at slot ``slot`` of ``cache`` [B, H, T, D] out of place and
+    returns the cache and a sum over it: by index_put over (batch, head, slot) indices (one
+    ScatterND of the input: aliased) or by index_copy along the slot axis (Transpose ->
+    ScatterND -> Transpose: not)."""
+
+    def __init__(self, by_index_put: bool):
+        super().__init__()
+        self.by_index_put = by_index_put
+
+    def forward(self, cache, new, slot):
+        if self.by_index_put:
+            batch = torch.arange(cache.shape[0])[:, None, None]
+            heads = torch.arange(cache.shape[1])[None, :, None]
+            written = cache.index_put((batch, heads, slot[None, None, :]), new)
+        else:
+            written = cache.index_copy(2, slot, new)
+        return written, (written * 2).sum(dim=(2, 3))
+
+
+def test_a_tuned_module_updates_in_place_only_where_its_graph_allows():
+    import aitune.torch as ait
+    from torch_models import cpu_strategy
+
+    for by_index_put in (True, False):
+        module = ait.Module(_CacheWrite(by_index_put).eval(), f"cache-write-{by_index_put}",
+                            strategy=cpu_strategy(in_place_outputs=True, tune_provider_options=False))
+        samples = [{"cache": torch.randn(2, 3, 8, 4), "new": torch.randn(2, 3, 1, 4), "slot": torch.tensor([s])}
+                   for s in (2, 5)]  # batches already: a factory's samples are not stacked
+        ait.tune(module, lambda size: samples, batch_sizes=[2], ignore_failing_modules=False,
+                 performance_validation=False, progress=False)
+        (backend,) = module.ait_backends.values()
+        assert "ONNXRuntimeBackend" in backend
+        assert ("updates in place: input_cache" in backend) == by_index_put, backend
+        cache, new, slot = torch.randn(2, 3, 8, 4), torch.randn(2, 3, 1, 4), torch.tensor([6])
+        before = cache.clone()
+        expected, expected_sum = _CacheWrite(by_index_put)(before, new, slot)
+        with torch.no_grad():
+            written, total = module(cache, new, slot)
+        torch.testing.assert_close(written, expected, rtol=0, atol=0)
+        torch.testing.assert_close(total, expected_sum)
+        if by_index_put:
+            assert written is cache  # the cache passed, updated in place
+        else:
+            assert written.data_ptr() != cache.data_ptr()
+            torch.testing.assert_close(cache, before, rtol=0, atol=0)  # left alone
