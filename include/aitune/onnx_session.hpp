@@ -87,7 +87,9 @@ std::string_view session_state_name(SessionState state) noexcept;
 /// only. A capture or replay that fails throws Error(kCudaGraphCapture) (kOutOfMemory
 /// when memory ran out), leaves no capture open on the session's stream, and every later
 /// call throws Error(kCudaGraphCapture) until deactivate() and activate() recreate the
-/// session.
+/// session. Inputs updated in place (output_aliases()) are not copied: the graph binds the
+/// caller's buffer, and its address is part of what selects the captured graph (a loop
+/// passing back the same cache replays one graph; unverified on a GPU so far).
 class OnnxSession {
  public:
   /// Loads `model_path` (external data files next to it) into a session for
