@@ -63,6 +63,10 @@ struct CandidateResult {
   /// Mixed precision (transform "fp16_mixed"): the nodes its model keeps in fp32, as the
   /// search found them (names of the exported graph's nodes); empty otherwise.
   std::vector<std::string> fp32_nodes;
+  /// The outputs its session writes into an input's buffer, output name -> input name
+  /// (OnnxSessionConfig::in_place_outputs / output_aliases): those inputs are updated in
+  /// place by every call. Empty otherwise.
+  std::map<std::string, std::string> in_place_outputs;
   CandidateStatus status = CandidateStatus::kFailed;
   std::string reason;        ///< why it failed, was rejected or was chosen
   std::optional<CorrectnessReport> correctness;

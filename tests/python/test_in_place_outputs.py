@@ -159,6 +159,10 @@ def test_a_tuned_module_updates_in_place_only_where_its_graph_allows():
         (backend,) = module.ait_backends.values()
         assert "ONNXRuntimeBackend" in backend
         assert ("updates in place: input_cache" in backend) == by_index_put, backend
+        (report,) = module.ait_reports.values()  # the report names what is updated in place
+        (candidate,) = json.loads(report.to_json())["candidates"]
+        assert candidate["in_place_outputs"] == ({"output_0": "input_cache"} if by_index_put else {})
+        assert ("inputs cpu updates in place: input_cache (as output_0)" in report.summary_table()) == by_index_put
         cache, new, slot = torch.randn(2, 3, 8, 4), torch.randn(2, 3, 1, 4), torch.tensor([6])
         before = cache.clone()
         expected, expected_sum = _CacheWrite(by_index_put)(before, new, slot)
