@@ -50,6 +50,32 @@ def test_tuned_steps_generate_the_greedy_tokens_of_transformers(tmp_path):
     _check_in_place_step(example, model, loaded)
 
 
+def test_a_tuned_qwen2_decode_step_updates_its_caches_in_place():
+    """A tiny Qwen2's decode step alone, tuned on one recorded step of the shapes
+    _check_in_place_step calls it with."""
+    import transformers
+
+    from aitune.torch.backend import ONNXExecutionProvider, ONNXRuntimeBackend, ONNXRuntimeBackendConfig
+
+    example = _example()
+    torch.manual_seed(0)
+    model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+        vocab_size=example.VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128)).eval()
+    cache_len = example.PROMPT_LEN + example.NEW_TOKENS
+    keys, values = empty_cache(model, 2, cache_len)
+    sample = {"input_ids": torch.tensor([[3], [4]]), "attention_mask": torch.ones(2, cache_len, dtype=torch.long),
+              "position_ids": torch.tensor([[6], [6]]), "cache_position": torch.tensor([6]), "key_cache": keys,
+              "value_cache": values}
+    decode = ait.Module(DecodeStep(model), "qwen2-decode", strategy=ait.OneBackendStrategy(ONNXRuntimeBackend(
+        ONNXRuntimeBackendConfig(execution_provider=ONNXExecutionProvider.CPU, in_place_outputs=True,
+                                 tune_provider_options=False))))
+    ait.tune(decode, lambda size: [sample], batch_sizes=[2], ignore_failing_modules=False,
+             performance_validation=False, progress=False)
+    assert all("updates in place: input_key_cache_0" in b for b in decode.ait_backends.values()), decode.ait_backends
+    _check_in_place_step(example, model, decode)
+
+
 def _check_in_place_step(example, model, decode):
     """One decode step through the tuned module: the eager DecodeStep's logits and caches,
     written into the tensors passed (the same objects come back)."""

@@ -61,6 +61,7 @@ class DecodeStep(torch.nn.Module):
     def __init__(self, model: torch.nn.Module):
         super().__init__()
         self.model = model
+        self.train(model.training)  # the wrapper is in the model's mode (an eval model exports as eval)
 
     def forward(self, input_ids, attention_mask, position_ids, cache_position, key_cache, value_cache):
         slots = torch.arange(key_cache[0].shape[2], device=input_ids.device)
