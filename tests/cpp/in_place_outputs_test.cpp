@@ -104,6 +104,74 @@ TEST(InPlaceOutputs, TheWireReaderGivesStringAttributes) {
   EXPECT_EQ(nodes[0].string_attributes, (Aliases{{"reduction", "mul"}})) << "only string attributes are kept";
 }
 
+// cache_write.onnx (tests/fixtures/make_models.py): present = ScatterND(past, indices, new),
+// total = ReduceSum(present); past [1, 2, 4, 3], one slot written per (batch, head).
+struct CacheWrite {
+  Tensor past = Tensor::empty_host(DType::kFloat32, {1, 2, 4, 3});
+  Tensor indices = Tensor::empty_host(DType::kInt64, {1, 2, 1, 3});
+  Tensor fresh = Tensor::empty_host(DType::kFloat32, {1, 2, 1, 3});
+  CacheWrite() {
+    auto* p = static_cast<float*>(past.data());
+    for (int i = 0; i < 24; ++i) p[i] = static_cast<float>(i);
+    auto* idx = static_cast<int64_t*>(indices.data());
+    for (int h = 0; h < 2; ++h) idx[h * 3] = 0, idx[h * 3 + 1] = h, idx[h * 3 + 2] = 2;  // slot 2
+    for (int i = 0; i < 6; ++i) static_cast<float*>(fresh.data())[i] = -1.0f - static_cast<float>(i);
+  }
+  std::vector<TensorView> views() const { return {past.view(), indices.view(), fresh.view()}; }
+  // past as it must be after the write: slot 2 of each head replaced by `fresh`.
+  std::vector<float> expected() const {
+    std::vector<float> out(24);
+    for (int i = 0; i < 24; ++i) out[static_cast<std::size_t>(i)] = static_cast<float>(i);
+    for (int h = 0; h < 2; ++h)
+      for (int d = 0; d < 3; ++d) out[static_cast<std::size_t>(h * 12 + 2 * 3 + d)] = -1.0f - static_cast<float>(h * 3 + d);
+    return out;
+  }
+  std::vector<float> past_values() const {
+    const auto* p = static_cast<const float*>(past.data());
+    return {p, p + 24};
+  }
+};
+
+TEST(InPlaceOutputs, ACpuSessionWritesTheOutputIntoTheInputsBuffer) {
+  OnnxSessionConfig config = test::cpu_config();
+  config.in_place_outputs = true;
+  auto session = OnnxSession::create(test::fixture("cache_write.onnx"), config);
+  EXPECT_EQ(session->output_aliases(), (std::vector<int>{0, -1}));
+  CacheWrite c;
+  for (int run = 0; run < 2; ++run) {  // a rerun on the updated input gives the same results
+    auto outputs = session->infer(c.views());
+    EXPECT_EQ(outputs[0].data(), c.past.data()) << "present is past's buffer";
+    EXPECT_EQ(c.past_values(), c.expected());
+    float sum = 0;
+    for (float v : c.expected()) sum += v;
+    EXPECT_FLOAT_EQ(*static_cast<const float*>(outputs[1].data()), sum);
+  }
+  // Without the option: a new output, the input left alone.
+  auto plain = OnnxSession::create(test::fixture("cache_write.onnx"), test::cpu_config());
+  EXPECT_EQ(plain->output_aliases(), (std::vector<int>{-1, -1}));
+  CacheWrite d;
+  const auto before = d.past_values();
+  auto outputs = plain->infer(d.views());
+  EXPECT_NE(outputs[0].data(), d.past.data());
+  EXPECT_EQ(d.past_values(), before);
+  const auto* present = static_cast<const float*>(outputs[0].data());
+  EXPECT_EQ(std::vector<float>(present, present + 24), d.expected());
+}
+
+TEST(InPlaceOutputs, AnInputUpdatedInPlaceMayNotOverlapAnother) {
+  OnnxSessionConfig config = test::cpu_config();
+  config.in_place_outputs = true;
+  auto session = OnnxSession::create(test::fixture("cache_write.onnx"), config);
+  CacheWrite c;
+  // One buffer holding past (floats 0..23) and a `new` that overlaps its end (20..25).
+  Tensor room = Tensor::empty_host(DType::kFloat32, {32});
+  TensorView past = c.past.view(), overlapping = c.fresh.view();
+  past.data = room.data();
+  overlapping.data = static_cast<float*>(room.data()) + 20;
+  test::expect_error([&] { session->infer({past, c.indices.view(), overlapping}); }, ErrorCode::kInvalidArgument,
+                     {"input 'past' is updated in place", "shares memory with input 'new'"});
+}
+
 TEST(InPlaceOutputs, ACudaGraphSlotIsKeyedByTheAddressOfAnInputUpdatedInPlace) {
   float cache_a[4] = {}, cache_b[4] = {}, ids[1] = {};
   const Shape shape{4};
