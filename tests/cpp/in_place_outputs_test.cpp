@@ -110,9 +110,10 @@ struct CacheWrite {
   Tensor past = Tensor::empty_host(DType::kFloat32, {1, 2, 4, 3});
   Tensor indices = Tensor::empty_host(DType::kInt64, {1, 2, 1, 3});
   Tensor fresh = Tensor::empty_host(DType::kFloat32, {1, 2, 1, 3});
-  CacheWrite() {
+  float offset;  // past holds offset + i at element i
+  explicit CacheWrite(float offset_ = 0) : offset(offset_) {
     auto* p = static_cast<float*>(past.data());
-    for (int i = 0; i < 24; ++i) p[i] = static_cast<float>(i);
+    for (int i = 0; i < 24; ++i) p[i] = offset + static_cast<float>(i);
     auto* idx = static_cast<int64_t*>(indices.data());
     for (int h = 0; h < 2; ++h) idx[h * 3] = 0, idx[h * 3 + 1] = h, idx[h * 3 + 2] = 2;  // slot 2
     for (int i = 0; i < 6; ++i) static_cast<float*>(fresh.data())[i] = -1.0f - static_cast<float>(i);
@@ -121,7 +122,7 @@ struct CacheWrite {
   // past as it must be after the write: slot 2 of each head replaced by `fresh`.
   std::vector<float> expected() const {
     std::vector<float> out(24);
-    for (int i = 0; i < 24; ++i) out[static_cast<std::size_t>(i)] = static_cast<float>(i);
+    for (int i = 0; i < 24; ++i) out[static_cast<std::size_t>(i)] = offset + static_cast<float>(i);
     for (int h = 0; h < 2; ++h)
       for (int d = 0; d < 3; ++d) out[static_cast<std::size_t>(h * 12 + 2 * 3 + d)] = -1.0f - static_cast<float>(h * 3 + d);
     return out;
@@ -170,6 +171,37 @@ TEST(InPlaceOutputs, AnInputUpdatedInPlaceMayNotOverlapAnother) {
   overlapping.data = static_cast<float*>(room.data()) + 20;
   test::expect_error([&] { session->infer({past, c.indices.view(), overlapping}); }, ErrorCode::kInvalidArgument,
                      {"input 'past' is updated in place", "shares memory with input 'new'"});
+}
+
+// The device paths (IOBinding; CUDA graphs, whose lanes bind the caller's cache instead of
+// copying it in and out): skipped without a GPU; written for the GPU run.
+TEST(InPlaceOutputs, CudaSessionsWriteTheOutputIntoTheCallersBuffer) {
+  AITUNE_REQUIRE_CUDA();
+  for (const bool graphs : {false, true}) {
+    SCOPED_TRACE(graphs ? "enable_cuda_graph=1" : "IOBinding");
+    OnnxSessionConfig config = test::cuda_config();
+    config.in_place_outputs = true;
+    if (graphs) config.provider_options["enable_cuda_graph"] = "1";
+    auto session = OnnxSession::create(test::fixture("cache_write.onnx"), config);
+    CacheWrite c, d(100);
+    const Tensor past = session->to_device(c.past), other = session->to_device(d.past);
+    const Tensor indices = session->to_device(c.indices), fresh = session->to_device(c.fresh);
+    auto on_host = [&](const Tensor& t) {
+      const Tensor host = session->to_host(t);
+      const auto* p = static_cast<const float*>(host.data());
+      return std::vector<float>(p, p + 24);
+    };
+    for (int step = 0; step < 4; ++step) {  // one cache passed again and again: one captured graph replayed
+      auto outputs = session->infer({past.view(), indices.view(), fresh.view()});
+      EXPECT_EQ(outputs[0].data(), past.data()) << "step " << step;
+      EXPECT_EQ(on_host(past), c.expected()) << "step " << step;
+    }
+    // Another cache (another address: a slot of its own) is written, the first left as it was.
+    auto outputs = session->infer({other.view(), indices.view(), fresh.view()});
+    EXPECT_EQ(outputs[0].data(), other.data());
+    EXPECT_EQ(on_host(other), d.expected());
+    EXPECT_EQ(on_host(past), c.expected());
+  }
 }
 
 TEST(InPlaceOutputs, ACudaGraphSlotIsKeyedByTheAddressOfAnInputUpdatedInPlace) {
