@@ -13,8 +13,10 @@ Workloads (``--workloads prefill,decode``):
   prefill  ``model(input_ids, attention_mask, use_cache=False).logits`` at each
            BATCHxSEQUENCE of --prefill-shapes (--tiny: 1x16), all-ones mask.
   decode   one token per sequence through ``aitune.torch.decode_step.DecodeStep`` (the
-           static cache's keys / values as inputs and outputs) at each batch of
-           --decode-batches, a --cache-len cache (--tiny: 96) half full; tokens/s beside p50.
+           static cache's keys / values as inputs and outputs, one tensor per layer) at each
+           batch of --decode-batches, a --cache-len cache (--tiny: 96) half full; tokens/s
+           beside p50. The ONNX Runtime candidates write the cache in place
+           (``in_place_outputs=True``: no copy of it per step).
 Rows per case (p50 us of one call + torch.cuda.synchronize() on CUDA):
   eager            the model as a user runs it at the row's precision
   compile          bare ``torch.compile(mode="reduce-overhead")`` (CUDA graphs), a new
@@ -106,7 +108,8 @@ def prefill_case(model, device: str, batch: int, seq: int):
 def decode_case(model, device: str, batch: int, cache_len: int):
     filled = cache_len // 2
     keys, values = empty_cache(model, batch, cache_len, device=device)
-    keys.normal_(), values.normal_()  # a cache holding something, as after a prefill
+    for layer_cache in keys + values:
+        layer_cache.normal_()  # a cache holding something, as after a prefill
     mask = torch.zeros(batch, cache_len, dtype=torch.long, device=device)
     mask[:, : filled + 1] = 1
     inputs = {"input_ids": torch.randint(0, model.config.vocab_size, (batch, 1), device=device),
@@ -171,7 +174,9 @@ def _autocast(enabled: bool):
 
 def aitune_row(name: str, module, inputs, *, cuda: bool, iterations: int) -> dict:
     torch._dynamo.reset()
-    backends = [ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cuda" if cuda else "cpu")),
+    # in_place_outputs: the decode step's caches are updated where they lie (the prefill has none)
+    backends = [ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cuda" if cuda else "cpu",
+                                                            in_place_outputs=True)),
                 TorchCompileBackend(TorchCompileBackendConfig(
                     precisions=("fp16",) if cuda else ("fp32",), mode="reduce-overhead" if cuda else "default"))]
     tuned = ait.Module(copy.deepcopy(module), f"decoder-bench-{name}", strategy=ait.MaxThroughputStrategy(backends))

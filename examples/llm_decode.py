@@ -1,6 +1,7 @@
-"""Greedy generation through a tuned prefill and a tuned decode step (KV cache as tensors)
-of a tiny random Llama on the CPU provider, checked token for token against transformers'
-``generate(do_sample=False)``, for one prompt and a left-padded batch of two.
+"""Greedy generation through a tuned prefill and a tuned decode step (KV cache as tensors,
+one per layer, updated in place: ``in_place_outputs=True``) of a tiny random Llama on the
+CPU provider, checked token for token against transformers' ``generate(do_sample=False)``,
+for one prompt and a left-padded batch of two.
 
     python examples/llm_decode.py
 """
@@ -39,9 +40,10 @@ def prompts(batch_size: int) -> dict:
 
 def tune_steps(model: torch.nn.Module) -> tuple[ait.Module, ait.Module]:
     """A prefill and a decode step, each an ait.Module over DecodeStep, tuned by recording
-    greedy generations of batches of 1 and 2 prompts."""
+    greedy generations of batches of 1 and 2 prompts. Both write the caches they are given
+    in place (in_place_outputs): each step returns the very tensors it was passed."""
     strategy = ait.OneBackendStrategy(ONNXRuntimeBackend(ONNXRuntimeBackendConfig(
-        execution_provider=ONNXExecutionProvider.CPU, use_dynamo=True,
+        execution_provider=ONNXExecutionProvider.CPU, use_dynamo=True, in_place_outputs=True,
         tune_provider_options=False)))  # CPU thread variants are not the point here
     prefill = ait.Module(DecodeStep(model), "llm-prefill", strategy=strategy)
     decode = ait.Module(DecodeStep(model), "llm-decode", strategy=strategy)

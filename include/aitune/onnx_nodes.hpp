@@ -2,6 +2,7 @@
 // copy of a model whose intermediate values are graph outputs (for precision debugging).
 #pragma once
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,8 @@ struct OnnxNode {
   std::string op_type;
   std::vector<std::string> inputs;  ///< value names read ("" for an omitted optional input)
   std::vector<std::string> outputs;
+  /// The node's string attributes by name (e.g. ScatterND's "reduction"); others are not read.
+  std::map<std::string, std::string> string_attributes;
   /// The module the node was exported from, as torch's dynamo exporter records it in the
   /// node's metadata_props: the innermost module path of `pkg.torch.onnx.name_scopes`
   /// (else of `namespace`), e.g. "model.layers.1.self_attn"; "" when the node has none

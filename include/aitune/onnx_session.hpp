@@ -40,6 +40,15 @@ struct OnnxSessionConfig {
   std::map<std::string, std::string> provider_options;
   /// Session config entries (AddConfigEntry), e.g. "session.disable_prepacking".
   std::map<std::string, std::string> session_config;
+  /// Write each output that updates an input (find_in_place_outputs: a ScatterND of an
+  /// input nothing else reads, a decode step's KV cache) into that input's buffer: the
+  /// input is updated in place and the output is a view of it, so no copy of it is made
+  /// per call. The caller must expect its input to change (the decode contract).
+  bool in_place_outputs = false;
+  /// Outputs the caller declares written into an input's buffer, output name -> input
+  /// name, as found ones are (e.g. a GroupQueryAttention's present into its past, which
+  /// ONNX Runtime shares when the two are one buffer). Checked at session creation.
+  std::map<std::string, std::string> output_aliases;
 
   /// The device the session's inputs and outputs live on.
   Device device() const;
@@ -78,7 +87,9 @@ std::string_view session_state_name(SessionState state) noexcept;
 /// only. A capture or replay that fails throws Error(kCudaGraphCapture) (kOutOfMemory
 /// when memory ran out), leaves no capture open on the session's stream, and every later
 /// call throws Error(kCudaGraphCapture) until deactivate() and activate() recreate the
-/// session.
+/// session. Inputs updated in place (output_aliases()) are not copied: the graph binds the
+/// caller's buffer, and its address is part of what selects the captured graph (a loop
+/// passing back the same cache replays one graph; unverified on a GPU so far).
 class OnnxSession {
  public:
   /// Loads `model_path` (external data files next to it) into a session for
@@ -106,6 +117,10 @@ class OnnxSession {
   const std::string& model_path() const noexcept;
   Device device() const noexcept;
   SessionState state() const noexcept;
+  /// Per output, the index of the input whose buffer it is written into (-1: none): the
+  /// declared OnnxSessionConfig::output_aliases and, with in_place_outputs, those found
+  /// in the graph. Such an output is a view of that input, valid while the input is.
+  const std::vector<int>& output_aliases() const noexcept;
   /// Default-domain ONNX opset of the model.
   int opset() const;
 
@@ -123,7 +138,9 @@ class OnnxSession {
   /// shape, handed over without a copy and written again only once every output of that
   /// call is released; while both are held, outputs are copies. The inputs must be ready
   /// when `infer` is called (no pending device work on them); on return the outputs are
-  /// ready to read (the host waits for the session's stream).
+  /// ready to read (the host waits for the session's stream). An output written into an
+  /// input's buffer (output_aliases()) is a view of that input, updated in place; such an
+  /// input must not share memory with any other input (Error(kInvalidArgument)).
   std::vector<Tensor> infer(const std::vector<TensorView>& inputs) const;
 
   /// As `infer`, ordered with the caller's CUDA stream `stream` (a cudaStream_t as an

@@ -67,6 +67,10 @@ struct CandidateResult {
   /// "fp16_search", how the search ended ("stopped after 120.4 s (7 checks)") and, where
   /// the set was reused, the configuration whose search found it. Empty otherwise.
   std::string transform_note;
+  /// The outputs its session writes into an input's buffer, output name -> input name
+  /// (OnnxSessionConfig::in_place_outputs / output_aliases): those inputs are updated in
+  /// place by every call. Empty otherwise.
+  std::map<std::string, std::string> in_place_outputs;
   CandidateStatus status = CandidateStatus::kFailed;
   std::string reason;        ///< why it failed, was rejected or was chosen
   std::optional<CorrectnessReport> correctness;

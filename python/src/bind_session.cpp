@@ -94,6 +94,11 @@ void bind_session(nb::module_& m) {
       .def_rw("inter_op_threads", &OnnxSessionConfig::inter_op_threads)
       .def_rw("provider_options", &OnnxSessionConfig::provider_options)
       .def_rw("session_config", &OnnxSessionConfig::session_config)
+      .def_rw("in_place_outputs", &OnnxSessionConfig::in_place_outputs,
+              "Write each output that updates an input (a ScatterND of an input nothing else reads, a KV "
+              "cache) into that input's buffer: the input is updated in place.")
+      .def_rw("output_aliases", &OnnxSessionConfig::output_aliases,
+              "Outputs the caller declares written into an input's buffer: output name -> input name.")
       .def("to_json", &OnnxSessionConfig::to_json, nb::arg("indent") = 2)
       .def_static("from_json", &OnnxSessionConfig::from_json, nb::arg("text"))
       .def("__eq__", [](const OnnxSessionConfig& a, const OnnxSessionConfig& b) { return a == b; })
@@ -121,6 +126,8 @@ void bind_session(nb::module_& m) {
       .def_prop_ro("graph_spec", &OnnxSession::graph_spec)
       .def_prop_ro("config", &OnnxSession::config)
       .def_prop_ro("model_path", &OnnxSession::model_path)
+      .def_prop_ro("output_aliases", &OnnxSession::output_aliases,
+                   "Per output, the index of the input whose buffer it is written into (-1: none).")
       .def_prop_ro("device", [](const OnnxSession& b) { return b.device().to_string(); })
       .def_prop_ro("state", [](const OnnxSession& b) { return std::string(session_state_name(b.state())); })
       .def_prop_ro("opset", &OnnxSession::opset)

@@ -335,6 +335,8 @@ void bind_tuning(nb::module_& m) {
       .def_ro("fused_operators", &CandidateResult::fused_operators)
       .def_ro("fp32_nodes", &CandidateResult::fp32_nodes)
       .def_ro("transform_note", &CandidateResult::transform_note)
+      .def_ro("in_place_outputs", &CandidateResult::in_place_outputs,
+              "Outputs its session writes into an input's buffer: output name -> input name.")
       .def_prop_ro("status", [](const CandidateResult& c) { return std::string(candidate_status_name(c.status)); })
       .def_ro("reason", &CandidateResult::reason)
       .def_prop_ro("max_abs_error", &max_abs_error)

@@ -1,6 +1,8 @@
 """examples/llm_decode.py: a tiny Llama's prefill and decode step (KV cache as tensors,
-DecodeStep) tuned on the CPU provider generate the same greedy tokens as transformers'
-generate, for one prompt and a left-padded batch of two."""
+DecodeStep) tuned on the CPU provider with in_place_outputs generate the same greedy
+tokens as transformers' generate, for one prompt and a left-padded batch of two; the tuned
+steps compute what the eager DecodeStep computes and return the very cache tensors they
+were given, updated in place."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import torch
 
 pytest.importorskip("transformers")
 
+import aitune.torch as ait  # noqa: E402
 from aitune.torch import ModuleState  # noqa: E402
 from aitune.torch.decode_step import DecodeStep, empty_cache, greedy_generate  # noqa: E402
 
@@ -25,7 +28,7 @@ def _example():
     return module
 
 
-def test_tuned_steps_generate_the_greedy_tokens_of_transformers():
+def test_tuned_steps_generate_the_greedy_tokens_of_transformers(tmp_path):
     example = _example()
     model = example.tiny_llama()
     prefill, decode = example.tune_steps(model)
@@ -39,6 +42,57 @@ def test_tuned_steps_generate_the_greedy_tokens_of_transformers():
                                    example.NEW_TOKENS)
             reference = model.generate(**batch, max_new_tokens=example.NEW_TOKENS, do_sample=False, pad_token_id=0)
         assert torch.equal(ours, reference[:, example.PROMPT_LEN:]), (ours, reference)
+    _check_in_place_step(example, model, decode)
+    # The checkpoint keeps the choice: a loaded decode step updates its caches in place too.
+    ait.save(decode, tmp_path / "decode.ait")
+    loaded = ait.load(ait.Module(DecodeStep(model), "llm-decode"), tmp_path / "decode.ait")
+    assert all("updates in place: input_key_cache_0" in b for b in loaded.ait_backends.values()), loaded.ait_backends
+    _check_in_place_step(example, model, loaded)
+
+
+def test_a_tuned_qwen2_decode_step_updates_its_caches_in_place():
+    """A tiny Qwen2's decode step alone, tuned on one recorded step of the shapes
+    _check_in_place_step calls it with."""
+    import transformers
+
+    from aitune.torch.backend import ONNXExecutionProvider, ONNXRuntimeBackend, ONNXRuntimeBackendConfig
+
+    example = _example()
+    torch.manual_seed(0)
+    model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(
+        vocab_size=example.VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128)).eval()
+    cache_len = example.PROMPT_LEN + example.NEW_TOKENS
+    keys, values = empty_cache(model, 2, cache_len)
+    sample = {"input_ids": torch.tensor([[3], [4]]), "attention_mask": torch.ones(2, cache_len, dtype=torch.long),
+              "position_ids": torch.tensor([[6], [6]]), "cache_position": torch.tensor([6]), "key_cache": keys,
+              "value_cache": values}
+    decode = ait.Module(DecodeStep(model), "qwen2-decode", strategy=ait.OneBackendStrategy(ONNXRuntimeBackend(
+        ONNXRuntimeBackendConfig(execution_provider=ONNXExecutionProvider.CPU, in_place_outputs=True,
+                                 tune_provider_options=False))))
+    ait.tune(decode, lambda size: [sample], batch_sizes=[2], ignore_failing_modules=False,
+             performance_validation=False, progress=False)
+    assert all("updates in place: input_key_cache_0" in b for b in decode.ait_backends.values()), decode.ait_backends
+    _check_in_place_step(example, model, decode)
+
+
+def _check_in_place_step(example, model, decode):
+    """One decode step through the tuned module: the eager DecodeStep's logits and caches,
+    written into the tensors passed (the same objects come back)."""
+    cache_len = example.PROMPT_LEN + example.NEW_TOKENS
+    generator = torch.Generator().manual_seed(1)
+    keys, values = (tuple(torch.randn(t.shape, generator=generator) for t in half)
+                    for half in empty_cache(model, 2, cache_len))
+    mask = torch.ones(2, cache_len, dtype=torch.long)
+    mask[:, cache_len - 3:] = 0
+    step = (torch.tensor([[5], [7]]), mask, torch.tensor([[8], [8]]), torch.tensor([cache_len - 4]))
+    with torch.no_grad():
+        eager_logits, eager_keys, eager_values = DecodeStep(model)(*step, keys, values)
+        logits, new_keys, new_values = decode(*step, keys, values)
+    torch.testing.assert_close(logits, eager_logits, rtol=1e-4, atol=1e-4)
+    for passed, returned, eager in zip(keys + values, new_keys + new_values, eager_keys + eager_values, strict=True):
+        assert returned is passed and returned.data_ptr() == passed.data_ptr()
+        torch.testing.assert_close(passed, eager, rtol=1e-4, atol=1e-4)
 
 
 def test_decode_step_writes_only_its_cache_slot():
@@ -46,14 +100,17 @@ def test_decode_step_writes_only_its_cache_slot():
     model = example.tiny_llama()
     step = DecodeStep(model)
     keys, values = empty_cache(model, 2, 8)
-    keys, values = keys + 1, values + 1  # a cache already holding something everywhere
+    keys = tuple(t + 1 for t in keys)  # a cache already holding something everywhere
+    values = tuple(t + 1 for t in values)
     mask = torch.ones(2, 8, dtype=torch.long)
     with torch.no_grad():
         logits, new_keys, new_values = step(torch.tensor([[5], [7]]), mask, torch.tensor([[3], [3]]),
                                             torch.tensor([3]), keys, values)
     assert logits.shape == (2, 1, example.VOCAB)
-    assert new_keys.shape == keys.shape and new_values.shape == values.shape
+    assert len(new_keys) == len(keys) == model.config.num_hidden_layers and len(new_values) == len(values)
     untouched = [i for i in range(8) if i != 3]
-    assert torch.equal(new_keys[:, :, :, untouched], keys[:, :, :, untouched])
-    assert not torch.equal(new_keys[:, :, :, 3], keys[:, :, :, 3])
-    assert torch.equal(keys, torch.ones_like(keys))  # the inputs are not written in place
+    for old, new in zip(keys + values, new_keys + new_values, strict=True):
+        assert new.shape == old.shape
+        assert torch.equal(new[:, :, untouched], old[:, :, untouched])
+        assert not torch.equal(new[:, :, 3], old[:, :, 3])
+        assert torch.equal(old, torch.ones_like(old))  # eagerly the inputs are not written in place

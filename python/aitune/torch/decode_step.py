@@ -10,29 +10,37 @@ import torch
 
 
 class _TensorCache:
-    """The KV cache as values of the graph: ``update`` writes this step's keys and values at
-    ``cache_position`` out of place (``index_copy``: ScatterND in ONNX; an in-place write to
-    an input would be a mutation the exporters refuse) and hands back the layer's whole
-    cache for attention. Only what transformers' attention layers call is here."""
+    """The KV cache as values of the graph, one key and one value tensor per layer
+    ``[batch, kv_heads, cache_len, head_dim]``. ``update`` writes this step's keys and
+    values at ``cache_position`` out of place (an in-place write to an input would be a
+    mutation the exporters refuse) and hands back the layer's whole cache for attention.
+    The write is ``index_put`` over (batch, head, slot) indices: it exports as one
+    ScatterND whose data is the layer's cache input itself, the form an engine can run in
+    place (``in_place_outputs``); ``index_copy`` along the slot axis exports as Transpose ->
+    ScatterND -> Transpose, which it cannot. Only what transformers' attention layers call
+    is here."""
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, cache_position: torch.Tensor):
-        self.keys, self.values = list(keys.unbind(0)), list(values.unbind(0))
+    def __init__(self, keys, values, cache_position: torch.Tensor):
+        self.keys, self.values = list(keys), list(values)
         self.cache_position = cache_position
 
-    def update(self, key_states, value_states, layer_idx, cache_kwargs=None):
-        self.keys[layer_idx] = self.keys[layer_idx].index_copy(2, self.cache_position, key_states)
-        self.values[layer_idx] = self.values[layer_idx].index_copy(2, self.cache_position, value_states)
-        return self.keys[layer_idx], self.values[layer_idx]
+    def _written(self, cache: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
+        batch = torch.arange(cache.shape[0], device=cache.device)[:, None, None]
+        heads = torch.arange(cache.shape[1], device=cache.device)[None, :, None]
+        return cache.index_put((batch, heads, self.cache_position[None, None, :]), states)
 
-    def stacked(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return torch.stack(self.keys), torch.stack(self.values)
+    def update(self, key_states, value_states, layer_idx, cache_kwargs=None):
+        self.keys[layer_idx] = self._written(self.keys[layer_idx], key_states)
+        self.values[layer_idx] = self._written(self.values[layer_idx], value_states)
+        return self.keys[layer_idx], self.values[layer_idx]
 
 
 class DecodeStep(torch.nn.Module):
     """``forward(input_ids, attention_mask, position_ids, cache_position, key_cache,
     value_cache) -> (logits, key_cache, value_cache)``: S new tokens per sequence through
     ``model`` (a transformers causal LM), written at cache slots ``cache_position`` of a
-    static cache ``[layers, batch, kv_heads, cache_len, head_dim]``.
+    static cache: ``key_cache`` and ``value_cache`` are sequences of one tensor per layer
+    ``[batch, kv_heads, cache_len, head_dim]``, returned as tuples of the same.
 
     - ``input_ids`` [B, S]: S = the prompt's length for prefill, 1 for a decode step.
     - ``attention_mask`` [B, cache_len]: 1 at the cache slots that hold a real token of the
@@ -43,41 +51,52 @@ class DecodeStep(torch.nn.Module):
     Slot j is visible to the token written at slot ``cache_position[i]`` when the row's mask
     is 1 there and ``j <= cache_position[i]``. A query with no visible slot (a pad of a
     left-padded prompt) sees every slot instead, as transformers' own masks do: its output
-    is undefined, but finite, so no NaN reaches the valid rows through the cache."""
+    is undefined, but finite, so no NaN reaches the valid rows through the cache.
+
+    Eagerly the returned caches are new tensors. Tuned on ONNX Runtime with
+    ``ONNXRuntimeBackendConfig(in_place_outputs=True)``, each returned cache is the tensor
+    passed, updated in place (no copy of the cache per step): a caller uses the returned
+    caches and must not expect the passed ones to stay as they were (docs/decoders.md)."""
 
     def __init__(self, model: torch.nn.Module):
         super().__init__()
         self.model = model
+        self.train(model.training)  # the wrapper is in the model's mode (an eval model exports as eval)
 
     def forward(self, input_ids, attention_mask, position_ids, cache_position, key_cache, value_cache):
-        slots = torch.arange(key_cache.shape[3], device=input_ids.device)
+        slots = torch.arange(key_cache[0].shape[2], device=input_ids.device)
         visible = attention_mask.bool()[:, None, None, :] & (slots[None, :] <= cache_position[:, None])[None, None]
         visible = visible | ~visible.any(dim=-1, keepdim=True)  # [B, 1, S, cache_len]
         cache = _TensorCache(key_cache, value_cache, cache_position)
         out = self.model(input_ids=input_ids, attention_mask=visible, position_ids=position_ids,
                          past_key_values=cache, use_cache=True)
-        keys, values = cache.stacked()
-        return out.logits, keys, values
+        return out.logits, tuple(cache.keys), tuple(cache.values)
 
 
 def empty_cache(model: torch.nn.Module, batch_size: int, cache_len: int, dtype: torch.dtype | None = None,
-                device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Zero key and value caches ``[layers, batch, kv_heads, cache_len, head_dim]`` for a
-    transformers causal LM's config."""
+                device: torch.device | str | None = None) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """Zero key and value caches for a transformers causal LM's config: per layer one
+    ``[batch, kv_heads, cache_len, head_dim]`` tensor each (DecodeStep's layout)."""
     config = model.config
     kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     parameter = next(model.parameters())
-    shape = (config.num_hidden_layers, batch_size, kv_heads, cache_len, head_dim)
+    shape = (batch_size, kv_heads, cache_len, head_dim)
     dtype, device = dtype or parameter.dtype, device or parameter.device
-    return torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device)
+
+    def zeros():
+        return tuple(torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers))
+
+    return zeros(), zeros()
 
 
 def greedy_generate(prefill: Callable, decode: Callable, model: torch.nn.Module, input_ids: torch.Tensor,
                     attention_mask: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
     """Greedy tokens [B, max_new_tokens] for a (left-padded) prompt through ``prefill`` and
     ``decode`` (DecodeStep modules, tuned or not), positions counted as transformers'
-    ``generate`` counts them (pads not counted). The cache holds prompt + new tokens."""
+    ``generate`` counts them (pads not counted). The cache holds prompt + new tokens; each
+    step passes the caches the previous one returned (the same tensors, updated in place,
+    where the steps are tuned with ``in_place_outputs``)."""
     batch, prompt_len = input_ids.shape
     cache_len = prompt_len + max_new_tokens
     device = input_ids.device

@@ -219,6 +219,8 @@ class TorchDispatch {
     const auto& names = graph->session->inputs();
     std::vector<nb::object> capsules(n);  // alive until the run is over: they own the inputs
     std::vector<const DLTensor*> dl(n, nullptr);
+    std::vector<PyObject*> passed(graph->order.size());  // the tensors the session got, owned by `kept`
+    std::vector<nb::object> kept(graph->order.size());
     for (std::size_t k = 0; k < graph->order.size(); ++k) {
       const std::size_t i = graph->order[k];
       nb::object tensor = tensors[i];
@@ -232,14 +234,17 @@ class TorchDispatch {
       capsules[i] = export_tensor(tensor, *graph, who);
       dl[i] = capsule_tensor(capsules[i].ptr());
       if (!TensorView::from_dlpack(*dl[i]).is_contiguous()) {
-        capsules[i] = export_tensor(tensor.attr("contiguous")(), *graph, who);
+        tensor = tensor.attr("contiguous")();  // a copy: an in-place output is written there
+        capsules[i] = export_tensor(tensor, *graph, who);
         dl[i] = capsule_tensor(capsules[i].ptr());
       }
+      kept[k] = tensor;
+      passed[k] = tensor.ptr();
     }
     std::vector<TensorView> views;
     views.reserve(graph->order.size());
     for (auto i : graph->order) views.push_back(TensorView::from_dlpack(*dl[i]));
-    return execute(*graph, views);
+    return execute(*graph, views, passed);
   }
 
   /// `module(*args, **kwargs)`: served by a route when one matches and the guards are
@@ -312,12 +317,15 @@ class TorchDispatch {
     }
 
     std::vector<TensorView> views;
+    std::vector<PyObject*> passed;
     views.reserve(route->graph->order.size());
+    passed.reserve(route->graph->order.size());
     for (auto i : route->graph->order) {
       views.push_back(TensorView::from_dlpack(*tensors[i]));
       if (!views.back().is_contiguous()) return nb::borrow(Py_NotImplemented);  // the general path copies it
+      passed.push_back(values[i]);
     }
-    return execute(*route->graph, views);
+    return execute(*route->graph, views, passed);
   }
 
   std::size_t size() const noexcept { return routes_.size(); }
@@ -372,9 +380,13 @@ class TorchDispatch {
                     graph.session->device().to_string() + " (" + reason + ")");
   }
 
-  // Runs `graph` on `views` (in session input order), ordered with torch's current stream
-  // on CUDA (no host wait), and makes the module's output.
-  nb::object execute(const Graph& graph, const std::vector<TensorView>& views) const {
+  // Runs `graph` on `views` (in session input order; `passed`: the tensors they are of),
+  // ordered with torch's current stream on CUDA (no host wait), and makes the module's
+  // output. An output the session wrote into an input's buffer (a KV cache updated in
+  // place, OnnxSession.output_aliases) is that input's own tensor: the caller gets back
+  // the tensor it passed, and nothing but the caller owns that memory.
+  nb::object execute(const Graph& graph, const std::vector<TensorView>& views,
+                     const std::vector<PyObject*>& passed) const {
     std::vector<Tensor> outputs;
     if (graph.cuda) {
       auto stream = nb::cast<std::uintptr_t>(current_stream_(graph.device_index));
@@ -384,9 +396,14 @@ class TorchDispatch {
       nb::gil_scoped_release release;
       outputs = graph.session->infer(views);
     }
-    if (graph.rebuild.is_none() && outputs.size() == 1) return from_dlpack_(to_dlpack_capsule(outputs[0]));
+    const auto& aliases = graph.session->output_aliases();
+    auto result = [&](std::size_t j) {
+      const int input = aliases[j];
+      return input >= 0 ? nb::borrow(passed[static_cast<std::size_t>(input)]) : from_dlpack_(to_dlpack_capsule(outputs[j]));
+    };
+    if (graph.rebuild.is_none() && outputs.size() == 1) return result(0);
     nb::list results;
-    for (const auto& t : outputs) results.append(from_dlpack_(to_dlpack_capsule(t)));
+    for (std::size_t j = 0; j < outputs.size(); ++j) results.append(result(j));
     return graph.rebuild.is_none() ? nb::object(results) : graph.rebuild(results);
   }
 

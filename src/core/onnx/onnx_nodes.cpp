@@ -12,10 +12,12 @@ namespace aitune {
 namespace {
 
 // Field numbers of onnx.proto3: ModelProto.graph = 7; GraphProto.node = 1, .output = 12;
-// NodeProto.input = 1, .output = 2, .name = 3, .op_type = 4, .metadata_props = 9;
-// StringStringEntryProto.key = 1, .value = 2; ValueInfoProto.name = 1.
+// NodeProto.input = 1, .output = 2, .name = 3, .op_type = 4, .attribute = 5, .metadata_props = 9;
+// AttributeProto.name = 1, .s = 4; StringStringEntryProto.key = 1, .value = 2; ValueInfoProto.name = 1.
 constexpr std::uint64_t kModelGraph = 7, kGraphNode = 1, kGraphOutput = 12;
-constexpr std::uint64_t kNodeInput = 1, kNodeOutput = 2, kNodeName = 3, kNodeOpType = 4, kNodeMetadata = 9;
+constexpr std::uint64_t kNodeInput = 1, kNodeOutput = 2, kNodeName = 3, kNodeOpType = 4, kNodeAttribute = 5,
+                        kNodeMetadata = 9;
+constexpr std::uint64_t kAttributeName = 1, kAttributeString = 4;
 
 // The module paths of torch's `pkg.torch.onnx.name_scopes` (a Python list literal,
 // "['', 'inner', 'inner.layers.0', 'layer_norm']"): every quoted item but the last, which
@@ -116,6 +118,24 @@ class NodeWalker : detail::ProtobufReader {
     return value;
   }
 
+  // A string attribute (AttributeProto.s) into `n.string_attributes`; others are skipped.
+  void attribute(std::size_t begin, std::size_t end, OnnxNode& n) const {
+    std::string name, value;
+    bool has_string = false;
+    for (std::size_t i = begin; i < end;) {
+      const auto [field, wire] = tag(i, end);
+      if (wire == 2 && field == kAttributeName) {
+        name = string_at(i, end);
+      } else if (wire == 2 && field == kAttributeString) {
+        value = string_at(i, end);
+        has_string = true;
+      } else {
+        skip(i, end, wire, static_cast<std::uint32_t>(field), 3);
+      }
+    }
+    if (has_string && !name.empty()) n.string_attributes[name] = value;
+  }
+
   void node(std::size_t begin, std::size_t end) {
     OnnxNode n;
     std::string name_scopes, name_space;
@@ -131,6 +151,10 @@ class NodeWalker : detail::ProtobufReader {
         n.name = string_at(i, end);
       } else if (field == kNodeOpType) {
         n.op_type = string_at(i, end);
+      } else if (field == kNodeAttribute) {
+        const std::size_t len = length(i, end);
+        attribute(i, i + len, n);
+        i += len;
       } else if (field == kNodeMetadata) {
         const std::size_t len = length(i, end);
         const std::string key = first_string(i, i + len, 1);

@@ -19,12 +19,29 @@ Tensor CudaGraphRunner::ready_buffer(DType dtype, const Shape& shape) {
   return buffer;
 }
 
-std::vector<Tensor> CudaGraphRunner::copy_out(const std::vector<Ort::Value>& values) const {
+CudaGraphRunner::SlotKey CudaGraphRunner::slot_key(const std::vector<TensorView>& views,
+                                                   const std::vector<bool>& updated_in_place) {
+  SlotKey key;
+  key.first.reserve(views.size());
+  for (std::size_t i = 0; i < views.size(); ++i) {
+    key.first.push_back(views[i].shape);
+    if (i < updated_in_place.size() && updated_in_place[i])
+      key.second.push_back(reinterpret_cast<std::uintptr_t>(views[i].data));
+  }
+  return key;
+}
+
+std::vector<Tensor> CudaGraphRunner::copy_out(const std::vector<Ort::Value>& values,
+                                              const std::vector<TensorView>& views) const {
   const auto& rt = cuda_runtime();
   auto on_stream = reinterpret_cast<cudaStream_t>(ctx_.stream);
   std::vector<Tensor> copies;
   copies.reserve(values.size());
   for (std::size_t i = 0; i < values.size(); ++i) {
+    if (const int input = ctx_.output_aliases[i]; input >= 0) {  // written into the caller's buffer
+      copies.push_back(ctx_.caller_buffer(views[static_cast<std::size_t>(input)]));
+      continue;
+    }
     copies.push_back(stream_buffer(ctx_.outputs[i].dtype, values[i].GetTensorTypeAndShapeInfo().GetShape()));
     cuda_check(rt.memcpy_async(copies.back().data(), values[i].GetTensorRawData(), copies.back().nbytes(),
                                kCudaMemcpyDeviceToDevice, on_stream),
@@ -37,12 +54,21 @@ std::unique_ptr<CudaGraphRunner::Lane> CudaGraphRunner::make_lane(const std::vec
                                                                   const std::vector<Shape>& output_shapes) const {
   auto lane = std::make_unique<Lane>(*ctx_.session);
   for (std::size_t i = 0; i < views.size(); ++i) {
-    lane->inputs.push_back(stream_buffer(views[i].dtype, views[i].shape));
+    // An input updated in place is the caller's own buffer (its address is in the slot's key).
+    lane->inputs.push_back(ctx_.updated_in_place[i] ? ctx_.caller_buffer(views[i])
+                                                    : stream_buffer(views[i].dtype, views[i].shape));
     lane->bound.push_back(value_over(lane->inputs.back().view(), ctx_.memory_info));
     lane->binding.BindInput(ctx_.input_names[i], lane->bound.back());
   }
   // Bound once and never cleared: the captured graph writes there on every replay.
   for (std::size_t i = 0; i < ctx_.outputs.size(); ++i) {
+    if (const int input = ctx_.output_aliases[i]; input >= 0) {  // into the caller's buffer
+      const auto& into = lane->inputs[static_cast<std::size_t>(input)];
+      if (!output_shapes.empty()) lane->outputs.push_back(into);  // keeps lane->outputs in output order
+      lane->bound.push_back(value_over(into.view(), ctx_.memory_info));
+      lane->binding.BindOutput(ctx_.output_names[i], lane->bound.back());
+      continue;
+    }
     if (output_shapes.empty()) {
       lane->binding.BindOutput(ctx_.output_names[i], Ort::ConstMemoryInfo(ctx_.memory_info));
       continue;
@@ -77,12 +103,16 @@ std::vector<Tensor> CudaGraphRunner::run_uncaptured(const std::vector<TensorView
     values.push_back(value_over(views[i], ctx_.memory_info));
     binding.BindInput(ctx_.input_names[i], values.back());
   }
-  for (const auto* name : ctx_.output_names) binding.BindOutput(name, Ort::ConstMemoryInfo(ctx_.memory_info));
+  std::vector<Ort::Value> aliased = ctx_.aliased_outputs(views);
+  for (std::size_t i = 0; i < aliased.size(); ++i) {
+    if (ctx_.output_aliases[i] >= 0) binding.BindOutput(ctx_.output_names[i], aliased[i]);
+    else binding.BindOutput(ctx_.output_names[i], Ort::ConstMemoryInfo(ctx_.memory_info));
+  }
   Ort::RunOptions run;
   run.AddConfigEntry("gpu_graph_id", "-1");
   ctx_.session->Run(run, binding);  // synchronises the session's stream
   // ORT allocated these in the arena, where captured graphs' activations may live.
-  return copy_out(binding.GetOutputValues());
+  return copy_out(binding.GetOutputValues(), views);
 }
 
 void CudaGraphRunner::run_lane(Lane& lane, const std::vector<TensorView>& views) {
@@ -109,9 +139,7 @@ std::vector<Tensor> CudaGraphRunner::run(const std::vector<TensorView>& views, s
     if (!caller) cuda_check(rt.stream_synchronize(on_stream), "cudaStreamSynchronize");
     return results;
   };
-  std::vector<Shape> key;
-  key.reserve(views.size());
-  for (const auto& v : views) key.push_back(v.shape);
+  const SlotKey key = slot_key(views, ctx_.updated_in_place);
   std::lock_guard lock(mutex_);
   if (broken_)
     throw Error(ErrorCode::kCudaGraphCapture, "an earlier call broke this session: " + *broken_ +
@@ -139,16 +167,17 @@ std::vector<Tensor> CudaGraphRunner::run(const std::vector<TensorView>& views, s
   Lane* lane = pick_lane(slot, views);
   if (ordered) slot.before.order(*caller, ctx_.stream);
   for (std::size_t i = 0; i < views.size(); ++i)
-    cuda_check(rt.memcpy_async(lane->inputs[i].data(), views[i].data, views[i].nbytes(), kCudaMemcpyDeviceToDevice,
-                               on_stream),
-               "copying an input into the CUDA graph's buffer");
+    if (!ctx_.updated_in_place[i])  // bound as the caller's own buffer: nothing to copy
+      cuda_check(rt.memcpy_async(lane->inputs[i].data(), views[i].data, views[i].nbytes(),
+                                 kCudaMemcpyDeviceToDevice, on_stream),
+                 "copying an input into the CUDA graph's buffer");
   run_lane(*lane, views);
   if (lane == slot.copy_lane.get()) {
     // The copy lane's outputs are overwritten by its next replay: the caller gets copies.
     auto values = lane->binding.GetOutputValues();
     if (slot.output_shapes.empty())
       for (const auto& v : values) slot.output_shapes.push_back(v.GetTensorTypeAndShapeInfo().GetShape());
-    return finish(copy_out(values), slot.after);
+    return finish(copy_out(values, views), slot.after);
   }
   // Every tensor handed out shares one lease, which also keeps the buffers alive should
   // the runner go first (deactivate).
@@ -156,7 +185,10 @@ std::vector<Tensor> CudaGraphRunner::run(const std::vector<TensorView>& views, s
   lane->lease = lease;
   std::vector<Tensor> lent;
   lent.reserve(lane->outputs.size());
-  for (const auto& o : lane->outputs) lent.push_back(Tensor::adopt(o.view(), lease));
+  // An output written into the caller's buffer is not the lane's to lend: it holds no
+  // lease (the caller keeps its cache for good, which would hold the lane for good).
+  for (std::size_t i = 0; i < lane->outputs.size(); ++i)
+    lent.push_back(ctx_.output_aliases[i] >= 0 ? lane->outputs[i] : Tensor::adopt(lane->outputs[i].view(), lease));
   return finish(std::move(lent), slot.after);
 }
 

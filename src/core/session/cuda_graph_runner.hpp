@@ -19,6 +19,17 @@ namespace aitune::detail {
 /// its own (ORT graph id) with fixed input buffers that calls copy into, all on the
 /// session's stream, so no host wait orders them. One call at a time (a lane's buffers
 /// are shared); calls from several threads take turns.
+///
+/// Inputs updated in place (SessionContext::output_aliases, a decode step's KV cache) are
+/// not copied in or out: the lanes bind the caller's own buffer as that input and as the
+/// output written into it, so a replay updates the caller's cache where it lies. A
+/// captured graph then holds the caller's address, so that address is part of the slot's
+/// key: a decode loop that passes back the caches it got (the same buffers every step)
+/// replays one graph; another cache (a new generation) captures a slot of its own (up to
+/// kMaxGraphShapes, then runs uncaptured). A slot is replayed only for a call passing
+/// that very address, i.e. while the caller holds the buffer, so a slot whose buffer was
+/// freed is never replayed into freed memory. (Unverified on a GPU as written: CPU tests
+/// cover the key; the lead's GPU run covers the replays.)
 class CudaGraphRunner {
  public:
   explicit CudaGraphRunner(const SessionContext& context) : ctx_(context) {}
@@ -47,6 +58,11 @@ class CudaGraphRunner {
   /// Lent lanes per shape: a caller that keeps the last output while making the next
   /// call (`y = m(x)` in a loop) alternates between two.
   static constexpr std::size_t kLentLanes = 2;
+
+  /// The slot a call's inputs replay: their shapes, and the addresses of the inputs a
+  /// graph writes into (`updated_in_place`), which its captured graphs bind directly.
+  static std::pair<std::vector<Shape>, std::vector<std::uintptr_t>> slot_key(const std::vector<TensorView>& views,
+                                                                            const std::vector<bool>& updated_in_place);
 
  private:
   struct Lane {
@@ -81,14 +97,17 @@ class CudaGraphRunner {
   // A call with a new shape past kMaxGraphShapes: a plain run, outputs copied out.
   std::vector<Tensor> run_uncaptured(const std::vector<TensorView>& views);
   // Copies of `values` in stream-ordered memory, on the session's stream.
-  std::vector<Tensor> copy_out(const std::vector<Ort::Value>& values) const;
+  // An output written into an input (`views[output_aliases[i]]`) is that input itself.
+  std::vector<Tensor> copy_out(const std::vector<Ort::Value>& values, const std::vector<TensorView>& views) const;
   Tensor stream_buffer(DType dtype, const Shape& shape) const;
   // Session::Run for a lane; a failure is typed, any open capture abandoned, the runner broken.
   void run_lane(Lane& lane, const std::vector<TensorView>& views);
 
   const SessionContext& ctx_;
   std::mutex mutex_;
-  std::map<std::vector<Shape>, std::unique_ptr<Slot>> slots_;
+  // The input shapes, and the addresses of the inputs updated in place (bound, not copied).
+  using SlotKey = std::pair<std::vector<Shape>, std::vector<std::uintptr_t>>;
+  std::map<SlotKey, std::unique_ptr<Slot>> slots_;
   std::optional<std::string> broken_;  // why an earlier capture or replay failed
 };
 

@@ -36,8 +36,14 @@ std::vector<Tensor> IoBindingRunner::run(const std::vector<TensorView>& views, s
     last = TensorView{v.data, v.dtype, v.shape, {}, v.device};
   }
   // Outputs are bound afresh each call, so ORT allocates new ones: tensors returned by
-  // earlier calls stay the caller's.
-  for (const auto* name : ctx_.output_names) binding.BindOutput(name, mem);
+  // earlier calls stay the caller's. An output written into an input (output_aliases) is
+  // bound to that input's buffer: ORT writes it there, with no allocation and no copy of
+  // the input (a KV cache updated in place).
+  std::vector<Ort::Value> aliased = ctx_.aliased_outputs(views);
+  for (std::size_t i = 0; i < aliased.size(); ++i) {
+    if (ctx_.output_aliases[i] >= 0) binding.BindOutput(ctx_.output_names[i], aliased[i]);
+    else binding.BindOutput(ctx_.output_names[i], mem);
+  }
   const bool ordered = ctx_.needs_events(caller);
   if (ordered) {
     if (!pooled->before) pooled->before = std::make_unique<StreamEvent>(), pooled->after = std::make_unique<StreamEvent>();

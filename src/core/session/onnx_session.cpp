@@ -2,12 +2,14 @@
 #include "aitune/onnx_session.hpp"
 
 #include <algorithm>
+#include <cstddef>
 #include <filesystem>
 #include <mutex>
 #include <shared_mutex>
 
 #include "aitune/error.hpp"
 #include "cuda/cuda_stream.hpp"
+#include "aitune/in_place_outputs.hpp"
 #include "session/cuda_graph_runner.hpp"
 #include "base/enum_names.hpp"
 #include "session/io_binding_runner.hpp"
@@ -52,6 +54,7 @@ struct OnnxSession::Impl {
   void create_session();
   void release_session();
   void check_inputs(const std::vector<TensorView>& inputs) const;
+  void check_in_place_inputs(const std::vector<TensorView>& inputs) const;
   const std::string& model_path() const { return ctx.model_path; }
 };
 
@@ -234,6 +237,15 @@ std::unique_ptr<OnnxSession> OnnxSession::create(const std::string& model_path,
     impl->spec.inputs = specs_from_io(ctx.inputs);
     impl->spec.outputs = specs_from_io(ctx.outputs);
   }
+  auto aliases = config.output_aliases;
+  if (config.in_place_outputs)  // a declared alias of the same output wins over a found one
+    for (auto& [output, input] : find_in_place_outputs(onnx_graph_nodes(model_path), ctx.inputs, ctx.outputs))
+      aliases.emplace(output, input);
+  ctx.output_aliases = output_alias_indices(aliases, ctx.inputs, ctx.outputs, model_path);
+  ctx.has_aliases = !aliases.empty();
+  ctx.updated_in_place.assign(ctx.inputs.size(), false);
+  for (const int input : ctx.output_aliases)
+    if (input >= 0) ctx.updated_in_place[static_cast<std::size_t>(input)] = true;
   for (const auto& io : ctx.inputs) ctx.input_names.push_back(io.name.c_str());
   for (const auto& io : ctx.outputs) ctx.output_names.push_back(io.name.c_str());
   return std::unique_ptr<OnnxSession>(new OnnxSession(std::move(impl)));
@@ -244,6 +256,7 @@ const std::vector<IoInfo>& OnnxSession::outputs() const noexcept { return impl_-
 const GraphSpec& OnnxSession::graph_spec() const noexcept { return impl_->spec; }
 const OnnxSessionConfig& OnnxSession::config() const noexcept { return impl_->config; }
 const std::string& OnnxSession::model_path() const noexcept { return impl_->ctx.model_path; }
+const std::vector<int>& OnnxSession::output_aliases() const noexcept { return impl_->ctx.output_aliases; }
 Device OnnxSession::device() const noexcept { return impl_->ctx.device; }
 
 SessionState OnnxSession::state() const noexcept {
@@ -304,6 +317,27 @@ void OnnxSession::Impl::check_inputs(const std::vector<TensorView>& views) const
                                                    " session runs on " + device.to_string());
     if (v.data == nullptr) throw Error(ErrorCode::kInvalidArgument, who() + ": null data pointer");
   }
+  if (ctx.has_aliases) check_in_place_inputs(views);
+}
+
+void OnnxSession::Impl::check_in_place_inputs(const std::vector<TensorView>& views) const {
+  // An input updated in place that shares memory with another input (one cache passed as
+  // both keys and values) would be read after another output was written over it.
+  auto overlap = [](const TensorView& a, const TensorView& b) {
+    const auto* a0 = static_cast<const std::byte*>(a.data);
+    const auto* b0 = static_cast<const std::byte*>(b.data);
+    return a0 < b0 + b.nbytes() && b0 < a0 + a.nbytes();
+  };
+  for (std::size_t o = 0; o < ctx.output_aliases.size(); ++o) {
+    const int k = ctx.output_aliases[o];
+    if (k < 0) continue;
+    for (std::size_t m = 0; m < views.size(); ++m)
+      if (m != static_cast<std::size_t>(k) && overlap(views[static_cast<std::size_t>(k)], views[m]))
+        throw Error(ErrorCode::kInvalidArgument, "input '" + ctx.inputs[static_cast<std::size_t>(k)].name +
+                                                     "' is updated in place (output '" + ctx.outputs[o].name +
+                                                     "' is written into it) and shares memory with input '" +
+                                                     ctx.inputs[m].name + "'; pass separate tensors");
+  }
 }
 
 std::vector<Tensor> OnnxSession::infer(const std::vector<TensorView>& views) const {
@@ -334,8 +368,11 @@ std::vector<Tensor> OnnxSession::run(const std::vector<TensorView>& views,
       std::vector<Ort::Value> values;
       values.reserve(views.size());
       for (const auto& v : views) values.push_back(value_over(v, ctx.memory_info));
-      auto outputs = ctx.session->Run(ctx.run_default, ctx.input_names.data(), values.data(), values.size(),
-                                      ctx.output_names.data(), ctx.output_names.size());
+      // Outputs written into an input (output_aliases) are given over that input's
+      // buffer; ORT allocates the others (empty values).
+      auto outputs = ctx.aliased_outputs(views);
+      ctx.session->Run(ctx.run_default, ctx.input_names.data(), values.data(), values.size(),
+                       ctx.output_names.data(), outputs.data(), outputs.size());
       return ctx.adopt_outputs(std::move(outputs));
     });
   }

@@ -37,6 +37,19 @@ std::vector<Tensor> SessionContext::adopt_outputs(std::vector<Ort::Value> values
   return result;
 }
 
+std::vector<Ort::Value> SessionContext::aliased_outputs(const std::vector<TensorView>& views) const {
+  std::vector<Ort::Value> values;
+  values.reserve(outputs.size());
+  for (const int input : output_aliases)
+    values.push_back(input < 0 ? Ort::Value{nullptr} : value_over(views[static_cast<std::size_t>(input)], memory_info));
+  return values;
+}
+
+Tensor SessionContext::caller_buffer(const TensorView& input) const {
+  // A non-null owner that owns nothing: Tensor::defined() is true, the memory is the caller's.
+  return Tensor::adopt(TensorView{input.data, input.dtype, input.shape, {}, input.device}, std::make_shared<int>(0));
+}
+
 Ort::Value value_over(const TensorView& v, const OrtMemoryInfo* mem) {
   return Ort::Value::CreateTensor(Ort::ConstMemoryInfo(mem), v.data, v.nbytes(), v.shape.data(), v.shape.size(),
                                   static_cast<ONNXTensorElementDataType>(dtype_to_onnx(v.dtype)));

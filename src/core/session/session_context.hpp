@@ -30,9 +30,19 @@ struct SessionContext {
   std::string model_path;
   std::vector<IoInfo> inputs, outputs;               // model order
   std::vector<const char*> input_names, output_names;  // c_str()s of the above, for Run
+  // Per output, the input whose buffer it is written into (-1: none; OnnxSession::output_aliases).
+  std::vector<int> output_aliases;
+  std::vector<bool> updated_in_place;  // per input: an output is written into it
+  bool has_aliases = false;
 
   /// Whether a call from `caller` needs events to order the session's stream with it.
   bool needs_events(std::optional<std::uintptr_t> caller) const;
+  /// Per output, ORT's value over the buffer of the input `views[output_aliases[i]]` it is
+  /// written into, or an empty value where ORT allocates the output.
+  std::vector<Ort::Value> aliased_outputs(const std::vector<TensorView>& views) const;
+  /// A tensor over the caller's input an aliased output was written into: the caller
+  /// owns that memory, so the tensor keeps nothing alive (valid while the input is).
+  Tensor caller_buffer(const TensorView& input) const;
   /// Tensors owning ORT's output values (each keeps the session alive).
   std::vector<Tensor> adopt_outputs(std::vector<Ort::Value> values) const;
 };

@@ -46,6 +46,9 @@ std::string OnnxSessionConfig::to_json(int indent) const {
                    {"inter_op_threads", inter_op_threads},
                    {"provider_options", provider_options},
                    {"session_config", session_config}};
+  // Only when set: the JSON of every other config (and what digests it) stays as it was.
+  if (in_place_outputs) j["in_place_outputs"] = true;
+  if (!output_aliases.empty()) j["output_aliases"] = output_aliases;
   return j.dump(indent);
 }
 
@@ -60,6 +63,8 @@ OnnxSessionConfig OnnxSessionConfig::from_json(const std::string& text) {
     c.inter_op_threads = j.value("inter_op_threads", 0);
     c.provider_options = j.value("provider_options", std::map<std::string, std::string>{});
     c.session_config = j.value("session_config", std::map<std::string, std::string>{});
+    c.in_place_outputs = j.value("in_place_outputs", false);
+    c.output_aliases = j.value("output_aliases", std::map<std::string, std::string>{});
   } catch (const nlohmann::json::exception& e) {
     throw Error(ErrorCode::kInvalidArgument, std::string("backend config JSON is malformed: ") + e.what());
   }

@@ -42,6 +42,7 @@ std::string TuneReport::to_json(int indent) const {
         {"fused_operators", c.fused_operators},
         {"fp32_nodes", c.fp32_nodes},
         {"transform_note", c.transform_note},
+        {"in_place_outputs", c.in_place_outputs},
         {"status", candidate_status_name(c.status)},
         {"reason", c.reason},
         {"correctness", c.correctness ? parse_or_null(c.correctness->to_json(-1)) : nlohmann::json(nullptr)},
@@ -142,6 +143,17 @@ std::string TuneReport::summary_table() const {
   out << graph << " (" << strategy.describe() << ")\n";
   line(header);
   for (const auto& r : rows) line(r);
+  // Inputs a candidate updates in place: the module then changes what it is given.
+  for (const auto& c : candidates) {
+    if (c.in_place_outputs.empty()) continue;
+    out << "inputs " << c.name << " updates in place:";
+    std::string sep = " ";
+    for (const auto& [output, input] : c.in_place_outputs) {
+      out << sep << input << " (as " << output << ")";
+      sep = ", ";
+    }
+    out << "\n";
+  }
   // Fused operators per transformed candidate: what a fusion pass made of the graph.
   for (const auto& c : candidates) {
     if (c.transform.empty()) continue;

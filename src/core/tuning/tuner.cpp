@@ -154,6 +154,9 @@ std::size_t GraphTuner::evaluate_onnx(const std::string& model_path, const OnnxC
   }
   r.session_creation_ms = ms_since(start);
   r.config_json = backend->config().to_json(-1);
+  for (std::size_t o = 0; o < backend->output_aliases().size(); ++o)
+    if (const int i = backend->output_aliases()[o]; i >= 0)
+      r.in_place_outputs[backend->outputs()[o].name] = backend->inputs()[static_cast<std::size_t>(i)].name;
 
   try {
     const auto& sample = impl.samples[impl.profile_sample];

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -15,6 +16,8 @@ from aitune import _core
 from aitune.torch import cache, candidate_isolation, export, transforms
 from aitune.torch.backend.base import Backend, BackendConfig, TunedGraph
 from aitune.torch.graph import RecordedGraph
+
+logger = logging.getLogger("aitune")
 
 
 class ONNXExecutionProvider(str, enum.Enum):
@@ -117,6 +120,12 @@ class ONNXRuntimeBackendConfig(BackendConfig):
             nodes that passed so far is used. Each step converts and checks the whole
             model (seconds to tens of seconds for a large decoder). A positive number;
             ``math.inf``: no bound (the search still stops after 24 steps).
+        in_place_outputs: write each output that updates an input (a ScatterND of an
+            input nothing else reads: a decode step's KV cache, ``DecodeStep``) into that
+            input's buffer, so the tuned module updates the tensor passed in place and
+            returns that very tensor, with no copy of it per call (docs/decoders.md). The
+            caller must expect those inputs to change: the decode contract. A graph
+            without such outputs runs as before.
     """
 
     use_dynamo: bool = True
@@ -128,6 +137,7 @@ class ONNXRuntimeBackendConfig(BackendConfig):
     transformer_fusions: bool = True
     allow_trace_warnings: bool = False
     fp16_search_seconds: float = _core.DEFAULT_FP32_NODE_SEARCH_SECONDS
+    in_place_outputs: bool = False
 
     def __post_init__(self) -> None:
         if self.execution_provider is not None:
@@ -159,6 +169,8 @@ class ONNXRuntimeBackendConfig(BackendConfig):
             raise _core.InvalidArgumentError(
                 f"fp16_search_seconds must be a positive number of seconds (math.inf: no bound), got {seconds!r}")
         self.fp16_search_seconds = float(seconds)
+        if not isinstance(self.in_place_outputs, bool):
+            raise ValueError(f"in_place_outputs must be a bool, got {self.in_place_outputs!r}")
 
     @property
     def precision_limit(self) -> _core.Precision | None:
@@ -214,8 +226,16 @@ class OnnxRuntimeTunedGraph(TunedGraph):
         self._describe = describe
         self.model_file = model_file_identity(session.model_path)  # ait.save checks it is still this file
 
+    @property
+    def updated_in_place(self) -> dict[str, str]:
+        """The graph's inputs its session updates in place, each with the output written into
+        it (``in_place_outputs``; the dispatch returns the input's own tensor as that output)."""
+        inputs, outputs = self.session.inputs, self.session.outputs
+        return {inputs[k].name: outputs[j].name for j, k in enumerate(self.session.output_aliases) if k >= 0}
+
     def describe(self) -> str:
-        return self._describe
+        updated = self.updated_in_place
+        return f"{self._describe}, updates in place: {', '.join(updated)}" if updated else self._describe
 
 
 class ONNXRuntimeBackend(Backend):
@@ -244,6 +264,7 @@ class ONNXRuntimeBackend(Backend):
         if device.type == "cuda":
             core.device_id = device.index or 0
         core.provider_options = dict(self.config.provider_options or {})
+        core.in_place_outputs = self.config.in_place_outputs
         return core
 
     def candidate_request(self, spec, module: torch.nn.Module, device: torch.device,
@@ -340,8 +361,14 @@ class ONNXRuntimeBackend(Backend):
         def make(session, candidate) -> TunedGraph:
             # The precision in the description: ait_backends says what the graph computes in.
             precision = _core.precision_name(candidate.precision)
-            return OnnxRuntimeTunedGraph(session, order, graph.input_names,
-                                         f"{self.describe()} {candidate.name} ({precision})")
+            tuned = OnnxRuntimeTunedGraph(session, order, graph.input_names,
+                                          f"{self.describe()} {candidate.name} ({precision})")
+            if tuned.updated_in_place:  # the module now changes what it is given: say so
+                logger.warning(
+                    "ait.Module '%s': the tuned graph writes its outputs into the buffers of inputs %s "
+                    "(in_place_outputs=True): each call updates those tensors in place and returns them",
+                    graph.module_name, ", ".join(tuned.updated_in_place))
+            return tuned
 
         return make
 
