@@ -53,4 +53,4 @@ def test_the_other_spec_snippets_construct():
     assert fields[:3] == [("use_dynamo", True), ("execution_provider", None), ("opset_version", None)]
     assert fields[3:] == [("tune_provider_options", True), ("provider_options", None), ("precision", "any"),
                           ("transformer_fusions", True), ("allow_trace_warnings", False),
-                          ("fp16_search_seconds", 120.0)]
+                          ("fp16_search_seconds", 120.0), ("in_place_outputs", False)]

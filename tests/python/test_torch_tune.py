@@ -52,6 +52,7 @@ def test_mlp_matches_eager(use_dynamo, cache_dir):
         "transformer_fusions": True,
         "allow_trace_warnings": False,
         "fp16_search_seconds": 120.0,
+        "in_place_outputs": False,
     }
     assert not list(backend_dir.glob(".export-*"))  # scratch directory gone
 
