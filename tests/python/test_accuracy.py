@@ -166,3 +166,40 @@ def test_an_output_that_cannot_judge_is_named_in_a_warning_and_the_report(caplog
     assert report.vacuous_outputs == [("output_1", "constant (every element is 0)")]
     if report.winner is not None:
         assert "vacuous" in report.decision
+
+
+def test_a_module_already_in_bf16_is_calibrated_against_itself_in_float32():
+    """A module whose weights are bf16 is its own reference at bf16: autocast gives it back
+    (error 0, a bound of 0 rejecting every candidate; seen on the H200 with a Llama decode
+    step in fp16). Its yardstick is the module run in float32: a candidate erring 1.5x that
+    much passes, 3x fails; the module's own tensors are left as they were."""
+    torch.manual_seed(0)
+    module = OffsetLinear().eval().to(torch.bfloat16)
+    weight = module.linear.weight
+    before = (weight.dtype, weight.data_ptr(), weight.detach().clone())
+    model = ait.Module(module, "offset_bf16_module")
+    ait.tune(model, [torch.randn(16, dtype=torch.bfloat16) for _ in range(4)], dry_run=True)
+    (graph,) = model.ait_graphs
+    yardstick = eager_outputs_at(graph, _core.Precision.BF16)
+    assert isinstance(yardstick, list), yardstick
+    ref = graph.samples[0].outputs[0]
+    assert (yardstick[0][0].float() - ref.float()).abs().max().item() > 0  # not the reference itself
+    with torch.no_grad():
+        truth = OffsetLinear().eval()
+        truth.load_state_dict({k: v.float() for k, v in module.state_dict().items()})
+        expected = truth(graph.samples[0].inputs[0].float()).to(torch.bfloat16)
+    assert torch.equal(yardstick[0][0], expected)
+    assert (weight.dtype, weight.data_ptr()) == before[:2] and torch.equal(weight.detach(), before[2])
+
+    for scale, verdict in ((1.5, "selected"), (3.0, "incorrect")):
+        options = _quick_options()
+        options.eager_at_precision = lambda p: eager_outputs_at(graph, p)
+        tuner = _tuner(graph, options)
+
+        def outputs(i, scale=scale):
+            ref = graph.samples[i].outputs[0].float()
+            return [(ref + scale * (yardstick[i][0].float() - ref)).to(torch.bfloat16).contiguous()]
+
+        tuner.evaluate_external("bf16 candidate", "Test", 0, _core.Precision.BF16, "{}", outputs, lambda: None)
+        (candidate,) = tuner.select(_core.StrategyConfig(performance_validation=False)).candidates
+        assert candidate.status == verdict, (scale, candidate.reason)

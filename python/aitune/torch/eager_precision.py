@@ -45,7 +45,19 @@ def _precision_context(device_type: str, precision: _core.Precision):
 
 def eager_outputs_at(graph: RecordedGraph, precision: _core.Precision) -> list[list[torch.Tensor]] | str:
     """Per sample, eager's outputs at ``precision`` in host memory, cast to the reference's
-    dtypes (what the engine compares); or a str saying why eager cannot run at it here."""
+    dtypes (what the engine compares); or a str saying why eager cannot run at it here.
+
+    A module that already computes in fp16 / bf16 (``model.half()``, an LLM loaded with
+    ``torch_dtype=float16``) is its own reference at that precision (and at TF32, which
+    does not touch fp16 matmuls): autocast there gives the reference back, an error of 0,
+    and a calibrated bound of 0 that rejects every candidate, even torch.compile of the
+    same module (seen on the H200 with a Llama decode step in fp16). What that precision
+    costs this network is then measured against the module run in float32 (its floating
+    parameters, buffers and inputs upcast for the run, TF32 off): the candidates are judged
+    against the error fp16 itself brings to it, as for a float32 module."""
+    own = module_float_dtype(graph.module)
+    if own in _AUTOCAST.values() and (precision == _core.Precision.TF32 or _AUTOCAST.get(precision) == own):
+        return _upcast_outputs(graph, own)
     context = _precision_context(graph.device.type, precision)
     if isinstance(context, str):
         return context
@@ -58,4 +70,36 @@ def eager_outputs_at(graph: RecordedGraph, precision: _core.Precision) -> list[l
                 outputs.append([t.detach().to(ref.dtype).cpu().contiguous() for t, ref in zip(got, sample.outputs, strict=True)])
     except Exception as error:  # the module refuses this precision (an op without a kernel at it)
         return f"eager at {name} raised {type(error).__name__}: {error}"
+    return outputs
+
+
+def module_float_dtype(module: torch.nn.Module) -> torch.dtype | None:
+    """The floating dtype holding most of ``module``'s parameter elements (None: none)."""
+    counts: dict[torch.dtype, int] = {}
+    for parameter in module.parameters():
+        if parameter.is_floating_point():
+            counts[parameter.dtype] = counts.get(parameter.dtype, 0) + parameter.numel()
+    return max(counts, key=counts.get) if counts else None
+
+
+def _upcast_outputs(graph: RecordedGraph, dtype: torch.dtype) -> list[list[torch.Tensor]] | str:
+    """Per sample, the outputs of ``graph``'s module with its ``dtype`` parameters, buffers
+    and inputs in float32 (exact: TF32 off), cast to the reference's dtypes. The module's
+    tensors are swapped for float32 copies for the run and put back after, as they were."""
+    swapped = [(t, t.data) for t in (*graph.module.parameters(), *graph.module.buffers()) if t.dtype == dtype]
+    outputs = []
+    try:
+        for tensor, data in swapped:
+            tensor.data = data.float()
+        with torch.no_grad(), allow_tf32(False):
+            for sample in graph.samples:
+                inputs = [t.float() if isinstance(t, torch.Tensor) and t.dtype == dtype else t for t in sample.inputs]
+                got = graph.run_eager(inputs)
+                outputs.append([t.detach().to(ref.dtype).cpu().contiguous() for t, ref in zip(got, sample.outputs, strict=True)])
+    except Exception as error:  # an op without a float32 kernel, or out of memory for the copy
+        return (f"the module computes in {str(dtype).removeprefix('torch.')}; running it in float32 to measure "
+                f"what that costs raised {type(error).__name__}: {error}")
+    finally:
+        for tensor, data in swapped:
+            tensor.data = data
     return outputs
