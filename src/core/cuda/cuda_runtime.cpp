@@ -39,6 +39,7 @@ const CudaRuntime& cuda_runtime() {
     sym(r.stream_create_with_flags, "cudaStreamCreateWithFlags");
     sym(r.stream_destroy, "cudaStreamDestroy");
     sym(r.stream_synchronize, "cudaStreamSynchronize");
+    sym(r.device_synchronize, "cudaDeviceSynchronize");
     sym(r.stream_wait_event, "cudaStreamWaitEvent");
     sym(r.memcpy_async, "cudaMemcpyAsync");
     sym(r.malloc_async, "cudaMallocAsync");

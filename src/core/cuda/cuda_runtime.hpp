@@ -30,6 +30,7 @@ struct CudaRuntime {
   int (*stream_create_with_flags)(cudaStream_t*, unsigned) = nullptr;
   int (*stream_destroy)(cudaStream_t) = nullptr;
   int (*stream_synchronize)(cudaStream_t) = nullptr;
+  int (*device_synchronize)() = nullptr;
   int (*stream_wait_event)(cudaStream_t, cudaEvent_t, unsigned) = nullptr;
   int (*memcpy_async)(void*, const void*, std::size_t, int, cudaStream_t) = nullptr;
   int (*malloc_async)(void**, std::size_t, cudaStream_t) = nullptr;

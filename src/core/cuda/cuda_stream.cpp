@@ -79,7 +79,8 @@ bool stream_is_capturing(std::uintptr_t stream) noexcept {
 void drain_stream(std::uintptr_t stream) noexcept {
   if (stream == 0 || stream_is_capturing(stream)) return;
   const auto& rt = cuda_runtime();
-  if (rt.error.empty() && rt.stream_synchronize(reinterpret_cast<cudaStream_t>(stream)) != 0)
+  if (!rt.error.empty()) return;
+  if (rt.stream_synchronize(reinterpret_cast<cudaStream_t>(stream)) != 0 || rt.device_synchronize() != 0)
     rt.get_last_error();  // not sticky: leave no error for the next CUDA call to report
 }
 

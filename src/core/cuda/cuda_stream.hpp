@@ -64,9 +64,10 @@ Tensor stream_buffer_tensor(DType dtype, const Shape& shape, Device device, std:
 /// false without a CUDA runtime.
 bool stream_is_capturing(std::uintptr_t stream) noexcept;
 
-/// Waits for the work queued on `stream` so far, host functions included, unless the
-/// stream is capturing (a wait there would break the capture). Errors are ignored: this
-/// runs in destructors. Nothing happens for stream 0 or without a CUDA runtime.
+/// Waits for the work queued on `stream` so far, and then for the whole device (the CUDA
+/// provider may queue host functions on streams of its own), host functions included,
+/// unless `stream` is capturing (a wait there would break the capture). Errors are
+/// ignored: this runs in destructors. Nothing happens for stream 0 or without a CUDA runtime.
 void drain_stream(std::uintptr_t stream) noexcept;
 
 /// Ends a capture left open on `stream` (a capture that failed half-way) and drops the

@@ -161,13 +161,16 @@ void OnnxSession::Impl::create_session() {
     return std::shared_ptr<Ort::Session>(session.release(), [owned = setup.owned_stream,
                                                              stream = setup.stream](Ort::Session* s) {
       // Runs are not synchronised at their end (disable_synchronize_execution_providers),
-      // so the CUDA provider may still have a host function queued on the stream that
-      // returns pinned buffers to the session's pinned arena. Deleting the session first
-      // left that function holding the arena's last reference: the arena was then
-      // destroyed on CUDA's callback thread, where cudaFreeHost is not permitted, and ORT
-      // aborted the process ("CUDA failure 800: operation not permitted ... cudaFreeHost",
-      // seen on the H200 when a tune's losing sessions were released). Drained first, the
-      // arena dies here, on the caller's thread.
+      // so the CUDA provider may still have a host function queued that returns pinned
+      // buffers to its pinned allocator. On the H200, a Swin-T tune aborted the process
+      // right after its decision, when the losing sessions were released: "CUDA failure
+      // 800: operation not permitted ... cudaFreeHost" on a thread with no device (GPU=-1:
+      // CUDA's callback thread, where CUDA calls are not permitted). The suspected cause is
+      // that host function freeing pinned memory after the session, which owned it, was
+      // gone. Draining only the session's stream did not stop it (measured); the drain now
+      // waits for the whole device, so that every host function the provider queued has
+      // run before its allocators go. Unverified on the GPU (tests/python/test_core_session.py,
+      // benchmarks/zoo.py --models swin-t reproduce it).
       detail::drain_stream(stream);
       delete s;
       detail::count_session_released();
