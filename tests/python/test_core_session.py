@@ -334,7 +334,7 @@ pixels = torch.randn(2, 3, 64, 64, device="cuda")
 ait.tune(tuned, [pixels[0], pixels[1]], batch_sizes=[2], progress=False, disable_external_logging=True)
 with torch.no_grad():
     for _ in range(30):
-        tuned(pixel_values=pixels)
+        tuned(pixels)
 torch.cuda.synchronize()
 print("tuned and released cleanly")
 """
