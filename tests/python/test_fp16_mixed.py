@@ -50,6 +50,13 @@ def _setup(tmp_path, module_class=None):
     return graph, exported, tuner, config
 
 
+def _search(models, tuner, config, graph, tmp_path, name="cpu fp16 searched model", backend=None):
+    """The backend's fp32-node search for one planned fp16 candidate under ``config``."""
+    backend = backend or ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cpu"))
+    planned = types.SimpleNamespace(name=name, config=config, precision=_core.Precision.FP16)
+    backend._search_fp16(planned, models, tuner, 0, [0], graph, tmp_path)
+
+
 def test_mixed_precision_keeps_sensitive_nodes_and_the_search_finds_a_smaller_set(tmp_path):
     graph, exported, tuner, config = _setup(tmp_path)
     context = transforms.TransformContext(tmp_path)
@@ -73,9 +80,7 @@ def test_mixed_precision_keeps_sensitive_nodes_and_the_search_finds_a_smaller_se
     assert tuner.report.candidates[1].status == "passed", tuner.report.candidates[1].reason
     assert tuner.report.candidates[1].fp32_nodes == mixed.fp32_nodes
 
-    backend = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cpu"))
-    planned = types.SimpleNamespace(name="cpu fp16 searched model", config=config, precision=_core.Precision.FP16)
-    backend._search_fp16(planned, models, tuner, 0, [0], graph, tmp_path)
+    _search(models, tuner, config, graph, tmp_path)
     searched = tuner.report.candidates[2]
     assert searched.status == "passed", searched.reason
     assert searched.transform == "fp16_search"
@@ -92,9 +97,7 @@ def test_mixed_precision_keeps_sensitive_nodes_and_the_search_finds_a_smaller_se
 def test_no_search_where_no_all_fp16_model_was_rejected(tmp_path):
     graph, exported, tuner, config = _setup(tmp_path)
     models = transforms.TransformedModels(exported, transforms.TransformContext(tmp_path))
-    backend = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cpu"))
-    planned = types.SimpleNamespace(name="cpu fp16 searched model", config=config, precision=_core.Precision.FP16)
-    backend._search_fp16(planned, models, tuner, 0, [0], graph, tmp_path)
+    _search(models, tuner, config, graph, tmp_path)
     assert list(tuner.report.candidates) == []  # no rejected fp16 candidate: nothing searched, nothing added
 
 
@@ -153,9 +156,7 @@ def test_a_search_whose_models_cannot_be_built_says_so(tmp_path, monkeypatch):
         return target
 
     monkeypatch.setattr(transforms.Fp16Keeping, "write", unloadable)
-    backend = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cpu"))
-    planned = types.SimpleNamespace(name="cpu fp16 searched model", config=config, precision=_core.Precision.FP16)
-    backend._search_fp16(planned, models, tuner, 0, [0], graph, tmp_path)
+    _search(models, tuner, config, graph, tmp_path)
     searched = tuner.report.candidates[1]
     assert searched.status == "failed"
     assert "fails even" not in searched.reason
@@ -281,8 +282,7 @@ def test_one_search_per_graph_and_provider_its_set_reused_by_later_configuration
     monkeypatch.setattr(_core, "search_fp32_nodes", counted_search)
     backend = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cpu"))
     for name, session in (("cpu fp16 searched model", config), ("cpu[intra_op_threads=1] fp16 searched model", threads)):
-        planned = types.SimpleNamespace(name=name, config=session, precision=_core.Precision.FP16)
-        backend._search_fp16(planned, models, tuner, 0, [0], graph, tmp_path)
+        _search(models, tuner, session, graph, tmp_path, name=name, backend=backend)
 
     assert len(searches) == 1, f"{len(searches)} searches ({len(steps)} converted models) for one graph and provider"
     first, second = tuner.report.candidates[2], tuner.report.candidates[3]
@@ -307,9 +307,8 @@ def test_the_search_stops_at_its_time_bound_with_the_set_that_passed(tmp_path):
     graph, exported, tuner, config = _setup(tmp_path)
     models = transforms.TransformedModels(exported, transforms.TransformContext(tmp_path))
     _rejected_all_fp16(tuner, models, config, "cpu fp16 model")
-    backend = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cpu", fp16_search_seconds=1e-9))
-    planned = types.SimpleNamespace(name="cpu fp16 searched model", config=config, precision=_core.Precision.FP16)
-    backend._search_fp16(planned, models, tuner, 0, [0], graph, tmp_path)
+    _search(models, tuner, config, graph, tmp_path,
+            backend=ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cpu", fp16_search_seconds=1e-9)))
     searched = tuner.report.candidates[1]
     assert searched.status == "passed", searched.reason
     assert searched.fp32_nodes == transforms.float_compute_nodes(exported)
@@ -360,9 +359,7 @@ def test_an_export_the_search_cannot_load_fails_its_candidate_only(tmp_path, mon
         raise ValueError("Message onnx.ModelProto exceeds maximum protobuf size of 2GB")
 
     monkeypatch.setattr(transforms.Fp16Keeping, "__init__", too_large)
-    backend = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cpu"))
-    planned = types.SimpleNamespace(name="cpu fp16 searched model", config=config, precision=_core.Precision.FP16)
-    backend._search_fp16(planned, models, tuner, 0, [0], graph, tmp_path)
+    _search(models, tuner, config, graph, tmp_path)
     searched = tuner.report.candidates[1]
     assert searched.status == "failed"
     assert searched.reason == ("fp32-node search: the export could not be converted: ValueError: "
@@ -393,9 +390,7 @@ def test_the_mixed_model_and_the_search_share_one_prepared_export(tmp_path, monk
                                    node_block_list=transforms.vocabulary_projections(onnx.load(str(exported))))
     assert mixed.path.read_bytes() == fresh.read_bytes()
 
-    backend = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cpu"))
-    planned = types.SimpleNamespace(name="cpu fp16 searched model", config=config, precision=_core.Precision.FP16)
-    backend._search_fp16(planned, models, tuner, 0, [0], graph, tmp_path)
+    _search(models, tuner, config, graph, tmp_path)
     assert tuner.report.candidates[-1].status == "passed", tuner.report.candidates[-1].reason
     assert len(prepared) == 1, prepared
 
@@ -433,9 +428,7 @@ def test_the_search_starts_from_the_mixed_models_fp32_set_when_that_model_passed
 
     monkeypatch.setattr(transforms.Fp16Keeping, "write", recorded)
     extra = set(transforms.float_compute_nodes(exported)) - set(mixed.fp32_nodes)
-    backend = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cpu"))
-    planned = types.SimpleNamespace(name="cpu fp16 searched model", config=config, precision=_core.Precision.FP16)
-    backend._search_fp16(planned, models, tuner, 0, [0], graph, tmp_path)
+    _search(models, tuner, config, graph, tmp_path)
     searched = tuner.report.candidates[-1]
     assert searched.status == "passed", searched.reason
     assert set(probes[0]) == set(mixed.fp32_nodes) & set(transforms.float_compute_nodes(exported))
