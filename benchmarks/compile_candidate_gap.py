@@ -8,7 +8,7 @@ Rows (all mode="reduce-overhead", fp16 autocast, TF32 matmuls on, as precision_b
   bare+cast       the same, its output cast to the module's dtype (fp32) after the call
   inside          autocast inside the compiled forward, outputs as autocast leaves them
   inside+cast     autocast inside, outputs cast back inside the compiled code (aitune's form)
-  aitune module   the module tuned with TorchCompileBackend(precisions=("fp16",)) only,
+  aitune module   the module tuned with TorchCompileBackend(precisions=("fp16",), half_weights=False),
                   called as a user calls it; with the candidate p50 the tuner recorded
   aitune half weights / fp16 outputs   the same with TorchCompileBackendConfig(half_weights=True)
                   and with output_dtype="compute" (rows named by the winner), each
@@ -95,7 +95,7 @@ def main() -> int:
             print(f"{name:14s} p50 {rows[name]['p50_us']:8.1f} us  out {out.dtype}  "
                   f"kernels {rows[name]['kernels']['device_us_per_call']:8.1f} us/call", flush=True)
         torch.set_float32_matmul_precision("highest")
-        variants = {"aitune module": {}, "aitune half weights": {"half_weights": True},
+        variants = {"aitune module": {"half_weights": False}, "aitune half weights": {"half_weights": True},
                     "aitune fp16 outputs": {"half_weights": True, "output_dtype": "compute"}}
         for label, options in variants.items():
             torch._dynamo.reset()

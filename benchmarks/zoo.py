@@ -4,7 +4,7 @@ with its winner, every column timed the same way (benchmarks/timing.py), the tun
 called as a user calls it (keywords for the language models).
 
     python benchmarks/zoo.py [--device cuda|cpu] [--small] [--models a,b] [--no-compile]
-                             [--half-weights] [--cuda-ep-options] [--iterations 200] [--json zoo.json]
+                             [--no-half-weights] [--cuda-ep-options] [--iterations 200] [--json zoo.json]
 
 Models (random weights from Hugging Face transformers configs; no download):
 EfficientNet-B0 b32, Swin-T b8, GPT-2 with LM head b8 s128 (keywords), DistilBERT
@@ -19,8 +19,9 @@ its winner (name, precision); the module's p50 over the p50 the tuner measured f
 winner (candidate/module: 1.0 means the module costs what was measured); best bare
 compile p50 / tuned module p50 (> 1: the tuned module is faster).
 
-``--half-weights``: the torch.compile fp16 candidates also with the module's weights
-converted once to fp16 (TorchCompileBackendConfig(half_weights=True)). ``--cuda-ep-options``:
+The torch.compile fp16 candidates are tried as aitune tries them by default on CUDA: under
+autocast and with the module's weights converted once to fp16 (half_weights=None);
+``--no-half-weights``: the autocast candidate alone (half_weights=False). ``--cuda-ep-options``:
 CUDA EP options not in the default plan tried as extra candidates (for CNNs; a measurement
 decides whether they join the plan): ORT's plan again with ``cudnn_conv_algo_search=EXHAUSTIVE``
 + ``cudnn_conv_use_max_workspace=1``, and with ``fuse_conv_bias=1`` in every variant (the
@@ -124,7 +125,7 @@ EXTRA_CUDA_EP_OPTIONS = (
 )
 
 
-def tune(name: str, model, args, kwargs, device, compile_candidates: bool, half_weights: bool = False,
+def tune(name: str, model, args, kwargs, device, compile_candidates: bool, half_weights: bool | None = None,
          cuda_ep_options: bool = False):
     """The module tuned on the timed batch itself (its rows as samples, one batch of
     that size), with ORT and, unless told not to, torch.compile candidates."""
@@ -150,7 +151,7 @@ def tune(name: str, model, args, kwargs, device, compile_candidates: bool, half_
     return tuned
 
 
-def row(name: str, small: bool, device, iterations: int, compile_columns: bool, half_weights: bool = False,
+def row(name: str, small: bool, device, iterations: int, compile_columns: bool, half_weights: bool | None = None,
         cuda_ep_options: bool = False) -> dict:
     model, args, kwargs = build(name, small, device)
     model = model.to(device).eval()
@@ -222,7 +223,8 @@ def main() -> int:
     parser.add_argument("--small", action="store_true", help="small models, for the CPU")
     parser.add_argument("--models", help="comma-separated subset")
     parser.add_argument("--no-compile", action="store_true", help="no torch.compile columns or candidates")
-    parser.add_argument("--half-weights", action="store_true", help="torch.compile fp16 also with fp16 weights")
+    parser.add_argument("--no-half-weights", action="store_true",
+                        help="torch.compile fp16 under autocast only (half_weights=False), not also on fp16 weights")
     parser.add_argument("--cuda-ep-options", action="store_true",
                         help="extra ORT candidates with CUDA EP options not in the default plan")
     parser.add_argument("--iterations", type=int, default=200)
@@ -250,7 +252,7 @@ def main() -> int:
     for name in names:
         try:
             rows.append(row(name, options.small, device, options.iterations, not options.no_compile,
-                            options.half_weights, options.cuda_ep_options))
+                            None if not options.no_half_weights else False, options.cuda_ep_options))
         except Exception as error:
             rows.append({"model": name, "error": f"{type(error).__name__}: {error}"})
         print(json.dumps(rows[-1]), flush=True)

@@ -64,11 +64,15 @@ class TorchCompileBackendConfig(BackendConfig):
         half_weights: also try, per fp16 / bf16 precision, the module with its floating
             parameters and buffers converted once to that dtype (what ``model.half()``
             gives; float inputs cast in, outputs cast back), compiled without autocast:
-            no per-call weight casts. Judged like the autocast candidate (its error against
-            eager at that precision). Opt-in: its weights are a copy made at tuning (and on
-            ``ait.load``), so it costs that copy's memory (``weights_copy_bytes`` in the
-            report's config) and does not see later in-place changes of the module's
-            weights (``load_state_dict``, training); tune again after such changes.
+            no per-call weight casts (autocast recasts every fp32 weight on every call).
+            Judged like the autocast candidate (its error against eager at that precision).
+            None (default): on CUDA, where the copy fits in the device's free memory with a
+            quarter of it to spare, and the module has floating weights in another dtype;
+            never on the CPU. True: always; False: never. The copy is made at tuning (and
+            on ``ait.load``): it costs its memory (``weights_copy_bytes`` in the report's
+            config) and holds the weights as they were, like an ONNX Runtime candidate's
+            initializers (``load_state_dict`` and ``.to()`` after tuning send the module
+            back to eager until it is tuned again, docs/tuning.md).
         output_dtype: "module" (default): outputs in the module's own dtypes, fp16 / bf16
             results cast back inside the compiled code. "compute": fp16 / bf16 candidates
             return outputs as they compute them (no cast back; saves the cast of large
@@ -82,12 +86,13 @@ class TorchCompileBackendConfig(BackendConfig):
     dynamic: bool | None = None
     modes: tuple[str, ...] | None = None
     max_compile_s: float | None = None
-    half_weights: bool = False
+    half_weights: bool | None = None
     output_dtype: str = "module"
 
     def __post_init__(self) -> None:
-        if not isinstance(self.half_weights, bool):
-            raise ValueError(f"half_weights must be a bool, got {self.half_weights!r}")
+        if self.half_weights is not None and not isinstance(self.half_weights, bool):
+            raise ValueError(f"half_weights must be None (on CUDA where the copy fits) or a bool, "
+                             f"got {self.half_weights!r}")
         if self.output_dtype not in OUTPUT_DTYPES:
             raise ValueError(f"output_dtype must be one of {', '.join(map(repr, OUTPUT_DTYPES))}, "
                              f"got {self.output_dtype!r}")
@@ -130,13 +135,35 @@ class TorchCompileBackendConfig(BackendConfig):
 
     def candidate_variants(self, device: torch.device) -> list[tuple[str, str]]:
         """(precision, weights) of each candidate per mode: weights "module" (the module's
-        own, under autocast for fp16 / bf16) or "half" (a copy in that dtype, half_weights)."""
+        own, under autocast for fp16 / bf16) or "half" (a copy in that dtype: half_weights
+        True, or None on CUDA; ``half_weights_plan`` then decides per module)."""
+        half = self.half_weights if self.half_weights is not None else device.type == "cuda"
         variants = []
         for precision in self.candidate_precisions(device):
             variants.append((precision, "module"))
-            if self.half_weights and precision in _REDUCED:
+            if half and precision in _REDUCED:
                 variants.append((precision, "half"))
         return variants
+
+    def half_weights_plan(self, module: torch.nn.Module, precision: str, device: torch.device) -> str | None:
+        """None when the half-weights candidate at ``precision`` is tried on ``module``;
+        otherwise why not (only with half_weights=None: an explicit True always tries it).
+        Not tried by default: a module whose floating weights are all in that dtype already
+        (the copy would be the module), or a copy that would leave less than a quarter of
+        the device's free memory (the tune's other candidates and the user's work need it)."""
+        if self.half_weights is not None:
+            return None
+        dtype = _REDUCED[precision]
+        tensors = [t for t in (*module.parameters(), *module.buffers()) if t.is_floating_point()]
+        if not any(t.dtype != dtype for t in tensors):
+            return f"the module's floating weights are {precision} already"
+        copy_bytes = sum(t.numel() * dtype.itemsize for t in tensors if t.dtype != dtype)
+        if device.type == "cuda":
+            free, _ = torch.cuda.mem_get_info(device)
+            if copy_bytes > 0.75 * free:
+                return (f"its {precision} copy of the weights ({copy_bytes / 2**30:.2f} GiB) would leave less than a "
+                        f"quarter of the device's {free / 2**30:.2f} GiB free; half_weights=True tries it anyway")
+        return None
 
 
 class _PrecisionForward(torch.nn.Module):
@@ -323,6 +350,12 @@ class TorchCompileBackend(Backend):
                 variant = ", ".join(([] if weights == "module" else ["half weights"]) + (
                     [f"{precision} outputs"] if self.config.output_dtype == "compute" and precision in _REDUCED else []))
                 name = f"torch.compile[mode={mode}] {precision}" + (f" ({variant})" if variant else "")
+                skip = self.config.half_weights_plan(graph.module, precision, graph.device) if weights == "half" \
+                    else None
+                if skip is not None:  # half_weights=None left it out for this module: said, not a failure
+                    logger.info("ait.Module '%s' %s: %s not tried: %s", graph.module_name, graph.key, name, skip)
+                    advance()
+                    continue
                 try:
                     tuned = TorchCompileTunedGraph(graph, precision, mode, output_dtypes, self.config.dynamic,
                                                    graph.device, weights, self.config.output_dtype)
