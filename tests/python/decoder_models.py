@@ -15,7 +15,7 @@ VOCAB = 256
 #: norms), GPT-NeoX (partial rotary, LayerNorm, no grouped heads), OPT (learned positions).
 #: "-window": a sliding window (4) shorter than the tests' sequences.
 FAMILIES = ("mistral", "mistral-window", "phi3", "phi3-window", "gemma", "gemma2", "gemma2-window",
-            "gemma2-softcap", "gemma3", "qwen3", "qwen3-window", "gpt-neox", "opt")
+            "gemma2-softcap", "gemma3", "gemma3-window", "qwen3", "qwen3-window", "gpt-neox", "opt")
 
 
 def tiny_decoder(kind: str) -> torch.nn.Module:
@@ -46,7 +46,7 @@ def tiny_decoder(kind: str) -> torch.nn.Module:
         if variant == "softcap":  # eager attention applies the soft-capping (SDPA ignores it)
             config.attn_logit_softcapping = 2.0
     elif family == "gemma3":
-        config = t.Gemma3TextConfig(**common, head_dim=16)
+        config = t.Gemma3TextConfig(**common, head_dim=16, **window)  # 2 layers: both sliding
     elif family == "qwen3":
         config = t.Qwen3Config(**common, head_dim=16, **(dict(use_sliding_window=True, max_window_layers=1, **window)
                                                           if window else {}))
