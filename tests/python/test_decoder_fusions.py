@@ -117,6 +117,17 @@ def test_each_family_fuses_only_what_keeps_its_padded_prefill(kind):
     torch.testing.assert_close(actual[valid], expected[valid], atol=1e-4, rtol=1e-4)
 
 
+def test_phi3_longrope_is_refused_naming_the_rotary_state():
+    """Phi3's longrope (Phi-3-mini-128k, Phi-3.5) picks its rotary factors per call by
+    rewriting ``rotary_emb.inv_freq`` in forward: state an ONNX graph cannot write back, so
+    the ONNX Runtime candidate is refused, naming that buffer (docs/decoders.md)."""
+    model = ait.Module(tiny_decoder("phi3-longrope"), "family-phi3-longrope",
+                       strategy=ait.MaxThroughputStrategy([cpu_backend()]))
+    with pytest.raises(ait.TuningError, match=r"ExportError.*changes the module's state \(model\.rotary_emb\.inv_freq\)"):
+        ait.tune(model, lambda size: [_padded(size)], batch_sizes=[2], ignore_failing_modules=False,
+                 disable_external_logging=True, progress=False)
+
+
 class _GroupedAttention(torch.nn.Module):
     """Grouped KV heads (repeat_kv) into SDPA with a given mask kind: "causal" (causal and
     padding, additive), "bidirectional" (padding only), "none"."""
