@@ -38,7 +38,8 @@ def tiny_decoder(kind: str) -> torch.nn.Module:
     if kind == "phi3-longrope":  # Phi-3-mini-128k's rotary: the factors switch past 4 positions
         config = t.Phi3Config(**{**common, "max_position_embeddings": 64}, pad_token_id=0, eos_token_id=1,
                               bos_token_id=1, original_max_position_embeddings=4,
-                              rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8})
+                              rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * 8,
+                                            "long_factor": [2.0] * 8})
     elif family == "mistral":
         config = t.MistralConfig(**common, **window)
     elif family == "phi3":

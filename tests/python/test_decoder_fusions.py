@@ -123,7 +123,8 @@ def test_phi3_longrope_is_refused_naming_the_rotary_state():
     the ONNX Runtime candidate is refused, naming that buffer (docs/decoders.md)."""
     model = ait.Module(tiny_decoder("phi3-longrope"), "family-phi3-longrope",
                        strategy=ait.MaxThroughputStrategy([cpu_backend()]))
-    with pytest.raises(ait.TuningError, match=r"ExportError.*changes the module's state \(model\.rotary_emb\.inv_freq\)"):
+    refusal = r"ExportError.*changes the module's state \(model\.rotary_emb\.inv_freq\)"
+    with pytest.raises(ait.TuningError, match=refusal):
         ait.tune(model, lambda size: [_padded(size)], batch_sizes=[2], ignore_failing_modules=False,
                  disable_external_logging=True, progress=False)
 
