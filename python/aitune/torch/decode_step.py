@@ -79,10 +79,11 @@ class DecodeStep(torch.nn.Module):
     - ``cache_position`` [S] int64: the slots this step writes (the same for every row).
 
     Slot j is visible to the token written at slot ``cache_position[i]`` when the row's mask
-    is 1 there and ``j <= cache_position[i]`` (and, for a layer with a sliding window W,
-    ``j > cache_position[i] - W``, as transformers counts it). A query with no visible slot (a pad of a
-    left-padded prompt) sees every slot instead, as transformers' own masks do: its output
-    is undefined, but finite, so no NaN reaches the valid rows through the cache.
+    is 1 there and ``j <= cache_position[i]`` (and, in a layer with a sliding window W,
+    ``j > cache_position[i] - W``, as transformers counts it). A query with no visible slot
+    (a pad of a left-padded prompt) sees every slot instead, as transformers' own masks do:
+    its output is undefined, but finite, so no NaN reaches the valid rows through the cache.
+    Layer kinds other than full and sliding attention raise NotImplementedError.
 
     Eagerly the returned caches are new tensors. Tuned on ONNX Runtime with
     ``ONNXRuntimeBackendConfig(in_place_outputs=True)``, each returned cache is the tensor
@@ -103,13 +104,12 @@ class DecodeStep(torch.nn.Module):
             return seen | ~seen.any(dim=-1, keepdim=True)  # [B, 1, S, cache_len]
 
         window, types = _attention_layout(self.model.config)
-        full = visible(earlier)
         if window is None:
-            mask = full
+            mask = visible(earlier)
         else:
             # transformers' sliding window over cache slots: slot j is seen from slot i when i - window < j <= i
             sliding = visible(earlier & (slots[None, :] > cache_position[:, None] - window))
-            mask = sliding if types is None else {"full_attention": full, "sliding_attention": sliding}
+            mask = sliding if types is None else {"full_attention": visible(earlier), "sliding_attention": sliding}
         cache = _TensorCache(key_cache, value_cache, cache_position)
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
                          past_key_values=cache, use_cache=True)
