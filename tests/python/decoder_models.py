@@ -1,5 +1,6 @@
 """Tiny decoder-only language models from configs (random weights) for the decoder tests:
-a Llama or a Qwen2 with grouped key-value heads, small enough to export in seconds."""
+Llama, Qwen2 and other families with grouped key-value heads, small enough to export in
+seconds."""
 
 from __future__ import annotations
 
@@ -7,14 +8,60 @@ import torch
 
 VOCAB = 256
 
+#: Families beyond Llama / Qwen2, each with what could trip a fusion or the decode step:
+#: Mistral / Phi3 (one sliding window for every layer), Gemma (scaled embeddings, 1 + w
+#: norms, a head size apart from hidden / heads), Gemma2 (attention and logit soft-capping,
+#: alternating sliding / full layers), Gemma3 (q / k norms, local rotary), Qwen3 (q / k
+#: norms), GPT-NeoX (partial rotary, LayerNorm, no grouped heads), OPT (learned positions).
+#: "-window": a sliding window (4) shorter than the tests' sequences.
+FAMILIES = ("mistral", "mistral-window", "phi3", "phi3-window", "gemma", "gemma2", "gemma2-window",
+            "gemma2-softcap", "gemma3", "gemma3-window", "qwen3", "qwen3-window", "gpt-neox", "opt")
+
 
 def tiny_decoder(kind: str) -> torch.nn.Module:
-    """A 2-layer ``kind`` ("llama" or "qwen2") causal LM, hidden 64, 4 query / 2 key-value heads."""
-    import transformers
+    """A 2-layer ``kind`` causal LM, hidden 64, 4 query / 2 key-value heads where the family
+    groups them: "llama", "qwen2" (the default initialisation) or one of FAMILIES
+    (weights drawn with std 0.2, so attention is far from uniform and a dropped or wrong
+    mask shows in the outputs)."""
+    import transformers as t
 
     torch.manual_seed(0)
     common = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
     if kind == "llama":
-        return transformers.LlamaForCausalLM(transformers.LlamaConfig(**common)).eval()
-    return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common)).eval()
+        return t.LlamaForCausalLM(t.LlamaConfig(**common)).eval()
+    if kind == "qwen2":
+        return t.Qwen2ForCausalLM(t.Qwen2Config(**common)).eval()
+    common["initializer_range"] = 0.2
+    family, _, variant = kind.partition("-")
+    window = {"sliding_window": 4} if variant == "window" else {}
+    if kind == "phi3-longrope":  # Phi-3-mini-128k's rotary: the factors switch past 4 positions
+        config = t.Phi3Config(**{**common, "max_position_embeddings": 64}, pad_token_id=0, eos_token_id=1,
+                              bos_token_id=1, original_max_position_embeddings=4,
+                              rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * 8,
+                                            "long_factor": [2.0] * 8})
+    elif family == "mistral":
+        config = t.MistralConfig(**common, **window)
+    elif family == "phi3":
+        config = t.Phi3Config(**common, pad_token_id=0, eos_token_id=1, bos_token_id=1, **window)
+    elif family == "gemma":
+        config = t.GemmaConfig(**common, head_dim=16)
+    elif family == "gemma2":
+        config = t.Gemma2Config(**common, head_dim=16, **window)
+        if variant == "softcap":  # eager attention applies the soft-capping (SDPA ignores it)
+            config.attn_logit_softcapping = 2.0
+    elif family == "gemma3":
+        config = t.Gemma3TextConfig(**common, head_dim=16, **window)  # 2 layers: both sliding
+    elif family == "qwen3":
+        config = t.Qwen3Config(**common, head_dim=16, **(dict(use_sliding_window=True, max_window_layers=1, **window)
+                                                          if window else {}))
+    elif kind == "gpt-neox":
+        del common["num_key_value_heads"]
+        config = t.GPTNeoXConfig(**common)
+    elif family == "opt":
+        config = t.OPTConfig(vocab_size=VOCAB, hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
+                             max_position_embeddings=128, word_embed_proj_dim=64, init_std=0.2)
+    else:
+        raise ValueError(f"unknown decoder kind {kind!r}: llama, qwen2 or one of {FAMILIES}")
+    extra = {"attn_implementation": "eager"} if variant == "softcap" else {}
+    return t.AutoModelForCausalLM.from_config(config, **extra).eval()

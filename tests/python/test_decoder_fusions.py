@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 from decoder_models import VOCAB, tiny_decoder
-from torch_models import cpu_strategy
+from torch_models import cpu_backend, cpu_strategy
 
 import aitune.torch as ait
 
@@ -74,6 +74,59 @@ def test_fused_decoder_candidate_matches_eager_on_padded_batches(kind, rotary, s
         expected, actual = inner(**batch).logits, model(**batch).logits
     valid = batch["attention_mask"].bool()
     torch.testing.assert_close(actual[valid], expected[valid], atol=1e-4, rtol=1e-4)
+
+
+#: The attention operator each family's fused prefill gets (None: none may fuse), with
+#: the RotaryEmbedding count (0: the family has no rotary).
+_FAMILY_FUSIONS = {
+    "mistral-window": ("GroupQueryAttention", 4),  # the window is in the mask, GQA's attention_bias
+    "phi3": ("GroupQueryAttention", 4),  # fused qkv projection split by Slice
+    "gemma": ("GroupQueryAttention", 4),  # scaled embeddings, (1 + w) norms, head size 16 != 64 / 4
+    "gemma2-softcap": (None, 4),  # eager attention with tanh soft-capping: no attention rule may match
+    "gemma3": ("GroupQueryAttention", 4),  # q / k norms before rotary
+    "qwen3": ("GroupQueryAttention", 4),  # q / k norms before rotary
+    "gpt-neox": ("MultiHeadAttention", 4),  # partial rotary, no grouped heads
+    "opt": ("Attention", 0),  # learned positions, biases on q / k / v
+}
+_ATTENTION_OPERATORS = ("GroupQueryAttention", "MultiHeadAttention", "Attention")
+
+
+@pytest.mark.parametrize("kind", sorted(_FAMILY_FUSIONS))
+def test_each_family_fuses_only_what_keeps_its_padded_prefill(kind):
+    """Tuned as users call it (MaxThroughputStrategy, ONNX Runtime on the CPU, keyword
+    prefill with left- and right-padded rows): the fused candidate gets the family's
+    attention operator (or none, where its attention is not what the rules understand),
+    matches eager at valid positions, and so does the tuned module. The weights are drawn
+    with std 0.2 (decoder_models), so a dropped mask or soft-capping would show."""
+    inner = tiny_decoder(kind)
+    model = ait.Module(inner, f"family-{kind}", strategy=ait.MaxThroughputStrategy([cpu_backend()]))
+    ait.tune(model, lambda size: [_padded(size)], batch_sizes=[2, 3], ignore_failing_modules=False,
+             disable_external_logging=True, progress=False)
+    (report,) = model.ait_reports.values()
+    (fused,) = [c for c in json.loads(report.to_json())["candidates"] if c.get("transform") == "ort_fusions"]
+    ops = fused["fused_operators"]
+    attention, rotary = _FAMILY_FUSIONS[kind]
+    assert {op: ops[op] for op in _ATTENTION_OPERATORS if op in ops} == ({attention: 2} if attention else {}), ops
+    assert ops.get("RotaryEmbedding", 0) == rotary, ops
+    correctness = fused["correctness"]
+    assert correctness["passed"] and correctness["max_abs_error"] < 1e-4, correctness
+    batch = _padded(3)
+    with torch.no_grad():
+        expected, actual = inner(**batch).logits, model(**batch).logits
+    valid = batch["attention_mask"].bool()
+    torch.testing.assert_close(actual[valid], expected[valid], atol=1e-4, rtol=1e-4)
+
+
+def test_phi3_longrope_is_refused_naming_the_rotary_state():
+    """Phi3's longrope (Phi-3-mini-128k, Phi-3.5) picks its rotary factors per call by
+    rewriting ``rotary_emb.inv_freq`` in forward: state an ONNX graph cannot write back, so
+    the ONNX Runtime candidate is refused, naming that buffer (docs/decoders.md)."""
+    model = ait.Module(tiny_decoder("phi3-longrope"), "family-phi3-longrope",
+                       strategy=ait.MaxThroughputStrategy([cpu_backend()]))
+    refusal = r"ExportError.*changes the module's state \(model\.rotary_emb\.inv_freq\)"
+    with pytest.raises(ait.TuningError, match=refusal):
+        ait.tune(model, lambda size: [_padded(size)], batch_sizes=[2], ignore_failing_modules=False,
+                 disable_external_logging=True, progress=False)
 
 
 class _GroupedAttention(torch.nn.Module):

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from decoder_models import FAMILIES, tiny_decoder
 
 pytest.importorskip("transformers")
 
@@ -114,3 +115,76 @@ def test_decode_step_writes_only_its_cache_slot():
         assert torch.equal(new[:, :, untouched], old[:, :, untouched])
         assert not torch.equal(new[:, :, 3], old[:, :, 3])
         assert torch.equal(old, torch.ones_like(old))  # eagerly the inputs are not written in place
+
+
+def _family_prompts(batch_size: int, length: int = 6) -> dict:
+    """Prompts of ``length`` tokens (ids from 2: no family's pad or end token); every second
+    row left-padded by 2."""
+    generator = torch.Generator().manual_seed(batch_size)
+    ids = torch.randint(2, 256, (batch_size, length), generator=generator)
+    mask = torch.ones(batch_size, length, dtype=torch.long)
+    mask[1::2, :2] = 0
+    ids[mask == 0] = 0
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def _generate(model, batch, new_tokens):
+    return model.generate(**batch, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0, eos_token_id=None,
+                          min_new_tokens=new_tokens)[:, batch["input_ids"].shape[1]:]
+
+
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_eager_decode_step_generates_the_greedy_tokens_of_each_family(kind):
+    """DecodeStep over each family (tests/python/decoder_models.py) generates what
+    transformers' greedy generate does, for one prompt and a left-padded batch of two,
+    over 8 new tokens: 14 cache slots, past the sliding window (4) of the "-window"
+    variants, which DecodeStep's mask must apply as transformers does (per layer kind
+    where they alternate); OPT asks the cache for its length."""
+    model = tiny_decoder(kind)
+    for size in (1, 2):
+        batch = _family_prompts(size)
+        with torch.no_grad():
+            ours = greedy_generate(DecodeStep(model), DecodeStep(model), model, batch["input_ids"],
+                                   batch["attention_mask"], 8)
+            reference = _generate(model, batch, 8)
+        assert torch.equal(ours, reference), (kind, size, ours, reference)
+
+
+def test_tuned_steps_of_alternating_sliding_window_layers_generate_the_greedy_tokens():
+    """A Gemma2 with a sliding window shorter than the cache (its layers alternate sliding
+    and full attention: one mask each, passed as transformers' dict of masks): prefill and
+    decode step tuned on the CPU provider, in place, generate generate's tokens."""
+    from aitune.torch.backend import ONNXExecutionProvider, ONNXRuntimeBackend, ONNXRuntimeBackendConfig
+
+    model = tiny_decoder("gemma2-window")
+    strategy = ait.OneBackendStrategy(ONNXRuntimeBackend(ONNXRuntimeBackendConfig(
+        execution_provider=ONNXExecutionProvider.CPU, in_place_outputs=True, tune_provider_options=False)))
+    prefill = ait.Module(DecodeStep(model), "gemma2-window-prefill", strategy=strategy)
+    decode = ait.Module(DecodeStep(model), "gemma2-window-decode", strategy=strategy)
+    ait.tune(lambda input_ids, attention_mask: greedy_generate(prefill, decode, model, input_ids, attention_mask, 8),
+             lambda size: [_family_prompts(size)], batch_sizes=[1, 2], ignore_failing_modules=False,
+             performance_validation=False, disable_external_logging=True, progress=False)
+    for module in (prefill, decode):
+        assert all("ONNXRuntimeBackend" in b for b in module.ait_backends.values()), module.ait_backends
+    for size in (1, 2):
+        batch = _family_prompts(size)
+        with torch.no_grad():
+            ours = greedy_generate(prefill, decode, model, batch["input_ids"], batch["attention_mask"], 8)
+            reference = _generate(model, batch, 8)
+        assert torch.equal(ours, reference), (size, ours, reference)
+
+
+def test_decode_step_refuses_attention_layer_kinds_it_cannot_mask():
+    """A layer kind other than full or sliding attention (Llama4's chunked attention, a
+    linear-attention layer) would need a mask DecodeStep does not build: a typed error
+    naming the kinds, not a silently wrong step."""
+    import transformers
+
+    config = transformers.Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                      num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+    model = transformers.Qwen3ForCausalLM(config).eval()
+    model.config.layer_types = ["full_attention", "chunked_attention"]
+    keys, values = empty_cache(model, 1, 4)
+    with pytest.raises(NotImplementedError, match=r"\['chunked_attention'\] of Qwen3Config"):
+        DecodeStep(model)(torch.tensor([[3]]), torch.ones(1, 4, dtype=torch.long), torch.tensor([[0]]),
+                          torch.tensor([0]), keys, values)

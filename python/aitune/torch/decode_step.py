@@ -29,10 +29,40 @@ class _TensorCache:
         heads = torch.arange(cache.shape[1], device=cache.device)[None, :, None]
         return cache.index_put((batch, heads, self.cache_position[None, None, :]), states)
 
+    def get_seq_length(self, layer_idx: int = 0) -> torch.Tensor:
+        """The slots written before this step (OPT asks; as a tensor, as transformers'
+        static layers answer, so an export does not specialise on it)."""
+        return self.cache_position[0]
+
     def update(self, key_states, value_states, layer_idx, cache_kwargs=None):
         self.keys[layer_idx] = self._written(self.keys[layer_idx], key_states)
         self.values[layer_idx] = self._written(self.values[layer_idx], value_states)
         return self.keys[layer_idx], self.values[layer_idx]
+
+
+def _attention_layout(config) -> tuple[int | None, list[str] | None]:
+    """The sliding window (None: every layer attends to the whole cache) and the per-layer
+    attention kinds where they differ (None: one mask serves every layer). transformers
+    builds no window into a 4-D mask it is given, so DecodeStep must: every layer slides
+    (Mistral, Phi3 with ``sliding_window``), or "full_attention" and "sliding_attention"
+    layers alternate (Gemma2 / Gemma3, Qwen3 with ``use_sliding_window``), which get one
+    mask each in the dict such models accept. Other layer kinds are refused."""
+    window = getattr(config, "sliding_window", None)
+    types = getattr(config, "layer_types", None)
+    kinds = set(types or ())
+    unknown = kinds - {"full_attention", "sliding_attention"}
+    if unknown:
+        raise NotImplementedError(f"DecodeStep: layer kinds {sorted(unknown)} of {type(config).__name__} are not "
+                                  "supported (full_attention and sliding_attention are)")
+    if window is not None and not isinstance(window, int):
+        raise TypeError(f"DecodeStep: {type(config).__name__}.sliding_window is {window!r}, not an int")
+    if "sliding_attention" in kinds and window is None:
+        raise ValueError(f"DecodeStep: {type(config).__name__} has sliding_attention layers but no sliding_window")
+    if types is not None and kinds <= {"full_attention"}:
+        return None, None  # every layer full (Qwen2 / Qwen3 without use_sliding_window)
+    if types is not None and kinds == {"sliding_attention"}:
+        return window, None
+    return window, types
 
 
 class DecodeStep(torch.nn.Module):
@@ -49,9 +79,11 @@ class DecodeStep(torch.nn.Module):
     - ``cache_position`` [S] int64: the slots this step writes (the same for every row).
 
     Slot j is visible to the token written at slot ``cache_position[i]`` when the row's mask
-    is 1 there and ``j <= cache_position[i]``. A query with no visible slot (a pad of a
-    left-padded prompt) sees every slot instead, as transformers' own masks do: its output
-    is undefined, but finite, so no NaN reaches the valid rows through the cache.
+    is 1 there and ``j <= cache_position[i]`` (and, in a layer with a sliding window W,
+    ``j > cache_position[i] - W``, as transformers counts it). A query with no visible slot
+    (a pad of a left-padded prompt) sees every slot instead, as transformers' own masks do:
+    its output is undefined, but finite, so no NaN reaches the valid rows through the cache.
+    Layer kinds other than full and sliding attention raise NotImplementedError.
 
     Eagerly the returned caches are new tensors. Tuned on ONNX Runtime with
     ``ONNXRuntimeBackendConfig(in_place_outputs=True)``, each returned cache is the tensor
@@ -65,10 +97,21 @@ class DecodeStep(torch.nn.Module):
 
     def forward(self, input_ids, attention_mask, position_ids, cache_position, key_cache, value_cache):
         slots = torch.arange(key_cache[0].shape[2], device=input_ids.device)
-        visible = attention_mask.bool()[:, None, None, :] & (slots[None, :] <= cache_position[:, None])[None, None]
-        visible = visible | ~visible.any(dim=-1, keepdim=True)  # [B, 1, S, cache_len]
+        earlier = slots[None, :] <= cache_position[:, None]  # [S, cache_len]
+
+        def visible(slot_rule):
+            seen = attention_mask.bool()[:, None, None, :] & slot_rule[None, None]
+            return seen | ~seen.any(dim=-1, keepdim=True)  # [B, 1, S, cache_len]
+
+        window, types = _attention_layout(self.model.config)
+        if window is None:
+            mask = visible(earlier)
+        else:
+            # transformers' sliding window over cache slots: slot j is seen from slot i when i - window < j <= i
+            sliding = visible(earlier & (slots[None, :] > cache_position[:, None] - window))
+            mask = sliding if types is None else {"full_attention": visible(earlier), "sliding_attention": sliding}
         cache = _TensorCache(key_cache, value_cache, cache_position)
-        out = self.model(input_ids=input_ids, attention_mask=visible, position_ids=position_ids,
+        out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
                          past_key_values=cache, use_cache=True)
         return out.logits, tuple(cache.keys), tuple(cache.values)
 
