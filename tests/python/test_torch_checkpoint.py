@@ -675,3 +675,60 @@ def test_saved_on_gpu_loads_in_a_new_process_identical(tmp_path):
     assert info["state"] == "tuned"
     assert torch.equal(flat[""], expected.cpu())
     print(f"\nMLP on CUDA: tune {tune_s:.2f} s, load in a fresh process {info['load_s'] * 1e3:.1f} ms")
+
+
+# -- the module loaded into holds other weights -------------------------------------------
+
+
+def test_loading_into_a_module_with_other_weights_says_so(tmp_path, monkeypatch, caplog):
+    """The ONNX graphs compute with the checkpoint's weights, eager fallbacks and compile /
+    eager graphs with the module's: a module with other weights would be two models, so
+    ait.load warns, naming the tensors. Same weights (or a checkpoint from before the
+    digest was stored): nothing said."""
+    import logging
+
+    monkeypatch.setenv("AITUNE_CACHE_DIR", str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    inner = MLP().eval()
+    model = ait.Module(inner, "weights-mlp", strategy=cpu_strategy())
+    ait.tune(model, [torch.randn(16) for _ in range(2)], disable_external_logging=True, performance_validation=False)
+    path = ait.save(model, tmp_path / "ckpt")
+
+    def load_into(module_weights) -> list[str]:
+        fresh = MLP().eval()
+        if module_weights is not None:
+            fresh.load_state_dict(module_weights)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="aitune"):
+            ait.load(ait.Module(fresh, "weights-mlp"), path)
+        return [r.getMessage() for r in caplog.records if "differ from those checkpoint" in r.getMessage()]
+
+    (warning,) = load_into(None)  # a freshly initialised MLP
+    assert "ait.Module 'weights-mlp'" in warning and "fc1.weight" in warning and "load_state_dict" in warning
+    assert load_into(inner.state_dict()) == []
+    changed = {k: v.clone() for k, v in inner.state_dict().items()}
+    changed["fc2.bias"][0] += 0.01
+    (warning,) = load_into(changed)
+    assert "(1 of 4 tensors: fc2.bias)" in warning
+    manifest = _manifest(path)
+    del manifest["metadata"]["aitune.torch"]["weights"]  # written before the digest existed
+    _write_manifest(path, manifest)
+    assert load_into(None) == []
+
+
+def test_the_weights_digest_sees_permutations_and_holds_non_finite_values():
+    from aitune.torch.weight_changes import digest_differences, weight_values_digest
+
+    torch.manual_seed(0)
+    module = MLP()
+    module.register_buffer("mask", torch.tensor([0.0, float("-inf"), float("nan")]))
+    digest = weight_values_digest(module)
+    json.loads(json.dumps(digest, allow_nan=False))  # strict JSON: what the manifest holds
+    assert digest_differences(digest, json.loads(json.dumps(digest))) == []
+    permuted = MLP()
+    permuted.load_state_dict(module.state_dict(), strict=False)
+    permuted.register_buffer("mask", module.mask.clone())
+    with torch.no_grad():
+        permuted.fc1.weight.copy_(permuted.fc1.weight.flip(0))  # same sums, other values
+    assert digest_differences(digest, weight_values_digest(permuted)) == ["fc1.weight"]
+    assert digest_differences(digest, weight_values_digest(MLP().double())) != []

@@ -41,6 +41,7 @@ from aitune.torch.checkpoint_structure import (
 )
 from aitune.torch.graph import SavedGraph
 from aitune.torch.module import Module, ModuleState
+from aitune.torch.weight_changes import digest_differences, weight_values_digest
 
 logger = logging.getLogger("aitune")
 
@@ -168,6 +169,8 @@ def save(
             "module_class": class_name(type(module.ait_module)),
             "torch_version": torch.__version__,
             "tuning_s": sum(SavedReport(r).tuning_s for r in out.reports.values()),
+            # what ait.load compares the module loaded into with (weight_changes.digest_differences)
+            "weights": weight_values_digest(module.ait_module),
         }
     }
     graphs, files, reports = out.native_graphs, out.files, out.reports
@@ -282,6 +285,31 @@ def _sections(meta: dict, where: str) -> list[tuple[str, list]]:
 _LOAD_ATTEMPTS = 10
 
 
+def _warn_if_weights_differ(module, meta: dict, directory) -> None:
+    """Tells the user when the module loaded into holds other weights than the module the
+    checkpoint was tuned from: its ONNX Runtime graphs compute with the checkpoint's
+    weights, but torch.compile and eager graphs, and calls outside the recorded graphs
+    (eager fallback), run the module's own, so the loaded module would be two models.
+    Checkpoints written before the digest was stored are not checked."""
+    saved = meta.get("weights")
+    if not isinstance(saved, dict):
+        return
+    current = weight_values_digest(module.ait_module)
+    differ = digest_differences(saved, current)
+    if not differ:
+        return
+    sections = [section_of(tuned) for _, tuned in module._ait_tuned.values()]
+    own = sorted({s.label for s in sections if s is not None and s.name != _core.ONNX_RUNTIME_BACKEND_NAME})
+    logger.warning(
+        "ait.load: the weights of ait.Module '%s' differ from those checkpoint '%s' was tuned with (%d of %d "
+        "tensors: %s%s). Its ONNX Runtime graphs compute with the checkpoint's weights, while %scalls outside "
+        "the recorded graphs run the module's own: the loaded module is not one model. Load the weights it was "
+        "tuned with into the module before ait.load (load_state_dict), or tune it again.",
+        module.ait_name, directory, len(differ), len(set(saved) | set(current)),
+        ", ".join(differ[:5]), ", ..." if len(differ) > 5 else "",
+        "".join(f"its {label} graphs and " for label in own))
+
+
 def _restore_graphs(module, path, device, seen: list):
     """The checkpoint (appended to ``seen`` as soon as it is verified), its aitune.torch
     metadata and the graphs restored from it, sessions created; the module untouched."""
@@ -333,8 +361,11 @@ def _restore_graphs(module, path, device, seen: list):
 def load(module, path: str | os.PathLike, device_map: DeviceLike | Mapping[str, DeviceLike] = None):
     """Loads a checkpoint written by ``ait.save`` into ``module`` and makes it TUNED.
 
-    ``module`` wraps a module of the class that was saved (its weights do not matter:
-    the tuned graphs carry their own). The checkpoint is verified first (manifest,
+    ``module`` wraps a module of the class that was saved, holding the weights it was
+    tuned with: the ONNX Runtime graphs carry their own copy, but torch.compile and eager
+    graphs and calls outside the recorded graphs run the module's, so a module with other
+    weights gets a warning naming the tensors that differ (the checkpoint stores a digest
+    of the weights). The checkpoint is verified first (manifest,
     paths, sizes, sha256; see docs/checkpoints.md), then each graph's ONNX Runtime
     session is created from the saved model and configuration, and only when all of
     that succeeded does the module take the graphs over: on any error it is unchanged.
@@ -374,6 +405,7 @@ def load(module, path: str | os.PathLike, device_map: DeviceLike | Mapping[str, 
             )
         logger.info("ait.load: '%s' was replaced by another save while loading; loading it again", os.fspath(path))
     module._ait_restore(restored)
+    _warn_if_weights_differ(module, meta, checkpoint.directory)
     tuned_mode = module._ait_calls.training
     if tuned_mode is not None and module.training is not tuned_mode:
         # A freshly built module is in train() mode; the graphs serve the mode they were

@@ -5,6 +5,7 @@ old model once the module's weights change, so the module must know when they do
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import torch
@@ -37,3 +38,67 @@ def state_dict_changes_weights(module: torch.nn.Module, incoming: Mapping, prefi
         if not torch.equal(mine, value.detach().to(device=mine.device, dtype=mine.dtype)):
             return True
     return False
+
+
+#: Values per tensor the digest keeps, evenly spaced over its elements (so a permutation
+#: or a re-initialisation that keeps the sums shows).
+_DIGEST_SAMPLES = 16
+#: Relative tolerance of the float64 sums: a module on another device (or another
+#: torch) reduces in another order; any real change of a weight is far above it.
+_DIGEST_RTOL = 1e-6
+
+
+def _close(a, b, scale_a, scale_b) -> bool:
+    """Two digest sums equal within the tolerance; non-finite ones (strings) must match."""
+    if isinstance(a, str) or isinstance(b, str):
+        return a == b
+    scale = max(abs(scale_a) if not isinstance(scale_a, str) else 0.0,
+                abs(scale_b) if not isinstance(scale_b, str) else 0.0, 1e-300)
+    return abs(a - b) <= _DIGEST_RTOL * scale
+
+
+def weight_values_digest(module: torch.nn.Module) -> dict[str, list]:
+    """A small, comparable digest of the values of ``module``'s state dict: per tensor its
+    dtype, shape, float64 sum, float64 sum of absolute values and a few of its values
+    (``ait.save`` stores it, ``ait.load`` compares it with the module loaded into). One
+    reduction per tensor on its own device, one transfer for them all."""
+    names, dtypes, shapes, parts = [], [], [], []
+    for name, tensor in module.state_dict(keep_vars=False).items():
+        if not isinstance(tensor, torch.Tensor):
+            continue
+        t = tensor.detach()
+        if t.is_complex():
+            t = torch.view_as_real(t)
+        flat = t.reshape(-1)
+        n = flat.numel()
+        picks = flat[torch.linspace(0, n - 1, min(n, _DIGEST_SAMPLES), device=flat.device).long()] if n else flat
+        magnitude = flat.abs() if flat.dtype != torch.bool else flat
+        parts.append(torch.cat([torch.sum(flat, dtype=torch.float64).reshape(1),
+                                torch.sum(magnitude, dtype=torch.float64).reshape(1),
+                                picks.to(torch.float64)]).cpu())
+        names.append(name)
+        dtypes.append(str(tensor.dtype).removeprefix("torch."))
+        shapes.append(list(tensor.shape))
+    return {name: [dtype, shape, *map(_json_number, part.tolist())]
+            for name, dtype, shape, part in zip(names, dtypes, shapes, parts)}
+
+
+def _json_number(value: float) -> float | str:
+    """``value`` as strict JSON holds it: non-finite values (an attention mask's -inf) as
+    the strings "inf", "-inf", "nan" (the manifest's JSON has no Infinity / NaN)."""
+    return value if math.isfinite(value) else str(value)
+
+
+def digest_differences(saved: dict, current: dict) -> list[str]:
+    """The names of the tensors whose digests differ between ``saved`` and ``current``
+    (``weight_values_digest``), those present in one only included; sorted."""
+    differ = []
+    for name in sorted(set(saved) | set(current)):
+        a, b = saved.get(name), current.get(name)
+        if a is None or b is None or a[:2] != b[:2] or len(a) != len(b):
+            differ.append(name)
+            continue
+        (sum_a, abs_a, *picks_a), (sum_b, abs_b, *picks_b) = a[2:], b[2:]
+        if picks_a != picks_b or not (_close(sum_a, sum_b, abs_a, abs_b) and _close(abs_a, abs_b, abs_a, abs_b)):
+            differ.append(name)
+    return differ
