@@ -19,7 +19,7 @@ from aitune.torch.context import TuneSession, current_session, eager_only
 from aitune.torch.dispatch import DispatchedModule, ModuleDispatch, measured_call
 from aitune.torch.graph import CallForm, RecordedGraph
 from aitune.torch.graph_tuning import tune_graph
-from aitune.torch.state_changes import StateWatch
+from aitune.torch.state_changes import StateSnapshot, StateWatch
 from aitune.torch.module_registry import MODULE_REGISTRY
 from aitune.torch.options import TuneOptions
 from aitune.torch.strategy import OneBackendStrategy, TuneStrategy
@@ -450,9 +450,14 @@ class Module(DispatchedModule):
             strategies = ([strategy] * len(graphs) if strategy is not None
                           else self._ait_strategies.for_graphs(self._ait_name, graphs))
             tuned: dict[Any, tuple[RecordedGraph, TunedGraph]] = {}
-            for (identity, graph), graph_strategy in zip(self._ait_graphs.items(), strategies, strict=True):
-                tuned[identity] = (graph, tune_graph(graph_strategy, graph, options, measured_call))
-                logger.info("ait.Module '%s' %s: %s", self._ait_name, graph.key, tuned[identity][1].describe())
+            # the state the recorded calls changed, as they left it: tuning's own calls do not keep theirs
+            state = StateSnapshot(self._ait_module, [name for graph in graphs for name in graph.mutated_state])
+            try:
+                for (identity, graph), graph_strategy in zip(self._ait_graphs.items(), strategies, strict=True):
+                    tuned[identity] = (graph, tune_graph(graph_strategy, graph, options, measured_call))
+                    logger.info("ait.Module '%s' %s: %s", self._ait_name, graph.key, tuned[identity][1].describe())
+            finally:
+                state.restore()
         except Exception:
             self.__dict__.pop("_ait_before_tuning", None)
             self._ait_state = ModuleState.PASSTHROUGH
