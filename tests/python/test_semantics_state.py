@@ -75,3 +75,26 @@ def test_tunings_own_calls_leave_the_state_as_the_recorded_calls_left_it(in_plac
     assert "calls" in dict(inner.named_buffers())
     model(torch.randn(1, 4))
     assert float(inner.calls) == calls_recorded + 1  # and the buffer the module holds keeps counting
+
+
+class DoublesItsInput(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        x.mul_(2)  # the caller's tensor changes
+        return self.linear(x)
+
+
+def test_forward_changing_its_input_in_place_is_refused_naming_it():
+    """The recorded sample would be the input after the change, not the one the outputs came
+    from (every candidate then looked wrong, blamed on a node), and an ONNX graph cannot
+    write its input back: refused while recording, naming the input."""
+    model = ait.Module(DoublesItsInput().eval(), "doubles", strategy=cpu_strategy(tune_provider_options=False))
+    with pytest.raises(ValueError, match=r"forward changed its input \['x'\] in place"):
+        ait.tune(model, [torch.randn(4) for _ in range(2)], ignore_failing_modules=False, progress=False)
+    assert model.ait_state is ModuleState.PASSTHROUGH
+    x = torch.ones(1, 4)
+    model(x)
+    assert torch.equal(x, torch.full((1, 4), 2.0))  # eager, as the user wrote it

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.utils._pytree as pytree
 
 
 class StateWatch:
@@ -27,6 +28,23 @@ class StateWatch:
             if name not in changed and before is not None and not _same(before, buffer):
                 changed.append(name)
         return changed
+
+
+def tensor_version(tensor: torch.Tensor) -> int:
+    """``tensor._version``; 0 for an inference-mode tensor, which has no version counter."""
+    try:
+        return tensor._version
+    except RuntimeError:
+        return 0
+
+
+def changed_inputs(arguments: dict, versions: list[int]) -> list[str]:
+    """The tensors of a call's ``arguments`` changed in place since ``versions`` (their
+    ``tensor_version`` before the call, in pytree order), by their path (``['x']``)."""
+    paths_leaves = [(path, leaf) for path, leaf in pytree.tree_flatten_with_path(arguments)[0]
+                    if isinstance(leaf, torch.Tensor)]
+    return [pytree.keystr(path) for (path, leaf), version in zip(paths_leaves, versions, strict=True)
+            if tensor_version(leaf) != version]
 
 
 def _versions(module: torch.nn.Module) -> dict[str, tuple[int, int]]:
