@@ -101,3 +101,23 @@ def test_output_container_round_trips(kind, use_dynamo):
     if kind == "base-output":
         assert actual.extra is None and actual.sample is actual["sample"]
         assert len(actual.to_tuple()) == 1
+
+
+class BatchCount(torch.nn.Module):
+    """Returns the batch size as a Python int next to a tensor: a constant of the graph
+    that differs between the batches of 1 and 2 ait.tune records."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return {"y": self.linear(x), "rows": x.shape[0]}
+
+
+def test_outputs_whose_constants_differ_are_refused_naming_the_value():
+    model = ait.Module(BatchCount().eval(), "batch-count", strategy=cpu_strategy(tune_provider_options=False))
+    with pytest.raises(ValueError, match=r"output \['rows'\]: int 1 in one call, int 2 in another") as error:
+        ait.tune(model, [torch.randn(4) for _ in range(2)], ignore_failing_modules=False, progress=False)
+    assert "TreeSpec" not in str(error.value)  # the two structures are the same: printing them said nothing
+    assert model.ait_state is ModuleState.PASSTHROUGH

@@ -54,3 +54,47 @@ def test_state_left_alone_tunes():
     model = ait.Module(inner, "plain", strategy=cpu_strategy(use_dynamo=False, tune_provider_options=False))
     ait.tune(model, [torch.randn(4) for _ in range(2)], ignore_failing_modules=False)
     assert model.ait_state is ModuleState.TUNED
+
+
+@pytest.mark.parametrize("in_place", [True, False], ids=["in-place", "assigned"])
+def test_tunings_own_calls_leave_the_state_as_the_recorded_calls_left_it(in_place):
+    """Tuning calls forward far more often than the samples do (export, the eager reference,
+    profiling); a counter or running statistics updated in forward must not keep those
+    calls: after ait.tune the state is what the recorded calls (the user's) made it."""
+    samples = [torch.randn(4) for _ in range(2)]
+    recorded = Counter(in_place).eval()
+    ait.tune(ait.Module(recorded, "counter-dry", strategy=cpu_strategy()), samples, dry_run=True, progress=False)
+    calls_recorded = float(recorded.calls)
+    assert 0 < calls_recorded <= 4  # the batches of 1 and 2
+
+    inner = Counter(in_place).eval()
+    model = ait.Module(inner, "counter", strategy=cpu_strategy(use_dynamo=False))
+    ait.tune(model, samples, progress=False)  # refused for ONNX (above): stays eager, with a warning
+    assert model.ait_state is ModuleState.PASSTHROUGH
+    assert float(inner.calls) == calls_recorded
+    assert "calls" in dict(inner.named_buffers())
+    model(torch.randn(1, 4))
+    assert float(inner.calls) == calls_recorded + 1  # and the buffer the module holds keeps counting
+
+
+class DoublesItsInput(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        x.mul_(2)  # the caller's tensor changes
+        return self.linear(x)
+
+
+def test_forward_changing_its_input_in_place_is_refused_naming_it():
+    """The recorded sample would be the input after the change, not the one the outputs came
+    from (every candidate then looked wrong, blamed on a node), and an ONNX graph cannot
+    write its input back: refused while recording, naming the input."""
+    model = ait.Module(DoublesItsInput().eval(), "doubles", strategy=cpu_strategy(tune_provider_options=False))
+    with pytest.raises(ValueError, match=r"forward changed its input \['x'\] in place"):
+        ait.tune(model, [torch.randn(4) for _ in range(2)], ignore_failing_modules=False, progress=False)
+    assert model.ait_state is ModuleState.PASSTHROUGH
+    x = torch.ones(1, 4)
+    model(x)
+    assert torch.equal(x, torch.full((1, 4), 2.0))  # eager, as the user wrote it

@@ -47,6 +47,13 @@ def _check_output_leaves(module_name: str, paths_leaves: list) -> None:
         )
 
 
+def _describe_leaf(leaf: Any) -> str:
+    """An output leaf as the graph's identity sees it: a tensor's dtype and rank, or the constant."""
+    if isinstance(leaf, torch.Tensor):
+        return f"a {str(leaf.dtype).removeprefix('torch.')} tensor of rank {leaf.dim()}"
+    return f"{type(leaf).__name__} {leaf!r}"
+
+
 class _Tree:
     """A flattened nested value: its structure, the non-tensor leaves (constants of the
     graph) and where the tensors go."""
@@ -305,6 +312,7 @@ class RecordedGraph(_GraphCalls):
         _check_output_leaves(module_name, out_paths_leaves)
         self._outputs = _Tree(out_spec, [leaf for _, leaf in out_paths_leaves])
         self._output_constants = flatten.identity(out_spec, [leaf for _, leaf in out_paths_leaves])
+        self._output_leaves = [(pytree.keystr(path), _describe_leaf(leaf)) for path, leaf in out_paths_leaves]
         self.output_names = flatten.leaf_names(
             "output", [path for path, leaf in out_paths_leaves if isinstance(leaf, torch.Tensor)]
         )
@@ -335,7 +343,7 @@ class RecordedGraph(_GraphCalls):
         if flatten.identity(out_spec, out_leaves) != self._output_constants:
             raise ValueError(
                 f"ait.Module '{self.module_name}': calls of one input structure returned outputs of different "
-                f"structure, dtypes or constant values ({out_spec} vs {self._outputs.spec}); such a module "
+                f"structure, dtypes or constant values ({self._output_difference(outputs)}); such a module "
                 "cannot be exported as one graph"
             )
         out_tensors = [leaf for leaf in out_leaves if isinstance(leaf, torch.Tensor)]
@@ -348,6 +356,18 @@ class RecordedGraph(_GraphCalls):
                 evaluation=evaluation,
             )
         )
+
+    def _output_difference(self, outputs: Any) -> str:
+        """What differs from the first recorded call's outputs: the structure, or the first
+        leaf whose value (a constant) or dtype and rank (a tensor) differs."""
+        paths_leaves, spec = pytree.tree_flatten_with_path(outputs)
+        if spec != self._outputs.spec:
+            return f"structure {self._outputs.spec} in one call, {spec} in another"
+        for (path, first), (_, leaf) in zip(self._output_leaves, paths_leaves, strict=True):
+            if _describe_leaf(leaf) != first:
+                where = path or "(the value returned)"
+                return f"output {where}: {first} in one call, {_describe_leaf(leaf)} in another"
+        return f"structure {spec}"
 
     def note_mutated_state(self, names: list[str]) -> None:
         """A recorded call changed these buffers or parameters (``module.changed_state``)."""

@@ -28,6 +28,7 @@ from aitune.torch.evaluation import labelled_metric, metric_number
 from aitune.torch.divergence import trace_failed_candidates
 from aitune.torch.export import same_math_as_export, same_math_differs
 from aitune.torch.graph import RecordedGraph
+from aitune.torch.interior_shapes import add_interior_sample
 from aitune.torch.options import TuneOptions
 from aitune.torch.strategy import TuneStrategy
 from aitune.torch.valid_positions import ValidPositionsOption
@@ -186,6 +187,9 @@ def tune_graph(strategy: TuneStrategy, graph: RecordedGraph, options: TuneOption
         tuner_options.cuda_stream = torch.cuda.current_stream(graph.device).cuda_stream
     name = f"{graph.module_name}/{graph.key}"
     tuner_options.log = lambda line: logger.debug("%s", line)
+    interior = add_interior_sample(graph)
+    if interior:
+        logger.info("%s: %s", name, interior)
     samples = _samples(graph, options.valid_positions)
     # Calibrated acceptance: eager at a candidate's reduced precision, asked by the engine
     # once per precision (on the host the recorded outputs are the strict reference too).
@@ -209,7 +213,8 @@ def tune_graph(strategy: TuneStrategy, graph: RecordedGraph, options: TuneOption
     path = _write_report(graph, report)
     logger.info("%s: tuning report %s\n%s", name, path, report.summary_table())
     if outcome.is_failure:
-        raise (NumericMismatchError if outcome.kind == "all_incorrect" else TuningError)(outcome.message)
+        message = outcome.message + (f"\n{interior}" if interior else "")
+        raise (NumericMismatchError if outcome.kind == "all_incorrect" else TuningError)(message)
     if outcome.kind == "winner":
         candidate = report.candidates[outcome.winner]
         tuned = front_end.wrappers[candidate.group](tuner.take_winner(), candidate)

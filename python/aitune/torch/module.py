@@ -19,7 +19,7 @@ from aitune.torch.context import TuneSession, current_session, eager_only
 from aitune.torch.dispatch import DispatchedModule, ModuleDispatch, measured_call
 from aitune.torch.graph import CallForm, RecordedGraph
 from aitune.torch.graph_tuning import tune_graph
-from aitune.torch.state_changes import StateWatch
+from aitune.torch.state_changes import StateSnapshot, StateWatch, changed_inputs, tensor_version
 from aitune.torch.module_registry import MODULE_REGISTRY
 from aitune.torch.options import TuneOptions
 from aitune.torch.strategy import OneBackendStrategy, TuneStrategy
@@ -384,8 +384,18 @@ class Module(DispatchedModule):
             return self._ait_module.forward(*args, **kwargs)
         graph = self._ait_graphs.get(identity)
         watch = StateWatch(self._ait_module, compare_values=graph is None)
+        input_versions = [tensor_version(leaf) for leaf in leaves if isinstance(leaf, torch.Tensor)]
         outputs = self._ait_module.forward(*args, **kwargs)
         mutated = watch.changed()
+        changed = changed_inputs(arguments, input_versions)
+        if changed:  # the sample would be the changed input, not the one the outputs came from
+            error = (f"forward changed its input {', '.join(changed)} in place; the recorded sample would not be "
+                     "the input its outputs were computed from, and an ONNX graph cannot write its input back (the "
+                     "tuned module would silently stop changing it). Change a copy inside forward (x = x * 2 "
+                     "rather than x.mul_(2))")
+            if error not in self._ait_record_errors:
+                self._ait_record_errors.append(error)
+            return outputs
         try:
             flatten.register_dataclasses(outputs)
             if graph is None:
@@ -450,9 +460,14 @@ class Module(DispatchedModule):
             strategies = ([strategy] * len(graphs) if strategy is not None
                           else self._ait_strategies.for_graphs(self._ait_name, graphs))
             tuned: dict[Any, tuple[RecordedGraph, TunedGraph]] = {}
-            for (identity, graph), graph_strategy in zip(self._ait_graphs.items(), strategies, strict=True):
-                tuned[identity] = (graph, tune_graph(graph_strategy, graph, options, measured_call))
-                logger.info("ait.Module '%s' %s: %s", self._ait_name, graph.key, tuned[identity][1].describe())
+            # the state the recorded calls changed, as they left it: tuning's own calls do not keep theirs
+            state = StateSnapshot(self._ait_module, [name for graph in graphs for name in graph.mutated_state])
+            try:
+                for (identity, graph), graph_strategy in zip(self._ait_graphs.items(), strategies, strict=True):
+                    tuned[identity] = (graph, tune_graph(graph_strategy, graph, options, measured_call))
+                    logger.info("ait.Module '%s' %s: %s", self._ait_name, graph.key, tuned[identity][1].describe())
+            finally:
+                state.restore()
         except Exception:
             self.__dict__.pop("_ait_before_tuning", None)
             self._ait_state = ModuleState.PASSTHROUGH

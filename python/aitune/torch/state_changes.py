@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.utils._pytree as pytree
 
 
 class StateWatch:
@@ -29,6 +30,23 @@ class StateWatch:
         return changed
 
 
+def tensor_version(tensor: torch.Tensor) -> int:
+    """``tensor._version``; 0 for an inference-mode tensor, which has no version counter."""
+    try:
+        return tensor._version
+    except RuntimeError:
+        return 0
+
+
+def changed_inputs(arguments: dict, versions: list[int]) -> list[str]:
+    """The tensors of a call's ``arguments`` changed in place since ``versions`` (their
+    ``tensor_version`` before the call, in pytree order), by their path (``['x']``)."""
+    paths_leaves = [(path, leaf) for path, leaf in pytree.tree_flatten_with_path(arguments)[0]
+                    if isinstance(leaf, torch.Tensor)]
+    return [pytree.keystr(path) for (path, leaf), version in zip(paths_leaves, versions, strict=True)
+            if tensor_version(leaf) != version]
+
+
 def _versions(module: torch.nn.Module) -> dict[str, tuple[int, int]]:
     versions = {}
     for name, tensor in [*module.named_buffers(), *module.named_parameters()]:
@@ -46,3 +64,33 @@ def _same(before: torch.Tensor, after: torch.Tensor) -> bool:
     if before.is_floating_point() or before.is_complex():
         return torch.allclose(before, after, rtol=0, atol=0, equal_nan=True)
     return torch.equal(before, after)
+
+
+class StateSnapshot:
+    """The values of ``names`` (buffers or parameters of ``module`` that its recorded calls
+    changed), kept so that ``restore`` can put them back: tuning calls the module many
+    more times than the user's samples did (export, the eager reference at each precision,
+    profiling, torch.compile candidates), and those calls must not leave their updates in
+    the user's module (a counter, running statistics). After ``ait.tune`` the state is what
+    the recorded calls, the user's own, left it."""
+
+    def __init__(self, module: torch.nn.Module, names: list[str]):
+        self.module = module
+        tensors = {**dict(module.named_buffers()), **dict(module.named_parameters())}
+        self.saved = {name: (tensors[name], tensors[name].detach().clone()) for name in names if name in tensors}
+
+    def restore(self) -> None:
+        tensors = {**dict(self.module.named_buffers()), **dict(self.module.named_parameters())}
+        for name, (original, value) in self.saved.items():
+            with torch.no_grad():
+                if original.shape == value.shape and original.dtype == value.dtype:
+                    original.copy_(value)  # whoever holds the tensor sees the value back
+                else:  # resized in place
+                    original.data = value
+            if tensors.get(name) is not original:  # forward assigned a new tensor (``self.calls = self.calls + 1``)
+                owner_name, _, attr = name.rpartition(".")
+                owner = self.module.get_submodule(owner_name)
+                if isinstance(original, torch.nn.Parameter):
+                    setattr(owner, attr, original)
+                else:
+                    owner.register_buffer(attr, original, persistent=attr not in owner._non_persistent_buffers_set)

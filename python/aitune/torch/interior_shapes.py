@@ -1,0 +1,77 @@
+"""A check of every candidate at shapes between the recorded ones.
+
+A graph accepts every shape inside the range its samples spanned on a dynamic axis
+(an image 32..48 wide), but it is compared with eager only at the recorded shapes. An
+export may hold only at those: torch.export decides a model's shape-dependent branches
+(Swin pads its windows when the size is not a multiple of the window) on the example and
+the ONNX graph keeps no guard, so at 33..47 the graph returns outputs of another shape or
+fails inside ONNX Runtime. One more sample, a recorded one cropped on its dynamic axes to
+an unrecorded size inside the range (inputs such as token ids, masks, audio and images stay
+what they were, only shorter), is checked like the others: a candidate wrong there fails
+the tune's checks, with the sample's shapes in the log."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from aitune.torch.context import run_eagerly
+from aitune.torch.graph import RecordedGraph
+
+logger = logging.getLogger("aitune")
+
+
+def add_interior_sample(graph: RecordedGraph) -> str | None:
+    """Adds the cropped sample to ``graph.samples`` (once per graph) and returns its
+    description, or None where the samples span no such range, no recorded sample covers
+    the sizes, or the module refuses the cropped call (sizes tied to each other in a way a
+    crop breaks)."""
+    if getattr(graph, "interior_sample", None) is not None or len(graph.samples) < 2:
+        return None
+    graph.interior_sample = ""
+    spec = graph.graph_spec()
+    # axes of the inputs that varied, grouped by the sizes they had in each sample: axes that
+    # always had the same size (ids and mask of a sequence) are cropped to the same size
+    groups: dict[tuple, list[tuple[int, int]]] = {}
+    for i, tensor_spec in enumerate(spec.inputs):
+        for axis in tensor_spec.dynamic_axes():
+            if axis == tensor_spec.batch_axis:
+                continue
+            sizes = tuple(int(s.inputs[i].shape[axis]) for s in graph.samples)
+            groups.setdefault(sizes, []).append((i, axis))
+    targets: dict[tuple[int, int], int] = {}
+    for sizes, axes in groups.items():
+        recorded = set(sizes)
+        interior = [v for v in (min(recorded) + 1, (min(recorded) + max(recorded)) // 2)
+                    if min(recorded) < v < max(recorded) and v not in recorded]
+        if interior:
+            for key in axes:
+                targets[key] = interior[0]
+    if not targets:
+        return None
+    source = next((s for s in sorted(graph.samples, key=lambda s: -s.batch_size)
+                   if s.evaluation is None
+                   and all(s.inputs[i].shape[axis] >= size for (i, axis), size in targets.items())), None)
+    if source is None:
+        return None
+    inputs = []
+    for i, tensor in enumerate(source.inputs):
+        for (j, axis), size in targets.items():
+            if j == i:
+                tensor = tensor.narrow(axis, 0, size)
+        inputs.append(tensor.contiguous().clone())
+    args, kwargs = graph.call_arguments(inputs)
+    try:
+        with torch.no_grad(), run_eagerly():
+            outputs = graph.module.forward(*args, **kwargs)
+        graph.add_sample(inputs, outputs, source.batch_size)
+    except Exception as error:  # a crop the module refuses: the recorded shapes are all there is to check
+        logger.debug("%s/%s: no check between the recorded shapes: %s: %s", graph.module_name, graph.key,
+                     type(error).__name__, error)
+        return None
+    shapes = ", ".join(f"{graph.input_names[i]} {list(t.shape)}" for i, t in enumerate(inputs)
+                       if any(j == i for j, _ in targets))
+    graph.interior_sample = (f"sample {len(graph.samples) - 1} ({shapes}) is a recorded sample cropped to sizes "
+                             "between the recorded ones: a candidate failing there holds only at the recorded shapes")
+    return graph.interior_sample

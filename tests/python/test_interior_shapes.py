@@ -1,0 +1,60 @@
+"""A graph accepts every shape inside the range its samples spanned, so every candidate is
+also checked at a shape between the recorded ones (a recorded sample cropped on its
+dynamic axes): an export that holds only at the recorded shapes (torch.export decided a
+shape-dependent branch on the example; the ONNX graph keeps no guard) is refused instead of
+returning other outputs there."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch_models import cpu_strategy
+
+import aitune.torch as ait
+from aitune.torch import ModuleState
+from aitune.torch.backend.onnx_runtime_backend import NumericMismatchError
+
+
+class WindowSums(torch.nn.Module):
+    """Sums windows of 4, padding the sequence to a multiple of 4 first, and doubles the
+    sums where it had to pad (a branch on the size, as Swin's window padding has)."""
+
+    def forward(self, x):
+        width = x.shape[-1]
+        pad = (4 - width % 4) % 4
+        sums = torch.nn.functional.pad(x, (0, pad)).reshape(x.shape[0], -1, 4).sum(-1)
+        if pad > 0:
+            sums = sums * 2
+        return sums
+
+
+def test_a_graph_wrong_between_the_recorded_shapes_is_refused_naming_the_crop():
+    model = ait.Module(WindowSums().eval(), "window-sums", strategy=cpu_strategy(tune_provider_options=False))
+    samples = [torch.randn(8), torch.randn(16)]  # both multiples of 4: the export never pads
+    with pytest.raises(NumericMismatchError, match=r"input_x \[\d+, 9\]\) is a recorded sample cropped"):
+        ait.tune(model, samples, ignore_failing_modules=False, progress=False)
+    assert model.ait_state is ModuleState.PASSTHROUGH
+    x = torch.randn(1, 9)
+    torch.testing.assert_close(model(x), WindowSums()(x))  # eager: padded and doubled
+
+
+class Scaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv1d(2, 3, 3, padding=1)
+
+    def forward(self, x):
+        return self.conv(x)
+
+
+def test_a_graph_right_between_the_recorded_shapes_tunes_and_runs_there():
+    inner = Scaled().eval()
+    model = ait.Module(inner, "scaled", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [torch.randn(2, 8), torch.randn(2, 16)], ignore_failing_modules=False, progress=False)
+    assert model.ait_state is ModuleState.TUNED
+    (graph,) = model.ait_graphs
+    assert [list(s.inputs[0].shape) for s in graph.samples][-1] == [2, 2, 9]  # the crop, checked with the rest
+    x = torch.randn(1, 2, 11)
+    model.ait_module.forward = lambda *a, **k: pytest.fail("eager forward ran on a tuned module")
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), inner.conv(x), atol=1e-5, rtol=1e-5)
