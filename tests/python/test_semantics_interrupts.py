@@ -100,3 +100,45 @@ def test_interrupt_inside_an_exporter_import_then_tune_again(use_dynamo, tmp_pat
     assert model.ait_state is ModuleState.TUNED
     for name in [n for n in sys.modules if n.startswith("halfpkg")]:
         del sys.modules[name]
+
+
+@pytest.mark.parametrize("use_dynamo", [True, False], ids=["dynamo", "trace"])
+def test_interrupt_keeps_modules_the_export_imported_in_full(use_dynamo, tmp_path, monkeypatch):
+    """A module the export imported in full before the interrupt stays imported: importing
+    it again would run it twice, which torch's own refuse (a TORCH_LIBRARY namespace
+    registers once: 'Only a single TORCH_LIBRARY can be used to register the namespace
+    c10d_functional' after a Ctrl-C during the first dynamo export). Stood in for by a
+    module that refuses a second run."""
+    package = tmp_path / "oncepkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "registry.py").write_text(
+        "import builtins\nif getattr(builtins, '_oncepkg_ran', False):\n"
+        "    raise RuntimeError('oncepkg.registry ran twice')\nbuiltins._oncepkg_ran = True\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    real_export = torch.onnx.export
+    interrupted = []
+
+    def export_importing_then_interrupted(*args, **kwargs):
+        import oncepkg.registry  # noqa: F401  imported in full on the export's first use
+
+        if not interrupted:
+            interrupted.append(True)
+            raise KeyboardInterrupt
+        return real_export(*args, **kwargs)
+
+    monkeypatch.setattr(torch.onnx, "export", export_importing_then_interrupted)
+    model = ait.Module(MLP().eval(), "once", strategy=cpu_strategy(use_dynamo=use_dynamo, tune_provider_options=False))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            ait.tune(model, _samples(), ignore_failing_modules=False, disable_external_logging=True)
+        assert "oncepkg.registry" in sys.modules
+        ait.tune(model, _samples(), ignore_failing_modules=False, disable_external_logging=True)
+        assert model.ait_state is ModuleState.TUNED
+    finally:
+        import builtins
+
+        builtins.__dict__.pop("_oncepkg_ran", None)
+        for name in [n for n in sys.modules if n.startswith("oncepkg")]:
+            del sys.modules[name]

@@ -189,17 +189,33 @@ def _restore(saved: list[tuple[int, int]]) -> None:
 def _imports_undone_on_interrupt() -> Iterator[None]:
     """The exporters import much on first use (sympy, onnxscript, torch._dynamo's parts).
     Ctrl-C in the middle of such an import leaves half-initialised packages in
-    ``sys.modules`` (``module 'sympy' has no attribute 'core'`` on every later export), so
-    on an interrupt the modules first imported during the export are forgotten, and the
-    next export imports them afresh."""
+    ``sys.modules``: Python drops the package whose ``__init__`` was cut, but keeps the
+    submodules it had finished, which are then never bound to the package imported again
+    (``module 'sympy' has no attribute 'core'`` on every later export). So on an interrupt
+    the modules first imported during the export that are orphaned (an enclosing package
+    no longer in ``sys.modules``) or still initialising are forgotten, and the next export
+    imports them afresh. Modules imported in full stay: importing one again would run it
+    twice, and torch's own refuse that (a ``TORCH_LIBRARY`` namespace registers once)."""
     before = set(sys.modules)
     try:
         yield
     except BaseException as error:
         if not isinstance(error, Exception):
             for name in set(sys.modules) - before:
-                sys.modules.pop(name, None)
+                if _half_imported(name):
+                    sys.modules.pop(name, None)
         raise
+
+
+def _half_imported(name: str) -> bool:
+    """Whether ``sys.modules[name]`` is left over from an import that did not finish: one
+    of its enclosing packages is gone from ``sys.modules``, or it is still marked as
+    initialising."""
+    parts = name.split(".")
+    if any(".".join(parts[:i]) not in sys.modules for i in range(1, len(parts))):
+        return True
+    spec = getattr(sys.modules.get(name), "__spec__", None)
+    return bool(getattr(spec, "_initializing", False))
 
 
 def export_onnx(
