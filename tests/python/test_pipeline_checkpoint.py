@@ -191,3 +191,60 @@ def test_a_single_module_checkpoint_loads_into_a_plain_module(saved, tmp_path):
         ait.load(TwoStage(), single)
     with pytest.raises(ait.PipelineStructureError):  # a pipeline checkpoint into a module of another build
         ait.load(MLP(), saved[0])
+
+
+class SharedHead:
+    """One Linear reachable from two places (``head`` and ``inner.shared``), called through
+    both at different shapes: a pipeline sharing a module between two stages."""
+
+    def __init__(self):
+        torch.manual_seed(0)
+        self.head = torch.nn.Linear(16, 16).eval()
+        self.inner = type("Inner", (), {})()
+        self.inner.encoder = MLP(16, 32, 16).eval()
+        self.inner.shared = self.head
+
+    def __call__(self, x):
+        with torch.no_grad():
+            y = self.inner.shared(self.inner.encoder(x))
+            return self.head(y[:, 0])  # another rank: another graph
+
+
+def test_a_shared_module_is_wrapped_saved_and_loaded_at_every_place(tmp_path):
+    pipeline = SharedHead()
+    samples = [torch.randn(3, 16) for _ in range(2)]
+    x = torch.stack(samples)
+    expected = pipeline(x)
+    info = ait.inspect(pipeline, samples, number_of_iterations=1, warmup_iterations=0)
+    assert sorted(m.object_path for m in info.get_modules()) == ["head", "inner.encoder"]
+    (head,) = [m for m in info.get_modules() if m.object_path == "head"]
+    assert head.execution_count == 2  # through both places
+    ait.wrap(pipeline, info.get_modules(), strategy=cpu_strategy())
+    assert isinstance(pipeline.head, ait.Module) and pipeline.inner.shared is pipeline.head
+    ait.tune(lambda x: pipeline(x), samples, ignore_failing_modules=False)
+    assert len(pipeline.head.ait_graphs) == 2  # the calls through inner.shared were recorded and tuned too
+    torch.testing.assert_close(pipeline(x), expected)
+    path = ait.save(pipeline, tmp_path / "shared")
+    assert [m["path"] for m in json.loads((path / "pipeline.json").read_text())["modules"]] == ["head", "inner.encoder"]
+    fresh = ait.load(SharedHead(), path)
+    assert isinstance(fresh.head, ait.Module) and fresh.inner.shared is fresh.head
+    assert fresh.head.ait_state is ait.ModuleState.TUNED
+    torch.testing.assert_close(fresh(x), expected)
+
+
+def test_a_shared_module_wrapped_twice_by_hand_loads_into_a_fresh_pipeline(tmp_path):
+    # two ait.Modules over one Linear, one per place: both saved, both found again on load
+    pipeline = SharedHead()
+    pipeline.head = ait.Module(pipeline.head, "head", strategy=cpu_strategy())
+    pipeline.inner.shared = ait.Module(pipeline.inner.shared, "shared", strategy=cpu_strategy())
+    samples = [torch.randn(3, 16)]
+    ait.tune(lambda x: pipeline(x), samples, ignore_failing_modules=False)
+    x = torch.stack(samples)
+    expected = pipeline(x)
+    path = ait.save(pipeline, tmp_path / "twice")
+    assert sorted(m["path"] for m in json.loads((path / "pipeline.json").read_text())["modules"]) == [
+        "head", "inner.shared"]
+    fresh = ait.load(SharedHead(), path)
+    assert fresh.head.ait_name == "head" and fresh.inner.shared.ait_name == "shared"
+    assert fresh.head.ait_module is fresh.inner.shared.ait_module
+    torch.testing.assert_close(fresh(x), expected)

@@ -24,6 +24,9 @@ class ModuleLocation:
     parent: Any
     key: str | int | None
     ancestors: tuple = ()
+    #: the other places the same module was found at, after this first one (a module
+    #: shared by two attributes of a pipeline); filled by ``find_modules``
+    aliases: list = dataclasses.field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -83,20 +86,25 @@ _LEAF_TYPES = (str, bytes, int, float, bool, type(None), torch.Tensor, type)
 
 def find_modules(obj: Any, max_depth: int = 8) -> list[tuple[torch.nn.Module, ModuleLocation]]:
     """Every nn.Module reachable from ``obj`` (``obj`` itself first, when it is one), each
-    once, at the first place found (depth-first, in attribute / index order)."""
+    once, at the first place found (depth-first, in attribute / index order); the other
+    places the same module is found at are that location's ``aliases``."""
     found: list[tuple[torch.nn.Module, ModuleLocation]] = []
     seen: set[int] = set()
+    first: dict[int, ModuleLocation] = {}
 
     def walk(value: Any, location: ModuleLocation, depth: int) -> None:
         if depth > max_depth or isinstance(value, _LEAF_TYPES) or callable(value) and not isinstance(
                 value, torch.nn.Module) and not hasattr(value, "__dict__"):
             return
         if id(value) in seen:
+            if id(value) in first and location.parent is not None:
+                first[id(value)].aliases.append(location)
             return
         seen.add(id(value))
         ancestors = location.ancestors
         if isinstance(value, torch.nn.Module):
             found.append((value, location))
+            first[id(value)] = location
             ancestors = (*ancestors, value)
         for key, child in _children(value):
             path = f"{location.path}.{key}" if location.path else str(key)
@@ -104,6 +112,15 @@ def find_modules(obj: Any, max_depth: int = 8) -> list[tuple[torch.nn.Module, Mo
 
     walk(obj, ModuleLocation("", None, None), 0)
     return found
+
+
+def replaceable_aliases(location: ModuleLocation, wrapped: list[torch.nn.Module]) -> list[ModuleLocation]:
+    """The aliases of ``location`` where an ait.Module can stand in for the module too: not
+    inside a module of ``wrapped`` (that one's graph holds the module already) or inside an
+    ait.Module, not a tuple item."""
+    return [alias for alias in location.aliases
+            if not isinstance(alias.parent, tuple)
+            and not any(isinstance(a, Module) or any(a is w for w in wrapped) for a in alias.ancestors)]
 
 
 def find_ait_modules(obj: Any, max_depth: int = 8) -> list[tuple[Any, ModuleLocation]]:

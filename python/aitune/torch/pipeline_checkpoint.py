@@ -39,7 +39,7 @@ from aitune import _core
 from aitune.torch import checkpoint as module_checkpoint
 from aitune.torch.checkpoint_structure import class_name
 from aitune.torch.module import Module, ModuleState
-from aitune.torch.object_paths import find_ait_modules, find_modules
+from aitune.torch.object_paths import find_ait_modules, find_modules, replaceable_aliases
 
 logger = logging.getLogger("aitune")
 
@@ -290,7 +290,11 @@ def _check_structure(obj: Any, manifest: dict, where: str) -> list[tuple[dict, A
     problems = []
     if manifest["object_class"] != class_name(type(obj)):
         problems.append(f"it was saved from a {manifest['object_class']}, this is a {class_name(type(obj))}")
-    found = {location.path: (module, location) for module, location in find_modules(obj)}
+    found = {}
+    for module, location in find_modules(obj):
+        found[location.path] = (module, location)
+        for alias in location.aliases:  # a shared module: a saved path may be any of its places
+            found.setdefault(alias.path, (module, alias))
     saved_paths = {entry["path"] for entry in manifest["modules"]}
     plan = []
     for entry in manifest["modules"]:
@@ -308,8 +312,12 @@ def _check_structure(obj: Any, manifest: dict, where: str) -> list[tuple[dict, A
             problems.append(f"'{entry['path']}' is an item of a tuple, where no ait.Module can be put")
             continue
         plan.append((entry, module, location))
+    places: dict[int, list[str]] = {}
     for path, (module, _) in found.items():
-        if isinstance(module, Module) and path not in saved_paths:
+        if isinstance(module, Module):
+            places.setdefault(id(module), []).append(path)
+    for path, (module, _) in found.items():
+        if isinstance(module, Module) and path == places[id(module)][0] and not saved_paths & set(places[id(module)]):
             problems.append(f"ait.Module '{module.ait_name}' at '{path or '<the object>'}' is not in the checkpoint")
     if problems:
         raise PipelineStructureError(
@@ -373,7 +381,8 @@ def load(obj: Any, path: str | os.PathLike, device_map: Any = None, disable_exte
       there is wrapped in an ait.Module of the saved name, an ait.Module there is loaded
       into. Refused with ``PipelineStructureError`` before anything is loaded when the
       object differs (a saved module missing, an ait.Module not in the checkpoint, a
-      changed class, another object class). When a section fails to load (damaged,
+      changed class, another object class). A module the object holds at several places
+      (shared) gets its wrapper at each, as ``ait.wrap`` puts it. When a section fails to load (damaged,
       ``CheckpointCorruptError``), every module is put back as it was and nothing is
       wrapped.
     - A single-module checkpoint into an ait.Module (``aitune.torch.checkpoint.load``), or
@@ -421,8 +430,13 @@ def load(obj: Any, path: str | os.PathLike, device_map: Any = None, disable_exte
             for m, mode in training:
                 m.training = mode
         raise
+    planned = {entry["path"] for entry, _, _ in plan}
+    wrapped = [wrapper.ait_module for _, wrapper, _ in installs]
     for location, wrapper, _ in installs:
         location.replace(wrapper)
+        for alias in replaceable_aliases(location, wrapped):  # the module's other places, as ait.wrap does
+            if alias.path not in planned and alias.current() is wrapper.ait_module:
+                alias.replace(wrapper)
     logger.info("ait.load: %d ait.Modules of %s loaded from %s in %.3f s", len(plan), type(obj).__name__, directory,
                 time.perf_counter() - start)
     return obj
