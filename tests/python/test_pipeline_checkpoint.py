@@ -248,3 +248,36 @@ def test_a_shared_module_wrapped_twice_by_hand_loads_into_a_fresh_pipeline(tmp_p
     assert fresh.head.ait_name == "head" and fresh.inner.shared.ait_name == "shared"
     assert fresh.head.ait_module is fresh.inner.shared.ait_module
     torch.testing.assert_close(fresh(x), expected)
+
+
+def test_a_load_during_a_concurrent_save_never_mixes_two_versions(saved, tmp_path, monkeypatch):
+    # another process saves a pipeline of other weights to the path after the first section
+    # was loaded: the load must not keep the encoder of one version and the head of the next
+    from aitune.torch import checkpoint as module_checkpoint
+
+    path = copy_of(saved, tmp_path)
+    other = TwoStage()
+    with torch.no_grad():
+        for p in other.encoder.parameters():
+            p.add_(0.5)
+    other.encoder = ait.Module(other.encoder, "encoder", strategy=cpu_strategy())
+    other.heads[0] = ait.Module(other.heads[0], "head", strategy=cpu_strategy())
+    ait.tune(other, [torch.randn(16)], ignore_failing_modules=False)
+    x = saved[1]
+    with torch.no_grad():
+        other_outputs = other(x)
+    assert not torch.allclose(other_outputs, saved[2])
+    real_load, sections_loaded = module_checkpoint.load, []
+
+    def load_then_overwritten(module, section, device_map=None):
+        result = real_load(module, section, device_map)
+        sections_loaded.append(section)
+        if len(sections_loaded) == 1:
+            ait.save(other, path)  # swapped in between the two sections
+        return result
+
+    monkeypatch.setattr(module_checkpoint, "load", load_then_overwritten)
+    fresh = ait.load(TwoStage(), path)
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(x), other_outputs)  # the new version, whole
+    assert len(sections_loaded) == 4  # the first attempt's two, then both again from the new version

@@ -373,6 +373,60 @@ def _module_name(directory: Path) -> str:
     return name if isinstance(name, str) and name else ""
 
 
+_LOAD_ATTEMPTS = 10
+
+
+class _Replaced(Exception):
+    """The checkpoint directory was swapped for another version while it was being read."""
+
+
+def _identity(directory: Path) -> tuple[int, int] | None:
+    """Which directory the path names now (a save swaps in a new one: another inode)."""
+    try:
+        st = os.stat(directory)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _load_once(obj: Any, directory: Path, device_map: Any, identity) -> list:
+    """One load of every section into ``obj``; on any error, or when the path was swapped
+    for another version meanwhile (``_Replaced``: the sections read may be of two
+    versions), every module is put back as it was and nothing is wrapped."""
+    where = f"ait.load: checkpoint '{directory}'"
+    manifest = _read_manifest(directory)
+    plan = _check_structure(obj, manifest, where)
+    sections = [_verify_section(directory, entry, where) for entry, _, _ in plan]
+    snapshots, installs = [], []
+    try:
+        for (entry, module, location), section in zip(plan, sections, strict=True):
+            if isinstance(module, Module):
+                snapshots.append(_Snapshot(module))
+                module_checkpoint.load(module, section, device_map)
+            else:
+                training = [(m, m.training) for m in module.modules()]
+                wrapper = Module(module, entry["name"])
+                installs.append((location, wrapper, training))
+                module_checkpoint.load(wrapper, section, device_map)
+        if _identity(directory) != identity:
+            raise _Replaced()
+    except BaseException:
+        for snapshot in snapshots:
+            snapshot.restore()
+        for _, _, training in installs:  # the plain modules were never replaced; their modes go back
+            for m, mode in training:
+                m.training = mode
+        raise
+    planned = {entry["path"] for entry, _, _ in plan}
+    wrapped = [wrapper.ait_module for _, wrapper, _ in installs]
+    for location, wrapper, _ in installs:
+        location.replace(wrapper)
+        for alias in replaceable_aliases(location, wrapped):  # the module's other places, as ait.wrap does
+            if alias.path not in planned and alias.current() is wrapper.ait_module:
+                alias.replace(wrapper)
+    return plan
+
+
 def load(obj: Any, path: str | os.PathLike, device_map: Any = None, disable_external_logging: bool = False) -> Any:
     """Loads a checkpoint written by ``ait.save`` into ``obj`` and returns it.
 
@@ -408,35 +462,24 @@ def load(obj: Any, path: str | os.PathLike, device_map: Any = None, disable_exte
             f"into an nn.Module, not a {type(obj).__name__}"
         )
     start = time.perf_counter()
-    where = f"ait.load: checkpoint '{directory}'"
-    manifest = _read_manifest(directory)
-    plan = _check_structure(obj, manifest, where)
-    sections = [_verify_section(directory, entry, where) for entry, _, _ in plan]
-    snapshots, installs = [], []
-    try:
-        for (entry, module, location), section in zip(plan, sections, strict=True):
-            if isinstance(module, Module):
-                snapshots.append(_Snapshot(module))
-                module_checkpoint.load(module, section, device_map)
-            else:
-                training = [(m, m.training) for m in module.modules()]
-                wrapper = Module(module, entry["name"])
-                installs.append((location, wrapper, training))
-                module_checkpoint.load(wrapper, section, device_map)
-    except BaseException:
-        for snapshot in snapshots:
-            snapshot.restore()
-        for _, _, training in installs:  # the plain modules were never replaced; their modes go back
-            for m, mode in training:
-                m.training = mode
-        raise
-    planned = {entry["path"] for entry, _, _ in plan}
-    wrapped = [wrapper.ait_module for _, wrapper, _ in installs]
-    for location, wrapper, _ in installs:
-        location.replace(wrapper)
-        for alias in replaceable_aliases(location, wrapped):  # the module's other places, as ait.wrap does
-            if alias.path not in planned and alias.current() is wrapper.ait_module:
-                alias.replace(wrapper)
+    for attempt in range(1, _LOAD_ATTEMPTS + 1):
+        identity = _identity(directory)
+        try:
+            plan = _load_once(obj, directory, device_map, identity)
+            break
+        except _Replaced:
+            pass
+        except _core.AituneError:
+            # files read after a concurrent save swapped the checkpoint in may belong to the
+            # next version: only a failure of the version read from the start is the checkpoint's
+            if identity is None or _identity(directory) == identity:
+                raise
+        if attempt == _LOAD_ATTEMPTS:
+            raise _core.AituneIOError(
+                f"ait.load: checkpoint '{directory}' was replaced by concurrent saves {attempt} times while it was "
+                "being loaded; load it when the saves are done"
+            )
+        logger.info("ait.load: '%s' was replaced by another save while loading; loading it again", directory)
     logger.info("ait.load: %d ait.Modules of %s loaded from %s in %.3f s", len(plan), type(obj).__name__, directory,
                 time.perf_counter() - start)
     return obj
