@@ -281,3 +281,59 @@ def test_a_load_during_a_concurrent_save_never_mixes_two_versions(saved, tmp_pat
     with torch.no_grad():
         torch.testing.assert_close(fresh(x), other_outputs)  # the new version, whole
     assert len(sections_loaded) == 4  # the first attempt's two, then both again from the new version
+
+
+def test_staging_is_owned_while_saving_and_a_dead_saves_is_swept_by_the_next(saved, tmp_path):
+    import fcntl
+    import os
+    import subprocess
+    import sys
+
+    pipeline = ait.load(TwoStage(), saved[0])
+    target = tmp_path / "ck"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    left = [tmp_path / f".ck.tmp-{dead.pid}-killed", tmp_path / f".ck.old-{dead.pid}-killed"]
+    for directory in left:  # what a save killed mid-way leaves
+        (directory / "modules").mkdir(parents=True)
+    locked_by_others = []
+
+    def staging_is_locked(relative, count):
+        if count == 1:
+            (staging,) = [p for p in tmp_path.glob(".ck.tmp-*") if p not in left]
+            fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                locked_by_others.append(False)
+            except BlockingIOError:
+                locked_by_others.append(True)
+            finally:
+                os.close(fd)
+
+    ait.save(pipeline, target, on_file_written=staging_is_locked)
+    assert locked_by_others == [True]  # another process's sweep keeps it, whatever its pid
+    assert not any(directory.exists() for directory in left)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+
+
+def test_a_save_racing_another_first_save_to_the_path_replaces_it(saved, tmp_path, monkeypatch):
+    import os
+
+    from aitune.torch import pipeline_checkpoint
+
+    pipeline = ait.load(TwoStage(), saved[0])
+    target = tmp_path / "ck"
+    real_rename, raced = os.rename, []
+
+    def another_save_first(src, dst):
+        if Path(dst) == target and not raced:  # between the save's look at the path and its rename
+            raced.append(shutil.copytree(saved[0], target))
+            (target / "from-the-other-save").write_text("")
+        return real_rename(src, dst)
+
+    monkeypatch.setattr(pipeline_checkpoint.os, "rename", another_save_first)
+    ait.save(pipeline, target)
+    assert raced and not (target / "from-the-other-save").exists()  # replaced, whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+    with torch.no_grad():
+        torch.testing.assert_close(ait.load(TwoStage(), target)(saved[1]), saved[2])

@@ -125,11 +125,16 @@ def _replace_directory(tmp: Path, target: Path) -> None:
     """Puts the finished ``tmp`` at ``target``: an atomic exchange where the file system
     has one (there is never a moment without a checkpoint at ``target``), else the old one
     renamed aside and put back if the second rename fails."""
-    if not target.exists():
-        os.rename(tmp, target)
-    elif target.is_dir() and not any(target.iterdir()):
-        os.rename(tmp, target)  # over an empty directory
-    elif _exchange(tmp, target):
+    if not target.exists() or target.is_dir() and not any(target.iterdir()):
+        try:
+            os.rename(tmp, target)  # nothing there, or an empty directory
+            _fsync_directory(target.parent)
+            return
+        except OSError as error:
+            if error.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+            # another process's save put its checkpoint there since: replace it as below
+    if _exchange(tmp, target):
         shutil.rmtree(tmp)  # now the old checkpoint
     else:
         aside = target.parent / f".{target.name}.old-{os.getpid()}-{secrets.token_hex(8)}"
@@ -194,8 +199,14 @@ def save(obj: Any, path: str | os.PathLike, *, overwrite: bool = True,
         if not overwrite and any(target.iterdir()):
             raise _core.InvalidArgumentError(f"ait.save: '{target}' holds a checkpoint and overwrite=False")
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{secrets.token_hex(8)}"
-    tmp.mkdir()
+    # the staging directory is owned (pid in its name, flock held) like the single-module
+    # save's, so that saves of other processes sweep it only once this process is gone;
+    # those of processes that died (a kill -9 mid-save) are swept here
+    staging_prefix, aside_prefix = f".{target.name}.tmp-", f".{target.name}.old-"
+    for prefix in (staging_prefix, aside_prefix):
+        _core.remove_stale_directories(str(target.parent), prefix)
+    owned = _core.OwnedDirectory.create(str(target.parent), staging_prefix)
+    tmp = Path(owned.path)
     try:
         sections = _section_directories([location.path for _, location in found])
         entries, written = [], 0
@@ -229,8 +240,9 @@ def save(obj: Any, path: str | os.PathLike, *, overwrite: bool = True,
             _fsync_directory(directory)
         _replace_directory(tmp, target)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        owned.remove()
         raise
+    owned.release()  # the lock went with the directory, now the checkpoint (or removed)
     logger.info("ait.save: %d ait.Modules of %s (%s) saved to %s in %.3f s", len(found), type(obj).__name__,
                 ", ".join(location.path for _, location in found), target, time.perf_counter() - start)
     return target
