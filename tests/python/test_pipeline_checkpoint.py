@@ -104,6 +104,28 @@ def test_a_changed_class_is_refused(saved):
     assert not isinstance(fresh.encoder, ait.Module)
 
 
+def test_a_module_built_with_another_config_is_refused(saved, tmp_path):
+    # same class at the saved path, other sizes: the tuned graphs would silently compute
+    # the saved model, not the one built
+    fresh = TwoStage()
+    fresh.encoder = MLP(16, 64, 16).eval()
+    with pytest.raises(ait.PipelineStructureError,
+                       match=r"'encoder' has other parameter or buffer shapes .*'fc1.weight' was \[32, 16\], "
+                             r"is \[64, 16\]"):
+        ait.load(fresh, saved[0])
+    assert not isinstance(fresh.encoder, ait.Module) and not isinstance(fresh.heads[0], ait.Module)
+    path = copy_of(saved, tmp_path)
+    manifest = json.loads((path / "pipeline.json").read_text())
+    manifest["modules"][0]["tensor_shapes"] = {"fc1.weight": "32x16"}
+    (path / "pipeline.json").write_text(json.dumps(manifest))
+    with pytest.raises(aitune.CheckpointCorruptError, match=r"modules\[0\]\.tensor_shapes"):
+        ait.load(TwoStage(), path)
+    for entry in manifest["modules"]:  # a checkpoint written before the shapes were recorded loads
+        del entry["tensor_shapes"]
+    (path / "pipeline.json").write_text(json.dumps(manifest))
+    assert isinstance(ait.load(TwoStage(), path).encoder, ait.Module)
+
+
 def test_another_object_class_is_refused(saved):
     fresh = OtherStage()
     with pytest.raises(ait.PipelineStructureError, match="saved from a .*TwoStage, this is a .*OtherStage"):

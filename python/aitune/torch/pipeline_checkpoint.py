@@ -148,6 +148,27 @@ def _replace_directory(tmp: Path, target: Path) -> None:
     _fsync_directory(target.parent)
 
 
+def _tensor_shapes(module: torch.nn.Module) -> dict[str, list[int]]:
+    """The shape of each parameter and buffer of the module, by name: what its config
+    decided (a fresh module built with another hidden size differs here, not in its class)."""
+    return {name: list(tensor.shape) for name, tensor in (*module.named_parameters(), *module.named_buffers())}
+
+
+def _shape_differences(saved: Any, module: torch.nn.Module) -> str:
+    """'' when ``module`` has the saved tensor shapes; else the first differences, named."""
+    if not isinstance(saved, dict):
+        return ""  # a checkpoint written before the shapes were recorded
+    now = _tensor_shapes(module)
+    differences = [f"'{name}' was {shape}, is {now[name]}" for name, shape in saved.items()
+                   if name in now and now[name] != shape]
+    differences += [f"'{name}' is missing" for name in saved if name not in now]
+    differences += [f"'{name}' is new" for name in now if name not in saved]
+    if not differences:
+        return ""
+    more = f" and {len(differences) - 3} more" if len(differences) > 3 else ""
+    return ", ".join(differences[:3]) + more
+
+
 def _check_saveable(module: Module, where: str) -> None:
     if not module.ait_active:
         raise _core.StateError(f"ait.save: {where} is deactivated; activate() it before saving")
@@ -227,6 +248,7 @@ def save(obj: Any, path: str | os.PathLike, *, overwrite: bool = True,
                 "module_class": class_name(type(module.ait_module)),
                 "directory": section,
                 "manifest_sha256": _sha256(tmp / section / MODULE_MANIFEST),
+                "tensor_shapes": _tensor_shapes(module.ait_module),
             })
         manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "object_class": class_name(type(obj)),
                     "torch_version": torch.__version__, "modules": entries}
@@ -280,6 +302,10 @@ def _read_manifest(directory: Path) -> dict:
         for field in ("path", "name", "module_class", "directory", "manifest_sha256"):
             if not isinstance(entry, dict) or not isinstance(entry.get(field), str) or not entry[field]:
                 raise _corrupt(where, f"modules[{i}].{field} is missing or not a non-empty string")
+        shapes = entry.get("tensor_shapes")
+        if shapes is not None and not (isinstance(shapes, dict) and all(
+                isinstance(shape, list) and all(type(n) is int and n >= 0 for n in shape) for shape in shapes.values())):
+            raise _corrupt(where, f"modules[{i}].tensor_shapes must map names to lists of sizes")
         section = entry["directory"]
         parts = section.split("/")
         if len(parts) != 2 or parts[0] != SECTIONS or parts[1] in ("", ".", "..") or "\\" in section:
@@ -316,6 +342,12 @@ def _check_structure(obj: Any, manifest: dict, where: str) -> list[tuple[dict, A
         module, location = found[entry["path"]]
         if _inner_class(module) != entry["module_class"]:
             problems.append(f"'{entry['path']}' was a {entry['module_class']}, is a {_inner_class(module)}")
+            continue
+        shapes = _shape_differences(entry.get("tensor_shapes"), module.ait_module if isinstance(module, Module)
+                                    else module)
+        if shapes:
+            problems.append(f"'{entry['path']}' has other parameter or buffer shapes (built with another "
+                            f"config): {shapes}")
             continue
         if location.parent is None:
             problems.append(f"'{entry['path']}' is the object itself")
