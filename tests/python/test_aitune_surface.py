@@ -229,3 +229,26 @@ def test_modules_in_a_plain_list_attribute_of_a_module_are_found_and_wrapped():
     expert = [m for m in info.get_modules() if m.object_path == "experts.0"]
     ait.wrap(model, expert, strategy=cpu_strategy())
     assert isinstance(model.experts[0], ait.Module) and model.experts[0].ait_name == "experts.0"
+
+
+def test_modules_under_int_dict_keys_are_found_and_wrapped():
+    # {0: model, 1: model}: as a pipeline keeps several ControlNets; was "holds no torch.nn.Module"
+    class Pipeline:
+        def __init__(self):
+            self.models = {0: MLP().eval(), "0": MLP().eval(), 1: MLP().eval()}
+
+        def __call__(self, x):
+            return self.models[1](x) + self.models[0](x) + self.models["0"](x)
+
+    pipeline = Pipeline()
+    info = ait.inspect(pipeline, [torch.randn(16)], number_of_iterations=1, warmup_iterations=0)
+    # the str "0" would have the int 0's path: the first key of a path is the one found
+    assert sorted(m.object_path for m in info.get_modules()) == ["models.0", "models.1"]
+    ait.wrap(pipeline, info.get_modules(), strategy=cpu_strategy())
+    assert isinstance(pipeline.models[1], ait.Module) and pipeline.models[1].ait_name == "models.1"
+    assert isinstance(pipeline.models[0], ait.Module) and not isinstance(pipeline.models["0"], ait.Module)
+
+
+def test_inspect_refuses_a_max_depth_that_save_would_not_search():
+    with pytest.raises(ValueError, match=r"max_depth must be an int within \[0, 64\]"):
+        ait.inspect(MLP(), [torch.randn(16)], max_depth=65)

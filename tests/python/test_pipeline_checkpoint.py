@@ -359,3 +359,45 @@ def test_a_save_racing_another_first_save_to_the_path_replaces_it(saved, tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
     with torch.no_grad():
         torch.testing.assert_close(ait.load(TwoStage(), target)(saved[1]), saved[2])
+
+
+class Box:
+    def __init__(self, inner):
+        self.inner = inner
+
+
+class DeepPipeline:
+    """Its module nine plain objects deep: found by ait.inspect(max_depth=12) only."""
+
+    def __init__(self):
+        torch.manual_seed(0)
+        chain = MLP().eval()
+        for _ in range(8):
+            chain = Box(chain)
+        self.chain = chain
+
+    def module(self):
+        chain = self.chain
+        while isinstance(chain, Box):
+            chain = chain.inner
+        return chain
+
+    def __call__(self, x):
+        with torch.no_grad():
+            return self.module()(x)
+
+
+def test_a_module_wrapped_deeper_than_eight_levels_is_saved_and_loaded(tmp_path):
+    # was: ait.save found no ait.Module (or left the deep ones out), ait.load left them eager
+    pipeline = DeepPipeline()
+    info = ait.inspect(pipeline, [torch.randn(16)], number_of_iterations=1, warmup_iterations=0, max_depth=12)
+    assert [m.object_path for m in info.get_modules()] == ["chain" + ".inner" * 8]
+    ait.wrap(pipeline, info.get_modules(), strategy=cpu_strategy())
+    ait.tune(lambda x: pipeline(x), [torch.randn(16)], ignore_failing_modules=False)
+    x = torch.randn(2, 16)
+    expected = pipeline(x)
+    path = ait.save(pipeline, tmp_path / "deep")
+    assert [m["path"] for m in json.loads((path / "pipeline.json").read_text())["modules"]] == ["chain" + ".inner" * 8]
+    fresh = ait.load(DeepPipeline(), path)
+    assert isinstance(fresh.module(), ait.Module) and fresh.module().ait_state is ait.ModuleState.TUNED
+    torch.testing.assert_close(fresh(x), expected)

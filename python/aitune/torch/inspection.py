@@ -13,7 +13,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from aitune.torch.dataset import iterate_calls
-from aitune.torch.object_paths import ModuleLocation, find_modules
+from aitune.torch.object_paths import MAX_DEPTH, ModuleLocation, find_modules
 
 DEFAULT_INSPECT_ITERATIONS = 10
 DEFAULT_WARMUP_ITERATIONS = 5
@@ -194,7 +194,8 @@ def inspect(
         inference_function: what to call instead of ``obj`` (e.g. a function that calls
             the pipeline with fixed extra arguments).
         number_of_iterations: timed calls; warmup_iterations: untimed calls first.
-        max_depth: how deep the search for modules goes into plain objects, lists, dicts.
+        max_depth: how deep the search for modules goes into plain objects, lists, dicts
+            (at most 64: ait.save and ait.load look that deep).
 
     Returns an ``InspectedModulesInfo``: ``get_modules(limit=...)`` ranks the modules
     executed, outermost only (a listed module's submodules are not listed: their time is
@@ -206,6 +207,9 @@ def inspect(
             raise ValueError(f"{name} must be a non-negative int, got {value!r}")
     if number_of_iterations == 0:
         raise ValueError("number_of_iterations must be at least 1")
+    if isinstance(max_depth, bool) or not isinstance(max_depth, int) or not 0 <= max_depth <= MAX_DEPTH:
+        raise ValueError(f"max_depth must be an int within [0, {MAX_DEPTH}] (how deep ait.save looks for the "
+                         f"wrapped modules), got {max_depth!r}")
     function = obj if inference_function is None else inference_function
     if not callable(function):
         raise TypeError(f"ait.inspect calls obj or inference_function; {type(obj).__name__} is not callable")

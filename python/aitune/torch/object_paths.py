@@ -72,8 +72,12 @@ def _children(obj: Any) -> Iterator[tuple[str | int, Any]]:
     elif isinstance(obj, (list, tuple)):
         yield from enumerate(obj)
     elif isinstance(obj, dict):
+        names = set()
         for key, value in obj.items():
-            if isinstance(key, str) and "." not in key:  # anything else has no dotted path
+            # str keys without dots, and ints (``{0: controlnet}``, path ``"models.0"``): other
+            # keys have no dotted path; an int whose name a str key has already is skipped
+            if (isinstance(key, str) and "." not in key or type(key) is int) and str(key) not in names:
+                names.add(str(key))
                 yield key, value
     elif hasattr(obj, "__dict__") and type(obj).__module__ != "builtins":
         for key, value in vars(obj).items():
@@ -82,6 +86,11 @@ def _children(obj: Any) -> Iterator[tuple[str | int, Any]]:
 
 
 _LEAF_TYPES = (str, bytes, int, float, bool, type(None), torch.Tensor, type)
+
+#: How deep ait.save and ait.load look for ait.Modules (and the most ait.inspect may be
+#: given): deeper than anything ait.inspect can wrap, so a wrapped module is never left
+#: out of a checkpoint.
+MAX_DEPTH = 64
 
 
 def find_modules(obj: Any, max_depth: int = 8) -> list[tuple[torch.nn.Module, ModuleLocation]]:
@@ -123,6 +132,6 @@ def replaceable_aliases(location: ModuleLocation, wrapped: list[torch.nn.Module]
             and not any(isinstance(a, Module) or any(a is w for w in wrapped) for a in alias.ancestors)]
 
 
-def find_ait_modules(obj: Any, max_depth: int = 8) -> list[tuple[Any, ModuleLocation]]:
+def find_ait_modules(obj: Any, max_depth: int = MAX_DEPTH) -> list[tuple[Any, ModuleLocation]]:
     """The ait.Modules reachable from ``obj``, with their places."""
     return [(module, location) for module, location in find_modules(obj, max_depth) if isinstance(module, Module)]

@@ -39,7 +39,7 @@ from aitune import _core
 from aitune.torch import checkpoint as module_checkpoint
 from aitune.torch.checkpoint_structure import class_name
 from aitune.torch.module import Module, ModuleState
-from aitune.torch.object_paths import find_ait_modules, find_modules, replaceable_aliases
+from aitune.torch.object_paths import MAX_DEPTH, find_ait_modules, find_modules, replaceable_aliases
 
 logger = logging.getLogger("aitune")
 
@@ -329,7 +329,7 @@ def _check_structure(obj: Any, manifest: dict, where: str) -> list[tuple[dict, A
     if manifest["object_class"] != class_name(type(obj)):
         problems.append(f"it was saved from a {manifest['object_class']}, this is a {class_name(type(obj))}")
     found = {}
-    for module, location in find_modules(obj):
+    for module, location in find_modules(obj, MAX_DEPTH):
         found[location.path] = (module, location)
         for alias in location.aliases:  # a shared module: a saved path may be any of its places
             found.setdefault(alias.path, (module, alias))
