@@ -270,6 +270,11 @@ def test_a_shared_module_wrapped_twice_by_hand_loads_into_a_fresh_pipeline(tmp_p
     assert fresh.head.ait_name == "head" and fresh.inner.shared.ait_name == "shared"
     assert fresh.head.ait_module is fresh.inner.shared.ait_module
     torch.testing.assert_close(fresh(x), expected)
+    one = SharedHead()  # one ait.Module at both places cannot take two sections
+    one.head = one.inner.shared = ait.Module(one.head, "head", strategy=cpu_strategy())
+    with pytest.raises(ait.PipelineStructureError, match="'inner.shared' holds the ait.Module 'head' of another"):
+        ait.load(one, path)
+    assert one.head.ait_state is ait.ModuleState.INIT
 
 
 def test_a_load_during_a_concurrent_save_never_mixes_two_versions(saved, tmp_path, monkeypatch):

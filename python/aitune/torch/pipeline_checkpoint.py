@@ -355,6 +355,10 @@ def _check_structure(obj: Any, manifest: dict, where: str) -> list[tuple[dict, A
         if isinstance(location.parent, tuple) and not isinstance(module, Module):
             problems.append(f"'{entry['path']}' is an item of a tuple, where no ait.Module can be put")
             continue
+        if isinstance(module, Module) and any(planned is module for _, planned, _ in plan):
+            problems.append(f"'{entry['path']}' holds the ait.Module '{module.ait_name}' of another saved path; "
+                            "the checkpoint has a module of its own for each")
+            continue
         plan.append((entry, module, location))
     places: dict[int, list[str]] = {}
     for path, (module, _) in found.items():
