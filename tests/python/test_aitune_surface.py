@@ -252,3 +252,33 @@ def test_modules_under_int_dict_keys_are_found_and_wrapped():
 def test_inspect_refuses_a_max_depth_that_save_would_not_search():
     with pytest.raises(ValueError, match=r"max_depth must be an int within \[0, 64\]"):
         ait.inspect(MLP(), [torch.randn(16)], max_depth=65)
+
+
+def test_a_module_also_held_inside_an_executed_one_is_not_listed_twice():
+    # the pipeline holds the denoiser itself and a guidance wrapper around it, and calls
+    # the wrapper only: the denoiser's calls are part of the wrapper's time
+    class Guidance(torch.nn.Module):
+        def __init__(self, denoiser):
+            super().__init__()
+            self.denoiser = denoiser
+
+        def forward(self, x):
+            return self.denoiser(x) * 2 - self.denoiser(torch.zeros_like(x))
+
+    class Pipeline:
+        def __init__(self):
+            self.denoiser = MLP(16, 32, 16).eval()
+            self.guidance = Guidance(self.denoiser)
+
+        def __call__(self, x):
+            return self.guidance(x) + self.denoiser(x)[:, :1]
+
+    pipeline = Pipeline()
+    info = ait.inspect(pipeline, [torch.randn(16)], number_of_iterations=2, warmup_iterations=0)
+    by_path = {m.object_path: m for m in info.get_modules()}
+    assert sorted(by_path) == ["denoiser", "guidance"]
+    assert by_path["guidance"].execution_count == 2 and by_path["denoiser"].execution_count == 2  # its own calls only
+    only_guidance = ait.inspect(pipeline, [torch.randn(16)], inference_function=lambda x: pipeline.guidance(x),
+                                number_of_iterations=1, warmup_iterations=0)
+    assert [m.object_path for m in only_guidance.get_modules()] == ["guidance"]
+    assert only_guidance.share(only_guidance.get_modules()[0]) <= 1.0
