@@ -364,6 +364,12 @@ def test_a_save_racing_another_first_save_to_the_path_replaces_it(saved, tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
     with torch.no_grad():
         torch.testing.assert_close(ait.load(TwoStage(), target)(saved[1]), saved[2])
+    raced.clear()  # with overwrite=False the other save's checkpoint stays, as if it had been there first
+    other = tmp_path / "other"
+    target = other / "ck"
+    with pytest.raises(aitune.InvalidArgumentError, match="overwrite=False"):
+        ait.save(pipeline, target, overwrite=False)
+    assert raced and (target / "from-the-other-save").exists() and sorted(p.name for p in other.iterdir()) == ["ck"]
 
 
 class Box:

@@ -121,7 +121,7 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(code, os.strerror(code), str(b))
 
 
-def _replace_directory(tmp: Path, target: Path) -> None:
+def _replace_directory(tmp: Path, target: Path, overwrite: bool = True) -> None:
     """Puts the finished ``tmp`` at ``target``: an atomic exchange where the file system
     has one (there is never a moment without a checkpoint at ``target``), else the old one
     renamed aside and put back if the second rename fails."""
@@ -133,7 +133,14 @@ def _replace_directory(tmp: Path, target: Path) -> None:
         except OSError as error:
             if error.errno not in (errno.ENOTEMPTY, errno.EEXIST):
                 raise
-            # another process's save put its checkpoint there since: replace it as below
+        # another process saved a checkpoint there since the path was found free: replace
+        # it as if it had been there from the start, or refuse as then
+        if not _is_ours(target):
+            raise _core.InvalidArgumentError(
+                f"ait.save: '{target}' exists and is not an aitune checkpoint; refusing to replace it") from None
+        if not overwrite:
+            raise _core.InvalidArgumentError(
+                f"ait.save: '{target}' holds a checkpoint and overwrite=False (saved by another process meanwhile)")
     if _exchange(tmp, target):
         shutil.rmtree(tmp)  # now the old checkpoint
     else:
@@ -260,7 +267,7 @@ def save(obj: Any, path: str | os.PathLike, *, overwrite: bool = True,
             on_file_written(MANIFEST, written + 1)
         for directory in (tmp / SECTIONS, tmp):
             _fsync_directory(directory)
-        _replace_directory(tmp, target)
+        _replace_directory(tmp, target, overwrite)
     except BaseException:
         owned.remove()
         raise
