@@ -4,8 +4,9 @@ one checkpoint directory, with one section per ait.Module under its object path.
 Layout::
 
     <path>/pipeline.json            the manifest: object class, and per module its object
-                                    path, name, class, section directory and the sha256
-                                    of the section's manifest.json
+                                    path, name, class, section directory, the sha256
+                                    of the section's manifest.json and the shapes of its
+                                    parameters and buffers (tensor_shapes)
     <path>/modules/<object path>/   each a complete single-module checkpoint
                                     (checkpoint.py: ONNX models, sha256 per file), which
                                     the C++ engine and ``aitune run`` load by themselves
