@@ -229,3 +229,56 @@ def test_modules_in_a_plain_list_attribute_of_a_module_are_found_and_wrapped():
     expert = [m for m in info.get_modules() if m.object_path == "experts.0"]
     ait.wrap(model, expert, strategy=cpu_strategy())
     assert isinstance(model.experts[0], ait.Module) and model.experts[0].ait_name == "experts.0"
+
+
+def test_modules_under_int_dict_keys_are_found_and_wrapped():
+    # {0: model, 1: model}: as a pipeline keeps several ControlNets; was "holds no torch.nn.Module"
+    class Pipeline:
+        def __init__(self):
+            self.models = {0: MLP().eval(), "0": MLP().eval(), 1: MLP().eval()}
+
+        def __call__(self, x):
+            return self.models[1](x) + self.models[0](x) + self.models["0"](x)
+
+    pipeline = Pipeline()
+    info = ait.inspect(pipeline, [torch.randn(16)], number_of_iterations=1, warmup_iterations=0)
+    # the str "0" would have the int 0's path: the first key of a path is the one found
+    assert sorted(m.object_path for m in info.get_modules()) == ["models.0", "models.1"]
+    ait.wrap(pipeline, info.get_modules(), strategy=cpu_strategy())
+    assert isinstance(pipeline.models[1], ait.Module) and pipeline.models[1].ait_name == "models.1"
+    assert isinstance(pipeline.models[0], ait.Module) and not isinstance(pipeline.models["0"], ait.Module)
+
+
+def test_inspect_refuses_a_max_depth_that_save_would_not_search():
+    with pytest.raises(ValueError, match=r"max_depth must be an int within \[0, 64\]"):
+        ait.inspect(MLP(), [torch.randn(16)], max_depth=65)
+
+
+def test_a_module_also_held_inside_an_executed_one_is_not_listed_twice():
+    # the pipeline holds the denoiser itself and a guidance wrapper around it, and calls
+    # the wrapper only: the denoiser's calls are part of the wrapper's time
+    class Guidance(torch.nn.Module):
+        def __init__(self, denoiser):
+            super().__init__()
+            self.denoiser = denoiser
+
+        def forward(self, x):
+            return self.denoiser(x) * 2 - self.denoiser(torch.zeros_like(x))
+
+    class Pipeline:
+        def __init__(self):
+            self.denoiser = MLP(16, 32, 16).eval()
+            self.guidance = Guidance(self.denoiser)
+
+        def __call__(self, x):
+            return self.guidance(x) + self.denoiser(x)[:, :1]
+
+    pipeline = Pipeline()
+    info = ait.inspect(pipeline, [torch.randn(16)], number_of_iterations=2, warmup_iterations=0)
+    by_path = {m.object_path: m for m in info.get_modules()}
+    assert sorted(by_path) == ["denoiser", "guidance"]
+    assert by_path["guidance"].execution_count == 2 and by_path["denoiser"].execution_count == 2  # its own calls only
+    only_guidance = ait.inspect(pipeline, [torch.randn(16)], inference_function=lambda x: pipeline.guidance(x),
+                                number_of_iterations=1, warmup_iterations=0)
+    assert [m.object_path for m in only_guidance.get_modules()] == ["guidance"]
+    assert only_guidance.share(only_guidance.get_modules()[0]) <= 1.0

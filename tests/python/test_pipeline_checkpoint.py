@@ -104,6 +104,28 @@ def test_a_changed_class_is_refused(saved):
     assert not isinstance(fresh.encoder, ait.Module)
 
 
+def test_a_module_built_with_another_config_is_refused(saved, tmp_path):
+    # same class at the saved path, other sizes: the tuned graphs would silently compute
+    # the saved model, not the one built
+    fresh = TwoStage()
+    fresh.encoder = MLP(16, 64, 16).eval()
+    with pytest.raises(ait.PipelineStructureError,
+                       match=r"'encoder' has other parameter or buffer shapes .*'fc1.weight' was \[32, 16\], "
+                             r"is \[64, 16\]"):
+        ait.load(fresh, saved[0])
+    assert not isinstance(fresh.encoder, ait.Module) and not isinstance(fresh.heads[0], ait.Module)
+    path = copy_of(saved, tmp_path)
+    manifest = json.loads((path / "pipeline.json").read_text())
+    manifest["modules"][0]["tensor_shapes"] = {"fc1.weight": "32x16"}
+    (path / "pipeline.json").write_text(json.dumps(manifest))
+    with pytest.raises(aitune.CheckpointCorruptError, match=r"modules\[0\]\.tensor_shapes"):
+        ait.load(TwoStage(), path)
+    for entry in manifest["modules"]:  # a checkpoint written before the shapes were recorded loads
+        del entry["tensor_shapes"]
+    (path / "pipeline.json").write_text(json.dumps(manifest))
+    assert isinstance(ait.load(TwoStage(), path).encoder, ait.Module)
+
+
 def test_another_object_class_is_refused(saved):
     fresh = OtherStage()
     with pytest.raises(ait.PipelineStructureError, match="saved from a .*TwoStage, this is a .*OtherStage"):
@@ -191,3 +213,202 @@ def test_a_single_module_checkpoint_loads_into_a_plain_module(saved, tmp_path):
         ait.load(TwoStage(), single)
     with pytest.raises(ait.PipelineStructureError):  # a pipeline checkpoint into a module of another build
         ait.load(MLP(), saved[0])
+
+
+class SharedHead:
+    """One Linear reachable from two places (``head`` and ``inner.shared``), called through
+    both at different shapes: a pipeline sharing a module between two stages."""
+
+    def __init__(self):
+        torch.manual_seed(0)
+        self.head = torch.nn.Linear(16, 16).eval()
+        self.inner = type("Inner", (), {})()
+        self.inner.encoder = MLP(16, 32, 16).eval()
+        self.inner.shared = self.head
+
+    def __call__(self, x):
+        with torch.no_grad():
+            y = self.inner.shared(self.inner.encoder(x))
+            return self.head(y[:, 0])  # another rank: another graph
+
+
+def test_a_shared_module_is_wrapped_saved_and_loaded_at_every_place(tmp_path):
+    pipeline = SharedHead()
+    samples = [torch.randn(3, 16) for _ in range(2)]
+    x = torch.stack(samples)
+    expected = pipeline(x)
+    info = ait.inspect(pipeline, samples, number_of_iterations=1, warmup_iterations=0)
+    assert sorted(m.object_path for m in info.get_modules()) == ["head", "inner.encoder"]
+    (head,) = [m for m in info.get_modules() if m.object_path == "head"]
+    assert head.execution_count == 2  # through both places
+    ait.wrap(pipeline, info.get_modules(), strategy=cpu_strategy())
+    assert isinstance(pipeline.head, ait.Module) and pipeline.inner.shared is pipeline.head
+    ait.tune(lambda x: pipeline(x), samples, ignore_failing_modules=False)
+    assert len(pipeline.head.ait_graphs) == 2  # the calls through inner.shared were recorded and tuned too
+    torch.testing.assert_close(pipeline(x), expected)
+    path = ait.save(pipeline, tmp_path / "shared")
+    assert [m["path"] for m in json.loads((path / "pipeline.json").read_text())["modules"]] == ["head", "inner.encoder"]
+    fresh = ait.load(SharedHead(), path)
+    assert isinstance(fresh.head, ait.Module) and fresh.inner.shared is fresh.head
+    assert fresh.head.ait_state is ait.ModuleState.TUNED
+    torch.testing.assert_close(fresh(x), expected)
+
+
+def test_a_shared_module_wrapped_twice_by_hand_loads_into_a_fresh_pipeline(tmp_path):
+    # two ait.Modules over one Linear, one per place: both saved, both found again on load
+    pipeline = SharedHead()
+    pipeline.head = ait.Module(pipeline.head, "head", strategy=cpu_strategy())
+    pipeline.inner.shared = ait.Module(pipeline.inner.shared, "shared", strategy=cpu_strategy())
+    samples = [torch.randn(3, 16)]
+    ait.tune(lambda x: pipeline(x), samples, ignore_failing_modules=False)
+    x = torch.stack(samples)
+    expected = pipeline(x)
+    path = ait.save(pipeline, tmp_path / "twice")
+    assert sorted(m["path"] for m in json.loads((path / "pipeline.json").read_text())["modules"]) == [
+        "head", "inner.shared"]
+    fresh = ait.load(SharedHead(), path)
+    assert fresh.head.ait_name == "head" and fresh.inner.shared.ait_name == "shared"
+    assert fresh.head.ait_module is fresh.inner.shared.ait_module
+    torch.testing.assert_close(fresh(x), expected)
+    one = SharedHead()  # one ait.Module at both places cannot take two sections
+    one.head = one.inner.shared = ait.Module(one.head, "head", strategy=cpu_strategy())
+    with pytest.raises(ait.PipelineStructureError, match="'inner.shared' holds the ait.Module 'head' of another"):
+        ait.load(one, path)
+    assert one.head.ait_state is ait.ModuleState.INIT
+
+
+def test_a_load_during_a_concurrent_save_never_mixes_two_versions(saved, tmp_path, monkeypatch):
+    # another process saves a pipeline of other weights to the path after the first section
+    # was loaded: the load must not keep the encoder of one version and the head of the next
+    from aitune.torch import checkpoint as module_checkpoint
+
+    path = copy_of(saved, tmp_path)
+    other = TwoStage()
+    with torch.no_grad():
+        for p in other.encoder.parameters():
+            p.add_(0.5)
+    other.encoder = ait.Module(other.encoder, "encoder", strategy=cpu_strategy())
+    other.heads[0] = ait.Module(other.heads[0], "head", strategy=cpu_strategy())
+    ait.tune(other, [torch.randn(16)], ignore_failing_modules=False)
+    x = saved[1]
+    with torch.no_grad():
+        other_outputs = other(x)
+    assert not torch.allclose(other_outputs, saved[2])
+    real_load, sections_loaded = module_checkpoint.load, []
+
+    def load_then_overwritten(module, section, device_map=None):
+        result = real_load(module, section, device_map)
+        sections_loaded.append(section)
+        if len(sections_loaded) == 1:
+            ait.save(other, path)  # swapped in between the two sections
+        return result
+
+    monkeypatch.setattr(module_checkpoint, "load", load_then_overwritten)
+    fresh = ait.load(TwoStage(), path)
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(x), other_outputs)  # the new version, whole
+    assert len(sections_loaded) == 4  # the first attempt's two, then both again from the new version
+
+
+def test_staging_is_owned_while_saving_and_a_dead_saves_is_swept_by_the_next(saved, tmp_path):
+    import fcntl
+    import os
+    import subprocess
+    import sys
+
+    pipeline = ait.load(TwoStage(), saved[0])
+    target = tmp_path / "ck"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    left = [tmp_path / f".ck.tmp-{dead.pid}-killed", tmp_path / f".ck.old-{dead.pid}-killed"]
+    for directory in left:  # what a save killed mid-way leaves
+        (directory / "modules").mkdir(parents=True)
+    locked_by_others = []
+
+    def staging_is_locked(relative, count):
+        if count == 1:
+            (staging,) = [p for p in tmp_path.glob(".ck.tmp-*") if p not in left]
+            fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                locked_by_others.append(False)
+            except BlockingIOError:
+                locked_by_others.append(True)
+            finally:
+                os.close(fd)
+
+    ait.save(pipeline, target, on_file_written=staging_is_locked)
+    assert locked_by_others == [True]  # another process's sweep keeps it, whatever its pid
+    assert not any(directory.exists() for directory in left)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+
+
+def test_a_save_racing_another_first_save_to_the_path_replaces_it(saved, tmp_path, monkeypatch):
+    import os
+
+    from aitune.torch import pipeline_checkpoint
+
+    pipeline = ait.load(TwoStage(), saved[0])
+    target = tmp_path / "ck"
+    real_rename, raced = os.rename, []
+
+    def another_save_first(src, dst):
+        if Path(dst) == target and not raced:  # between the save's look at the path and its rename
+            raced.append(shutil.copytree(saved[0], target))
+            (target / "from-the-other-save").write_text("")
+        return real_rename(src, dst)
+
+    monkeypatch.setattr(pipeline_checkpoint.os, "rename", another_save_first)
+    ait.save(pipeline, target)
+    assert raced and not (target / "from-the-other-save").exists()  # replaced, whole
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ck"]
+    with torch.no_grad():
+        torch.testing.assert_close(ait.load(TwoStage(), target)(saved[1]), saved[2])
+    raced.clear()  # with overwrite=False the other save's checkpoint stays, as if it had been there first
+    other = tmp_path / "other"
+    target = other / "ck"
+    with pytest.raises(aitune.InvalidArgumentError, match="overwrite=False"):
+        ait.save(pipeline, target, overwrite=False)
+    assert raced and (target / "from-the-other-save").exists() and sorted(p.name for p in other.iterdir()) == ["ck"]
+
+
+class Box:
+    def __init__(self, inner):
+        self.inner = inner
+
+
+class DeepPipeline:
+    """Its module nine plain objects deep: found by ait.inspect(max_depth=12) only."""
+
+    def __init__(self):
+        torch.manual_seed(0)
+        chain = MLP().eval()
+        for _ in range(8):
+            chain = Box(chain)
+        self.chain = chain
+
+    def module(self):
+        chain = self.chain
+        while isinstance(chain, Box):
+            chain = chain.inner
+        return chain
+
+    def __call__(self, x):
+        with torch.no_grad():
+            return self.module()(x)
+
+
+def test_a_module_wrapped_deeper_than_eight_levels_is_saved_and_loaded(tmp_path):
+    # was: ait.save found no ait.Module (or left the deep ones out), ait.load left them eager
+    pipeline = DeepPipeline()
+    info = ait.inspect(pipeline, [torch.randn(16)], number_of_iterations=1, warmup_iterations=0, max_depth=12)
+    assert [m.object_path for m in info.get_modules()] == ["chain" + ".inner" * 8]
+    ait.wrap(pipeline, info.get_modules(), strategy=cpu_strategy())
+    ait.tune(lambda x: pipeline(x), [torch.randn(16)], ignore_failing_modules=False)
+    x = torch.randn(2, 16)
+    expected = pipeline(x)
+    path = ait.save(pipeline, tmp_path / "deep")
+    assert [m["path"] for m in json.loads((path / "pipeline.json").read_text())["modules"]] == ["chain" + ".inner" * 8]
+    fresh = ait.load(DeepPipeline(), path)
+    assert isinstance(fresh.module(), ait.Module) and fresh.module().ait_state is ait.ModuleState.TUNED
+    torch.testing.assert_close(fresh(x), expected)

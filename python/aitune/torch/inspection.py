@@ -13,7 +13,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from aitune.torch.dataset import iterate_calls
-from aitune.torch.object_paths import ModuleLocation, find_modules
+from aitune.torch.object_paths import MAX_DEPTH, ModuleLocation, find_modules
 
 DEFAULT_INSPECT_ITERATIONS = 10
 DEFAULT_WARMUP_ITERATIONS = 5
@@ -27,8 +27,9 @@ class ModuleInfo:
     ``object_path``: dotted path from the inspected object (``"unet"``,
     ``"blocks.0"``; ``""`` for the object itself); ``parent``: the object holding it
     (None for the object itself); ``execution_count`` and ``total_execution_time``
-    (seconds, its own calls, synchronised on CUDA); ``input_shapes``: the distinct tensor
-    input shapes of its calls."""
+    (seconds, synchronised on CUDA) of its calls made while no other found module ran
+    (a call inside another's forward is part of that one's time); ``input_shapes``: the
+    distinct tensor input shapes of those calls."""
 
     module: torch.nn.Module
     location: ModuleLocation
@@ -125,13 +126,15 @@ def _tensor_shapes(args: tuple, kwargs: dict) -> tuple:
 
 
 class _Timer:
-    """Forward hooks on every found module: own calls counted and timed. A module called
-    while an outer found module runs is timed too, but only the outermost executed ones
-    are reported (``get_modules`` never lists a module inside another listed one)."""
+    """Forward hooks on every found module: own calls counted and timed. Only calls made
+    while no other found module runs count (a module called inside another's forward is
+    part of that one's time: a child, or a module the pipeline also holds at a place of
+    its own), so ``get_modules`` never counts time twice."""
 
     def __init__(self, infos: list[ModuleInfo]):
         self.infos = {id(info.module): info for info in infos}
-        self.starts: dict[int, list[float]] = {}
+        self.starts: dict[int, list[tuple[float, bool]]] = {}
+        self.running = 0  # found modules whose forward runs now
         self.active = False
         self.handles = []
         for info in infos:
@@ -140,21 +143,27 @@ class _Timer:
 
     def _pre(self, module, args, kwargs):
         if self.active:
-            info = self.infos[id(module)]
-            shapes = _tensor_shapes(args, kwargs)
-            if shapes not in info.input_shapes:
-                info.input_shapes.append(shapes)
-            _synchronize()
-            self.starts.setdefault(id(module), []).append(time.perf_counter())
+            nested = self.running > 0
+            self.running += 1
+            if not nested:
+                info = self.infos[id(module)]
+                shapes = _tensor_shapes(args, kwargs)
+                if shapes not in info.input_shapes:
+                    info.input_shapes.append(shapes)
+                _synchronize()
+            self.starts.setdefault(id(module), []).append((time.perf_counter(), nested))
         return None
 
     def _post(self, module, args, output):
         starts = self.starts.get(id(module))
         if self.active and starts:
-            _synchronize()
-            info = self.infos[id(module)]
-            info.total_execution_time += time.perf_counter() - starts.pop()
-            info.execution_count += 1
+            start, nested = starts.pop()
+            self.running -= 1
+            if not nested:
+                _synchronize()
+                info = self.infos[id(module)]
+                info.total_execution_time += time.perf_counter() - start
+                info.execution_count += 1
         return None
 
     def remove(self) -> None:
@@ -194,7 +203,8 @@ def inspect(
         inference_function: what to call instead of ``obj`` (e.g. a function that calls
             the pipeline with fixed extra arguments).
         number_of_iterations: timed calls; warmup_iterations: untimed calls first.
-        max_depth: how deep the search for modules goes into plain objects, lists, dicts.
+        max_depth: how deep the search for modules goes into plain objects, lists, dicts
+            (at most 64: ait.save and ait.load look that deep).
 
     Returns an ``InspectedModulesInfo``: ``get_modules(limit=...)`` ranks the modules
     executed, outermost only (a listed module's submodules are not listed: their time is
@@ -206,6 +216,9 @@ def inspect(
             raise ValueError(f"{name} must be a non-negative int, got {value!r}")
     if number_of_iterations == 0:
         raise ValueError("number_of_iterations must be at least 1")
+    if isinstance(max_depth, bool) or not isinstance(max_depth, int) or not 0 <= max_depth <= MAX_DEPTH:
+        raise ValueError(f"max_depth must be an int within [0, {MAX_DEPTH}] (how deep ait.save looks for the "
+                         f"wrapped modules), got {max_depth!r}")
     function = obj if inference_function is None else inference_function
     if not callable(function):
         raise TypeError(f"ait.inspect calls obj or inference_function; {type(obj).__name__} is not callable")

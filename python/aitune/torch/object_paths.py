@@ -24,6 +24,9 @@ class ModuleLocation:
     parent: Any
     key: str | int | None
     ancestors: tuple = ()
+    #: the other places the same module was found at, after this first one (a module
+    #: shared by two attributes of a pipeline); filled by ``find_modules``
+    aliases: list = dataclasses.field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -69,8 +72,12 @@ def _children(obj: Any) -> Iterator[tuple[str | int, Any]]:
     elif isinstance(obj, (list, tuple)):
         yield from enumerate(obj)
     elif isinstance(obj, dict):
+        names = set()
         for key, value in obj.items():
-            if isinstance(key, str) and "." not in key:  # anything else has no dotted path
+            # str keys without dots, and ints (``{0: controlnet}``, path ``"models.0"``): other
+            # keys have no dotted path; an int whose name a str key has already is skipped
+            if (isinstance(key, str) and "." not in key or type(key) is int) and str(key) not in names:
+                names.add(str(key))
                 yield key, value
     elif hasattr(obj, "__dict__") and type(obj).__module__ != "builtins":
         for key, value in vars(obj).items():
@@ -80,23 +87,33 @@ def _children(obj: Any) -> Iterator[tuple[str | int, Any]]:
 
 _LEAF_TYPES = (str, bytes, int, float, bool, type(None), torch.Tensor, type)
 
+#: How deep ait.save and ait.load look for ait.Modules (and the most ait.inspect may be
+#: given): deeper than anything ait.inspect can wrap, so a wrapped module is never left
+#: out of a checkpoint.
+MAX_DEPTH = 64
+
 
 def find_modules(obj: Any, max_depth: int = 8) -> list[tuple[torch.nn.Module, ModuleLocation]]:
     """Every nn.Module reachable from ``obj`` (``obj`` itself first, when it is one), each
-    once, at the first place found (depth-first, in attribute / index order)."""
+    once, at the first place found (depth-first, in attribute / index order); the other
+    places the same module is found at are that location's ``aliases``."""
     found: list[tuple[torch.nn.Module, ModuleLocation]] = []
     seen: set[int] = set()
+    first: dict[int, ModuleLocation] = {}
 
     def walk(value: Any, location: ModuleLocation, depth: int) -> None:
         if depth > max_depth or isinstance(value, _LEAF_TYPES) or callable(value) and not isinstance(
                 value, torch.nn.Module) and not hasattr(value, "__dict__"):
             return
         if id(value) in seen:
+            if id(value) in first and location.parent is not None:
+                first[id(value)].aliases.append(location)
             return
         seen.add(id(value))
         ancestors = location.ancestors
         if isinstance(value, torch.nn.Module):
             found.append((value, location))
+            first[id(value)] = location
             ancestors = (*ancestors, value)
         for key, child in _children(value):
             path = f"{location.path}.{key}" if location.path else str(key)
@@ -106,6 +123,15 @@ def find_modules(obj: Any, max_depth: int = 8) -> list[tuple[torch.nn.Module, Mo
     return found
 
 
-def find_ait_modules(obj: Any, max_depth: int = 8) -> list[tuple[Any, ModuleLocation]]:
+def replaceable_aliases(location: ModuleLocation, wrapped: list[torch.nn.Module]) -> list[ModuleLocation]:
+    """The aliases of ``location`` where an ait.Module can stand in for the module too: not
+    inside a module of ``wrapped`` (that one's graph holds the module already) or inside an
+    ait.Module, not a tuple item."""
+    return [alias for alias in location.aliases
+            if not isinstance(alias.parent, tuple)
+            and not any(isinstance(a, Module) or any(a is w for w in wrapped) for a in alias.ancestors)]
+
+
+def find_ait_modules(obj: Any, max_depth: int = MAX_DEPTH) -> list[tuple[Any, ModuleLocation]]:
     """The ait.Modules reachable from ``obj``, with their places."""
     return [(module, location) for module, location in find_modules(obj, max_depth) if isinstance(module, Module)]

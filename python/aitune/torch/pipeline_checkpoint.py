@@ -4,8 +4,9 @@ one checkpoint directory, with one section per ait.Module under its object path.
 Layout::
 
     <path>/pipeline.json            the manifest: object class, and per module its object
-                                    path, name, class, section directory and the sha256
-                                    of the section's manifest.json
+                                    path, name, class, section directory, the sha256
+                                    of the section's manifest.json and the shapes of its
+                                    parameters and buffers (tensor_shapes)
     <path>/modules/<object path>/   each a complete single-module checkpoint
                                     (checkpoint.py: ONNX models, sha256 per file), which
                                     the C++ engine and ``aitune run`` load by themselves
@@ -39,7 +40,7 @@ from aitune import _core
 from aitune.torch import checkpoint as module_checkpoint
 from aitune.torch.checkpoint_structure import class_name
 from aitune.torch.module import Module, ModuleState
-from aitune.torch.object_paths import find_ait_modules, find_modules
+from aitune.torch.object_paths import MAX_DEPTH, find_ait_modules, find_modules, replaceable_aliases
 
 logger = logging.getLogger("aitune")
 
@@ -121,15 +122,27 @@ def _exchange(a: Path, b: Path) -> bool:
     raise OSError(code, os.strerror(code), str(b))
 
 
-def _replace_directory(tmp: Path, target: Path) -> None:
+def _replace_directory(tmp: Path, target: Path, overwrite: bool = True) -> None:
     """Puts the finished ``tmp`` at ``target``: an atomic exchange where the file system
     has one (there is never a moment without a checkpoint at ``target``), else the old one
     renamed aside and put back if the second rename fails."""
-    if not target.exists():
-        os.rename(tmp, target)
-    elif target.is_dir() and not any(target.iterdir()):
-        os.rename(tmp, target)  # over an empty directory
-    elif _exchange(tmp, target):
+    if not target.exists() or target.is_dir() and not any(target.iterdir()):
+        try:
+            os.rename(tmp, target)  # nothing there, or an empty directory
+            _fsync_directory(target.parent)
+            return
+        except OSError as error:
+            if error.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+        # another process saved a checkpoint there since the path was found free: replace
+        # it as if it had been there from the start, or refuse as then
+        if not _is_ours(target):
+            raise _core.InvalidArgumentError(
+                f"ait.save: '{target}' exists and is not an aitune checkpoint; refusing to replace it") from None
+        if not overwrite:
+            raise _core.InvalidArgumentError(
+                f"ait.save: '{target}' holds a checkpoint and overwrite=False (saved by another process meanwhile)")
+    if _exchange(tmp, target):
         shutil.rmtree(tmp)  # now the old checkpoint
     else:
         aside = target.parent / f".{target.name}.old-{os.getpid()}-{secrets.token_hex(8)}"
@@ -141,6 +154,27 @@ def _replace_directory(tmp: Path, target: Path) -> None:
             raise
         shutil.rmtree(aside)
     _fsync_directory(target.parent)
+
+
+def _tensor_shapes(module: torch.nn.Module) -> dict[str, list[int]]:
+    """The shape of each parameter and buffer of the module, by name: what its config
+    decided (a fresh module built with another hidden size differs here, not in its class)."""
+    return {name: list(tensor.shape) for name, tensor in (*module.named_parameters(), *module.named_buffers())}
+
+
+def _shape_differences(saved: Any, module: torch.nn.Module) -> str:
+    """'' when ``module`` has the saved tensor shapes; else the first differences, named."""
+    if not isinstance(saved, dict):
+        return ""  # a checkpoint written before the shapes were recorded
+    now = _tensor_shapes(module)
+    differences = [f"'{name}' was {shape}, is {now[name]}" for name, shape in saved.items()
+                   if name in now and now[name] != shape]
+    differences += [f"'{name}' is missing" for name in saved if name not in now]
+    differences += [f"'{name}' is new" for name in now if name not in saved]
+    if not differences:
+        return ""
+    more = f" and {len(differences) - 3} more" if len(differences) > 3 else ""
+    return ", ".join(differences[:3]) + more
 
 
 def _check_saveable(module: Module, where: str) -> None:
@@ -194,8 +228,14 @@ def save(obj: Any, path: str | os.PathLike, *, overwrite: bool = True,
         if not overwrite and any(target.iterdir()):
             raise _core.InvalidArgumentError(f"ait.save: '{target}' holds a checkpoint and overwrite=False")
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}-{secrets.token_hex(8)}"
-    tmp.mkdir()
+    # the staging directory is owned (pid in its name, flock held) like the single-module
+    # save's, so that saves of other processes sweep it only once this process is gone;
+    # those of processes that died (a kill -9 mid-save) are swept here
+    staging_prefix, aside_prefix = f".{target.name}.tmp-", f".{target.name}.old-"
+    for prefix in (staging_prefix, aside_prefix):
+        _core.remove_stale_directories(str(target.parent), prefix)
+    owned = _core.OwnedDirectory.create(str(target.parent), staging_prefix)
+    tmp = Path(owned.path)
     try:
         sections = _section_directories([location.path for _, location in found])
         entries, written = [], 0
@@ -216,6 +256,7 @@ def save(obj: Any, path: str | os.PathLike, *, overwrite: bool = True,
                 "module_class": class_name(type(module.ait_module)),
                 "directory": section,
                 "manifest_sha256": _sha256(tmp / section / MODULE_MANIFEST),
+                "tensor_shapes": _tensor_shapes(module.ait_module),
             })
         manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "object_class": class_name(type(obj)),
                     "torch_version": torch.__version__, "modules": entries}
@@ -227,10 +268,11 @@ def save(obj: Any, path: str | os.PathLike, *, overwrite: bool = True,
             on_file_written(MANIFEST, written + 1)
         for directory in (tmp / SECTIONS, tmp):
             _fsync_directory(directory)
-        _replace_directory(tmp, target)
+        _replace_directory(tmp, target, overwrite)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        owned.remove()
         raise
+    owned.release()  # the lock went with the directory, now the checkpoint (or removed)
     logger.info("ait.save: %d ait.Modules of %s (%s) saved to %s in %.3f s", len(found), type(obj).__name__,
                 ", ".join(location.path for _, location in found), target, time.perf_counter() - start)
     return target
@@ -268,6 +310,10 @@ def _read_manifest(directory: Path) -> dict:
         for field in ("path", "name", "module_class", "directory", "manifest_sha256"):
             if not isinstance(entry, dict) or not isinstance(entry.get(field), str) or not entry[field]:
                 raise _corrupt(where, f"modules[{i}].{field} is missing or not a non-empty string")
+        shapes = entry.get("tensor_shapes")
+        if shapes is not None and not (isinstance(shapes, dict) and all(
+                isinstance(shape, list) and all(type(n) is int and n >= 0 for n in shape) for shape in shapes.values())):
+            raise _corrupt(where, f"modules[{i}].tensor_shapes must map names to lists of sizes")
         section = entry["directory"]
         parts = section.split("/")
         if len(parts) != 2 or parts[0] != SECTIONS or parts[1] in ("", ".", "..") or "\\" in section:
@@ -290,7 +336,11 @@ def _check_structure(obj: Any, manifest: dict, where: str) -> list[tuple[dict, A
     problems = []
     if manifest["object_class"] != class_name(type(obj)):
         problems.append(f"it was saved from a {manifest['object_class']}, this is a {class_name(type(obj))}")
-    found = {location.path: (module, location) for module, location in find_modules(obj)}
+    found = {}
+    for module, location in find_modules(obj, MAX_DEPTH):
+        found[location.path] = (module, location)
+        for alias in location.aliases:  # a shared module: a saved path may be any of its places
+            found.setdefault(alias.path, (module, alias))
     saved_paths = {entry["path"] for entry in manifest["modules"]}
     plan = []
     for entry in manifest["modules"]:
@@ -301,15 +351,29 @@ def _check_structure(obj: Any, manifest: dict, where: str) -> list[tuple[dict, A
         if _inner_class(module) != entry["module_class"]:
             problems.append(f"'{entry['path']}' was a {entry['module_class']}, is a {_inner_class(module)}")
             continue
+        shapes = _shape_differences(entry.get("tensor_shapes"), module.ait_module if isinstance(module, Module)
+                                    else module)
+        if shapes:
+            problems.append(f"'{entry['path']}' has other parameter or buffer shapes (built with another "
+                            f"config): {shapes}")
+            continue
         if location.parent is None:
             problems.append(f"'{entry['path']}' is the object itself")
             continue
         if isinstance(location.parent, tuple) and not isinstance(module, Module):
             problems.append(f"'{entry['path']}' is an item of a tuple, where no ait.Module can be put")
             continue
+        if isinstance(module, Module) and any(planned is module for _, planned, _ in plan):
+            problems.append(f"'{entry['path']}' holds the ait.Module '{module.ait_name}' of another saved path; "
+                            "the checkpoint has a module of its own for each")
+            continue
         plan.append((entry, module, location))
+    places: dict[int, list[str]] = {}
     for path, (module, _) in found.items():
-        if isinstance(module, Module) and path not in saved_paths:
+        if isinstance(module, Module):
+            places.setdefault(id(module), []).append(path)
+    for path, (module, _) in found.items():
+        if isinstance(module, Module) and path == places[id(module)][0] and not saved_paths & set(places[id(module)]):
             problems.append(f"ait.Module '{module.ait_name}' at '{path or '<the object>'}' is not in the checkpoint")
     if problems:
         raise PipelineStructureError(
@@ -365,6 +429,60 @@ def _module_name(directory: Path) -> str:
     return name if isinstance(name, str) and name else ""
 
 
+_LOAD_ATTEMPTS = 10
+
+
+class _Replaced(Exception):
+    """The checkpoint directory was swapped for another version while it was being read."""
+
+
+def _identity(directory: Path) -> tuple[int, int] | None:
+    """Which directory the path names now (a save swaps in a new one: another inode)."""
+    try:
+        st = os.stat(directory)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _load_once(obj: Any, directory: Path, device_map: Any, identity) -> list:
+    """One load of every section into ``obj``; on any error, or when the path was swapped
+    for another version meanwhile (``_Replaced``: the sections read may be of two
+    versions), every module is put back as it was and nothing is wrapped."""
+    where = f"ait.load: checkpoint '{directory}'"
+    manifest = _read_manifest(directory)
+    plan = _check_structure(obj, manifest, where)
+    sections = [_verify_section(directory, entry, where) for entry, _, _ in plan]
+    snapshots, installs = [], []
+    try:
+        for (entry, module, location), section in zip(plan, sections, strict=True):
+            if isinstance(module, Module):
+                snapshots.append(_Snapshot(module))
+                module_checkpoint.load(module, section, device_map)
+            else:
+                training = [(m, m.training) for m in module.modules()]
+                wrapper = Module(module, entry["name"])
+                installs.append((location, wrapper, training))
+                module_checkpoint.load(wrapper, section, device_map)
+        if _identity(directory) != identity:
+            raise _Replaced()
+    except BaseException:
+        for snapshot in snapshots:
+            snapshot.restore()
+        for _, _, training in installs:  # the plain modules were never replaced; their modes go back
+            for m, mode in training:
+                m.training = mode
+        raise
+    planned = {entry["path"] for entry, _, _ in plan}
+    wrapped = [wrapper.ait_module for _, wrapper, _ in installs]
+    for location, wrapper, _ in installs:
+        location.replace(wrapper)
+        for alias in replaceable_aliases(location, wrapped):  # the module's other places, as ait.wrap does
+            if alias.path not in planned and alias.current() is wrapper.ait_module:
+                alias.replace(wrapper)
+    return plan
+
+
 def load(obj: Any, path: str | os.PathLike, device_map: Any = None, disable_external_logging: bool = False) -> Any:
     """Loads a checkpoint written by ``ait.save`` into ``obj`` and returns it.
 
@@ -373,7 +491,8 @@ def load(obj: Any, path: str | os.PathLike, device_map: Any = None, disable_exte
       there is wrapped in an ait.Module of the saved name, an ait.Module there is loaded
       into. Refused with ``PipelineStructureError`` before anything is loaded when the
       object differs (a saved module missing, an ait.Module not in the checkpoint, a
-      changed class, another object class). When a section fails to load (damaged,
+      changed class, another object class). A module the object holds at several places
+      (shared) gets its wrapper at each, as ``ait.wrap`` puts it. When a section fails to load (damaged,
       ``CheckpointCorruptError``), every module is put back as it was and nothing is
       wrapped.
     - A single-module checkpoint into an ait.Module (``aitune.torch.checkpoint.load``), or
@@ -399,30 +518,24 @@ def load(obj: Any, path: str | os.PathLike, device_map: Any = None, disable_exte
             f"into an nn.Module, not a {type(obj).__name__}"
         )
     start = time.perf_counter()
-    where = f"ait.load: checkpoint '{directory}'"
-    manifest = _read_manifest(directory)
-    plan = _check_structure(obj, manifest, where)
-    sections = [_verify_section(directory, entry, where) for entry, _, _ in plan]
-    snapshots, installs = [], []
-    try:
-        for (entry, module, location), section in zip(plan, sections, strict=True):
-            if isinstance(module, Module):
-                snapshots.append(_Snapshot(module))
-                module_checkpoint.load(module, section, device_map)
-            else:
-                training = [(m, m.training) for m in module.modules()]
-                wrapper = Module(module, entry["name"])
-                installs.append((location, wrapper, training))
-                module_checkpoint.load(wrapper, section, device_map)
-    except BaseException:
-        for snapshot in snapshots:
-            snapshot.restore()
-        for _, _, training in installs:  # the plain modules were never replaced; their modes go back
-            for m, mode in training:
-                m.training = mode
-        raise
-    for location, wrapper, _ in installs:
-        location.replace(wrapper)
+    for attempt in range(1, _LOAD_ATTEMPTS + 1):
+        identity = _identity(directory)
+        try:
+            plan = _load_once(obj, directory, device_map, identity)
+            break
+        except _Replaced:
+            pass
+        except _core.AituneError:
+            # files read after a concurrent save swapped the checkpoint in may belong to the
+            # next version: only a failure of the version read from the start is the checkpoint's
+            if identity is None or _identity(directory) == identity:
+                raise
+        if attempt == _LOAD_ATTEMPTS:
+            raise _core.AituneIOError(
+                f"ait.load: checkpoint '{directory}' was replaced by concurrent saves {attempt} times while it was "
+                "being loaded; load it when the saves are done"
+            )
+        logger.info("ait.load: '%s' was replaced by another save while loading; loading it again", directory)
     logger.info("ait.load: %d ait.Modules of %s loaded from %s in %.3f s", len(plan), type(obj).__name__, directory,
                 time.perf_counter() - start)
     return obj

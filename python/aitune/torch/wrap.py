@@ -10,6 +10,7 @@ import torch
 
 from aitune.torch.inspection import ModuleInfo
 from aitune.torch.module import Module
+from aitune.torch.object_paths import replaceable_aliases
 from aitune.torch.strategy import TuneStrategy
 
 logger = logging.getLogger("aitune")
@@ -25,7 +26,9 @@ def wrap(obj: Any, modules: Sequence[ModuleInfo], strategy: TuneStrategy | None 
     """Replaces each module of ``modules`` (from ``ait.inspect(...).get_modules()``) with an
     ``ait.Module`` at its place in ``obj``: the attribute of its parent module or plain
     object, the item of its ModuleList / ModuleDict / list / dict. Each is named after its
-    object path (``"unet"``, ``"blocks.0"``) and gets ``strategy`` / ``strategies``.
+    object path (``"unet"``, ``"blocks.0"``) and gets ``strategy`` / ``strategies``. A module
+    reachable from several places (shared) is replaced by its one wrapper at each of them
+    that still holds it, except inside another wrapped module or in a tuple.
 
     Returns ``obj``; when ``modules`` holds ``obj`` itself (an nn.Module inspected whole),
     returns its wrapper instead (nothing else is wrapped then: everything else is inside it).
@@ -56,8 +59,13 @@ def wrap(obj: Any, modules: Sequence[ModuleInfo], strategy: TuneStrategy | None 
             raise ValueError(f"{where} is inside another module being wrapped; wrap one of them")
         plan.append(info)
     wrappers = [Module(info.module, _module_name(info, obj), strategy, strategies) for info in plan]
+    inner = [info.module for info in plan]
     for info, wrapped in zip(plan, wrappers):
         info.location.replace(wrapped)
+        for alias in replaceable_aliases(info.location, inner):
+            if alias.current() is info.module:
+                alias.replace(wrapped)
+                logger.info("ait.wrap: '%s' holds the same module: the same ait.Module put there", alias.path)
         logger.info("ait.wrap: '%s' (%s) wrapped as ait.Module '%s'", info.object_path, type(info.module).__name__,
                     wrapped.ait_name)
     return obj
