@@ -59,6 +59,8 @@ int debug_precision_command(const DebugPrecisionOptions& o) {
   std::map<std::string, Tensor> given;
   for (const auto& spec : o.inputs) {
     auto [name, file] = split_assignment(spec, "--input");
+    if (given.count(name))  // the later file silently replaced the earlier one
+      throw Error(ErrorCode::kInvalidArgument, "--input gives model input '" + name + "' more than once");
     given[name] = load_npy(file);
   }
   std::mt19937 rng(0);

@@ -128,6 +128,8 @@ int run_model(const RunOptions& o) {
   for (const auto& io : backend->inputs()) input_names.push_back(io.name);
   for (const auto& spec : o.inputs) {
     auto [name, file] = split_named_assignment(spec, "--input", input_names, "model's inputs");
+    if (given.count(name))  // the later file silently replaced the earlier one
+      throw Error(ErrorCode::kInvalidArgument, "--input gives model input '" + name + "' more than once");
     given[name] = load_npy(file);
   }
   for (const auto& [name, t] : given)

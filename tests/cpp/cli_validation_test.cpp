@@ -41,6 +41,18 @@ TEST(CliValidation, RunNumbersAndNamesOutOfRange) {
   expect_exit("run " + mlp + " --no-such-flag", 2, "no-such-flag");  // CLI11's code was 109
   expect_exit("run", 2, "model");                                       // CLI11's code was 106
   expect_exit("run " + mlp + " --input nosuch=" + fixture("mlp_x.npy"), 2, "nosuch");
+  // One input given twice: refused, not the later file silently used.
+  expect_exit("run " + mlp + " --input x=" + fixture("mlp_x.npy") + " --input x=" + fixture("mlp_x.npy"), 2,
+              "'x' more than once");
+  expect_exit("debug-precision " + fixture("mlp.onnx") + " --input x=" + fixture("mlp_x.npy") + " --input x=" +
+                  fixture("mlp_x.npy"),
+              2, "'x' more than once");
+  {  // An empty model file is an invalid model (4), as a truncated one is; it was a usage error (2).
+    ScopedTempDir tmp;
+    write_file_bytes(tmp.file("empty.onnx"), "");
+    expect_exit("run " + tmp.file("empty.onnx") + " --iterations 1", 4, "empty");
+    expect_exit("tune " + tmp.file("empty.onnx") + " --provider cpu --quiet", 4, "empty");
+  }
   // A valid --dim still works.
   auto r = cli("run " + mlp + " --dim batch=3");
   EXPECT_EQ(r.exit_code, 0) << r.output;

@@ -617,6 +617,21 @@ TEST(OnnxSessionErrors, CorruptModelFile) {
                ErrorCode::kModelInvalid);
 }
 
+TEST(OnnxSessionErrors, EmptyModelFileIsAnInvalidModel) {
+  // ORT answers an empty file with ORT_INVALID_ARGUMENT ("No graph was found"), which read
+  // as a usage error (CLI exit 2) while a truncated file was kModelInvalid (exit 4).
+  test::ScopedTempDir dir;
+  test::write_file_bytes(dir.file("empty.onnx"), "");
+  const std::string msg = expect_error([&] { OnnxSession::create(dir.file("empty.onnx"), test::cpu_config()); },
+                                       ErrorCode::kModelInvalid);
+  EXPECT_NE(msg.find(dir.file("empty.onnx")), std::string::npos) << msg;
+  EXPECT_NE(msg.find("empty"), std::string::npos) << msg;
+  // A directory is named as one, not as a file that was not found.
+  const std::string dmsg = expect_error([&] { OnnxSession::create(dir.path().string(), test::cpu_config()); },
+                                        ErrorCode::kModelInvalid);
+  EXPECT_NE(dmsg.find("is a directory"), std::string::npos) << dmsg;
+}
+
 TEST(OnnxSessionErrors, ExternalDataMissing) {
   test::ScopedTempDir dir;
   std::filesystem::copy_file(fixture("mlp_ext.onnx"), dir.file("mlp_ext.onnx"));  // without its .data

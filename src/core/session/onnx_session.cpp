@@ -209,8 +209,13 @@ std::unique_ptr<OnnxSession> OnnxSession::create(const std::string& model_path,
                                                                const std::optional<GraphSpec>& spec,
                                                                std::shared_ptr<OrtRuntime> runtime) {
   std::error_code ec;
+  if (fs::is_directory(model_path, ec))
+    throw Error(ErrorCode::kModelInvalid, "model path '" + model_path + "' is a directory, not an .onnx file");
   if (!fs::is_regular_file(model_path, ec))
     throw Error(ErrorCode::kModelInvalid, "model file not found: '" + model_path + "'");
+  // ORT calls an empty file an invalid argument; it is a model that is not one.
+  if (fs::file_size(model_path, ec) == 0 && !ec)
+    throw Error(ErrorCode::kModelInvalid, "model file '" + model_path + "' is empty (0 bytes): not an ONNX model");
   if (config.device_id < 0)
     throw Error(ErrorCode::kInvalidArgument, "device_id must be >= 0, got " + std::to_string(config.device_id));
   const auto& provider = provider_description(config.provider);  // unknown providers: kInvalidArgument
