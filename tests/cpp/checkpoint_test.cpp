@@ -661,6 +661,9 @@ TEST_F(CheckpointTest, OverwritingWhatIsNotACheckpointIsRefused) {
   test::write_file_bytes(dir_, "precious");
   auto msg = expect_error([&] { save_mlp(); }, ErrorCode::kInvalidArgument, {"refusing"});
   EXPECT_NE(msg.find("is not a directory"), std::string::npos) << msg;
+  // check_save_target refuses what save refuses, with the same error, writing nothing.
+  EXPECT_EQ(expect_error([&] { Checkpoint::check_save_target(dir_); }, ErrorCode::kInvalidArgument), msg);
+  expect_error([&] { Checkpoint::check_save_target(dir_ + "/below/ckpt"); }, ErrorCode::kIo, {"not a directory"});
   EXPECT_EQ(test::read_file_bytes(dir_), "precious");
   fs::remove(dir_);
   // A non-empty directory without a manifest.
@@ -668,6 +671,7 @@ TEST_F(CheckpointTest, OverwritingWhatIsNotACheckpointIsRefused) {
   test::write_file_bytes(artifact("data.txt"), "precious");
   msg = expect_error([&] { save_mlp(); }, ErrorCode::kInvalidArgument, {"manifest.json"});
   EXPECT_NE(msg.find("not an aitune checkpoint"), std::string::npos) << msg;
+  EXPECT_EQ(expect_error([&] { Checkpoint::check_save_target(dir_); }, ErrorCode::kInvalidArgument), msg);
   EXPECT_EQ(test::read_file_bytes(artifact("data.txt")), "precious");
   // Someone else's manifest.json.
   test::write_file_bytes(artifact("manifest.json"), R"({"name": "not ours"})");
@@ -678,6 +682,7 @@ TEST_F(CheckpointTest, OverwritingWhatIsNotACheckpointIsRefused) {
   fs::create_directory(tmp_.file("real"));
   fs::create_directory_symlink(tmp_.file("real"), dir_);
   expect_error([&] { save_mlp(); }, ErrorCode::kInvalidArgument, {"symbolic"});
+  expect_error([&] { Checkpoint::check_save_target(dir_); }, ErrorCode::kInvalidArgument, {"symbolic"});
   fs::remove(dir_);
   // An existing checkpoint with overwrite off.
   save_mlp("first");
@@ -685,6 +690,10 @@ TEST_F(CheckpointTest, OverwritingWhatIsNotACheckpointIsRefused) {
   keep.overwrite = false;
   expect_error([&] { Checkpoint::save(dir_, mlp_manifest("second"), mlp_files(), keep); }, ErrorCode::kInvalidArgument,
                {"overwrite"});
+  expect_error([&] { Checkpoint::check_save_target(dir_, keep); }, ErrorCode::kInvalidArgument, {"overwrite"});
+  Checkpoint::check_save_target(dir_);                      // overwrite on: fine
+  Checkpoint::check_save_target(tmp_.file("new/nested"));  // absent: fine, and nothing is created
+  EXPECT_FALSE(fs::exists(tmp_.file("new")));
   EXPECT_EQ(Checkpoint::load(dir_).manifest().module_name, "first");
   EXPECT_EQ(siblings(), (std::vector<std::string>{"ckpt", "real"}));
 }

@@ -83,6 +83,33 @@ TEST(CliTune, BadInputGivesExitCodeAndReason) {
   EXPECT_EQ(model.exit_code, 4) << model.output;
 }
 
+TEST(CliTune, UnwritableDestinationsAreRefusedBeforeTuning) {
+  // --checkpoint / --report that cannot be written were refused only after every
+  // candidate had been tuned and measured.
+  ScopedTempDir tmp;
+  write_file_bytes(tmp.file("a_file"), "keep");
+  const std::string mlp = fixture("mlp.onnx") + " --provider cpu --quiet --no-variants";
+  struct Case {
+    std::string args;
+    int code;
+    std::string names;
+  };
+  const std::vector<Case> cases = {
+      {"--checkpoint '" + tmp.file("a_file") + "'", 2, "exists and is not a directory"},
+      {"--checkpoint '" + tmp.file("a_file/ckpt") + "'", 6, "is not a directory"},
+      {"--report '" + tmp.file("no_dir/report.json") + "'", 6, "does not exist"},
+      {"--report '" + tmp.path().string() + "'", 6, "is a directory"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.args);
+    auto r = tune(mlp + " " + c.args);
+    EXPECT_EQ(r.exit_code, c.code) << r.output;
+    EXPECT_NE(r.output.find(c.names), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("decision:"), std::string::npos) << "tuned before refusing: " << r.output;
+  }
+  EXPECT_EQ(read_file_bytes(tmp.file("a_file")), "keep");
+}
+
 TEST(CliTune, ZeroToleranceAcceptsOnlyExactOutputs) {
   // The multi-dtype model's outputs (an integer add, a bool cast to float) are exact on
   // every variant, so even atol = rtol = 0 passes.

@@ -165,12 +165,41 @@ bool Checkpoint::is_checkpoint(const std::string& dir) {
   return fs::is_directory(dir, ec) && fs::exists(fs::path(dir) / kCheckpointManifestFile, ec);
 }
 
-CheckpointManifest Checkpoint::save(const std::string& dir, const CheckpointManifest& manifest,
-                                    const std::map<std::string, std::string>& files,
-                                    const CheckpointSaveOptions& options) {
+namespace {
+
+// The absolute path `save` writes to.
+fs::path save_target(const std::string& dir) {
   if (dir.empty()) fail(ErrorCode::kInvalidArgument, "checkpoint path is empty");
   fs::path target = fs::absolute(dir).lexically_normal();
   if (target.filename().empty()) target = target.parent_path();  // "ckpt/"
+  return target;
+}
+
+}  // namespace
+
+void Checkpoint::check_save_target(const std::string& dir, const CheckpointSaveOptions& options) {
+  const fs::path target = save_target(dir);
+  if (inspect_target(target) == Target::kCheckpoint && !options.overwrite)
+    fail(ErrorCode::kInvalidArgument, "'" + target.string() + "' already holds a checkpoint and overwrite is off");
+  // The nearest existing ancestor must be a directory for save to create the rest.
+  std::error_code ec;
+  for (fs::path p = target.parent_path(); !p.empty(); p = p.parent_path()) {
+    auto st = fs::status(p, ec);
+    if (!fs::exists(st)) {
+      if (p == p.parent_path()) break;
+      continue;
+    }
+    if (!fs::is_directory(st))
+      fail(ErrorCode::kIo, "cannot create the directory '" + target.parent_path().string() + "': '" + p.string() +
+                               "' is not a directory");
+    break;
+  }
+}
+
+CheckpointManifest Checkpoint::save(const std::string& dir, const CheckpointManifest& manifest,
+                                    const std::map<std::string, std::string>& files,
+                                    const CheckpointSaveOptions& options) {
+  const fs::path target = save_target(dir);
 
   // The manifest as it will be written, minus artifacts.
   CheckpointManifest m = manifest;
