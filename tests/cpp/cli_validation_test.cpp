@@ -85,6 +85,18 @@ TEST(CliValidation, TuneOnAnUnavailableProviderExits3) {
   expect_exit("tune " + fixture("mlp.onnx") + " --provider cuda --quiet --time-cap 0.2", 3, "cuda");
 }
 
+TEST(CliValidation, DebugPrecisionSkipsValuesTheCandidateLacks) {
+  // A candidate model whose intermediate values are named otherwise: those values are not
+  // compared (as documented), instead of the run failing on its temporary debug copy
+  // ("Graph output (h_pre) does not exist", exit 4).
+  auto r = cli("debug-precision " + fixture("mlp.onnx") + " --candidate-model " + fixture("mlp_renamed.onnx") +
+               " --input x=" + fixture("mlp_x.npy"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains_icase(r.output, "compared 1 node outputs")) << r.output;
+  EXPECT_TRUE(contains_icase(r.output, "(2 not compared")) << r.output;
+  EXPECT_EQ(r.output.find(".debug-"), std::string::npos) << r.output;
+}
+
 TEST(CliValidation, HostileNpyInputsAreUsageErrors) {
   ScopedTempDir tmp;
   std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': (" + std::string(30000, ' ') + "3, 64), }\n";

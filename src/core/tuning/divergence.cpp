@@ -299,9 +299,19 @@ DivergenceReport debug_precision(const std::string& model_path, const std::strin
   // No fusions on the reference: every node computes as the graph says, in fp32.
   reference.graph_optimization_level = GraphOptimizationLevel::kDisableAll;
   const auto expected = run_with_outputs(model_path, values, reference, inputs);
-  const auto actual = run_with_outputs(candidate_model.empty() ? model_path : candidate_model, values, candidate, inputs);
-  const Tolerance applied = tolerance.value_or(default_tolerance(DType::kFloat32, precision));
   const auto candidate_nodes = candidate_model.empty() ? nodes : onnx_graph_nodes(candidate_model);
+  // Only the values the candidate computes become its outputs: one it lacks (a transformed
+  // copy that fused it away or named it otherwise) is not compared, where asking for it
+  // made ORT refuse the whole debug copy ("Graph output ... does not exist").
+  std::set<std::string> computed;
+  for (const auto& n : candidate_nodes)
+    for (const auto& v : n.outputs) computed.insert(v);
+  std::vector<std::string> candidate_values;
+  for (const auto& v : values)
+    if (computed.count(v)) candidate_values.push_back(v);
+  const auto actual =
+      run_with_outputs(candidate_model.empty() ? model_path : candidate_model, candidate_values, candidate, inputs);
+  const Tolerance applied = tolerance.value_or(default_tolerance(DType::kFloat32, precision));
   const auto candidate_producers = producers(candidate_nodes);
 
   DivergenceReport report;
