@@ -57,8 +57,11 @@ int debug_precision_command(const DebugPrecisionOptions& o) {
   const auto probe = OnnxSession::create(o.model, cpu);
   const auto dims = parse_dims(o.dims, probe->inputs());
   std::map<std::string, Tensor> given;
+  std::vector<std::string> input_names;
+  for (const auto& io : probe->inputs()) input_names.push_back(io.name);
   for (const auto& spec : o.inputs) {
-    auto [name, file] = split_assignment(spec, "--input");
+    // As `aitune run`: NAME one of the inputs (which may contain '='), listed otherwise.
+    auto [name, file] = split_named_assignment(spec, "--input", input_names, "model's inputs");
     if (given.count(name))  // the later file silently replaced the earlier one
       throw Error(ErrorCode::kInvalidArgument, "--input gives model input '" + name + "' more than once");
     given[name] = load_npy(file);

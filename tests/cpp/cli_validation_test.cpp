@@ -47,6 +47,9 @@ TEST(CliValidation, RunNumbersAndNamesOutOfRange) {
   expect_exit("debug-precision " + fixture("mlp.onnx") + " --input x=" + fixture("mlp_x.npy") + " --input x=" +
                   fixture("mlp_x.npy"),
               2, "'x' more than once");
+  // debug-precision reads --input as run does: an unknown name is refused listing the inputs.
+  expect_exit("debug-precision " + fixture("mlp.onnx") + " --input nosuch=" + fixture("mlp_x.npy"), 2,
+              "model's inputs: 'x'");
   {  // An empty model file is an invalid model (4), as a truncated one is; it was a usage error (2).
     ScopedTempDir tmp;
     write_file_bytes(tmp.file("empty.onnx"), "");
