@@ -121,6 +121,14 @@ int run_model(const RunOptions& o) {
     backend = OnnxSession::create(o.model, config);
   }
   const OnnxSessionConfig& config = backend->config();
+  // Refused before anything runs or is written (it failed after the run, the outputs
+  // before it already saved).
+  if (!o.save_outputs.empty())
+    for (const auto& io : backend->outputs())
+      if (io.dtype == DType::kBFloat16)
+        throw Error(ErrorCode::kInvalidArgument, "--save-outputs: output '" + io.name +
+                                                     "' is bfloat16, which a .npy file cannot hold (numpy has no "
+                                                     "bfloat16); run without --save-outputs");
 
   const auto dims = parse_dims(o.dims, backend->inputs());
   std::map<std::string, Tensor> given;

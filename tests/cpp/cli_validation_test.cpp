@@ -139,6 +139,10 @@ TEST(CliValidation, SaveOutputsStaysInsideItsDirectory) {
   }
   EXPECT_FALSE(fs::exists(tmp.path().parent_path().parent_path() / "escaped.npy"));
   EXPECT_FALSE(fs::exists(tmp.file("abs_escaped.npy")));
+  // A bfloat16 output: refused before the run, nothing written (y.npy was saved, then z failed).
+  expect_exit("run " + fixture("bf16_out.onnx") + " --iterations 1 --save-outputs '" + tmp.file("bf16") + "'", 2,
+              "output 'z' is bfloat16");
+  EXPECT_FALSE(fs::exists(tmp.file("bf16/y.npy")));
   // DIR that is a file: an I/O error (6), not "internal error: filesystem error".
   write_file_bytes(tmp.file("a_file"), "x");
   expect_exit("run " + fixture("mlp.onnx") + " --iterations 1 --save-outputs '" + tmp.file("a_file") + "'", 6,
