@@ -3,6 +3,7 @@
 // precision), the user's metric, and reference outputs that cannot judge.
 #include <cmath>
 #include <limits>
+#include <stdexcept>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -279,6 +280,46 @@ TEST(CalibratedTuning, TheUsersMetricDecidesWithItsMaximumDrop) {
   auto j = nlohmann::json::parse(report.to_json());
   EXPECT_EQ(j["candidates"][noisy]["correctness"]["user_metric"]["baseline"], 1.0);
   EXPECT_EQ(j["candidates"][wrong]["correctness"]["user_metric"]["drop"], 1.0);
+}
+
+// A metric that scores a candidate inf or NaN measures nothing: inf was an accept (drop
+// -inf <= max). One that cannot score eager's own outputs (NaN, or raising) is the metric's
+// fault: the evaluation throws it (the backend fails with it), instead of a NaN baseline
+// refusing each candidate as if its outputs were wrong ("drop nan > maximum 0").
+TEST(CalibratedTuning, TheUsersMetricMustReturnFiniteNumbers) {
+  Graph g;
+  TunerOptions options = quick();
+  int calls = 0;
+  options.accuracy_metric = [&](const std::vector<std::vector<TensorView>>&) {
+    return ++calls == 1 ? 1.0 : std::numeric_limits<double>::infinity();
+  };
+  GraphTuner tuner("g", g.spec(), g.samples(), options);
+  auto inf = tuner.evaluate_external(with_noise("inf", Precision::kStrict, 0.0), "B", 0);
+  const auto& report = tuner.report();
+  EXPECT_EQ(report.candidates[inf].status, CandidateStatus::kIncorrect) << report.candidates[inf].reason;
+  EXPECT_NE(report.candidates[inf].reason.find("user accuracy metric returned inf for this candidate, not a finite number"),
+            std::string::npos)
+      << report.candidates[inf].reason;
+
+  TunerOptions nan_options = quick();
+  nan_options.accuracy_metric = [](const std::vector<std::vector<TensorView>>&) {
+    return std::numeric_limits<double>::quiet_NaN();
+  };
+  GraphTuner nan_tuner("g", g.spec(), g.samples(), nan_options);
+  try {
+    nan_tuner.evaluate_external(with_noise("c", Precision::kStrict, 0.0), "B", 0);
+    FAIL() << "a NaN baseline was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("scored eager's own outputs (the baseline) NaN"), std::string::npos) << e.what();
+  }
+
+  TunerOptions raising = quick();
+  raising.accuracy_metric = [](const std::vector<std::vector<TensorView>>&) -> double {
+    throw std::runtime_error("metric bug");
+  };
+  GraphTuner raising_tuner("g", g.spec(), g.samples(), raising);
+  EXPECT_THROW(raising_tuner.evaluate_external(with_noise("c", Precision::kStrict, 0.0), "B", 0), std::runtime_error);
 }
 
 TEST(CalibratedTuning, AWinnerOverAVacuousReferenceIsToldInTheDecision) {

@@ -143,6 +143,35 @@ def test_the_users_metric_decides_with_its_maximum_drop(cache_dir):
                  max_accuracy_drop=0.5, ignore_failing_modules=False)
 
 
+@pytest.mark.parametrize("baseline, message", [
+    (RuntimeError("metric bug"), "RuntimeError: metric bug"),
+    (float("nan"), r"the accuracy metric scored eager's own outputs \(the baseline\) NaN; it must return a finite number"),
+    ("good", "TypeError: accuracy must return a number, got str"),
+])
+def test_a_metric_that_cannot_score_eager_fails_the_tune_naming_why(baseline, message):
+    # A NaN baseline used to be taken as a score: every candidate was refused with
+    # "drop nan > maximum 0", as if the candidates were wrong.
+    def metric(eager, candidate):
+        if isinstance(baseline, Exception):
+            raise baseline
+        return baseline
+
+    model = ait.Module(MLP().eval(), "mlp_metric_broken", strategy=_one_candidate())
+    with pytest.raises(ait.TuningError, match=message) as raised:
+        ait.tune(model, [torch.randn(16) for _ in range(2)], accuracy=metric, ignore_failing_modules=False)
+    assert "drop" not in str(raised.value)
+
+
+def test_a_metric_scoring_a_candidate_inf_or_nan_refuses_it():
+    # inf used to be accepted: baseline - inf = -inf is within any maximum drop.
+    for value in (float("inf"), float("nan")):
+        scores = iter([1.0, value])
+        model = ait.Module(MLP().eval(), "mlp_metric_inf", strategy=_one_candidate())
+        with pytest.raises(ait.NumericMismatchError, match=f"user accuracy metric returned {value} for this candidate"):
+            ait.tune(model, [torch.randn(16) for _ in range(2)], accuracy=lambda e, c: next(scores),
+                     ignore_failing_modules=False)
+
+
 class ConstantHead(torch.nn.Module):
     """Two outputs: real logits, and a head that is always zero (it cannot judge)."""
 
