@@ -232,3 +232,27 @@ def test_a_module_already_in_bf16_is_calibrated_against_itself_in_float32():
         tuner.evaluate_external("bf16 candidate", "Test", 0, _core.Precision.BF16, "{}", outputs, lambda: None)
         (candidate,) = tuner.select(_core.StrategyConfig(performance_validation=False)).candidates
         assert candidate.status == verdict, (scale, candidate.reason)
+
+
+class EmptyHead(torch.nn.Module):
+    """An output with no element (a slice of width 0; torch gives it strides (1, 1))."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        y = self.fc(x)
+        return y[..., :0] * 2, y
+
+
+def test_an_output_with_no_element_is_compared_not_refused_as_not_contiguous():
+    # Its strides read as not contiguous: the engine refused the reference and the module
+    # stayed eager ("expected 'output_0' is not contiguous").
+    model = ait.Module(EmptyHead().eval(), "empty_head", strategy=_one_candidate())
+    ait.tune(model, [torch.randn(16) for _ in range(2)], ignore_failing_modules=False)
+    assert model.ait_state is ait.ModuleState.TUNED
+    (report,) = model.ait_reports.values()
+    winner = next(c for c in json.loads(report.to_json())["candidates"] if c["status"] == "selected")
+    assert winner["correctness"]["samples"][0]["outputs"][0]["shape"] == [1, 0]
+    assert model(torch.randn(2, 16))[0].shape == (2, 0)
