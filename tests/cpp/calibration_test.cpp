@@ -286,6 +286,39 @@ TEST(CalibratedTuning, TheUsersMetricDecidesWithItsMaximumDrop) {
 // -inf <= max). One that cannot score eager's own outputs (NaN, or raising) is the metric's
 // fault: the evaluation throws it (the backend fails with it), instead of a NaN baseline
 // refusing each candidate as if its outputs were wrong ("drop nan > maximum 0").
+// Integer and bool outputs (argmax indices, counts, masks) under a reduced precision: how far
+// an index moved says nothing (class 9 instead of 0 is no worse than 1 instead of 0), how
+// many elements moved does. The rule compared max abs / rel L2 of the indices: a candidate
+// moving one index as eager bf16 does, but to a farther class, was refused (ratio 5), and one
+// moving four times as many indices by 1 was accepted (ratios 1 and 2).
+TEST(Calibration, IntegerOutputsAreJudgedByTheFractionOfElementsThatDiffer) {
+  auto indices = [](std::vector<int64_t> v) { return make_host<int64_t>(DType::kInt64, {8}, v); };
+  auto expected = indices({0, 1, 2, 3, 4, 5, 6, 7});
+  auto judge = [&](const Tensor& candidate, const Tensor& eager) {
+    const ToleranceSpec bf16{.precision = Precision::kBF16};
+    CorrectnessReport r;
+    r.samples.push_back(compare_sample("sample 0", {"ids"}, {candidate.view()}, {expected.view()}, bf16));
+    EagerAtPrecision e;
+    e.precision = Precision::kBF16;
+    e.available = true;
+    e.samples.push_back(compare_sample("sample 0", {"ids"}, {eager.view()}, {expected.view()}, bf16));
+    apply_calibration(r, e, 2.0);
+    return r.samples[0].outputs[0];
+  };
+  auto eager = indices({1, 1, 2, 3, 4, 5, 6, 7});  // eager bf16 moves one index, by 1
+  auto farther = judge(indices({5, 1, 2, 3, 4, 5, 6, 7}), eager);
+  EXPECT_TRUE(farther.passed) << farther.failure;
+  EXPECT_EQ(farther.rule, "calibrated");
+  ASSERT_TRUE(farther.error_ratio.has_value());
+  EXPECT_DOUBLE_EQ(*farther.error_ratio, 1.0);
+  auto more = judge(indices({1, 2, 3, 4, 4, 5, 6, 7}), eager);
+  EXPECT_FALSE(more.passed);
+  EXPECT_EQ(more.rule, "calibrated-exceeded");
+  EXPECT_NE(more.failure.find("4 of 8 elements differ vs eager bf16's 1 (ratio 4 > 2)"), std::string::npos) << more.failure;
+  // Eager at the precision matching exactly: only the table (exact) can pass.
+  EXPECT_FALSE(judge(indices({1, 1, 2, 3, 4, 5, 6, 7}), expected).passed);
+}
+
 TEST(CalibratedTuning, TheUsersMetricMustReturnFiniteNumbers) {
   Graph g;
   TunerOptions options = quick();
