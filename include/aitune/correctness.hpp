@@ -2,6 +2,7 @@
 // with absolute and relative tolerances (Polygraphy's rule), NaN/Inf, shape and dtype.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -62,7 +63,9 @@ bool precision_allowed(Precision candidate, const PrecisionLimit& limit) noexcep
 Tolerance default_tolerance(DType dtype, Precision precision = Precision::kStrict) noexcept;
 
 /// Tolerances for one comparison: per-output overrides win over `all`, which wins over
-/// the precision's default for the output's dtype. Value type.
+/// the precision's default for the output's dtype. `all` applies to floating outputs only
+/// (integer outputs stay exact unless a per-output override names them); bool outputs are
+/// always exact. Value type.
 struct ToleranceSpec {
   std::optional<Tolerance> all;
   std::map<std::string, Tolerance> per_output;
@@ -134,7 +137,8 @@ struct UserMetricResult {
   double baseline = 0;
   double max_drop = 0;
   double drop() const noexcept { return baseline - score; }
-  bool passed() const noexcept { return drop() <= max_drop; }
+  /// A score that is not a finite number (NaN, inf) fails: it measures nothing.
+  bool passed() const noexcept { return std::isfinite(score) && drop() <= max_drop; }
 };
 
 /// One output's accuracy over every sample: the worst of each measure, the calibrated

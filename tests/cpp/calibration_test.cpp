@@ -3,6 +3,7 @@
 // precision), the user's metric, and reference outputs that cannot judge.
 #include <cmath>
 #include <limits>
+#include <stdexcept>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -279,6 +280,79 @@ TEST(CalibratedTuning, TheUsersMetricDecidesWithItsMaximumDrop) {
   auto j = nlohmann::json::parse(report.to_json());
   EXPECT_EQ(j["candidates"][noisy]["correctness"]["user_metric"]["baseline"], 1.0);
   EXPECT_EQ(j["candidates"][wrong]["correctness"]["user_metric"]["drop"], 1.0);
+}
+
+// A metric that scores a candidate inf or NaN measures nothing: inf was an accept (drop
+// -inf <= max). One that cannot score eager's own outputs (NaN, or raising) is the metric's
+// fault: the evaluation throws it (the backend fails with it), instead of a NaN baseline
+// refusing each candidate as if its outputs were wrong ("drop nan > maximum 0").
+// Integer and bool outputs (argmax indices, counts, masks) under a reduced precision: how far
+// an index moved says nothing (class 9 instead of 0 is no worse than 1 instead of 0), how
+// many elements moved does. The rule compared max abs / rel L2 of the indices: a candidate
+// moving one index as eager bf16 does, but to a farther class, was refused (ratio 5), and one
+// moving four times as many indices by 1 was accepted (ratios 1 and 2).
+TEST(Calibration, IntegerOutputsAreJudgedByTheFractionOfElementsThatDiffer) {
+  auto indices = [](std::vector<int64_t> v) { return make_host<int64_t>(DType::kInt64, {8}, v); };
+  auto expected = indices({0, 1, 2, 3, 4, 5, 6, 7});
+  auto judge = [&](const Tensor& candidate, const Tensor& eager) {
+    const ToleranceSpec bf16{.precision = Precision::kBF16};
+    CorrectnessReport r;
+    r.samples.push_back(compare_sample("sample 0", {"ids"}, {candidate.view()}, {expected.view()}, bf16));
+    EagerAtPrecision e;
+    e.precision = Precision::kBF16;
+    e.available = true;
+    e.samples.push_back(compare_sample("sample 0", {"ids"}, {eager.view()}, {expected.view()}, bf16));
+    apply_calibration(r, e, 2.0);
+    return r.samples[0].outputs[0];
+  };
+  auto eager = indices({1, 1, 2, 3, 4, 5, 6, 7});  // eager bf16 moves one index, by 1
+  auto farther = judge(indices({5, 1, 2, 3, 4, 5, 6, 7}), eager);
+  EXPECT_TRUE(farther.passed) << farther.failure;
+  EXPECT_EQ(farther.rule, "calibrated");
+  ASSERT_TRUE(farther.error_ratio.has_value());
+  EXPECT_DOUBLE_EQ(*farther.error_ratio, 1.0);
+  auto more = judge(indices({1, 2, 3, 4, 4, 5, 6, 7}), eager);
+  EXPECT_FALSE(more.passed);
+  EXPECT_EQ(more.rule, "calibrated-exceeded");
+  EXPECT_NE(more.failure.find("4 of 8 elements differ vs eager bf16's 1 (ratio 4 > 2)"), std::string::npos) << more.failure;
+  // Eager at the precision matching exactly: only the table (exact) can pass.
+  EXPECT_FALSE(judge(indices({1, 1, 2, 3, 4, 5, 6, 7}), expected).passed);
+}
+
+TEST(CalibratedTuning, TheUsersMetricMustReturnFiniteNumbers) {
+  Graph g;
+  TunerOptions options = quick();
+  int calls = 0;
+  options.accuracy_metric = [&](const std::vector<std::vector<TensorView>>&) {
+    return ++calls == 1 ? 1.0 : std::numeric_limits<double>::infinity();
+  };
+  GraphTuner tuner("g", g.spec(), g.samples(), options);
+  auto inf = tuner.evaluate_external(with_noise("inf", Precision::kStrict, 0.0), "B", 0);
+  const auto& report = tuner.report();
+  EXPECT_EQ(report.candidates[inf].status, CandidateStatus::kIncorrect) << report.candidates[inf].reason;
+  EXPECT_NE(report.candidates[inf].reason.find("user accuracy metric returned inf for this candidate, not a finite number"),
+            std::string::npos)
+      << report.candidates[inf].reason;
+
+  TunerOptions nan_options = quick();
+  nan_options.accuracy_metric = [](const std::vector<std::vector<TensorView>>&) {
+    return std::numeric_limits<double>::quiet_NaN();
+  };
+  GraphTuner nan_tuner("g", g.spec(), g.samples(), nan_options);
+  try {
+    nan_tuner.evaluate_external(with_noise("c", Precision::kStrict, 0.0), "B", 0);
+    FAIL() << "a NaN baseline was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("scored eager's own outputs (the baseline) NaN"), std::string::npos) << e.what();
+  }
+
+  TunerOptions raising = quick();
+  raising.accuracy_metric = [](const std::vector<std::vector<TensorView>>&) -> double {
+    throw std::runtime_error("metric bug");
+  };
+  GraphTuner raising_tuner("g", g.spec(), g.samples(), raising);
+  EXPECT_THROW(raising_tuner.evaluate_external(with_noise("c", Precision::kStrict, 0.0), "B", 0), std::runtime_error);
 }
 
 TEST(CalibratedTuning, AWinnerOverAVacuousReferenceIsToldInTheDecision) {

@@ -112,6 +112,38 @@ TEST(Correctness, IntegersMustMatchExactly) {
   EXPECT_TRUE(compare_output("ids", a.view(), a.view(), default_tolerance(DType::kInt64)).passed);
 }
 
+// int64 values beyond 2^53 (token ids, hashes) are distinct integers a double cannot tell
+// apart: compared through doubles, 2^53 and 2^53 + 1 read as equal and a wrong id passed.
+TEST(Correctness, LargeInt64ValuesAreComparedExactly) {
+  const int64_t big = int64_t{1} << 53;
+  auto a = make_host<int64_t>(DType::kInt64, {2}, {big + 1, -big - 1});
+  auto b = make_host<int64_t>(DType::kInt64, {2}, {big, -big - 1});
+  auto c = compare_output("ids", a.view(), b.view(), default_tolerance(DType::kInt64));
+  EXPECT_FALSE(c.passed);
+  EXPECT_EQ(c.mismatched, 1);
+  EXPECT_GE(c.max_abs_error, 1);
+  auto extremes = make_host<int64_t>(DType::kInt64, {1}, {std::numeric_limits<int64_t>::max()});
+  auto low = make_host<int64_t>(DType::kInt64, {1}, {std::numeric_limits<int64_t>::min()});
+  EXPECT_FALSE(compare_output("ids", extremes.view(), low.view(), {0, 0}).passed);
+}
+
+// A tolerance for every output (`ait.tune(tolerance=...)`, `--atol`) loosens the floating
+// outputs it is meant for, not integer or bool outputs (argmax indices, counts, masks), which
+// stay exact; a per-output tolerance naming an integer output still applies to it.
+TEST(Correctness, ToleranceForEveryOutputLeavesIntegersAndBoolsExact) {
+  ToleranceSpec spec;
+  spec.all = Tolerance{1.0, 0.5};
+  EXPECT_EQ(spec.for_output("ids", DType::kInt64), (Tolerance{0, 0}));
+  EXPECT_EQ(spec.for_output("mask", DType::kBool), (Tolerance{0, 0}));
+  EXPECT_EQ(spec.for_output("x", DType::kFloat32), (Tolerance{1.0, 0.5}));
+  spec.per_output["count"] = {1, 0};
+  EXPECT_EQ(spec.for_output("count", DType::kInt32), (Tolerance{1, 0}));
+  auto ids = make_host<int64_t>(DType::kInt64, {3}, {1, 2, 3});
+  auto off_by_one = make_host<int64_t>(DType::kInt64, {3}, {1, 2, 4});
+  auto check = compare_sample("sample 0", {"ids"}, {off_by_one.view()}, {ids.view()}, spec);
+  EXPECT_FALSE(check.passed());
+}
+
 TEST(Correctness, HalfPrecisionValuesAreCompared) {
   // 1.0 = 0x3c00, 1.0009765625 = 0x3c01 (one ulp), 2.0 = 0x4000 in float16.
   auto one = make_host<uint16_t>(DType::kFloat16, {1}, {0x3c00});

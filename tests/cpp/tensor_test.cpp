@@ -116,6 +116,10 @@ TEST(TensorView, IsContiguous) {
   EXPECT_FALSE(view_of({2, 3}, {6, 2}).is_contiguous()) << "every other element";
   EXPECT_FALSE(view_of({4}, {2}).is_contiguous());
   EXPECT_TRUE(view_of({4}, {1}).is_contiguous());
+  // No element, nothing to lay out (torch: x[:, :0] * 2 has strides (1, 1) for shape [2, 0]);
+  // read as not contiguous, an empty output failed the whole tune.
+  EXPECT_TRUE(view_of({2, 0}, {1, 1}).is_contiguous()) << "empty";
+  EXPECT_TRUE(view_of({0, 3}, {7, 2}).is_contiguous()) << "empty";
   // Axes of extent 1 may carry any stride (torch gives them arbitrary ones).
   EXPECT_TRUE(view_of({2, 1, 3}, {3, 999, 1}).is_contiguous());
   EXPECT_TRUE(view_of({1, 4}, {1, 1}).is_contiguous());

@@ -143,6 +143,35 @@ def test_the_users_metric_decides_with_its_maximum_drop(cache_dir):
                  max_accuracy_drop=0.5, ignore_failing_modules=False)
 
 
+@pytest.mark.parametrize("baseline, message", [
+    (RuntimeError("metric bug"), "RuntimeError: metric bug"),
+    (float("nan"), r"the accuracy metric scored eager's own outputs \(the baseline\) NaN; it must return a finite number"),
+    ("good", "TypeError: accuracy must return a number, got str"),
+])
+def test_a_metric_that_cannot_score_eager_fails_the_tune_naming_why(baseline, message):
+    # A NaN baseline used to be taken as a score: every candidate was refused with
+    # "drop nan > maximum 0", as if the candidates were wrong.
+    def metric(eager, candidate):
+        if isinstance(baseline, Exception):
+            raise baseline
+        return baseline
+
+    model = ait.Module(MLP().eval(), "mlp_metric_broken", strategy=_one_candidate())
+    with pytest.raises(ait.TuningError, match=message) as raised:
+        ait.tune(model, [torch.randn(16) for _ in range(2)], accuracy=metric, ignore_failing_modules=False)
+    assert "drop" not in str(raised.value)
+
+
+def test_a_metric_scoring_a_candidate_inf_or_nan_refuses_it():
+    # inf used to be accepted: baseline - inf = -inf is within any maximum drop.
+    for value in (float("inf"), float("nan")):
+        scores = iter([1.0, value])
+        model = ait.Module(MLP().eval(), "mlp_metric_inf", strategy=_one_candidate())
+        with pytest.raises(ait.NumericMismatchError, match=f"user accuracy metric returned {value} for this candidate"):
+            ait.tune(model, [torch.randn(16) for _ in range(2)], accuracy=lambda e, c: next(scores),
+                     ignore_failing_modules=False)
+
+
 class ConstantHead(torch.nn.Module):
     """Two outputs: real logits, and a head that is always zero (it cannot judge)."""
 
@@ -203,3 +232,27 @@ def test_a_module_already_in_bf16_is_calibrated_against_itself_in_float32():
         tuner.evaluate_external("bf16 candidate", "Test", 0, _core.Precision.BF16, "{}", outputs, lambda: None)
         (candidate,) = tuner.select(_core.StrategyConfig(performance_validation=False)).candidates
         assert candidate.status == verdict, (scale, candidate.reason)
+
+
+class EmptyHead(torch.nn.Module):
+    """An output with no element (a slice of width 0; torch gives it strides (1, 1))."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        y = self.fc(x)
+        return y[..., :0] * 2, y
+
+
+def test_an_output_with_no_element_is_compared_not_refused_as_not_contiguous():
+    # Its strides read as not contiguous: the engine refused the reference and the module
+    # stayed eager ("expected 'output_0' is not contiguous").
+    model = ait.Module(EmptyHead().eval(), "empty_head", strategy=_one_candidate())
+    ait.tune(model, [torch.randn(16) for _ in range(2)], ignore_failing_modules=False)
+    assert model.ait_state is ait.ModuleState.TUNED
+    (report,) = model.ait_reports.values()
+    winner = next(c for c in json.loads(report.to_json())["candidates"] if c["status"] == "selected")
+    assert winner["correctness"]["samples"][0]["outputs"][0]["shape"] == [1, 0]
+    assert model(torch.randn(2, 16))[0].shape == (2, 0)

@@ -43,6 +43,8 @@ int64_t TensorView::numel() const noexcept {
 
 bool TensorView::is_contiguous() const noexcept {
   if (strides.empty()) return true;
+  // No element: any strides lay out nothing (torch calls every empty tensor contiguous).
+  if (std::find(shape.begin(), shape.end(), 0) != shape.end()) return true;
   int64_t expected = 1;
   for (std::size_t i = shape.size(); i-- > 0;) {
     if (shape[i] != 1 && strides[i] != expected) return false;

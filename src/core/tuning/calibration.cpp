@@ -27,6 +27,17 @@ double ratio(double a, double b) {
   return a > 0 ? kInf : 0;
 }
 
+bool is_floating(DType dtype) {
+  return dtype == DType::kFloat16 || dtype == DType::kBFloat16 || dtype == DType::kFloat32 ||
+         dtype == DType::kFloat64;
+}
+
+int64_t numel(const Shape& shape) {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
 bool value_failure(const OutputCheck& c) {
   return !c.passed && c.mismatched > 0 && c.unexpected_nan == 0 && c.unexpected_inf == 0;
 }
@@ -65,6 +76,25 @@ void apply_calibration(CorrectnessReport& candidate, const EagerAtPrecision& eag
       c.eager_at_precision_max_abs_error = e->max_abs_error;
       c.eager_at_precision_rel_l2_error = e->rel_l2_error;
       c.eager_at_precision_top1_agreement = e->top1_agreement;
+      if (!is_floating(c.dtype)) {
+        // Indices, counts, masks: how far a value moved means nothing (class 9 for 0 is no
+        // worse than 1 for 0); how many moved does. The fraction of elements that differ
+        // against eager's own at this precision.
+        c.error_ratio = ratio(static_cast<double>(c.mismatched), static_cast<double>(e->mismatched));
+        if (!value_failure(c)) continue;
+        if (*c.error_ratio <= factor) {
+          c.passed = true;
+          c.rule = "calibrated";
+          c.failure.clear();
+        } else {
+          c.rule = "calibrated-exceeded";
+          c.failure += "; beyond the calibrated bound too: " + std::to_string(c.mismatched) + " of " +
+                       std::to_string(numel(c.shape)) + " elements differ vs eager " +
+                       std::string(precision_name(eager.precision)) + "'s " + std::to_string(e->mismatched) +
+                       " (ratio " + fmt(*c.error_ratio) + " > " + fmt(factor) + ")";
+        }
+        continue;
+      }
       c.error_ratio = std::max(ratio(c.max_abs_error, e->max_abs_error), ratio(c.rel_l2_error, e->rel_l2_error));
       if (!value_failure(c)) continue;
       bool top1_ok = true;

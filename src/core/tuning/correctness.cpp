@@ -60,6 +60,27 @@ bool is_floating(DType dtype) {
          dtype == DType::kFloat64;
 }
 
+// Element i of a contiguous integer or bool host tensor, exactly (a double holds integers
+// exactly only up to 2^53: token ids or hashes beyond it would compare equal when distinct).
+int64_t integer_element(const TensorView& t, std::size_t i) {
+  switch (t.dtype) {
+    case DType::kInt64: return static_cast<const int64_t*>(t.data)[i];
+    case DType::kInt32: return static_cast<const int32_t*>(t.data)[i];
+    case DType::kInt16: return static_cast<const int16_t*>(t.data)[i];
+    case DType::kInt8: return static_cast<const int8_t*>(t.data)[i];
+    case DType::kUInt8:
+    case DType::kBool: return static_cast<const uint8_t*>(t.data)[i];
+    default: return 0;
+  }
+}
+
+// |a - b| of two integers as a double, without overflow; at least 1 when they differ.
+double integer_distance(int64_t a, int64_t b) {
+  uint64_t d = a > b ? static_cast<uint64_t>(a) - static_cast<uint64_t>(b)
+                     : static_cast<uint64_t>(b) - static_cast<uint64_t>(a);
+  return static_cast<double>(d);
+}
+
 std::string fmt(double v) {
   std::ostringstream out;
   out.precision(3);
@@ -158,8 +179,11 @@ double atol_scale(const TensorView& expected) {
 }
 
 Tolerance ToleranceSpec::for_output(const std::string& name, DType dtype) const {
+  if (dtype == DType::kBool) return {0, 0};  // a mask is right or wrong
   if (auto it = per_output.find(name); it != per_output.end()) return it->second;
-  if (all) return *all;
+  // A tolerance for every output is for the floating ones: indices and counts stay exact
+  // unless a per-output tolerance names them.
+  if (all && is_floating(dtype)) return *all;
   return default_tolerance(dtype, precision);
 }
 
@@ -187,6 +211,7 @@ OutputCheck compare_output(const std::string& name, const TensorView& actual, co
   // required_rtol: the largest relative error among elements the atol alone does not cover.
   double required_atol = 0, required_rtol = 0;
   double err2 = 0, exp2 = 0, act2 = 0, dot = 0;  // relative L2 and cosine over finite elements
+  const bool integers = !is_floating(actual.dtype);
   for (std::size_t i = 0; i < n; ++i) {
     double a = element(actual, i), e = element(expected, i);
     bool a_nan = std::isnan(a), e_nan = std::isnan(e);
@@ -199,7 +224,7 @@ OutputCheck compare_output(const std::string& name, const TensorView& actual, co
       if (a != e) ++check.unexpected_inf;
       continue;
     }
-    double diff = std::abs(a - e);
+    double diff = integers ? integer_distance(integer_element(actual, i), integer_element(expected, i)) : std::abs(a - e);
     err2 += diff * diff;
     exp2 += e * e;
     act2 += a * a;
@@ -306,6 +331,8 @@ double CorrectnessReport::max_rel_error() const noexcept {
 std::string CorrectnessReport::first_failure() const {
   if (user_metric) {
     if (user_metric->passed()) return "";
+    if (!std::isfinite(user_metric->score))
+      return "user accuracy metric returned " + fmt(user_metric->score) + " for this candidate, not a finite number";
     return "user accuracy metric " + fmt(user_metric->score) + " vs eager's " + fmt(user_metric->baseline) +
            ": drop " + fmt(user_metric->drop()) + " > maximum " + fmt(user_metric->max_drop);
   }

@@ -1,5 +1,6 @@
 // The tuning engine for one graph: candidates are created, checked, profiled, chosen
 // (the batch search on the winner is tuner_batch_search.cpp).
+#include <cmath>
 #include "aitune/tuner.hpp"
 
 #include "tuning/tuner_impl.hpp"
@@ -93,7 +94,17 @@ CorrectnessReport GraphTuner::Impl::judge(Precision precision, const std::vector
     if (!metric_baseline) {
       std::vector<std::vector<TensorView>> reference;
       for (const auto& s : samples) reference.push_back(s.expected);
-      metric_baseline = options.accuracy_metric(reference);
+      // The metric failing on eager's own outputs is the metric's fault, not a candidate's:
+      // the evaluation rethrows it (the backend fails with it) instead of judging with it.
+      scoring_baseline = true;
+      double baseline = options.accuracy_metric(reference);
+      if (!std::isfinite(baseline))
+        throw Error(ErrorCode::kInvalidArgument,
+                    report.graph + ": the accuracy metric scored eager's own outputs (the baseline) " +
+                        (std::isnan(baseline) ? std::string("NaN") : std::string(baseline > 0 ? "inf" : "-inf")) +
+                        "; it must return a finite number");
+      scoring_baseline = false;
+      metric_baseline = baseline;
     }
     std::vector<std::vector<TensorView>> views;
     for (const auto& o : outputs) views.push_back(views_of(o));
@@ -174,6 +185,10 @@ std::size_t GraphTuner::evaluate_onnx(const std::string& model_path, const OnnxC
     if (module_call) call = module_call(*backend);
     r.profile = profile_calls(call, sample.batch_size, impl.options.profile, timer.get());
   } catch (const Error& e) {
+    if (impl.scoring_baseline) {  // the user's metric failed on eager's outputs: not this candidate's verdict
+      impl.scoring_baseline = false;
+      throw;
+    }
     return impl.push_failed(std::move(r), e.what(), model_path, map);
   }
   return impl.push_passed(std::move(r), std::move(backend), model_path, map);
@@ -216,6 +231,10 @@ std::size_t GraphTuner::evaluate_external(const ExternalCandidate& candidate, co
     auto timer = impl.front_end_timer(sample);
     r.profile = profile_calls([&] { candidate.run(); }, sample.batch_size, impl.options.profile, timer.get());
   } catch (const std::exception& e) {  // the front end's errors arrive as whatever it raised
+    if (impl.scoring_baseline) {
+      impl.scoring_baseline = false;
+      throw;
+    }
     return impl.push_failed(std::move(r), e.what());
   }
   return impl.push_passed(std::move(r), nullptr);

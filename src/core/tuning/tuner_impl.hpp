@@ -94,6 +94,7 @@ struct GraphTuner::Impl {
   std::unique_ptr<OnnxSession> winner;
   std::map<Precision, EagerAtPrecision> calibrations;  // asked once per precision
   std::optional<double> metric_baseline;                // the user metric of the reference
+  bool scoring_baseline = false;  // the user metric is scoring the reference: its errors are rethrown, not verdicts
   SteadyTime::time_point started = SteadyTime::now();
 
   void log(const std::string& line) const {
