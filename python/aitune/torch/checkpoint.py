@@ -282,7 +282,9 @@ def _sections(meta: dict, where: str) -> list[tuple[str, list]]:
 
 
 
-_LOAD_ATTEMPTS = 10
+#: How many times a load starts again when a concurrent save replaced the checkpoint
+#: under it (this module's and the pipeline checkpoint's loads).
+LOAD_ATTEMPTS = 10
 
 
 def _warn_if_weights_differ(module, meta: dict, directory) -> None:
@@ -387,7 +389,7 @@ def load(module, path: str | os.PathLike, device_map: DeviceLike | Mapping[str, 
     start = time.perf_counter()
     module = _check_module(module, "load")
     device = _target_device(module, device_map)
-    for attempt in range(1, _LOAD_ATTEMPTS + 1):
+    for attempt in range(1, LOAD_ATTEMPTS + 1):
         seen: list = []
         try:
             checkpoint, meta, restored = _restore_graphs(module, path, device, seen)
@@ -398,7 +400,7 @@ def load(module, path: str | os.PathLike, device_map: DeviceLike | Mapping[str, 
             # the next version: only a failure of the version verified is the checkpoint's.
             if not seen or seen[0].is_current():
                 raise
-        if attempt == _LOAD_ATTEMPTS:
+        if attempt == LOAD_ATTEMPTS:
             raise _core.AituneIOError(
                 f"ait.load: checkpoint '{os.fspath(path)}' was replaced by concurrent saves {attempt} times while "
                 "it was being loaded; load it when the saves are done"

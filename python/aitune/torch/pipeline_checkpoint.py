@@ -429,9 +429,6 @@ def _module_name(directory: Path) -> str:
     return name if isinstance(name, str) and name else ""
 
 
-_LOAD_ATTEMPTS = 10
-
-
 class _Replaced(Exception):
     """The checkpoint directory was swapped for another version while it was being read."""
 
@@ -518,7 +515,7 @@ def load(obj: Any, path: str | os.PathLike, device_map: Any = None, disable_exte
             f"into an nn.Module, not a {type(obj).__name__}"
         )
     start = time.perf_counter()
-    for attempt in range(1, _LOAD_ATTEMPTS + 1):
+    for attempt in range(1, module_checkpoint.LOAD_ATTEMPTS + 1):
         identity = _identity(directory)
         try:
             plan = _load_once(obj, directory, device_map, identity)
@@ -530,7 +527,7 @@ def load(obj: Any, path: str | os.PathLike, device_map: Any = None, disable_exte
             # next version: only a failure of the version read from the start is the checkpoint's
             if identity is None or _identity(directory) == identity:
                 raise
-        if attempt == _LOAD_ATTEMPTS:
+        if attempt == module_checkpoint.LOAD_ATTEMPTS:
             raise _core.AituneIOError(
                 f"ait.load: checkpoint '{directory}' was replaced by concurrent saves {attempt} times while it was "
                 "being loaded; load it when the saves are done"
