@@ -50,6 +50,8 @@ const CudaRuntime& cuda_runtime() {
     sym(r.stream_end_capture, "cudaStreamEndCapture");
     sym(r.graph_destroy, "cudaGraphDestroy");
     sym(r.get_last_error, "cudaGetLastError");
+    r.thread_exchange_stream_capture_mode =
+        reinterpret_cast<int (*)(int*)>(dlsym(lib, "cudaThreadExchangeStreamCaptureMode"));
     sym(r.get_error_string, "cudaGetErrorString");
     return r;
   }();

@@ -16,6 +16,7 @@ inline constexpr unsigned kCudaEventDisableTiming = 2;
 inline constexpr int kCudaMemcpyDeviceToDevice = 3;
 inline constexpr int kCudaMemPoolAttrReleaseThreshold = 4;
 inline constexpr int kCudaStreamCaptureStatusNone = 0;
+inline constexpr int kCudaStreamCaptureModeRelaxed = 2;  // cudaStreamCaptureModeRelaxed
 inline constexpr int kCudaErrorMemoryAllocation = 2;  // cudaErrorMemoryAllocation: out of memory
 
 struct CudaRuntime {
@@ -40,6 +41,8 @@ struct CudaRuntime {
   int (*stream_is_capturing)(cudaStream_t, int*) = nullptr;  // status: cudaStreamCaptureStatus
   int (*stream_end_capture)(cudaStream_t, cudaGraph_t*) = nullptr;
   int (*graph_destroy)(cudaGraph_t) = nullptr;
+  // cudaThreadExchangeStreamCaptureMode; optional (nullptr when the runtime lacks it).
+  int (*thread_exchange_stream_capture_mode)(int*) = nullptr;
   int (*get_last_error)() = nullptr;
   const char* (*get_error_string)(int) = nullptr;
   std::string error;  // why loading failed; empty when loaded

@@ -76,12 +76,18 @@ bool stream_is_capturing(std::uintptr_t stream) noexcept {
   return status != kCudaStreamCaptureStatusNone;
 }
 
-void drain_stream(std::uintptr_t stream) noexcept {
-  if (stream == 0 || stream_is_capturing(stream)) return;
+bool drain_stream(std::uintptr_t stream) noexcept {
+  if (stream == 0) return true;
   const auto& rt = cuda_runtime();
-  if (!rt.error.empty()) return;
-  if (rt.stream_synchronize(reinterpret_cast<cudaStream_t>(stream)) != 0 || rt.device_synchronize() != 0)
-    rt.get_last_error();  // not sticky: leave no error for the next CUDA call to report
+  if (!rt.error.empty()) return true;
+  if (stream_is_capturing(stream)) return false;
+  int mode = kCudaStreamCaptureModeRelaxed;
+  const bool exchanged = rt.thread_exchange_stream_capture_mode &&
+                         rt.thread_exchange_stream_capture_mode(&mode) == 0;
+  const bool drained = rt.stream_synchronize(reinterpret_cast<cudaStream_t>(stream)) == 0;
+  if (exchanged) rt.thread_exchange_stream_capture_mode(&mode);  // back to the thread's mode
+  if (!drained) rt.get_last_error();  // not sticky: leave no error for the next CUDA call to report
+  return drained;
 }
 
 bool abandon_capture(std::uintptr_t stream) noexcept {

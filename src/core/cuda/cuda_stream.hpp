@@ -64,11 +64,15 @@ Tensor stream_buffer_tensor(DType dtype, const Shape& shape, Device device, std:
 /// false without a CUDA runtime.
 bool stream_is_capturing(std::uintptr_t stream) noexcept;
 
-/// Waits for the work queued on `stream` so far, and then for the whole device (the CUDA
-/// provider may queue host functions on streams of its own), host functions included,
-/// unless `stream` is capturing (a wait there would break the capture). Errors are
-/// ignored: this runs in destructors. Nothing happens for stream 0 or without a CUDA runtime.
-void drain_stream(std::uintptr_t stream) noexcept;
+/// Waits for the work queued on `stream` so far, host functions included; true once it
+/// has finished (and for stream 0 or without a CUDA runtime: nothing of aitune's to wait
+/// for). False when it cannot be waited for now: `stream` is capturing, or the wait
+/// fails (another stream capturing a graph in global mode prohibits it on this thread).
+/// The wait runs in relaxed capture mode, so that a capture of another library's stream
+/// (torch's CUDA graphs) neither prohibits it nor is broken by it, and it never waits for
+/// the whole device (cudaDeviceSynchronize would break such a capture). Never throws: it
+/// runs in destructors (DeferredReleases, session/deferred_release.hpp).
+bool drain_stream(std::uintptr_t stream) noexcept;
 
 /// Ends a capture left open on `stream` (a capture that failed half-way) and drops the
 /// partial graph, so that the stream can be used again. Returns true when a capture was

@@ -15,6 +15,7 @@
 #include "session/io_binding_runner.hpp"
 #include "ort/ort_api.hpp"
 #include "ort/ort_runtime_impl.hpp"
+#include "session/deferred_release.hpp"
 #include "session/session_context.hpp"
 #include "providers/provider_registry.hpp"
 #include "session/session_options.hpp"
@@ -142,6 +143,7 @@ std::vector<TensorSpec> align_spec(const std::vector<TensorSpec>& given, const s
 
 void OnnxSession::Impl::create_session() {
   release_session();
+  detail::session_releases().retry();  // sessions whose stream could not drain when released
   auto setup = detail::make_session_setup(*runtime, config);
   auto& rt = detail::runtime_impl(*runtime);
   // A graph session is created with CPU fallback disabled, so ORT refuses a model with a
@@ -160,20 +162,14 @@ void OnnxSession::Impl::create_session() {
     detail::count_session_created();
     return std::shared_ptr<Ort::Session>(session.release(), [owned = setup.owned_stream,
                                                              stream = setup.stream](Ort::Session* s) {
-      // Runs are not synchronised at their end (disable_synchronize_execution_providers),
-      // so the CUDA provider may still have a host function queued that returns pinned
-      // buffers to its pinned allocator. On the H200, a Swin-T tune aborted the process
-      // right after its decision, when the losing sessions were released: "CUDA failure
-      // 800: operation not permitted ... cudaFreeHost" on a thread with no device (GPU=-1:
-      // CUDA's callback thread, where CUDA calls are not permitted). The suspected cause is
-      // that host function freeing pinned memory after the session, which owned it, was
-      // gone. Draining only the session's stream did not stop it (measured); the drain now
-      // waits for the whole device, so that every host function the provider queued has
-      // run before its allocators go. Unverified on the GPU (tests/python/test_core_session.py,
-      // benchmarks/zoo.py --models swin-t reproduce it).
-      detail::drain_stream(stream);
-      delete s;
-      detail::count_session_released();
+      // Destroyed once its stream has drained (host functions the CUDA provider queued
+      // there return pinned buffers to the session's arena; see deferred_release.hpp),
+      // and only then its stream.
+      detail::session_releases().release(stream, [s, owned]() mutable {
+        delete s;
+        owned.reset();
+        detail::count_session_released();
+      });
     });
   });
   ctx.owned_memory_info = std::move(setup.owned_memory_info);
