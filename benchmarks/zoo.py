@@ -57,6 +57,44 @@ def _text(model, batch: int, seq: int, vocab: int, device):
     return model, (), {"input_ids": ids, "attention_mask": mask}
 
 
+def _calibrated_batch_norms(model, size: int):
+    """The model with its batch-norm statistics measured on random images (a few batches in
+    training mode, cumulative averages), as a trained network's would be: each layer's
+    activations then have unit scale. transformers initialises EfficientNet's convolutions
+    with N(0, 0.02) and its running statistics at (0, 1): through B0's blocks the
+    activations vanish and every logit is 0 (seen on the H200: every candidate "matched"
+    eager with error 0 and the row measured nothing). Its batch norms' scales are drawn
+    from N(0, 0.02) as well: they are reset to 1 (shift 0), as torch initialises them."""
+    for m in model.modules():
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+            m.reset_running_stats()
+            torch.nn.init.ones_(m.weight)  # transformers draws these from N(0, 0.02) too
+            torch.nn.init.zeros_(m.bias)
+            m.momentum = None  # cumulative average over the calibration batches
+    model.train()
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for _ in range(3):
+            model(torch.randn(8, 3, size, size, generator=generator))
+    return model.eval()
+
+
+def vacuous_outputs(outputs) -> list[str]:
+    """Floating outputs of eager that cannot judge a candidate (constant or not finite):
+    a row measured on them compares nothing, so it is refused rather than reported."""
+    leaves = outputs.values() if isinstance(outputs, dict) else outputs if isinstance(outputs, (list, tuple)) \
+        else [outputs]
+    names = list(outputs.keys()) if isinstance(outputs, dict) else [str(i) for i in range(len(leaves))]
+    bad = []
+    for n, t in zip(names, leaves):
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and t.numel() > 1:
+            if not bool(torch.isfinite(t).all()):
+                bad.append(f"{n} (not finite)")
+            elif bool((t == t.flatten()[0]).all()):
+                bad.append(f"{n} (constant {t.flatten()[0].item():g})")
+    return bad
+
+
 def build(name: str, small: bool, device):
     """(module, args, kwargs of the timed call) of a zoo model."""
     import transformers as tf
@@ -67,11 +105,13 @@ def build(name: str, small: bool, device):
                                vocab_size=1000)
         return _text(tf.BertModel(config), 1, 32, 1000, device)
     if name == "efficientnet-b0":
-        config = tf.EfficientNetConfig(width_coefficient=1.0, depth_coefficient=1.0, image_size=224, hidden_dim=1280)
+        config = tf.EfficientNetConfig(width_coefficient=1.0, depth_coefficient=1.0, image_size=224, hidden_dim=1280,
+                                       num_labels=1000)
         if small:
             config = tf.EfficientNetConfig(width_coefficient=0.25, depth_coefficient=0.25, image_size=64,
-                                           hidden_dim=256)
-        return _vision(tf.EfficientNetForImageClassification(config), 4 if small else 32, 64 if small else 224, device)
+                                           hidden_dim=320, num_labels=10)
+        model = _calibrated_batch_norms(tf.EfficientNetForImageClassification(config), config.image_size)
+        return _vision(model, 4 if small else 32, 64 if small else 224, device)
     if name == "swin-t":
         config = tf.SwinConfig(image_size=64, embed_dim=24, depths=[1, 1], num_heads=[1, 2]) if small else tf.SwinConfig()
         return _vision(tf.SwinForImageClassification(config), 2 if small else 8, config.image_size, device)
@@ -157,6 +197,11 @@ def row(name: str, small: bool, device, iterations: int, compile_columns: bool, 
     model = model.to(device).eval()
     result = {"model": name, "device": str(device), "dtype": "float32"}
     with torch.no_grad():
+        reference = model(*args, **kwargs)
+        bad = vacuous_outputs(reference)
+        if bad:
+            raise ValueError(f"eager outputs {', '.join(bad)} cannot judge a candidate: the row would measure "
+                             "nothing (initialise the model's weights so that its outputs vary)")
         result["eager_us"] = p50_us(lambda: model(*args, **kwargs), iterations)
     bare = {}
     if compile_columns:
