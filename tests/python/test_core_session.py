@@ -306,8 +306,9 @@ print("released cleanly")
 
 @needs_cuda
 def test_releasing_a_session_with_work_in_flight_does_not_abort(tmp_path):
-    """A CUDA session released right after runs it did not wait for ends cleanly: the
-    device is drained before the session goes (onnx_session.cpp). A guard: on the H200 it
+    """A CUDA session released right after runs it did not wait for ends cleanly: its
+    stream is drained before the session goes, or the release is parked until it can be
+    (session/deferred_release.hpp). A guard: on the H200 it
     passed before the drain too; the abort it guards against ("CUDA failure 800: operation
     not permitted ... cudaFreeHost" after a Swin-T tune) is reproduced by the Swin test
     below."""
