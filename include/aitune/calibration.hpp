@@ -31,8 +31,13 @@ struct EagerAtPrecision {
 ///  - failed by NaN/Inf, shape or dtype: stays failed (no precision excuses those);
 ///  - failed on values: passes ("calibrated") when error_ratio, the larger of max abs
 ///    error / eager's and relative L2 error / eager's, is <= factor and, for outputs with a
-///    top-1 agreement, its top-1 disagreement is <= factor x eager's; else stays failed
-///    ("calibrated-exceeded", the failure naming both errors).
+///    top-1 agreement, its rows whose argmax moved beyond a near-tie are at most
+///    max(factor x eager's top-1 disagreement, 1 % of rows); else stays failed
+///    ("calibrated-exceeded", the failure naming the errors and ratio, the top-1
+///    disagreement, or both). A moved argmax is a near-tie, ignored, when the reference's
+///    margin between its top-1 and the candidate's is <= factor x eager's
+///    OutputCheck::max_row_error_spread: errors of the allowed size move such a row
+///    (top1_near_tie_bound and top1_near_ties record it).
 /// The eager-at-P errors and the ratio are recorded on every output either way. With
 /// eager unavailable, only the note is set. factor must be >= 1 (Error(kInvalidArgument)).
 void apply_calibration(CorrectnessReport& candidate, const EagerAtPrecision& eager, double factor);

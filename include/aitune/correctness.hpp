@@ -102,6 +102,14 @@ struct OutputCheck {
   /// Floating outputs of rank >= 2 whose last dimension has >= 2 entries (classes,
   /// vocabulary): the fraction of rows whose argmax over the last dimension agrees.
   std::optional<double> top1_agreement;
+  /// With top1_agreement, per row whose argmax moved, in row order: the reference's margin
+  /// expected[its argmax] - expected[actual's argmax] (>= 0; NaN where either is NaN).
+  std::vector<double> top1_flip_margins;
+  /// With top1_agreement: the largest, over rows, of max - min of (actual - expected) over
+  /// the row's elements finite in both. A row's argmax moves from class i to j only when
+  /// error_j - error_i >= the reference's margin, so no flip of a wider margin comes from
+  /// errors of this spread; a constant added to a row (a softmax-invariant shift) has 0.
+  double max_row_error_spread = 0;
 
   /// The calibrated rule (calibration.hpp), for candidates of a reduced precision whose
   /// eager-at-that-precision outputs were measured: eager-at-P's errors against the same
@@ -109,6 +117,11 @@ struct OutputCheck {
   std::optional<double> eager_at_precision_max_abs_error;
   std::optional<double> eager_at_precision_rel_l2_error;
   std::optional<double> eager_at_precision_top1_agreement;
+  /// The calibrated rule's top-1 clause (calibration.hpp), on outputs it judged: the margin
+  /// up to which a flip is a near-tie (factor x eager-at-P's max_row_error_spread), and how
+  /// many of top1_flip_margins were within it (ignored; the others count as disagreements).
+  std::optional<double> top1_near_tie_bound;
+  std::optional<int64_t> top1_near_ties;
   std::optional<double> error_ratio;  ///< max(max abs / eager's, rel L2 / eager's); inf when eager's is 0
   /// "table" (passed or failed on the tolerance table), "calibrated" (passed within
   /// factor x eager-at-P's error where the table failed), "calibrated-exceeded" (failed
@@ -149,6 +162,10 @@ struct OutputAccuracy {
   double rel_l2_error = 0;
   double cosine_similarity = 1;
   std::optional<double> top1_agreement;
+  /// Rows whose argmax moved, over every sample; of them, near-ties the calibrated rule
+  /// ignored (nullopt when it judged no sample of this output's top-1).
+  int64_t top1_flips = 0;
+  std::optional<int64_t> top1_near_ties;
   std::optional<double> eager_at_precision_max_abs_error;
   std::optional<double> eager_at_precision_rel_l2_error;
   std::optional<double> error_ratio;

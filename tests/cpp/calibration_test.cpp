@@ -47,9 +47,16 @@ TEST(AccuracyMetrics, RelativeL2CosineAndTop1AreMeasuredPerOutput) {
   EXPECT_LT(noisy.cosine_similarity, 1.0);
   EXPECT_GT(noisy.cosine_similarity, 0.99);
   EXPECT_EQ(*noisy.top1_agreement, 1.0);  // the winners are 5 apart: noise 0.1 keeps them
+  EXPECT_TRUE(noisy.top1_flip_margins.empty());
+  EXPECT_NEAR(noisy.max_row_error_spread, 0.2, 1e-6);  // +0.1 and -0.1 in one row
 
   auto wrong_class = compare_output("logits", logits(0, false, 2).view(), expected.view(), {1e-4, 1e-4});
   EXPECT_EQ(*wrong_class.top1_agreement, 0.0);  // every row's winner moved
+  ASSERT_EQ(wrong_class.top1_flip_margins.size(), static_cast<std::size_t>(kRows));
+  for (double margin : wrong_class.top1_flip_margins) EXPECT_GT(margin, 3.0);  // 5 +- two sines
+  auto shifted = logits(0);  // a constant added to every logit moves no argmax: spread 0
+  for (int64_t i = 0; i < kRows * kClasses; ++i) static_cast<float*>(shifted.data())[i] += 0.5f;
+  EXPECT_NEAR(compare_output("logits", shifted.view(), expected.view(), {0, 0}).max_row_error_spread, 0, 1e-6);
 
   auto vector = make_host(DType::kFloat32, {3}, std::vector<float>{1, 2, 3});
   EXPECT_FALSE(compare_output("v", vector.view(), vector.view(), {0, 0}).top1_agreement.has_value())
@@ -353,6 +360,125 @@ TEST(CalibratedTuning, TheUsersMetricMustReturnFiniteNumbers) {
   };
   GraphTuner raising_tuner("g", g.spec(), g.samples(), raising);
   EXPECT_THROW(raising_tuner.evaluate_external(with_noise("c", Precision::kStrict, 0.0), "B", 0), std::runtime_error);
+}
+
+// A flipped top-1 on a near-tie is noise, a flip on a wide margin a wrong class. Seen on
+// the H200 (torch 2.11): a bf16 candidate erring 1.5x eager bf16's own error (factor 2)
+// was refused only because the argmax of its one 8-class row moved between two near-tied
+// logits where eager's had not ("top-1 agreement 0 vs eager bf16's 1"). A flip counts only
+// when the reference ranks the candidate's class more than factor x eager's largest
+// within-row error spread below its own top-1: a flip no error of the allowed size moves.
+// Rows 0-2: classes 0 and 1 are 0.1 apart; row 3: 1.0 apart.
+Tensor tie_reference() {
+  std::vector<float> v(kRows * kClasses);
+  for (int64_t r = 0; r < kRows; ++r)
+    for (int64_t c = 0; c < kClasses; ++c) {
+      auto i = static_cast<std::size_t>(r * kClasses + c);
+      v[i] = static_cast<float>(c == 0 ? 3.0 : c == 1 ? (r == 3 ? 2.0 : 2.9) : 0.3 * std::sin(static_cast<double>(i)));
+    }
+  return make_host(DType::kFloat32, {kRows, kClasses}, v);
+}
+
+// The reference plus, per element, scale x (-0.04 for class 0, +0.04 for class 1, +-0.04
+// alternating for the others) plus `row_shift` on every element: a within-row spread of
+// 0.08 x scale, whatever the shift (a constant added to a row moves no argmax).
+Tensor tie_noise(double scale, double row_shift = 0) {
+  auto t = tie_reference();
+  auto* v = static_cast<float*>(t.data());
+  for (int64_t r = 0; r < kRows; ++r)
+    for (int64_t c = 0; c < kClasses; ++c) {
+      double d = c == 0 ? -0.04 : c == 1 ? 0.04 : (c % 2 ? 0.04 : -0.04);
+      v[r * kClasses + c] += static_cast<float>(scale * d + row_shift);
+    }
+  return t;
+}
+
+struct TieGraph {
+  Tensor x = make_pattern_f32({kRows, 3}, 1);
+  Tensor y = tie_reference();
+  GraphSpec spec() const {
+    GraphSpecBuilder b;
+    b.record({{"x", DType::kFloat32, x.shape()}}, {{"logits", DType::kFloat32, y.shape()}}, kRows);
+    return b.build();
+  }
+  std::vector<TuneSample> samples() const { return {{{x.view()}, {y.view()}, kRows}}; }
+};
+
+ExternalCandidate returning(std::string name, Tensor out) {
+  return {std::move(name), "{}", Precision::kFP16, [out](std::size_t) { return std::vector<Tensor>{out}; }, [] {}};
+}
+
+TEST(CalibratedTuning, ATopOneFlipOnANearTieWithinTheCalibratedBoundPasses) {
+  TieGraph g;
+  TunerOptions options = quick();
+  // Eager fp16 errs by 0.04 and keeps every row's winner (0.1 > 0.08).
+  options.eager_at_precision = [](Precision, std::string&) -> std::optional<std::vector<std::vector<Tensor>>> {
+    return std::vector<std::vector<Tensor>>{{tie_noise(1)}};
+  };
+  GraphTuner tuner("g", g.spec(), g.samples(), options);
+  // 1.5x eager's error: rows 0-2 flip (0.06 + 0.06 > 0.1), row 3 keeps its winner.
+  auto c = tuner.evaluate_external(returning("fp16 1.5x", tie_noise(1.5)), "B", 0);
+  const auto& report = tuner.select(StrategyConfig{.performance_validation = false});
+  const auto& cand = report.candidates[c];
+  EXPECT_EQ(cand.status, CandidateStatus::kSelected) << cand.reason;
+  ASSERT_TRUE(cand.correctness.has_value());
+  const auto& o = cand.correctness->samples[0].outputs[0];
+  ASSERT_NEAR(*o.top1_agreement, 0.25, 1e-9) << "the test needs three flipped rows";
+  EXPECT_EQ(o.rule, "calibrated");
+  EXPECT_NEAR(*o.error_ratio, 1.5, 1e-3);
+  EXPECT_EQ(o.top1_flip_margins.size(), 3u);
+  ASSERT_TRUE(o.top1_near_ties.has_value());
+  EXPECT_EQ(*o.top1_near_ties, 3);
+  ASSERT_TRUE(o.top1_near_tie_bound.has_value());
+  EXPECT_NEAR(*o.top1_near_tie_bound, 0.16, 1e-6);  // 2 x eager's within-row spread 0.08
+  auto j = nlohmann::json::parse(report.to_json());
+  const auto& out = j["candidates"][c]["correctness"]["outputs"][0];
+  EXPECT_EQ(out["top1_flips"], 3);
+  EXPECT_EQ(out["top1_near_ties"], 3);
+  EXPECT_EQ(j["candidates"][c]["correctness"]["samples"][0]["outputs"][0]["top1_near_ties"], 3);
+  auto table = report.summary_table();
+  EXPECT_NE(table.find("3 of 3 top-1 flips near-ties, ignored"), std::string::npos) << table;
+}
+
+TEST(CalibratedTuning, ATopOneFlipOnAWideMarginIsAWrongClassEvenWithinTheErrorBound) {
+  TieGraph g;
+  TunerOptions options = quick();
+  // Eager fp16 shifts every logit by 0.6 (its max abs error 0.64) but within a row its
+  // errors spread over 0.08 only: it can move no winner whose margin is above that.
+  options.eager_at_precision = [](Precision, std::string&) -> std::optional<std::vector<std::vector<Tensor>>> {
+    return std::vector<std::vector<Tensor>>{{tie_noise(1, 0.6)}};
+  };
+  GraphTuner tuner("g", g.spec(), g.samples(), options);
+  // 1.5x eager's within-row noise (three near-tied flips), and row 3's winner moved across
+  // a margin of 1.0 by errors of 0.55, below eager's 0.64: the errors alone pass.
+  auto wrong = tie_noise(1.5);
+  static_cast<float*>(wrong.data())[3 * kClasses + 0] -= 0.49f;
+  static_cast<float*>(wrong.data())[3 * kClasses + 1] += 0.49f;
+  auto c = tuner.evaluate_external(returning("fp16 wrong class", wrong), "B", 0);
+  // The same wrong class with errors beyond the bound too: the reason names both.
+  auto far = tie_noise(1.5);
+  static_cast<float*>(far.data())[3 * kClasses + 0] -= 1.5f;
+  static_cast<float*>(far.data())[3 * kClasses + 1] += 1.5f;
+  auto f = tuner.evaluate_external(returning("fp16 far", far), "B", 0);
+  const auto& report = tuner.select(StrategyConfig{.performance_validation = false});
+  const auto& cand = report.candidates[c];
+  EXPECT_EQ(cand.status, CandidateStatus::kIncorrect) << cand.reason;
+  const auto& o = cand.correctness->samples[0].outputs[0];
+  EXPECT_LE(*o.error_ratio, 2.0) << "the errors alone would pass";
+  EXPECT_EQ(o.rule, "calibrated-exceeded");
+  ASSERT_TRUE(o.top1_near_ties.has_value());
+  EXPECT_EQ(*o.top1_near_ties, 3);
+  EXPECT_NE(cand.reason.find("top-1 agreement 0 vs eager fp16's 1: 1 of 4 rows moved to a class the reference ranks"
+                             " more than 0.16 below its top-1"),
+            std::string::npos)
+      << cand.reason;
+  EXPECT_NE(cand.reason.find("3 near-tied flips ignored"), std::string::npos) << cand.reason;
+  EXPECT_EQ(cand.reason.find("ratio"), std::string::npos) << "the errors were within the bound: " << cand.reason;
+
+  const auto& far_cand = report.candidates[f];
+  EXPECT_EQ(far_cand.status, CandidateStatus::kIncorrect) << far_cand.reason;
+  EXPECT_NE(far_cand.reason.find("> 2)"), std::string::npos) << far_cand.reason;
+  EXPECT_NE(far_cand.reason.find("1 of 4 rows moved"), std::string::npos) << far_cand.reason;
 }
 
 TEST(CalibratedTuning, AWinnerOverAVacuousReferenceIsToldInTheDecision) {

@@ -248,12 +248,28 @@ OutputCheck compare_output(const std::string& name, const TensorView& actual, co
     const std::size_t rows = n / classes;
     std::size_t agree = 0;
     for (std::size_t r = 0; r < rows; ++r) {
+      const std::size_t base = r * classes;
       std::size_t best_a = 0, best_e = 0;
-      for (std::size_t c = 1; c < classes; ++c) {
-        if (element(actual, r * classes + c) > element(actual, r * classes + best_a)) best_a = c;
-        if (element(expected, r * classes + c) > element(expected, r * classes + best_e)) best_e = c;
+      double top_a = element(actual, base), top_e = element(expected, base);
+      double lo = kInf, hi = -kInf;  // the row's errors, over elements finite in both
+      for (std::size_t c = 0; c < classes; ++c) {
+        const double a = element(actual, base + c), e = element(expected, base + c);
+        if (c > 0 && a > top_a) {
+          best_a = c;
+          top_a = a;
+        }
+        if (c > 0 && e > top_e) {
+          best_e = c;
+          top_e = e;
+        }
+        if (std::isfinite(a) && std::isfinite(e)) {
+          lo = std::min(lo, a - e);
+          hi = std::max(hi, a - e);
+        }
       }
-      agree += best_a == best_e;
+      if (hi >= lo) check.max_row_error_spread = std::max(check.max_row_error_spread, hi - lo);
+      if (best_a == best_e) ++agree;
+      else check.top1_flip_margins.push_back(top_e - element(expected, base + best_a));
     }
     check.top1_agreement = rows ? static_cast<double>(agree) / static_cast<double>(rows) : 1.0;
   }
@@ -303,6 +319,8 @@ std::vector<OutputAccuracy> CorrectnessReport::outputs() const {
       it->rel_l2_error = std::max(it->rel_l2_error, o.rel_l2_error);
       it->cosine_similarity = std::min(it->cosine_similarity, o.cosine_similarity);
       worst(it->top1_agreement, o.top1_agreement, false);
+      it->top1_flips += static_cast<int64_t>(o.top1_flip_margins.size());
+      if (o.top1_near_ties) it->top1_near_ties = it->top1_near_ties.value_or(0) + *o.top1_near_ties;
       worst(it->eager_at_precision_max_abs_error, o.eager_at_precision_max_abs_error, true);
       worst(it->eager_at_precision_rel_l2_error, o.eager_at_precision_rel_l2_error, true);
       worst(it->error_ratio, o.error_ratio, true);
@@ -377,6 +395,12 @@ std::string CorrectnessReport::to_json(int indent) const {
                          {"rel_l2_error", json_number(o.rel_l2_error)},
                          {"cosine_similarity", o.cosine_similarity},
                          {"top1_agreement", o.top1_agreement ? nlohmann::json(*o.top1_agreement) : nlohmann::json(nullptr)},
+                         {"top1_flips", o.top1_agreement ? nlohmann::json(o.top1_flip_margins.size()) : nlohmann::json(nullptr)},
+                         {"max_row_error_spread", o.top1_agreement ? nlohmann::json(json_number(o.max_row_error_spread))
+                                                                   : nlohmann::json(nullptr)},
+                         {"top1_near_tie_bound", o.top1_near_tie_bound ? nlohmann::json(json_number(*o.top1_near_tie_bound))
+                                                                       : nlohmann::json(nullptr)},
+                         {"top1_near_ties", o.top1_near_ties ? nlohmann::json(*o.top1_near_ties) : nlohmann::json(nullptr)},
                          {"eager_at_precision_max_abs_error", o.eager_at_precision_max_abs_error
                                                                   ? nlohmann::json(json_number(*o.eager_at_precision_max_abs_error))
                                                                   : nlohmann::json(nullptr)},
@@ -398,6 +422,8 @@ std::string CorrectnessReport::to_json(int indent) const {
                           {"rel_l2_error", json_number(o.rel_l2_error)},
                           {"cosine_similarity", o.cosine_similarity},
                           {"top1_agreement", optional_number(o.top1_agreement)},
+                          {"top1_flips", o.top1_agreement ? nlohmann::json(o.top1_flips) : nlohmann::json(nullptr)},
+                          {"top1_near_ties", o.top1_near_ties ? nlohmann::json(*o.top1_near_ties) : nlohmann::json(nullptr)},
                           {"eager_at_precision_max_abs_error", optional_number(o.eager_at_precision_max_abs_error)},
                           {"eager_at_precision_rel_l2_error", optional_number(o.eager_at_precision_rel_l2_error)},
                           {"error_ratio", optional_number(o.error_ratio)},

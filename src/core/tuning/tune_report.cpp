@@ -185,7 +185,10 @@ std::string TuneReport::summary_table() const {
         out << " " << o.name << " err " << sci(o.max_abs_error) << " / eager "
             << (o.eager_at_precision_max_abs_error ? sci(*o.eager_at_precision_max_abs_error) : "-") << " ratio "
             << (o.error_ratio ? (std::isfinite(*o.error_ratio) ? fixed(*o.error_ratio, 2) : "inf") : "-") << " "
-            << (o.passed ? "passed" : "failed") << " (" << o.rule << ")";
+            << (o.passed ? "passed" : "failed") << " (" << o.rule;
+        if (o.top1_near_ties && *o.top1_near_ties > 0)
+          out << "; " << *o.top1_near_ties << " of " << o.top1_flips << " top-1 flips near-ties, ignored";
+        out << ")";
       }
       out << "\n";
     }
