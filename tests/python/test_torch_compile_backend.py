@@ -315,3 +315,49 @@ def test_half_weights_and_compute_dtype_outputs_tune_and_the_user_is_told(caplog
     fresh.ait_module.load_state_dict(inner.state_dict())
     ait.load(fresh, ait.save(model, tmp_path / "ckpt"))
     assert list(fresh.ait_backends.values()) == [backend_name]  # weights and output_dtype come back
+
+
+class _ProdHead(torch.nn.Module):
+    """A linear layer and a product: ``prod`` is one of the ops CPU autocast runs in fp32."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 8)
+
+    def forward(self, x):
+        h = self.fc(x)
+        return h, h.prod(-1)
+
+
+def test_a_module_already_in_the_reduced_dtype_is_compiled_as_it_is_without_autocast():
+    """The decode benchmark's model is ``.half()``: the fp16 candidate compiled it under
+    autocast(fp16) (the half-weights variant is left out: the weights are fp16 already),
+    which a user's bare torch.compile of that module does not do; autocast recasts the ops
+    it lists (softmax, layer_norm, exp, sum, pow on CUDA; prod on the CPU) to fp32 and back,
+    kernels and results the user's compile has not. A module whose floating weights are all
+    in the candidate's dtype is now compiled as it is: its outputs are eager's own (dtype
+    and values), with output_dtype="compute" too. A module in fp32 keeps autocast."""
+    from aitune.torch.backend import TorchEagerBackend
+
+    torch.manual_seed(0)
+    inner = _ProdHead().to(torch.bfloat16).eval()
+    model = ait.Module(inner, "bf16-prod", strategy=ait.OneBackendStrategy(TorchEagerBackend()))
+    ait.tune(model, [torch.randn(16, dtype=torch.bfloat16) for _ in range(2)])
+    (graph,) = model.ait_graphs
+    x = torch.randn(3, 16, dtype=torch.bfloat16)
+    with torch.no_grad():
+        expected = inner(x)
+        for output_dtype in ("module", "compute"):
+            tuned = TorchCompileTunedGraph(graph, "bf16", "default", [torch.bfloat16, torch.bfloat16],
+                                           output_dtype=output_dtype)
+            out = tuned._compiled._orig_mod(x)  # the forward that is compiled, run uncompiled
+            assert [t.dtype for t in out] == [torch.bfloat16, torch.bfloat16]
+            assert all(torch.equal(a, b) for a, b in zip(out, expected))
+        # fp32 weights: the bf16 candidate is autocast (prod computed in fp32 there)
+        fp32 = _ProdHead().eval()
+        fp32_model = ait.Module(fp32, "fp32-prod", strategy=ait.OneBackendStrategy(TorchEagerBackend()))
+        ait.tune(fp32_model, [torch.randn(16) for _ in range(2)])
+        (fp32_graph,) = fp32_model.ait_graphs
+        computed = TorchCompileTunedGraph(fp32_graph, "bf16", "default", [torch.float32, torch.float32],
+                                          output_dtype="compute")._compiled._orig_mod(x.float())
+        assert [t.dtype for t in computed] == [torch.bfloat16, torch.float32]
