@@ -361,3 +361,39 @@ def test_a_module_already_in_the_reduced_dtype_is_compiled_as_it_is_without_auto
         computed = TorchCompileTunedGraph(fp32_graph, "bf16", "default", [torch.float32, torch.float32],
                                           output_dtype="compute")._compiled._orig_mod(x.float())
         assert [t.dtype for t in computed] == [torch.bfloat16, torch.float32]
+
+
+class _Relu(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 8)
+
+    def forward(self, x):
+        return self.fc(x).relu()
+
+
+def test_each_compile_candidate_is_a_function_of_its_own_for_dynamo(monkeypatch):
+    """Every candidate was torch.compile of one function, ``_PrecisionForward.forward``, and
+    dynamo keeps compiled code, its recompile limit and automatic dynamic shapes per code
+    object: the second module tuned in a process (a decode step after its prefill) was
+    compiled as a recompile of the first one's candidate, the sizes that differed made
+    symbolic (``addmm_s33_8_16``: dynamic-shape kernels a user's compile of that module
+    has not), and past 8 candidates dynamo ran them eagerly. Each candidate is now a
+    function of its own: compiled once, with its own static shapes."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setattr(torch._inductor.config, "force_disable_caches", True)  # a cache hit counts no matmul
+    torch._dynamo.reset()
+    counters.clear()
+    codes = []
+    for n, rows in enumerate((3, 5)):
+        model = ait.Module(_Relu().eval(), f"own-function-{n}",
+                           strategy=ait.OneBackendStrategy(TorchCompileBackend(TorchCompileBackendConfig(mode="default"))))
+        ait.tune(model, lambda size, rows=rows: [torch.randn(rows, 16)], batch_sizes=[1], progress=False,
+                 performance_validation=False)
+        ((_, (_, tuned)),) = model._ait_tuned.items()
+        codes.append(tuned._compiled._orig_mod.forward.__code__)
+    assert sorted(counters["aten_mm_info"]) == ["aten.addmm_3_8_16", "aten.addmm_5_8_16"]  # static shapes
+    assert codes[0] is not codes[1]
+    assert [len(_debug_get_cache_entry_list(code)) for code in codes] == [1, 1]  # no recompile

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import json
 import logging
 import time
+import types
 
 import torch
 import torch.utils._pytree as pytree
@@ -203,6 +205,25 @@ class _PrecisionForward(torch.nn.Module):
         return tuple(t.to(d) for t, d in zip(tensors, self.output_dtypes, strict=True))
 
 
+_FUNCTIONS = itertools.count()
+
+
+def own_function(forward: _PrecisionForward) -> _PrecisionForward:
+    """``forward`` with a ``forward`` method of its own code object, so that dynamo sees
+    each candidate as its own function, as a user's torch.compile of their module is.
+    Dynamo keeps compiled code, its recompile limit (8) and automatic dynamic shapes per
+    code object: with one ``_PrecisionForward.forward`` for every candidate of every graph,
+    the second graph tuned in a process (a decode step after its prefill, another batch)
+    was compiled as a recompile of the first, its sizes that differed made symbolic
+    (dynamic-shape kernels, where the user's compile is static), and a ninth candidate ran
+    eagerly under a compile candidate's name."""
+    code = _PrecisionForward.forward.__code__
+    code = code.replace(co_name=f"forward_{next(_FUNCTIONS)}")
+    function = types.FunctionType(code, _PrecisionForward.forward.__globals__, code.co_name)
+    forward.forward = types.MethodType(function, forward)
+    return forward
+
+
 def weights_in(module: torch.nn.Module, dtype: torch.dtype) -> bool:
     """Whether ``module`` has floating parameters or buffers and all are in ``dtype``."""
     dtypes = {t.dtype for t in (*module.parameters(), *module.buffers()) if t.is_floating_point()}
@@ -268,7 +289,7 @@ class TorchCompileTunedGraph(TunedGraph):
         else:
             forward = _PrecisionForward(graph.module, graph, self.device.type, reduced,
                                         None if self.output_dtype == "compute" else self.output_dtypes)
-        self._compiled = torch.compile(forward, mode=mode, dynamic=dynamic)
+        self._compiled = torch.compile(own_function(forward), mode=mode, dynamic=dynamic)
         # TF32 is a CUDA setting; fp16 / bf16 candidates leave the user's flags alone.
         self._sets_tf32 = self.device.type == "cuda" and reduced is None
         self._cuda_graphs = self.device.type == "cuda" and mode in ("reduce-overhead", "max-autotune")
