@@ -27,7 +27,12 @@ Rows per case (p50 us of one call + torch.cuda.synchronize() on CUDA):
   aitune           ``ait.tune`` with MaxThroughputStrategy([ONNXRuntimeBackend(cuda),
                    TorchCompileBackend(fp16)]), measured through the tuned module; the
                    winner's name and precision, every candidate's p50 and verdict, the
-                   fused operators of the fusion candidate, the tune's wall time
+                   fused operators of the fusion candidate, the tune's wall time; beside
+                   it ``measured_call_p50_us``, the call the tuner measured the winner by
+                   (``dispatch.measured_call``) timed here like the module (module p50 far
+                   from it: the module's path differs; both far from the winner's tuner
+                   p50: the timing differs), and ``frames_compiled_after_tune`` (dynamo
+                   frames the module's calls compiled after tuning: 0 unless they recompile)
 Precision on CUDA: prefill under ``torch.autocast(float16)`` over the fp32 model for eager
 and compile (as a user writes it; aitune is given the fp32 model and may choose fp16);
 decode with the model in fp16 (``.half()``) on every row, since the cache must have one
@@ -66,6 +71,8 @@ from aitune.torch.backend import (  # noqa: E402
     TorchCompileBackendConfig,
 )
 from aitune.torch.decode_step import DecodeStep, empty_cache  # noqa: E402
+from aitune.torch.dispatch import measured_call  # noqa: E402
+from torch._dynamo.utils import counters  # noqa: E402
 
 FULL = {
     "llama": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=8, num_attention_heads=32,
@@ -186,10 +193,21 @@ def aitune_row(name: str, module, inputs, *, cuda: bool, iterations: int) -> dic
     (report,) = tuned.ait_reports.values()
     winner = report.candidates[report.winner] if report.winner is not None else None
     fused = [c for c in report.candidates if c.transform.startswith("ort_fusions")]
+    frames_before = dict(counters["frames"])
     with torch.no_grad():
         out = _first(tuned(**inputs)).clone()  # a CUDA-graph winner's next replay overwrites it
         p50 = p50_us(lambda: tuned(**inputs), iterations)
-    return {"p50_us": p50, "output": out, "tuning_s": tuning_s,
+        # The call the tuner measured the winner by (its recorded sample, through a dispatch
+        # of its own), timed here as the module is: equal to p50_us unless the module's path
+        # differs from the measured one; both apart from the winner's tuner p50: the timing.
+        measured = None
+        if winner is not None:
+            (graph, tuned_graph), = tuned._ait_calls.tuned.values()  # noqa: SLF001
+            measured = p50_us(measured_call(graph, tuned_graph), iterations)
+    frames_after = dict(counters["frames"])
+    return {"p50_us": p50, "output": out, "tuning_s": tuning_s, "measured_call_p50_us": measured,
+            # torch.compile frames compiled by the module's calls after tuning (0: no recompile)
+            "frames_compiled_after_tune": frames_after.get("total", 0) - frames_before.get("total", 0),
             "winner": winner.name if winner else f"eager kept ({report.decision})",
             "precision": _core.precision_name(winner.precision) if winner else "eager",
             "fused_operators": dict(fused[0].fused_operators) if fused else {},

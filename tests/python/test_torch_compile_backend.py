@@ -315,3 +315,85 @@ def test_half_weights_and_compute_dtype_outputs_tune_and_the_user_is_told(caplog
     fresh.ait_module.load_state_dict(inner.state_dict())
     ait.load(fresh, ait.save(model, tmp_path / "ckpt"))
     assert list(fresh.ait_backends.values()) == [backend_name]  # weights and output_dtype come back
+
+
+class _ProdHead(torch.nn.Module):
+    """A linear layer and a product: ``prod`` is one of the ops CPU autocast runs in fp32."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 8)
+
+    def forward(self, x):
+        h = self.fc(x)
+        return h, h.prod(-1)
+
+
+def test_a_module_already_in_the_reduced_dtype_is_compiled_as_it_is_without_autocast():
+    """The decode benchmark's model is ``.half()``: the fp16 candidate compiled it under
+    autocast(fp16) (the half-weights variant is left out: the weights are fp16 already),
+    which a user's bare torch.compile of that module does not do; autocast recasts the ops
+    it lists (softmax, layer_norm, exp, sum, pow on CUDA; prod on the CPU) to fp32 and back,
+    kernels and results the user's compile has not. A module whose floating weights are all
+    in the candidate's dtype is now compiled as it is: its outputs are eager's own (dtype
+    and values), with output_dtype="compute" too. A module in fp32 keeps autocast."""
+    from aitune.torch.backend import TorchEagerBackend
+
+    torch.manual_seed(0)
+    inner = _ProdHead().to(torch.bfloat16).eval()
+    model = ait.Module(inner, "bf16-prod", strategy=ait.OneBackendStrategy(TorchEagerBackend()))
+    ait.tune(model, [torch.randn(16, dtype=torch.bfloat16) for _ in range(2)])
+    (graph,) = model.ait_graphs
+    x = torch.randn(3, 16, dtype=torch.bfloat16)
+    with torch.no_grad():
+        expected = inner(x)
+        for output_dtype in ("module", "compute"):
+            tuned = TorchCompileTunedGraph(graph, "bf16", "default", [torch.bfloat16, torch.bfloat16],
+                                           output_dtype=output_dtype)
+            out = tuned._compiled._orig_mod(x)  # the forward that is compiled, run uncompiled
+            assert [t.dtype for t in out] == [torch.bfloat16, torch.bfloat16]
+            assert all(torch.equal(a, b) for a, b in zip(out, expected))
+        # fp32 weights: the bf16 candidate is autocast (prod computed in fp32 there)
+        fp32 = _ProdHead().eval()
+        fp32_model = ait.Module(fp32, "fp32-prod", strategy=ait.OneBackendStrategy(TorchEagerBackend()))
+        ait.tune(fp32_model, [torch.randn(16) for _ in range(2)])
+        (fp32_graph,) = fp32_model.ait_graphs
+        computed = TorchCompileTunedGraph(fp32_graph, "bf16", "default", [torch.float32, torch.float32],
+                                          output_dtype="compute")._compiled._orig_mod(x.float())
+        assert [t.dtype for t in computed] == [torch.bfloat16, torch.float32]
+
+
+class _Relu(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 8)
+
+    def forward(self, x):
+        return self.fc(x).relu()
+
+
+def test_each_compile_candidate_is_a_function_of_its_own_for_dynamo(monkeypatch):
+    """Every candidate was torch.compile of one function, ``_PrecisionForward.forward``, and
+    dynamo keeps compiled code, its recompile limit and automatic dynamic shapes per code
+    object: the second module tuned in a process (a decode step after its prefill) was
+    compiled as a recompile of the first one's candidate, the sizes that differed made
+    symbolic (``addmm_s33_8_16``: dynamic-shape kernels a user's compile of that module
+    has not), and past 8 candidates dynamo ran them eagerly. Each candidate is now a
+    function of its own: compiled once, with its own static shapes."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setattr(torch._inductor.config, "force_disable_caches", True)  # a cache hit counts no matmul
+    torch._dynamo.reset()
+    counters.clear()
+    codes = []
+    for n, rows in enumerate((3, 5)):
+        model = ait.Module(_Relu().eval(), f"own-function-{n}",
+                           strategy=ait.OneBackendStrategy(TorchCompileBackend(TorchCompileBackendConfig(mode="default"))))
+        ait.tune(model, lambda size, rows=rows: [torch.randn(rows, 16)], batch_sizes=[1], progress=False,
+                 performance_validation=False)
+        ((_, (_, tuned)),) = model._ait_tuned.items()
+        codes.append(tuned._compiled._orig_mod.forward.__code__)
+    assert sorted(counters["aten_mm_info"]) == ["aten.addmm_3_8_16", "aten.addmm_5_8_16"]  # static shapes
+    assert codes[0] is not codes[1]
+    assert [len(_debug_get_cache_entry_list(code)) for code in codes] == [1, 1]  # no recompile

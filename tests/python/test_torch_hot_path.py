@@ -253,8 +253,12 @@ def test_dispatch_rejects_what_it_cannot_serve():
     assert dispatch.graph_count == 0 and len(dispatch) == 0
     index = dispatch.add_graph(tuned.session, [0], 1, None)
     assert index == 0 and dispatch.graph_count == 1
-    with pytest.raises(aitune.InvalidArgumentError, match="argument 0 is not a <class 'torch.Tensor'>"):
+    with pytest.raises(aitune.InvalidArgumentError, match="value 0 is not a <class 'torch.Tensor'> nor a tuple"):
         dispatch.add_route([x.numpy()], index)
+    with pytest.raises(aitune.InvalidArgumentError, match="value 0 is not a <class 'torch.Tensor'> nor a tuple"):
+        dispatch.add_route([(x, (x,))], index)  # nested containers: no route form
+    with pytest.raises(aitune.InvalidArgumentError, match="a call of 2 tensors for graph 0, which takes 1"):
+        dispatch.add_route([(x, x)], index)  # a tuple's tensors count one by one
     with pytest.raises(aitune.InvalidArgumentError, match="a call of 2 tensors for graph 0, which takes 1"):
         dispatch.add_route([x, x], index)
     with pytest.raises(aitune.InvalidArgumentError, match="2 tensors for graph 0, which takes 1"):
@@ -357,3 +361,85 @@ def test_a_python_graph_is_registered_with_a_callable_and_never_run_as_a_session
     assert dispatch.serve((x.double(),)) is NotImplemented  # another dtype: no route
     with pytest.raises(_core.InvalidArgumentError, match="runs in Python"):
         dispatch.run(index, [x])
+
+
+class CacheStep(torch.nn.Module):
+    """A decode step's call form (aitune.torch.decode_step.DecodeStep): plain tensors
+    beside a tuple of tensors per cache, returned as tuples."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x, keys, values):
+        h = self.fc(x)
+        return h, tuple(k + h for k in keys), tuple(v * 2 for v in values)
+
+
+def test_calls_with_tuples_of_tensors_get_a_route(python_path_calls):
+    """A decode step passes its cache as a tuple of tensors per cache (one per layer).
+    Such calls got no route: every call of the tuned module took the general path
+    (nn.Module.__call__, binding, pytree flattening and identity, the replay), the host
+    time a torch.compile decode step paid per call beyond bare torch.compile. A tuple or
+    list of plain tensors is now part of a route's form (its kind and length); a call of
+    another container kind or length is not served by it."""
+    inner = CacheStep().eval()
+    sample = {"x": torch.randn(8), "keys": (torch.randn(8), torch.randn(8)), "values": (torch.randn(8),)}
+    model = _tuned(inner, "cache-step", [sample for _ in range(2)])
+    x, keys, values = torch.randn(2, 8), (torch.randn(2, 8), torch.randn(2, 8)), (torch.randn(2, 8),)
+    with torch.no_grad():
+        expected = inner(x, keys=keys, values=values)
+        for _ in range(3):
+            out = model(x, keys=keys, values=values)
+            assert type(out) is tuple and [type(o) for o in out] == [torch.Tensor, tuple, tuple]
+            torch.testing.assert_close(list(pytree_leaves(out)), list(pytree_leaves(expected)))
+        assert len(python_path_calls) == 1 and len(model._ait_calls.direct) == 1  # the route served the rest
+        # other tensors of the same kinds: the same route
+        model(torch.randn(2, 8), keys=(torch.randn(2, 8), torch.randn(2, 8)), values=(torch.randn(2, 8),))
+        assert len(python_path_calls) == 1
+        # a list where the route has a tuple, or another length: not this route's form
+        assert model._ait_calls.direct.serve((x,), {"keys": list(keys), "values": values}) is NotImplemented
+        assert model._ait_calls.direct.serve((x,), {"keys": keys[:1], "values": values}) is NotImplemented
+        assert model._ait_calls.direct.serve((x,), {"keys": (keys[0], 1.0), "values": values}) is NotImplemented
+        assert model._ait_calls.direct.serve((x,), {"keys": (keys[0], keys[1].double()), "values": values}) \
+            is NotImplemented
+        from aitune.torch.dispatch import GraphNotRecordedError
+
+        with pytest.raises(GraphNotRecordedError):
+            model(x, keys=keys[:1], values=values)  # the general path names the recorded graph
+        assert len(python_path_calls) == 2
+
+
+def pytree_leaves(value):
+    import torch.utils._pytree as pytree
+
+    return pytree.tree_leaves(value)
+
+
+def test_a_routed_call_with_tuples_of_tensors_replays_without_pytree(monkeypatch):
+    """The routed call of a graph run in Python (torch.compile; eager here, the same path)
+    replays the user's call form for the graph: tuples of tensors were rebuilt through
+    pytree on every call (``_replay``); they are now planned like plain tensors, and come
+    back as the same kind of container (a list stays a list)."""
+    from aitune.torch.backend import TorchEagerBackend
+    from aitune.torch.graph import RecordedGraph
+
+    class ListStep(CacheStep):
+        def forward(self, x, keys, values):
+            assert type(keys) is tuple and type(values) is list
+            return super().forward(x, keys, values)
+
+    inner = ListStep().eval()
+    model = ait.Module(inner, "eager-cache-step", strategy=ait.OneBackendStrategy(TorchEagerBackend()))
+    ait.tune(model, [{"x": torch.randn(8), "keys": (torch.randn(8), torch.randn(8)), "values": [torch.randn(8)]}
+                     for _ in range(2)])
+    replays = []
+    original = RecordedGraph._replay
+    monkeypatch.setattr(RecordedGraph, "_replay", lambda self, tensors: replays.append(1) or original(self, tensors))
+    x, keys, values = torch.randn(2, 8), (torch.randn(2, 8), torch.randn(2, 8)), [torch.randn(2, 8)]
+    with torch.no_grad():
+        expected = inner(x, keys, values)
+        for _ in range(3):
+            torch.testing.assert_close(pytree_leaves(model(x, keys, values)), pytree_leaves(expected))
+    assert len(model._ait_calls.direct) == 1
+    assert replays == []  # planned once (at tuning), never replayed through pytree per call

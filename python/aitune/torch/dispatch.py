@@ -308,14 +308,23 @@ class ModuleDispatch:
 
     def _add_route(self, index: int, args: tuple, kwargs: dict) -> None:
         """After a call of graph ``index`` ran: hands calls like it to the C++ half, when it
-        is made of plain tensors only and binds the same way every time."""
+        is made of plain tensors, or tuples / lists of plain tensors (a decode step's cache,
+        one tensor per layer), only and binds the same way every time. The flattening of
+        such a call puts a container's tensors in its place, in order: the order the C++
+        half hands them to the graph."""
         keywords = call_layout(self.positional, len(args), tuple(kwargs))
         if keywords is None:
             return
-        values = (*args, *[kwargs[name] for name in keywords])  # in binding order
-        if all(type(v) is _Tensor for v in values):
-            self.cpp.add_route([v.detach() for v in values], index, list(keywords))  # detach: DLPack refuses grad
-            self.direct = self.cpp
+        sample = []
+        for value in (*args, *[kwargs[name] for name in keywords]):  # in binding order
+            if type(value) is _Tensor:
+                sample.append(value.detach())  # detach: DLPack refuses grad
+            elif type(value) in (tuple, list) and all(type(t) is _Tensor for t in value):
+                sample.append(type(value)(t.detach() for t in value))
+            else:
+                return
+        self.cpp.add_route(sample, index, list(keywords))
+        self.direct = self.cpp
 
     def _run_in_other_mode(self, args: tuple, kwargs: dict) -> Any:
         """A call while the module is in the other mode than the one its graphs were

@@ -180,6 +180,22 @@ class _Constant:
     def __init__(self, value: Any):
         self.value = value
 
+    def take(self, tensors) -> Any:
+        return self.value
+
+
+class _Tensors:
+    """A tuple or list of call tensors in a planned replay (a decode step's cache, one
+    tensor per layer): made anew per call, of the recorded kind, from these indices."""
+
+    __slots__ = ("kind", "indices")
+
+    def __init__(self, kind: type, indices: tuple[int, ...]):
+        self.kind, self.indices = kind, indices
+
+    def take(self, tensors) -> tuple | list:
+        return self.kind([tensors[i] for i in self.indices])
+
 
 _UNPLANNED = object()
 #: Values a planned replay passes on every call as the same object: nothing can change them.
@@ -202,16 +218,17 @@ class _GraphCalls:
         plan = self.__dict__.get("_replay_plan", _UNPLANNED)
         if plan is _UNPLANNED:
             plan = self._replay_plan = self._plan_replay()
-        if plan is not None:  # each value a tensor or an immutable constant: no tree to rebuild
+        if plan is not None:  # each value a tensor, a tuple / list of them or a constant: no tree to rebuild
             positional, keywords = plan
-            return (tuple(input_tensors[v] if type(v) is int else v.value for v in positional),
-                    {k: input_tensors[v] if type(v) is int else v.value for k, v in keywords})
+            return (tuple(input_tensors[v] if type(v) is int else v.take(input_tensors) for v in positional),
+                    {k: input_tensors[v] if type(v) is int else v.take(input_tensors) for k, v in keywords})
         return self._replay(input_tensors)
 
     def _plan_replay(self):
-        """Where each value of the replayed call comes from: the index of a call tensor, or
-        a constant of the recording (``_Constant``); None when a value is a container (a
-        tuple of tensors, a dict) or a mutable object, rebuilt per call by ``_replay``.
+        """Where each value of the replayed call comes from: the index of a call tensor, a
+        tuple or list of call tensors (``_Tensors``: a decode step's cache), or a constant of
+        the recording (``_Constant``); None when a value is another container (a dict, a
+        nested tuple) or a mutable object, rebuilt per call by ``_replay``.
         Found by replaying markers in the tensors' places. Calls of tensors and plain
         values (HF forwards: ``input_ids=``, ``attention_mask=``, defaults None) then skip
         pytree on every call (issue 28: it ran on every call of a torch.compile graph)."""
@@ -224,6 +241,8 @@ class _GraphCalls:
         def source(value):
             if type(value) is _Marker:
                 return value.index
+            if type(value) in (tuple, list) and all(type(item) is _Marker for item in value):
+                return _Tensors(type(value), tuple(item.index for item in value))
             return _Constant(value) if type(value) in _IMMUTABLE_CONSTANTS else None
 
         positional = [source(v) for v in args]

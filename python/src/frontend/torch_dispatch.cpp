@@ -16,13 +16,16 @@
 //  - `run(graph, tensors)`: the front end's general path, after it bound and flattened a
 //    call and found its graph; takes any tensor (views are made contiguous, tensors that
 //    require grad are detached; a tensor the session cannot take is an error naming it).
-//  - routes (`add_route`), added after the general path ran a call of plain tensors: keyed
-//    by what resolving such a call depends on (how many are positional, the names of the
-//    keyword ones, each one's dtype, rank and device). Calling the dispatch with the
+//  - routes (`add_route`), added after the general path ran a call of plain tensors, or of
+//    tuples / lists of plain tensors (a decode step's KV cache, one tensor per layer): keyed
+//    by what resolving such a call depends on (how many values are positional, the names
+//    of the keyword ones, each value's kind: a tensor, or a tuple or list and its length,
+//    and each tensor's dtype, rank and device). Calling the dispatch with the
 //    module (`__call__`) checks first what nn.Module.__call__ and the front end's forward
 //    would check (hooks, tracing, recording, eager mode: CallGuards), and serves a call a
 //    route matches without any Python. The routes are the one cache of "which graph".
 // A call no route serves (other keywords, a guard set, a non-tensor or a tensor subclass,
+// a container of another kind or length, nested containers,
 // a tensor that requires grad, a strided view, an unseen dtype or rank, a shape the
 // session refuses) goes to the fallback, nn.Module.__call__, whose general path owns every
 // error message, autograd (issue 17) and the eager fallback.
@@ -75,11 +78,22 @@ struct Graph {
   int device_index = 0;
 };
 
+// What one value of a route's call is: a tensor (kTensor), or an exact tuple or list of
+// `size` tensors, which count in the call's tensors in their order.
+enum class ValueKind : uint8_t { kTensor, kTuple, kList };
+struct ValueForm {
+  ValueKind kind = ValueKind::kTensor;
+  std::size_t size = 1;
+  bool operator==(const ValueForm& o) const noexcept { return kind == o.kind && size == o.size; }
+};
+
 struct Route {
-  // The call's tensors: `positional` positional ones, then `keywords` by name (in the
-  // order the front end binds them), each of the kind arguments[i].
+  // The call's values: `positional` positional ones, then `keywords` by name (in the
+  // order the front end binds them), each of the form values[v]; its tensors (the values'
+  // tensors in that order, a container's in its order) each of the kind arguments[i].
   std::size_t positional = 0;
   std::vector<nb::object> keywords;  // interned str
+  std::vector<ValueForm> values;
   std::vector<ArgumentKind> arguments;
   std::shared_ptr<const Graph> graph;
 };
@@ -161,42 +175,56 @@ class TorchDispatch {
     return graphs_.size() - 1;
   }
 
-  /// Serves calls like `sample` (a sequence of tensors: the positional ones, then those
-  /// passed by the names in `keywords`, in that order) with graph `index`. False when
-  /// such a route exists already.
+  /// Serves calls like `sample` (a sequence of values: the positional ones, then those
+  /// passed by the names in `keywords`, in that order; each a tensor, or a tuple or list
+  /// of tensors) with graph `index`. False when such a route exists already.
   bool add_route(const nb::sequence& sample, std::size_t index, std::vector<nb::object> keywords) {
     auto route = std::make_shared<Route>();
     route->graph = graph_at(index, "add_route");
-    for (nb::handle argument : sample) {
+    auto add_tensor = [&](nb::handle argument) {
       if (Py_TYPE(argument.ptr()) != reinterpret_cast<PyTypeObject*>(tensor_type_.ptr()))
-        throw Error(ErrorCode::kInvalidArgument, "TorchDispatch.add_route: argument " +
-                                                     std::to_string(route->arguments.size()) + " is not a " +
-                                                     nb::cast<std::string>(nb::str(tensor_type_)));
+        throw Error(ErrorCode::kInvalidArgument, "TorchDispatch.add_route: value " +
+                                                     std::to_string(route->values.size()) +
+                                                     " is not a " + nb::cast<std::string>(nb::str(tensor_type_)) +
+                                                     " nor a tuple or list of them");
       nb::object capsule = to_dlpack_(argument);
       const DLTensor* t = capsule_tensor(capsule.ptr());
       if (t == nullptr) throw Error(ErrorCode::kInvalidArgument, "TorchDispatch.add_route: to_dlpack gave no DLPack capsule");
       TensorView::from_dlpack(*t);  // a dtype or device the engine cannot take fails here, not per call
       route->arguments.push_back({t->dtype, t->ndim, t->device});
+    };
+    for (nb::handle value : sample) {
+      const bool tuple = PyTuple_CheckExact(value.ptr()), list = PyList_CheckExact(value.ptr());
+      if (tuple || list) {
+        nb::sequence items = nb::borrow<nb::sequence>(value);
+        const std::size_t size = nb::len(items);
+        for (nb::handle item : items) add_tensor(item);
+        route->values.push_back({tuple ? ValueKind::kTuple : ValueKind::kList, size});
+      } else {
+        add_tensor(value);
+        route->values.push_back({ValueKind::kTensor, 1});
+      }
     }
     if (route->arguments.size() != route->graph->inputs)
       throw Error(ErrorCode::kInvalidArgument, "TorchDispatch.add_route: a call of " +
                                                    std::to_string(route->arguments.size()) + " tensors for graph " +
                                                    std::to_string(index) + ", which takes " +
                                                    std::to_string(route->graph->inputs));
-    if (keywords.size() > route->arguments.size())
+    if (keywords.size() > route->values.size())
       throw Error(ErrorCode::kInvalidArgument, "TorchDispatch.add_route: " + std::to_string(keywords.size()) +
                                                    " keywords for a call of " +
-                                                   std::to_string(route->arguments.size()) + " tensors");
+                                                   std::to_string(route->values.size()) + " values");
     for (auto& name : keywords) {
       if (!PyUnicode_Check(name.ptr()))
         throw Error(ErrorCode::kInvalidArgument, "TorchDispatch.add_route: keywords must be str, got " +
                                                      nb::cast<std::string>(nb::str(name.type())));
       name = interned(std::move(name));
     }
-    route->positional = route->arguments.size() - keywords.size();
+    route->positional = route->values.size() - keywords.size();
     route->keywords = std::move(keywords);
     for (const auto& r : routes_)
-      if (r->positional == route->positional && same_keywords(*r, *route) && r->arguments == route->arguments)
+      if (r->positional == route->positional && same_keywords(*r, *route) && r->values == route->values &&
+          r->arguments == route->arguments)
         return false;
     routes_.push_back(std::move(route));
     return true;
@@ -270,20 +298,37 @@ class TorchDispatch {
   nb::object serve(const nb::tuple& args, const nb::dict& kwargs) const {
     // The call's form: the first route with as many positional tensors and the same
     // keyword names; its tensors in route order.
-    const std::size_t n_positional = args.size(), n = n_positional + kwargs.size();
-    std::vector<PyObject*> values(n);  // borrowed from args and kwargs
+    const std::size_t n_positional = args.size(), n_values = n_positional + kwargs.size();
+    std::vector<PyObject*> call_values(n_values);  // borrowed from args and kwargs
     const Route* form = nullptr;
     for (const auto& r : routes_)
-      if (take_form(*r, args, kwargs, values)) {
+      if (take_form(*r, args, kwargs, call_values)) {
         form = r.get();
         break;
       }
     if (form == nullptr) return nb::borrow(Py_NotImplemented);
 
+    // The call's tensors: each value's, a tuple's or list's in their order (a list's
+    // items held: the list may change while a session runs with the GIL released).
+    std::vector<ValueForm> shape(n_values);
+    std::vector<nb::object> values;
+    for (std::size_t v = 0; v < n_values; ++v) {
+      PyObject* value = call_values[v];
+      if (PyTuple_CheckExact(value) || PyList_CheckExact(value)) {
+        const bool tuple = PyTuple_CheckExact(value);
+        const Py_ssize_t size = tuple ? PyTuple_GET_SIZE(value) : PyList_GET_SIZE(value);
+        shape[v] = {tuple ? ValueKind::kTuple : ValueKind::kList, static_cast<std::size_t>(size)};
+        for (Py_ssize_t k = 0; k < size; ++k)
+          values.push_back(nb::borrow(tuple ? PyTuple_GET_ITEM(value, k) : PyList_GET_ITEM(value, k)));
+      } else {
+        values.push_back(nb::borrow(value));
+      }
+    }
+    const std::size_t n = values.size();
     std::vector<nb::object> capsules(n);  // alive until the run is over: they own the inputs
     std::vector<const DLTensor*> tensors(n);
     for (std::size_t i = 0; i < n; ++i) {
-      PyObject* argument = values[i];
+      PyObject* argument = values[i].ptr();
       if (Py_TYPE(argument) != reinterpret_cast<PyTypeObject*>(tensor_type_.ptr())) return nb::borrow(Py_NotImplemented);
       // A tensor that requires grad goes to the general path, which runs the call eagerly
       // when gradients are enabled (autograd intact) and detaches it otherwise;
@@ -301,7 +346,7 @@ class TorchDispatch {
     }
     std::shared_ptr<const Route> route;  // shared: add_route may run while this call has the GIL released
     for (const auto& r : routes_) {
-      if (r->positional != n_positional || !same_keywords(*r, *form)) continue;
+      if (r->positional != n_positional || !same_keywords(*r, *form) || r->values != shape) continue;
       bool all = true;
       for (std::size_t i = 0; i < n && all; ++i) all = r->arguments[i].matches(*tensors[i]);
       if (all) {
@@ -312,7 +357,7 @@ class TorchDispatch {
     if (!route) return nb::borrow(Py_NotImplemented);
     if (route->graph->session == nullptr) {  // runs in Python: the tensors as they are
       nb::list call_tensors;
-      for (std::size_t i = 0; i < n; ++i) call_tensors.append(nb::handle(values[i]));
+      for (std::size_t i = 0; i < n; ++i) call_tensors.append(values[i]);
       return route->graph->python_run(call_tensors);
     }
 
@@ -323,7 +368,7 @@ class TorchDispatch {
     for (auto i : route->graph->order) {
       views.push_back(TensorView::from_dlpack(*tensors[i]));
       if (!views.back().is_contiguous()) return nb::borrow(Py_NotImplemented);  // the general path copies it
-      passed.push_back(values[i]);
+      passed.push_back(values[i].ptr());
     }
     return execute(*route->graph, views, passed);
   }
@@ -490,9 +535,10 @@ void bind_torch_dispatch(nb::module_& m) {
            "run(list of its tensors in recording order), the module's output. Returns the graph's index.")
       .def("add_route", &TorchDispatch::add_route, nb::arg("sample"), nb::arg("graph"),
            nb::arg("keywords") = std::vector<nb::object>{},
-           "Serve calls with the count, dtypes, ranks and devices of `sample` (the positional tensors, then "
-           "those passed by the names in `keywords`, in that order) with graph index `graph`. False when "
-           "such a route exists already.")
+           "Serve calls with the form of `sample` (the positional values, then those passed by the names in "
+           "`keywords`, in that order; each a tensor, or a tuple or list of tensors, of that kind and length) "
+           "and its tensors' dtypes, ranks and devices with graph index `graph`. False when such a route "
+           "exists already.")
       .def("run", &TorchDispatch::run, nb::arg("graph"), nb::arg("tensors"),
            "The module's output of graph index `graph` for the call's tensors in recording order (the general "
            "path): views are made contiguous, tensors that require grad detached.")

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import json
 import logging
 import time
+import types
 
 import torch
 import torch.utils._pytree as pytree
@@ -56,7 +58,8 @@ class TorchCompileBackendConfig(BackendConfig):
         precisions: the candidates, each a precision: "fp32" (TF32 off for matmuls and
             convolutions), "tf32" (TF32 on, ``set_float32_matmul_precision("high")``),
             "fp16" / "bf16" (``torch.autocast`` in that dtype, outputs cast back to the
-            module's dtypes). None: fp32, tf32, fp16 on CUDA; fp32 on the CPU.
+            module's dtypes; a module whose floating weights are all in that dtype already,
+            ``model.half()``, is compiled as it is, without autocast, as a user compiles it). None: fp32, tf32, fp16 on CUDA; fp32 on the CPU.
         precision: the loosest precision tuning may choose, as in ONNXRuntimeBackendConfig
             ("any", "fp32", "tf32", "fp16", "bf16"): filters ``precisions``.
         dynamic: ``torch.compile``'s ``dynamic`` (None: its default, static shapes first,
@@ -202,6 +205,31 @@ class _PrecisionForward(torch.nn.Module):
         return tuple(t.to(d) for t, d in zip(tensors, self.output_dtypes, strict=True))
 
 
+_FUNCTIONS = itertools.count()
+
+
+def own_function(forward: _PrecisionForward) -> _PrecisionForward:
+    """``forward`` with a ``forward`` method of its own code object, so that dynamo sees
+    each candidate as its own function, as a user's torch.compile of their module is.
+    Dynamo keeps compiled code, its recompile limit (8) and automatic dynamic shapes per
+    code object: with one ``_PrecisionForward.forward`` for every candidate of every graph,
+    the second graph tuned in a process (a decode step after its prefill, another batch)
+    was compiled as a recompile of the first, its sizes that differed made symbolic
+    (dynamic-shape kernels, where the user's compile is static), and a ninth candidate ran
+    eagerly under a compile candidate's name."""
+    code = _PrecisionForward.forward.__code__
+    code = code.replace(co_name=f"forward_{next(_FUNCTIONS)}")
+    function = types.FunctionType(code, _PrecisionForward.forward.__globals__, code.co_name)
+    forward.forward = types.MethodType(function, forward)
+    return forward
+
+
+def weights_in(module: torch.nn.Module, dtype: torch.dtype) -> bool:
+    """Whether ``module`` has floating parameters or buffers and all are in ``dtype``."""
+    dtypes = {t.dtype for t in (*module.parameters(), *module.buffers()) if t.is_floating_point()}
+    return dtypes == {dtype}
+
+
 def half_weights_copy(module: torch.nn.Module, dtype: torch.dtype) -> tuple[torch.nn.Module, int]:
     """A copy of ``module`` whose floating parameters and buffers are in ``dtype`` (what
     ``module.half()`` / ``.to(torch.bfloat16)`` gives, without touching ``module``), and
@@ -246,14 +274,22 @@ class TorchCompileTunedGraph(TunedGraph):
         self.output_dtype = output_dtype if reduced is not None else "module"
         self.device = device if device is not None else _module_device(graph.module)
         self.weights_copy_bytes = 0
+        # A module whose floating weights are all in the reduced dtype already (model.half())
+        # is compiled as it is, as a user compiles it: autocast would recast the ops it lists
+        # (softmax, layer_norm, exp, sum, ... on CUDA) to fp32 and back, kernels and results
+        # neither eager nor the user's torch.compile of that module has.
+        self.autocast = reduced is not None and weights == "module" and not weights_in(graph.module, reduced)
         if weights == "half":
             inner, self.weights_copy_bytes = half_weights_copy(graph.module, reduced)
             forward = _PrecisionForward(inner, graph, self.device.type, None,
                                         None if self.output_dtype == "compute" else self.output_dtypes, reduced)
+        elif reduced is not None and not self.autocast:
+            forward = _PrecisionForward(graph.module, graph, self.device.type, None,
+                                        None if self.output_dtype == "compute" else self.output_dtypes)
         else:
             forward = _PrecisionForward(graph.module, graph, self.device.type, reduced,
                                         None if self.output_dtype == "compute" else self.output_dtypes)
-        self._compiled = torch.compile(forward, mode=mode, dynamic=dynamic)
+        self._compiled = torch.compile(own_function(forward), mode=mode, dynamic=dynamic)
         # TF32 is a CUDA setting; fp16 / bf16 candidates leave the user's flags alone.
         self._sets_tf32 = self.device.type == "cuda" and reduced is None
         self._cuda_graphs = self.device.type == "cuda" and mode in ("reduce-overhead", "max-autotune")
