@@ -90,30 +90,42 @@ def test_candidates_are_measured_through_the_modules_own_dispatch(monkeypatch):
 
 
 class MixedCall(torch.nn.Module):
-    def forward(self, x, pair=None, scale: float = 1.0, mode: str = "a"):
+    def forward(self, x, pair=None, scale: float = 1.0, mode: str = "a", named=None):
         y = x * scale if mode == "a" else x - scale
-        return y if pair is None else y + pair[0] * pair[1]
+        y = y if pair is None else y + pair[0] * pair[1]
+        return y if named is None else y + named["a"] * named["b"]
 
 
 def test_planned_replays_give_the_recorded_call_and_containers_keep_the_tree_replay():
-    """Issue 28: a graph's replay of a call of tensors and plain values is planned once
-    (no pytree per call); it must give exactly what the tree replay gives, and a call
-    with a container argument (a tuple of tensors) keeps the tree replay."""
+    """Issue 28: a graph's replay of a call of tensors, tuples of tensors (a decode step's
+    cache) and plain values is planned once (no pytree per call); it must give exactly what
+    the tree replay gives, and a call with another container argument (a dict of tensors)
+    keeps the tree replay."""
     from aitune.torch.backend import TorchEagerBackend
 
     model = ait.Module(MixedCall(), "mixed-call", strategy=ait.OneBackendStrategy(TorchEagerBackend()))
     x, a, b = torch.randn(3, 4), torch.randn(3, 4), torch.randn(3, 4)
     ait.tune(model, [((x[i],), {"scale": 2.0, "mode": "b"}) for i in range(3)] +
-             [((x[i],), {"pair": (a[i], b[i])}) for i in range(3)], batch_sizes=[3])
-    planned, tree = model.ait_graphs
-    for graph, tensors in ((planned, [x]), (tree, [x, a, b])):
+             [((x[i],), {"pair": (a[i], b[i])}) for i in range(3)] +
+             [((x[i],), {"named": {"a": a[i], "b": b[i]}}) for i in range(3)], batch_sizes=[3])
+    constants, pair, named = model.ait_graphs
+    for graph, tensors in ((constants, [x]), (pair, [x, a, b]), (named, [x, a, b])):
         args, kwargs = graph.call_arguments(tensors)
         want_args, want_kwargs = graph._replay(tensors)
         assert len(args) == len(want_args) and all(u is v for u, v in zip(args, want_args))
         assert kwargs.keys() == want_kwargs.keys()
-        assert all(kwargs[k] is want_kwargs[k] or kwargs[k] == want_kwargs[k] for k in kwargs if k != "pair")
-    assert planned._replay_plan is not None and tree._replay_plan is None
+        for k in kwargs:
+            if k == "pair":
+                assert type(kwargs[k]) is tuple and all(u is v for u, v in zip(kwargs[k], want_kwargs[k]))
+            elif k == "named":
+                assert kwargs[k].keys() == want_kwargs[k].keys()
+                assert all(kwargs[k][n] is want_kwargs[k][n] for n in kwargs[k])
+            else:
+                assert kwargs[k] is want_kwargs[k] or kwargs[k] == want_kwargs[k]
+    assert constants._replay_plan is not None and pair._replay_plan is not None and named._replay_plan is None
+    args, kwargs = pair.call_arguments([x, a, b])
     assert kwargs["pair"][0] is a and kwargs["pair"][1] is b
     with torch.no_grad():
         torch.testing.assert_close(model(x, scale=2.0, mode="b"), x - 2.0)
         torch.testing.assert_close(model(x, pair=(a, b)), x + a * b)
+        torch.testing.assert_close(model(x, named={"a": a, "b": b}), x + a * b)
