@@ -372,7 +372,7 @@ class _Relu(torch.nn.Module):
         return self.fc(x).relu()
 
 
-def test_each_compile_candidate_is_a_function_of_its_own_for_dynamo(monkeypatch):
+def test_each_compile_candidate_is_a_function_of_its_own_for_dynamo():
     """Every candidate was torch.compile of one function, ``_PrecisionForward.forward``, and
     dynamo keeps compiled code, its recompile limit and automatic dynamic shapes per code
     object: the second module tuned in a process (a decode step after its prefill) was
@@ -383,17 +383,19 @@ def test_each_compile_candidate_is_a_function_of_its_own_for_dynamo(monkeypatch)
     from torch._dynamo.eval_frame import _debug_get_cache_entry_list
     from torch._dynamo.utils import counters
 
-    monkeypatch.setattr(torch._inductor.config, "force_disable_caches", True)  # a cache hit counts no matmul
     torch._dynamo.reset()
     counters.clear()
     codes = []
-    for n, rows in enumerate((3, 5)):
-        model = ait.Module(_Relu().eval(), f"own-function-{n}",
-                           strategy=ait.OneBackendStrategy(TorchCompileBackend(TorchCompileBackendConfig(mode="default"))))
-        ait.tune(model, lambda size, rows=rows: [torch.randn(rows, 16)], batch_sizes=[1], progress=False,
-                 performance_validation=False)
-        ((_, (_, tuned)),) = model._ait_tuned.items()
-        codes.append(tuned._compiled._orig_mod.forward.__code__)
+    # A cache hit counts no matmul. inductor's own patch, not monkeypatch: monkeypatch's undo of
+    # a config attribute deleted it (every later compile in the process failed on it).
+    with torch._inductor.config.patch(force_disable_caches=True):
+        for n, rows in enumerate((3, 5)):
+            model = ait.Module(_Relu().eval(), f"own-function-{n}", strategy=ait.OneBackendStrategy(
+                TorchCompileBackend(TorchCompileBackendConfig(mode="default"))))
+            ait.tune(model, lambda size, rows=rows: [torch.randn(rows, 16)], batch_sizes=[1], progress=False,
+                     performance_validation=False)
+            ((_, (_, tuned)),) = model._ait_tuned.items()
+            codes.append(tuned._compiled._orig_mod.forward.__code__)
     assert sorted(counters["aten_mm_info"]) == ["aten.addmm_3_8_16", "aten.addmm_5_8_16"]  # static shapes
     assert codes[0] is not codes[1]
     assert [len(_debug_get_cache_entry_list(code)) for code in codes] == [1, 1]  # no recompile
