@@ -98,3 +98,35 @@ def test_forward_changing_its_input_in_place_is_refused_naming_it():
     x = torch.ones(1, 4)
     model(x)
     assert torch.equal(x, torch.full((1, 4), 2.0))  # eager, as the user wrote it
+
+
+class WritesIntoItsCacheList(torch.nn.Module):
+    """Keeps its updated cache in the list it is given (``cache[i] = ...``): no tensor
+    changes in place, the caller's list does."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x, cache):
+        h = self.linear(x)
+        cache[0] = cache[0] + h  # the caller's list now holds a new tensor
+        return h
+
+
+def test_forward_changing_a_list_it_is_given_is_refused_naming_it():
+    """A forward that replaces an item of a list it is given (a KV cache kept in the
+    caller's list) changes what the caller holds; a graph returns outputs only, so the tuned
+    module (general path or route) left the caller's list as it was: silently not eager's
+    result. Refused while recording, naming the argument; the module stays eager."""
+    inner = WritesIntoItsCacheList().eval()
+    model = ait.Module(inner, "cache-list", strategy=cpu_strategy(tune_provider_options=False))
+    with pytest.raises(ValueError, match=r"forward changed its input \['cache'\] \(an item of a list or dict"):
+        ait.tune(model, [{"x": torch.randn(4), "cache": [torch.randn(4)]} for _ in range(2)],
+                 ignore_failing_modules=False, progress=False)
+    assert model.ait_state is ModuleState.PASSTHROUGH
+    x, before = torch.randn(1, 4), torch.randn(1, 4)
+    cache = [before]
+    with torch.no_grad():
+        h = model(x, cache)
+    assert cache[0] is not before and torch.allclose(cache[0], before + h)  # eager, as the user wrote it

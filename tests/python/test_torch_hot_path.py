@@ -443,3 +443,47 @@ def test_a_routed_call_with_tuples_of_tensors_replays_without_pytree(monkeypatch
             torch.testing.assert_close(pytree_leaves(model(x, keys, values)), pytree_leaves(expected))
     assert len(model._ait_calls.direct) == 1
     assert replays == []  # planned once (at tuning), never replayed through pytree per call
+
+
+class CacheWrite(torch.nn.Module):
+    """Writes this step's state at ``pos`` into each layer's cache of a tuple (index_put:
+    one ScatterND of the cache input, which in_place_outputs runs in the cache's buffer)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x, pos, keys):
+        h = self.fc(x)
+        rows = torch.arange(h.shape[0])[:, None]
+        return h, tuple(k.index_put((rows, pos), h[:, None, :]) for k in keys)
+
+
+def test_a_routed_tuple_of_caches_updated_in_place_matches_eager_and_refuses_aliases(python_path_calls):
+    """A tuple-of-caches call served by the route with in_place_outputs: each step's caches
+    are eager's values and the tensors passed (updated in place, as the general path does),
+    steps chained on the returned caches stay equal to eager, and one tensor passed for two
+    caches (both written in place: each write would clobber the other) is refused by the
+    route as by the general path, naming both inputs, never a silently different cache."""
+    inner = CacheWrite().eval()
+    strategy = cpu_strategy(use_dynamo=False, tune_provider_options=False, in_place_outputs=True)
+    strategy.enable_performance_validation(False)
+    model = ait.Module(inner, "cache-write", strategy=strategy)
+    ait.tune(model, [{"x": torch.randn(8), "pos": torch.tensor([1]), "keys": (torch.randn(4, 8), torch.randn(4, 8))}
+                     for _ in range(2)])
+    x, pos = torch.randn(2, 8), torch.tensor([[0], [1]])
+    keys = (torch.randn(2, 4, 8), torch.randn(2, 4, 8))
+    expected_keys = keys
+    with torch.no_grad():
+        for step in range(3):
+            _, expected_keys = inner(x, pos + step, expected_keys)
+            passed = keys
+            _, keys = model(x, pos + step, keys=keys)
+            assert all(k is p for k, p in zip(keys, passed))  # updated in place, returned
+            torch.testing.assert_close(keys, expected_keys)
+        assert len(python_path_calls) == 1  # the route served the later steps
+        one = torch.randn(2, 4, 8)
+        with pytest.raises(aitune.InvalidArgumentError, match="'input_keys_0' is updated in place .* shares memory "
+                                                              "with input 'input_keys_1'"):
+            model(x, pos, keys=(one, one))
+        assert len(python_path_calls) == 1  # refused by the route itself

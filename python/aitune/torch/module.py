@@ -19,7 +19,7 @@ from aitune.torch.context import TuneSession, current_session, eager_only
 from aitune.torch.dispatch import DispatchedModule, ModuleDispatch, measured_call
 from aitune.torch.graph import CallForm, RecordedGraph
 from aitune.torch.graph_tuning import tune_graph
-from aitune.torch.state_changes import StateSnapshot, StateWatch, changed_inputs, tensor_version
+from aitune.torch.state_changes import StateSnapshot, StateWatch, changed_containers, changed_inputs, tensor_version
 from aitune.torch.module_registry import MODULE_REGISTRY
 from aitune.torch.options import TuneOptions
 from aitune.torch.strategy import OneBackendStrategy, TuneStrategy
@@ -393,6 +393,14 @@ class Module(DispatchedModule):
                      "the input its outputs were computed from, and an ONNX graph cannot write its input back (the "
                      "tuned module would silently stop changing it). Change a copy inside forward (x = x * 2 "
                      "rather than x.mul_(2))")
+            if error not in self._ait_record_errors:
+                self._ait_record_errors.append(error)
+            return outputs
+        changed = changed_containers(arguments, leaves, spec)
+        if changed:  # the caller's list / dict changed: a graph returns outputs only
+            error = (f"forward changed its input {', '.join(changed)} (an item of a list or dict it was given "
+                     "replaced, added or removed); a tuned graph returns outputs only, so the tuned module would "
+                     "silently leave the caller's container as it was. Return the new values from forward instead")
             if error not in self._ait_record_errors:
                 self._ait_record_errors.append(error)
             return outputs

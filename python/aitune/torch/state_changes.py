@@ -47,6 +47,36 @@ def changed_inputs(arguments: dict, versions: list[int]) -> list[str]:
             if tensor_version(leaf) != version]
 
 
+def changed_containers(arguments: dict, leaves: list, spec: pytree.TreeSpec) -> list[str]:
+    """The arguments whose containers forward changed (an item of a list or dict it was
+    given replaced, added or removed: a cache kept in the caller's list), by name
+    (``['cache']``); ``leaves`` and ``spec``: the arguments' pytree flattening before the
+    call. A graph returns outputs only: the tuned module would leave such a container as it
+    was (silently not what eager does)."""
+    after_leaves, after_spec = pytree.tree_flatten(arguments)
+    if after_spec == spec and all(a is b for a, b in zip(after_leaves, leaves, strict=True)):
+        return []
+    changed, before_at, after_at = [], 0, 0
+    for name, before_spec, after_spec_n in zip(arguments, spec.children(), after_spec.children(), strict=True):
+        before_n, after_n = before_spec.num_leaves, after_spec_n.num_leaves
+        old, new = leaves[before_at:before_at + before_n], after_leaves[after_at:after_at + after_n]
+        before_at, after_at = before_at + before_n, after_at + after_n
+        if before_spec != after_spec_n or not all(_same_leaf(a, b) for a, b in zip(old, new, strict=True)):
+            changed.append(f"[{name!r}]")
+    return changed
+
+
+def _same_leaf(before, after) -> bool:
+    if before is after:
+        return True
+    if isinstance(before, torch.Tensor) or isinstance(after, torch.Tensor) or type(before) is not type(after):
+        return False
+    try:
+        return bool(before == after)
+    except Exception:  # a value that cannot be compared: another object, so changed
+        return False
+
+
 def _versions(module: torch.nn.Module) -> dict[str, tuple[int, int]]:
     versions = {}
     for name, tensor in [*module.named_buffers(), *module.named_parameters()]:
