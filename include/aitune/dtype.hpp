@@ -28,6 +28,9 @@ enum class DType {
 /// Size of one element in bytes.
 std::size_t dtype_size(DType dtype) noexcept;
 
+/// True for float16, bfloat16, float32 and float64.
+bool dtype_is_floating(DType dtype) noexcept;
+
 /// Canonical name as torch spells it without the prefix: "bool", "int8", ..., "float16",
 /// "bfloat16", "float32", "float64".
 std::string_view dtype_name(DType dtype) noexcept;

@@ -20,6 +20,9 @@ using Shape = std::vector<int64_t>;
 /// "[2, 3, 224, 224]".
 std::string shape_to_string(const Shape& shape);
 
+/// The number of elements of a tensor of this shape (1 for a scalar's empty shape).
+int64_t shape_numel(const Shape& shape) noexcept;
+
 /// A non-owning view of tensor memory: pointer, element type, shape, strides (in
 /// elements, as DLPack and torch count them) and device. The caller keeps the memory
 /// alive for as long as the view is used. Cheap to copy; not thread-affine.

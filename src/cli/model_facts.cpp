@@ -13,9 +13,7 @@ Precision model_precision(const std::vector<IoInfo>& inputs, const std::vector<I
   std::set<DType> floating;
   for (const auto* ios : {&inputs, &outputs})
     for (const auto& io : *ios)
-      if (io.dtype == DType::kFloat16 || io.dtype == DType::kBFloat16 || io.dtype == DType::kFloat32 ||
-          io.dtype == DType::kFloat64)
-        floating.insert(io.dtype);
+      if (dtype_is_floating(io.dtype)) floating.insert(io.dtype);
   if (floating == std::set<DType>{DType::kFloat16}) return Precision::kFP16;
   if (floating == std::set<DType>{DType::kBFloat16}) return Precision::kBF16;
   return Precision::kStrict;

@@ -39,6 +39,11 @@ const DTypeInfo& info(DType dtype) noexcept { return kTable[static_cast<std::siz
 }  // namespace
 
 std::size_t dtype_size(DType dtype) noexcept { return info(dtype).size; }
+
+bool dtype_is_floating(DType dtype) noexcept {
+  return dtype == DType::kFloat16 || dtype == DType::kBFloat16 || dtype == DType::kFloat32 ||
+         dtype == DType::kFloat64;
+}
 std::string_view dtype_name(DType dtype) noexcept { return info(dtype).name; }
 int dtype_to_onnx(DType dtype) noexcept { return info(dtype).onnx; }
 DLDataType dtype_to_dlpack(DType dtype) noexcept { return info(dtype).dlpack; }

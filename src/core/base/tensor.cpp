@@ -35,11 +35,13 @@ TensorView TensorView::from_dlpack(const DLTensor& t) {
   return view;
 }
 
-int64_t TensorView::numel() const noexcept {
+int64_t shape_numel(const Shape& shape) noexcept {
   int64_t n = 1;
   for (auto d : shape) n *= d;
   return n;
 }
+
+int64_t TensorView::numel() const noexcept { return shape_numel(shape); }
 
 bool TensorView::is_contiguous() const noexcept {
   if (strides.empty()) return true;

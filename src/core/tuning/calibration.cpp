@@ -27,17 +27,6 @@ double ratio(double a, double b) {
   return a > 0 ? kInf : 0;
 }
 
-bool is_floating(DType dtype) {
-  return dtype == DType::kFloat16 || dtype == DType::kBFloat16 || dtype == DType::kFloat32 ||
-         dtype == DType::kFloat64;
-}
-
-int64_t numel(const Shape& shape) {
-  int64_t n = 1;
-  for (auto d : shape) n *= d;
-  return n;
-}
-
 bool value_failure(const OutputCheck& c) {
   return !c.passed && c.mismatched > 0 && c.unexpected_nan == 0 && c.unexpected_inf == 0;
 }
@@ -87,7 +76,7 @@ void apply_calibration(CorrectnessReport& candidate, const EagerAtPrecision& eag
       c.eager_at_precision_max_abs_error = e->max_abs_error;
       c.eager_at_precision_rel_l2_error = e->rel_l2_error;
       c.eager_at_precision_top1_agreement = e->top1_agreement;
-      if (!is_floating(c.dtype)) {
+      if (!dtype_is_floating(c.dtype)) {
         // Indices, counts, masks: how far a value moved means nothing (class 9 for 0 is no
         // worse than 1 for 0); how many moved does. The fraction of elements that differ
         // against eager's own at this precision.
@@ -100,7 +89,7 @@ void apply_calibration(CorrectnessReport& candidate, const EagerAtPrecision& eag
         } else {
           c.rule = "calibrated-exceeded";
           c.failure += "; beyond the calibrated bound too: " + std::to_string(c.mismatched) + " of " +
-                       std::to_string(numel(c.shape)) + " elements differ vs eager " +
+                       std::to_string(shape_numel(c.shape)) + " elements differ vs eager " +
                        std::string(precision_name(eager.precision)) + "'s " + std::to_string(e->mismatched) +
                        " (ratio " + fmt(*c.error_ratio) + " > " + fmt(factor) + ")";
         }
@@ -119,7 +108,7 @@ void apply_calibration(CorrectnessReport& candidate, const EagerAtPrecision& eag
         c.top1_near_tie_bound = bound;
         c.top1_near_ties = near_ties;
         real_flips = static_cast<int64_t>(c.top1_flip_margins.size()) - near_ties;
-        rows = numel(c.shape) / c.shape.back();
+        rows = shape_numel(c.shape) / c.shape.back();
         const double disagreement = rows ? static_cast<double>(real_flips) / static_cast<double>(rows) : 0.0;
         top1_ok = disagreement <= std::max(factor * (1 - *e->top1_agreement), kTop1DisagreementFloor) + 1e-12;
       }

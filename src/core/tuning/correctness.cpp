@@ -55,11 +55,6 @@ double element(const TensorView& t, std::size_t i) {
   return 0;
 }
 
-bool is_floating(DType dtype) {
-  return dtype == DType::kFloat16 || dtype == DType::kBFloat16 || dtype == DType::kFloat32 ||
-         dtype == DType::kFloat64;
-}
-
 // Element i of a contiguous integer or bool host tensor, exactly (a double holds integers
 // exactly only up to 2^53: token ids or hashes beyond it would compare equal when distinct).
 int64_t integer_element(const TensorView& t, std::size_t i) {
@@ -150,7 +145,7 @@ bool precision_allowed(Precision candidate, const PrecisionLimit& limit) noexcep
 }
 
 Tolerance default_tolerance(DType dtype, Precision precision) noexcept {
-  if (!is_floating(dtype)) return {0, 0};
+  if (!dtype_is_floating(dtype)) return {0, 0};
   bool half = dtype == DType::kFloat16 || dtype == DType::kBFloat16;
   switch (precision) {
     case Precision::kStrict:
@@ -165,7 +160,7 @@ Tolerance default_tolerance(DType dtype, Precision precision) noexcept {
 
 double atol_scale(const TensorView& expected) {
   require_host_contiguous(expected, "(expected)", "expected");
-  if (!is_floating(expected.dtype)) return 1;
+  if (!dtype_is_floating(expected.dtype)) return 1;
   const auto n = static_cast<std::size_t>(expected.numel());
   double sum = 0;
   std::size_t finite = 0;
@@ -183,7 +178,7 @@ Tolerance ToleranceSpec::for_output(const std::string& name, DType dtype) const 
   if (auto it = per_output.find(name); it != per_output.end()) return it->second;
   // A tolerance for every output is for the floating ones: indices and counts stay exact
   // unless a per-output tolerance names them.
-  if (all && is_floating(dtype)) return *all;
+  if (all && dtype_is_floating(dtype)) return *all;
   return default_tolerance(dtype, precision);
 }
 
@@ -211,7 +206,7 @@ OutputCheck compare_output(const std::string& name, const TensorView& actual, co
   // required_rtol: the largest relative error among elements the atol alone does not cover.
   double required_atol = 0, required_rtol = 0;
   double err2 = 0, exp2 = 0, act2 = 0, dot = 0;  // relative L2 and cosine over finite elements
-  const bool integers = !is_floating(actual.dtype);
+  const bool integers = !dtype_is_floating(actual.dtype);
   for (std::size_t i = 0; i < n; ++i) {
     double a = element(actual, i), e = element(expected, i);
     bool a_nan = std::isnan(a), e_nan = std::isnan(e);
@@ -243,7 +238,7 @@ OutputCheck compare_output(const std::string& name, const TensorView& actual, co
   check.rel_l2_error = exp2 > 0 ? std::sqrt(err2 / exp2) : (err2 > 0 ? kInf : 0);
   check.cosine_similarity = exp2 > 0 && act2 > 0 ? dot / std::sqrt(exp2 * act2) : (exp2 == act2 ? 1 : 0);
   // Top-1 agreement where the last dimension reads as classes or vocabulary.
-  if (is_floating(actual.dtype) && actual.shape.size() >= 2 && actual.shape.back() >= 2 && n > 0) {
+  if (dtype_is_floating(actual.dtype) && actual.shape.size() >= 2 && actual.shape.back() >= 2 && n > 0) {
     const auto classes = static_cast<std::size_t>(actual.shape.back());
     const std::size_t rows = n / classes;
     std::size_t agree = 0;

@@ -33,11 +33,6 @@ float half_to_float(std::uint16_t h) {
   return sign ? -value : value;
 }
 
-bool is_floating(DType dtype) {
-  return dtype == DType::kFloat16 || dtype == DType::kBFloat16 || dtype == DType::kFloat32 ||
-         dtype == DType::kFloat64;
-}
-
 // A float32 copy of a contiguous floating-point host tensor (so an fp16 graph's values
 // compare with an fp32 reference).
 Tensor as_float32(const TensorView& t) {
@@ -172,7 +167,7 @@ std::string location_of(const std::vector<const OnnxNode*>& suspects, const std:
 // Compares `actual` with `expected` in float32; nullopt when either is not floating point.
 std::optional<OutputCheck> compare_value(const std::string& value, const Tensor& actual, const TensorView& expected,
                                          const Tolerance& tolerance) {
-  if (!is_floating(actual.dtype()) || !is_floating(expected.dtype)) return std::nullopt;
+  if (!dtype_is_floating(actual.dtype()) || !dtype_is_floating(expected.dtype)) return std::nullopt;
   const Tensor a = as_float32(actual.view()), e = as_float32(expected);
   return compare_output(value, a.view(), e.view(), tolerance);
 }
