@@ -56,16 +56,7 @@ int debug_precision_command(const DebugPrecisionOptions& o) {
   cpu.provider = ExecutionProvider::kCPU;
   const auto probe = OnnxSession::create(o.model, cpu);
   const auto dims = parse_dims(o.dims, probe->inputs());
-  std::map<std::string, Tensor> given;
-  std::vector<std::string> input_names;
-  for (const auto& io : probe->inputs()) input_names.push_back(io.name);
-  for (const auto& spec : o.inputs) {
-    // As `aitune run`: NAME one of the inputs (which may contain '='), listed otherwise.
-    auto [name, file] = split_named_assignment(spec, "--input", input_names, "model's inputs");
-    if (given.count(name))  // the later file silently replaced the earlier one
-      throw Error(ErrorCode::kInvalidArgument, "--input gives model input '" + name + "' more than once");
-    given[name] = load_npy(file);
-  }
+  const std::map<std::string, Tensor> given = load_input_files(o.inputs, probe->inputs());  // as `aitune run`
   std::mt19937 rng(0);
   std::map<std::string, Tensor> tensors;
   for (const auto& io : probe->inputs()) {

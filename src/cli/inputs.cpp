@@ -113,6 +113,20 @@ ExecutionProvider resolve_provider(const std::string& text) {
   return provider;
 }
 
+std::map<std::string, Tensor> load_input_files(const std::vector<std::string>& specs,
+                                               const std::vector<IoInfo>& inputs) {
+  std::vector<std::string> names;
+  for (const auto& io : inputs) names.push_back(io.name);
+  std::map<std::string, Tensor> given;
+  for (const auto& spec : specs) {
+    auto [name, file] = split_named_assignment(spec, "--input", names, "model's inputs");
+    if (given.count(name))
+      throw Error(ErrorCode::kInvalidArgument, "--input gives model input '" + name + "' more than once");
+    given[name] = load_npy(file);
+  }
+  return given;
+}
+
 std::map<std::string, int64_t> parse_dims(const std::vector<std::string>& dims, const std::vector<IoInfo>& inputs) {
   std::set<std::string> symbols;
   for (const auto& io : inputs)

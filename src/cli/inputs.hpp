@@ -27,6 +27,13 @@ std::pair<std::string, std::string> split_named_assignment(const std::string& te
                                                            const std::vector<std::string>& names,
                                                            const char* kind);
 
+/// The --input NAME=FILE options of `run` and `debug-precision`: each .npy FILE read, by
+/// the model input NAME it gives (NAME one of `inputs`, which may contain '='; see
+/// split_named_assignment). Error(kInvalidArgument) for an input given twice (the later
+/// file would silently replace the earlier one).
+std::map<std::string, Tensor> load_input_files(const std::vector<std::string>& specs,
+                                               const std::vector<IoInfo>& inputs);
+
 /// --dim SYMBOL=VALUE options as a map; Error(kInvalidArgument) for a SYMBOL that is no
 /// symbolic dimension of `inputs` or a VALUE that is not an integer in [1, kMaxExtent].
 std::map<std::string, int64_t> parse_dims(const std::vector<std::string>& dims, const std::vector<IoInfo>& inputs);

@@ -131,15 +131,7 @@ int run_model(const RunOptions& o) {
                                                      "bfloat16); run without --save-outputs");
 
   const auto dims = parse_dims(o.dims, backend->inputs());
-  std::map<std::string, Tensor> given;
-  std::vector<std::string> input_names;
-  for (const auto& io : backend->inputs()) input_names.push_back(io.name);
-  for (const auto& spec : o.inputs) {
-    auto [name, file] = split_named_assignment(spec, "--input", input_names, "model's inputs");
-    if (given.count(name))  // the later file silently replaced the earlier one
-      throw Error(ErrorCode::kInvalidArgument, "--input gives model input '" + name + "' more than once");
-    given[name] = load_npy(file);
-  }
+  const std::map<std::string, Tensor> given = load_input_files(o.inputs, backend->inputs());
   for (const auto& [name, t] : given)
     if (!backend->graph_spec().find_input(name)) {
       std::string names;

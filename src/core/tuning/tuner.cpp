@@ -185,10 +185,7 @@ std::size_t GraphTuner::evaluate_onnx(const std::string& model_path, const OnnxC
     if (module_call) call = module_call(*backend);
     r.profile = profile_calls(call, sample.batch_size, impl.options.profile, timer.get());
   } catch (const Error& e) {
-    if (impl.scoring_baseline) {  // the user's metric failed on eager's outputs: not this candidate's verdict
-      impl.scoring_baseline = false;
-      throw;
-    }
+    impl.rethrow_baseline_failure();  // the user's metric failed on eager's outputs: not this candidate's verdict
     return impl.push_failed(std::move(r), e.what(), model_path, map);
   }
   return impl.push_passed(std::move(r), std::move(backend), model_path, map);
@@ -231,10 +228,7 @@ std::size_t GraphTuner::evaluate_external(const ExternalCandidate& candidate, co
     auto timer = impl.front_end_timer(sample);
     r.profile = profile_calls([&] { candidate.run(); }, sample.batch_size, impl.options.profile, timer.get());
   } catch (const std::exception& e) {  // the front end's errors arrive as whatever it raised
-    if (impl.scoring_baseline) {
-      impl.scoring_baseline = false;
-      throw;
-    }
+    impl.rethrow_baseline_failure();
     return impl.push_failed(std::move(r), e.what());
   }
   return impl.push_passed(std::move(r), nullptr);

@@ -95,6 +95,15 @@ struct GraphTuner::Impl {
   std::map<Precision, EagerAtPrecision> calibrations;  // asked once per precision
   std::optional<double> metric_baseline;                // the user metric of the reference
   bool scoring_baseline = false;  // the user metric is scoring the reference: its errors are rethrown, not verdicts
+
+  // In a candidate's catch block: rethrows the exception being handled when it came from
+  // the user's metric scoring eager's own outputs (the backend fails with it); else returns
+  // and the caller records the candidate as failed.
+  void rethrow_baseline_failure() {
+    if (!scoring_baseline) return;
+    scoring_baseline = false;
+    throw;
+  }
   SteadyTime::time_point started = SteadyTime::now();
 
   void log(const std::string& line) const {
