@@ -387,20 +387,19 @@ class Module(DispatchedModule):
         input_versions = [tensor_version(leaf) for leaf in leaves if isinstance(leaf, torch.Tensor)]
         outputs = self._ait_module.forward(*args, **kwargs)
         mutated = watch.changed()
-        changed = changed_inputs(arguments, input_versions)
-        if changed:  # the sample would be the changed input, not the one the outputs came from
+        error = None
+        if changed := changed_inputs(arguments, input_versions):
+            # the sample would be the changed input, not the one the outputs came from
             error = (f"forward changed its input {', '.join(changed)} in place; the recorded sample would not be "
                      "the input its outputs were computed from, and an ONNX graph cannot write its input back (the "
                      "tuned module would silently stop changing it). Change a copy inside forward (x = x * 2 "
                      "rather than x.mul_(2))")
-            if error not in self._ait_record_errors:
-                self._ait_record_errors.append(error)
-            return outputs
-        changed = changed_containers(arguments, leaves, spec)
-        if changed:  # the caller's list / dict changed: a graph returns outputs only
+        elif changed := changed_containers(arguments, leaves, spec):
+            # the caller's list / dict changed: a graph returns outputs only
             error = (f"forward changed its input {', '.join(changed)} (an item of a list or dict it was given "
                      "replaced, added or removed); a tuned graph returns outputs only, so the tuned module would "
                      "silently leave the caller's container as it was. Return the new values from forward instead")
+        if error is not None:  # not recorded: tuning refuses the module, naming why (once)
             if error not in self._ait_record_errors:
                 self._ait_record_errors.append(error)
             return outputs

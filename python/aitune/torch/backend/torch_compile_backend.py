@@ -279,16 +279,11 @@ class TorchCompileTunedGraph(TunedGraph):
         # (softmax, layer_norm, exp, sum, ... on CUDA) to fp32 and back, kernels and results
         # neither eager nor the user's torch.compile of that module has.
         self.autocast = reduced is not None and weights == "module" and not weights_in(graph.module, reduced)
-        if weights == "half":
-            inner, self.weights_copy_bytes = half_weights_copy(graph.module, reduced)
-            forward = _PrecisionForward(inner, graph, self.device.type, None,
-                                        None if self.output_dtype == "compute" else self.output_dtypes, reduced)
-        elif reduced is not None and not self.autocast:
-            forward = _PrecisionForward(graph.module, graph, self.device.type, None,
-                                        None if self.output_dtype == "compute" else self.output_dtypes)
-        else:
-            forward = _PrecisionForward(graph.module, graph, self.device.type, reduced,
-                                        None if self.output_dtype == "compute" else self.output_dtypes)
+        inner, input_dtype = graph.module, None
+        if weights == "half":  # float inputs cast to the copy's dtype
+            (inner, self.weights_copy_bytes), input_dtype = half_weights_copy(graph.module, reduced), reduced
+        forward = _PrecisionForward(inner, graph, self.device.type, reduced if self.autocast else None,
+                                    None if self.output_dtype == "compute" else self.output_dtypes, input_dtype)
         self._compiled = torch.compile(own_function(forward), mode=mode, dynamic=dynamic)
         # TF32 is a CUDA setting; fp16 / bf16 candidates leave the user's flags alone.
         self._sets_tf32 = self.device.type == "cuda" and reduced is None
