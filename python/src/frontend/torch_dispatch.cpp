@@ -87,6 +87,14 @@ struct ValueForm {
   bool operator==(const ValueForm& o) const noexcept { return kind == o.kind && size == o.size; }
 };
 
+// The form of one value of a call: a tuple's or list's (exact types) kind and length, or
+// kTensor for anything else (whether it is a tensor is checked where it is taken).
+ValueForm value_form(PyObject* value) noexcept {
+  if (PyTuple_CheckExact(value)) return {ValueKind::kTuple, static_cast<std::size_t>(PyTuple_GET_SIZE(value))};
+  if (PyList_CheckExact(value)) return {ValueKind::kList, static_cast<std::size_t>(PyList_GET_SIZE(value))};
+  return {};
+}
+
 struct Route {
   // The call's values: `positional` positional ones, then `keywords` by name (in the
   // order the front end binds them), each of the form values[v]; its tensors (the values'
@@ -194,16 +202,11 @@ class TorchDispatch {
       route->arguments.push_back({t->dtype, t->ndim, t->device});
     };
     for (nb::handle value : sample) {
-      const bool tuple = PyTuple_CheckExact(value.ptr()), list = PyList_CheckExact(value.ptr());
-      if (tuple || list) {
-        nb::sequence items = nb::borrow<nb::sequence>(value);
-        const std::size_t size = nb::len(items);
-        for (nb::handle item : items) add_tensor(item);
-        route->values.push_back({tuple ? ValueKind::kTuple : ValueKind::kList, size});
-      } else {
-        add_tensor(value);
-        route->values.push_back({ValueKind::kTensor, 1});
-      }
+      const ValueForm form = value_form(value.ptr());
+      if (form.kind == ValueKind::kTensor) add_tensor(value);
+      else
+        for (nb::handle item : nb::borrow<nb::sequence>(value)) add_tensor(item);
+      route->values.push_back(form);
     }
     if (route->arguments.size() != route->graph->inputs)
       throw Error(ErrorCode::kInvalidArgument, "TorchDispatch.add_route: a call of " +
@@ -314,14 +317,15 @@ class TorchDispatch {
     std::vector<nb::object> values;
     for (std::size_t v = 0; v < n_values; ++v) {
       PyObject* value = call_values[v];
-      if (PyTuple_CheckExact(value) || PyList_CheckExact(value)) {
-        const bool tuple = PyTuple_CheckExact(value);
-        const Py_ssize_t size = tuple ? PyTuple_GET_SIZE(value) : PyList_GET_SIZE(value);
-        shape[v] = {tuple ? ValueKind::kTuple : ValueKind::kList, static_cast<std::size_t>(size)};
-        for (Py_ssize_t k = 0; k < size; ++k)
-          values.push_back(nb::borrow(tuple ? PyTuple_GET_ITEM(value, k) : PyList_GET_ITEM(value, k)));
-      } else {
+      shape[v] = value_form(value);
+      if (shape[v].kind == ValueKind::kTensor) {
         values.push_back(nb::borrow(value));
+      } else {
+        const bool tuple = shape[v].kind == ValueKind::kTuple;
+        for (std::size_t k = 0; k < shape[v].size; ++k) {
+          const auto i = static_cast<Py_ssize_t>(k);
+          values.push_back(nb::borrow(tuple ? PyTuple_GET_ITEM(value, i) : PyList_GET_ITEM(value, i)));
+        }
       }
     }
     const std::size_t n = values.size();
