@@ -60,7 +60,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from candidate_rows import candidate_rows  # noqa: E402
-from timing import WARMUP, p50_us  # noqa: E402
+from timing import WARMUP, event_p50_us, p50_us  # noqa: E402
 
 import aitune.torch as ait  # noqa: E402
 from aitune import _core  # noqa: E402
@@ -204,8 +204,13 @@ def aitune_row(name: str, module, inputs, *, cuda: bool, iterations: int) -> dic
         if winner is not None:
             (graph, tuned_graph), = tuned._ait_calls.tuned.values()  # noqa: SLF001
             measured = p50_us(measured_call(graph, tuned_graph), iterations)
+        # the module timed by the tuner's kind of timer (CUDA events, no device-wide wait)
+        event_host, event_device = event_p50_us(lambda: tuned(**inputs), iterations) if cuda else (None, None)
     frames_after = dict(counters["frames"])
     return {"p50_us": p50, "output": out, "tuning_s": tuning_s, "measured_call_p50_us": measured,
+            "module_event_p50_us": event_host, "module_event_device_p50_us": event_device,
+            "winner_p50_us": winner.p50_us if winner else None,
+            "winner_device_p50_us": winner.device_p50_us if winner else None,
             # torch.compile frames compiled by the module's calls after tuning (0: no recompile)
             "frames_compiled_after_tune": frames_after.get("total", 0) - frames_before.get("total", 0),
             "winner": winner.name if winner else f"eager kept ({report.decision})",

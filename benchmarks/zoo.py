@@ -17,7 +17,11 @@ mode reduce-overhead at fp16 (autocast) and TF32 on CUDA, mode default at fp32 o
 CPU; the best ORT candidate per precision (from the tune report); the tuned module and
 its winner (name, precision); the module's p50 over the p50 the tuner measured for its
 winner (candidate/module: 1.0 means the module costs what was measured); best bare
-compile p50 / tuned module p50 (> 1: the tuned module is faster).
+compile p50 / tuned module p50 (> 1: the tuned module is faster). The JSON adds, on CUDA,
+the module timed by the tuner's kind of timer (``module_event_us``: CUDA events, the host
+waiting on the last one only; ``module_event_device_us``: the GPU time between them) and the
+winner's GPU time as the tuner measured it (``winner.device_p50_us``): a gap between module
+and candidate that these close is the timer's, one they keep is the path's.
 
 The torch.compile fp16 candidates are tried as aitune tries them by default on CUDA: under
 autocast and with the module's weights converted once to fp16 (half_weights=None);
@@ -43,7 +47,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from candidate_rows import candidate_rows  # noqa: E402
-from timing import p50_us  # noqa: E402
+from timing import event_p50_us, p50_us  # noqa: E402
 
 
 def _vision(model, batch: int, size: int, device):
@@ -245,6 +249,14 @@ def row(name: str, small: bool, device, iterations: int, compile_columns: bool, 
             result["measured_call_us"] = p50_us(measured_call(graph, tuned_graph), iterations)
         result["module_over_measured_call"] = result["module_us"] / result["measured_call_us"]
         result["measured_call_over_candidate"] = result["measured_call_us"] / winner.p50_us
+        if device.type == "cuda":
+            # The module timed by the tuner's kind of timer (events, no device-wide wait):
+            # host p50 near the winner's p50 and far from module_us: the timers differ;
+            # device p50 near the winner's device p50: the GPU does the same work.
+            with torch.no_grad():
+                host, gpu = event_p50_us(lambda: tuned(*args, **kwargs), iterations)
+            result["module_event_us"], result["module_event_device_us"] = host, gpu
+            result["winner"]["device_p50_us"] = winner.device_p50_us
     else:
         result["winner"] = {"name": "eager", "decision": report.decision}
     finite = [v for v in bare.values() if v]
