@@ -21,7 +21,9 @@ compile p50 / tuned module p50 (> 1: the tuned module is faster). The JSON adds,
 the module timed by the tuner's kind of timer (``module_event_us``: CUDA events, the host
 waiting on the last one only; ``module_event_device_us``: the GPU time between them) and the
 winner's GPU time as the tuner measured it (``winner.device_p50_us``): a gap between module
-and candidate that these close is the timer's, one they keep is the path's.
+and candidate that these close is the timer's, one they keep is the path's; and, for the
+GPU's own drift over a row, eager timed again after the tune (``eager_after_us``) and the
+module again after the GPU rested ``REST_S`` seconds (``module_after_rest_us``).
 
 The torch.compile fp16 candidates are tried as aitune tries them by default on CUDA: under
 autocast and with the module's weights converted once to fp16 (half_weights=None);
@@ -195,6 +197,10 @@ def tune(name: str, model, args, kwargs, device, compile_candidates: bool, half_
     return tuned
 
 
+#: Seconds the GPU rests before the module is timed again (module_after_rest_us).
+REST_S = 5.0
+
+
 def row(name: str, small: bool, device, iterations: int, compile_columns: bool, half_weights: bool | None = None,
         cuda_ep_options: bool = False) -> dict:
     model, args, kwargs = build(name, small, device)
@@ -257,6 +263,12 @@ def row(name: str, small: bool, device, iterations: int, compile_columns: bool, 
                 host, gpu = event_p50_us(lambda: tuned(*args, **kwargs), iterations)
             result["module_event_us"], result["module_event_device_us"] = host, gpu
             result["winner"]["device_p50_us"] = winner.device_p50_us
+            # Drift of the GPU itself over the row (clocks under sustained load): eager again
+            # now, and the module again after the GPU rested; a module faster after the rest
+            # and an eager slower now than at the start say the gap is the GPU's state.
+            result["eager_after_us"] = p50_us(lambda: model(*args, **kwargs), iterations)
+            time.sleep(REST_S)
+            result["module_after_rest_us"] = p50_us(lambda: tuned(*args, **kwargs), iterations)
     else:
         result["winner"] = {"name": "eager", "decision": report.decision}
     finite = [v for v in bare.values() if v]
