@@ -180,8 +180,8 @@ TEST(FinalRound, TheTimeCapStopsAtARoundBoundary) {
   Bench b;
   b.cost = {{"A", 10}, {"B", 10}};
   TunerOptions options = b.options(5);
-  // A first profile takes 16 calls (160 us); the final round's warm-up 100 us, a round
-  // 100 us: rounds start at 100, 200, 300 us, not at 400 (past the 350 us cap).
+  // The cap counts from the end of the final round's warm-up; a round takes 100 us:
+  // rounds start at 0, 100, 200, 300 us, not at 400 (past the 350 us cap).
   options.profile.time_cap_s = 350e-6;
   GraphTuner tuner("g", b.g.spec(), b.g.samples(), options);
   auto a = tuner.evaluate_external(b.candidate("A"), "X", 0);
@@ -191,8 +191,8 @@ TEST(FinalRound, TheTimeCapStopsAtARoundBoundary) {
   for (auto i : {a, bb}) {
     const auto& p = report.candidates[i].profile;
     EXPECT_EQ(p->stop_reason, "final round");
-    EXPECT_EQ(p->windows, 3);
-    EXPECT_EQ(p->measured_calls, 15);
+    EXPECT_EQ(p->windows, 4);
+    EXPECT_EQ(p->measured_calls, 20);
   }
 }
 

@@ -323,7 +323,6 @@ void GraphTuner::Impl::final_round() {
       std::to_string(config.window_calls) + " calls each");
 
   Clock& clk = clock();
-  const double begin = clk.now_us();
   const std::size_t window = static_cast<std::size_t>(config.window_calls);
   // One window of `f`: each call timed as profile_calls times one. A call that throws fails
   // the finalist (it passed before; a candidate that cannot be called again cannot win).
@@ -352,6 +351,9 @@ void GraphTuner::Impl::final_round() {
   };
   auto live = [&] { return std::count_if(runs.begin(), runs.end(), [](const Finalist& f) { return !f.failed; }); };
   for (auto& f : runs) run_window(f, false);  // warm-up: one window each
+  // The cap counts from here: a slow model's warm-up windows must not leave no round at all
+  // (the first round always runs).
+  const double begin = clk.now_us();
   int rounds = 0;
   for (; rounds < config.final_round_windows && live() > 0; ++rounds) {
     if (clk.now_us() - begin >= config.time_cap_s * 1e6) break;  // at a round boundary: equal windows
