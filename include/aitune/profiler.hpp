@@ -21,6 +21,13 @@ struct ProfileConfig {
   double stability = 0.10;    ///< ...within this: (max - min) / min of those means
   int max_windows = 40;       ///< stop (unstable) after this many windows
   double time_cap_s = 5.0;    ///< stop (unstable) once this much time has passed, warm-up included
+  /// The tuner's final round (GraphTuner::select): the passed candidates whose host p50 is
+  /// within this fraction of the best one's are measured again, interleaved...
+  double final_round_margin = 0.10;
+  /// ...in this many rounds of one window each (after one warm-up window each); 0: no final round...
+  int final_round_windows = 5;
+  /// ...the fastest this many of them by their first p50; below 2: no final round.
+  int final_round_max = 4;
 
   /// Throws Error(kInvalidArgument) naming the field that is out of range.
   void validate() const;
@@ -63,7 +70,7 @@ struct Profile {
   int windows = 0;                       ///< complete windows measured
   int measured_calls = 0;                ///< calls measured, statistics' or not
   bool stable = false;
-  std::string stop_reason;               ///< "stable", "time cap", "max windows"
+  std::string stop_reason;               ///< "stable", "time cap", "max windows", "final round"
   double total_s = 0;                    ///< warm-up included
 
   std::string to_json(int indent = 2) const;

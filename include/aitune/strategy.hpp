@@ -77,7 +77,12 @@ struct CandidateResult {
   /// For an incorrect candidate: where its graph first diverges, when traced
   /// (`GraphTuner::trace_divergence`).
   std::optional<DivergenceReport> divergence;
+  /// Its latency: the final round's measurement where it was a finalist (stop_reason
+  /// "final round"), else its first profile.
   std::optional<Profile> profile;
+  /// A finalist's first measurement (right after it was created), which the final round's
+  /// `profile` replaced; empty for candidates the final round did not measure.
+  std::optional<Profile> first_profile;
   double session_creation_ms = 0;
   double first_run_ms = 0;
   double speedup_vs_eager = 0;  ///< eager p50 / this p50; 0 when either is unmeasured

@@ -93,6 +93,9 @@ struct TunerOptions {
   std::optional<std::uintptr_t> cuda_stream;
   /// Called with one line per step (candidate started, checked, profiled, decision).
   std::function<void(const std::string&)> log;
+  /// The clock every profile of this tuner is timed by (the reference's, the candidates',
+  /// the final round's); null: std::chrono::steady_clock. Tests inject one to script time.
+  std::shared_ptr<Clock> clock;
 };
 
 class GraphTuner {
@@ -156,7 +159,12 @@ class GraphTuner {
   const DivergenceReport& trace_divergence(std::size_t candidate, std::size_t sample,
                                            const std::vector<ModuleOutput>& eager);
 
-  /// Lets `strategy` choose; runs the batch search on the winner when enabled.
+  /// The final round first (ProfileConfig::final_round_*): the passed candidates within
+  /// final_round_margin of the best host p50 (at most final_round_max, the fastest) are
+  /// measured again, round-robin one window each per round, so that they are compared
+  /// under the same conditions; their `profile` becomes that measurement and their first
+  /// one is kept in `first_profile`. A finalist whose call throws there fails. Then lets
+  /// `strategy` choose; runs the batch search on the winner when enabled.
   const TuneReport& select(const StrategyConfig& strategy);
 
   /// The winning session, its spec widened by the batch search (nullptr when eager was

@@ -208,6 +208,13 @@ void bind_tuning(nb::module_& m) {
       .def_rw("stability", &ProfileConfig::stability)
       .def_rw("max_windows", &ProfileConfig::max_windows)
       .def_rw("time_cap_s", &ProfileConfig::time_cap_s)
+      .def_rw("final_round_margin", &ProfileConfig::final_round_margin,
+              "select()'s final round: passed candidates within this fraction of the best host p50 are "
+              "measured again, interleaved (default 0.10).")
+      .def_rw("final_round_windows", &ProfileConfig::final_round_windows,
+              "Rounds of the final round, one window per finalist each (default 5; 0: no final round).")
+      .def_rw("final_round_max", &ProfileConfig::final_round_max,
+              "At most this many finalists, the fastest by their first p50 (default 4; below 2: no final round).")
       .def("validate", &ProfileConfig::validate);
 
   nb::enum_<StrategyKind>(m, "StrategyKind")
@@ -344,6 +351,10 @@ void bind_tuning(nb::module_& m) {
         if (!c.profile) return std::nullopt;
         return c.profile->host_us.p50;
       })
+      .def_prop_ro("first_p50_us", [](const CandidateResult& c) -> std::optional<double> {
+        if (!c.first_profile) return std::nullopt;
+        return c.first_profile->host_us.p50;
+      }, "A finalist's host p50 when first measured, before the final round re-measured it; None otherwise.")
       .def_prop_ro("device_p50_us", [](const CandidateResult& c) -> std::optional<double> {
         if (!c.profile || !c.profile->device_us) return std::nullopt;
         return c.profile->device_us->p50;
@@ -589,7 +600,19 @@ void bind_tuning(nb::module_& m) {
               }
               return out;
             };
-            c.run = [&run] { run(); };
+            // Kept by the engine for the final round, which select() runs without the GIL:
+            // the callable is owned (dropped with the GIL taken), each call takes the GIL, and
+            // a Python error leaves as the engine's Error (its message the candidate's reason),
+            // not as a python_error that must not outlive the GIL.
+            auto held = gil_held(std::move(run));
+            c.run = [held] {
+              nb::gil_scoped_acquire gil;
+              try {
+                (*held)();
+              } catch (nb::python_error& e) {
+                throw Error(ErrorCode::kInternal, e.what());
+              }
+            };
             return t.tuner->evaluate_external(c, backend, group);
           },
           nb::arg("name"), nb::arg("backend"), nb::arg("group"), nb::arg("precision"), nb::arg("config_json"),

@@ -325,6 +325,48 @@ TEST(Tuner, ExternalCandidatesAreCheckedProfiledAndReportedWithTheirPrecision) {
   EXPECT_NE(table.find("ort_fusions (Attention: 2, SkipLayerNormalization: 4)"), std::string::npos) << table;
 }
 
+TEST(Tuner, TheFinalRoundCallsOnnxSessionsAgainAndTheWinnerStillRuns) {
+  // Every passed session a finalist (margin 10x): the final round calls each session again
+  // on the inputs its first profile used (kept alive by the call), after the evaluation
+  // that made them has returned; then the batch search and take_winner on the winner.
+  MlpSamples m;
+  TunerOptions options = quick_options();
+  options.profile.final_round_margin = 10;
+  options.profile.final_round_windows = 2;
+  options.batch_search.enabled = true;
+  options.batch_search.max_batch_size = 12;
+  std::vector<std::string> lines;
+  options.log = [&](const std::string& line) { lines.push_back(line); };
+  GraphTuner tuner("mlp", m.spec(), m.samples(), options);
+  auto variants = provider_variants(cpu(), tuner.spec());
+  for (const auto& v : variants) tuner.evaluate_onnx(fixture("mlp.onnx"), v, "ONNXRuntimeBackend", 0);
+  ExternalCandidate ext{"compiled", "{}", Precision::kStrict,
+                        [&](std::size_t i) { return std::vector<Tensor>{i == 0 ? m.y1 : m.y3}; },
+                        [] { busy_wait_us(5000); }};  // far slower than the sessions: not a finalist
+  auto slow = tuner.evaluate_external(ext, "TorchCompileBackend", 1);
+  const auto& report = tuner.select(max_throughput());
+  ASSERT_TRUE(report.winner.has_value()) << report.decision;
+  for (std::size_t i = 0; i < variants.size(); ++i) {
+    const auto& c = report.candidates[i];
+    ASSERT_TRUE(c.first_profile.has_value()) << c.name;
+    EXPECT_EQ(c.profile->stop_reason, "final round") << c.name;
+    EXPECT_EQ(c.profile->windows, 2) << c.name;
+    EXPECT_EQ(c.profile->measured_calls, 2 * options.profile.window_calls) << c.name;
+    EXPECT_GT(c.profile->host_us.p50, 0) << c.name;
+  }
+  EXPECT_FALSE(report.candidates[slow].first_profile.has_value());
+  int final_lines = 0;
+  for (const auto& line : lines) final_lines += line.find("final round: cpu") != std::string::npos;
+  EXPECT_EQ(final_lines, 3);
+  ASSERT_TRUE(report.batch_search.has_value());
+  EXPECT_GE(report.batch_search->max_batch, 3);
+  auto winner = tuner.take_winner();
+  ASSERT_NE(winner, nullptr);
+  auto out = winner->infer({m.x3.view()});
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].shape(), m.y3.shape());
+}
+
 TEST(Tuner, AnExternalWinnerHasNoSessionAndNoBatchSearch) {
   MlpSamples m;
   TunerOptions options = quick_options();

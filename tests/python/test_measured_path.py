@@ -5,6 +5,9 @@ tuned module runs (issue 28): the module's dispatch, its C++ route, the call for
 from __future__ import annotations
 
 import dataclasses
+import json
+
+import pytest
 
 import torch
 from torch_models import cpu_strategy
@@ -76,8 +79,10 @@ def test_candidates_are_measured_through_the_modules_own_dispatch(monkeypatch):
     assert len(measured) >= 2, report.summary_table()
     # Every timed call of every candidate went through the dispatch's C++ __call__, as a
     # user's call does, and was served there (one general-path call per candidate: the
-    # first, which adds the route).
-    assert _Counting.calls == 7 * len(measured)
+    # first, which adds the route); the final round's too (a warm-up window and
+    # final_round_windows windows of 5 calls per finalist).
+    finalists = [c for c in measured if c.first_p50_us is not None]
+    assert _Counting.calls == 7 * len(measured) + (1 + profile.final_round_windows) * 5 * len(finalists)
     assert len(general) == len(measured)
 
     batch = dict(input_ids=torch.randint(0, 40, (2, 6)), attention_mask=torch.ones(2, 6, dtype=torch.int64))
@@ -87,6 +92,46 @@ def test_candidates_are_measured_through_the_modules_own_dispatch(monkeypatch):
         again = model(**batch)
     assert _Counting.calls == before + 1 and len(general) == served_before  # the same code as the measurement
     assert isinstance(again, EncoderOutput) and torch.equal(again.last_hidden_state, out.last_hidden_state)
+
+
+def test_the_final_round_measures_near_equal_candidates_again_and_keeps_their_first_profile():
+    """select's final round: ONNX Runtime's CPU variants of a tiny MLP (near-equal; the
+    margin takes them all) are measured again, interleaved, through the module's call; the
+    report keeps each finalist's first measurement beside the final one."""
+    from torch_models import MLP
+
+    profile = _core.ProfileConfig()
+    profile.warmup_calls, profile.window_calls, profile.stable_windows, profile.max_windows = 2, 5, 1, 1
+    profile.final_round_margin, profile.final_round_windows, profile.final_round_max = 1000.0, 2, 4
+    model = ait.Module(MLP(hidden=16).eval(), "final-round",
+                       strategy=cpu_strategy(use_dynamo=False, tune_provider_options=True))
+    ait.tune(model, [torch.randn(4, 16)] * 2, profile_config=profile)
+
+    (report,) = model.ait_reports.values()
+    candidates = json.loads(report.to_json())["candidates"]
+    measured = [c for c in candidates if c["profile"] is not None]
+    assert len(measured) >= 2, report.summary_table()
+    for c, result in zip(candidates, report.candidates):
+        if c["profile"] is None:
+            assert c["first_profile"] is None
+            continue
+        first, final = c["first_profile"], c["profile"]
+        assert first is not None, c["name"]
+        assert final["stop_reason"] == "final round" and final["windows"] == 2 and final["measured_calls"] == 10
+        assert first["stop_reason"] != "final round" and first["measured_calls"] == 5
+        assert result.first_p50_us == first["host_us"]["p50"] and result.p50_us == final["host_us"]["p50"]
+    # Ranked by the final round's p50 (the first-ranked is kept or, slower than eager, not).
+    (first,) = [r for r in report.candidates if r.status in ("selected", "slower than eager")]
+    assert first.p50_us == min(c["profile"]["host_us"]["p50"] for c in measured)
+
+    off = _core.ProfileConfig()
+    off.final_round_windows = 0
+    off.validate()
+    for field in ("final_round_margin", "final_round_windows", "final_round_max"):
+        bad = _core.ProfileConfig()
+        setattr(bad, field, -1)
+        with pytest.raises(_core.InvalidArgumentError, match=field):
+            bad.validate()
 
 
 class MixedCall(torch.nn.Module):

@@ -34,6 +34,9 @@ void ProfileConfig::validate() const {
   check(stability > 0, "stability must be > 0");
   check(max_windows >= stable_windows, "max_windows must be >= stable_windows");
   check(time_cap_s > 0, "time_cap_s must be > 0");
+  check(final_round_margin >= 0, "final_round_margin must be >= 0");
+  check(final_round_windows >= 0, "final_round_windows must be >= 0");
+  check(final_round_max >= 0, "final_round_max must be >= 0");
 }
 
 double SteadyClock::now_us() {

@@ -48,6 +48,7 @@ std::string TuneReport::to_json(int indent) const {
         {"correctness", c.correctness ? parse_or_null(c.correctness->to_json(-1)) : nlohmann::json(nullptr)},
         {"divergence", c.divergence ? parse_or_null(c.divergence->to_json(-1)) : nlohmann::json(nullptr)},
         {"profile", c.profile ? parse_or_null(c.profile->to_json(-1)) : nlohmann::json(nullptr)},
+        {"first_profile", c.first_profile ? parse_or_null(c.first_profile->to_json(-1)) : nlohmann::json(nullptr)},
         {"session_creation_ms", c.session_creation_ms},
         {"first_run_ms", c.first_run_ms},
         {"speedup_vs_eager", c.speedup_vs_eager},

@@ -1,6 +1,9 @@
 // The tuning engine for one graph: candidates are created, checked, profiled, chosen
 // (the batch search on the winner is tuner_batch_search.cpp).
+#include <algorithm>
 #include <cmath>
+#include <numeric>
+
 #include "aitune/tuner.hpp"
 
 #include "tuning/tuner_impl.hpp"
@@ -126,7 +129,8 @@ void GraphTuner::profile_reference(const std::function<void(const std::vector<Te
   auto timer = impl_->front_end_timer(sample);
   impl_->report.eager_label = label;
   impl_->report.eager =
-      profile_calls([&] { run(sample.inputs); }, sample.batch_size, impl_->options.profile, timer.get());
+      profile_calls([&] { run(sample.inputs); }, sample.batch_size, impl_->options.profile, impl_->clock(),
+                    timer.get());
   impl_->log(label + ": p50 " + std::to_string(impl_->report.eager->host_us.p50) + " us");
 }
 
@@ -169,26 +173,32 @@ std::size_t GraphTuner::evaluate_onnx(const std::string& model_path, const OnnxC
     if (const int i = backend->output_aliases()[o]; i >= 0)
       r.in_place_outputs[backend->outputs()[o].name] = backend->inputs()[static_cast<std::size_t>(i)].name;
 
+  Impl::MeasuredCall measured;
   try {
     const auto& sample = impl.samples[impl.profile_sample];
-    auto inputs = inputs_on(*backend, Impl::select(sample.inputs, map), model_spec);
+    // Shared: the call below keeps them for the final round (select), after this returns.
+    auto inputs = std::make_shared<DeviceInputs>(inputs_on(*backend, Impl::select(sample.inputs, map), model_spec));
     start = SteadyTime::now();
-    backend->infer(inputs.views);  // TensorRT builds its engines here
+    backend->infer(inputs->views);  // TensorRT builds its engines here
     r.first_run_ms = ms_since(start);
 
     r.correctness = impl.check(*backend, candidate.precision, map);
     if (!r.correctness->passed()) return impl.push_rejected(std::move(r), model_path, map);
-    auto timer = Impl::timer_for(*backend);
+    measured.timer = Impl::timer_for(*backend);
     // Through the module's own dispatch where the front end gives it: the latency a
     // candidate wins by is then the latency of the module a user calls.
-    std::function<void()> call = [&] { backend->infer(inputs.views); };
-    if (module_call) call = module_call(*backend);
-    r.profile = profile_calls(call, sample.batch_size, impl.options.profile, timer.get());
+    OnnxSession* session = backend.get();  // kept in impl.backends until select is done
+    measured.call = [session, inputs] { session->infer(inputs->views); };
+    if (module_call) measured.call = module_call(*backend);
+    r.profile = profile_calls(measured.call, sample.batch_size, impl.options.profile, impl.clock(),
+                              measured.timer.get());
   } catch (const Error& e) {
     impl.rethrow_baseline_failure();  // the user's metric failed on eager's outputs: not this candidate's verdict
     return impl.push_failed(std::move(r), e.what(), model_path, map);
   }
-  return impl.push_passed(std::move(r), std::move(backend), model_path, map);
+  const std::size_t index = impl.push_passed(std::move(r), std::move(backend), model_path, map);
+  impl.measured_calls[index] = std::move(measured);
+  return index;
 }
 
 bool GraphTuner::check_onnx(const std::string& model_path, const OnnxCandidate& candidate,
@@ -216,6 +226,7 @@ std::size_t GraphTuner::evaluate_external(const ExternalCandidate& candidate, co
     throw Error(ErrorCode::kInvalidArgument, impl.report.graph + ": external candidate '" + candidate.name +
                                                  "' needs both an outputs and a run function");
   impl.log(r.name + ": first run");
+  Impl::MeasuredCall measured;
   try {
     auto start = SteadyTime::now();
     candidate.run();  // a compiler compiles (and captures) here
@@ -225,13 +236,17 @@ std::size_t GraphTuner::evaluate_external(const ExternalCandidate& candidate, co
     r.correctness = impl.judge(candidate.precision, outputs);
     if (!r.correctness->passed()) return impl.push_rejected(std::move(r));
     const auto& sample = impl.samples[impl.profile_sample];
-    auto timer = impl.front_end_timer(sample);
-    r.profile = profile_calls([&] { candidate.run(); }, sample.batch_size, impl.options.profile, timer.get());
+    measured.timer = impl.front_end_timer(sample);
+    measured.call = candidate.run;  // owns what it calls (the front end's callable): kept for the final round
+    r.profile = profile_calls(measured.call, sample.batch_size, impl.options.profile, impl.clock(),
+                              measured.timer.get());
   } catch (const std::exception& e) {  // the front end's errors arrive as whatever it raised
     impl.rethrow_baseline_failure();
     return impl.push_failed(std::move(r), e.what());
   }
-  return impl.push_passed(std::move(r), nullptr);
+  const std::size_t index = impl.push_passed(std::move(r), nullptr);
+  impl.measured_calls[index] = std::move(measured);
+  return index;
 }
 
 const std::string& GraphTuner::model_path(std::size_t candidate) const {
@@ -270,9 +285,113 @@ const DivergenceReport& GraphTuner::trace_divergence(std::size_t candidate, std:
   return *r.divergence;
 }
 
+void GraphTuner::Impl::final_round() {
+  // Taken out first: whatever happens below, the calls (and the front end's callables, the
+  // device inputs they own) are released when this returns, before the sessions go.
+  std::map<std::size_t, MeasuredCall> calls = std::move(measured_calls);
+  measured_calls.clear();
+  const ProfileConfig& config = options.profile;
+  if (config.final_round_windows == 0 || config.final_round_max < 2) return;
+
+  // The finalists: passed, measured, with their call kept; within the margin of the best
+  // first p50; the fastest final_round_max of them.
+  std::vector<std::size_t> finalists;
+  double best = 0;
+  for (const auto& [index, call] : calls) {
+    const auto& c = report.candidates[index];
+    if (c.status != CandidateStatus::kPassed || !c.profile) continue;
+    if (finalists.empty() || c.profile->host_us.p50 < best) best = c.profile->host_us.p50;
+    finalists.push_back(index);
+  }
+  auto p50_of = [&](std::size_t i) { return report.candidates[i].profile->host_us.p50; };
+  std::erase_if(finalists, [&](std::size_t i) { return p50_of(i) > best * (1 + config.final_round_margin); });
+  std::stable_sort(finalists.begin(), finalists.end(), [&](std::size_t a, std::size_t b) { return p50_of(a) < p50_of(b); });
+  if (finalists.size() > static_cast<std::size_t>(config.final_round_max))
+    finalists.resize(static_cast<std::size_t>(config.final_round_max));
+  if (finalists.size() < 2) return;
+
+  struct Finalist {
+    std::size_t index;
+    MeasuredCall* measured;
+    std::vector<double> host, device, window_means;
+    bool failed = false;
+  };
+  std::vector<Finalist> runs;
+  for (auto i : finalists) runs.push_back({i, &calls.at(i), {}, {}, {}, false});
+  log("final round: " + std::to_string(runs.size()) + " finalists (within " + detail::pct(config.final_round_margin) +
+      " of the best p50), " + std::to_string(config.final_round_windows) + " interleaved windows of " +
+      std::to_string(config.window_calls) + " calls each");
+
+  Clock& clk = clock();
+  const std::size_t window = static_cast<std::size_t>(config.window_calls);
+  // One window of `f`: each call timed as profile_calls times one. A call that throws fails
+  // the finalist (it passed before; a candidate that cannot be called again cannot win).
+  auto run_window = [&](Finalist& f, bool measure) {
+    try {
+      std::vector<double> host;
+      for (std::size_t k = 0; k < window; ++k) {
+        DeviceTimer* timer = f.measured->timer.get();
+        const double start = clk.now_us();
+        if (timer) timer->start();
+        f.measured->call();
+        if (timer) timer->stop();
+        host.push_back(clk.now_us() - start);
+        if (timer && measure) f.device.push_back(timer->elapsed_us());
+      }
+      if (!measure) return;
+      f.window_means.push_back(std::accumulate(host.begin(), host.end(), 0.0) / static_cast<double>(host.size()));
+      f.host.insert(f.host.end(), host.begin(), host.end());
+    } catch (const std::exception& e) {
+      f.failed = true;
+      auto& c = report.candidates[f.index];
+      c.status = CandidateStatus::kFailed;
+      c.reason = std::string("failed in the final round: ") + e.what();
+      log(c.name + ": " + c.reason);
+    }
+  };
+  auto live = [&] { return std::count_if(runs.begin(), runs.end(), [](const Finalist& f) { return !f.failed; }); };
+  for (auto& f : runs) run_window(f, false);  // warm-up: one window each
+  // The cap counts from here: a slow model's warm-up windows must not leave no round at all
+  // (the first round always runs).
+  const double begin = clk.now_us();
+  int rounds = 0;
+  for (; rounds < config.final_round_windows && live() > 0; ++rounds) {
+    if (clk.now_us() - begin >= config.time_cap_s * 1e6) break;  // at a round boundary: equal windows
+    for (auto& f : runs)
+      if (!f.failed) run_window(f, true);
+  }
+  const double total_s = (clk.now_us() - begin) / 1e6;
+  if (rounds == 0) {
+    log("final round: the time cap (" + std::to_string(config.time_cap_s) +
+        " s) was reached before a round; the first measurements stand");
+    return;
+  }
+  for (auto& f : runs) {
+    if (f.failed) continue;
+    auto& c = report.candidates[f.index];
+    Profile p;
+    p.batch_size = c.profile->batch_size;
+    p.host_us = summarize_latencies(f.host);
+    if (f.measured->timer) p.device_us = summarize_latencies(f.device);
+    p.throughput = p.host_us.p50 > 0 ? static_cast<double>(p.batch_size) * 1e6 / p.host_us.p50 : 0;
+    p.warmup_calls = config.window_calls;
+    p.windows = rounds;
+    p.measured_calls = static_cast<int>(f.host.size());
+    auto [lo, hi] = std::minmax_element(f.window_means.begin(), f.window_means.end());
+    p.stable = *lo > 0 ? (*hi - *lo) / *lo <= config.stability : *hi == 0;
+    p.stop_reason = "final round";
+    p.total_s = total_s;
+    log("final round: " + c.name + " p50 " + std::to_string(p.host_us.p50) + " us (first " +
+        std::to_string(c.profile->host_us.p50) + " us)");
+    c.first_profile = std::move(c.profile);
+    c.profile = std::move(p);
+  }
+}
+
 const TuneReport& GraphTuner::select(const StrategyConfig& strategy) {
   auto& impl = *impl_;
   impl.report.strategy = strategy;
+  impl.final_round();  // the near-best measured again, side by side; their calls released
   impl.report.winner = select_candidate(strategy, impl.report.candidates, impl.report.eager, impl.report.decision);
   if (impl.report.winner && !impl.report.vacuous_outputs.empty()) {
     // The check could not judge these outputs: the user is told in the decision itself.
@@ -298,6 +417,7 @@ const TuneReport& GraphTuner::select(const StrategyConfig& strategy) {
     if (!impl.winner) impl.winner = std::move(impl.backends[w]);
     if (impl.winner) impl.winner->activate();
   }
+  impl.measured_calls.clear();  // (final_round released them; the calls may refer to sessions)
   impl.backends.clear();  // the losers' sessions and their device memory go now
   impl.report.tuning_s = ms_since(impl.started) / 1e3;
   return impl.report;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <optional>
 #include <memory>
@@ -92,6 +93,15 @@ struct GraphTuner::Impl {
   std::vector<std::string> model_paths;
   std::vector<std::vector<std::size_t>> input_maps;  // per candidate: model input i <- graph input map[i]
   std::unique_ptr<OnnxSession> winner;
+  // What the final round calls for a passed candidate: the very call its first profile
+  // timed (owning what it reads: the session's device inputs, the front end's callable)
+  // and its device timer (null without one). Declared after `backends`, so destroyed
+  // before the sessions a call may refer to; select releases them before it clears those.
+  struct MeasuredCall {
+    std::function<void()> call;
+    std::shared_ptr<DeviceTimer> timer;
+  };
+  std::map<std::size_t, MeasuredCall> measured_calls;  // per passed candidate
   std::map<Precision, EagerAtPrecision> calibrations;  // asked once per precision
   std::optional<double> metric_baseline;                // the user metric of the reference
   bool scoring_baseline = false;  // the user metric is scoring the reference: its errors are rethrown, not verdicts
@@ -218,6 +228,16 @@ struct GraphTuner::Impl {
     }
     return judge(precision, outputs);
   }
+
+  // The clock profiles are timed by: the injected one, else a steady clock.
+  Clock& clock() {
+    if (!options.clock) options.clock = std::make_shared<SteadyClock>();
+    return *options.clock;
+  }
+
+  // The final round (GraphTuner::select): the near-best passed candidates measured again,
+  // interleaved; their profiles replaced, the first ones kept. Releases measured_calls.
+  void final_round();
 
   void search_batch(std::size_t index);
 };
