@@ -28,7 +28,7 @@ Rows per case (p50 us of one call + torch.cuda.synchronize() on CUDA):
                    TorchCompileBackend(fp16)]), measured through the tuned module; the
                    winner's name and precision, every candidate's p50 and verdict, the
                    fused operators of the fusion candidate, the tune's wall time; beside
-                   it ``measured_call_p50_us``, the call the tuner measured the winner by
+                   it ``measured_call_us``, the call the tuner measured the winner by
                    (``dispatch.measured_call``) timed here like the module (module p50 far
                    from it: the module's path differs; both far from the winner's tuner
                    p50: the timing differs), and ``frames_compiled_after_tune`` (dynamo
@@ -60,7 +60,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from candidate_rows import candidate_rows  # noqa: E402
-from timing import WARMUP, event_p50_us, p50_us  # noqa: E402
+from timing import WARMUP, p50_us, winner_path_timings  # noqa: E402
 
 import aitune.torch as ait  # noqa: E402
 from aitune import _core  # noqa: E402
@@ -71,7 +71,6 @@ from aitune.torch.backend import (  # noqa: E402
     TorchCompileBackendConfig,
 )
 from aitune.torch.decode_step import DecodeStep, empty_cache  # noqa: E402
-from aitune.torch.dispatch import measured_call  # noqa: E402
 from torch._dynamo.utils import counters  # noqa: E402
 
 FULL = {
@@ -197,18 +196,10 @@ def aitune_row(name: str, module, inputs, *, cuda: bool, iterations: int) -> dic
     with torch.no_grad():
         out = _first(tuned(**inputs)).clone()  # a CUDA-graph winner's next replay overwrites it
         p50 = p50_us(lambda: tuned(**inputs), iterations)
-        # The call the tuner measured the winner by (its recorded sample, through a dispatch
-        # of its own), timed here as the module is: equal to p50_us unless the module's path
-        # differs from the measured one; both apart from the winner's tuner p50: the timing.
-        measured = None
-        if winner is not None:
-            (graph, tuned_graph), = tuned._ait_calls.tuned.values()  # noqa: SLF001
-            measured = p50_us(measured_call(graph, tuned_graph), iterations)
-        # the module timed by the tuner's kind of timer (CUDA events, no device-wide wait)
-        event_host, event_device = event_p50_us(lambda: tuned(**inputs), iterations) if cuda else (None, None)
+        # the winner's measured call and the module by events, beside p50 (timing.py)
+        paths = winner_path_timings(tuned, lambda: tuned(**inputs), iterations, cuda) if winner is not None else {}
     frames_after = dict(counters["frames"])
-    return {"p50_us": p50, "output": out, "tuning_s": tuning_s, "measured_call_p50_us": measured,
-            "module_event_p50_us": event_host, "module_event_device_p50_us": event_device,
+    return {"p50_us": p50, "output": out, "tuning_s": tuning_s, **paths,
             "winner_p50_us": winner.p50_us if winner else None,
             "winner_device_p50_us": winner.device_p50_us if winner else None,
             # torch.compile frames compiled by the module's calls after tuning (0: no recompile)

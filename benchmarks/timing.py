@@ -64,3 +64,21 @@ def event_p50_us(fn: Callable[[], object], iterations: int, warmup: int = WARMUP
         host.append((time.perf_counter() - begin) * 1e6)
         device.append(start.elapsed_time(stop) * 1e3)
     return statistics.median(host), statistics.median(device)
+
+
+def winner_path_timings(tuned, call: Callable[[], object], iterations: int, cuda: bool) -> dict:
+    """A tuned ait.Module's winner timed beside the module (``call`` calls the module as the
+    benchmark does): ``measured_call_us``, the call the tuner measured the winner by
+    (``dispatch.measured_call``: its recorded sample through a dispatch of its own) timed
+    like every column; with ``cuda`` ``module_event_us`` / ``module_event_device_us``, the module
+    timed by the tuner's kind of timer (``event_p50_us``). The module far from the measured
+    call: the paths differ; both far from the winner's tuner p50 while the events agree
+    with them: the conditions differ, not the timer."""
+    from aitune.torch.dispatch import measured_call
+
+    ((graph, tuned_graph),) = tuned._ait_calls.tuned.values()  # noqa: SLF001
+    timings = {"measured_call_us": p50_us(measured_call(graph, tuned_graph), iterations),
+               "module_event_us": None, "module_event_device_us": None}
+    if cuda:
+        timings["module_event_us"], timings["module_event_device_us"] = event_p50_us(call, iterations)
+    return timings

@@ -49,7 +49,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from candidate_rows import candidate_rows  # noqa: E402
-from timing import event_p50_us, p50_us  # noqa: E402
+from timing import p50_us, winner_path_timings  # noqa: E402
 
 
 def _vision(model, batch: int, size: int, device):
@@ -243,25 +243,12 @@ def row(name: str, small: bool, device, iterations: int, compile_columns: bool, 
         result["winner"] = {"name": winner.name, "backend": winner.backend, "precision": winner.precision_name,
                             "p50_us": winner.p50_us}
         result["module_over_candidate"] = result["module_us"] / winner.p50_us
-        # The call the tuner measured the winner by (dispatch.measured_call: its recorded
-        # sample through a dispatch of its own), timed here as the module is. Module / this
-        # far from 1: the module's path differs from the measured one; this / the tuner's
-        # p50 far from 1: the two timers differ (the tuner waits on a CUDA event of the
-        # candidate's stream, this script for the whole device).
-        from aitune.torch.dispatch import measured_call
-
-        ((graph, tuned_graph),) = tuned._ait_calls.tuned.values()  # noqa: SLF001
         with torch.no_grad():
-            result["measured_call_us"] = p50_us(measured_call(graph, tuned_graph), iterations)
+            result.update(winner_path_timings(tuned, lambda: tuned(*args, **kwargs), iterations,
+                                              device.type == "cuda"))
         result["module_over_measured_call"] = result["module_us"] / result["measured_call_us"]
         result["measured_call_over_candidate"] = result["measured_call_us"] / winner.p50_us
         if device.type == "cuda":
-            # The module timed by the tuner's kind of timer (events, no device-wide wait):
-            # host p50 near the winner's p50 and far from module_us: the timers differ;
-            # device p50 near the winner's device p50: the GPU does the same work.
-            with torch.no_grad():
-                host, gpu = event_p50_us(lambda: tuned(*args, **kwargs), iterations)
-            result["module_event_us"], result["module_event_device_us"] = host, gpu
             result["winner"]["device_p50_us"] = winner.device_p50_us
             # Drift of the GPU itself over the row (clocks under sustained load): eager again
             # now, and the module again after the GPU rested; a module faster after the rest
