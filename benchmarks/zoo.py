@@ -4,7 +4,8 @@ with its winner, every column timed the same way (benchmarks/timing.py), the tun
 called as a user calls it (keywords for the language models).
 
     python benchmarks/zoo.py [--device cuda|cpu] [--small] [--models a,b] [--no-compile]
-                             [--no-half-weights] [--cuda-ep-options] [--iterations 200] [--json zoo.json]
+                             [--no-half-weights] [--cuda-ep-options] [--no-final-round]
+                             [--iterations 200] [--json zoo.json]
 
 Models (random weights from Hugging Face transformers configs; no download):
 EfficientNet-B0 b32, Swin-T b8, GPT-2 with LM head b8 s128 (keywords), DistilBERT
@@ -172,7 +173,7 @@ EXTRA_CUDA_EP_OPTIONS = (
 
 
 def tune(name: str, model, args, kwargs, device, compile_candidates: bool, half_weights: bool | None = None,
-         cuda_ep_options: bool = False):
+         cuda_ep_options: bool = False, final_round: bool = True):
     """The module tuned on the timed batch itself (its rows as samples, one batch of
     that size), with ORT and, unless told not to, torch.compile candidates."""
     import aitune.torch as ait
@@ -192,8 +193,14 @@ def tune(name: str, model, args, kwargs, device, compile_candidates: bool, half_
     tuned = ait.Module(model, f"zoo-{name}", strategy=ait.MaxThroughputStrategy(backends))
     batch = (args[0] if args else next(iter(kwargs.values()))).shape[0]
     rows = [tuple(a[i] for a in args) if args else {k: v[i] for k, v in kwargs.items()} for i in range(batch)]
+    profile = None
+    if not final_round:  # each candidate's first measurement decides (before the final round)
+        from aitune import _core
+
+        profile = _core.ProfileConfig()
+        profile.final_round_windows = 0
     ait.tune(tuned, rows, batch_sizes=[batch], disable_external_logging=True, progress=False,
-             performance_validation=False)
+             performance_validation=False, profile_config=profile)
     return tuned
 
 
@@ -202,7 +209,7 @@ REST_S = 5.0
 
 
 def row(name: str, small: bool, device, iterations: int, compile_columns: bool, half_weights: bool | None = None,
-        cuda_ep_options: bool = False) -> dict:
+        cuda_ep_options: bool = False, final_round: bool = True) -> dict:
     model, args, kwargs = build(name, small, device)
     model = model.to(device).eval()
     result = {"model": name, "device": str(device), "dtype": "float32"}
@@ -224,7 +231,7 @@ def row(name: str, small: bool, device, iterations: int, compile_columns: bool, 
         torch._dynamo.reset()
     result["bare_compile_us"] = bare
     start = time.perf_counter()
-    tuned = tune(name, model, args, kwargs, device, compile_columns, half_weights, cuda_ep_options)
+    tuned = tune(name, model, args, kwargs, device, compile_columns, half_weights, cuda_ep_options, final_round)
     result["tune_s"] = round(time.perf_counter() - start, 1)
     (report,) = tuned.ait_reports.values()
     best = {}
@@ -298,6 +305,8 @@ def main() -> int:
                         help="torch.compile fp16 under autocast only (half_weights=False), not also on fp16 weights")
     parser.add_argument("--cuda-ep-options", action="store_true",
                         help="extra ORT candidates with CUDA EP options not in the default plan")
+    parser.add_argument("--no-final-round", action="store_true",
+                        help="the tuner's final round off (final_round_windows=0): each candidate's first p50 decides")
     parser.add_argument("--iterations", type=int, default=200)
     parser.add_argument("--json", default="zoo.json", help="rewritten after each row")
     parser.add_argument("--log", action="store_true", help="the tuner's steps, with timestamps, on stderr")
@@ -318,12 +327,13 @@ def main() -> int:
     meta = {"date": time.strftime("%Y-%m-%d"), "torch": torch.__version__, "onnxruntime": ort.version,
             "onnxruntime_library": ort.library_path, "aitune": getattr(aitune, "__version__", "?"),
             "device": str(device), "gpu": torch.cuda.get_device_name(device) if device.type == "cuda" else None,
-            "small": options.small}
+            "small": options.small, "final_round": not options.no_final_round}
     rows = []
     for name in names:
         try:
             rows.append(row(name, options.small, device, options.iterations, not options.no_compile,
-                            None if not options.no_half_weights else False, options.cuda_ep_options))
+                            None if not options.no_half_weights else False, options.cuda_ep_options,
+                            not options.no_final_round))
         except Exception as error:
             rows.append({"model": name, "error": f"{type(error).__name__}: {error}"})
         print(json.dumps(rows[-1]), flush=True)
