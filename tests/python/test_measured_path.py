@@ -123,6 +123,11 @@ def test_the_final_round_measures_near_equal_candidates_again_and_keeps_their_fi
     # Ranked by the final round's p50 (the first-ranked is kept or, slower than eager, not).
     (first,) = [r for r in report.candidates if r.status in ("selected", "slower than eager")]
     assert first.p50_us == min(c["profile"]["host_us"]["p50"] for c in measured)
+    # Said where a person looks: the decision, the summary table (first p50 beside the final
+    # one) and the report page, under each finalist's chart.
+    assert f"final round that measured the {len(measured)} fastest again" in report.decision
+    assert report.summary_table().count(" (first ") == len(measured)
+    assert report.to_html().count("measured again in the final round") == len(measured)
 
     off = _core.ProfileConfig()
     off.final_round_windows = 0

@@ -50,7 +50,8 @@ def _report() -> dict:
         "candidates": [
             _candidate("cpu", "fp32", "passed", [_output("logits", 3e-6, 1e-4, True, eager_error=None)], 640),
             _candidate("cpu[intra_op_threads=2]", "fp32", "passed",
-                       [_output("logits", 8e-6, 1e-4, True, calibrated_ratio=0.61)], 410),
+                       [_output("logits", 8e-6, 1e-4, True, calibrated_ratio=0.61)], 410,
+                       first_profile=_profile(455, 120)),  # measured again in the final round
             _candidate("cpu+fp16", "fp16", "passed", [_output("logits", 4e-3, 1e-2, True, cosine=0.99991)], 520),
             _candidate("cpu+ort_fusions", "fp32", "incorrect", [_output("logits", 0.84, 1e-4, False)], None,
                        divergence=divergence),
@@ -110,6 +111,9 @@ def test_aitune_report_writes_the_page_that_chromium_renders(tmp_path):
     assert 'class="frontier"' in frontier  # the frontier line joins the non-dominated ones
     candidates, divergence = rest.split('id="divergence"', 1)
     assert candidates.count('class="latency"') == 3 and "not measured" in candidates
+    # the finalist measured again says so under its chart, with its first p50; the others do not
+    assert candidates.count("measured again in the final round") == 1
+    assert "first p50 455" in candidates.split('id="candidate-2"', 1)[0].split('id="candidate-1"', 1)[1]
     assert candidates.count('class="accuracy"') == 4 and "calibrated_ratio" in candidates
     assert "model.layers.1.self_attn.o_proj" in divergence and "node_linear_11" in divergence
     png = screenshot(page, tmp_path / "profile", tmp_path / "page.png")

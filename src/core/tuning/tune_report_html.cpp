@@ -357,9 +357,12 @@ std::string tune_report_html(const std::string& report_json) {
     h << "<div class=\"muted\">" << esc(str_of(c, "backend")) << " &#183; precision " << esc(str_of(c, "precision"));
     if (auto s = num_of(c, "speedup_vs_eager"); s && *s > 0) h << " &#183; " << num(*s) << "&#215; " << esc(eager_label);
     h << "</div><div class=\"side\"><div class=\"latency-cell\"><b>Latency</b><br>";
-    if (auto l = latency_of(c.value("profile", json())))
+    if (auto l = latency_of(c.value("profile", json()))) {
       h << latency_svg(*l, eager_p50, scale_max);
-    else
+      if (auto first = latency_of(c.value("first_profile", json())))
+        h << "<div class=\"muted final-round\">measured again in the final round (side by side); first p50 "
+          << num(first->p50) << " &#181;s</div>";
+    } else
       h << "<span class=\"none\">not measured</span>";
     h << "</div><div class=\"accuracy-cell\"><b>Accuracy against " << esc(eager_label) << "</b><br>";
     const auto outputs = worst_outputs(c.value("correctness", json()));

@@ -285,13 +285,13 @@ const DivergenceReport& GraphTuner::trace_divergence(std::size_t candidate, std:
   return *r.divergence;
 }
 
-void GraphTuner::Impl::final_round() {
+std::size_t GraphTuner::Impl::final_round() {
   // Taken out first: whatever happens below, the calls (and the front end's callables, the
   // device inputs they own) are released when this returns, before the sessions go.
   std::map<std::size_t, MeasuredCall> calls = std::move(measured_calls);
   measured_calls.clear();
   const ProfileConfig& config = options.profile;
-  if (config.final_round_windows == 0 || config.final_round_max < 2) return;
+  if (config.final_round_windows == 0 || config.final_round_max < 2) return 0;
 
   // The finalists: passed, measured, with their call kept; within the margin of the best
   // first p50; the fastest final_round_max of them.
@@ -308,7 +308,7 @@ void GraphTuner::Impl::final_round() {
   std::stable_sort(finalists.begin(), finalists.end(), [&](std::size_t a, std::size_t b) { return p50_of(a) < p50_of(b); });
   if (finalists.size() > static_cast<std::size_t>(config.final_round_max))
     finalists.resize(static_cast<std::size_t>(config.final_round_max));
-  if (finalists.size() < 2) return;
+  if (finalists.size() < 2) return 0;
 
   struct Finalist {
     std::size_t index;
@@ -364,8 +364,9 @@ void GraphTuner::Impl::final_round() {
   if (rounds == 0) {
     log("final round: the time cap (" + std::to_string(config.time_cap_s) +
         " s) was reached before a round; the first measurements stand");
-    return;
+    return 0;
   }
+  std::size_t measured_again = 0;
   for (auto& f : runs) {
     if (f.failed) continue;
     auto& c = report.candidates[f.index];
@@ -385,14 +386,20 @@ void GraphTuner::Impl::final_round() {
         std::to_string(c.profile->host_us.p50) + " us)");
     c.first_profile = std::move(c.profile);
     c.profile = std::move(p);
+    ++measured_again;
   }
+  return measured_again;
 }
 
 const TuneReport& GraphTuner::select(const StrategyConfig& strategy) {
   auto& impl = *impl_;
   impl.report.strategy = strategy;
-  impl.final_round();  // the near-best measured again, side by side; their calls released
+  // The near-best measured again, side by side; their calls released.
+  const std::size_t finalists = impl.final_round();
   impl.report.winner = select_candidate(strategy, impl.report.candidates, impl.report.eager, impl.report.decision);
+  if (finalists > 0)
+    impl.report.decision += "; ranked on a final round that measured the " + std::to_string(finalists) +
+                            " fastest again side by side";
   if (impl.report.winner && !impl.report.vacuous_outputs.empty()) {
     // The check could not judge these outputs: the user is told in the decision itself.
     std::string names;

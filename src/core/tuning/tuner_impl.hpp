@@ -237,7 +237,8 @@ struct GraphTuner::Impl {
 
   // The final round (GraphTuner::select): the near-best passed candidates measured again,
   // interleaved; their profiles replaced, the first ones kept. Releases measured_calls.
-  void final_round();
+  // Returns how many finalists it measured again (0: no final round).
+  std::size_t final_round();
 
   void search_batch(std::size_t index);
 };
