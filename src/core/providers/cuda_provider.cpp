@@ -45,6 +45,7 @@ void append_cuda(detail::SessionSetup& setup, OrtRuntime& runtime, const OnnxSes
   ort_call(ErrorCode::kInvalidArgument, "CUDA provider options",
            [&] { setup.options.AppendExecutionProvider_V2(*rt.env, {device}, options); });
   setup.memory_info = device.GetMemoryInfo(OrtDeviceMemoryType_DEFAULT);
+  setup.pinned_memory_info = device.GetMemoryInfo(OrtDeviceMemoryType_HOST_ACCESSIBLE);
 }
 
 bool truthy(const std::string& value) { return value == "1" || value == "true" || value == "True"; }

@@ -22,6 +22,10 @@ struct SessionSetup {
   /// `owned_memory_info` or into the runtime's CUDA EP device (which outlives sessions).
   std::optional<Ort::MemoryInfo> owned_memory_info;
   const OrtMemoryInfo* memory_info = nullptr;
+  /// The provider's host-accessible (pinned) memory, in the runtime's CUDA EP device; null
+  /// where there is none. The session's deleter holds the session's allocator of it until
+  /// the stream has drained after the session is deleted (session/deferred_release.hpp).
+  const OrtMemoryInfo* pinned_memory_info = nullptr;
   /// The CUDA stream the session runs on (user_compute_stream): `owned_stream`'s, or the
   /// caller's. 0 where unknown (CPU, TensorRT).
   std::uintptr_t stream = 0;

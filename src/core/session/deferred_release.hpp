@@ -19,6 +19,11 @@ namespace aitune::detail {
 /// after a Swin-T tune). So a session is destroyed only once its stream has drained; when
 /// the stream cannot be waited for now (it, or a stream of another library such as
 /// torch's CUDA graphs, is capturing), the release is parked and retried later.
+/// Draining before the delete did not stop the abort on the H200 (session 14): the
+/// deletion itself can queue such a host function (buffers a run left to release). So the
+/// deleter also holds a reference to the session's pinned allocator across the delete and
+/// drops it, with the stream, in a second release once the stream has drained again: the
+/// arena is then destroyed on the releasing thread, never on CUDA's callback thread.
 class DeferredReleases {
  public:
   /// `drain(stream)`: true once every piece of work queued on `stream` so far, host

@@ -141,6 +141,21 @@ std::vector<TensorSpec> align_spec(const std::vector<TensorSpec>& given, const s
 
 }  // namespace
 
+namespace {
+
+// The session's allocator of `memory` (a reference to it that outlives the session), or
+// null where the session has none (a CPU session, a provider without pinned memory).
+std::shared_ptr<Ort::Allocator> session_allocator(const Ort::Session& session, const OrtMemoryInfo* memory) {
+  if (memory == nullptr) return nullptr;
+  try {
+    return std::make_shared<Ort::Allocator>(session, memory);
+  } catch (const Ort::Exception&) {
+    return nullptr;  // "no requested allocator available": nothing to hold
+  }
+}
+
+}  // namespace
+
 void OnnxSession::Impl::create_session() {
   release_session();
   detail::session_releases().retry();  // sessions whose stream could not drain when released
@@ -160,15 +175,22 @@ void OnnxSession::Impl::create_session() {
   ctx.session = ort_call(failure, context, [&] {
     auto session = std::make_unique<Ort::Session>(*rt.env, model_path().c_str(), setup.options);
     detail::count_session_created();
-    return std::shared_ptr<Ort::Session>(session.release(), [owned = setup.owned_stream,
-                                                             stream = setup.stream](Ort::Session* s) {
+    return std::shared_ptr<Ort::Session>(session.release(), [owned = setup.owned_stream, stream = setup.stream,
+                                                             pinned = setup.pinned_memory_info](Ort::Session* s) {
       // Destroyed once its stream has drained (host functions the CUDA provider queued
-      // there return pinned buffers to the session's arena; see deferred_release.hpp),
-      // and only then its stream.
-      detail::session_releases().release(stream, [s, owned]() mutable {
+      // there return pinned buffers to the session's arena; see deferred_release.hpp).
+      detail::session_releases().release(stream, [s, owned, stream, pinned]() mutable {
+        // The session's pinned allocator is held past the session: host functions its
+        // destruction queues hold that arena too, and must not be its last owner.
+        std::shared_ptr<Ort::Allocator> pinned_arena = session_allocator(*s, pinned);
         delete s;
-        owned.reset();
         detail::count_session_released();
+        // Then the allocator and the stream, once the stream has drained again (now, or
+        // parked until it can be waited for).
+        detail::session_releases().release(stream, [pinned_arena, owned]() mutable {
+          pinned_arena.reset();
+          owned.reset();
+        });
       });
     });
   });
