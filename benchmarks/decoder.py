@@ -24,6 +24,10 @@ Rows per case (p50 us of one call + torch.cuda.synchronize() on CUDA):
                    transformers' own route: the model's forward compiled (fullgraph) with a
                    ``StaticCache`` updated in place, the x-compile baseline of decode rows
   compile-step     (decode) bare torch.compile of the DecodeStep module itself
+  step-inplace     (decode) bare torch.compile of ``DecodeStep(model, write_in_place=True)``,
+                   its caches marked as static addresses (``mark_static_address``, as
+                   transformers' StaticCache marks its buffers) and written in place: how much
+                   of compile-step's gap to the StaticCache row the cache inputs account for
   aitune           ``ait.tune`` with MaxThroughputStrategy([ONNXRuntimeBackend(cuda),
                    TorchCompileBackend(fp16)]), measured through the tuned module; the
                    winner's name and precision, every candidate's p50 and verdict, the
@@ -279,6 +283,20 @@ def bench(kind: str, workload: str, batch: int, length: int, args, emit) -> None
                 # bare compile of the DecodeStep module is a row beside it.
                 finish({"row": "compile-step", "precision": precision, "p50_us": step_p50, "compile_s": compile_s,
                         "max_error": _error(out, reference)})
+                # The same step writing its caches in place, marked as static addresses, as
+                # transformers' StaticCache is: how much of the gap to that baseline the
+                # step's cache inputs and out-of-place writes account for.
+                torch._dynamo.reset()
+                own = {name: tuple(t.clone() for t in inputs[name]) for name in ("key_cache", "value_cache")}
+                for t in (*own["key_cache"], *own["value_cache"]):
+                    torch._dynamo.mark_static_address(t)
+                call = compiled_call(DecodeStep(model, write_in_place=True), {**inputs, **own}, cuda=cuda,
+                                     autocast=autocast)
+                start = time.perf_counter()
+                out = _first(call()).clone()
+                compile_s = time.perf_counter() - start
+                finish({"row": "step-inplace", "precision": precision, "p50_us": p50_us(call, args.iterations),
+                        "compile_s": compile_s, "max_error": _error(out, reference)})
                 torch._dynamo.reset()
                 call = static_cache_call(model, inputs, cuda=cuda)
                 start = time.perf_counter()

@@ -7,6 +7,7 @@ were given, updated in place."""
 from __future__ import annotations
 
 import importlib.util
+import logging
 from pathlib import Path
 
 import pytest
@@ -115,6 +116,53 @@ def test_decode_step_writes_only_its_cache_slot():
         assert torch.equal(new[:, :, untouched], old[:, :, untouched])
         assert not torch.equal(new[:, :, 3], old[:, :, 3])
         assert torch.equal(old, torch.ones_like(old))  # eagerly the inputs are not written in place
+
+
+def test_a_decode_step_that_writes_in_place_returns_the_caches_it_was_given_updated(caplog):
+    """DecodeStep(write_in_place=True), for a bare torch.compile with static caches: the
+    same logits as the default step, the caches it returns are the tensors passed, written
+    at this step's slot only; greedy generation with it (and compiled, the caches marked as
+    static addresses) gives the default step's tokens; ait.tune keeps it eager, saying why."""
+    example = _example()
+    model = example.tiny_llama()
+    keys, values = empty_cache(model, 2, 8)
+    keys = tuple(t + 1 for t in keys)
+    values = tuple(t + 1 for t in values)
+    mask = torch.ones(2, 8, dtype=torch.long)
+    call = (torch.tensor([[5], [7]]), mask, torch.tensor([[3], [3]]), torch.tensor([3]))
+    with torch.no_grad():
+        logits, new_keys, new_values = DecodeStep(model)(*call, keys, values)
+        in_place = DecodeStep(model, write_in_place=True)
+        logits_in_place, out_keys, out_values = in_place(*call, keys, values)
+    torch.testing.assert_close(logits_in_place, logits, atol=0, rtol=0)
+    for given, out, expected in zip(keys + values, out_keys + out_values, new_keys + new_values, strict=True):
+        assert out is given  # the passed tensor itself, written in place
+        assert torch.equal(given, expected)  # what the default step returns as a new tensor
+
+    batch = _family_prompts(2)
+    with torch.no_grad():
+        reference = greedy_generate(DecodeStep(model), DecodeStep(model), model, batch["input_ids"],
+                                    batch["attention_mask"], 5)
+        written = DecodeStep(model, write_in_place=True)
+        assert torch.equal(greedy_generate(written, written, model, batch["input_ids"], batch["attention_mask"], 5),
+                           reference)
+        compiled = torch.compile(DecodeStep(model, write_in_place=True))
+
+        def step(input_ids, attention_mask, position_ids, cache_position, key_cache, value_cache):
+            for t in (*key_cache, *value_cache):
+                torch._dynamo.mark_static_address(t, guard=False)
+            return compiled(input_ids, attention_mask, position_ids, cache_position, key_cache, value_cache)
+
+        assert torch.equal(greedy_generate(step, step, model, batch["input_ids"], batch["attention_mask"], 5),
+                           reference)
+
+    tuned = ait.Module(DecodeStep(model, write_in_place=True), "in-place-step")
+    keys, values = empty_cache(model, 2, 8)
+    names = ("input_ids", "attention_mask", "position_ids", "cache_position", "key_cache", "value_cache")
+    batch = dict(zip(names, (*call, keys, values), strict=True))
+    with caplog.at_level(logging.WARNING, logger="aitune"):
+        ait.tune(tuned, lambda size: [batch], batch_sizes=[2], disable_external_logging=True)
+    assert "stays eager" in caplog.text and "changed its input ['key_cache'][0]" in caplog.text
 
 
 def _family_prompts(batch_size: int, length: int = 6) -> dict:

@@ -17,17 +17,20 @@ class _TensorCache:
     The write is ``index_put`` over (batch, head, slot) indices: it exports as one
     ScatterND whose data is the layer's cache input itself, the form an engine can run in
     place (``in_place_outputs``); ``index_copy`` along the slot axis exports as Transpose ->
-    ScatterND -> Transpose, which it cannot. Only what transformers' attention layers call
-    is here."""
+    ScatterND -> Transpose, which it cannot. ``in_place``: ``index_put_`` into the given
+    tensors themselves (DecodeStep's ``write_in_place``). Only what transformers' attention
+    layers call is here."""
 
-    def __init__(self, keys, values, cache_position: torch.Tensor):
+    def __init__(self, keys, values, cache_position: torch.Tensor, in_place: bool = False):
         self.keys, self.values = list(keys), list(values)
         self.cache_position = cache_position
+        self.in_place = in_place
 
     def _written(self, cache: torch.Tensor, states: torch.Tensor) -> torch.Tensor:
         batch = torch.arange(cache.shape[0], device=cache.device)[:, None, None]
         heads = torch.arange(cache.shape[1], device=cache.device)[None, :, None]
-        return cache.index_put((batch, heads, self.cache_position[None, None, :]), states)
+        where = (batch, heads, self.cache_position[None, None, :])
+        return cache.index_put_(where, states) if self.in_place else cache.index_put(where, states)
 
     def get_seq_length(self, layer_idx: int = 0) -> torch.Tensor:
         """The slots written before this step (OPT asks; as a tensor, as transformers'
@@ -88,11 +91,20 @@ class DecodeStep(torch.nn.Module):
     Eagerly the returned caches are new tensors. Tuned on ONNX Runtime with
     ``ONNXRuntimeBackendConfig(in_place_outputs=True)``, each returned cache is the tensor
     passed, updated in place (no copy of the cache per step): a caller uses the returned
-    caches and must not expect the passed ones to stay as they were (docs/decoders.md)."""
+    caches and must not expect the passed ones to stay as they were (docs/decoders.md).
 
-    def __init__(self, model: torch.nn.Module):
+    ``write_in_place=True``: the step writes into the passed caches itself and returns them
+    (transformers' ``StaticCache`` writes its buffers so), for a bare ``torch.compile`` of
+    the step with the caches marked as static addresses
+    (``torch._dynamo.mark_static_address``), which CUDA graphs then update in place. Not
+    for ``ait.tune``: its recording refuses a forward that changes its inputs in place (an
+    ONNX graph cannot write its input back); tune the default step with
+    ``in_place_outputs=True`` instead."""
+
+    def __init__(self, model: torch.nn.Module, write_in_place: bool = False):
         super().__init__()
         self.model = model
+        self.write_in_place = bool(write_in_place)
         self.train(model.training)  # the wrapper is in the model's mode (an eval model exports as eval)
 
     def forward(self, input_ids, attention_mask, position_ids, cache_position, key_cache, value_cache):
@@ -110,7 +122,7 @@ class DecodeStep(torch.nn.Module):
             # transformers' sliding window over cache slots: slot j is seen from slot i when i - window < j <= i
             sliding = visible(earlier & (slots[None, :] > cache_position[:, None] - window))
             mask = sliding if types is None else {"full_attention": visible(earlier), "sliding_attention": sliding}
-        cache = _TensorCache(key_cache, value_cache, cache_position)
+        cache = _TensorCache(key_cache, value_cache, cache_position, in_place=self.write_in_place)
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
                          past_key_values=cache, use_cache=True)
         return out.logits, tuple(cache.keys), tuple(cache.values)
