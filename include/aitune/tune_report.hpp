@@ -34,6 +34,9 @@ struct TuneReport {
   std::string graph;  ///< "<module>/<graph key>" or the model path
   StrategyConfig strategy;
   std::optional<Profile> eager;  ///< the reference implementation's profile
+  /// Its first profile, where the final round measured it again beside the finalists (then
+  /// `eager` is the final round's, so that speed-ups compare one moment's figures).
+  std::optional<Profile> eager_first_profile;
   std::string eager_label = "eager";
   std::vector<CandidateResult> candidates;
   std::optional<std::size_t> winner;

@@ -545,7 +545,24 @@ void bind_tuning(nb::module_& m) {
       .def(
           "profile_reference",
           [](PyGraphTuner& t, nb::callable run, const std::string& label) {
-            t.tuner->profile_reference([&](const std::vector<TensorView>&) { run(); }, label);
+            // Owned: the engine keeps the call for select()'s final round, which runs without
+            // the GIL (then a Python error leaves as the engine's Error); called here, with
+            // the GIL, a Python error reaches the caller as it is.
+            auto held = gil_held(std::move(run));
+            t.tuner->profile_reference(
+                [held](const std::vector<TensorView>&) {
+                  if (PyGILState_Check()) {
+                    (*held)();
+                    return;
+                  }
+                  nb::gil_scoped_acquire gil;
+                  try {
+                    (*held)();
+                  } catch (nb::python_error& e) {
+                    rethrow_as_engine_error(e, "reference");
+                  }
+                },
+                label);
           },
           nb::arg("run"), nb::arg("label") = "eager",
           "Profiles `run()` (eager on the largest-batch sample, CUDA work on options.cuda_stream).")

@@ -103,6 +103,62 @@ TEST(FinalRound, ReRanksACandidateThatWasCheapOnlyWhenFirstMeasured) {
   EXPECT_EQ(j["candidates"][a]["profile"]["stop_reason"], "final round");
 }
 
+TEST(FinalRound, TheReferenceIsMeasuredAgainBesideTheFinalistsSoSpeedUpsCompareOneMoment) {
+  // Eager was cheap when first profiled and costs 3x later, as the candidates do: against
+  // its first profile no candidate beats it by min_speedup and eager would be kept;
+  // measured again beside them, the fastest does.
+  Bench b;
+  b.cost = {{"eager", 10}, {"A", 12}, {"B", 12.5}};
+  auto eager_run = [&b](const std::vector<TensorView>&) {
+    b.clock->t += b.cost.at("eager");
+    ++b.calls["eager"];
+    b.order.push_back("eager");
+  };
+  GraphTuner tuner("g", b.g.spec(), b.g.samples(), b.options(3));
+  tuner.profile_reference(eager_run);
+  b.cost["eager"] = 30;
+  auto a = tuner.evaluate_external(b.candidate("A"), "X", 0);
+  tuner.evaluate_external(b.candidate("B"), "X", 0);
+  b.order.clear();
+  StrategyConfig strategy;  // performance validation on: the winner must beat eager by min_speedup
+  const auto& report = tuner.select(strategy);
+  ASSERT_TRUE(report.winner.has_value()) << report.decision;
+  EXPECT_EQ(*report.winner, a) << report.decision;
+  ASSERT_TRUE(report.eager_first_profile.has_value());
+  EXPECT_DOUBLE_EQ(report.eager_first_profile->host_us.p50, 10);
+  EXPECT_DOUBLE_EQ(report.eager->host_us.p50, 30);
+  EXPECT_EQ(report.eager->stop_reason, "final round");
+  EXPECT_DOUBLE_EQ(report.candidates[a].speedup_vs_eager, 30.0 / 12);
+  // Interleaved with the finalists, window by window, after them in each round.
+  std::vector<std::string> expected;
+  for (int w = 0; w < 1 + 3; ++w)
+    for (const char* name : {"A", "B", "eager"})
+      for (int k = 0; k < 5; ++k) expected.push_back(name);
+  EXPECT_EQ(b.order, expected);
+  auto j = nlohmann::json::parse(report.to_json());
+  EXPECT_EQ(j["eager_first_profile"]["host_us"]["p50"], 10.0);
+  EXPECT_EQ(j["eager"]["host_us"]["p50"], 30.0);
+}
+
+TEST(FinalRound, AReferenceThatThrowsWhenCalledAgainKeepsItsFirstProfile) {
+  Bench b;
+  b.cost = {{"A", 10}, {"B", 10.5}};
+  bool broken = false;
+  GraphTuner tuner("g", b.g.spec(), b.g.samples(), b.options(2));
+  tuner.profile_reference([&](const std::vector<TensorView>&) {
+    if (broken) throw std::runtime_error("eager's module was freed");
+    b.clock->t += 100;
+  });
+  tuner.evaluate_external(b.candidate("A"), "X", 0);
+  tuner.evaluate_external(b.candidate("B"), "X", 0);
+  broken = true;
+  const auto& report = tuner.select(max_throughput());
+  EXPECT_FALSE(report.eager_first_profile.has_value());
+  EXPECT_DOUBLE_EQ(report.eager->host_us.p50, 100);
+  ASSERT_TRUE(report.winner.has_value());
+  for (const auto& c : report.candidates) EXPECT_NE(c.status, CandidateStatus::kFailed) << c.name;
+}
+
 TEST(FinalRound, FinalistsAreMeasuredInterleavedWindowByWindow) {
   Bench b;
   b.cost = {{"A", 10}, {"B", 10.5}};

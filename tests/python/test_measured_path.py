@@ -126,6 +126,10 @@ def test_the_final_round_measures_near_equal_candidates_again_and_keeps_their_fi
     # Said where a person looks: the decision, the summary table (first p50 beside the final
     # one) and the report page, under each finalist's chart.
     assert f"final round that measured the {len(measured)} fastest again" in report.decision
+    # eager measured again beside them: speed-ups against it compare one moment's figures
+    data = json.loads(report.to_json())
+    assert data["eager_first_profile"] is not None and data["eager"]["stop_reason"] == "final round"
+    assert data["eager_first_profile"]["stop_reason"] != "final round"
     assert report.summary_table().count(" (first ") == len(measured)
     assert report.to_html().count("measured again in the final round") == len(measured)
 

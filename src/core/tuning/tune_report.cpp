@@ -61,6 +61,7 @@ std::string TuneReport::to_json(int indent) const {
       {"min_speedup", strategy.min_speedup},
       {"eager_label", eager_label},
       {"eager", eager ? parse_or_null(eager->to_json(-1)) : nlohmann::json(nullptr)},
+      {"eager_first_profile", eager_first_profile ? parse_or_null(eager_first_profile->to_json(-1)) : nlohmann::json(nullptr)},
       {"candidates", cands},
       {"winner", winner ? nlohmann::json(candidates[*winner].name) : nlohmann::json(nullptr)},
       {"decision", decision},

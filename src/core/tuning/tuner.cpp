@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "aitune/tuner.hpp"
+#include "aitune/tune_driver.hpp"
 
 #include "tuning/tuner_impl.hpp"
 
@@ -131,6 +132,9 @@ void GraphTuner::profile_reference(const std::function<void(const std::vector<Te
   impl_->report.eager =
       profile_calls([&] { run(sample.inputs); }, sample.batch_size, impl_->options.profile, impl_->clock(),
                     timer.get());
+  // Kept for the final round (select): `run` is copied (it must stay callable until then).
+  impl_->reference_call.call = [run, inputs = sample.inputs] { run(inputs); };
+  impl_->reference_call.timer = std::move(timer);
   impl_->log(label + ": p50 " + std::to_string(impl_->report.eager->host_us.p50) + " us");
 }
 
@@ -290,6 +294,8 @@ std::size_t GraphTuner::Impl::final_round() {
   // device inputs they own) are released when this returns, before the sessions go.
   std::map<std::size_t, MeasuredCall> calls = std::move(measured_calls);
   measured_calls.clear();
+  MeasuredCall reference = std::move(reference_call);
+  reference_call = {};
   const ProfileConfig& config = options.profile;
   if (config.final_round_windows == 0 || config.final_round_max < 2) return 0;
 
@@ -318,6 +324,10 @@ std::size_t GraphTuner::Impl::final_round() {
   };
   std::vector<Finalist> runs;
   for (auto i : finalists) runs.push_back({i, &calls.at(i), {}, {}, {}, false});
+  // The reference joins the rounds (not as a finalist): its profile then comes from the
+  // same moment as theirs.
+  constexpr std::size_t kReference = static_cast<std::size_t>(-1);
+  if (reference.call && report.eager) runs.push_back({kReference, &reference, {}, {}, {}, false});
   log("final round: " + std::to_string(runs.size()) + " finalists (within " + detail::pct(config.final_round_margin) +
       " of the best p50), " + std::to_string(config.final_round_windows) + " interleaved windows of " +
       std::to_string(config.window_calls) + " calls each");
@@ -341,8 +351,14 @@ std::size_t GraphTuner::Impl::final_round() {
       if (!measure) return;
       f.window_means.push_back(std::accumulate(host.begin(), host.end(), 0.0) / static_cast<double>(host.size()));
       f.host.insert(f.host.end(), host.begin(), host.end());
+    } catch (const FatalTuneError&) {
+      throw;  // nothing after it can run (a lost CUDA context, an interrupt): not a verdict
     } catch (const std::exception& e) {
       f.failed = true;
+      if (f.index == kReference) {  // its first profile stands; no candidate's verdict
+        log(report.eager_label + ": could not be measured again in the final round: " + e.what());
+        return;
+      }
       auto& c = report.candidates[f.index];
       c.status = CandidateStatus::kFailed;
       c.reason = std::string("failed in the final round: ") + e.what();
@@ -369,9 +385,9 @@ std::size_t GraphTuner::Impl::final_round() {
   std::size_t measured_again = 0;
   for (auto& f : runs) {
     if (f.failed) continue;
-    auto& c = report.candidates[f.index];
+    std::optional<Profile>& profile = f.index == kReference ? report.eager : report.candidates[f.index].profile;
     Profile p;
-    p.batch_size = c.profile->batch_size;
+    p.batch_size = profile->batch_size;
     p.host_us = summarize_latencies(f.host);
     if (f.measured->timer) p.device_us = summarize_latencies(f.device);
     p.throughput = p.host_us.p50 > 0 ? static_cast<double>(p.batch_size) * 1e6 / p.host_us.p50 : 0;
@@ -382,11 +398,12 @@ std::size_t GraphTuner::Impl::final_round() {
     p.stable = *lo > 0 ? (*hi - *lo) / *lo <= config.stability : *hi == 0;
     p.stop_reason = "final round";
     p.total_s = total_s;
-    log("final round: " + c.name + " p50 " + std::to_string(p.host_us.p50) + " us (first " +
-        std::to_string(c.profile->host_us.p50) + " us)");
-    c.first_profile = std::move(c.profile);
-    c.profile = std::move(p);
-    ++measured_again;
+    const bool is_reference = f.index == kReference;
+    log("final round: " + (is_reference ? report.eager_label : report.candidates[f.index].name) + " p50 " +
+        std::to_string(p.host_us.p50) + " us (first " + std::to_string(profile->host_us.p50) + " us)");
+    (is_reference ? report.eager_first_profile : report.candidates[f.index].first_profile) = std::move(profile);
+    profile = std::move(p);
+    if (!is_reference) ++measured_again;
   }
   return measured_again;
 }

@@ -102,6 +102,10 @@ struct GraphTuner::Impl {
     std::shared_ptr<DeviceTimer> timer;
   };
   std::map<std::size_t, MeasuredCall> measured_calls;  // per passed candidate
+  // The reference's call as profile_reference timed it: the final round measures it again
+  // beside the finalists, so that speed-ups against it (performance validation) compare
+  // figures of one moment. Empty without a reference.
+  MeasuredCall reference_call;
   std::map<Precision, EagerAtPrecision> calibrations;  // asked once per precision
   std::optional<double> metric_baseline;                // the user metric of the reference
   bool scoring_baseline = false;  // the user metric is scoring the reference: its errors are rethrown, not verdicts
