@@ -257,9 +257,9 @@ def row(name: str, small: bool, device, iterations: int, compile_columns: bool, 
         result["measured_call_over_candidate"] = result["measured_call_us"] / winner.p50_us
         if device.type == "cuda":
             result["winner"]["device_p50_us"] = winner.device_p50_us
-            # Drift of the GPU itself over the row (clocks under sustained load): eager again
-            # now, and the module again after the GPU rested; a module faster after the rest
-            # and an eager slower now than at the start say the gap is the GPU's state.
+            # Drift of the process and GPU over the row: eager again now, and the module
+            # again after the GPU rested; an eager slower now than at the start, or a module
+            # faster after the rest, say the gap is the state the tune left, not the path.
             result["eager_after_us"] = p50_us(lambda: model(*args, **kwargs), iterations)
             time.sleep(REST_S)
             result["module_after_rest_us"] = p50_us(lambda: tuned(*args, **kwargs), iterations)

@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "aitune/latency_stats.hpp"
 
@@ -85,5 +86,14 @@ Profile profile_calls(const std::function<void()>& call, int64_t batch_size, con
 /// Same with a SteadyClock.
 Profile profile_calls(const std::function<void()>& call, int64_t batch_size, const ProfileConfig& config,
                       DeviceTimer* timer = nullptr);
+
+/// One call timed as `profile_calls` times each: its host microseconds by `clock`, and
+/// with a `timer` its device microseconds appended to `device` (when `device` is not null).
+/// The tuner's final round times its calls with it too.
+double time_call(const std::function<void()>& call, Clock& clock, DeviceTimer* timer, std::vector<double>* device);
+
+/// `profile`'s latencies from measured calls: host_us, device_us (when `device` is given)
+/// and the throughput of `profile.batch_size` samples per host p50.
+void set_latencies(Profile& profile, const std::vector<double>& host, const std::vector<double>* device);
 
 }  // namespace aitune

@@ -54,10 +54,24 @@ std::shared_ptr<nb::object> gil_held(nb::object object) {
   });
 }
 
-// A Python error as the engine's Error (a python_error must not outlive the GIL).
+// A Python error as the engine's Error (a python_error must not outlive the GIL), its
+// message after `what: ` (none when `what` is null).
 [[noreturn]] void rethrow_as_engine_error(nb::python_error& error, const char* what) {
-  std::string message = std::string(what) + ": " + error.what();
+  std::string message = what ? std::string(what) + ": " + error.what() : std::string(error.what());
   throw Error(ErrorCode::kInternal, message);
+}
+
+// `held()` as the engine calls it, without the GIL: the GIL taken for the call, a Python
+// error leaving as the engine's Error (rethrow_as_engine_error's `what`).
+std::function<void()> engine_call(std::shared_ptr<nb::object> held, const char* what) {
+  return [held = std::move(held), what] {
+    nb::gil_scoped_acquire gil;
+    try {
+      (*held)();
+    } catch (nb::python_error& e) {
+      rethrow_as_engine_error(e, what);
+    }
+  };
 }
 
 // The engine's SessionCallFactory from the front end's `module_call(session) -> callable`,
@@ -73,14 +87,7 @@ SessionCallFactory session_call_factory(nb::object module_call) {
     } catch (nb::python_error& e) {
       rethrow_as_engine_error(e, "module_call");
     }
-    return [call] {
-      nb::gil_scoped_acquire gil;
-      try {
-        (*call)();
-      } catch (nb::python_error& e) {
-        rethrow_as_engine_error(e, "the module's call of the candidate");
-      }
-    };
+    return engine_call(std::move(call), "the module's call of the candidate");
   };
 }
 
@@ -550,17 +557,12 @@ void bind_tuning(nb::module_& m) {
             // the GIL, a Python error reaches the caller as it is.
             auto held = gil_held(std::move(run));
             t.tuner->profile_reference(
-                [held](const std::vector<TensorView>&) {
+                [held, from_engine = engine_call(held, "reference")](const std::vector<TensorView>&) {
                   if (PyGILState_Check()) {
                     (*held)();
                     return;
                   }
-                  nb::gil_scoped_acquire gil;
-                  try {
-                    (*held)();
-                  } catch (nb::python_error& e) {
-                    rethrow_as_engine_error(e, "reference");
-                  }
+                  from_engine();
                 },
                 label);
           },
@@ -621,15 +623,7 @@ void bind_tuning(nb::module_& m) {
             // the callable is owned (dropped with the GIL taken), each call takes the GIL, and
             // a Python error leaves as the engine's Error (its message the candidate's reason),
             // not as a python_error that must not outlive the GIL.
-            auto held = gil_held(std::move(run));
-            c.run = [held] {
-              nb::gil_scoped_acquire gil;
-              try {
-                (*held)();
-              } catch (nb::python_error& e) {
-                throw Error(ErrorCode::kInternal, e.what());
-              }
-            };
+            c.run = engine_call(gil_held(std::move(run)), nullptr);
             return t.tuner->evaluate_external(c, backend, group);
           },
           nb::arg("name"), nb::arg("backend"), nb::arg("group"), nb::arg("precision"), nb::arg("config_json"),

@@ -139,10 +139,6 @@ std::vector<TensorSpec> align_spec(const std::vector<TensorSpec>& given, const s
   return aligned;
 }
 
-}  // namespace
-
-namespace {
-
 // The session's allocator of `memory` (a reference to it that outlives the session), or
 // null where the session has none (a CPU session, a provider without pinned memory).
 std::shared_ptr<Ort::Allocator> session_allocator(const Ort::Session& session, const OrtMemoryInfo* memory) {

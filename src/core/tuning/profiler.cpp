@@ -53,6 +53,23 @@ std::string Profile::to_json(int indent) const {
   return j.dump(indent);
 }
 
+double time_call(const std::function<void()>& call, Clock& clock, DeviceTimer* timer, std::vector<double>* device) {
+  const double start = clock.now_us();
+  if (timer) timer->start();
+  call();
+  if (timer) timer->stop();
+  const double host = clock.now_us() - start;
+  if (timer && device) device->push_back(timer->elapsed_us());
+  return host;
+}
+
+void set_latencies(Profile& profile, const std::vector<double>& host, const std::vector<double>* device) {
+  profile.host_us = summarize_latencies(host);
+  if (device) profile.device_us = summarize_latencies(*device);
+  profile.throughput =
+      profile.host_us.p50 > 0 ? static_cast<double>(profile.batch_size) * 1e6 / profile.host_us.p50 : 0;
+}
+
 Profile profile_calls(const std::function<void()>& call, int64_t batch_size, const ProfileConfig& config,
                       Clock& clock, DeviceTimer* timer) {
   config.validate();
@@ -64,21 +81,14 @@ Profile profile_calls(const std::function<void()>& call, int64_t batch_size, con
   auto over_cap = [&] { return clock.now_us() - begin >= cap_us; };
 
   for (int i = 0; i < config.warmup_calls && !over_cap(); ++i) {
-    if (timer) timer->start();
-    call();
-    if (timer) timer->stop();
+    time_call(call, clock, timer, nullptr);
     ++profile.warmup_calls;
   }
 
   std::vector<double> host, device, window_means;
   const auto window = static_cast<std::size_t>(config.window_calls);
   while (true) {
-    double start = clock.now_us();
-    if (timer) timer->start();
-    call();
-    if (timer) timer->stop();
-    host.push_back(clock.now_us() - start);
-    if (timer) device.push_back(timer->elapsed_us());
+    host.push_back(time_call(call, clock, timer, &device));
 
     if (host.size() % window == 0) {
       window_means.push_back(mean_of(host.end() - static_cast<std::ptrdiff_t>(window), host.end()));
@@ -109,15 +119,12 @@ Profile profile_calls(const std::function<void()>& call, int64_t batch_size, con
   if (used == 0) used = host.size();
   std::size_t complete = window_means.size() * window;
   std::size_t end = complete > 0 ? complete : host.size();
-  std::vector<double> host_used(host.begin() + static_cast<std::ptrdiff_t>(end - used),
-                                host.begin() + static_cast<std::ptrdiff_t>(end));
-  profile.host_us = summarize_latencies(host_used);
-  if (timer) {
-    std::vector<double> device_used(device.begin() + static_cast<std::ptrdiff_t>(end - used),
-                                    device.begin() + static_cast<std::ptrdiff_t>(end));
-    profile.device_us = summarize_latencies(device_used);
-  }
-  profile.throughput = profile.host_us.p50 > 0 ? static_cast<double>(batch_size) * 1e6 / profile.host_us.p50 : 0;
+  auto used_of = [&](const std::vector<double>& all) {
+    return std::vector<double>(all.begin() + static_cast<std::ptrdiff_t>(end - used),
+                               all.begin() + static_cast<std::ptrdiff_t>(end));
+  };
+  const std::vector<double> device_used = timer ? used_of(device) : std::vector<double>{};
+  set_latencies(profile, used_of(host), timer ? &device_used : nullptr);
   profile.total_s = (clock.now_us() - begin) / 1e6;
   return profile;
 }

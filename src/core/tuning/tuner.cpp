@@ -339,15 +339,8 @@ std::size_t GraphTuner::Impl::final_round() {
   auto run_window = [&](Finalist& f, bool measure) {
     try {
       std::vector<double> host;
-      for (std::size_t k = 0; k < window; ++k) {
-        DeviceTimer* timer = f.measured->timer.get();
-        const double start = clk.now_us();
-        if (timer) timer->start();
-        f.measured->call();
-        if (timer) timer->stop();
-        host.push_back(clk.now_us() - start);
-        if (timer && measure) f.device.push_back(timer->elapsed_us());
-      }
+      for (std::size_t k = 0; k < window; ++k)
+        host.push_back(time_call(f.measured->call, clk, f.measured->timer.get(), measure ? &f.device : nullptr));
       if (!measure) return;
       f.window_means.push_back(std::accumulate(host.begin(), host.end(), 0.0) / static_cast<double>(host.size()));
       f.host.insert(f.host.end(), host.begin(), host.end());
@@ -388,9 +381,7 @@ std::size_t GraphTuner::Impl::final_round() {
     std::optional<Profile>& profile = f.index == kReference ? report.eager : report.candidates[f.index].profile;
     Profile p;
     p.batch_size = profile->batch_size;
-    p.host_us = summarize_latencies(f.host);
-    if (f.measured->timer) p.device_us = summarize_latencies(f.device);
-    p.throughput = p.host_us.p50 > 0 ? static_cast<double>(p.batch_size) * 1e6 / p.host_us.p50 : 0;
+    set_latencies(p, f.host, f.measured->timer ? &f.device : nullptr);
     p.warmup_calls = config.window_calls;
     p.windows = rounds;
     p.measured_calls = static_cast<int>(f.host.size());
@@ -441,7 +432,6 @@ const TuneReport& GraphTuner::select(const StrategyConfig& strategy) {
     if (!impl.winner) impl.winner = std::move(impl.backends[w]);
     if (impl.winner) impl.winner->activate();
   }
-  impl.measured_calls.clear();  // (final_round released them; the calls may refer to sessions)
   impl.backends.clear();  // the losers' sessions and their device memory go now
   impl.report.tuning_s = ms_since(impl.started) / 1e3;
   return impl.report;

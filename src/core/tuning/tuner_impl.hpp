@@ -96,7 +96,8 @@ struct GraphTuner::Impl {
   // What the final round calls for a passed candidate: the very call its first profile
   // timed (owning what it reads: the session's device inputs, the front end's callable)
   // and its device timer (null without one). Declared after `backends`, so destroyed
-  // before the sessions a call may refer to; select releases them before it clears those.
+  // before the sessions a call may refer to; select's final round takes them out (and releases
+  // them) before it clears those.
   struct MeasuredCall {
     std::function<void()> call;
     std::shared_ptr<DeviceTimer> timer;
