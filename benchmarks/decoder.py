@@ -29,7 +29,8 @@ Rows per case (p50 us of one call + torch.cuda.synchronize() on CUDA):
                    transformers' StaticCache marks its buffers) and written in place: how much
                    of compile-step's gap to the StaticCache row the cache inputs account for
   aitune           ``ait.tune`` with MaxThroughputStrategy([ONNXRuntimeBackend(cuda),
-                   TorchCompileBackend(fp16)]), measured through the tuned module; the
+                   TorchCompileBackend(fp16)]), both with ``in_place_outputs=True`` (for
+                   decode the compile candidate is the step-inplace row's compile), measured through the tuned module; the
                    winner's name and precision, every candidate's p50 and verdict, the
                    fused operators of the fusion candidate, the tune's wall time; beside
                    it ``measured_call_us``, the call the tuner measured the winner by
@@ -188,7 +189,8 @@ def aitune_row(name: str, module, inputs, *, cuda: bool, iterations: int) -> dic
     backends = [ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cuda" if cuda else "cpu",
                                                             in_place_outputs=True)),
                 TorchCompileBackend(TorchCompileBackendConfig(
-                    precisions=("fp16",) if cuda else ("fp32",), mode="reduce-overhead" if cuda else "default"))]
+                    precisions=("fp16",) if cuda else ("fp32",), mode="reduce-overhead" if cuda else "default",
+                    in_place_outputs=True))]  # the decode step's compile writes its caches where they lie
     tuned = ait.Module(copy.deepcopy(module), f"decoder-bench-{name}", strategy=ait.MaxThroughputStrategy(backends))
     start = time.perf_counter()
     ait.tune(tuned, lambda size: [inputs], batch_sizes=[1], progress=False, disable_external_logging=True)

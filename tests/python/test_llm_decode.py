@@ -236,3 +236,111 @@ def test_decode_step_refuses_attention_layer_kinds_it_cannot_mask():
     with pytest.raises(NotImplementedError, match=r"\['chunked_attention'\] of Qwen3Config"):
         DecodeStep(model)(torch.tensor([[3]]), torch.ones(1, 4, dtype=torch.long), torch.tensor([[0]]),
                           torch.tensor([0]), keys, values)
+
+
+def test_a_decode_step_tuned_on_torch_compile_in_place_writes_the_caches_it_is_given(caplog, tmp_path):
+    """TorchCompileBackendConfig(in_place_outputs=True) compiles DecodeStep's in-place
+    variant (the StaticCache route: caches written where they lie, marked as static
+    addresses for CUDA graphs): the tuned step returns the passed caches' own storage,
+    updated as the eager step computes them, the user is told which inputs it writes,
+    the tune's samples are left as recorded (the candidate is judged and measured on
+    copies), greedy generation with it gives generate's tokens, and a checkpoint keeps it
+    in place. Without the flag the compiled step writes nothing it is given."""
+    from aitune.torch.backend import TorchCompileBackend, TorchCompileBackendConfig
+
+    example = _example()
+    model = example.tiny_llama()
+    cache_len = example.PROMPT_LEN + example.NEW_TOKENS
+    keys, values = empty_cache(model, 2, cache_len)
+    sample = {"input_ids": torch.tensor([[3], [4]]), "attention_mask": torch.ones(2, cache_len, dtype=torch.long),
+              "position_ids": torch.tensor([[6], [6]]), "cache_position": torch.tensor([6]), "key_cache": keys,
+              "value_cache": values}
+    recorded = {name: tuple(t.clone() for t in sample[name]) for name in ("key_cache", "value_cache")}
+
+    def tuned_step(in_place: bool) -> ait.Module:
+        strategy = ait.OneBackendStrategy(TorchCompileBackend(TorchCompileBackendConfig(
+            mode="default", in_place_outputs=in_place)))
+        decode = ait.Module(DecodeStep(model), f"compiled-decode-{in_place}", strategy=strategy)
+        with caplog.at_level(logging.WARNING, logger="aitune"):
+            ait.tune(decode, lambda size: [sample], batch_sizes=[2], ignore_failing_modules=False,
+                     performance_validation=False, disable_external_logging=True, progress=False)
+        return decode
+
+    caplog.clear()
+    decode = tuned_step(True)
+    assert all("in place" in b for b in decode.ait_backends.values()), decode.ait_backends
+    assert "writes its outputs into inputs" in caplog.text and "key_cache" in caplog.text, caplog.text
+    for name, tensors in recorded.items():  # the samples: not written by the candidate
+        assert all(torch.equal(a, b) for a, b in zip(sample[name], tensors, strict=True)), name
+    _check_compiled_step(example, model, decode, in_place=True)
+    batch = example.prompts(2)
+    with torch.no_grad():
+        ours = greedy_generate(DecodeStep(model), decode, model, batch["input_ids"], batch["attention_mask"],
+                               example.NEW_TOKENS)
+        reference = model.generate(**batch, max_new_tokens=example.NEW_TOKENS, do_sample=False, pad_token_id=0)
+    assert torch.equal(ours, reference[:, example.PROMPT_LEN:]), (ours, reference)
+    ait.save(decode, tmp_path / "decode.ait")
+    loaded = ait.load(ait.Module(DecodeStep(model), "compiled-decode-loaded"), tmp_path / "decode.ait")
+    assert all("in place" in b for b in loaded.ait_backends.values()), loaded.ait_backends
+    _check_compiled_step(example, model, loaded, in_place=True)
+
+    caplog.clear()
+    _check_compiled_step(example, model, tuned_step(False), in_place=False)
+    assert "writes its outputs into inputs" not in caplog.text
+
+
+def _check_compiled_step(example, model, decode, in_place: bool):
+    """One decode step through ``decode``: the eager step's logits and caches; the caches it
+    returns are the passed tensors' storage, written, when ``in_place``, and new tensors,
+    the passed ones untouched, when not."""
+    cache_len = example.PROMPT_LEN + example.NEW_TOKENS
+    generator = torch.Generator().manual_seed(1)
+    keys, values = (tuple(torch.randn(t.shape, generator=generator) for t in half)
+                    for half in empty_cache(model, 2, cache_len))
+    before = [t.clone() for t in keys + values]
+    mask = torch.ones(2, cache_len, dtype=torch.long)
+    step = (torch.tensor([[5], [7]]), mask, torch.tensor([[8], [8]]), torch.tensor([cache_len - 4]))
+    with torch.no_grad():
+        eager_logits, eager_keys, eager_values = DecodeStep(model)(*step, keys, values)
+        logits, new_keys, new_values = decode(*step, keys, values)
+    torch.testing.assert_close(logits, eager_logits, rtol=1e-4, atol=1e-4)
+    for passed, old, returned, eager in zip(keys + values, before, new_keys + new_values, eager_keys + eager_values,
+                                            strict=True):
+        torch.testing.assert_close(returned, eager, rtol=1e-4, atol=1e-4)
+        if in_place:
+            assert returned.data_ptr() == passed.data_ptr() and returned.stride() == passed.stride()
+            torch.testing.assert_close(passed, eager, rtol=1e-4, atol=1e-4)
+        else:
+            assert returned.data_ptr() != passed.data_ptr() and torch.equal(passed, old)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_an_in_place_compiled_decode_step_replays_cuda_graphs_on_the_caches_it_is_given():
+    """On CUDA under reduce-overhead, the in-place compiled step of a generation loop runs
+    as CUDA graphs (no cudagraph skip: the caches it writes are static inputs, written
+    where they lie, not copied in) and generates generate's greedy tokens."""
+    from torch._dynamo.utils import counters
+
+    from aitune.torch.backend import TorchCompileBackend, TorchCompileBackendConfig
+
+    example = _example()
+    model = example.tiny_llama().cuda()
+    cache_len = example.PROMPT_LEN + example.NEW_TOKENS
+    keys, values = empty_cache(model, 2, cache_len)
+    sample = {"input_ids": torch.tensor([[3], [4]], device="cuda"),
+              "attention_mask": torch.ones(2, cache_len, dtype=torch.long, device="cuda"),
+              "position_ids": torch.tensor([[6], [6]], device="cuda"), "cache_position": torch.tensor([6], device="cuda"),
+              "key_cache": keys, "value_cache": values}
+    decode = ait.Module(DecodeStep(model), "cuda-compiled-decode", strategy=ait.OneBackendStrategy(TorchCompileBackend(
+        TorchCompileBackendConfig(mode="reduce-overhead", precisions=("fp32",), in_place_outputs=True))))
+    ait.tune(decode, lambda size: [sample], batch_sizes=[2], ignore_failing_modules=False,
+             performance_validation=False, disable_external_logging=True, progress=False)
+    assert all("in place" in b for b in decode.ait_backends.values()), decode.ait_backends
+    batch = {k: v.cuda() for k, v in example.prompts(2).items()}
+    skips = counters["inductor"]["cudagraph_skips"]
+    with torch.no_grad():
+        ours = greedy_generate(DecodeStep(model), decode, model, batch["input_ids"], batch["attention_mask"],
+                               example.NEW_TOKENS)
+        reference = model.generate(**batch, max_new_tokens=example.NEW_TOKENS, do_sample=False, pad_token_id=0)
+    assert torch.equal(ours, reference[:, example.PROMPT_LEN:]), (ours, reference)
+    assert counters["inductor"]["cudagraph_skips"] == skips

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import time
+import types
 
 import pytest
 import torch
@@ -174,7 +175,7 @@ def test_a_compile_over_max_compile_s_fails_its_candidate_with_its_time():
         time.sleep(0.05)  # the first call: the compile
         return lambda: None
 
-    run = backend._timed_call(object(), [], slow_module_call)
+    run = backend._timed_call(types.SimpleNamespace(in_place=False), [], slow_module_call)
     with pytest.raises(_core.InvalidArgumentError, match=r"compiling took .* over max_compile_s=0.01"):
         run()
 

@@ -128,7 +128,8 @@ class TorchCompileSection(CheckpointSection):
             tuned = TorchCompileTunedGraph(graph, field(config, "precision", str, entry_where),
                                            field(config, "mode", str, entry_where), dtypes, config.get("dynamic"),
                                            weights=config.get("weights", "module"),
-                                           output_dtype=config.get("output_dtype", "module"))
+                                           output_dtype=config.get("output_dtype", "module"),
+                                           in_place=config.get("in_place", False))
         except (ValueError, TypeError) as error:
             raise corrupt(entry_where, f"configuration {config} is not one TorchCompileBackend runs: {error}") from None
         return graph, tuned, entry.get("report")

@@ -99,13 +99,20 @@ class DecodeStep(torch.nn.Module):
     (``torch._dynamo.mark_static_address``), which CUDA graphs then update in place. Not
     for ``ait.tune``: its recording refuses a forward that changes its inputs in place (an
     ONNX graph cannot write its input back); tune the default step with
-    ``in_place_outputs=True`` instead."""
+    ``in_place_outputs=True`` instead, on ONNX Runtime (``ONNXRuntimeBackendConfig``) and on
+    torch.compile (``TorchCompileBackendConfig``, whose candidates then compile
+    ``in_place_variant()``, this step with ``write_in_place=True``)."""
 
     def __init__(self, model: torch.nn.Module, write_in_place: bool = False):
         super().__init__()
         self.model = model
         self.write_in_place = bool(write_in_place)
         self.train(model.training)  # the wrapper is in the model's mode (an eval model exports as eval)
+
+    def in_place_variant(self) -> DecodeStep:
+        """The same step writing its caches in place (``write_in_place=True``), over the same
+        model (no copy): what TorchCompileBackendConfig(in_place_outputs=True) compiles."""
+        return self if self.write_in_place else DecodeStep(self.model, write_in_place=True)
 
     def forward(self, input_ids, attention_mask, position_ids, cache_position, key_cache, value_cache):
         slots = torch.arange(key_cache[0].shape[2], device=input_ids.device)

@@ -110,9 +110,10 @@ class _MeasuredModule(DispatchedModule):
         return self._ait_calls.call(args, kwargs)
 
 
-def measured_call(graph, tuned: TunedGraph) -> Callable[[], Any]:
-    """The call a candidate is measured by: ``graph``'s largest recorded sample, in the
-    form the user called it (positional, keywords), through a dispatch whose one graph
+def measured_call(graph, tuned: TunedGraph, inputs: list | None = None) -> Callable[[], Any]:
+    """The call a candidate is measured by: ``graph``'s largest recorded sample (or
+    ``inputs``, tensors in its recording order: a candidate that writes its inputs is
+    measured on copies), in the form the user called it (positional, keywords), through a dispatch whose one graph
     ``graph`` is run by ``tuned``, called as ait.Module calls its dispatch (the route in
     C++ after a first call, the output structure rebuilt: dicts, ModelOutput). So the
     latency the tuner chooses by is the latency of the module it hands back (issue 28).
@@ -120,8 +121,9 @@ def measured_call(graph, tuned: TunedGraph) -> Callable[[], Any]:
     calls = ModuleDispatch(graph.module_name, graph.module, graph.signature, eager_fallback=False,
                            tuned={graph.identity: (graph, tuned)}, recorded=[graph])
     calls.measuring = True
-    largest = max(graph.samples, key=lambda sample: sample.batch_size)
-    args, kwargs = graph.call_arguments(largest.inputs)
+    if inputs is None:
+        inputs = max(graph.samples, key=lambda sample: sample.batch_size).inputs
+    args, kwargs = graph.call_arguments(inputs)
     module = _MeasuredModule(calls)
     module(*args, **kwargs)
 

@@ -142,7 +142,8 @@ class _FrontEnd:
     def __init__(self, name: str, graph: RecordedGraph, tuner, strategy: TuneStrategy, bar, module_call):
         self.name, self.graph, self.tuner, self.strategy = name, graph, tuner, strategy
         self.advance = (lambda: bar.update(1)) if bar is not None else (lambda: None)
-        self.measure = None if module_call is None else (lambda tuned: module_call(graph, tuned))
+        self.measure = None if module_call is None else (
+            lambda tuned, inputs=None: module_call(graph, tuned, inputs))
         self.wrappers = {}  # group -> function(session, candidate) -> TunedGraph
         largest = max(range(len(graph.samples)), key=lambda i: graph.samples[i].batch_size)
         self._args, self._kwargs = graph.call_arguments(graph.samples[largest].inputs)
@@ -175,8 +176,9 @@ def _driver_strategy(strategy: TuneStrategy, options: TuneOptions) -> _core.Driv
 def tune_graph(strategy: TuneStrategy, graph: RecordedGraph, options: TuneOptions | None = None,
                module_call=None) -> TunedGraph:
     """The TunedGraph ``strategy`` chooses for ``graph``, or raises saying why there is none.
-    ``module_call(graph, tuned) -> call``: the module's call with ``graph`` run by
-    ``tuned`` (``dispatch.measured_call``): candidates are measured through it."""
+    ``module_call(graph, tuned, inputs) -> call``: the module's call with ``graph`` run by
+    ``tuned`` (``dispatch.measured_call``; ``inputs`` None: the largest sample's tensors):
+    candidates are measured through it."""
     options = options or TuneOptions()
     if strategy.option_overrides:  # the strategy's own switches (AITune's strategy.enable_...)
         options = dataclasses.replace(options, **strategy.option_overrides)

@@ -103,13 +103,14 @@ class Backend:
         return 1
 
     def add_candidates(self, graph: RecordedGraph, tuner, group: int, advance: Callable[[], None],
-                       module_call: Callable[[TunedGraph], Callable[[], object]] | None = None):
+                       module_call: Callable[..., Callable[[], object]] | None = None):
         """Adds this backend's candidates for ``graph`` to ``tuner`` (an
         ``aitune._core.GraphTuner``) as candidate group ``group``, calling ``advance()``
         after each. Returns ``make(session, candidate) -> TunedGraph`` for the winner.
         Raises when no candidate can even be made (e.g. the export fails).
-        ``module_call(tuned) -> call``: the call of the tuned module with this graph run by
-        ``tuned`` (``dispatch.measured_call``), which is what a candidate's latency is
+        ``module_call(tuned, inputs=None) -> call``: the call of the tuned module with this
+        graph run by ``tuned`` (``dispatch.measured_call``; ``inputs``: the graph's tensors to
+        call it with, None: its largest sample's), which is what a candidate's latency is
         measured by; None (no module, e.g. a test driving a backend alone): the
         candidate's own run."""
         raise NotImplementedError

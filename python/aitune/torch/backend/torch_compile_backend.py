@@ -81,6 +81,19 @@ class TorchCompileBackendConfig(BackendConfig):
             return outputs as they compute them (no cast back; saves the cast of large
             outputs such as logits); the tuned module then returns other dtypes than the
             user's module, which tuning warns about and the candidate's name says.
+        in_place_outputs: for a module that offers an in-place variant of itself
+            (``in_place_variant()``: the same computation writing each output that updates
+            an input into that input; ``DecodeStep``, whose caches are those outputs), the
+            candidates compile that variant, with the inputs it writes marked as static
+            addresses (``torch._dynamo.mark_static_address``, as transformers' StaticCache
+            marks its buffers), so CUDA graphs replay with the caches where they lie and no
+            copy of a cache is made per call. The tuned module then updates those inputs in
+            place and returns them, as ONNXRuntimeBackendConfig(in_place_outputs=True) does:
+            the caller must expect them to change (docs/decoders.md); tuning warns, naming
+            them. Half-weights candidates (which cast the inputs they would write) and
+            modules without a variant compile as without it. A new tensor at such an input
+            (another cache) makes CUDA graphs record again; a generation loop passes the
+            same ones on.
     """
 
     mode: str = "reduce-overhead"
@@ -91,8 +104,11 @@ class TorchCompileBackendConfig(BackendConfig):
     max_compile_s: float | None = None
     half_weights: bool | None = None
     output_dtype: str = "module"
+    in_place_outputs: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.in_place_outputs, bool):
+            raise ValueError(f"in_place_outputs must be a bool, got {self.in_place_outputs!r}")
         if self.half_weights is not None and not isinstance(self.half_weights, bool):
             raise ValueError(f"half_weights must be None (on CUDA where the copy fits) or a bool, "
                              f"got {self.half_weights!r}")
@@ -147,6 +163,10 @@ class TorchCompileBackendConfig(BackendConfig):
             if half and precision in _REDUCED:
                 variants.append((precision, "half"))
         return variants
+
+    def in_place_for(self, module: torch.nn.Module, weights: str) -> bool:
+        """Whether the candidate of ``weights`` compiles ``module``'s in-place variant."""
+        return self.in_place_outputs and weights == "module" and callable(getattr(module, "in_place_variant", None))
 
     def half_weights_plan(self, module: torch.nn.Module, precision: str, device: torch.device) -> str | None:
         """None when the half-weights candidate at ``precision`` is tried on ``module``;
@@ -254,7 +274,8 @@ class TorchCompileTunedGraph(TunedGraph):
     backend_name = "TorchCompileBackend"
 
     def __init__(self, graph, precision: str, mode: str, output_dtypes: list[torch.dtype], dynamic: bool | None = None,
-                 device: torch.device | None = None, weights: str = "module", output_dtype: str = "module"):
+                 device: torch.device | None = None, weights: str = "module", output_dtype: str = "module",
+                 in_place: bool = False):
         if weights not in ("module", "half"):
             raise ValueError(f"weights must be 'module' or 'half', got {weights!r}")
         if output_dtype not in OUTPUT_DTYPES:
@@ -282,8 +303,20 @@ class TorchCompileTunedGraph(TunedGraph):
         inner, input_dtype = graph.module, None
         if weights == "half":  # float inputs cast to the copy's dtype
             (inner, self.weights_copy_bytes), input_dtype = half_weights_copy(graph.module, reduced), reduced
+        self.in_place = bool(in_place)
+        # The recorded inputs the in-place variant writes (found on the first call, _written_inputs).
+        self.written: list[int] | None = None
+        if self.in_place:
+            if weights != "module":
+                raise ValueError("in_place needs the module's own weights: a half-weights copy casts the inputs "
+                                 "it would write")
+            variant = getattr(graph.module, "in_place_variant", None)
+            if not callable(variant):
+                raise ValueError(f"in_place: {type(graph.module).__name__} offers no in_place_variant()")
+            inner = variant()
         forward = _PrecisionForward(inner, graph, self.device.type, reduced if self.autocast else None,
                                     None if self.output_dtype == "compute" else self.output_dtypes, input_dtype)
+        self._forward = forward
         self._compiled = torch.compile(own_function(forward), mode=mode, dynamic=dynamic)
         # TF32 is a CUDA setting; fp16 / bf16 candidates leave the user's flags alone.
         self._sets_tf32 = self.device.type == "cuda" and reduced is None
@@ -304,10 +337,29 @@ class TorchCompileTunedGraph(TunedGraph):
             eager_var.reset(token)
 
     def _run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        if self.in_place:
+            written = self.written if self.written is not None else self._written_inputs(inputs)
+            for i in written:  # before dynamo sees them: static, so CUDA graphs write them where they lie
+                if getattr(inputs[i], "_dynamo_static_input_type", None) is None:
+                    torch._dynamo.mark_static_address(inputs[i])
         if self._cuda_graphs:
             torch.compiler.cudagraph_mark_step_begin()
         args, kwargs = self.graph.call_arguments(inputs)
         return list(self._compiled(*args, **kwargs))
+
+    def _written_inputs(self, inputs: list[torch.Tensor]) -> list[int]:
+        """The inputs the in-place variant writes: found once, by one eager call on copies
+        of ``inputs`` (their version counters), before the first compile must know them."""
+        copies = [t.clone() for t in inputs]
+        args, kwargs = self.graph.call_arguments(copies)
+        with torch.no_grad():
+            self._forward(*args, **kwargs)
+        self.written = [i for i, t in enumerate(copies) if t._version != 0]
+        return self.written
+
+    def written_input_names(self) -> list[str]:
+        """The recorded inputs the tuned module updates in place (empty before its first call)."""
+        return [self.graph.input_names[i] for i in self.written or ()]
 
     def config(self) -> dict:
         """What a checkpoint stores to recompile this graph on load (``weights`` and
@@ -322,11 +374,13 @@ class TorchCompileTunedGraph(TunedGraph):
             config["weights"] = self.weights
         if self.output_dtype != "module":
             config["output_dtype"] = self.output_dtype
+        if self.in_place:
+            config["in_place"] = True
         return config
 
     def describe(self) -> str:
         extra = "".join(f", {k}={v}" for k, v in (("weights", self.weights), ("output_dtype", self.output_dtype))
-                        if v != "module")
+                        if v != "module") + (", in place" if self.in_place else "")
         return f"{self.backend_name}[mode={self.mode}, precision={self.precision}{extra}]"
 
 
@@ -378,8 +432,10 @@ class TorchCompileBackend(Backend):
         made: dict[str, TorchCompileTunedGraph] = {}
         for mode in self.config.candidate_modes():
             for precision, weights in self.config.candidate_variants(graph.device):
+                in_place = self.config.in_place_for(graph.module, weights)
                 variant = ", ".join(([] if weights == "module" else ["half weights"]) + (
-                    [f"{precision} outputs"] if self.config.output_dtype == "compute" and precision in _REDUCED else []))
+                    [f"{precision} outputs"] if self.config.output_dtype == "compute" and precision in _REDUCED else [])
+                    + (["in place"] if in_place else []))
                 name = f"torch.compile[mode={mode}] {precision}" + (f" ({variant})" if variant else "")
                 skip = self.config.half_weights_plan(graph.module, precision, graph.device) if weights == "half" \
                     else None
@@ -389,28 +445,40 @@ class TorchCompileBackend(Backend):
                     continue
                 try:
                     tuned = TorchCompileTunedGraph(graph, precision, mode, output_dtypes, self.config.dynamic,
-                                                   graph.device, weights, self.config.output_dtype)
+                                                   graph.device, weights, self.config.output_dtype, in_place)
                 except Exception as error:  # a module that cannot be copied: the other candidates stand
                     tuner.add_failed(name, self.describe(), group, f"{type(error).__name__}: {error}",
                                      _core.parse_precision(precision))
                     advance()
                     continue
                 made[name] = tuned
+                # An in-place candidate is judged on copies of the samples (one set, kept:
+                # static addresses), so what it writes never reaches another candidate's.
+                judged = [[t.clone() for t in s] for s in inputs] if in_place else inputs
 
-                def outputs(i: int, tuned=tuned) -> list[torch.Tensor]:
+                def outputs(i: int, tuned=tuned, judged=judged) -> list[torch.Tensor]:
                     # Judged in the module's dtypes: outputs left in fp16 / bf16
                     # (output_dtype="compute") are compared by value, as computed.
-                    return [t.detach().to(d).cpu().contiguous() for t, d in zip(tuned.infer(inputs[i]), output_dtypes)]
+                    return [t.detach().to(d).cpu().contiguous() for t, d in zip(tuned.infer(judged[i]), output_dtypes)]
 
                 config = {**self.config.to_dict(), **tuned.config()}
                 if tuned.weights_copy_bytes:
                     config["weights_copy_bytes"] = tuned.weights_copy_bytes  # the memory the copy adds
                 tuner.evaluate_external(name, self.describe(), group, _core.parse_precision(precision),
-                                        json.dumps(config), outputs, self._timed_call(tuned, inputs[largest], module_call))
+                                        json.dumps(config), outputs, self._timed_call(tuned, judged[largest], module_call))
                 advance()
+
+        if self.config.in_place_outputs and not callable(getattr(graph.module, "in_place_variant", None)):
+            logger.info("ait.Module '%s' %s: in_place_outputs=True has no effect: %s offers no in_place_variant()",
+                        graph.module_name, graph.key, type(graph.module).__name__)
 
         def make(session, candidate) -> TunedGraph:
             tuned = made[candidate.name]
+            if tuned.in_place:  # the module now changes what it is given: say so
+                logger.warning(
+                    "ait.Module '%s': the tuned graph (%s) writes its outputs into inputs %s (in_place_outputs=True): "
+                    "each call updates those tensors in place and returns them", graph.module_name, candidate.name,
+                    ", ".join(tuned.written_input_names()) or "(found on its first call)")
             if tuned.output_dtype == "compute":
                 module_dtypes = sorted({str(d).removeprefix("torch.") for d in output_dtypes if d.is_floating_point})
                 logger.warning(
@@ -437,6 +505,8 @@ class TorchCompileBackend(Backend):
             if module_call is None:
                 call = lambda: tuned.infer(inputs)  # noqa: E731
                 call()
+            elif tuned.in_place:  # on the candidate's own copies of the sample (it writes them)
+                call = module_call(tuned, inputs)  # makes the first call: the compile
             else:
                 call = module_call(tuned)  # makes the first call: the compile
             seconds = time.perf_counter() - start
