@@ -28,6 +28,14 @@ Rows per case (p50 us of one call + torch.cuda.synchronize() on CUDA):
                    its caches marked as static addresses (``mark_static_address``, as
                    transformers' StaticCache marks its buffers) and written in place: how much
                    of compile-step's gap to the StaticCache row the cache inputs account for
+  genai            the reference: ONNX Runtime GenAI's model builder graph of the same model
+                   (``onnxruntime_genai.models.builder -p fp16 -e cuda``, fp32 / cpu on the
+                   CPU; GroupQueryAttention, packed QKV), built offline and run by aitune's
+                   OnnxSession on the same provider without a CUDA graph, the present
+                   written into the past (for decode the case's caches; for prefill zero
+                   caches as long as the prompt) as GenAI's runtime runs it
+                   (genai_reference.py). Left out, saying why, where the builder cannot
+                   run (``--no-genai``: not tried; ``--genai-site DIR``: where it is unpacked)
   aitune           ``ait.tune`` with MaxThroughputStrategy([ONNXRuntimeBackend(cuda),
                    TorchCompileBackend(fp16)]), both with ``in_place_outputs=True`` (for
                    decode the compile candidate is the step-inplace row's compile), measured through the tuned module; the
@@ -58,12 +66,14 @@ import copy
 import json
 import logging
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import genai_reference  # noqa: E402
 from candidate_rows import candidate_rows  # noqa: E402
 from timing import WARMUP, p50_us, winner_path_timings  # noqa: E402
 
@@ -216,6 +226,31 @@ def aitune_row(name: str, module, inputs, *, cuda: bool, iterations: int) -> dic
             "candidates": candidate_rows(report)}
 
 
+def genai_row(model, workload: str, inputs: dict, reference, *, cuda: bool, iterations: int,
+              site: Path | None) -> dict | None:
+    """The reference row: ONNX Runtime GenAI's model builder graph of ``model``
+    (genai_reference.py) run by aitune's OnnxSession on the same provider, fp16 on CUDA
+    (``-p fp16 -e cuda``), fp32 on the CPU, no CUDA graph; None (said on stderr) where the
+    builder cannot run."""
+    precision, provider = ("fp16", "cuda") if cuda else ("fp32", "cpu")
+    with tempfile.TemporaryDirectory(prefix="aitune-genai-") as directory:
+        try:
+            path, build_s = genai_reference.build(model, Path(directory), precision=precision, provider=provider,
+                                                  site=site)
+            graph = genai_reference.GenAIGraph(path, provider=provider)
+            feeds = graph.prefill_feeds(inputs) if workload == "prefill" else graph.decode_feeds(inputs)
+        except genai_reference.GenAIUnavailable as error:
+            print(f"decoder.py: the genai row is left out: {error}", file=sys.stderr)
+            return None
+        with torch.no_grad():
+            out = graph.run(feeds).clone()
+            p50 = p50_us(lambda: graph.run(feeds), iterations)
+    return {"row": "genai", "precision": f"{precision} (builder)", "p50_us": p50, "build_s": build_s,
+            "max_error": _error(out, reference),
+            "reference": f"onnxruntime-genai {genai_reference.version(site)} model builder -p {precision} "
+                         f"-e {provider}, OnnxSession, present written into past"}
+
+
 def cases(args) -> list[tuple[str, str, int, int]]:
     """(model kind, workload, batch, sequence or cache length) per case, in the order run."""
     prefill_shapes = ["1x16"] if args.tiny else args.prefill_shapes.split(",")
@@ -315,6 +350,11 @@ def bench(kind: str, workload: str, batch: int, length: int, args, emit) -> None
                 compile_p50 = step_p50
                 finish({"row": "compile", "precision": precision, "p50_us": compile_p50, "compile_s": compile_s,
                         "max_error": _error(out, reference)})
+    if args.genai:
+        row = genai_row(model, workload, inputs, reference, cuda=cuda, iterations=args.iterations,
+                        site=args.genai_site)
+        if row is not None:
+            finish(row)
     name = f"{kind}-{workload}-b{batch}-{length}"
     tuned = aitune_row(name, module, inputs, cuda=cuda, iterations=args.iterations)
     tuned_out = tuned.pop("output")
@@ -346,6 +386,11 @@ def main() -> int:
     parser.add_argument("--skip-compile", action="store_true", help="no bare torch.compile row")
     parser.add_argument("--log", action="store_true", help="the tuner's steps, with timestamps, on stderr")
     parser.add_argument("--out", type=Path, help="write the rows as JSON here (after each row)")
+    parser.add_argument("--no-genai", dest="genai", action="store_false",
+                        help="no reference row from ONNX Runtime GenAI's model builder")
+    parser.add_argument("--genai-site", type=Path,
+                        help="a directory with onnxruntime-genai (and the onnxruntime Python package it imports) "
+                             "unpacked, put first on the builder's PYTHONPATH")
     args = parser.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device here (use --device cpu --tiny for the smoke test)")

@@ -34,7 +34,8 @@ torch_cuda_index=${AITUNE_TORCH_CUDA_INDEX:-https://download.pytorch.org/whl/cu1
 common_pins=(numpy onnx==1.23.1 onnxscript==0.7.2 onnxconverter-common==1.16.0 pytest
              nanobind==3.1.0 scikit-build-core==1.1.2 tqdm transformers==5.17.0 diffusers==0.36.0
              tritonclient==2.73.0 protobuf==7.36.2  # Triton's model-config protobuf (tests)
-             "ray[serve]==2.60.0")  # aitune.serve (the serving extra), tested by tests/python/test_serve.py
+             "ray[serve]==2.60.0"  # aitune.serve (the serving extra), tested by tests/python/test_serve.py
+             onnxruntime-genai==0.18.0)  # its model builder: decoder.py's reference row (test_genai_reference.py)
 if [ "$gpu" = 1 ]; then
   ort_pin="onnxruntime-gpu[cuda,cudnn]==1.31.1"; ort_dist=onnxruntime-gpu; other_dist=onnxruntime
   pip_index=(--extra-index-url "$torch_cuda_index")

@@ -21,6 +21,12 @@ if [ -d .whl ] && [ ! -d /tmp/site ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 fi
 [ -d /tmp/site ] && export PYTHONPATH=/tmp/site
+# onnxruntime-genai and the onnxruntime Python package its model builder imports, carried in
+# .genai, for decoder.py's reference row only (--genai-site /tmp/genai-site: the builder's
+# subprocess alone gets them, so this process's ONNX Runtime stays the GPU wheel's).
+if [ -d .genai ] && [ ! -d /tmp/genai-site ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/genai-site .genai/*.whl
+fi
 step=${1:?step}; shift
 case "$step" in
   build)
