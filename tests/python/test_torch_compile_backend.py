@@ -39,6 +39,30 @@ def test_config_validates_and_limits_precisions():
         "bf16"]
 
 
+def test_in_place_outputs_applies_only_to_a_module_with_an_in_place_variant_and_its_own_weights():
+    """TorchCompileBackendConfig(in_place_outputs=True) compiles a module's in-place variant
+    only where it has one and the candidate runs the module's own weights (a half-weights
+    copy casts the inputs it would write); a graph without a variant cannot be made in
+    place (a typed error naming the module), and a non-bool flag is refused."""
+
+    class Step(MLP):
+        def in_place_variant(self):
+            return self
+
+    config = TorchCompileBackendConfig(in_place_outputs=True)
+    assert config.in_place_for(Step(), "module") and not config.in_place_for(Step(), "half")
+    assert not config.in_place_for(MLP(), "module")
+    assert not TorchCompileBackendConfig().in_place_for(Step(), "module")
+    with pytest.raises(ValueError, match="in_place_outputs must be a bool"):
+        TorchCompileBackendConfig(in_place_outputs="yes")
+    graph = types.SimpleNamespace(module=MLP())
+    with pytest.raises(ValueError, match="MLP offers no in_place_variant"):
+        TorchCompileTunedGraph(graph, "fp32", "default", [torch.float32], device=torch.device("cpu"), in_place=True)
+    with pytest.raises(ValueError, match="in_place needs the module's own weights"):
+        TorchCompileTunedGraph(types.SimpleNamespace(module=Step()), "fp16", "default", [torch.float32],
+                               device=torch.device("cpu"), weights="half", in_place=True)
+
+
 def _tuner(outputs_scale: float = 1.0):
     builder = _core.GraphSpecBuilder()
     x = torch.randn(2, 4)

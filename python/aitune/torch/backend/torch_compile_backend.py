@@ -92,8 +92,9 @@ class TorchCompileBackendConfig(BackendConfig):
             the caller must expect them to change (docs/decoders.md); tuning warns, naming
             them. Half-weights candidates (which cast the inputs they would write) and
             modules without a variant compile as without it. A new tensor at such an input
-            (another cache) makes CUDA graphs record again; a generation loop passes the
-            same ones on.
+            (another cache) makes CUDA graphs record again (torch gives up on CUDA graphs
+            for the function after ``cudagraph_unexpected_rerecord_limit`` such records): a
+            generation loop passes the same ones on, and a server keeps its caches.
     """
 
     mode: str = "reduce-overhead"
@@ -300,12 +301,10 @@ class TorchCompileTunedGraph(TunedGraph):
         # (softmax, layer_norm, exp, sum, ... on CUDA) to fp32 and back, kernels and results
         # neither eager nor the user's torch.compile of that module has.
         self.autocast = reduced is not None and weights == "module" and not weights_in(graph.module, reduced)
-        inner, input_dtype = graph.module, None
-        if weights == "half":  # float inputs cast to the copy's dtype
-            (inner, self.weights_copy_bytes), input_dtype = half_weights_copy(graph.module, reduced), reduced
         self.in_place = bool(in_place)
         # The recorded inputs the in-place variant writes (found on the first call, _written_inputs).
         self.written: list[int] | None = None
+        inner, input_dtype = graph.module, None
         if self.in_place:
             if weights != "module":
                 raise ValueError("in_place needs the module's own weights: a half-weights copy casts the inputs "
@@ -314,6 +313,8 @@ class TorchCompileTunedGraph(TunedGraph):
             if not callable(variant):
                 raise ValueError(f"in_place: {type(graph.module).__name__} offers no in_place_variant()")
             inner = variant()
+        if weights == "half":  # float inputs cast to the copy's dtype
+            (inner, self.weights_copy_bytes), input_dtype = half_weights_copy(graph.module, reduced), reduced
         forward = _PrecisionForward(inner, graph, self.device.type, reduced if self.autocast else None,
                                     None if self.output_dtype == "compute" else self.output_dtypes, input_dtype)
         self._forward = forward
