@@ -278,7 +278,9 @@ class _GraphCalls:
             return self.output_tensors(self.module.forward(*args, **kwargs))
 
     def _keep(self, tensor: torch.Tensor) -> torch.Tensor:
-        if not is_owned_batch(tensor):
+        # an inference-mode tensor has no version counter: check_unchanged could not see it
+        # changed in place (the caller's pipeline zeroing its batch after the call), so it is copied
+        if not is_owned_batch(tensor) or tensor.is_inference():
             return tensor.detach().clone()
         self.borrowed.append((tensor, tensor._version))
         return tensor.detach()
