@@ -121,3 +121,21 @@ def test_outputs_whose_constants_differ_are_refused_naming_the_value():
         ait.tune(model, [torch.randn(4) for _ in range(2)], ignore_failing_modules=False, progress=False)
     assert "TreeSpec" not in str(error.value)  # the two structures are the same: printing them said nothing
     assert model.ait_state is ModuleState.PASSTHROUGH
+
+
+class ReturnsAnObject(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.linear(x), object()
+
+
+def test_a_refused_output_is_named_once_however_many_calls_recorded_it():
+    """Every recorded call fails the same way; the error says it once, not once per batch."""
+    model = ait.Module(ReturnsAnObject().eval(), "returns-object", strategy=cpu_strategy(tune_provider_options=False))
+    with pytest.raises(ValueError, match=r"output\[1\] is a builtins.object object") as error:
+        ait.tune(model, [torch.randn(4) for _ in range(4)], batch_sizes=[1, 2], ignore_failing_modules=False,
+                 progress=False)
+    assert str(error.value).count("builtins.object object") == 1, str(error.value)

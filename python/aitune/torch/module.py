@@ -379,8 +379,8 @@ class Module(DispatchedModule):
             flatten.register_dataclasses(arguments)
             leaves, spec = pytree.tree_flatten(arguments)
             identity = flatten.identity(spec, leaves)
-        except Exception as error:  # keep feeding samples; tuning reports it
-            self._ait_record_errors.append(f"{type(error).__name__}: {error}")
+        except Exception as error:  # keep feeding samples; tuning reports it (once)
+            self._ait_note_record_error(f"{type(error).__name__}: {error}")
             return self._ait_module.forward(*args, **kwargs)
         graph = self._ait_graphs.get(identity)
         watch = StateWatch(self._ait_module, compare_values=graph is None)
@@ -400,8 +400,7 @@ class Module(DispatchedModule):
                      "replaced, added or removed); a tuned graph returns outputs only, so the tuned module would "
                      "silently leave the caller's container as it was. Return the new values from forward instead")
         if error is not None:  # not recorded: tuning refuses the module, naming why (once)
-            if error not in self._ait_record_errors:
-                self._ait_record_errors.append(error)
+            self._ait_note_record_error(error)
             return outputs
         try:
             flatten.register_dataclasses(outputs)
@@ -412,9 +411,14 @@ class Module(DispatchedModule):
             graph.add_sample([leaf for leaf in leaves if isinstance(leaf, torch.Tensor)], outputs, session.batch_size,
                              session.evaluation)
             graph.note_mutated_state(mutated)
-        except Exception as error:  # keep feeding samples; tuning reports it
-            self._ait_record_errors.append(f"{type(error).__name__}: {error}")
+        except Exception as error:  # keep feeding samples; tuning reports it (once)
+            self._ait_note_record_error(f"{type(error).__name__}: {error}")
         return outputs
+
+    def _ait_note_record_error(self, error: str) -> None:
+        """Keeps why a call could not be recorded, once: every batch of a tune fails the same way."""
+        if error not in self._ait_record_errors:
+            self._ait_record_errors.append(error)
 
     def _ait_recording_ended(self, failed: bool) -> None:
         """ait.tune's recording is over. ``failed``: it raised (the user's code refused a
