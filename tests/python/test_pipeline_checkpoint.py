@@ -412,3 +412,33 @@ def test_a_module_wrapped_deeper_than_eight_levels_is_saved_and_loaded(tmp_path)
     fresh = ait.load(DeepPipeline(), path)
     assert isinstance(fresh.module(), ait.Module) and fresh.module().ait_state is ait.ModuleState.TUNED
     torch.testing.assert_close(fresh(x), expected)
+
+
+def test_a_module_kept_eager_is_saved_with_the_pipeline_and_loads_eager(tmp_path):
+    """Performance validation keeping one small module eager (routine on the CPU) must not
+    make the pipeline unsaveable: that module's section holds its eager graphs."""
+    pipeline = TwoStage()
+    pipeline.encoder = ait.Module(pipeline.encoder, "encoder", strategy=cpu_strategy(tune_provider_options=False))
+    pipeline.heads[0] = ait.Module(pipeline.heads[0], "head", strategy=ait.OneBackendStrategy(ait.TorchEagerBackend()))
+    ait.tune(pipeline, [torch.randn(16) for _ in range(2)], ignore_failing_modules=False)
+    assert list(pipeline.heads[0].ait_backends.values()) == ["TorchEagerBackend"]
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        outputs = pipeline(x)
+    path = ait.save(pipeline, tmp_path / "one-eager")
+    fresh = TwoStage()
+    ait.load(fresh, path)
+    assert fresh.heads[0].ait_state is ait.ModuleState.TUNED
+    assert list(fresh.heads[0].ait_backends.values()) == ["TorchEagerBackend"]
+    assert "ONNXRuntimeBackend" in next(iter(fresh.encoder.ait_backends.values()))
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(x), outputs)
+    with pytest.raises(aitune.InvalidArgumentError, match="every graph of ait.Module 'head' runs eagerly"):
+        ait.save(pipeline.heads[0], tmp_path / "head-alone")  # alone, it has nothing to save
+    every = TwoStage()
+    every.encoder = ait.Module(every.encoder, "encoder", strategy=ait.OneBackendStrategy(ait.TorchEagerBackend()))
+    every.heads[0] = ait.Module(every.heads[0], "head", strategy=ait.OneBackendStrategy(ait.TorchEagerBackend()))
+    ait.tune(every, [torch.randn(16) for _ in range(2)], ignore_failing_modules=False)
+    with pytest.raises(aitune.InvalidArgumentError, match="every graph of every ait.Module .* runs eagerly"):
+        ait.save(every, tmp_path / "all-eager")
+    assert not (tmp_path / "all-eager").exists()

@@ -114,6 +114,7 @@ def save(
     *,
     overwrite: bool = True,
     on_file_written: Callable[[str, int], None] | None = None,
+    eager_only: bool = False,
 ) -> Path:
     """Saves a TUNED ``ait.Module`` as a checkpoint directory at ``path``.
 
@@ -130,6 +131,8 @@ def save(
             unless ``overwrite`` is False).
         on_file_written: ``f(relative_path, files_written)`` after each file is flushed
             (progress); an exception raised there aborts the save.
+        eager_only: saves a module whose every graph runs eagerly too (a section of a
+            pipeline checkpoint whose other modules run: ``pipeline_checkpoint.save``).
 
     Returns the checkpoint directory. Raises ``aitune.StateError`` for a module that is
     not tuned, ``CheckpointStructureError`` for inputs/outputs a checkpoint cannot
@@ -156,7 +159,7 @@ def save(
                 f"cannot store ({', '.join(s.label for s in SECTIONS.values())} graphs only)"
             )
         section.save(graph, tuned, graph_structure(graph, module.ait_name), _report_data(tuned.report), out)
-    if not any(SECTIONS[g.backend].runs for g in out.native_graphs):
+    if not eager_only and not any(SECTIONS[g.backend].runs for g in out.native_graphs):
         notes = [json.loads(g.section_json).get("note") for g in out.native_graphs]
         raise _core.InvalidArgumentError(
             f"ait.save: every graph of ait.Module '{module.ait_name}' runs eagerly "
@@ -190,6 +193,12 @@ def save(
         directory, time.perf_counter() - start,
     )
     return directory
+
+
+def runs_a_graph(module) -> bool:
+    """Whether a TUNED ``module`` runs at least one graph other than eagerly (ONNX Runtime,
+    torch.compile): what a checkpoint of it alone needs to be worth saving."""
+    return any((section := section_of(tuned)) is not None and section.runs for _, tuned in module._ait_tuned.values())
 
 
 # -- load ---------------------------------------------------------------------------------

@@ -219,6 +219,12 @@ def save(obj: Any, path: str | os.PathLike, *, overwrite: bool = True,
         )
     for module, location in found:
         _check_saveable(module, f"'{location.path}' (ait.Module '{module.ait_name}')")
+    if not any(module_checkpoint.runs_a_graph(module) for module, _ in found):
+        raise _core.InvalidArgumentError(
+            f"ait.save: every graph of every ait.Module of the {type(obj).__name__} runs eagerly "
+            f"({', '.join(repr(module.ait_name) for module, _ in found)}: see their ait_backends); a checkpoint needs "
+            "at least one graph in ONNX Runtime or torch.compile, so there is nothing to save"
+        )
     target = Path(path).absolute()
     if target.exists() or target.is_symlink():
         if not _is_ours(target):
@@ -249,7 +255,9 @@ def save(obj: Any, path: str | os.PathLike, *, overwrite: bool = True,
             return written_one
 
         for (module, location), section in zip(found, sections, strict=True):
-            module_checkpoint.save(module, tmp / section, on_file_written=progress(section))
+            # a module kept eager (performance validation) is a section of eager graphs: the
+            # pipeline loads as it was tuned, that module eager
+            module_checkpoint.save(module, tmp / section, on_file_written=progress(section), eager_only=True)
             entries.append({
                 "path": location.path,
                 "name": module.ait_name,
