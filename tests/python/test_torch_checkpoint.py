@@ -459,6 +459,18 @@ def test_structure_of_another_module_class_is_refused(target, damaged):
                 r"saved from a torch_models\.SmallCNN.*wraps a torch_models\.MLP")
 
 
+def test_a_module_built_with_another_config_is_refused(pristine):
+    """Same class, other parameter shapes (another hidden size): the graphs would compute a
+    model the module cannot, and its own calls another one; refused as the pipeline load
+    refuses it, naming the shapes, the module unchanged."""
+    module = ait.Module(MLP(features=16, hidden=24).eval(), "mlp")
+    with pytest.raises(aitune.InvalidArgumentError,
+                       match=r"other parameter or buffer shapes \(built with another config\): "
+                             r"'fc1.bias' was \[32\], is \[24\], 'fc1.weight' was \[32, 16\], is \[24, 16\]"):
+        ait.load(module, pristine[0])
+    assert module.ait_state is ait.ModuleState.INIT and not module._ait_tuned
+
+
 def test_a_checkpoint_without_aitune_torch_metadata_is_refused(target, damaged):
     manifest = _manifest(damaged)
     manifest["metadata"] = {}

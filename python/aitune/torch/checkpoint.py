@@ -321,6 +321,23 @@ def _warn_if_weights_differ(module, meta: dict, directory) -> None:
         "".join(f"its {label} graphs and " for label in own))
 
 
+def _shape_differences(saved: Any, module: torch.nn.Module) -> str:
+    """'' when ``module``'s state dict has the tensor names and shapes of the saved weights
+    digest (``weight_values_digest``: [dtype, shape, ...] per name); else the first
+    differences, named. A checkpoint written before the digest was stored is not checked."""
+    if not isinstance(saved, dict):
+        return ""
+    now = {name: list(tensor.shape) for name, tensor in module.state_dict(keep_vars=True).items()
+           if isinstance(tensor, torch.Tensor)}
+    was = {name: entry[1] for name, entry in saved.items() if isinstance(entry, list) and len(entry) > 1}
+    differences = [f"'{name}' was {shape}, is {now[name]}" for name, shape in sorted(was.items())
+                   if name in now and now[name] != shape]
+    differences += [f"'{name}' is missing" for name in sorted(was) if name not in now]
+    differences += [f"'{name}' is new" for name in sorted(now) if name not in was]
+    more = f" and {len(differences) - 3} more" if len(differences) > 3 else ""
+    return ", ".join(differences[:3]) + more
+
+
 def _restore_graphs(module, path, device, seen: list):
     """The checkpoint (appended to ``seen`` as soon as it is verified), its aitune.torch
     metadata and the graphs restored from it, sessions created; the module untouched."""
@@ -334,6 +351,12 @@ def _restore_graphs(module, path, device, seen: list):
         raise _core.InvalidArgumentError(
             f"{where} was saved from a {saved_class}, but ait.Module '{module.ait_name}' wraps a "
             f"{class_name(type(module.ait_module))}"
+        )
+    if other_shapes := _shape_differences(meta.get("weights"), module.ait_module):
+        raise _core.InvalidArgumentError(
+            f"{where} was saved from a {saved_class} with other parameter or buffer shapes (built with another "
+            f"config): {other_shapes}; ait.Module '{module.ait_name}' wraps one its graphs do not compute (build "
+            "the module with the config it was tuned with)"
         )
     restored: dict[Any, tuple[SavedGraph, TunedGraph]] = {}
 
