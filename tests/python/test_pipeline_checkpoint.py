@@ -442,3 +442,36 @@ def test_a_module_kept_eager_is_saved_with_the_pipeline_and_loads_eager(tmp_path
     with pytest.raises(aitune.InvalidArgumentError, match="every graph of every ait.Module .* runs eagerly"):
         ait.save(every, tmp_path / "all-eager")
     assert not (tmp_path / "all-eager").exists()
+
+
+class CountingMLP(MLP):
+    """Updates a buffer in forward: the ONNX export refuses it, so its tune fails."""
+
+    def __init__(self):
+        super().__init__(16, 32, 8)
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x):
+        self.calls += 1
+        return super().forward(x)
+
+
+def test_a_module_whose_tune_failed_is_refused_naming_why_and_the_way_out(tmp_path):
+    """ait.tune (ignore_failing_modules, the default) leaves such a module eager; the save's
+    refusal said 'tune it before saving', which cannot help: it names the failure instead."""
+    pipeline = TwoStage()
+    pipeline.encoder = ait.Module(pipeline.encoder, "encoder", strategy=cpu_strategy(tune_provider_options=False))
+    pipeline.heads[0] = ait.Module(CountingMLP().eval(), "head", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(pipeline, [torch.randn(16) for _ in range(2)])
+    assert pipeline.heads[0].ait_state is ait.ModuleState.PASSTHROUGH
+    with pytest.raises(aitune.StateError) as error:
+        ait.save(pipeline, tmp_path / "failed")
+    message = str(error.value)
+    assert "'heads.0' (ait.Module 'head') is PASSTHROUGH: its tuning failed" in message, message
+    assert "forward changes the module's state (calls)" in message, message
+    assert "put the module it wraps back in its place" in message and "tune it (ait.tune)" not in message, message
+    assert not (tmp_path / "failed").exists()
+    with pytest.raises(aitune.StateError, match=r"its tuning failed \(ExportError: .*forward changes the module's state"):
+        ait.save(pipeline.heads[0], tmp_path / "head-alone")  # the single-module save names it too
+    pipeline.heads[0] = pipeline.heads[0].ait_module  # the way out the message names
+    ait.save(pipeline, tmp_path / "without-it")

@@ -142,7 +142,8 @@ def save(
     module = _check_module(module, "save")
     if module.ait_state is not ModuleState.TUNED:
         why = {
-            ModuleState.PASSTHROUGH: "its tuning failed and it runs eagerly",
+            ModuleState.PASSTHROUGH: f"its tuning failed ({module.__dict__.get('_ait_failure') or 'ait.tune logged why'}) "
+                                     "and it runs eagerly",
             ModuleState.RECORDING: "it was recorded but not tuned",
         }.get(module.ait_state, "it was never tuned")
         raise _core.StateError(

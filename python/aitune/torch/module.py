@@ -119,6 +119,7 @@ class Module(DispatchedModule):
             # the tuned graphs and the way to them; replaced as a whole on every tune / load
             "_ait_calls": ModuleDispatch(name or type(module).__name__, module, signature, eager_fallback),
             "_ait_record_errors": [],
+            "_ait_failure": None,  # why the last tune failed (PASSTHROUGH), for ait.save's refusal
             "training": module.training,
         }
         own.update({registry: getattr(module, registry) for registry in (*_SHARED_REGISTRIES, *_SHARED_HOOKS)})
@@ -479,13 +480,15 @@ class Module(DispatchedModule):
                     logger.info("ait.Module '%s' %s: %s", self._ait_name, graph.key, tuned[identity][1].describe())
             finally:
                 state.restore()
-        except Exception:
+        except Exception as error:
             self.__dict__.pop("_ait_before_tuning", None)
             self._ait_state = ModuleState.PASSTHROUGH
+            self._ait_failure = f"{type(error).__name__}: {error}"
             raise
         self.__dict__.pop("_ait_before_tuning", None)
         self._ait_set_tuned(tuned)
         self._ait_state = ModuleState.TUNED
+        self._ait_failure = None
 
     def _ait_restore(self, tuned: dict[Any, tuple[Any, TunedGraph]]) -> None:
         """Takes over graphs restored from a checkpoint (``ait.load``): identity ->

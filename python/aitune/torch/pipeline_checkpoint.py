@@ -180,6 +180,15 @@ def _shape_differences(saved: Any, module: torch.nn.Module) -> str:
 def _check_saveable(module: Module, where: str) -> None:
     if not module.ait_active:
         raise _core.StateError(f"ait.save: {where} is deactivated; activate() it before saving")
+    if module.ait_state is ModuleState.PASSTHROUGH:
+        failure = module.__dict__.get("_ait_failure") or "ait.tune logged why"
+        if len(failure) > 600:
+            failure = failure[:600] + " ..."
+        raise _core.StateError(
+            f"ait.save: {where} is PASSTHROUGH: its tuning failed ({failure}) and it runs eagerly, so a checkpoint "
+            "has nothing of it to hold; put the module it wraps back in its place (its .ait_module) to save the "
+            "others, or remove the cause and tune again"
+        )
     if module.ait_state is not ModuleState.TUNED:
         raise _core.StateError(
             f"ait.save: {where} is {module.ait_state.value.upper()}, not TUNED; tune it (ait.tune) before saving"
