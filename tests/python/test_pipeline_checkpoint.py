@@ -133,6 +133,19 @@ def test_another_object_class_is_refused(saved):
     assert not isinstance(fresh.encoder, ait.Module)
 
 
+def test_a_pipeline_saved_from_a_script_names_the_main_module_trap(saved, tmp_path):
+    path = copy_of(saved, tmp_path)
+    manifest = json.loads((path / "pipeline.json").read_text())
+    manifest["object_class"] = "__main__.TwoStage"
+    manifest["modules"][0]["module_class"] = "__main__.MLP"
+    (path / "pipeline.json").write_text(json.dumps(manifest))
+    with pytest.raises(ait.PipelineStructureError) as error:
+        ait.load(TwoStage(), path)
+    message = str(error.value)
+    assert "this is a test_pipeline_checkpoint.TwoStage; a class defined in the script that ran ait.save" in message
+    assert "'encoder' was a __main__.MLP, is a torch_models.MLP; a class defined in the script" in message
+
+
 def test_a_damaged_section_puts_every_module_back(saved, tmp_path):
     path = copy_of(saved, tmp_path)
     (model,) = (path / "modules" / "heads.0").rglob("*.onnx")

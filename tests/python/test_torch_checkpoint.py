@@ -459,6 +459,17 @@ def test_structure_of_another_module_class_is_refused(target, damaged):
                 r"saved from a torch_models\.SmallCNN.*wraps a torch_models\.MLP")
 
 
+def test_a_class_saved_from_a_script_names_the_main_module_trap(target, damaged):
+    """A model class defined in the script that tuned it is saved as __main__.MLP; a loading
+    script importing it from a module has another name for the same class: the refusal says
+    why, and what to do."""
+    manifest = _manifest(damaged)
+    manifest["metadata"]["aitune.torch"]["module_class"] = "__main__.MLP"
+    _write_manifest(damaged, manifest)
+    _load_fails(target, damaged, aitune.InvalidArgumentError,
+                r"saved from a __main__\.MLP.*wraps a torch_models\.MLP.*defined in the script that ran ait\.save")
+
+
 def test_a_module_built_with_another_config_is_refused(pristine):
     """Same class, other parameter shapes (another hidden size): the graphs would compute a
     model the module cannot, and its own calls another one; refused as the pipeline load

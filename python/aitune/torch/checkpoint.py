@@ -38,6 +38,7 @@ from aitune.torch.checkpoint_structure import (
     corrupt,
     field,
     graph_structure,
+    script_class_hint,
 )
 from aitune.torch.graph import SavedGraph
 from aitune.torch.module import Module, ModuleState
@@ -351,7 +352,7 @@ def _restore_graphs(module, path, device, seen: list):
     if saved_class != class_name(type(module.ait_module)):
         raise _core.InvalidArgumentError(
             f"{where} was saved from a {saved_class}, but ait.Module '{module.ait_name}' wraps a "
-            f"{class_name(type(module.ait_module))}"
+            f"{class_name(type(module.ait_module))}{script_class_hint(saved_class, class_name(type(module.ait_module)))}"
         )
     if other_shapes := _shape_differences(meta.get("weights"), module.ait_module):
         raise _core.InvalidArgumentError(

@@ -40,6 +40,17 @@ def class_name(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+def script_class_hint(saved: str, now: str) -> str:
+    """'' unless one of two class names that differ is a script's (``__main__.X``) and the
+    other names the same class in a module: then why they differ, and what to do."""
+    for script, other in ((saved, now), (now, saved)):
+        if script.startswith("__main__.") and other.endswith(script.removeprefix("__main__")):
+            return ("; a class defined in the script that ran ait.save (or runs ait.load) is named __main__."
+                    f"{script.removeprefix('__main__.')} there, another name than in a module: define the model in a "
+                    "module that both the tuning and the loading script import, and tune again")
+    return ""
+
+
 def corrupt(where: str, message: str) -> _core.CheckpointCorruptError:
     return _core.CheckpointCorruptError(f"{where}: {message}")
 

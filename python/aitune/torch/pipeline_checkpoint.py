@@ -38,7 +38,7 @@ import torch
 
 from aitune import _core
 from aitune.torch import checkpoint as module_checkpoint
-from aitune.torch.checkpoint_structure import class_name
+from aitune.torch.checkpoint_structure import class_name, script_class_hint
 from aitune.torch.module import Module, ModuleState
 from aitune.torch.object_paths import MAX_DEPTH, find_ait_modules, find_modules, replaceable_aliases
 
@@ -352,7 +352,8 @@ def _check_structure(obj: Any, manifest: dict, where: str) -> list[tuple[dict, A
     listing every difference otherwise."""
     problems = []
     if manifest["object_class"] != class_name(type(obj)):
-        problems.append(f"it was saved from a {manifest['object_class']}, this is a {class_name(type(obj))}")
+        problems.append(f"it was saved from a {manifest['object_class']}, this is a {class_name(type(obj))}"
+                        f"{script_class_hint(manifest['object_class'], class_name(type(obj)))}")
     found = {}
     for module, location in find_modules(obj, MAX_DEPTH):
         found[location.path] = (module, location)
@@ -366,7 +367,8 @@ def _check_structure(obj: Any, manifest: dict, where: str) -> list[tuple[dict, A
             continue
         module, location = found[entry["path"]]
         if _inner_class(module) != entry["module_class"]:
-            problems.append(f"'{entry['path']}' was a {entry['module_class']}, is a {_inner_class(module)}")
+            problems.append(f"'{entry['path']}' was a {entry['module_class']}, is a {_inner_class(module)}"
+                            f"{script_class_hint(entry['module_class'], _inner_class(module))}")
             continue
         shapes = _shape_differences(entry.get("tensor_shapes"), module.ait_module if isinstance(module, Module)
                                     else module)
