@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import warnings
 from collections.abc import Iterator
 
 logger = logging.getLogger("aitune.torch")
@@ -21,10 +22,19 @@ class _ToAitune(logging.Handler):
         logger.debug("%s: %s", record.name, record.getMessage())
 
 
+#: Modules whose numpy floating-point warnings during an export or a transform are the
+#: same kind of note, not shown: the constant folder evaluates nodes with ONNX's reference evaluator,
+#: whose numpy warns "divide by zero encountered in log" where a folded constant is log(0)
+#: (T5's relative position buckets), a value the graph then holds as -inf like eager does.
+ROUTED_WARNINGS = r"onnx\.reference(\.|$)"
+
+
 @contextlib.contextmanager
 def routed_to_aitune() -> Iterator[None]:
     """While the block runs, the ``ROUTED`` loggers' records go to the ``aitune.torch``
-    logger at DEBUG instead of propagating (to the root logger or the last resort)."""
+    logger at DEBUG instead of propagating (to the root logger or the last resort), and
+    the RuntimeWarnings of the ``ROUTED_WARNINGS`` modules are not shown; other warnings
+    are shown as the user's filters say."""
     handler = _ToAitune()
     saved = []
     for name in ROUTED:
@@ -33,7 +43,9 @@ def routed_to_aitune() -> Iterator[None]:
         library.addHandler(handler)
         library.propagate = False
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", category=RuntimeWarning, module=ROUTED_WARNINGS)
+            yield
     finally:
         for library, propagate in saved:
             library.removeHandler(handler)
