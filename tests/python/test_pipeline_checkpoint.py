@@ -484,7 +484,7 @@ def test_a_module_whose_tune_failed_is_refused_naming_why_and_the_way_out(tmp_pa
     assert "forward changes the module's state (calls)" in message, message
     assert "put the module it wraps back in its place" in message and "tune it (ait.tune)" not in message, message
     assert not (tmp_path / "failed").exists()
-    with pytest.raises(aitune.StateError, match=r"its tuning failed \(ExportError: .*forward changes the module's state"):
+    with pytest.raises(aitune.StateError, match=r"its tuning failed \(ExportError: .*forward changes the module's"):
         ait.save(pipeline.heads[0], tmp_path / "head-alone")  # the single-module save names it too
     pipeline.heads[0] = pipeline.heads[0].ait_module  # the way out the message names
     ait.save(pipeline, tmp_path / "without-it")

@@ -142,9 +142,9 @@ def save(
     """
     module = _check_module(module, "save")
     if module.ait_state is not ModuleState.TUNED:
+        failure = module.__dict__.get("_ait_failure") or "ait.tune logged why"
         why = {
-            ModuleState.PASSTHROUGH: f"its tuning failed ({module.__dict__.get('_ait_failure') or 'ait.tune logged why'}) "
-                                     "and it runs eagerly",
+            ModuleState.PASSTHROUGH: f"its tuning failed ({failure}) and it runs eagerly",
             ModuleState.RECORDING: "it was recorded but not tuned",
         }.get(module.ait_state, "it was never tuned")
         raise _core.StateError(
@@ -349,10 +349,11 @@ def _restore_graphs(module, path, device, seen: list):
     manifest = checkpoint.manifest
     meta = _metadata(manifest, where)
     saved_class = field(meta, "module_class", str, where + ", metadata")
-    if saved_class != class_name(type(module.ait_module)):
+    wrapped_class = class_name(type(module.ait_module))
+    if saved_class != wrapped_class:
         raise _core.InvalidArgumentError(
-            f"{where} was saved from a {saved_class}, but ait.Module '{module.ait_name}' wraps a "
-            f"{class_name(type(module.ait_module))}{script_class_hint(saved_class, class_name(type(module.ait_module)))}"
+            f"{where} was saved from a {saved_class}, but ait.Module '{module.ait_name}' wraps a {wrapped_class}"
+            f"{script_class_hint(saved_class, wrapped_class)}"
         )
     if other_shapes := _shape_differences(meta.get("weights"), module.ait_module):
         raise _core.InvalidArgumentError(
