@@ -63,7 +63,7 @@ def test_candidates_are_measured_through_the_modules_own_dispatch(monkeypatch):
     real_flatten = flatten.flatten_arguments
     monkeypatch.setattr(flatten, "flatten_arguments", lambda arguments: general.append(1) or real_flatten(arguments))
     real_new = dispatch.new_dispatch
-    monkeypatch.setattr(dispatch, "new_dispatch", lambda module, training: _Counting(real_new(module, training)))
+    monkeypatch.setattr(dispatch, "new_dispatch", lambda module, *state: _Counting(real_new(module, *state)))
     _Counting.calls = 0
 
     profile = _core.ProfileConfig()  # exactly warmup + one window of calls per candidate

@@ -247,3 +247,31 @@ def test_routes_serve_forward_past_the_guards(monkeypatch):
         with pytest.raises(aitune.ShapeMismatchError) as info:  # the route matches, the session refuses
             model.forward(torch.randn(2, 17))
         assert any("recorded for this graph" in note for note in info.value.__notes__)
+
+
+def test_a_call_under_autocast_runs_eagerly_as_autocast_asks(caplog, monkeypatch, tmp_path):
+    """Graphs recorded without autocast compute in float32: served under torch.autocast they
+    silently returned float32 where the module returns the autocast dtype. Such calls run
+    eagerly (said once), the C++ half's guard included; outside autocast the graph serves
+    again. A checkpoint keeps the autocast state the graphs were recorded in."""
+    inner = MLP().eval()
+    model = _tuned(inner, "autocast-mlp", [torch.randn(16) for _ in range(2)])
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        model(x)
+        assert model._ait_calls.direct is not None, "the C++ half serves this call form now"
+        with caplog.at_level("WARNING", logger="aitune"), torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(x)
+            model(x)
+            expected = inner(x)
+        assert out.dtype == torch.bfloat16
+        torch.testing.assert_close(out, expected)
+        assert sum("autocast" in r.getMessage() for r in caplog.records) == 1, caplog.text
+        path = ait.save(model, tmp_path / "ckpt")
+        loaded = ait.load(ait.Module(inner, "autocast-mlp-loaded"), path)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            assert loaded(x).dtype == torch.bfloat16
+        expected = inner(x)
+        monkeypatch.setattr(inner, "forward", lambda *a, **k: pytest.fail("the eager forward ran"))
+        torch.testing.assert_close(model(x), expected, atol=1e-5, rtol=1e-5)
+        assert model(x).dtype == torch.float32

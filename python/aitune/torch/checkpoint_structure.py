@@ -363,6 +363,8 @@ def graph_structure(graph, module_name: str) -> dict:
         "call": graph.call_form.to_json() if graph.call_form is not None else None,
         # The module's mode when recorded (train() / eval()): calls in the other mode run eagerly.
         "training": graph.training,
+        # Whether torch.autocast was on when recorded: calls in the other state run eagerly.
+        "autocast": getattr(graph, "autocast", None),
     }
 
 
@@ -418,6 +420,9 @@ def saved_graph(module, structure: Any, key: str, where: str, spec: _core.GraphS
     training = structure.get("training")  # absent from checkpoints written before the mode was kept
     if training is not None and not isinstance(training, bool):
         raise corrupt(where, f"field 'training' must be true, false or null, got {training!r:.40}")
+    autocast = structure.get("autocast")  # absent from checkpoints written before the state was kept
+    if autocast is not None and not isinstance(autocast, bool):
+        raise corrupt(where, f"field 'autocast' must be true, false or null, got {autocast!r:.40}")
     return SavedGraph(
         module.ait_name,
         module.ait_module,
@@ -432,6 +437,7 @@ def saved_graph(module, structure: Any, key: str, where: str, spec: _core.GraphS
         spec,
         call_form,
         training,
+        autocast,
     )
 
 

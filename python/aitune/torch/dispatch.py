@@ -27,7 +27,7 @@ from torch.nn.modules import module as _nn_module
 from aitune import _core
 from aitune.torch import context, flatten
 from aitune.torch.backend.base import TunedGraph
-from aitune.torch.graph import describe_call
+from aitune.torch.graph import autocast_enabled, describe_call
 
 logger = logging.getLogger("aitune")
 
@@ -68,15 +68,18 @@ _GUARDS = dict(
 )
 
 
-def new_dispatch(module: torch.nn.Module, training: bool | None) -> _core.TorchDispatch:
+def new_dispatch(module: torch.nn.Module, training: bool | None, autocast: bool | None = None) -> _core.TorchDispatch:
     """An empty C++ half for one ait.Module; calls it does not serve go to nn.Module.__call__.
     ``training``: the mode the graphs were recorded in (None: not checked). A call while the
     wrapped ``module`` is in the other mode goes to the Python path (which runs it eagerly),
     also when train() was called on the wrapped module itself: its ``training`` is read per
-    call (an instance attribute, ~0.1 us)."""
+    call (an instance attribute, ~0.1 us). ``autocast``: whether torch.autocast was on when
+    they were recorded (None: not checked); a call in the other state goes there too."""
     guards = dict(_GUARDS)
     if training is not None:
-        guards["calls"] = [*_GUARDS["calls"], lambda: module.training is not training]
+        guards["calls"] = [*guards["calls"], lambda: module.training is not training]
+    if autocast is not None:
+        guards["calls"] = [*guards["calls"], lambda: autocast_enabled() is not autocast]
     return _core.TorchDispatch(
         _to_dlpack, _from_dlpack, torch.Tensor, current_raw_stream, torch.nn.Module.__call__, **guards
     )
@@ -221,7 +224,10 @@ class ModuleDispatch:
         # checkpoint written before it was kept) or mixed, then not checked.
         modes = {getattr(graph, "training", None) for graph, _ in self.tuned.values()}
         self.training = modes.pop() if len(modes) == 1 else None
-        self.cpp = new_dispatch(module, self.training) if self.tuned else None
+        # Whether torch.autocast was on when they were recorded; None: not known or mixed.
+        autocasts = {getattr(graph, "autocast", None) for graph, _ in self.tuned.values()}
+        self.autocast = autocasts.pop() if len(autocasts) == 1 else None
+        self.cpp = new_dispatch(module, self.training, self.autocast) if self.tuned else None
         # identity -> the graph's index in the C++ half: graphs that run in a session, and
         # those that run in Python (torch.compile, eager), whose routed calls the C++ half
         # hands straight to their run (python_graph_run), past nn.Module.__call__ and binding
@@ -236,6 +242,7 @@ class ModuleDispatch:
         self.mode_logged = False  # the first call run eagerly for the other mode was logged
         self.warned: set = set()
         self.grad_logged = False  # the first call run eagerly for autograd was logged
+        self.autocast_logged = False  # the first call run eagerly for autocast was logged
         self.measuring = False  # made by measured_call to measure a candidate, not a module's
 
     def in_other_mode(self, training: bool) -> bool:
@@ -276,6 +283,8 @@ class ModuleDispatch:
             return self._run_with_autograd(args, kwargs)
         if self.tuned and self.in_other_mode(self.module.training):
             return self._run_in_other_mode(args, kwargs)
+        if self.tuned and self.autocast is not None and autocast_enabled() is not self.autocast:
+            return self._run_in_other_autocast(args, kwargs)
         if self.direct is not None:
             # Calls that reach forward past the C++ half's guards (a module with hooks,
             # JIT tracing) still match its routes: the forward itself is the graph.
@@ -339,6 +348,20 @@ class ModuleDispatch:
             logger.warning(
                 "ait.Module '%s': in %s mode, but its graphs were tuned in %s mode; calls run eagerly in PyTorch "
                 "until the module is back in %s mode (.%s())", self.name, now, tuned, tuned, tuned,
+            )
+        return self.module.forward(*args, **kwargs)  # the hooks ran around the proxy's forward
+
+    def _run_in_other_autocast(self, args: tuple, kwargs: dict) -> Any:
+        """A call with torch.autocast on where the graphs were recorded without it (or off
+        where they were recorded under it): a graph computes as its recording did (float32
+        outputs under an autocast that asks for bfloat16), so it runs eagerly; said once."""
+        if not self.autocast_logged:
+            self.autocast_logged = True
+            now, then = ("on", "off") if not self.autocast else ("off", "on")
+            logger.warning(
+                "ait.Module '%s': called with torch.autocast %s, but its graphs were recorded with it %s and compute "
+                "as they were recorded; such calls run eagerly in PyTorch (autocast as asked). Tune with autocast "
+                "as the calls will use it.", self.name, now, then,
             )
         return self.module.forward(*args, **kwargs)  # the hooks ran around the proxy's forward
 

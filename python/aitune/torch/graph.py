@@ -15,6 +15,16 @@ from aitune.torch import flatten
 from aitune.torch.context import is_owned_batch, run_eagerly
 
 
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None)
+
+
+def autocast_enabled() -> bool:
+    """Whether torch.autocast is on for any device here (a call's autocast state)."""
+    if _any_autocast is not None:
+        return bool(_any_autocast())
+    return torch.is_autocast_enabled("cpu") or torch.is_autocast_enabled("cuda")
+
+
 @dataclasses.dataclass
 class Sample:
     """One recorded call: tensor inputs and eager tensor outputs, both flat, in graph order."""
@@ -348,6 +358,9 @@ class RecordedGraph(_GraphCalls):
         # The mode the calls ran in: an exported graph keeps that mode's behaviour (dropout,
         # BatchNorm statistics), so the dispatch serves only calls in the same mode.
         self.training: bool | None = bool(module.training)
+        # Whether torch.autocast was on: the export computes as the calls did (float32
+        # without it), so the dispatch serves only calls with autocast in the same state.
+        self.autocast: bool | None = autocast_enabled()
         if not self.input_names:
             raise ValueError(f"ait.Module '{module_name}': a call without tensor inputs cannot be tuned")
         if not self.output_names:
@@ -468,12 +481,14 @@ class SavedGraph(_GraphCalls):
         spec: _core.GraphSpec | None = None,
         call_form: CallForm | None = None,
         training: bool | None = None,
+        autocast: bool | None = None,
     ):
         self.module_name = module_name
         self.module = module
         self.signature = signature
         self.call_form = call_form
         self.training = training  # None: saved before the mode was kept (not checked)
+        self.autocast = autocast  # None: saved before the autocast state was kept (not checked)
         self.key = key
         self.identity = identity
         self._inputs = inputs
