@@ -739,6 +739,27 @@ def test_loading_into_a_module_with_other_weights_says_so(tmp_path, monkeypatch,
     assert load_into(None) == []
 
 
+def test_loading_compiled_graphs_into_other_weights_says_what_they_run(tmp_path, monkeypatch, caplog):
+    """Without ONNX Runtime graphs nothing computes with the checkpoint's weights: the
+    warning says the loaded module runs its own (one model) and that the tune chose and
+    checked its graphs with others, not that the module would be two models."""
+    import logging
+
+    from aitune.torch.backend import TorchCompileBackend, TorchCompileBackendConfig
+
+    monkeypatch.setenv("AITUNE_CACHE_DIR", str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    model = ait.Module(MLP().eval(), "compiled-weights-mlp", strategy=ait.OneBackendStrategy(
+        TorchCompileBackend(TorchCompileBackendConfig(mode="default"))))
+    ait.tune(model, [torch.randn(16) for _ in range(2)], disable_external_logging=True, performance_validation=False)
+    path = ait.save(model, tmp_path / "ckpt")
+    with caplog.at_level(logging.WARNING, logger="aitune"):
+        ait.load(ait.Module(MLP().eval(), "compiled-weights-mlp"), path)
+    (warning,) = [r.getMessage() for r in caplog.records if "differ from those checkpoint" in r.getMessage()]
+    assert "Its graphs (torch.compile) run the module's own weights" in warning and "tune it again" in warning
+    assert "ONNX Runtime" not in warning and "not one model" not in warning
+
+
 def test_the_weights_digest_sees_permutations_and_holds_non_finite_values():
     from aitune.torch.weight_changes import digest_differences, weight_values_digest
 

@@ -303,7 +303,9 @@ def _warn_if_weights_differ(module, meta: dict, directory) -> None:
     checkpoint was tuned from: its ONNX Runtime graphs compute with the checkpoint's
     weights, but torch.compile and eager graphs, and calls outside the recorded graphs
     (eager fallback), run the module's own, so the loaded module would be two models.
-    Checkpoints written before the digest was stored are not checked."""
+    Without ONNX Runtime graphs it is one model, the module's own, whose graphs were chosen
+    and checked with other weights: said so instead. Checkpoints written before the digest
+    was stored are not checked."""
     saved = meta.get("weights")
     if not isinstance(saved, dict):
         return
@@ -313,6 +315,16 @@ def _warn_if_weights_differ(module, meta: dict, directory) -> None:
         return
     sections = [section_of(tuned) for _, tuned in module._ait_tuned.values()]
     own = sorted({s.label for s in sections if s is not None and s.name != _core.ONNX_RUNTIME_BACKEND_NAME})
+    if not any(s is not None and s.name == _core.ONNX_RUNTIME_BACKEND_NAME for s in sections):
+        # No graph holds the checkpoint's weights: the loaded module is one model, the
+        # module's own, but the tune chose and checked its graphs with other weights.
+        logger.warning(
+            "ait.load: the weights of ait.Module '%s' differ from those checkpoint '%s' was tuned with (%d of %d "
+            "tensors: %s%s). Its graphs (%s) run the module's own weights, but the tune chose them and checked their "
+            "accuracy with the others: tune it again to check them with these.",
+            module.ait_name, directory, len(differ), len(set(saved) | set(current)),
+            ", ".join(differ[:5]), ", ..." if len(differ) > 5 else "", ", ".join(own) or "eager")
+        return
     logger.warning(
         "ait.load: the weights of ait.Module '%s' differ from those checkpoint '%s' was tuned with (%d of %d "
         "tensors: %s%s). Its ONNX Runtime graphs compute with the checkpoint's weights, while %scalls outside "
