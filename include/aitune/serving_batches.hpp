@@ -33,11 +33,16 @@ std::vector<std::size_t> check_request(const GraphSpec& spec, const std::vector<
 int64_t request_batch_size(const GraphSpec& spec, const std::vector<Shape>& shapes);
 
 /// Groups checked requests (shapes in spec input order) into model calls: requests whose
-/// extents agree on every axis but the batch axis go into one call, in arrival order,
-/// split so that no call's summed batch exceeds the batch axis' upper bound. A graph
-/// without a batch axis serves each request in a call of its own. Returns the requests'
-/// indices per call.
+/// extents agree on every axis but the batch axis, and whose inputs without a batch axis
+/// hold the same values, go into one call, in arrival order, split so that no call's
+/// summed batch exceeds the batch axis' upper bound. `unbatched_values` holds, per
+/// request, the bytes of its inputs that have no batch axis (in spec input order): such an
+/// input is one value for the whole call (a timestep, a scale), so requests that sent other
+/// values run apart. A graph without a batch axis serves each request in a call of its own.
+/// Returns the requests' indices per call. Throws Error(kInvalidArgument) when
+/// `unbatched_values` does not hold one entry per request.
 std::vector<std::vector<std::size_t>> group_requests(const GraphSpec& spec,
-                                                     const std::vector<std::vector<Shape>>& requests);
+                                                     const std::vector<std::vector<Shape>>& requests,
+                                                     const std::vector<std::string>& unbatched_values);
 
 }  // namespace aitune

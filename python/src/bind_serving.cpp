@@ -77,7 +77,16 @@ void bind_serving(nb::module_& m) {
       },
       nb::arg("spec"), nb::arg("request"));
   m.def("request_batch_size", &request_batch_size, nb::arg("spec"), nb::arg("shapes"));
-  m.def("group_requests", &group_requests, nb::arg("spec"), nb::arg("requests"));
+  m.def(
+      "group_requests",
+      [](const GraphSpec& spec, const std::vector<std::vector<Shape>>& requests,
+         const std::vector<nb::bytes>& unbatched_values) {
+        std::vector<std::string> values;
+        values.reserve(unbatched_values.size());
+        for (const auto& b : unbatched_values) values.emplace_back(b.c_str(), b.size());
+        return group_requests(spec, requests, values);
+      },
+      nb::arg("spec"), nb::arg("requests"), nb::arg("unbatched_values"));
 }
 
 }  // namespace aitune::python

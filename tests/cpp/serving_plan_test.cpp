@@ -143,7 +143,7 @@ TEST(ServingBatches, GroupsByShapeAndSplitsAtTheBatchLimit) {
   auto spec = image_spec(4);
   std::vector<std::vector<Shape>> requests = {
       {{1, 3, 4}}, {{2, 3, 4}}, {{1, 3, 5}}, {{1, 3, 4}}, {{1, 3, 4}}, {{3, 3, 5}}};
-  auto calls = group_requests(spec, requests);
+  auto calls = group_requests(spec, requests, std::vector<std::string>(requests.size()));
   // [0,1,3] fill batch 4; 4 opens a new call; shape 5: [2,5] = batch 4.
   ASSERT_EQ(calls.size(), 3u);
   EXPECT_EQ(calls[0], (std::vector<std::size_t>{0, 1, 3}));
@@ -155,9 +155,26 @@ TEST(ServingBatches, GroupsByShapeAndSplitsAtTheBatchLimit) {
 TEST(ServingBatches, AGraphWithoutABatchAxisServesEachRequestAlone) {
   TensorSpec x{"x", DType::kFloat32, {3, 4}, {3, 4}, std::nullopt};
   GraphSpec spec{{x}, {}, {}};
-  auto calls = group_requests(spec, {{{3, 4}}, {{3, 4}}});
+  auto calls = group_requests(spec, {{{3, 4}}, {{3, 4}}}, {"", ""});
   ASSERT_EQ(calls.size(), 2u);
   EXPECT_EQ(request_batch_size(spec, {{3, 4}}), 0);
+}
+
+// An input without a batch axis (a diffusion timestep, a scale) is one value for the
+// whole call: requests that sent other values of it must not share a call, or all but
+// the first would silently be answered for the first one's value.
+TEST(ServingBatches, RequestsWithOtherValuesOfAnUnbatchedInputRunApart) {
+  TensorSpec x{"x", DType::kFloat32, {1, 4}, {8, 4}, 0};
+  TensorSpec t{"t", DType::kFloat32, {}, {}, std::nullopt};
+  GraphSpec spec{{x, t}, {}, {1, 8}};
+  const std::vector<std::vector<Shape>> requests = {{{1, 4}, {}}, {{2, 4}, {}}, {{1, 4}, {}}, {{1, 4}, {}}};
+  const std::string one(4, '\x01'), three(4, '\x03');
+  auto calls = group_requests(spec, requests, {one, three, one, three});
+  ASSERT_EQ(calls.size(), 2u);
+  EXPECT_EQ(calls[0], (std::vector<std::size_t>{0, 2}));
+  EXPECT_EQ(calls[1], (std::vector<std::size_t>{1, 3}));
+  // one value per request, or the grouping could not tell them apart
+  EXPECT_EQ(code_of([&] { group_requests(spec, requests, {one, three}); }), ErrorCode::kInvalidArgument);
 }
 
 }  // namespace

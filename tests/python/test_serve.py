@@ -108,7 +108,8 @@ def test_requests_are_grouped_by_shape_off_the_batch_axis(tmp_path):
     shapes = [(1, 4), (1, 6), (2, 4), (1, 5), (3, 6)]  # seq 4: 1 + 2; seq 6: 1 + 3 (one call each)
     feeds = [{names[0]: rng.standard_normal((b, s, 8)).astype(np.float32),
               names[1]: (rng.random((b, s)) > 0.3).astype(np.float32)} for b, s in shapes]
-    calls = _core.group_requests(server.specs[key], [[list(a.shape) for a in f.values()] for f in feeds])
+    calls = _core.group_requests(server.specs[key], [[list(a.shape) for a in f.values()] for f in feeds],
+                                 [b""] * len(feeds))
     assert calls == [[0, 2], [1, 4], [3]]
     outputs = server.run_batch([server.check(f) for f in feeds])
     for feed, out in zip(feeds, outputs):
@@ -118,6 +119,41 @@ def test_requests_are_grouped_by_shape_off_the_batch_axis(tmp_path):
         np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-5)
     with pytest.raises(BadRequest, match="disagree on the batch size"):
         server.check({names[0]: np.zeros((2, 4, 8), np.float32), names[1]: np.zeros((1, 4), np.float32)})
+
+
+class _Scaled(torch.nn.Module):
+    """A batched input and a scalar without a batch axis (as a diffusion timestep)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, x, t):
+        return self.proj(x) * t
+
+
+def test_a_scalar_input_is_served_and_requests_with_other_values_of_it_run_apart(tmp_path):
+    # was: a 0-d input was made 1-d (np.ascontiguousarray) and refused by the graph; and
+    # requests were grouped by shape alone, so a batch of t=1 and t=3 answered both for t=1
+    inner = _Scaled().eval()
+    model = ait.Module(inner, "scaled_serve", strategy=cpu_strategy())
+    ait.tune(lambda x: model(x, torch.tensor(2.0)), [torch.randn(4) for _ in range(4)], batch_sizes=[1, 4],
+             disable_external_logging=True, ignore_failing_modules=False, performance_validation=False,
+             progress=False)
+    ait.save(model, tmp_path / "scaled.ait")
+    server = GraphServer(str(tmp_path / "scaled.ait"), device="cpu")
+    (key,) = server.specs
+    x_name, t_name = server.input_names(key)
+    assert server.specs[key].inputs[1].batch_axis is None
+    rng = np.random.default_rng(0)
+    feeds = [{x_name: rng.standard_normal((b, 4)).astype(np.float32), t_name: np.array(t, np.float32)}
+             for b, t in [(1, 1.0), (2, 3.0), (1, 1.0), (1, 3.0)]]
+    outputs = server.run_batch([server.check(f) for f in feeds])
+    for feed, out in zip(feeds, outputs):
+        (y,) = out.values()
+        with torch.no_grad():
+            want = inner(torch.from_numpy(feed[x_name]), torch.from_numpy(feed[t_name])).numpy()
+        np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-5)
 
 
 def test_graphs_outside_onnx_runtime_are_named_as_not_served():

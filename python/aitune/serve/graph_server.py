@@ -109,7 +109,9 @@ class GraphServer:
         except _core.InvalidArgumentError as error:
             raise BadRequest(str(error), status=400) from None
         values = list(inputs.values())
-        return Request(key, [np.ascontiguousarray(values[i]) for i in order])
+        # np.asarray(order="C"), not np.ascontiguousarray, which makes a 0-d array (a scalar
+        # input: a diffusion timestep) 1-d, so that the graph would refuse it
+        return Request(key, [np.asarray(values[i], order="C") for i in order])
 
     def run_batch(self, requests: list[Request]) -> list[dict[str, np.ndarray]]:
         """Outputs per request, by output name. Requests of one graph whose shapes agree
@@ -121,7 +123,11 @@ class GraphServer:
         for key, members in by_graph.items():
             spec = self.specs[key]
             shapes = [[list(a.shape) for a in requests[i].arrays] for i in members]
-            for call in _core.group_requests(spec, shapes):
+            # an input without a batch axis is one value per call: the engine groups only
+            # requests that sent the same bytes for each
+            unbatched = [i for i, t in enumerate(spec.inputs) if t.batch_axis is None]
+            values = [b"".join(requests[i].arrays[u].tobytes() for u in unbatched) for i in members]
+            for call in _core.group_requests(spec, shapes, values):
                 indices = [members[c] for c in call]
                 for i, outputs in zip(indices, self._run(key, [requests[i].arrays for i in indices])):
                     results[i] = outputs

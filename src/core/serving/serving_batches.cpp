@@ -82,7 +82,12 @@ int64_t request_batch_size(const GraphSpec& spec, const std::vector<Shape>& shap
 }
 
 std::vector<std::vector<std::size_t>> group_requests(const GraphSpec& spec,
-                                                     const std::vector<std::vector<Shape>>& requests) {
+                                                     const std::vector<std::vector<Shape>>& requests,
+                                                     const std::vector<std::string>& unbatched_values) {
+  if (unbatched_values.size() != requests.size())
+    throw Error(ErrorCode::kInvalidArgument, "group_requests: " + std::to_string(unbatched_values.size()) +
+                                                 " values of unbatched inputs for " + std::to_string(requests.size()) +
+                                                 " requests (one per request)");
   std::vector<std::vector<std::size_t>> calls;
   const bool batched = std::any_of(spec.inputs.begin(), spec.inputs.end(),
                                    [](const TensorSpec& t) { return t.batch_axis.has_value(); });
@@ -91,9 +96,9 @@ std::vector<std::vector<std::size_t>> group_requests(const GraphSpec& spec,
     return calls;
   }
   const auto limit = batch_limit(spec);
-  // Shape key: every extent except the batch axis' ones, so that shapes differing only
-  // there concatenate.
-  std::map<std::vector<int64_t>, std::size_t> open;  // key -> index of its latest call
+  // Key: every extent except the batch axis' ones, so that shapes differing only there
+  // concatenate, and the values of the inputs without a batch axis, which a call has one of.
+  std::map<std::pair<std::vector<int64_t>, std::string>, std::size_t> open;  // key -> index of its latest call
   std::vector<int64_t> call_batch;
   for (std::size_t r = 0; r < requests.size(); ++r) {
     const auto& shapes = requests[r];
@@ -106,7 +111,8 @@ std::vector<std::vector<std::size_t>> group_requests(const GraphSpec& spec,
                           ? -1
                           : shapes[i][a]);
     }
-    auto it = open.find(key);
+    auto full_key = std::make_pair(std::move(key), unbatched_values[r]);
+    auto it = open.find(full_key);
     if (it != open.end() && (!limit || call_batch[it->second] + batch <= *limit)) {
       calls[it->second].push_back(r);
       call_batch[it->second] += batch;
@@ -114,7 +120,7 @@ std::vector<std::vector<std::size_t>> group_requests(const GraphSpec& spec,
     }
     calls.push_back({r});
     call_batch.push_back(batch);
-    open[key] = calls.size() - 1;
+    open[std::move(full_key)] = calls.size() - 1;
   }
   return calls;
 }
