@@ -25,6 +25,10 @@ namespace aitune {
 inline constexpr int kCheckpointFormatVersion = 2;
 /// Name of the manifest inside a checkpoint directory.
 inline constexpr std::string_view kCheckpointManifestFile = "manifest.json";
+/// Name of the manifest of a pipeline checkpoint (ait.save of an object holding several
+/// ait.Modules): each module is a checkpoint of its own in a directory under `modules/`.
+/// `Checkpoint::load` of the pipeline's directory names those (kInvalidArgument).
+inline constexpr std::string_view kPipelineManifestFile = "pipeline.json";
 /// Value of the manifest's "format" field, which marks a directory as an aitune checkpoint.
 inline constexpr std::string_view kCheckpointFormatName = "aitune-checkpoint";
 /// The backend name a graph run by OnnxSession is saved under.

@@ -765,6 +765,20 @@ TEST(CheckpointPaths, SafeRelativePaths) {
   EXPECT_FALSE(is_safe_relative_path(std::string("a\0b", 3)));
 }
 
+// was: "has no manifest.json: not an aitune checkpoint, or one whose save did not finish"
+// (corrupt, exit 5 in `aitune run`) for a whole pipeline checkpoint
+TEST(CheckpointLoad, APipelineCheckpointNamesItsModulesCheckpoints) {
+  ScopedTempDir tmp;
+  const fs::path root = tmp.file("pipe.ait");
+  fs::create_directories(root / "modules" / "unet");
+  fs::create_directories(root / "modules" / "vae.decoder");
+  test::write_file_bytes((root / "pipeline.json").string(), R"({"format": "aitune-pipeline-checkpoint"})");
+  test::write_file_bytes((root / "modules" / "unet" / "manifest.json").string(), "{}");
+  test::write_file_bytes((root / "modules" / "vae.decoder" / "manifest.json").string(), "{}");
+  expect_error([&] { Checkpoint::load(root.string()); }, ErrorCode::kInvalidArgument,
+               {"pipeline checkpoint", "modules/unet", "modules/vae.decoder", "ait.load"});
+}
+
 TEST(CheckpointLoad, MissingOrNonDirectoryPath) {
   ScopedTempDir tmp;
   expect_error([&] { Checkpoint::load(tmp.file("nothing")); }, ErrorCode::kIo, {"exist"});

@@ -440,6 +440,20 @@ Checkpoint Checkpoint::load_once(const std::string& dir) {
   if (ec) fail(ErrorCode::kIo, "cannot resolve checkpoint '" + dir + "': " + ec.message());
 
   const fs::path manifest_path = root / kCheckpointManifestFile;
+  if (!fs::exists(fs::symlink_status(manifest_path, ec)) && fs::exists(root / kPipelineManifestFile, ec)) {
+    // a pipeline checkpoint: not corrupt, but not one checkpoint; its sections are
+    std::vector<std::string> sections;
+    for (const auto& entry : fs::directory_iterator(root / "modules", ec))
+      if (fs::exists(entry.path() / kCheckpointManifestFile, ec)) sections.push_back(entry.path().string());
+    std::sort(sections.begin(), sections.end());
+    std::string listed;
+    for (const auto& s : sections) listed += (listed.empty() ? "" : ", ") + s;
+    fail(ErrorCode::kInvalidArgument,
+         "checkpoint '" + root.string() + "' is a pipeline checkpoint (" + std::string(kPipelineManifestFile) +
+             ": ait.save of an object holding several ait.Modules), which loads with ait.load into the pipeline; "
+             "each of its modules is a checkpoint of its own: " +
+             (listed.empty() ? std::string("none found under modules/") : listed));
+  }
   if (!fs::exists(fs::symlink_status(manifest_path, ec)))
     fail(ErrorCode::kCheckpointCorrupt, "checkpoint '" + root.string() + "' has no " +
                                             std::string(kCheckpointManifestFile) +
