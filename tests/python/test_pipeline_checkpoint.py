@@ -488,3 +488,26 @@ def test_a_module_whose_tune_failed_is_refused_naming_why_and_the_way_out(tmp_pa
         ait.save(pipeline.heads[0], tmp_path / "head-alone")  # the single-module save names it too
     pipeline.heads[0] = pipeline.heads[0].ait_module  # the way out the message names
     ait.save(pipeline, tmp_path / "without-it")
+
+
+def test_eager_fallback_is_given_through_wrap_and_load(tmp_path):
+    # was: ait.wrap and the pipeline ait.load had no eager_fallback, so a pipeline module
+    # called with a batch size the tune never saw could only raise, while the error told
+    # to use ait.Module(..., eager_fallback=True), which a pipeline user never calls
+    pipeline = TwoStage()
+    info = ait.inspect(pipeline, [torch.randn(16)], number_of_iterations=1, warmup_iterations=0)
+    ait.wrap(pipeline, info.get_modules(), strategy=cpu_strategy(), eager_fallback=True)
+    ait.tune(lambda x: pipeline(x), [torch.randn(16) for _ in range(2)], batch_sizes=[1, 2],
+             ignore_failing_modules=False, performance_validation=False, progress=False)
+    x3 = torch.randn(3, 16)  # a batch size the tune never saw
+    with torch.no_grad():
+        expected = TwoStage()(x3)
+        with pytest.warns(RuntimeWarning, match="running eagerly"):
+            torch.testing.assert_close(pipeline(x3), expected)
+        path = ait.save(pipeline, tmp_path / "fallback")
+        with pytest.raises(aitune.ShapeMismatchError) as error:
+            ait.load(TwoStage(), path)(x3)
+        assert "eager_fallback=True" in "\n".join(error.value.__notes__)
+        lenient = ait.load(TwoStage(), path, eager_fallback=True)
+        with pytest.warns(RuntimeWarning, match="running eagerly"):
+            torch.testing.assert_close(lenient(x3), expected)

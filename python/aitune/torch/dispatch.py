@@ -197,6 +197,11 @@ def _requires_grad(args: tuple, kwargs: dict) -> bool:
     return False
 
 
+#: How to have calls outside the recorded graphs run eagerly, wherever the module was wrapped.
+_FALLBACK_ADVICE = ("wrap the module with ait.Module(..., eager_fallback=True) (ait.wrap(..., eager_fallback=True), "
+                    "ait.load(..., eager_fallback=True) for the modules they wrap) to run such calls eagerly")
+
+
 class ModuleDispatch:
     """The tuned graphs of one ait.Module and the way to them. Replaced as a whole when the
     module is tuned or loaded again, so its graphs, its C++ half and that half's routes
@@ -311,6 +316,7 @@ class ModuleDispatch:
         except _core.ShapeMismatchError as error:
             if not self.eager_fallback:
                 error.add_note(f"ait.Module '{self.name}' recorded for this graph: {graph.describe()}")
+                error.add_note(f"Add such samples to the data given to ait.tune, or {_FALLBACK_ADVICE}")
                 raise
             self._warn_once(identity, f"{error}; running eagerly")
             return self.module.forward(*args, **kwargs)  # the hooks ran around the proxy's forward
@@ -388,8 +394,7 @@ class ModuleDispatch:
         raise GraphNotRecordedError(
             f"ait.Module '{self.name}' was tuned for other inputs than this call.\n"
             f"This call: {call}\nRecorded graphs:\n{recorded}\n"
-            "Add such samples to the data given to ait.tune, or wrap the module with "
-            "ait.Module(..., eager_fallback=True) to run such calls eagerly."
+            f"Add such samples to the data given to ait.tune, or {_FALLBACK_ADVICE}."
         )
 
     def _warn_once(self, identity, message: str) -> None:

@@ -461,7 +461,7 @@ def _identity(directory: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def _load_once(obj: Any, directory: Path, device_map: Any, identity) -> list:
+def _load_once(obj: Any, directory: Path, device_map: Any, identity, eager_fallback: bool = False) -> list:
     """One load of every section into ``obj``; on any error, or when the path was swapped
     for another version meanwhile (``_Replaced``: the sections read may be of two
     versions), every module is put back as it was and nothing is wrapped."""
@@ -477,7 +477,7 @@ def _load_once(obj: Any, directory: Path, device_map: Any, identity) -> list:
                 module_checkpoint.load(module, section, device_map)
             else:
                 training = [(m, m.training) for m in module.modules()]
-                wrapper = Module(module, entry["name"])
+                wrapper = Module(module, entry["name"], eager_fallback=eager_fallback)
                 installs.append((location, wrapper, training))
                 module_checkpoint.load(wrapper, section, device_map)
         if _identity(directory) != identity:
@@ -499,7 +499,8 @@ def _load_once(obj: Any, directory: Path, device_map: Any, identity) -> list:
     return plan
 
 
-def load(obj: Any, path: str | os.PathLike, device_map: Any = None, disable_external_logging: bool = False) -> Any:
+def load(obj: Any, path: str | os.PathLike, device_map: Any = None, disable_external_logging: bool = False,
+         eager_fallback: bool = False) -> Any:
     """Loads a checkpoint written by ``ait.save`` into ``obj`` and returns it.
 
     - A pipeline checkpoint (``pipeline.json``) into a freshly built object of the same
@@ -516,7 +517,10 @@ def load(obj: Any, path: str | os.PathLike, device_map: Any = None, disable_exte
       and the wrapper returned.
 
     ``device_map``: as ``aitune.torch.checkpoint.load`` (a device, or a dict of module
-    name to device). ``disable_external_logging`` is accepted for AITune's scripts;
+    name to device). ``eager_fallback``: of the ait.Modules this load wraps around plain
+    modules (as ``ait.Module(..., eager_fallback=True)``: calls no loaded graph covers run
+    eagerly with a warning instead of raising); an ait.Module already there keeps its own.
+    ``disable_external_logging`` is accepted for AITune's scripts;
     loading exports nothing, so there is nothing to silence.
     """
     del disable_external_logging  # nothing external runs while loading
@@ -525,7 +529,7 @@ def load(obj: Any, path: str | os.PathLike, device_map: Any = None, disable_exte
         if isinstance(obj, Module):
             return module_checkpoint.load(obj, directory, device_map)
         if isinstance(obj, torch.nn.Module):
-            wrapper = Module(obj, _module_name(directory) or None)
+            wrapper = Module(obj, _module_name(directory) or None, eager_fallback=eager_fallback)
             return module_checkpoint.load(wrapper, directory, device_map)
         if not directory.exists():
             raise _core.AituneIOError(f"ait.load: checkpoint '{directory}' does not exist")
@@ -537,7 +541,7 @@ def load(obj: Any, path: str | os.PathLike, device_map: Any = None, disable_exte
     for attempt in range(1, module_checkpoint.LOAD_ATTEMPTS + 1):
         identity = _identity(directory)
         try:
-            plan = _load_once(obj, directory, device_map, identity)
+            plan = _load_once(obj, directory, device_map, identity, eager_fallback)
             break
         except _Replaced:
             pass

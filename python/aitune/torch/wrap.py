@@ -22,11 +22,14 @@ def _module_name(info: ModuleInfo, obj: Any) -> str:
     return info.object_path or type(obj).__name__
 
 
-def wrap(obj: Any, modules: Sequence[ModuleInfo], strategy: TuneStrategy | None = None, strategies=None) -> Any:
+def wrap(obj: Any, modules: Sequence[ModuleInfo], strategy: TuneStrategy | None = None, strategies=None,
+         eager_fallback: bool = False) -> Any:
     """Replaces each module of ``modules`` (from ``ait.inspect(...).get_modules()``) with an
     ``ait.Module`` at its place in ``obj``: the attribute of its parent module or plain
     object, the item of its ModuleList / ModuleDict / list / dict. Each is named after its
-    object path (``"unet"``, ``"blocks.0"``) and gets ``strategy`` / ``strategies``. A module
+    object path (``"unet"``, ``"blocks.0"``) and gets ``strategy`` / ``strategies`` and
+    ``eager_fallback`` (as ``ait.Module``: once tuned, calls no recorded graph covers, a new
+    batch size, sequence length or dtype, run eagerly with a warning instead of raising). A module
     reachable from several places (shared) is replaced by its one wrapper at each of them
     that still holds it, except inside another wrapped module or in a tuple.
 
@@ -44,7 +47,7 @@ def wrap(obj: Any, modules: Sequence[ModuleInfo], strategy: TuneStrategy | None 
             if info.module is not obj:
                 raise ValueError("a ModuleInfo of another object than obj: inspect obj itself, then wrap its modules")
             logger.info("ait.wrap: %s wrapped whole", type(obj).__name__)
-            return Module(obj, _module_name(info, obj), strategy, strategies)
+            return Module(obj, _module_name(info, obj), strategy, strategies, eager_fallback=eager_fallback)
     plan = []
     for info in infos:
         where = f"ait.wrap: '{info.object_path}'"
@@ -58,7 +61,8 @@ def wrap(obj: Any, modules: Sequence[ModuleInfo], strategy: TuneStrategy | None 
         if any(isinstance(a, torch.nn.Module) and a is other.module for a in info.location.ancestors for other in infos):
             raise ValueError(f"{where} is inside another module being wrapped; wrap one of them")
         plan.append(info)
-    wrappers = [Module(info.module, _module_name(info, obj), strategy, strategies) for info in plan]
+    wrappers = [Module(info.module, _module_name(info, obj), strategy, strategies, eager_fallback=eager_fallback)
+                for info in plan]
     inner = [info.module for info in plan]
     for info, wrapped in zip(plan, wrappers):
         info.location.replace(wrapped)
