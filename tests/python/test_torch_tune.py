@@ -176,6 +176,41 @@ def test_any_callable_that_calls_wrapped_modules_can_be_tuned():
     torch.testing.assert_close(pipeline(x), expected, **TOL)
 
 
+class _Generator(torch.nn.Module):
+    """A model with a loop method calling itself, as a transformers model's ``generate``."""
+
+    def __init__(self):
+        super().__init__()
+        self.mlp = MLP(16, 32, 16).eval()
+
+    def forward(self, x):
+        return self.mlp(x)
+
+    def generate(self, x, steps=3):
+        for _ in range(steps):
+            x = self(x)
+        return x
+
+
+def test_a_method_of_the_wrapped_module_calling_it_directly_is_named(caplog):
+    # was: "func called no ait.Module: wrap the modules to tune with ait.Module(...)" for a
+    # module that was wrapped: wrapper.generate is the wrapped model's, whose self(...)
+    # bypasses the ait.Module; nothing said so, and once tuned it would silently run eagerly
+    model = ait.Module(_Generator(), "generator", strategy=cpu_strategy())
+    with pytest.raises(ValueError, match=r"_Generator that ait.Module 'generator' wraps ran 6 times called directly"):
+        ait.tune(lambda x: model.generate(x), [torch.randn(16)], batch_sizes=[1, 2])
+    # another ait.Module called through: tuned, and the bypassed one named in a warning
+    other = ait.Module(MLP(16, 32, 16).eval(), "other", strategy=cpu_strategy())
+    with caplog.at_level(logging.WARNING, logger="aitune"):
+        ait.tune(lambda x: model.generate(other(x)), [torch.randn(16)], batch_sizes=[1], dry_run=True)
+    assert other.ait_state is ModuleState.RECORDING
+    assert "ait.Module 'generator' wraps ran 3 times called directly" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="aitune"):  # called through the wrapper: nothing to say
+        ait.tune(lambda x: model(other(x)), [torch.randn(16)], batch_sizes=[1], dry_run=True)
+    assert "called directly" not in caplog.text
+
+
 def test_nested_wrapped_modules_export_eagerly():
     inner = ait.Module(MLP().eval(), "inner", strategy=cpu_strategy())
     outer_module = torch.nn.Sequential(inner, torch.nn.Tanh()).eval()

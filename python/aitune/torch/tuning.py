@@ -22,6 +22,47 @@ from aitune.torch.valid_positions import ValidPositionsOption
 
 logger = logging.getLogger("aitune")
 
+
+class _DirectCalls:
+    """While ait.tune records: counts the calls of modules that an ait.Module wraps made
+    directly, not through the ait.Module (which runs its wrapped module's ``forward``, never
+    its ``__call__``). The usual cause: a method of the wrapped module reached through the
+    wrapper (``wrapper.generate(...)`` is the wrapped model's ``generate``, whose
+    ``self(...)`` is the wrapped model), or another reference to the wrapped module. Such
+    calls are neither recorded nor, once tuned, served by the tuned graphs."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+        self.classes: dict[str, str] = {}
+
+    def __enter__(self) -> _DirectCalls:
+        from aitune.torch.module_registry import MODULE_REGISTRY
+
+        wrapped = {id(m.ait_module): m for m in MODULE_REGISTRY.modules.values()}
+
+        def note(module: torch.nn.Module, _args: Any) -> None:
+            wrapper = wrapped.get(id(module))
+            if wrapper is not None and wrapper.ait_module is module:
+                self.counts[wrapper.ait_name] = self.counts.get(wrapper.ait_name, 0) + 1
+                self.classes[wrapper.ait_name] = type(module).__name__
+
+        self._handle = torch.nn.modules.module.register_module_forward_pre_hook(note) if wrapped else None
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+
+    def explain(self) -> str:
+        which = "; ".join(f"The {self.classes[name]} that ait.Module '{name}' wraps ran {count} times called directly"
+                          for name, count in self.counts.items())
+        return (f"{which}, not through its ait.Module, so those calls are not recorded and will not run tuned. "
+                "A method of the wrapped module reached through the wrapper (wrapper.generate(...)) runs with the "
+                "wrapped module as self and calls it directly; so does another reference to the wrapped module. "
+                "Wrap the modules that method calls instead (for a transformers model's generate: a DecodeStep, "
+                "docs/decoders.md, or its decoder model.model called with use_cache=False), or call the ait.Module "
+                "itself")
+
 DEFAULT_BATCH_SIZES = (1, 2)
 
 
@@ -150,8 +191,9 @@ def tune(
         device = func.ait_device()
 
     session = TuneSession()
+    bypassed = _DirectCalls()
     try:
-        with torch.no_grad(), recording(session):
+        with torch.no_grad(), recording(session), bypassed:
             for batch_size, args, kwargs in iterate_calls(dataset, batch_sizes, max_num_batches_per_batch_size):
                 if device is not None:
                     args, kwargs = pytree.tree_map_only(torch.Tensor, lambda t: t.to(device), (args, kwargs))
@@ -186,7 +228,11 @@ def tune(
     for module in session.modules.values():
         module._ait_recording_ended(failed=False)
     if not session.modules:
+        if bypassed.counts:
+            raise ValueError("func called no ait.Module. " + bypassed.explain())
         raise ValueError("func called no ait.Module: wrap the modules to tune with ait.Module(module, name)")
+    if bypassed.counts:
+        logger.warning("ait.tune: %s", bypassed.explain())
     if dry_run:
         return
 
