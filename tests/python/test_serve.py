@@ -197,6 +197,24 @@ def test_bad_bodies_are_refused_with_a_reason(checkpoint):
         assert refused.value.status == status
 
 
+def test_json_values_that_the_stated_dtype_cannot_hold_are_refused_not_changed():
+    # was: 1.5 sent as int64 became 1 silently, and 300 as int8 (or 10**30 as int64) raised
+    # OverflowError out of the codec: a 500 instead of a 400 naming the input
+    def decode(value, dtype):
+        body = json.dumps({"inputs": {"x": value}, "dtypes": {"x": dtype}}).encode()
+        return codec.decode(body, codec.JSON, {}, "x")["x"]
+
+    for value, dtype, message in [([1.5], "int64", "not integers"), ([300], "int8", "out of range for int8"),
+                                  ([10**30], "int64", "64 bits"), ([-1], "uint8", "out of range for uint8"),
+                                  ([2], "bool", "not 0 or 1"), ([float("nan")], "int32", "not integers")]:
+        with pytest.raises(BadRequest, match=message) as refused:
+            decode(value, dtype)
+        assert refused.value.status == 400 and "'x'" in str(refused.value)
+    assert decode([[1, 2]], "int8").dtype == np.int8 and decode([1.0, 2.0], "int64").tolist() == [1, 2]
+    assert decode([0, 1], "bool").tolist() == [False, True] and decode([0.1], "float16").dtype == np.float16
+    assert decode(2.5, "float32").shape == ()  # a scalar stays 0-d
+
+
 def test_written_config_is_accepted_by_serves_schema(checkpoint, tmp_path, capsys):
     from ray.serve.schema import ServeDeploySchema
     import yaml

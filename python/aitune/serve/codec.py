@@ -27,16 +27,34 @@ class BadRequest(ValueError):
 
 def _json_array(name: str, value, dtype: str | None) -> np.ndarray:
     try:
-        array = np.asarray(value, dtype=dtype) if dtype else np.asarray(value)
+        array = np.asarray(value)
     except (ValueError, TypeError) as error:
         raise BadRequest(f"input '{name}' is not a rectangular array of numbers: {error}") from None
     if array.dtype == object or array.dtype.kind in "USV":
-        raise BadRequest(f"input '{name}' is not a rectangular array of numbers")
-    if dtype is None and array.dtype == np.float64:
+        # an integer beyond 64 bits also makes an object array
+        raise BadRequest(f"input '{name}' is not a rectangular array of numbers within 64 bits")
+    if dtype is None:
         # JSON has one number type; a float input the client did not type is float32, what
         # models take. Integers stay int64 (token ids).
-        array = array.astype(np.float32)
-    return array
+        return array.astype(np.float32) if array.dtype == np.float64 else array
+    target = np.dtype(dtype)
+    # The stated dtype must hold the values: a float made an integer, or an integer wrapped
+    # around, would be another request than the one sent (floats are rounded, as JSON's
+    # decimal numbers always are).
+    if target.kind in "iub" and array.size:
+        if array.dtype.kind == "f" and not np.all(np.isfinite(array) & (array == np.trunc(array))):
+            raise BadRequest(f"input '{name}': values are not integers, which {target.name} takes")
+        if target.kind == "b" and not np.all((array == 0) | (array == 1)):
+            raise BadRequest(f"input '{name}': values are not 0 or 1, which bool takes")
+        if target.kind in "iu":
+            info = np.iinfo(target)
+            if array.min() < info.min or array.max() > info.max:
+                raise BadRequest(f"input '{name}': values are out of range for {target.name} "
+                                 f"({info.min}..{info.max})")
+    try:
+        return array.astype(target)
+    except (ValueError, TypeError, OverflowError) as error:
+        raise BadRequest(f"input '{name}' cannot be made {target.name}: {error}") from None
 
 
 def decode(body: bytes, content_type: str, query: Mapping[str, str], single_input: str | None) -> dict[str, np.ndarray]:
