@@ -215,6 +215,19 @@ def test_json_values_that_the_stated_dtype_cannot_hold_are_refused_not_changed()
     assert decode(2.5, "float32").shape == ()  # a scalar stays 0-d
 
 
+def test_json_answers_are_strict_json_with_nan_and_infinity_as_strings():
+    # was: json.dumps wrote bare NaN / -Infinity (a masked logit), which is not JSON:
+    # JSON.parse and most clients other than Python's refuse the whole answer
+    y = np.array([[1.5, np.nan], [np.inf, -np.inf]], np.float32)
+    body, media = codec.encode({"y": y, "n": np.arange(3)}, codec.JSON)
+    payload = json.loads(body, parse_constant=lambda c: pytest.fail(f"bare {c} in a JSON answer"))
+    assert payload["outputs"]["y"] == [[1.5, "NaN"], ["Infinity", "-Infinity"]]
+    back = codec.decode_response(body, media)
+    np.testing.assert_array_equal(back["y"], y)
+    assert back["y"].dtype == np.float32 and back["n"].tolist() == [0, 1, 2]
+    assert json.loads(codec.encode({"s": np.array(np.nan, np.float32)}, codec.JSON)[0])["outputs"]["s"] == "NaN"
+
+
 def test_written_config_is_accepted_by_serves_schema(checkpoint, tmp_path, capsys):
     from ray.serve.schema import ServeDeploySchema
     import yaml

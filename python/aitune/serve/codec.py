@@ -124,8 +124,23 @@ def encode(outputs: dict[str, np.ndarray], accept: str) -> tuple[bytes, str]:
         buffer = io.BytesIO()
         np.save(buffer, next(iter(outputs.values())), allow_pickle=False)
         return buffer.getvalue(), NPY
-    body = {"outputs": {k: v.tolist() for k, v in outputs.items()}, "dtypes": {k: str(v.dtype) for k, v in outputs.items()}}
-    return json.dumps(body).encode(), JSON
+    body = {"outputs": {k: _json_values(v) for k, v in outputs.items()},
+            "dtypes": {k: str(v.dtype) for k, v in outputs.items()}}
+    return json.dumps(body, allow_nan=False).encode(), JSON
+
+
+def _json_values(array: np.ndarray):
+    """The array as JSON values. JSON has no NaN or infinity (Python's json writes bare
+    NaN / Infinity, which JSON.parse and most other parsers refuse): those are written as
+    the strings "NaN", "Infinity", "-Infinity", as protobuf's JSON mapping does; numpy reads
+    them back with the dtype (decode_response)."""
+    if array.dtype.kind != "f" or np.isfinite(array).all():
+        return array.tolist()
+    values = array.astype(object)
+    values[np.isnan(array)] = "NaN"
+    values[np.isposinf(array)] = "Infinity"
+    values[np.isneginf(array)] = "-Infinity"
+    return values.tolist()
 
 
 def decode_response(body: bytes, content_type: str) -> dict[str, np.ndarray]:
