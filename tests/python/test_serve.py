@@ -173,6 +173,23 @@ def test_graphs_outside_onnx_runtime_are_named_as_not_served():
     assert unserved_graphs(manifest) == {"g_eager": "runs eagerly", "g_compiled": "torch.compile"}
 
 
+def test_serving_a_checkpoint_with_no_onnx_runtime_graph_is_refused_before_ray_starts(tmp_path, capsys):
+    # was: the plan was printed and the config written (or Ray started), and every
+    # replica then failed on 'no ONNX Runtime graph to serve'
+    from aitune.torch.backend import TorchEagerBackend
+
+    class Holder:
+        def __init__(self):
+            self.head = ait.Module(MLP().eval(), "eager_head_serve", strategy=ait.OneBackendStrategy(TorchEagerBackend()))
+
+    holder = Holder()
+    ait.tune(lambda x: holder.head(x), [torch.randn(16)], batch_sizes=[1], progress=False)
+    path = ait.save(holder, tmp_path / "eager.ait") / "modules" / "head"  # a pipeline's section: eager only
+    config = tmp_path / "serve.yaml"
+    assert serve_cli.serve_main([str(path), "--write-config", str(config)]) == 2
+    assert "no ONNX Runtime graph to serve" in capsys.readouterr().err and not config.exists()
+
+
 def test_bad_bodies_are_refused_with_a_reason(checkpoint):
     path, _ = checkpoint
     server = GraphServer(path, device="cpu")

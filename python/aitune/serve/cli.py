@@ -10,6 +10,7 @@ import threading
 
 from aitune import _core
 
+from .graph_server import unserved_graphs
 from .plan import plan_for
 
 APP_NAME = "aitune"
@@ -80,6 +81,14 @@ def serve_main(argv: list[str]) -> int:
     args = _serve_parser().parse_args(argv)
     try:
         checkpoint = _core.Checkpoint.load(args.checkpoint)
+        if not any(checkpoint.runs_in_engine(key) for key in checkpoint.graph_keys()):
+            # refused here, not by every replica after Ray started (or on the cluster a written config reaches)
+            unserved = unserved_graphs(checkpoint.manifest)
+            raise _core.InvalidArgumentError(
+                f"checkpoint '{args.checkpoint}' has no ONNX Runtime graph to serve: its graphs "
+                f"({', '.join(f'{k}: {v}' for k, v in unserved.items())}) run only in the Python front end, "
+                "with the model's nn.Module (ait.load)"
+            )
         plan = plan_for(checkpoint, args.slo_ms, args.overhead_ms)
     except _core.AituneError as error:
         print(f"aitune serve: {error}", file=sys.stderr)
