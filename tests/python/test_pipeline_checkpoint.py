@@ -204,6 +204,9 @@ def test_save_is_atomic_and_refuses_what_it_cannot_save(saved, tmp_path):
     with pytest.raises(aitune.InvalidArgumentError, match="not an aitune checkpoint"):
         ait.save(pipeline, other)
     assert (other / "notes.txt").read_text() == "mine"
+    # was: a bare FileExistsError from mkdir (the single-module save: AituneIOError)
+    with pytest.raises(aitune.AituneIOError, match="notes.txt"):
+        ait.save(pipeline, other / "notes.txt" / "inside")
     with pytest.raises(TypeError, match="holds no ait.Module"):
         ait.save(TwoStage(), tmp_path / "empty")
     untuned = TwoStage()

@@ -242,7 +242,10 @@ def save(obj: Any, path: str | os.PathLike, *, overwrite: bool = True,
             )
         if not overwrite and any(target.iterdir()):
             raise _core.InvalidArgumentError(f"ait.save: '{target}' holds a checkpoint and overwrite=False")
-    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:  # a file on the way (FileExistsError, NotADirectoryError), no permission
+        raise _core.AituneIOError(f"ait.save: cannot create the directory '{target.parent}': {error}") from None
     # the staging directory is owned (pid in its name, flock held) like the single-module
     # save's, so that saves of other processes sweep it only once this process is gone;
     # those of processes that died (a kill -9 mid-save) are swept here
