@@ -243,6 +243,11 @@ def test_json_answers_are_strict_json_with_nan_and_infinity_as_strings():
     np.testing.assert_array_equal(back["y"], y)
     assert back["y"].dtype == np.float32 and back["n"].tolist() == [0, 1, 2]
     assert json.loads(codec.encode({"s": np.array(np.nan, np.float32)}, codec.JSON)[0])["outputs"]["s"] == "NaN"
+    # an answer's values are accepted as a request's (a model's outputs fed to the next)
+    request = json.dumps({"inputs": {"x": payload["outputs"]["y"]}}).encode()
+    np.testing.assert_array_equal(codec.decode(request, codec.JSON, {}, "x")["x"], y)
+    with pytest.raises(BadRequest, match="rectangular"):  # other strings are not numbers
+        codec.decode(json.dumps({"inputs": {"x": ["1.5"]}}).encode(), codec.JSON, {}, "x")
 
 
 def test_written_config_is_accepted_by_serves_schema(checkpoint, tmp_path, capsys):

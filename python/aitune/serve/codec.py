@@ -25,9 +25,22 @@ class BadRequest(ValueError):
         self.status = status
 
 
+#: The strings JSON answers write for the floats JSON has no numbers for (encode), read back here.
+_NON_FINITE = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
+
+
+def _non_finite_read(value):
+    """``value`` with the strings "NaN", "Infinity", "-Infinity" (as answers write them) made floats."""
+    if isinstance(value, list):
+        return [_non_finite_read(v) for v in value]
+    if isinstance(value, str) and value in _NON_FINITE:
+        return _NON_FINITE[value]
+    return value
+
+
 def _json_array(name: str, value, dtype: str | None) -> np.ndarray:
     try:
-        array = np.asarray(value)
+        array = np.asarray(_non_finite_read(value))
     except (ValueError, TypeError) as error:
         raise BadRequest(f"input '{name}' is not a rectangular array of numbers: {error}") from None
     if array.dtype == object or array.dtype.kind in "USV":
