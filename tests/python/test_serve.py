@@ -180,10 +180,11 @@ def test_serving_a_checkpoint_with_no_onnx_runtime_graph_is_refused_before_ray_s
 
     class Holder:
         def __init__(self):
+            self.body = ait.Module(MLP().eval(), "onnx_body_serve", strategy=cpu_strategy(tune_provider_options=False))
             self.head = ait.Module(MLP().eval(), "eager_head_serve", strategy=ait.OneBackendStrategy(TorchEagerBackend()))
 
     holder = Holder()
-    ait.tune(lambda x: holder.head(x), [torch.randn(16)], batch_sizes=[1], progress=False)
+    ait.tune(lambda x: (holder.body(x), holder.head(x)), [torch.randn(16)], batch_sizes=[1], progress=False)
     path = ait.save(holder, tmp_path / "eager.ait") / "modules" / "head"  # a pipeline's section: eager only
     config = tmp_path / "serve.yaml"
     assert serve_cli.serve_main([str(path), "--write-config", str(config)]) == 2
