@@ -1,7 +1,7 @@
 """What a user sees from a plain script (issue 31, item 9): tuning a tiny HF BERT and a
 second module on the CPU, then exiting, prints neither onnxscript's constant-folder
 messages ("Evaluation failed: cannot reshape array ...", through Python's last-resort
-logging handler) nor nanobind's "leaked N instances!" at interpreter shutdown: run with
+logging handler), nor torch's exporter's "torchvision is not installed" notes, nor nanobind's "leaked N instances!" at interpreter shutdown: run with
 AITUNE_LEAK_WARNINGS=1, so that a reference the tune itself keeps past exit shows. Without
 it (a user's run) the report is off: a script that loads a checkpoint whose outputs are a
 dataclass of its own __main__ keeps aitune's objects until after the bindings are torn
@@ -9,6 +9,7 @@ down, through torch's pytree registry, and exits quietly too."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -46,6 +47,8 @@ def test_a_script_that_tunes_two_modules_exits_quietly(tmp_path):
     assert "tuned TUNED TUNED" in done.stdout
     assert "Evaluation failed" not in done.stderr, done.stderr
     assert "leaked" not in done.stderr, done.stderr
+    if importlib.util.find_spec("torchvision") is None:  # the exporter's note where it is missing
+        assert "torchvision is not installed" not in done.stderr, done.stderr
 
 
 class LogOfPositions(torch.nn.Module):

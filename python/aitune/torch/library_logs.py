@@ -13,8 +13,11 @@ logger = logging.getLogger("aitune.torch")
 #: their own work, nothing a user can act on: onnxscript's constant folder warns
 #: "Evaluation failed: cannot reshape array ..." when it cannot pre-compute a node (the
 #: node then simply stays in the graph). Without a handler of the user's they reached the
-#: terminal through Python's last-resort handler.
-ROUTED = ("onnxscript",)
+#: terminal through Python's last-resort handler. torch's exporter registers its
+#: torchvision ops on every export and, where torchvision is not installed, warns
+#: "torchvision is not installed. Skipping torchvision::nms" (four lines an export) through
+#: torch's own handler: a model that uses no torchvision op has no use for it.
+ROUTED = ("onnxscript", "torch.onnx._internal.exporter._registration")
 
 
 class _ToAitune(logging.Handler):
