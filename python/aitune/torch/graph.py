@@ -48,7 +48,8 @@ def _check_output_leaves(module_name: str, paths_leaves: list) -> None:
         if isinstance(leaf, torch.Tensor) or isinstance(leaf, _CONSTANT_TYPES):
             continue
         kind = f"{type(leaf).__module__}.{type(leaf).__qualname__}"
-        hint = (" (a transformers cache: call the model with use_cache=False)"
+        hint = (" (a transformers cache: call the model with use_cache=False, or, for a generation loop with "
+                "its KV cache, tune aitune.torch.decode_step.DecodeStep, whose caches are tensors: docs/decoders.md)"
                 if "cache" in type(leaf).__name__.lower() else "")
         raise ValueError(
             f"ait.Module '{module_name}': output{pytree.keystr(path)} is a {kind} object, which an ONNX graph "
