@@ -139,3 +139,44 @@ def test_a_refused_output_is_named_once_however_many_calls_recorded_it():
         ait.tune(model, [torch.randn(4) for _ in range(4)], batch_sizes=[1, 2], ignore_failing_modules=False,
                  progress=False)
     assert str(error.value).count("builtins.object object") == 1, str(error.value)
+
+
+@pytest.mark.parametrize("value", [
+    (0, (1, 2), (3, 4)),                          # a decode step's (logits, keys, values)
+    [0, (1, "constant", None), [[2], 3.5], 4],    # lists, constants, None, nesting
+    ((0, 1), (), [2, (3,)]),                      # an empty tuple; consecutive tensors split by a node
+    (None, 0),
+    {"a": 0, "b": (1, 2)},                        # not tuples and lists only: pytree rebuilds it
+    Pair(0, 1),                                   # a namedtuple: pytree too
+])
+def test_the_output_structure_is_rebuilt_as_pytree_rebuilds_it(value):
+    """_Tree.fill's builder for outputs nested in tuples and lists (no spec walk per call)
+    gives exactly what pytree.tree_unflatten gives, types included; other structures go
+    through pytree itself."""
+    import torch.utils._pytree as pytree
+
+    from aitune.torch.graph import _Tree
+
+    tensors = [torch.full((1,), float(i)) for i in range(5)]
+    leaves, spec = pytree.tree_flatten(value)
+    leaves = [tensors[v] if isinstance(v, int) and not isinstance(v, bool) else v for v in leaves]
+    tree = _Tree(spec, leaves)
+    given = [leaf for leaf in leaves if isinstance(leaf, torch.Tensor)]
+    expected = pytree.tree_unflatten(leaves, spec)
+    rebuilt = tree.fill(given)
+
+    def same(a, b) -> bool:
+        if isinstance(a, torch.Tensor):
+            return a is b
+        if type(a) is not type(b):
+            return False
+        if isinstance(a, dict):
+            return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+        if isinstance(a, (tuple, list)):
+            return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b, strict=True))
+        return a == b
+
+    assert same(rebuilt, expected), (rebuilt, expected)
+    assert (tree._build is None) == (isinstance(value, dict) or type(value) is Pair)
+    with pytest.raises(ValueError):
+        tree.fill(given + [torch.zeros(1)])

@@ -89,10 +89,71 @@ class _Tree:
     def fill(self, tensors) -> Any:
         if self.bare_tensor:  # a module returning one tensor: no structure to rebuild
             return tensors[0]
+        build = self.__dict__.get("_build", _UNSET)
+        if build is _UNSET:
+            build = self._build = _sequence_builder(self.spec, self.template, self.tensor_positions)
+        if build is not None:
+            if len(tensors) != len(self.tensor_positions):
+                raise ValueError(f"{len(tensors)} output tensors for a structure of {len(self.tensor_positions)}")
+            return build(tensors)
         leaves = list(self.template)
         for position, tensor in zip(self.tensor_positions, tensors, strict=True):
             leaves[position] = tensor
         return pytree.tree_unflatten(leaves, self.spec)
+
+
+_UNSET = object()
+
+
+def _children(spec: pytree.TreeSpec) -> list:
+    children = getattr(spec, "children", None)
+    return list(children()) if callable(children) else list(spec.children_specs)
+
+
+def _sequence_builder(spec: pytree.TreeSpec, template: list, tensor_positions: list[int]):
+    """For an output nested only in tuples and lists (None and constants among its leaves):
+    a function of the output tensors that builds it as ``pytree.tree_unflatten`` would,
+    without walking the spec per call: a decode step's (logits, keys, values) of 17 tensors
+    in ~0.3 us instead of ~5 (a tuple of consecutive tensors is one slice). None for any
+    other structure (dicts, namedtuples, dataclasses, ModelOutputs), which pytree rebuilds."""
+    slot = {position: k for k, position in enumerate(tensor_positions)}
+    next_leaf = iter(range(len(template)))
+
+    def leaf_getter(i: int):
+        if i in slot:
+            k = slot[i]
+            return (lambda t: t[k]), k
+        constant = template[i]
+        return (lambda t: constant), None
+
+    def build(node):
+        if node.is_leaf():
+            return leaf_getter(next(next_leaf))[0]
+        if node.type is type(None):
+            return lambda t: None
+        if node.type not in (tuple, list):
+            raise LookupError(node.type)
+        parts, slots = [], []
+        for child in _children(node):
+            if child.is_leaf():
+                getter, k = leaf_getter(next(next_leaf))
+                parts.append(getter)
+                slots.append(k)
+            else:
+                parts.append(build(child))
+                slots.append(None)
+        kind = node.type
+        if parts and None not in slots and slots == list(range(slots[0], slots[0] + len(slots))):
+            start, stop = slots[0], slots[0] + len(slots)  # consecutive tensors: one slice
+            return (lambda t: tuple(t[start:stop])) if kind is tuple else (lambda t: list(t[start:stop]))
+        if kind is tuple:
+            return lambda t: tuple([part(t) for part in parts])
+        return lambda t: [part(t) for part in parts]
+
+    try:
+        return build(spec)
+    except LookupError:
+        return None
 
 
 _POSITIONAL_KINDS = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
