@@ -130,3 +130,43 @@ def test_forward_changing_a_list_it_is_given_is_refused_naming_it():
     with torch.no_grad():
         h = model(x, cache)
     assert cache[0] is not before and torch.allclose(cache[0], before + h)  # eager, as the user wrote it
+
+
+class KeepsPythonState(torch.nn.Module):
+    """Updates plain Python attributes in forward (no buffer): a call counter, a list of
+    what it saw. Neither changes the outputs, so only watching the attributes tells."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = torch.nn.Linear(4, 4)
+        self.inner.calls = 0  # on a submodule: named by its path
+        self.seen = []
+        self.lazy = None  # set once, on the first call: a memo, not state that keeps changing
+
+    def forward(self, x):
+        if self.lazy is None:
+            self.lazy = "ready"
+        self.inner.calls += 1
+        self.seen.append(x.shape[0])
+        return self.inner(x)
+
+
+@pytest.mark.parametrize("use_dynamo", [True, False], ids=["dynamo", "trace"])
+def test_python_attributes_updated_in_forward_are_refused_naming_them(use_dynamo):
+    """An ONNX graph drops every Python side effect of forward: the tuned module would
+    silently stop counting and stop appending. Refused like a buffer update, naming the
+    attributes; tuning's own calls leave them as the recorded calls did, and the module
+    stays eager (the attributes keep changing)."""
+    samples = [torch.randn(4) for _ in range(2)]
+    recorded = KeepsPythonState().eval()
+    ait.tune(ait.Module(recorded, "py-state-dry", strategy=cpu_strategy()), samples, dry_run=True, progress=False)
+
+    inner = KeepsPythonState().eval()
+    model = ait.Module(inner, "py-state", strategy=cpu_strategy(use_dynamo=use_dynamo, tune_provider_options=False))
+    with pytest.raises(ExportError, match=r"forward changes the module's state \(inner\.calls, seen\)") as refused:
+        ait.tune(model, samples, ignore_failing_modules=False, progress=False)
+    assert "lazy" not in str(refused.value)
+    assert model.ait_state is ModuleState.PASSTHROUGH
+    assert inner.inner.calls == recorded.inner.calls and inner.seen == recorded.seen
+    model(torch.randn(1, 4))
+    assert inner.inner.calls == recorded.inner.calls + 1 and inner.seen == [*recorded.seen, 1]

@@ -384,7 +384,7 @@ class Module(DispatchedModule):
             self._ait_note_record_error(f"{type(error).__name__}: {error}")
             return self._ait_module.forward(*args, **kwargs)
         graph = self._ait_graphs.get(identity)
-        watch = StateWatch(self._ait_module, compare_values=graph is None)
+        watch = StateWatch(self._ait_module, compare_values=graph is None, watch_attributes=graph is not None)
         input_versions = [tensor_version(leaf) for leaf in leaves if isinstance(leaf, torch.Tensor)]
         outputs = self._ait_module.forward(*args, **kwargs)
         mutated = watch.changed()

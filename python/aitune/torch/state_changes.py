@@ -1,6 +1,9 @@
-"""What a recorded call changed of its module's state (buffers, parameters): an export cannot carry it."""
+"""What a recorded call changed of its module's state (buffers, parameters, plain Python
+attributes): an export cannot carry it."""
 
 from __future__ import annotations
+
+import copy
 
 import torch
 import torch.utils._pytree as pytree
@@ -12,22 +15,73 @@ class StateWatch:
     bumps the version, an assignment (``self.calls = self.calls + 1``) replaces the tensor.
     Native kernels that update a buffer inside (BatchNorm's running statistics) bump
     neither, so with ``compare_values`` the buffers' values are compared too; that costs a
-    copy of the buffers, so the caller asks for it once per graph, on its first call."""
+    copy of the buffers, so the caller asks for it once per graph, on its first call.
 
-    def __init__(self, module: torch.nn.Module, compare_values: bool):
+    With ``watch_attributes``, the plain Python attributes of the module and its submodules
+    (a call counter, a list appended to, a tensor kept outside the buffers) are watched too:
+    an ONNX graph drops every Python side effect. The caller asks for it on the calls after
+    a graph's first, so a memo set once on the first call (``if self.cache is None: ...``) is
+    not state that keeps changing."""
+
+    def __init__(self, module: torch.nn.Module, compare_values: bool, watch_attributes: bool = False):
         self.module = module
         self.versions = _versions(module)
         self.values = ({name: buffer.detach().clone() for name, buffer in module.named_buffers()}
                        if compare_values else {})
+        self.attributes = _attributes(module) if watch_attributes else None
 
     def changed(self) -> list[str]:
-        """Names of the buffers and parameters changed (or added) during the call."""
+        """Names of the buffers, parameters and (watched) attributes changed (or added) during the call."""
         changed = [name for name, version in _versions(self.module).items() if self.versions.get(name) != version]
         for name, buffer in self.module.named_buffers():
             before = self.values.get(name)
             if name not in changed and before is not None and not _same(before, buffer):
                 changed.append(name)
+        if self.attributes is not None:
+            after = _attributes(self.module)
+            changed += [name for name in sorted({*self.attributes, *after})
+                        if self.attributes.get(name) != after.get(name) and name not in changed]
         return changed
+
+
+#: What every ``torch.nn.Module`` keeps in its ``__dict__`` (parameters, hooks, ``training``):
+#: not the user's attributes.
+_MODULE_INTERNALS = frozenset(vars(torch.nn.Module()))
+
+
+def _attributes(module: torch.nn.Module) -> dict[str, tuple]:
+    """A token per plain Python attribute of ``module`` and its submodules, by path
+    (``inner.calls``), that differs when the attribute is reassigned or, for a list, tuple,
+    dict or set, when an item is replaced, added or removed, or for a tensor when it is
+    changed in place. aitune's own attributes (``_ait…``, a nested ``ait.Module``'s) are left out."""
+    tokens = {}
+    for prefix, sub in module.named_modules(remove_duplicate=True):
+        for key, value in vars(sub).items():
+            if key in _MODULE_INTERNALS or key.startswith("_ait") or isinstance(value, torch.nn.Module):
+                continue
+            tokens[f"{prefix}.{key}" if prefix else key] = _token(value)
+    return tokens
+
+
+def _token(value) -> tuple:
+    if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
+        return ("value", type(value), value)
+    if isinstance(value, torch.Tensor):
+        return ("tensor", id(value), tensor_version(value))
+    if isinstance(value, (list, tuple)):
+        return ("items", id(value), tuple(_item(item) for item in value))
+    if isinstance(value, dict):
+        return ("items", id(value), tuple((key, _item(item)) for key, item in value.items()))
+    if isinstance(value, (set, frozenset)):
+        return ("items", id(value), frozenset(_item(item) for item in value))
+    return ("object", id(value))
+
+
+def _item(item):
+    """An item of a container: scalars by value (a list of ints appended to), others by identity."""
+    if item is None or isinstance(item, (bool, int, float, str, bytes)):
+        return (type(item), item)
+    return id(item)
 
 
 def tensor_version(tensor: torch.Tensor) -> int:
@@ -108,8 +162,24 @@ class StateSnapshot:
         self.module = module
         tensors = {**dict(module.named_buffers()), **dict(module.named_parameters())}
         self.saved = {name: (tensors[name], tensors[name].detach().clone()) for name in names if name in tensors}
+        # plain Python attributes: the object, and a shallow copy of a container's items
+        self.attributes = {}
+        for name in names:
+            owner_name, _, attr = name.rpartition(".")
+            owner = module.get_submodule(owner_name)
+            if name not in tensors and attr in vars(owner):
+                value = vars(owner)[attr]
+                self.attributes[name] = (owner, attr, value, copy.copy(value) if isinstance(
+                    value, (list, dict, set)) else None)
 
     def restore(self) -> None:
+        for owner, attr, value, items in self.attributes.values():
+            if isinstance(value, list):
+                value[:] = items  # whoever holds the list sees its items back
+            elif isinstance(value, (dict, set)):
+                value.clear()
+                value.update(items)
+            setattr(owner, attr, value)
         tensors = {**dict(self.module.named_buffers()), **dict(self.module.named_parameters())}
         for name, (original, value) in self.saved.items():
             with torch.no_grad():
