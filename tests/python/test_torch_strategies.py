@@ -232,6 +232,11 @@ def test_tolerance_overrides_accept_a_known_deviation():
         (dict(tolerance=(1e-3,)), "tolerance must be an \\(atol, rtol\\) pair"),
         (dict(tolerance=(-1, 0)), "must not be negative"),
         (dict(output_tolerances={"output_0": "tight"}), "output_tolerances\\['output_0'\\]"),
+        # NaN compares false with every error: a NaN atol or rtol would pass every element
+        (dict(tolerance=(float("nan"), 1e-3)), "tolerance must not be NaN"),
+        (dict(output_tolerances={"output_0": (1e-3, float("nan"))}), "output_tolerances\\['output_0'\\] must not be NaN"),
+        # without a metric the drop allowed is ignored: the user believes a rule is applied
+        (dict(max_accuracy_drop=0.01), "max_accuracy_drop=0.01 is given without accuracy"),
     ],
 )
 def test_bad_tolerances_fail_before_recording(kwargs, message):

@@ -4,6 +4,7 @@ reference's process-wide switches included (as the defaults of new TuneOptions).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -72,6 +73,8 @@ def _tolerance(value, what: str) -> _core.Tolerance:
         atol, rtol = float(atol), float(rtol)
     except (TypeError, ValueError):
         raise ValueError(f"{what} must be an (atol, rtol) pair of numbers, got {value!r}") from None
+    if math.isnan(atol) or math.isnan(rtol):  # every comparison with NaN is false: every element would pass
+        raise ValueError(f"{what} must not be NaN, got {value!r}")
     if atol < 0 or rtol < 0:
         raise ValueError(f"{what} must not be negative, got {value!r}")
     return _core.Tolerance(atol, rtol)
@@ -133,6 +136,11 @@ class TuneOptions:
         if isinstance(self.max_accuracy_drop, bool) or not isinstance(self.max_accuracy_drop, (int, float)) \
                 or not self.max_accuracy_drop >= 0:
             raise ValueError(f"max_accuracy_drop must be a number >= 0, got {self.max_accuracy_drop!r}")
+        if self.max_accuracy_drop != 0 and self.accuracy is None:
+            # without a metric nothing applies it: the built-in rules would decide, unknown to the user
+            raise ValueError(f"max_accuracy_drop={self.max_accuracy_drop!r} is given without accuracy: it bounds the "
+                             "drop of the user's metric (accuracy=fn), which alone then decides; pass accuracy too, "
+                             "or tolerance / output_tolerances / accuracy_factor for the built-in rules")
 
     def tuner_options(self) -> _core.TunerOptions:
         options = _core.TunerOptions()
