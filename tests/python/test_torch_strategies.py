@@ -246,6 +246,16 @@ def test_bad_tolerances_fail_before_recording(kwargs, message):
     assert model.ait_state is ModuleState.INIT
 
 
+def test_output_tolerance_naming_no_output_is_refused_naming_the_outputs():
+    """A typo in output_tolerances left that output at the default tolerance, silently (the
+    CLI's --output-tolerance already refused an unknown name)."""
+    model = ait.Module(MLP().eval(), "mlp", strategy=ait.OneBackendStrategy(cpu_backend()))
+    with pytest.raises(ValueError, match=r"output_tolerances names 'logits', which no recorded graph outputs; "
+                                         r"the outputs are: 'output_0'"):
+        ait.tune(model, torch.randn(16), output_tolerances={"logits": (1e-2, 1e-2)}, progress=False)
+    assert model.ait_state is ModuleState.INIT
+
+
 def test_variants_can_be_switched_off():
     backend = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cpu", tune_provider_options=False))
     model = ait.Module(MLP().eval(), "mlp", strategy=ait.OneBackendStrategy(backend))

@@ -233,6 +233,10 @@ def tune(
         raise ValueError("func called no ait.Module: wrap the modules to tune with ait.Module(module, name)")
     if bypassed.counts:
         logger.warning("ait.tune: %s", bypassed.explain())
+    if unknown := _unknown_output_tolerances(output_tolerances, session.modules.values()):
+        for module in session.modules.values():  # tuned as they were before, not left recorded
+            module._ait_tuning_interrupted()
+        raise ValueError(unknown)
     if dry_run:
         return
 
@@ -257,3 +261,20 @@ def tune(
             for module in pending:
                 module._ait_tuning_interrupted()
         raise
+
+
+def _unknown_output_tolerances(output_tolerances, modules) -> str | None:
+    """Why ``output_tolerances`` names an output no recorded graph has (a typo would
+    otherwise leave that output at the default tolerance, unknown to the user), or None.
+    Not judged where a module recorded no graph (its outputs are unknown)."""
+    if not output_tolerances:
+        return None
+    graphs = [graph for module in modules for graph in module._ait_graphs.values()]
+    if not graphs or any(not module._ait_graphs for module in modules):
+        return None
+    names = sorted({name for graph in graphs for name in graph.output_names})
+    unknown = [name for name in output_tolerances if str(name) not in names]
+    if not unknown:
+        return None
+    return (f"output_tolerances names {', '.join(repr(str(name)) for name in unknown)}, which no recorded graph "
+            f"outputs; the outputs are: {', '.join(repr(name) for name in names)}")
