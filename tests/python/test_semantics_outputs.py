@@ -180,3 +180,31 @@ def test_the_output_structure_is_rebuilt_as_pytree_rebuilds_it(value):
     assert (tree._build is None) == (isinstance(value, dict) or type(value) is Pair)
     with pytest.raises(ValueError):
         tree.fill(given + [torch.zeros(1)])
+
+
+class PassThrough(torch.nn.Module):
+    """Returns its input itself and a view of it beside a computed output."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return x, x[:, :2], self.fc(x)
+
+
+def test_an_output_that_is_an_input_is_said_once_and_keeps_its_values():
+    """Eagerly output 0 is the input itself and output 1 a view of it; a graph returns new
+    tensors, so the link between them is lost: said once per output at recording (the
+    computed output is not named), and the values are eager's."""
+    inner = PassThrough().eval()
+    model = ait.Module(inner, "pass-through", strategy=cpu_strategy(tune_provider_options=False))
+    with pytest.warns(RuntimeWarning, match=r"eager output \S+ is input \S+ itself \(or a view of it\)") as caught:
+        ait.tune(model, [torch.randn(4) for _ in range(4)], batch_sizes=[1, 2], performance_validation=False)
+    aliased = [str(w.message) for w in caught if "is input" in str(w.message)]
+    assert len(aliased) == 2, aliased  # outputs 0 and 1, once each
+    assert model.ait_state is ModuleState.TUNED
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        for got, expected in zip(model(x), inner(x), strict=True):
+            torch.testing.assert_close(got, expected)

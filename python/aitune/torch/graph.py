@@ -414,6 +414,7 @@ class RecordedGraph(_GraphCalls):
         # state: a counter, running statistics); an export cannot carry that and refuses.
         self.mutated_state: list[str] = []
         self._nan_warned: set[str] = set()
+        self._alias_warned: set[str] = set()
         # Recorded tensors kept without a copy (batches ait.tune made) and their version
         # counters then: a tune checks that nothing changed them in place since.
         self.borrowed: list[tuple[torch.Tensor, int]] = []
@@ -444,6 +445,7 @@ class RecordedGraph(_GraphCalls):
             )
         out_tensors = [leaf for leaf in out_leaves if isinstance(leaf, torch.Tensor)]
         self._warn_all_nan(out_tensors)
+        self._warn_aliased(input_tensors, out_tensors)
         self.samples.append(
             Sample(
                 inputs=[self._keep(t) for t in input_tensors],
@@ -468,6 +470,28 @@ class RecordedGraph(_GraphCalls):
     def note_mutated_state(self, names: list[str]) -> None:
         """A recorded call changed these buffers or parameters (``module.changed_state``)."""
         self.mutated_state += [name for name in names if name not in self.mutated_state]
+
+    def _warn_aliased(self, input_tensors: list[torch.Tensor], out_tensors: list[torch.Tensor]) -> None:
+        """An eager output that is an input itself, or a view of it, is said once per output:
+        a graph returns a new tensor with its values, so the tuned module's output no longer
+        shares memory with what it was given (a change to one stops showing in the other)."""
+        storages = {}
+        for name, tensor in zip(self.input_names, input_tensors, strict=True):
+            if tensor.numel() > 0:
+                storages.setdefault((tensor.device, tensor.untyped_storage().data_ptr()), name)
+        for name, tensor in zip(self.output_names, out_tensors, strict=True):
+            if name in self._alias_warned or tensor.numel() == 0:
+                continue
+            given = storages.get((tensor.device, tensor.untyped_storage().data_ptr()))
+            if given is not None:
+                self._alias_warned.add(name)
+                warnings.warn(
+                    f"ait.Module '{self.module_name}' {self.key}: eager output {name} is input {given} itself (or a "
+                    "view of it); a tuned graph returns a new tensor with its values instead, so a change to the "
+                    "output no longer changes the input, nor the other way round",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
 
     def _warn_all_nan(self, out_tensors: list[torch.Tensor]) -> None:
         """An eager output that is NaN everywhere is said once per output: every
