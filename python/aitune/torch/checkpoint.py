@@ -39,6 +39,7 @@ from aitune.torch.checkpoint_structure import (
     field,
     graph_structure,
     script_class_hint,
+    shape_differences,
 )
 from aitune.torch.graph import SavedGraph
 from aitune.torch.module import Module, ModuleState
@@ -142,9 +143,8 @@ def save(
     """
     module = _check_module(module, "save")
     if module.ait_state is not ModuleState.TUNED:
-        failure = module.__dict__.get("_ait_failure") or "ait.tune logged why"
         why = {
-            ModuleState.PASSTHROUGH: f"its tuning failed ({failure}) and it runs eagerly",
+            ModuleState.PASSTHROUGH: f"its tuning failed ({tune_failure(module)}) and it runs eagerly",
             ModuleState.RECORDING: "it was recorded but not tuned",
         }.get(module.ait_state, "it was never tuned")
         raise _core.StateError(
@@ -195,6 +195,11 @@ def save(
         directory, time.perf_counter() - start,
     )
     return directory
+
+
+def tune_failure(module) -> str:
+    """Why the last ait.tune of a PASSTHROUGH ``module`` failed, for a save's refusal."""
+    return module.__dict__.get("_ait_failure") or "ait.tune logged why"
 
 
 def runs_a_graph(module) -> bool:
@@ -335,21 +340,16 @@ def _warn_if_weights_differ(module, meta: dict, directory) -> None:
         "".join(f"its {label} graphs and " for label in own))
 
 
-def _shape_differences(saved: Any, module: torch.nn.Module) -> str:
+def _weights_shape_differences(saved: Any, module: torch.nn.Module) -> str:
     """'' when ``module``'s state dict has the tensor names and shapes of the saved weights
     digest (``weight_values_digest``: [dtype, shape, ...] per name); else the first
     differences, named. A checkpoint written before the digest was stored is not checked."""
     if not isinstance(saved, dict):
         return ""
-    now = {name: list(tensor.shape) for name, tensor in module.state_dict(keep_vars=True).items()
+    now = {name: list(tensor.shape) for name, tensor in sorted(module.state_dict(keep_vars=True).items())
            if isinstance(tensor, torch.Tensor)}
-    was = {name: entry[1] for name, entry in saved.items() if isinstance(entry, list) and len(entry) > 1}
-    differences = [f"'{name}' was {shape}, is {now[name]}" for name, shape in sorted(was.items())
-                   if name in now and now[name] != shape]
-    differences += [f"'{name}' is missing" for name in sorted(was) if name not in now]
-    differences += [f"'{name}' is new" for name in sorted(now) if name not in was]
-    more = f" and {len(differences) - 3} more" if len(differences) > 3 else ""
-    return ", ".join(differences[:3]) + more
+    was = {name: entry[1] for name, entry in sorted(saved.items()) if isinstance(entry, list) and len(entry) > 1}
+    return shape_differences(was, now)
 
 
 def _restore_graphs(module, path, device, seen: list):
@@ -367,7 +367,7 @@ def _restore_graphs(module, path, device, seen: list):
             f"{where} was saved from a {saved_class}, but ait.Module '{module.ait_name}' wraps a {wrapped_class}"
             f"{script_class_hint(saved_class, wrapped_class)}"
         )
-    if other_shapes := _shape_differences(meta.get("weights"), module.ait_module):
+    if other_shapes := _weights_shape_differences(meta.get("weights"), module.ait_module):
         raise _core.InvalidArgumentError(
             f"{where} was saved from a {saved_class} with other parameter or buffer shapes (built with another "
             f"config): {other_shapes}; ait.Module '{module.ait_name}' wraps one its graphs do not compute (build "

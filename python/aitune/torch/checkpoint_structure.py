@@ -51,6 +51,18 @@ def script_class_hint(saved: str, now: str) -> str:
     return ""
 
 
+def shape_differences(saved: dict[str, list[int]], now: dict[str, list[int]]) -> str:
+    """'' when ``now`` has the tensor names and shapes of ``saved`` (name -> shape); else the
+    first three differences, named, in the dicts' order (a module built with another config
+    differs here, not in its class)."""
+    differences = [f"'{name}' was {shape}, is {now[name]}" for name, shape in saved.items()
+                   if name in now and now[name] != shape]
+    differences += [f"'{name}' is missing" for name in saved if name not in now]
+    differences += [f"'{name}' is new" for name in now if name not in saved]
+    more = f" and {len(differences) - 3} more" if len(differences) > 3 else ""
+    return ", ".join(differences[:3]) + more
+
+
 def corrupt(where: str, message: str) -> _core.CheckpointCorruptError:
     return _core.CheckpointCorruptError(f"{where}: {message}")
 

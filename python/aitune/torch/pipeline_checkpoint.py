@@ -38,7 +38,7 @@ import torch
 
 from aitune import _core
 from aitune.torch import checkpoint as module_checkpoint
-from aitune.torch.checkpoint_structure import class_name, script_class_hint
+from aitune.torch.checkpoint_structure import class_name, script_class_hint, shape_differences
 from aitune.torch.module import Module, ModuleState
 from aitune.torch.object_paths import MAX_DEPTH, find_ait_modules, find_modules, replaceable_aliases
 
@@ -166,22 +166,14 @@ def _shape_differences(saved: Any, module: torch.nn.Module) -> str:
     """'' when ``module`` has the saved tensor shapes; else the first differences, named."""
     if not isinstance(saved, dict):
         return ""  # a checkpoint written before the shapes were recorded
-    now = _tensor_shapes(module)
-    differences = [f"'{name}' was {shape}, is {now[name]}" for name, shape in saved.items()
-                   if name in now and now[name] != shape]
-    differences += [f"'{name}' is missing" for name in saved if name not in now]
-    differences += [f"'{name}' is new" for name in now if name not in saved]
-    if not differences:
-        return ""
-    more = f" and {len(differences) - 3} more" if len(differences) > 3 else ""
-    return ", ".join(differences[:3]) + more
+    return shape_differences(saved, _tensor_shapes(module))
 
 
 def _check_saveable(module: Module, where: str) -> None:
     if not module.ait_active:
         raise _core.StateError(f"ait.save: {where} is deactivated; activate() it before saving")
     if module.ait_state is ModuleState.PASSTHROUGH:
-        failure = module.__dict__.get("_ait_failure") or "ait.tune logged why"
+        failure = module_checkpoint.tune_failure(module)
         if len(failure) > 600:
             failure = failure[:600] + " ..."
         raise _core.StateError(
