@@ -73,7 +73,12 @@ class _Tree:
         self.spec = spec
         self.template = [None if isinstance(leaf, torch.Tensor) else leaf for leaf in leaves]
         self.tensor_positions = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
-        self.bare_tensor = spec.is_leaf() and self.tensor_positions == [0]
+        self._derive()
+
+    def _derive(self) -> None:
+        """What ``fill`` needs, from the spec and the positions."""
+        self.bare_tensor = self.spec.is_leaf() and self.tensor_positions == [0]
+        self._build = _sequence_builder(self.spec, self.template, self.tensor_positions)
 
     @classmethod
     def restore(cls, spec: pytree.TreeSpec, template: list, tensor_positions: list[int]) -> _Tree:
@@ -83,26 +88,20 @@ class _Tree:
         tree.spec = spec
         tree.template = list(template)
         tree.tensor_positions = list(tensor_positions)
-        tree.bare_tensor = spec.is_leaf() and tree.tensor_positions == [0]
+        tree._derive()
         return tree
 
     def fill(self, tensors) -> Any:
         if self.bare_tensor:  # a module returning one tensor: no structure to rebuild
             return tensors[0]
-        build = self.__dict__.get("_build", _UNSET)
-        if build is _UNSET:
-            build = self._build = _sequence_builder(self.spec, self.template, self.tensor_positions)
-        if build is not None:
+        if self._build is not None:
             if len(tensors) != len(self.tensor_positions):
                 raise ValueError(f"{len(tensors)} output tensors for a structure of {len(self.tensor_positions)}")
-            return build(tensors)
+            return self._build(tensors)
         leaves = list(self.template)
         for position, tensor in zip(self.tensor_positions, tensors, strict=True):
             leaves[position] = tensor
         return pytree.tree_unflatten(leaves, self.spec)
-
-
-_UNSET = object()
 
 
 def _children(spec: pytree.TreeSpec) -> list:
@@ -119,39 +118,34 @@ def _sequence_builder(spec: pytree.TreeSpec, template: list, tensor_positions: l
     slot = {position: k for k, position in enumerate(tensor_positions)}
     next_leaf = iter(range(len(template)))
 
-    def leaf_getter(i: int):
-        if i in slot:
-            k = slot[i]
-            return (lambda t: t[k]), k
-        constant = template[i]
-        return (lambda t: constant), None
-
     def build(node):
+        """(function of the tensors, the tensor slot of a tensor leaf, else None)."""
         if node.is_leaf():
-            return leaf_getter(next(next_leaf))[0]
+            i = next(next_leaf)
+            if i in slot:
+                k = slot[i]
+                return (lambda t: t[k]), k
+            constant = template[i]
+            return (lambda t: constant), None
         if node.type is type(None):
-            return lambda t: None
+            return (lambda t: None), None
         if node.type not in (tuple, list):
             raise LookupError(node.type)
         parts, slots = [], []
         for child in _children(node):
-            if child.is_leaf():
-                getter, k = leaf_getter(next(next_leaf))
-                parts.append(getter)
-                slots.append(k)
-            else:
-                parts.append(build(child))
-                slots.append(None)
+            part, k = build(child)
+            parts.append(part)
+            slots.append(k)
         kind = node.type
         if parts and None not in slots and slots == list(range(slots[0], slots[0] + len(slots))):
             start, stop = slots[0], slots[0] + len(slots)  # consecutive tensors: one slice
-            return (lambda t: tuple(t[start:stop])) if kind is tuple else (lambda t: list(t[start:stop]))
+            return ((lambda t: tuple(t[start:stop])) if kind is tuple else (lambda t: list(t[start:stop]))), None
         if kind is tuple:
-            return lambda t: tuple([part(t) for part in parts])
-        return lambda t: [part(t) for part in parts]
+            return (lambda t: tuple([part(t) for part in parts])), None
+        return (lambda t: [part(t) for part in parts]), None
 
     try:
-        return build(spec)
+        return build(spec)[0]
     except LookupError:
         return None
 

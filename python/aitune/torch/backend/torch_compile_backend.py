@@ -469,7 +469,7 @@ class TorchCompileBackend(Backend):
                                         json.dumps(config), outputs, self._timed_call(tuned, judged[largest], module_call))
                 advance()
 
-        if self.config.in_place_outputs and not callable(getattr(graph.module, "in_place_variant", None)):
+        if self.config.in_place_outputs and not self.config.in_place_for(graph.module, "module"):
             logger.info("ait.Module '%s' %s: in_place_outputs=True has no effect: %s offers no in_place_variant()",
                         graph.module_name, graph.key, type(graph.module).__name__)
 
