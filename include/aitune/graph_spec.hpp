@@ -74,6 +74,16 @@ class GraphSpecBuilder {
 
   std::size_t num_samples() const noexcept { return num_samples_; }
 
+  /// Declares that input `input` takes every extent in [min, max] on `axis` (max = kUnbounded:
+  /// no upper bound), beyond what was recorded: the ranges a user gives `ait.Module`'s
+  /// `dynamic_shapes`. build() then checks that every recorded extent lies inside the range
+  /// and widens the axis to it; it widens the same way every output axis whose extent
+  /// equalled this one in every recorded call (a hidden state's sequence axis), and, where
+  /// the axis is the input's batch axis, every batch axis. Throws Error(kInvalidArgument) for
+  /// a negative axis or min, or max < min; build() throws it for an input the graph does
+  /// not have, an axis beyond its rank, or a recorded extent outside the range.
+  void declare_range(const std::string& input, int axis, int64_t min, int64_t max);
+
   /// Throws Error(kState) when nothing was recorded.
   GraphSpec build() const;
 
@@ -86,7 +96,16 @@ class GraphSpecBuilder {
   static void merge(std::vector<Accumulator>& acc, const std::vector<TensorRecord>& records,
                     int64_t batch_size, bool first, const char* what);
 
+  struct DeclaredRange {
+    std::string input;
+    int axis;
+    int64_t min, max;
+  };
+  void apply(const DeclaredRange& range, GraphSpec& spec) const;
+
   std::vector<Accumulator> inputs_, outputs_;
+  std::vector<std::vector<Shape>> input_shapes_, output_shapes_;  ///< per recorded call, for declared ranges
+  std::vector<DeclaredRange> declared_;
   std::vector<int64_t> batch_sizes_;
   std::size_t num_samples_ = 0;
 };

@@ -56,6 +56,8 @@ void bind_graph_spec(nb::module_& m) {
           nb::arg("inputs"), nb::arg("outputs"), nb::arg("batch_size"),
           "inputs/outputs: lists of (name, dtype name, shape); batch_size <= 0 for none.")
       .def_prop_ro("num_samples", &GraphSpecBuilder::num_samples)
+      .def("declare_range", &GraphSpecBuilder::declare_range, nb::arg("input"), nb::arg("axis"), nb::arg("min"),
+           nb::arg("max"), "A range the user declared for an input axis (max -1: unbounded); build() applies it.")
       .def("build", &GraphSpecBuilder::build);
 }
 

@@ -196,6 +196,57 @@ TEST(GraphSpecBuilder, BuildWithNothingRecordedThrowsState) {
   expect_error([&] { (void)b.build(); }, ErrorCode::kState);
 }
 
+TEST(GraphSpecBuilder, DeclaredRangeWidensTheAxisAndTheOutputAxesThatFollowedIt) {
+  // A sequence recorded at 16 and 32, declared 1..512: ids and the hidden state's
+  // sequence axis take the range; the hidden size (also 16 in one call) does not follow it.
+  GraphSpecBuilder b;
+  b.record({rec("ids", DType::kInt64, {1, 16}), rec("mask", DType::kInt64, {1, 16})},
+           {rec("hidden", DType::kFloat32, {1, 16, 16}), rec("pooled", DType::kFloat32, {1, 16})}, 1);
+  b.record({rec("ids", DType::kInt64, {2, 32}), rec("mask", DType::kInt64, {2, 32})},
+           {rec("hidden", DType::kFloat32, {2, 32, 16}), rec("pooled", DType::kFloat32, {2, 16})}, 2);
+  b.declare_range("ids", 1, 1, 512);
+  const GraphSpec spec = b.build();
+  EXPECT_EQ(spec.inputs[0].min_shape, (Shape{1, 1}));
+  EXPECT_EQ(spec.inputs[0].max_shape, (Shape{2, 512}));
+  EXPECT_EQ(spec.inputs[1].min_shape, (Shape{1, 16}));  // undeclared: as recorded
+  EXPECT_EQ(spec.inputs[1].max_shape, (Shape{2, 32}));
+  EXPECT_EQ(spec.outputs[0].min_shape, (Shape{1, 1, 16}));
+  EXPECT_EQ(spec.outputs[0].max_shape, (Shape{2, 512, 16}));
+  EXPECT_EQ(spec.outputs[1].min_shape, (Shape{1, 16}));
+  EXPECT_EQ(spec.outputs[1].max_shape, (Shape{2, 16}));
+}
+
+TEST(GraphSpecBuilder, DeclaredBatchRangeWidensEveryBatchAxis) {
+  GraphSpecBuilder b;
+  for (int64_t n : {1, 2})
+    b.record({rec("x", DType::kFloat32, {n, 3}), rec("y", DType::kFloat32, {4, n})}, {rec("z", DType::kFloat32, {n, 3})}, n);
+  b.declare_range("x", 0, 1, kUnbounded);
+  const GraphSpec spec = b.build();
+  EXPECT_EQ(spec.inputs[0].max_shape, (Shape{kUnbounded, 3}));
+  EXPECT_EQ(spec.inputs[1].max_shape, (Shape{4, kUnbounded}));
+  EXPECT_EQ(spec.outputs[0].max_shape, (Shape{kUnbounded, 3}));
+  EXPECT_TRUE(spec.inputs[0].accepts({4096, 3}));
+}
+
+TEST(GraphSpecBuilder, DeclaredRangeMustHoldWhatWasRecorded) {
+  GraphSpecBuilder b;
+  b.record({rec("ids", DType::kInt64, {1, 16})}, {}, 1);
+  b.record({rec("ids", DType::kInt64, {1, 64})}, {}, 1);
+  b.declare_range("ids", 1, 1, 32);
+  expect_error([&] { (void)b.build(); }, ErrorCode::kInvalidArgument, {"ids", "axis 1", "1..32", "16..64"});
+  GraphSpecBuilder unknown;
+  unknown.record({rec("ids", DType::kInt64, {1, 16})}, {}, 1);
+  unknown.declare_range("input_idz", 1, 1, 32);
+  expect_error([&] { (void)unknown.build(); }, ErrorCode::kInvalidArgument, {"input_idz", "its inputs: ids"});
+  GraphSpecBuilder rank;
+  rank.record({rec("ids", DType::kInt64, {1, 16})}, {}, 1);
+  rank.declare_range("ids", 2, 1, 32);
+  expect_error([&] { (void)rank.build(); }, ErrorCode::kInvalidArgument, {"rank 2"});
+  expect_error([&] { rank.declare_range("ids", 1, 8, 4); }, ErrorCode::kInvalidArgument, {"max 4 is below min 8"});
+  expect_error([&] { rank.declare_range("ids", -1, 1, 4); }, ErrorCode::kInvalidArgument, {"axis must be >= 0"});
+  expect_error([&] { rank.declare_range("ids", 1, -2, 4); }, ErrorCode::kInvalidArgument, {"negative"});
+}
+
 GraphSpec sample_spec() {
   GraphSpecBuilder b;
   for (int64_t n : {1, 2, 8}) {

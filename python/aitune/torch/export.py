@@ -111,19 +111,89 @@ def example_inputs(graph: RecordedGraph, spec: _core.GraphSpec) -> list[torch.Te
     return tensors
 
 
-def _dynamo_shapes(spec: _core.GraphSpec) -> tuple:
+def _dynamo_shapes(spec: _core.GraphSpec, declared: list | None = None) -> tuple:
     """``dynamic_shapes`` for ``forward(*tensors)``: one Dim shared by every batch axis,
-    ``Dim.AUTO`` for the other axes that varied while recording."""
+    ``Dim.AUTO`` for the other axes that varied while recording, and for an axis the user
+    declared a range of (``ait.Module(dynamic_shapes=...)``, ``declared``: (tensor name,
+    DeclaredAxis) pairs) a Dim of that range, so torch.export proves the graph valid over
+    all of it or refuses; axes declared with one ``torch.export.Dim`` share it."""
     from torch.export import Dim
 
-    batch = Dim("batch", min=1)
+    def bounded(name: str, axis) -> Dim:
+        return Dim(name, min=axis.min, max=None if axis.max < 0 else axis.max)
+
+    ranges = {(name, axis.axis): axis for name, axis in declared or []}
+    batch_axis = next((axis for (name, index), axis in ranges.items()
+                       for t in spec.inputs if t.name == name and t.batch_axis == index), None)
+    batch = bounded("batch", batch_axis) if batch_axis is not None else Dim("batch", min=1)
+    shared: dict[str, Dim] = {}
     shapes = []
     for tensor_spec in spec.inputs:
         axes = {axis: Dim.AUTO for axis in tensor_spec.dynamic_axes()}
+        for (name, index), axis in ranges.items():
+            if name == tensor_spec.name and index != tensor_spec.batch_axis and axis.min != axis.max:
+                key = axis.dim or f"{name}_{index}"
+                axes[index] = shared.setdefault(key, bounded(key, axis))
         if tensor_spec.batch_axis is not None:
             axes[tensor_spec.batch_axis] = batch
         shapes.append(axes or None)
     return (tuple(shapes),)
+
+
+def _program_over_declared_ranges(graph: RecordedGraph, flat: torch.nn.Module, inputs: tuple, shapes: tuple):
+    """torch.export's program of the graph over the declared ranges, captured here rather
+    than by ``torch.onnx.export``: its fallback capture (draft export) turns a guard the
+    code puts on a declared axis (``if x.shape[1] > 32``) into a specialisation and goes
+    on, and the graph would then be silently wrong over part of the range it accepts.
+    A guard is refused, naming the ranges and torch.export's reason. Axes declared apart
+    with equal ranges that the code requires equal (the ids and mask of one sequence:
+    torch.export's suggested fix ``mask_1 = ids_1``) share one Dim and the capture is
+    retried; any other fix (a narrower range) is the user's decision, not taken here."""
+    for _ in range(8):  # one retry per pair of axes merged, at most
+        try:
+            return torch.export.export(flat, inputs, dynamic_shapes=shapes, strict=False)
+        except Exception as error:
+            merged = _with_equal_dims_merged(str(error), shapes)
+            if merged is None:
+                raise ExportError(
+                    f"ONNX export of {graph.module_name}/{graph.key} refused: the model's code is not valid as one "
+                    f"graph over the ranges declared in dynamic_shapes ({graph.dynamic_shapes.describe()}): "
+                    f"{_summary(error, limit=8)}\nHint: narrow the declared ranges to the extents the code treats "
+                    "alike (or leave the axis undeclared: the graph then accepts the recorded range only)."
+                ) from error
+            shapes = merged
+    raise ExportError(f"ONNX export of {graph.module_name}/{graph.key}: torch.export kept asking to merge the "
+                      "declared dynamic_shapes axes")
+
+
+def _with_equal_dims_merged(message: str, shapes: tuple) -> tuple | None:
+    """``shapes`` with the Dims torch.export's suggested fixes declare equal (``a = b``, both
+    Dims of ``shapes`` of one range) made one, or None where a fix is anything else."""
+    from torch.export import Dim
+
+    dims = {d.__name__: d for axes in shapes[0] if axes for d in axes.values() if isinstance(d, Dim)}
+    if "Suggested fixes:" not in message:
+        return None
+    fixes = []
+    for line in message.split("Suggested fixes:", 1)[1].splitlines():
+        if not line.strip():
+            continue
+        match = re.fullmatch(r"\s*(\w+) = (\w+)\s*", line)
+        if match is None:
+            if re.match(r"\s*\w+ = ", line):
+                return None  # a fix other than an equality: a narrower range, a derived dim
+            break
+        fixes.append(match.groups())
+    replace = {}
+    for name, other in fixes:
+        a, b = dims.get(name), dims.get(other)
+        if a is None or b is None or (a.min, a.max) != (b.min, b.max):
+            return None
+        replace[name] = b
+    if not replace:
+        return None
+    return (tuple(None if axes is None else {axis: replace.get(getattr(d, "__name__", None), d)
+                                             for axis, d in axes.items()} for axes in shapes[0]),)
 
 
 def _trace_axes(spec: _core.GraphSpec) -> dict[str, dict[int, str]]:
@@ -260,9 +330,16 @@ def export_onnx(
             common = dict(input_names=graph.input_names, output_names=graph.output_names,
                           opset_version=opset_version)
             if use_dynamo:
-                torch.onnx.export(flat, inputs, str(target), dynamo=True, dynamic_shapes=_dynamo_shapes(spec),
-                                  verbose=False, **common)
+                declared = graph.dynamic_shapes.for_inputs([t.name for t in spec.inputs])
+                shapes = _dynamo_shapes(spec, declared)
+                model = _program_over_declared_ranges(graph, flat, inputs, shapes) if declared else flat
+                torch.onnx.export(model, inputs, str(target), dynamo=True,
+                                  dynamic_shapes=None if declared else shapes, verbose=False, **common)
             else:
+                if graph.dynamic_shapes:
+                    logger.warning("%s/%s: the trace exporter (use_dynamo=False) cannot prove the graph valid over "
+                                   "the dynamic_shapes ranges (%s); it is checked at the recorded shapes only",
+                                   graph.module_name, graph.key, graph.dynamic_shapes.describe())
                 with warnings.catch_warnings(), conversions:  # the trace exporter is chosen on purpose here
                     warnings.simplefilter("ignore", DeprecationWarning)
                     torch.onnx.export(flat, inputs, str(target), dynamo=False, dynamic_axes=_trace_axes(spec),
@@ -274,7 +351,7 @@ def export_onnx(
             old.unlink()
         for produced in scratch.iterdir():
             os.replace(produced, path.parent / produced.name)
-    except TraceWarningError:
+    except (TraceWarningError, ExportError):
         raise
     except Exception as error:
         if use_dynamo:

@@ -13,6 +13,7 @@ import torch.utils._pytree as pytree
 from aitune import _core
 from aitune.torch import flatten
 from aitune.torch.context import is_owned_batch, run_eagerly
+from aitune.torch.dynamic_shapes import DynamicShapes
 
 
 _any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None)
@@ -404,6 +405,9 @@ class RecordedGraph(_GraphCalls):
             "output", [path for path, leaf in out_paths_leaves if isinstance(leaf, torch.Tensor)]
         )
         self.samples: list[Sample] = []
+        # Input axes the user declared ranges of (ait.Module's dynamic_shapes): the spec
+        # takes them and the dynamo export proves them (aitune.torch.dynamic_shapes).
+        self.dynamic_shapes = DynamicShapes(None)
         # Names of the buffers and parameters a recorded call changed (the forward updates
         # state: a counter, running statistics); an export cannot carry that and refuses.
         self.mutated_state: list[str] = []
@@ -503,10 +507,11 @@ class RecordedGraph(_GraphCalls):
                 )
 
 
-    def graph_spec(self, input_names: list[str] | None = None) -> _core.GraphSpec:
+    def graph_spec(self, input_names: list[str] | None = None, declared: bool = True) -> _core.GraphSpec:
         """Min/max shapes, batch and dynamic axes of the recorded samples, derived by
-        the C++ core. ``input_names`` restricts the inputs (an exporter may drop an
-        input the graph does not use)."""
+        the C++ core, widened by the ranges declared in ``dynamic_shapes`` (unless
+        ``declared`` is False: the recorded ranges only). ``input_names`` restricts the
+        inputs (an exporter may drop an input the graph does not use)."""
         keep = range(len(self.input_names)) if input_names is None else [self.input_names.index(n) for n in input_names]
         names = [self.input_names[i] for i in keep]
         builder = _core.GraphSpecBuilder()
@@ -516,6 +521,9 @@ class RecordedGraph(_GraphCalls):
                 _tensor_records(self.output_names, sample.outputs),
                 sample.batch_size,
             )
+        if declared:
+            for name, axis in self.dynamic_shapes.for_inputs(names):
+                builder.declare_range(name, axis.axis, axis.min, axis.max)
         return builder.build()
 
     # -- running -------------------------------------------------------------------

@@ -8,7 +8,9 @@ the ONNX graph keeps no guard, so at 33..47 the graph returns outputs of another
 fails inside ONNX Runtime. One more sample, a recorded one cropped on its dynamic axes to
 an unrecorded size inside the range (inputs such as token ids, masks, audio and images stay
 what they were, only shorter), is checked like the others: a candidate wrong there fails
-the tune's checks, with the sample's shapes in the log."""
+the tune's checks, with the sample's shapes in the log. An axis declared in
+``dynamic_shapes`` to take extents below the recorded ones is cropped there when the
+samples span no range on it (half the shortest recorded extent, within the declared range)."""
 
 from __future__ import annotations
 
@@ -45,6 +47,11 @@ def add_interior_sample(graph: RecordedGraph) -> str | None:
         recorded = set(sizes)
         interior = [v for v in (min(recorded) + 1, (min(recorded) + max(recorded)) // 2)
                     if min(recorded) < v < max(recorded) and v not in recorded]
+        # an axis declared (dynamic_shapes) to go below what was recorded: checked there too
+        declared_min = max(spec.inputs[i].min_shape[axis] for i, axis in axes)
+        below = max(declared_min, min(recorded) // 2, 1)
+        if not interior and below < min(recorded):
+            interior = [below]
         if interior:
             for key in axes:
                 targets[key] = interior[0]

@@ -17,6 +17,7 @@ from aitune.torch.backend import ONNXRuntimeBackend
 from aitune.torch.backend.base import TunedGraph
 from aitune.torch.context import TuneSession, current_session, eager_only
 from aitune.torch.dispatch import DispatchedModule, ModuleDispatch, measured_call
+from aitune.torch.dynamic_shapes import DynamicShapes
 from aitune.torch.graph import CallForm, RecordedGraph
 from aitune.torch.graph_tuning import tune_graph
 from aitune.torch.state_changes import StateSnapshot, StateWatch, changed_containers, changed_inputs, tensor_version
@@ -83,6 +84,11 @@ class Module(DispatchedModule):
             recording order gets ``strategies[i]``) or a mapping from a graph selector
             (index, graph key, or ``callable(graph) -> bool``) to a strategy; see
             ``aitune.torch.strategy_selection``.
+        dynamic_shapes: input axes that take a range of extents beyond the recorded ones,
+            ``{input: {axis: (min, max)}}`` (max None: no bound; or a ``torch.export.Dim``;
+            input as the argument path ``"input_ids"`` or the tensor name
+            ``"input_input_ids"``): the tuned graphs accept the range, and the dynamo export
+            proves itself valid over it or is refused. See ``aitune.torch.dynamic_shapes``.
         eager_fallback: when tuned, run calls no recorded graph covers (other input
             structure, dtype, rank, or shapes the backend rejects) eagerly with a
             warning instead of raising.
@@ -97,6 +103,7 @@ class Module(DispatchedModule):
         name: str | None = None,
         strategy: TuneStrategy | None = None,
         strategies=None,
+        dynamic_shapes=None,
         *,
         eager_fallback: bool = False,
     ):
@@ -106,6 +113,7 @@ class Module(DispatchedModule):
             raise TypeError(f"ait.Module wraps a torch.nn.Module, got {type(module).__name__}")
         # the backend guide's default backend when neither is given
         selection = StrategySelection(strategy, strategies, lambda: OneBackendStrategy(ONNXRuntimeBackend()))
+        declared = DynamicShapes(dynamic_shapes)
         super().__init__()
         signature = inspect.signature(module.forward)
         own = {
@@ -119,6 +127,7 @@ class Module(DispatchedModule):
             # the tuned graphs and the way to them; replaced as a whole on every tune / load
             "_ait_calls": ModuleDispatch(name or type(module).__name__, module, signature, eager_fallback),
             "_ait_record_errors": [],
+            "_ait_dynamic_shapes": declared,
             "_ait_failure": None,  # why the last tune failed (PASSTHROUGH), for ait.save's refusal
             "training": module.training,
         }
@@ -408,6 +417,7 @@ class Module(DispatchedModule):
             if graph is None:
                 form = CallForm.of(self._ait_signature, len(args), kwargs)
                 graph = RecordedGraph(self._ait_name, self._ait_module, self._ait_signature, arguments, outputs, form)
+                graph.dynamic_shapes = self._ait_dynamic_shapes
                 self._ait_graphs[identity] = graph
             graph.add_sample([leaf for leaf in leaves if isinstance(leaf, torch.Tensor)], outputs, session.batch_size,
                              session.evaluation)

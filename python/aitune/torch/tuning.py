@@ -233,7 +233,8 @@ def tune(
         raise ValueError("func called no ait.Module: wrap the modules to tune with ait.Module(module, name)")
     if bypassed.counts:
         logger.warning("ait.tune: %s", bypassed.explain())
-    if unknown := _unknown_output_tolerances(output_tolerances, session.modules.values()):
+    if unknown := (_unknown_output_tolerances(output_tolerances, session.modules.values())
+                   or _unknown_dynamic_shapes(session.modules.values())):
         for module in session.modules.values():  # tuned as they were before, not left recorded
             module._ait_tuning_interrupted()
         raise ValueError(unknown)
@@ -261,6 +262,23 @@ def tune(
             for module in pending:
                 module._ait_tuning_interrupted()
         raise
+
+
+def _unknown_dynamic_shapes(modules) -> str | None:
+    """Why a module's ``dynamic_shapes`` names an input none of its recorded graphs takes, or
+    declares a range that leaves out a recorded extent, or None."""
+    for module in modules:
+        if not module._ait_dynamic_shapes:
+            continue
+        inputs = [graph.input_names for graph in module._ait_graphs.values()]
+        if why := module._ait_dynamic_shapes.unknown(inputs):
+            return f"ait.Module '{module.ait_name}': {why}"
+        for graph in module._ait_graphs.values():
+            try:  # a declared range must hold the recorded extents (the C++ builder says which)
+                graph.graph_spec()
+            except _core.InvalidArgumentError as error:
+                return f"ait.Module '{module.ait_name}' {graph.key}: {error}"
+    return None
 
 
 def _unknown_output_tolerances(output_tolerances, modules) -> str | None:

@@ -99,6 +99,13 @@ void GraphSpecBuilder::record(const std::vector<TensorRecord>& inputs, const std
   merge(outputs_copy, outputs, batch_size, first, "output");
   inputs_ = std::move(inputs_copy);
   outputs_ = std::move(outputs_copy);
+  auto shapes = [](const std::vector<TensorRecord>& records) {
+    std::vector<Shape> out;
+    for (const auto& r : records) out.push_back(r.shape);
+    return out;
+  };
+  input_shapes_.push_back(shapes(inputs));
+  output_shapes_.push_back(shapes(outputs));
   if (batch_size > 0 && std::find(batch_sizes_.begin(), batch_sizes_.end(), batch_size) == batch_sizes_.end()) {
     batch_sizes_.push_back(batch_size);
     std::sort(batch_sizes_.begin(), batch_sizes_.end());
@@ -124,7 +131,71 @@ GraphSpec GraphSpecBuilder::build() const {
     }
     return specs;
   };
-  return GraphSpec{convert(inputs_), convert(outputs_), batch_sizes_};
+  GraphSpec spec{convert(inputs_), convert(outputs_), batch_sizes_};
+  for (const auto& range : declared_) apply(range, spec);
+  return spec;
+}
+
+namespace {
+
+std::string range_text(int64_t min, int64_t max) {
+  return std::to_string(min) + ".." + (max == kUnbounded ? std::string() : std::to_string(max));
+}
+
+// Widens `axis` of `s` to hold [min, max] as well as what it held.
+void widen(TensorSpec& s, std::size_t axis, int64_t min, int64_t max) {
+  s.min_shape[axis] = std::min(s.min_shape[axis], min);
+  if (s.max_shape[axis] != kUnbounded) s.max_shape[axis] = max == kUnbounded ? kUnbounded : std::max(s.max_shape[axis], max);
+}
+
+}  // namespace
+
+void GraphSpecBuilder::declare_range(const std::string& input, int axis, int64_t min, int64_t max) {
+  const std::string where = "dynamic_shapes: input '" + input + "' axis " + std::to_string(axis);
+  if (axis < 0) throw Error(ErrorCode::kInvalidArgument, where + ": the axis must be >= 0");
+  if (min < 0) throw Error(ErrorCode::kInvalidArgument, where + ": min " + std::to_string(min) + " is negative");
+  if (max != kUnbounded && max < min)
+    throw Error(ErrorCode::kInvalidArgument, where + ": max " + std::to_string(max) + " is below min " +
+                                                 std::to_string(min) + " (max -1 or None: no upper bound)");
+  declared_.push_back({input, axis, min, max});
+}
+
+void GraphSpecBuilder::apply(const DeclaredRange& range, GraphSpec& spec) const {
+  const std::string where = "dynamic_shapes: input '" + range.input + "' axis " + std::to_string(range.axis);
+  auto index = spec.find_input(range.input);
+  if (!index) {
+    std::string names;
+    for (const auto& s : spec.inputs) names += (names.empty() ? "" : ", ") + s.name;
+    throw Error(ErrorCode::kInvalidArgument, where + ": the graph has no such input (its inputs: " + names + ")");
+  }
+  auto& declared = spec.inputs[*index];
+  const auto axis = static_cast<std::size_t>(range.axis);
+  if (axis >= declared.rank())
+    throw Error(ErrorCode::kInvalidArgument, where + ": the input has rank " + std::to_string(declared.rank()));
+  const auto& recorded = inputs_[*index];
+  if (recorded.min_shape[axis] < range.min || (range.max != kUnbounded && recorded.max_shape[axis] > range.max))
+    throw Error(ErrorCode::kInvalidArgument,
+                where + " is declared " + range_text(range.min, range.max) + " but was recorded at " +
+                    range_text(recorded.min_shape[axis], recorded.max_shape[axis]) +
+                    ": the declared range must hold every recorded extent");
+  if (declared.batch_axis && *declared.batch_axis == range.axis) {  // one batch range for every batch axis
+    for (auto* list : {&spec.inputs, &spec.outputs})
+      for (auto& s : *list)
+        if (s.batch_axis) widen(s, static_cast<std::size_t>(*s.batch_axis), range.min, range.max);
+    return;
+  }
+  widen(declared, axis, range.min, range.max);
+  // Output axes that followed this extent in every call (the sequence axis of a hidden state).
+  for (std::size_t o = 0; o < spec.outputs.size(); ++o) {
+    auto& out = spec.outputs[o];
+    for (std::size_t j = 0; j < out.rank(); ++j) {
+      if (out.batch_axis && static_cast<std::size_t>(*out.batch_axis) == j) continue;
+      bool follows = !input_shapes_.empty();
+      for (std::size_t c = 0; c < input_shapes_.size() && follows; ++c)
+        follows = output_shapes_[c][o][j] == input_shapes_[c][*index][axis];
+      if (follows) widen(out, j, range.min, range.max);
+    }
+  }
 }
 
 // ---- JSON ----

@@ -1,0 +1,151 @@
+"""ait.Module(..., dynamic_shapes=...): input axes declared to take extents beyond the
+recorded ones. The tuned graph accepts the declared range, the dynamo export proves itself
+valid over it (a shape-dependent branch is refused, never specialised silently), and the
+ranges survive a save and load."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.export import Dim
+from torch_models import cpu_strategy
+
+import aitune
+import aitune.torch as ait
+from aitune.torch import ModuleState
+from aitune.torch.backend.onnx_runtime_backend import NumericMismatchError
+from aitune.torch.export import ExportError
+
+
+class Encoder(torch.nn.Module):
+    """Token ids and their mask, as a transformer encoder takes them."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(50, 8)
+        self.mix = torch.nn.Linear(8, 8)
+
+    def forward(self, input_ids, attention_mask):
+        hidden = self.mix(self.embed(input_ids)) * attention_mask.unsqueeze(-1)
+        return {"hidden": hidden, "pooled": hidden.sum(1) / attention_mask.sum(1, keepdim=True)}
+
+
+def _tokens(length: int) -> dict:
+    return {"input_ids": torch.randint(0, 50, (length,)), "attention_mask": torch.ones(length, dtype=torch.long)}
+
+
+def _call(model, batch: int, length: int):
+    inputs = {k: v.expand(batch, -1).clone() for k, v in _tokens(length).items()}
+    with torch.no_grad():
+        return model(**inputs), inputs
+
+
+@pytest.mark.parametrize("declared", [
+    pytest.param(lambda: {"input_ids": {1: (1, 64)}, "attention_mask": {1: (1, 64)}}, id="ranges"),
+    pytest.param(lambda: (lambda seq: {"input_input_ids": {1: seq}, "attention_mask": {1: seq}})(
+        Dim("seq", min=1, max=64)), id="one-dim"),
+])
+def test_declared_sequence_range_runs_beyond_the_recorded_lengths_and_survives_a_load(declared, tmp_path):
+    inner = Encoder().eval()
+    model = ait.Module(inner, "encoder", strategy=cpu_strategy(tune_provider_options=False), dynamic_shapes=declared())
+    ait.tune(lambda **kw: model(**kw), [_tokens(16), _tokens(16), _tokens(24), _tokens(24)],
+             ignore_failing_modules=False, progress=False)
+    assert model.ait_state is ModuleState.TUNED
+    (spec,) = model.graph_specs
+    assert [str(t) for t in spec.inputs] == ["TensorSpec(input_input_ids: int64[b:1..2, 1..64])",
+                                             "TensorSpec(input_attention_mask: int64[b:1..2, 1..64])"]
+    assert "1..64" in str(spec.outputs[0])  # the hidden state's sequence axis follows the ids'
+    model.ait_module.forward = lambda *a, **k: pytest.fail("eager forward ran on a tuned module")
+    for length in (1, 5, 64):  # below, between and above what was recorded
+        out, inputs = _call(model, 2, length)
+        expected = Encoder.forward(inner, **inputs)
+        torch.testing.assert_close(out["hidden"], expected["hidden"], atol=1e-5, rtol=1e-5)
+    with pytest.raises(aitune.ShapeMismatchError, match=r"1\.\.64"):
+        _call(model, 1, 65)
+    path = tmp_path / "encoder.ait"
+    ait.save(model, path)
+    loaded = ait.Module(Encoder().eval(), "encoder")  # no declaration: the saved spec carries the ranges
+    loaded.load_state_dict(inner.state_dict())
+    ait.load(loaded, path)
+    out, inputs = _call(loaded, 1, 40)
+    torch.testing.assert_close(out["hidden"], Encoder.forward(inner, **inputs)["hidden"], atol=1e-5, rtol=1e-5)
+
+
+class Branchy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.fc(x)
+        return y * 2 if x.shape[1] > 32 else y  # another result past 32
+
+
+def test_a_branch_on_a_declared_axis_is_refused_not_specialised():
+    """torch.onnx.export's fallback capture would specialise the branch on the example (16)
+    and the graph, accepting 1..64, would return y where eager returns 2y past 32."""
+    model = ait.Module(Branchy().eval(), "branchy", strategy=cpu_strategy(tune_provider_options=False),
+                       dynamic_shapes={"x": {1: (1, 64)}})
+    with pytest.raises(ExportError, match=r"dynamic_shapes \(x\[1\] 1\.\.64\)[\s\S]*<= 32"):
+        ait.tune(model, [torch.randn(16, 8), torch.randn(24, 8)], ignore_failing_modules=False, progress=False)
+    assert model.ait_state is ModuleState.PASSTHROUGH
+    x = torch.randn(1, 40, 8)
+    torch.testing.assert_close(model(x), model.ait_module(x))
+
+
+class ShortPath(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.fc(x)
+        return y * 2 if x.shape[1] < 12 else y  # another result below 12
+
+
+def test_the_trace_export_is_checked_below_the_recorded_extent_of_a_declared_axis():
+    """The trace exporter proves nothing over a range: the samples (all 16 long) are cropped
+    to 8, inside the declared range, and the graph traced at 16 is refused there."""
+    model = ait.Module(ShortPath().eval(), "short-path",
+                       strategy=cpu_strategy(use_dynamo=False, tune_provider_options=False),
+                       dynamic_shapes={"x": {1: (4, 32)}})
+    with pytest.raises(NumericMismatchError, match=r"input_x \[\d+, 8, 8\]\) is a recorded sample cropped"):
+        ait.tune(model, [torch.randn(16, 8), torch.randn(16, 8)], ignore_failing_modules=False, progress=False)
+    assert model.ait_state is ModuleState.PASSTHROUGH
+
+
+def test_a_declaration_that_names_no_input_or_leaves_out_a_recorded_extent_is_a_value_error():
+    typo = ait.Module(Encoder().eval(), "typo", strategy=cpu_strategy(tune_provider_options=False),
+                      dynamic_shapes={"input_idz": {1: (1, 64)}})
+    with pytest.raises(ValueError, match=r"'input_idz'.*inputs are: 'input_attention_mask', 'input_input_ids'"):
+        ait.tune(lambda **kw: typo(**kw), [_tokens(16)], progress=False)
+    assert typo.ait_state is ModuleState.INIT  # as it was, not left recording
+    narrow = ait.Module(Encoder().eval(), "narrow", strategy=cpu_strategy(tune_provider_options=False),
+                        dynamic_shapes={"input_ids": {1: (1, 8)}})
+    with pytest.raises(ValueError, match=r"input_input_ids' axis 1 is declared 1\.\.8 but was recorded at 16\.\.16"):
+        ait.tune(lambda **kw: narrow(**kw), [_tokens(16)], progress=False)
+
+
+@pytest.mark.parametrize("declared, error, words", [
+    ([1, 2], TypeError, "is a dict"),
+    ({"x": (1, 64)}, TypeError, r"dynamic_shapes\['x'\] is a dict"),
+    ({"x": {-1: (1, 4)}}, ValueError, "an axis is an int >= 0"),
+    ({"x": {1: (8, 4)}}, ValueError, "max 4 is below min 8"),
+    ({"x": {1: (1.5, 4)}}, TypeError, "min must be an int"),
+    ({"x": {1: Dim.AUTO}}, TypeError, "leaves it to the export"),
+    ({"x": {1: 64}}, TypeError, r"\(min, max\)"),
+])
+def test_a_malformed_declaration_is_refused_at_construction(declared, error, words):
+    with pytest.raises(error, match=words):
+        ait.Module(Branchy(), "bad", dynamic_shapes=declared)
+
+
+def test_dim_dynamic_means_any_extent_from_one():
+    model = ait.Module(Encoder().eval(), "dynamic", strategy=cpu_strategy(tune_provider_options=False),
+                       dynamic_shapes={"input_ids": {0: Dim.DYNAMIC}})
+    ait.tune(lambda **kw: model(**kw), [_tokens(6), _tokens(6)], ignore_failing_modules=False, progress=False)
+    (spec,) = model.graph_specs
+    assert str(spec.inputs[0]) == "TensorSpec(input_input_ids: int64[b:1.., 6])"
+    assert str(spec.inputs[1]) == "TensorSpec(input_attention_mask: int64[b:1.., 6])"  # one batch for all
+    out, inputs = _call(model, 300, 6)
+    assert out["hidden"].shape == (300, 6, 8)
