@@ -149,3 +149,33 @@ def test_dim_dynamic_means_any_extent_from_one():
     assert str(spec.inputs[1]) == "TensorSpec(input_attention_mask: int64[b:1.., 6])"  # one batch for all
     out, inputs = _call(model, 300, 6)
     assert out["hidden"].shape == (300, 6, 8)
+
+
+class Pipeline:
+    """A plain object holding modules, as a diffusers or generation pipeline does."""
+
+    def __init__(self):
+        self.encoder = Encoder().eval()
+        self.head = torch.nn.Linear(8, 2).eval()
+
+    def __call__(self, input_ids, attention_mask):
+        return self.head(self.encoder(input_ids, attention_mask)["pooled"])
+
+
+def test_ait_wrap_declares_ranges_per_wrapped_module_and_refuses_a_name_of_none():
+    pipeline = Pipeline()
+    samples = [_tokens(16), _tokens(24)]
+    modules = ait.inspect(pipeline, samples, number_of_iterations=1, warmup_iterations=0).get_modules()
+    encoder = pipeline.encoder
+    with pytest.raises(ValueError, match=r"'encodr', which is not a module wrapped here; the modules are: "):
+        ait.wrap(pipeline, modules, strategy=cpu_strategy(tune_provider_options=False),
+                 dynamic_shapes={"encodr": {"input_ids": {1: (1, 64)}}})
+    assert pipeline.encoder is encoder  # nothing wrapped
+    seq = Dim("seq", min=1, max=64)
+    ait.wrap(pipeline, modules, strategy=cpu_strategy(tune_provider_options=False),
+             dynamic_shapes={"encoder": {"input_ids": {1: seq}, "attention_mask": {1: seq}}})
+    ait.tune(lambda **kw: pipeline(**kw), samples + samples, ignore_failing_modules=False, progress=False)
+    assert "1..64" in str(pipeline.encoder.graph_specs[0].inputs[0])
+    out, inputs = _call(pipeline, 2, 50)
+    torch.testing.assert_close(out, pipeline.head.ait_module(Encoder.forward(encoder, **inputs)["pooled"]),
+                               atol=1e-5, rtol=1e-5)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
+from aitune.torch.dynamic_shapes import DynamicShapes
 from aitune.torch.inspection import ModuleInfo
 from aitune.torch.module import Module
 from aitune.torch.object_paths import replaceable_aliases
@@ -23,7 +24,7 @@ def _module_name(info: ModuleInfo, obj: Any) -> str:
 
 
 def wrap(obj: Any, modules: Sequence[ModuleInfo], strategy: TuneStrategy | None = None, strategies=None,
-         eager_fallback: bool = False) -> Any:
+         eager_fallback: bool = False, dynamic_shapes: Mapping[str, Mapping] | None = None) -> Any:
     """Replaces each module of ``modules`` (from ``ait.inspect(...).get_modules()``) with an
     ``ait.Module`` at its place in ``obj``: the attribute of its parent module or plain
     object, the item of its ModuleList / ModuleDict / list / dict. Each is named after its
@@ -36,18 +37,32 @@ def wrap(obj: Any, modules: Sequence[ModuleInfo], strategy: TuneStrategy | None 
     Returns ``obj``; when ``modules`` holds ``obj`` itself (an nn.Module inspected whole),
     returns its wrapper instead (nothing else is wrapped then: everything else is inside it).
 
+    ``dynamic_shapes``: per wrapped module, by its name (the object path, or the class name
+    of ``obj`` wrapped whole), the ``dynamic_shapes`` of its ``ait.Module``
+    (``{"unet": {"sample": {2: (32, 128), 3: (32, 128)}}}``); a name of no module wrapped is
+    a ValueError.
+
     Every place is checked first (the module still there, the place assignable, not
     wrapped already); on a refusal nothing was replaced.
     """
     infos = list(modules)
     if not all(isinstance(info, ModuleInfo) for info in infos):
         raise TypeError("ait.wrap takes the ModuleInfo entries of ait.inspect(...).get_modules()")
+    declared = dict(dynamic_shapes or {})
+    whole = next((info for info in infos if info.parent is None), None)
+    names = [_module_name(whole, obj)] if whole is not None else [_module_name(info, obj) for info in infos]
+    if unknown := sorted(set(map(str, declared)) - set(names)):
+        raise ValueError(f"ait.wrap: dynamic_shapes names {', '.join(map(repr, unknown))}, which is not a module "
+                         f"wrapped here; the modules are: {', '.join(map(repr, names))}")
+    for name, shapes in declared.items():  # malformed: refused before any module is wrapped
+        DynamicShapes(shapes)
     for info in infos:
         if info.parent is None:
             if info.module is not obj:
                 raise ValueError("a ModuleInfo of another object than obj: inspect obj itself, then wrap its modules")
             logger.info("ait.wrap: %s wrapped whole", type(obj).__name__)
-            return Module(obj, _module_name(info, obj), strategy, strategies, eager_fallback=eager_fallback)
+            name = _module_name(info, obj)
+            return Module(obj, name, strategy, strategies, declared.get(name), eager_fallback=eager_fallback)
     plan = []
     for info in infos:
         where = f"ait.wrap: '{info.object_path}'"
@@ -61,8 +76,8 @@ def wrap(obj: Any, modules: Sequence[ModuleInfo], strategy: TuneStrategy | None 
         if any(isinstance(a, torch.nn.Module) and a is other.module for a in info.location.ancestors for other in infos):
             raise ValueError(f"{where} is inside another module being wrapped; wrap one of them")
         plan.append(info)
-    wrappers = [Module(info.module, _module_name(info, obj), strategy, strategies, eager_fallback=eager_fallback)
-                for info in plan]
+    wrappers = [Module(info.module, _module_name(info, obj), strategy, strategies,
+                       declared.get(_module_name(info, obj)), eager_fallback=eager_fallback) for info in plan]
     inner = [info.module for info in plan]
     for info, wrapped in zip(plan, wrappers):
         info.location.replace(wrapped)
