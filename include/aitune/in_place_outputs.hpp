@@ -27,6 +27,13 @@ namespace aitune {
 /// results: the replaced slots are written again with values that cannot depend on
 /// their old contents, which is what lets the tuner run a candidate on one sample many
 /// times. A reduction (add, mul, ...) would accumulate across reruns: not aliased.
+///
+/// Also a com.microsoft GroupQueryAttention's present_key / present_value (outputs 1, 2)
+/// over its past_key / past_value (inputs 3, 4) under the same conditions: with the two
+/// bound to one buffer, GQA shares them (its CPU and CUDA kernels test the pointers, and
+/// then write only this step's keys and values at the slots after `seqlens_k`'s past),
+/// which is what a decode step fused by decoder_fusions.CachedGroupQueryAttention needs;
+/// a rerun writes the same slots with the same values.
 std::map<std::string, std::string> find_in_place_outputs(const std::vector<OnnxNode>& nodes,
                                                          const std::vector<IoInfo>& inputs,
                                                          const std::vector<IoInfo>& outputs);

@@ -75,6 +75,27 @@ TEST(InPlaceOutputs, AnythingElseIsNotAliased) {
   }
 }
 
+TEST(InPlaceOutputs, AGroupQueryAttentionsPresentIsWrittenIntoItsPast) {
+  // decoder_fusions.CachedGroupQueryAttention's node: present_key / present_value (outputs
+  // 1, 2) over past_key / past_value (inputs 3, 4); the attention output (0) is no cache.
+  auto gqa = node("GroupQueryAttention", {"q", "k", "v", "past_k", "past_v", "seqlens", "total"},
+                  {"attn", "present_k", "present_v"});
+  std::vector<IoInfo> inputs{io("q"), io("k"), io("v"), io("past_k"), io("past_v")};
+  std::vector<IoInfo> outputs{io("attn"), io("present_k"), io("present_v")};
+  EXPECT_EQ(find_in_place_outputs({gqa, node("Shape", {"past_k"}, {"s"})}, inputs, outputs),
+            (Aliases{{"present_k", "past_k"}, {"present_v", "past_v"}}));
+  // the past read by another node, or by the node as something else too: not aliased
+  EXPECT_EQ(find_in_place_outputs({gqa, node("Relu", {"past_v"}, {"r"})}, inputs, outputs),
+            (Aliases{{"present_k", "past_k"}}));
+  auto twice = gqa;
+  twice.inputs[1] = "past_k";
+  EXPECT_EQ(find_in_place_outputs({twice}, inputs, outputs), (Aliases{{"present_v", "past_v"}}));
+  // without a past (a prompt-only GQA): nothing to write into
+  auto prompt = gqa;
+  prompt.inputs[3] = prompt.inputs[4] = "";
+  EXPECT_EQ(find_in_place_outputs({prompt}, inputs, outputs), Aliases{});
+}
+
 TEST(InPlaceOutputs, DeclaredAliasesAreChecked) {
   DecodeGraph g;
   auto fails = [&](const Aliases& aliases, std::initializer_list<std::string> words) {

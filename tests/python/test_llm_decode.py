@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -220,6 +221,51 @@ def test_tuned_steps_of_alternating_sliding_window_layers_generate_the_greedy_to
             ours = greedy_generate(prefill, decode, model, batch["input_ids"], batch["attention_mask"], 8)
             reference = _generate(model, batch, 8)
         assert torch.equal(ours, reference), (size, ours, reference)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma2-window"])
+def test_a_decode_step_with_its_caches_in_place_fuses_group_query_attention_over_the_cache(kind, tmp_path):
+    """With in_place_outputs, the decode step's attention over the cache it just wrote
+    fuses into GroupQueryAttention with the cache as its shared past / present
+    (decoder_fusions.CachedGroupQueryAttention): the fused candidate passes the check on
+    every recorded step of the greedy generations (logits and whole caches, a left-padded
+    row; gemma2-window: sliding and full layers, past the window) and the tuned steps
+    generate generate's tokens. The prefill (6 new tokens a row) keeps MultiHeadAttention,
+    and without in_place_outputs the decode step does too (GQA's present would hold no
+    slot past this step's)."""
+    import json
+
+    import onnx_ir as ir
+
+    from aitune.torch import decoder_fusions
+    from aitune.torch.backend import ONNXExecutionProvider, ONNXRuntimeBackend, ONNXRuntimeBackendConfig
+
+    model = tiny_decoder(kind)
+    strategy = ait.OneBackendStrategy(ONNXRuntimeBackend(ONNXRuntimeBackendConfig(
+        execution_provider=ONNXExecutionProvider.CPU, in_place_outputs=True)))
+    prefill = ait.Module(DecodeStep(model), f"{kind}-gqa-prefill", strategy=strategy)
+    decode = ait.Module(DecodeStep(model), f"{kind}-gqa-decode", strategy=strategy)
+    ait.tune(lambda input_ids, attention_mask: greedy_generate(prefill, decode, model, input_ids, attention_mask, 8),
+             lambda size: [_family_prompts(size)], batch_sizes=[1, 2], ignore_failing_modules=False,
+             performance_validation=False, disable_external_logging=True, progress=False)
+
+    def fused(module):
+        (report,) = module.ait_reports.values()
+        (candidate,) = [c for c in json.loads(report.to_json())["candidates"] if c.get("transform") == "ort_fusions"]
+        return candidate
+
+    step = fused(decode)
+    assert step["fused_operators"].get("GroupQueryAttention") == 2, step["fused_operators"]
+    assert step["correctness"]["passed"] and len(step["correctness"]["samples"]) >= 8, step["correctness"]
+    assert "GroupQueryAttention" not in fused(prefill)["fused_operators"], fused(prefill)["fused_operators"]
+    for size in (1, 2):
+        batch = _family_prompts(size)
+        with torch.no_grad():
+            ours = greedy_generate(prefill, decode, model, batch["input_ids"], batch["attention_mask"], 8)
+        assert torch.equal(ours, _generate(model, batch, 8)), (size, ours)
+    (exported,) = (Path(p) for p in Path(os.environ["AITUNE_CACHE_DIR"]).glob(f"{kind}-gqa-decode/**/model_raw.onnx"))
+    _, counts = decoder_fusions.optimize_for_ort(ir.load(str(exported)))
+    assert counts.get("cached_gqa", 0) == 0 and counts["sdpa_via_mha"] == 2, counts
 
 
 def test_decode_step_refuses_attention_layer_kinds_it_cannot_mask():

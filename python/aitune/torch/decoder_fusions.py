@@ -311,16 +311,131 @@ class MaskedGroupQueryAttention(pattern.RewriteRuleClassBase):
 _masked_gqa_rules = pattern.RewriteRuleSet([MaskedGroupQueryAttention.rule()])
 
 
+class CachedGroupQueryAttention(pattern.RewriteRuleClassBase):
+    """A step over a static KV cache (``DecodeStep``: this step's keys and values written into
+    the layer's cache inputs by ScatterND, attention over the whole cache through
+    ``repeat_kv``) -> GroupQueryAttention with the cache as its past and present, for a
+    graph whose caches are updated in place (``in_place_outputs``: the engine binds each
+    present to its past's buffer, ORT's past/present buffer sharing, so GQA writes only
+    this step's slots). Only then: without the sharing, GQA's present holds the past up to
+    this step's slots and nothing after them, where the ScatterND's output keeps every slot.
+
+    ``seqlens_k`` (per row, the last slot written) is read from the ScatterND's indices
+    (``[B, Hkv, S, 3]``: row, head, slot), so GQA writes the S new tokens at the slots the
+    model writes them when those are consecutive and the same for every head, as
+    DecodeStep writes them; the candidate's check against eager (caches included) refuses
+    any other layout. The model's mask goes in as ``attention_bias`` (padding, causality and
+    sliding windows as the model computed them, over all M slots, ``total_sequence_length``
+    = M), rotary stays outside. Refused (a falsy MatchResult) where the heads are not
+    grouped, the shapes are not those of a cache (past [B, Hkv, M, Dh], new [B, Hkv, S, Dh],
+    mask [B|1, 1, S, M]), the step is not one token per row (S = 1: ONNX Runtime refuses a
+    past with more new tokens at batch > 1; a prefill keeps MultiHeadAttention), or the
+    mask compares no positions."""
+
+    def __init__(self):
+        super().__init__("CachedGroupQueryAttention", remove_nodes=False)
+
+    def pattern(self, op, query_BHSDh, past_key, key_indices, key_update, past_value, value_indices, value_update,
+                mask):
+        key_cache = op.ScatterND(past_key, key_indices, key_update, _allow_other_attributes=True,
+                                 _outputs=["key_cache"])
+        value_cache = op.ScatterND(past_value, value_indices, value_update, _allow_other_attributes=True,
+                                   _outputs=["value_cache"])
+        key_BHMDh = op.Reshape(op.Expand(op.Unsqueeze(key_cache, [2]), pattern.ANY_VALUE), pattern.ANY_VALUE,
+                               _outputs=["key_BHMDh"])
+        value_BHMDh = op.Reshape(op.Expand(op.Unsqueeze(value_cache, [2]), pattern.ANY_VALUE), pattern.ANY_VALUE,
+                                 _outputs=["value_BHMDh"])
+        attention_BHSDh = op.SDPA(query_BHSDh, key_BHMDh, value_BHMDh, mask, key_format="BHSd",
+                                  _allow_other_attributes=True, _domain=_FUSION_DOMAIN, _outputs=["attention_BHSDh"])
+        attention_BSHDh = op.Transpose(attention_BHSDh, perm=[0, 2, 1, 3])
+        attention_BSD = op.Reshape(attention_BSHDh, pattern.ANY_VALUE, _outputs=["attention_BSD"])
+        return attention_BSD, key_cache, value_cache
+
+    @staticmethod
+    def _new_states(update: ir.Value) -> ir.Value:
+        """The step's keys or values a ScatterND writes: its update, or what an Expand of it
+        broadcast (``index_put`` exports the broadcast of its values to the indices' shape)."""
+        producer = update.producer()
+        return producer.inputs[0] if producer is not None and producer.op_type == "Expand" else update
+
+    def check(self, context, query_BHSDh, past_key, key_indices, key_update, past_value, value_indices,
+              value_update, key_cache, value_cache, key_BHMDh, value_BHMDh, mask, attention_BSD,
+              **_) -> pattern.MatchResult:
+        result = pattern.MatchResult()
+        key_BHkvSDh, value_BHkvSDh = self._new_states(key_update), self._new_states(value_update)
+        dims: dict = {}
+        for value, names in ((query_BHSDh, "B H S Dh"), (key_BHkvSDh, "B Hkv S Dh"), (value_BHkvSDh, "B Hkv S Dh"),
+                             (past_key, "B Hkv M Dh"), (past_value, "B Hkv M Dh"), (key_cache, "B Hkv M Dh"),
+                             (value_cache, "B Hkv M Dh"), (key_BHMDh, "B H M Dh"), (value_BHMDh, "B H M Dh"),
+                             (attention_BSD, "B S D")):
+            if not _fusion_utils.check_shape_bool(dims, value, names.split()):
+                return result.fail(f"{value.name} is not [{names}] (not a step over a static cache)", value)
+        heads, kv_heads = dims["H"], dims["Hkv"]
+        if not isinstance(heads, int) or not isinstance(kv_heads, int) or heads % kv_heads or heads == kv_heads:
+            return result.fail(f"heads {heads} / kv heads {kv_heads} are not grouped", query_BHSDh)
+        if dims["S"] != 1:  # ONNX Runtime: "batch_size must be 1 when sequence_length > 1 and past context is given"
+            return result.fail(f"{dims['S']} new tokens per row: GroupQueryAttention takes a past with one", query_BHSDh)
+        for indices in (key_indices, value_indices):
+            if indices.shape is None or indices.shape.rank() != 4 or indices.shape[3] != 3:
+                return result.fail("the cache write's indices are not [B, Hkv, S, 3] (row, head, slot)", indices)
+        if past_key.dtype != query_BHSDh.dtype or past_value.dtype != query_BHSDh.dtype:
+            return result.fail("the caches are not of the query's dtype", past_key)
+        if mask is None:
+            return result.fail("no attention mask: causality unknown", query_BHSDh)
+        if mask.shape is None or mask.shape.rank() != 4 or mask.dtype != query_BHSDh.dtype:
+            return result.fail("the mask is not a 4-D additive mask of the query's dtype", mask)
+        batch, head, rows, columns = mask.shape
+        if head != 1 or batch not in (1, dims["B"]) or rows != dims["S"] or columns != dims["M"]:
+            return result.fail(f"mask shape {mask.shape} is not [B|1, 1, S, M]", mask)
+        if not _mask_is_causal(mask):
+            return result.fail("the mask compares no positions (not causal): GroupQueryAttention is causal", mask)
+        self._heads, self._kv_heads = heads, kv_heads
+        return result
+
+    def rewrite(self, op, query_BHSDh, past_key, key_indices, key_update, past_value, value_update, mask,
+                attention_BHSDh, **_):
+        key_BHkvSDh, value_BHkvSDh = self._new_states(key_update), self._new_states(value_update)
+        to_BSD = op.Constant(value_ints=[0, 0, -1])
+
+        def flat(value):  # [B, H, S, Dh] -> [B, S, H * Dh]
+            return op.Reshape(op.Transpose(value, perm=[0, 2, 1, 3]), to_BSD)
+
+        def scalar(number):
+            return op.Constant(value=ir.tensor(np.array(number, dtype=np.int64)))
+
+        # the slot of each row's last new token, head 0: indices[:, 0, S - 1, 2]
+        first_head = op.Gather(key_indices, scalar(0), axis=1)  # [B, S, 3]
+        last_token = op.Gather(first_head, scalar(-1), axis=1)  # [B, 3]
+        seqlens_k = op.Cast(op.Gather(last_token, scalar(2), axis=1), to=ir.DataType.INT32)  # [B]
+        total_sequence_length = op.Squeeze(op.Cast(op.Shape(past_key, start=2, end=3), to=ir.DataType.INT32))
+        lowest = np.array(np.finfo(mask.dtype.numpy()).min, dtype=mask.dtype.numpy())
+        bias = op.Max(mask, op.Constant(value=ir.tensor(lowest)))  # as MaskedGroupQueryAttention's
+        attributes = {}
+        scale = attention_BHSDh.producer().attributes.get_float("scale", None)
+        if scale is not None:
+            attributes["scale"] = scale
+        output, present_key, present_value = op.GroupQueryAttention(
+            flat(query_BHSDh), flat(key_BHkvSDh), flat(value_BHkvSDh), past_key, past_value, seqlens_k,
+            total_sequence_length, None, None, None, bias, num_heads=self._heads, kv_num_heads=self._kv_heads,
+            _domain=_CONTRIB, _outputs=3, **attributes)
+        return output, present_key, present_value
+
+
+_cached_gqa_rules = pattern.RewriteRuleSet([CachedGroupQueryAttention.rule()])
+
+
 # -- the sequence ------------------------------------------------------------------------
 
 def _apply(rules, model: ir.Model, **kwargs) -> int:
     return _fusion_utils.apply_fusion_rules(rules)(model, **kwargs)
 
 
-def optimize_for_ort(model: ir.Model) -> tuple[ir.Model, dict[str, int]]:
+def optimize_for_ort(model: ir.Model, caches_in_place: bool = False) -> tuple[ir.Model, dict[str, int]]:
     """onnxscript's ``optimize_for_ort`` in its order, with the cos/sin-cache rules replaced
-    by the per-row and elementwise variants and its GQA rule by MaskedGroupQueryAttention.
-    Returns the model (changed in place) and the count of each fusion."""
+    by the per-row and elementwise variants and its GQA rule by MaskedGroupQueryAttention;
+    with ``caches_in_place`` (the graph's outputs written into its inputs' buffers), a step
+    over a static KV cache becomes CachedGroupQueryAttention. Returns the model (changed in
+    place) and the count of each fusion."""
     rewrite(model, [_gemm_to_matmul_add.gemm_to_matmul_add_rule])
     common_passes.ShapeInferencePass()(model)
     optimize(model)
@@ -339,6 +454,8 @@ def optimize_for_ort(model: ir.Model) -> tuple[ir.Model, dict[str, int]]:
     counts["flat_key_transpose"] = _apply(_flat_key_transpose_rules, model)
     counts["sdpa"] = sdpa.fuse_sdpa(model, apply_shape_inference=True)
     counts["masked_gqa"] = _apply(_masked_gqa_rules, model)
+    if caches_in_place:
+        counts["cached_gqa"] = _apply(_cached_gqa_rules, model)
     counts["mha1"] = mha.fuse_mha1(model)
     counts["mha2"] = mha.fuse_mha2(model)
     counts["mha_scale"] = mha_scale.fuse_mha_scale(model)

@@ -63,7 +63,8 @@ def _save(model: onnx.ModelProto, target: Path) -> None:
     os.replace(scratch, target)
 
 
-def fuse_for_ort(source: Path, target: Path, *, use_dynamo: bool, model_type: str = "bert") -> FusedModel | None:
+def fuse_for_ort(source: Path, target: Path, *, use_dynamo: bool, model_type: str = "bert",
+                 caches_in_place: bool = False) -> FusedModel | None:
     """Writes ``target``: ``source`` with ONNX Runtime's transformer fusions applied.
     A dynamo export goes through onnxscript's ``optimize_for_ort`` sequence with our decoder
     rules (``decoder_fusions.py``); a trace export through ``onnxruntime.transformers.optimizer``
@@ -81,7 +82,7 @@ def fuse_for_ort(source: Path, target: Path, *, use_dynamo: bool, model_type: st
         with routed_to_aitune():  # the constant folder's notes, not the user's business
             # onnxscript's sequence with our decoder rules (rotary with per-row positions,
             # transformers 5's angle form, GroupQueryAttention that keeps the mask)
-            fused, _ = decoder_fusions.optimize_for_ort(model)
+            fused, _ = decoder_fusions.optimize_for_ort(model, caches_in_place=caches_in_place)
         _restore_flat_attention_outputs(fused, ranks)
         proto = ir.serde.serialize_model(fused)
         transform = ORT_FUSIONS
@@ -184,6 +185,10 @@ class TransformContext:
 
     directory: Path  # where the transformed models are written
     model_type: str = "bert"  # onnxruntime.transformers.optimizer's fusion set (trace exports)
+    #: The session writes the graph's cache outputs into their inputs' buffers
+    #: (``in_place_outputs``): a step over a static KV cache may fuse into GroupQueryAttention
+    #: with the cache as its shared past / present (decoder_fusions.CachedGroupQueryAttention).
+    caches_in_place: bool = False
     #: The export prepared once for fp16 conversions keeping nodes in fp32 (the mixed model,
     #: the fp32-node search); TransformedModels sets it to its own.
     fp16_keeping: Callable[[], Fp16Keeping] | None = None
@@ -323,7 +328,7 @@ def _fusion(use_dynamo: bool):
     def fuse(source, context: TransformContext):
         # fuse_for_ort is looked up when called, so tests can substitute it.
         return fuse_for_ort(source.path, context.directory / "model_fused.onnx", use_dynamo=use_dynamo,
-                            model_type=context.model_type)
+                            model_type=context.model_type, caches_in_place=context.caches_in_place)
 
     return fuse
 

@@ -1,4 +1,5 @@
-// find_in_place_outputs: a graph's outputs that are a ScatterND of an input nothing else reads.
+// find_in_place_outputs: a graph's outputs that are a ScatterND of an input nothing else reads, or a
+// GroupQueryAttention's present key / value over a past input nothing else reads.
 #include "aitune/in_place_outputs.hpp"
 
 #include <algorithm>
@@ -34,20 +35,31 @@ std::map<std::string, std::string> find_in_place_outputs(const std::vector<OnnxN
   for (const auto& out : outputs) {
     auto made = producer.find(out.name);
     if (made == producer.end()) continue;
-    const OnnxNode& scatter = *made->second;
-    if (scatter.op_type != "ScatterND" || scatter.inputs.size() != 3) continue;
-    auto reduction = scatter.string_attributes.find("reduction");
-    if (reduction != scatter.string_attributes.end() && reduction->second != "none") continue;
-    const std::string& data = scatter.inputs[0];
+    const OnnxNode& writer = *made->second;
+    std::string data;  // the input the output is that input updated
+    if (writer.op_type == "ScatterND" && writer.inputs.size() == 3) {
+      auto reduction = writer.string_attributes.find("reduction");
+      if (reduction != writer.string_attributes.end() && reduction->second != "none") continue;
+      data = writer.inputs[0];
+    } else if (writer.op_type == "GroupQueryAttention") {
+      // present_key / present_value (outputs 1, 2) over past_key / past_value (inputs 3, 4):
+      // bound to one buffer, GQA writes only this step's slots (ORT's past/present sharing)
+      const auto slot = std::find(writer.outputs.begin(), writer.outputs.end(), out.name) - writer.outputs.begin();
+      if ((slot != 1 && slot != 2) || writer.inputs.size() <= static_cast<std::size_t>(slot + 2)) continue;
+      data = writer.inputs[static_cast<std::size_t>(slot + 2)];
+    } else {
+      continue;
+    }
     const IoInfo* in = find_io(inputs, data);
-    if (in == nullptr || in->dtype != out.dtype || in->shape.size() != out.shape.size()) continue;
+    if (data.empty() || in == nullptr || in->dtype != out.dtype || in->shape.size() != out.shape.size()) continue;
     if (find_io(outputs, data) != nullptr || taken.count(data)) continue;
-    if (scatter.inputs[1] == data || scatter.inputs[2] == data) continue;
+    const auto uses = std::count(writer.inputs.begin(), writer.inputs.end(), data);
+    if (uses != 1) continue;  // read by the writer twice: as what it writes and as something else
     const auto& data_readers = readers[data];
-    const bool only_scatter = std::all_of(data_readers.begin(), data_readers.end(), [&](const OnnxNode* reader) {
-      return reader == &scatter || reads_only_shape(*reader);
+    const bool only_writer = std::all_of(data_readers.begin(), data_readers.end(), [&](const OnnxNode* reader) {
+      return reader == &writer || reads_only_shape(*reader);
     });
-    if (!only_scatter) continue;
+    if (!only_writer) continue;
     aliases[out.name] = data;
     taken.insert(data);
   }
