@@ -235,6 +235,46 @@ def _mask_is_causal(mask: ir.Value) -> bool:
     return False
 
 
+def _grouped_causal_failure(result: pattern.MatchResult, dims: dict, query: ir.Value, mask: ir.Value | None,
+                            keys: str) -> pattern.MatchResult | None:
+    """The failed ``result`` where a GroupQueryAttention cannot take this attention: heads not
+    grouped, no mask, a mask that is not ``[B|1, 1, S, <keys>]`` additive of the query's
+    dtype, or one that compares no positions (GQA is always causal); None where it can."""
+    heads, kv_heads = dims["H"], dims["Hkv"]
+    if not isinstance(heads, int) or not isinstance(kv_heads, int) or heads % kv_heads or heads == kv_heads:
+        return result.fail(f"heads {heads} / kv heads {kv_heads} are not grouped", query)
+    if mask is None:
+        return result.fail("no attention mask: causality unknown", query)
+    if mask.shape is None or mask.shape.rank() != 4 or mask.dtype != query.dtype:
+        return result.fail("the mask is not a 4-D additive mask of the query's dtype", mask)
+    batch, head, rows, columns = mask.shape
+    if head != 1 or batch not in (1, dims["B"]) or rows != dims["S"] or columns != dims[keys]:
+        return result.fail(f"mask shape {mask.shape} is not [B|1, 1, S, {keys}]", mask)
+    if not _mask_is_causal(mask):
+        return result.fail("the mask compares no positions (not causal): GroupQueryAttention is causal", mask)
+    return None
+
+
+def _flat_heads(op, value):
+    """[B, H, S, Dh] -> [B, S, H * Dh], GroupQueryAttention's layout."""
+    return op.Reshape(op.Transpose(value, perm=[0, 2, 1, 3]), op.Constant(value_ints=[0, 0, -1]))
+
+
+def _attention_bias(op, mask: ir.Value):
+    """The model's additive mask as GQA's ``attention_bias``. Fully masked rows (a padded
+    query position) would be -inf everywhere, NaN after the softmax, and NaN times a zero
+    weight spreads to valid rows in the next layer: clamped to the lowest finite value
+    those rows get a finite (undefined) result."""
+    lowest = np.array(np.finfo(mask.dtype.numpy()).min, dtype=mask.dtype.numpy())
+    return op.Max(mask, op.Constant(value=ir.tensor(lowest)))
+
+
+def _scale_of(attention: ir.Value) -> dict:
+    """The SDPA's own scale, where it has one, as GQA's attribute."""
+    scale = attention.producer().attributes.get_float("scale", None)
+    return {} if scale is None else {"scale": scale}
+
+
 class MaskedGroupQueryAttention(pattern.RewriteRuleClassBase):
     """SDPA over ``repeat_kv``-expanded keys and values (grouped KV heads) -> ONNX Runtime's
     GroupQueryAttention, prefill without past. Unlike onnxscript's GQA rule (which drops
@@ -266,45 +306,21 @@ class MaskedGroupQueryAttention(pattern.RewriteRuleClassBase):
                              (key_BHSDh, "B H S Dh"), (value_BHSDh, "B H S Dh"), (attention_BSD, "B S D")):
             if not _fusion_utils.check_shape_bool(dims, value, names.split()):
                 return result.fail(f"{value.name} is not [{names}] (a past or a cross attention)", value)
-        heads, kv_heads = dims["H"], dims["Hkv"]
-        if not isinstance(heads, int) or not isinstance(kv_heads, int) or heads % kv_heads or heads == kv_heads:
-            return result.fail(f"heads {heads} / kv heads {kv_heads} are not grouped", query_BHSDh)
-        if mask is None:
-            return result.fail("no attention mask: causality unknown", query_BHSDh)
-        if mask.shape is None or mask.shape.rank() != 4 or mask.dtype != query_BHSDh.dtype:
-            return result.fail("the mask is not a 4-D additive mask of the query's dtype", mask)
-        batch, head, rows, columns = mask.shape
-        if head != 1 or batch not in (1, dims["B"]) or rows != dims["S"] or columns != dims["S"]:
-            return result.fail(f"mask shape {mask.shape} is not [B|1, 1, S, S]", mask)
-        if not _mask_is_causal(mask):
-            return result.fail("the mask compares no positions (not causal): GroupQueryAttention is causal", mask)
-        self._heads, self._kv_heads = heads, kv_heads
+        if failure := _grouped_causal_failure(result, dims, query_BHSDh, mask, "S"):
+            return failure
+        self._heads, self._kv_heads = dims["H"], dims["Hkv"]
         return result
 
     def rewrite(self, op, query_BHSDh, key_BHkvSDh, value_BHkvSDh, mask, attention_BHSDh, **_):
-        to_BSD = op.Constant(value_ints=[0, 0, -1])
-
-        def flat(value):  # [B, H, S, Dh] -> [B, S, H * Dh]
-            return op.Reshape(op.Transpose(value, perm=[0, 2, 1, 3]), to_BSD)
-
         sequence = op.Cast(op.Shape(query_BHSDh, start=2, end=3), to=ir.DataType.INT32)  # [1]
         one = op.Constant(value=ir.tensor(np.array([1], dtype=np.int32)))
         # every row's total length is S: padding is the mask's business, not GQA's
         seqlens_k = op.Expand(op.Sub(sequence, one), op.Shape(query_BHSDh, start=0, end=1))
         total_sequence_length = op.Squeeze(sequence)
-        # Fully masked rows (a padded query position) would be -inf everywhere, NaN after the
-        # softmax, and NaN times a zero weight spreads to valid rows in the next layer:
-        # clamped to the lowest finite value those rows get a finite (undefined) result.
-        lowest = np.array(np.finfo(mask.dtype.numpy()).min, dtype=mask.dtype.numpy())
-        bias = op.Max(mask, op.Constant(value=ir.tensor(lowest)))
-        attributes = {}
-        scale = attention_BHSDh.producer().attributes.get_float("scale", None)
-        if scale is not None:
-            attributes["scale"] = scale
         output, _present_key, _present_value = op.GroupQueryAttention(
-            flat(query_BHSDh), flat(key_BHkvSDh), flat(value_BHkvSDh), None, None, seqlens_k, total_sequence_length,
-            None, None, None, bias, num_heads=self._heads, kv_num_heads=self._kv_heads, _domain=_CONTRIB,
-            _outputs=3, **attributes)
+            _flat_heads(op, query_BHSDh), _flat_heads(op, key_BHkvSDh), _flat_heads(op, value_BHkvSDh), None, None,
+            seqlens_k, total_sequence_length, None, None, None, _attention_bias(op, mask), num_heads=self._heads,
+            kv_num_heads=self._kv_heads, _domain=_CONTRIB, _outputs=3, **_scale_of(attention_BHSDh))
         return output
 
 
@@ -370,9 +386,6 @@ class CachedGroupQueryAttention(pattern.RewriteRuleClassBase):
                              (attention_BSD, "B S D")):
             if not _fusion_utils.check_shape_bool(dims, value, names.split()):
                 return result.fail(f"{value.name} is not [{names}] (not a step over a static cache)", value)
-        heads, kv_heads = dims["H"], dims["Hkv"]
-        if not isinstance(heads, int) or not isinstance(kv_heads, int) or heads % kv_heads or heads == kv_heads:
-            return result.fail(f"heads {heads} / kv heads {kv_heads} are not grouped", query_BHSDh)
         if dims["S"] != 1:  # ONNX Runtime: "batch_size must be 1 when sequence_length > 1 and past context is given"
             return result.fail(f"{dims['S']} new tokens per row: GroupQueryAttention takes a past with one", query_BHSDh)
         for indices in (key_indices, value_indices):
@@ -380,25 +393,14 @@ class CachedGroupQueryAttention(pattern.RewriteRuleClassBase):
                 return result.fail("the cache write's indices are not [B, Hkv, S, 3] (row, head, slot)", indices)
         if past_key.dtype != query_BHSDh.dtype or past_value.dtype != query_BHSDh.dtype:
             return result.fail("the caches are not of the query's dtype", past_key)
-        if mask is None:
-            return result.fail("no attention mask: causality unknown", query_BHSDh)
-        if mask.shape is None or mask.shape.rank() != 4 or mask.dtype != query_BHSDh.dtype:
-            return result.fail("the mask is not a 4-D additive mask of the query's dtype", mask)
-        batch, head, rows, columns = mask.shape
-        if head != 1 or batch not in (1, dims["B"]) or rows != dims["S"] or columns != dims["M"]:
-            return result.fail(f"mask shape {mask.shape} is not [B|1, 1, S, M]", mask)
-        if not _mask_is_causal(mask):
-            return result.fail("the mask compares no positions (not causal): GroupQueryAttention is causal", mask)
-        self._heads, self._kv_heads = heads, kv_heads
+        if failure := _grouped_causal_failure(result, dims, query_BHSDh, mask, "M"):
+            return failure
+        self._heads, self._kv_heads = dims["H"], dims["Hkv"]
         return result
 
     def rewrite(self, op, query_BHSDh, past_key, key_indices, key_update, past_value, value_update, mask,
                 attention_BHSDh, **_):
         key_BHkvSDh, value_BHkvSDh = self._new_states(key_update), self._new_states(value_update)
-        to_BSD = op.Constant(value_ints=[0, 0, -1])
-
-        def flat(value):  # [B, H, S, Dh] -> [B, S, H * Dh]
-            return op.Reshape(op.Transpose(value, perm=[0, 2, 1, 3]), to_BSD)
 
         def scalar(number):
             return op.Constant(value=ir.tensor(np.array(number, dtype=np.int64)))
@@ -408,16 +410,11 @@ class CachedGroupQueryAttention(pattern.RewriteRuleClassBase):
         last_token = op.Gather(first_head, scalar(-1), axis=1)  # [B, 3]
         seqlens_k = op.Cast(op.Gather(last_token, scalar(2), axis=1), to=ir.DataType.INT32)  # [B]
         total_sequence_length = op.Squeeze(op.Cast(op.Shape(past_key, start=2, end=3), to=ir.DataType.INT32))
-        lowest = np.array(np.finfo(mask.dtype.numpy()).min, dtype=mask.dtype.numpy())
-        bias = op.Max(mask, op.Constant(value=ir.tensor(lowest)))  # as MaskedGroupQueryAttention's
-        attributes = {}
-        scale = attention_BHSDh.producer().attributes.get_float("scale", None)
-        if scale is not None:
-            attributes["scale"] = scale
         output, present_key, present_value = op.GroupQueryAttention(
-            flat(query_BHSDh), flat(key_BHkvSDh), flat(value_BHkvSDh), past_key, past_value, seqlens_k,
-            total_sequence_length, None, None, None, bias, num_heads=self._heads, kv_num_heads=self._kv_heads,
-            _domain=_CONTRIB, _outputs=3, **attributes)
+            _flat_heads(op, query_BHSDh), _flat_heads(op, key_BHkvSDh), _flat_heads(op, value_BHkvSDh), past_key,
+            past_value, seqlens_k, total_sequence_length, None, None, None, _attention_bias(op, mask),
+            num_heads=self._heads, kv_num_heads=self._kv_heads, _domain=_CONTRIB, _outputs=3,
+            **_scale_of(attention_BHSDh))
         return output, present_key, present_value
 
 
