@@ -342,6 +342,10 @@ def export_onnx(
                                    graph.module_name, graph.key, graph.dynamic_shapes.describe())
                 with warnings.catch_warnings(), conversions:  # the trace exporter is chosen on purpose here
                     warnings.simplefilter("ignore", DeprecationWarning)
+                    # The tracer's "Converting a tensor to a Python boolean might cause the trace
+                    # to be incorrect": `conversions` tells the conversions of input values (refused,
+                    # or logged where allowed) from those of shapes (the samples' check covers them).
+                    warnings.simplefilter("ignore", torch.jit.TracerWarning)
                     torch.onnx.export(flat, inputs, str(target), dynamo=False, dynamic_axes=_trace_axes(spec),
                                       **common)
                 if conversions.sites and not allow_trace_warnings:
