@@ -23,14 +23,20 @@ struct TensorSpec {
   Shape min_shape;
   Shape max_shape;  ///< kUnbounded where nothing limits the axis
   std::optional<int> batch_axis;
+  /// Per axis, the extents go from min_shape in steps of this (a range declared as a
+  /// multiple, `2 * Dim("h")`: only even heights); empty, or 1 on an axis: every extent.
+  Shape step;
 
   std::size_t rank() const noexcept { return min_shape.size(); }
   bool is_dynamic(std::size_t axis) const { return min_shape.at(axis) != max_shape.at(axis); }
   /// Indices of the dynamic axes, ascending.
   std::vector<int> dynamic_axes() const;
-  /// True when `shape` has this rank and every extent lies in [min, max].
+  /// True when `shape` has this rank and every extent lies in [min, max] (and on an axis
+  /// with a step, is min plus a multiple of it).
   bool accepts(const Shape& shape) const;
-  /// "float32[1..8, 3, 224, 224]" (batch axis marked with 'b').
+  /// The step of `axis` (1 where none is set).
+  int64_t step_of(std::size_t axis) const { return axis < step.size() ? step[axis] : 1; }
+  /// "float32[1..8, 3, 224, 224]" (batch axis marked with 'b'; "8..32 step 2" for a step).
   std::string to_string() const;
 
   bool operator==(const TensorSpec&) const = default;
@@ -82,7 +88,9 @@ class GraphSpecBuilder {
   /// the axis is the input's batch axis, every batch axis. Throws Error(kInvalidArgument) for
   /// a negative axis or min, or max < min; build() throws it for an input the graph does
   /// not have, an axis beyond its rank, or a recorded extent outside the range.
-  void declare_range(const std::string& input, int axis, int64_t min, int64_t max);
+  /// `step` > 1: only min, min + step, ... up to max (a multiple a model's code needs); the
+  /// recorded extents must be among them.
+  void declare_range(const std::string& input, int axis, int64_t min, int64_t max, int64_t step = 1);
 
   /// Throws Error(kState) when nothing was recorded.
   GraphSpec build() const;
@@ -99,7 +107,7 @@ class GraphSpecBuilder {
   struct DeclaredRange {
     std::string input;
     int axis;
-    int64_t min, max;
+    int64_t min, max, step;
   };
   void apply(const DeclaredRange& range, GraphSpec& spec) const;
 

@@ -33,6 +33,8 @@ void bind_graph_spec(nb::module_& m) {
       .def_rw("min_shape", &TensorSpec::min_shape)
       .def_rw("max_shape", &TensorSpec::max_shape)
       .def_rw("batch_axis", &TensorSpec::batch_axis)
+      .def_rw("step", &TensorSpec::step)
+      .def("step_of", &TensorSpec::step_of, nb::arg("axis"))
       .def("dynamic_axes", &TensorSpec::dynamic_axes)
       .def("accepts", &TensorSpec::accepts, nb::arg("shape"))
       .def("__eq__", [](const TensorSpec& a, const TensorSpec& b) { return a == b; })
@@ -57,7 +59,9 @@ void bind_graph_spec(nb::module_& m) {
           "inputs/outputs: lists of (name, dtype name, shape); batch_size <= 0 for none.")
       .def_prop_ro("num_samples", &GraphSpecBuilder::num_samples)
       .def("declare_range", &GraphSpecBuilder::declare_range, nb::arg("input"), nb::arg("axis"), nb::arg("min"),
-           nb::arg("max"), "A range the user declared for an input axis (max -1: unbounded); build() applies it.")
+           nb::arg("max"), nb::arg("step") = 1,
+           "A range the user declared for an input axis (max -1: unbounded; extents min, min + step, ...); "
+           "build() applies it.")
       .def("build", &GraphSpecBuilder::build);
 }
 

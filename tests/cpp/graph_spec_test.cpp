@@ -228,6 +228,33 @@ TEST(GraphSpecBuilder, DeclaredBatchRangeWidensEveryBatchAxis) {
   EXPECT_TRUE(spec.inputs[0].accepts({4096, 3}));
 }
 
+TEST(GraphSpecBuilder, DeclaredStepAcceptsOnlyItsMultiplesAndSurvivesJson) {
+  // A UNet's latents: heights 8..32 in steps of 2 (recorded 16 and 24).
+  GraphSpecBuilder b;
+  for (int64_t h : {16, 24})
+    b.record({rec("sample", DType::kFloat32, {1, 4, h, 16})}, {rec("out", DType::kFloat32, {1, 4, h, 16})}, 1);
+  b.declare_range("sample", 2, 8, 32, 2);
+  const GraphSpec spec = b.build();
+  const TensorSpec& in = spec.inputs[0];
+  EXPECT_EQ(in.step, (Shape{1, 1, 2, 1}));
+  EXPECT_EQ(spec.outputs[0].step, (Shape{1, 1, 2, 1}));  // the output's height followed
+  EXPECT_TRUE(in.accepts({1, 4, 8, 16}));
+  EXPECT_TRUE(in.accepts({1, 4, 30, 16}));
+  EXPECT_FALSE(in.accepts({1, 4, 9, 16}));
+  EXPECT_FALSE(in.accepts({1, 4, 34, 16}));
+  EXPECT_EQ(in.to_string(), "float32[1, 4, 8..32 step 2, 16]");
+  EXPECT_EQ(GraphSpec::from_json(spec.to_json()), spec);
+  EXPECT_EQ(spec.to_json().find("step") != std::string::npos, true);
+  GraphSpecBuilder odd;
+  odd.record({rec("sample", DType::kFloat32, {1, 4, 15, 16})}, {}, 1);
+  odd.declare_range("sample", 2, 8, 32, 2);
+  expect_error([&] { (void)odd.build(); }, ErrorCode::kInvalidArgument, {"8..32 step 2", "recorded at 15"});
+  expect_error([&] { odd.declare_range("sample", 2, 8, 32, 0); }, ErrorCode::kInvalidArgument, {"step 0"});
+  auto text = nlohmann::json::parse(spec.to_json());
+  text["inputs"][0]["step"] = {1, 1, 0, 1};
+  expect_error([&] { (void)GraphSpec::from_json(text.dump()); }, ErrorCode::kInvalidArgument, {"step"});
+}
+
 TEST(GraphSpecBuilder, DeclaredRangeMustHoldWhatWasRecorded) {
   GraphSpecBuilder b;
   b.record({rec("ids", DType::kInt64, {1, 16})}, {}, 1);

@@ -182,3 +182,43 @@ def test_ait_wrap_declares_ranges_per_wrapped_module_and_refuses_a_name_of_none(
     out, inputs = _call(pipeline, 2, 50)
     torch.testing.assert_close(out, pipeline.head.ait_module(Encoder.forward(encoder, **inputs)["pooled"]),
                                atol=1e-5, rtol=1e-5)
+
+
+class EvenSizes(torch.nn.Module):
+    """Halves and doubles its input as a UNet does, padding an odd size first (eagerly any
+    size works; torch.export, given an even example, guards `size % 2 == 0`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(2, 2, 3, padding=1)
+
+    def forward(self, x):
+        odd = x.shape[-1] % 2
+        if odd:
+            x = torch.nn.functional.pad(x, (0, 1))
+        y = torch.nn.functional.interpolate(self.conv(torch.nn.functional.avg_pool2d(x, 2)), scale_factor=2.0)
+        out = x + y
+        return out[..., :-1] if odd else out
+
+
+def test_a_derived_dim_declares_the_multiples_a_model_needs_and_the_graph_takes_only_those():
+    inner = EvenSizes().eval()
+    plain = ait.Module(EvenSizes().eval(), "even-plain", strategy=cpu_strategy(tune_provider_options=False),
+                       dynamic_shapes={"x": {3: (8, 32)}})
+    with pytest.raises(ExportError, match=r"% 2\) == 0[\s\S]*declare an axis the code needs a multiple of"):
+        ait.tune(plain, [torch.randn(2, 4, 16), torch.randn(2, 4, 24)], ignore_failing_modules=False, progress=False)
+    model = ait.Module(inner, "even", strategy=cpu_strategy(tune_provider_options=False),
+                       dynamic_shapes={"x": {3: 2 * Dim("half", min=4, max=16)}})
+    ait.tune(model, [torch.randn(2, 4, 16), torch.randn(2, 4, 24)], ignore_failing_modules=False, progress=False)
+    assert model.ait_state is ModuleState.TUNED
+    (spec,) = model.graph_specs
+    assert str(spec.inputs[0]) == "TensorSpec(input_x: float32[b:1..2, 2, 4, 8..32 step 2])"
+    (graph,) = model.ait_graphs
+    assert graph.samples[-1].inputs[0].shape[-1] == 20  # the crop between 16 and 24, on the step
+    model.ait_module.forward = lambda *a, **k: pytest.fail("eager forward ran on a tuned module")
+    for width in (8, 10, 30, 32):
+        x = torch.randn(1, 2, 4, width)
+        with torch.no_grad():
+            torch.testing.assert_close(model(x), EvenSizes.forward(inner, x), atol=1e-5, rtol=1e-5)
+    with pytest.raises(aitune.ShapeMismatchError, match=r"8\.\.32 step 2"):
+        model(torch.randn(1, 2, 4, 11))

@@ -13,8 +13,10 @@ compared with eager at the recorded shapes and a recorded sample cropped to a sh
 extent inside the range (``interior_shapes``).
 
 Keys name an input as the forward's argument path (``"input_ids"``, ``"inputs.image"``)
-or by its tensor name (``"input_input_ids"``). Axes declared with one ``torch.export.Dim``
-(by name) share it in the export: the ids and mask of a sequence must be declared so.
+or by its tensor name (``"input_input_ids"``). A ``torch.export.Dim`` goes to the export as
+given: axes declared with one share it, and a derived one (``2 * Dim("h", min=4, max=64)``,
+the even heights a UNet's down- and upsampling need) makes the graph accept only its
+extents (the spec's ``step``).
 """
 
 from __future__ import annotations
@@ -30,15 +32,17 @@ UNBOUNDED = -1  # aitune::kUnbounded
 
 @dataclasses.dataclass(frozen=True)
 class DeclaredAxis:
-    """One axis range: ``max`` is ``UNBOUNDED`` for no upper bound; ``dim`` names the
-    ``torch.export.Dim`` the axis was declared with (shared by every axis of that name),
-    or None for a range given as a tuple (a Dim of its own)."""
+    """One axis range: ``max`` is ``UNBOUNDED`` for no upper bound; ``step`` > 1 where only
+    min, min + step, ... are taken (a derived Dim such as ``2 * h``); ``dim`` is the
+    ``torch.export.Dim`` the axis was declared with (the export gets it as given, shared by
+    every axis declared with it), None for a range given as a tuple (a Dim of its own)."""
 
     key: str
     axis: int
     min: int
     max: int
-    dim: str | None = None
+    step: int = 1
+    dim: Any = None
 
 
 def _tensor_name(key: str) -> str:
@@ -50,16 +54,21 @@ def _range(key: str, axis: Any, value: Any) -> DeclaredAxis:
     where = f"dynamic_shapes[{key!r}][{axis!r}]"
     if isinstance(axis, bool) or not isinstance(axis, int) or axis < 0:
         raise ValueError(f"{where}: an axis is an int >= 0, got {axis!r}")
-    dim = None
+    dim, step = None, 1
     if value is Dim.DYNAMIC or value == Dim.DYNAMIC:  # any extent from 1 up
         value = (1, None)
     elif type(value).__name__ == "_DimHint":  # AUTO / STATIC would let the export decide
         raise TypeError(f"{where}: {value} leaves it to the export whether the axis is dynamic; declare a range "
                         "((min, max), a torch.export.Dim, or Dim.DYNAMIC), or leave the axis out")
     if isinstance(value, Dim):
-        dim = value.__name__
-        low, high = value.min, value.max
+        dim = value
+        low, high = int(value.min), value.max
         high = None if high is None or bool(high >= 2**62) else int(high)  # Dim's default max is int_oo
+        if hasattr(value, "fn") and hasattr(value, "root"):  # derived (a * h + b): the extents it takes
+            root = int(value.root.min)
+            step = int(value.fn(root + 1)) - int(value.fn(root))
+            if step < 1:
+                raise ValueError(f"{where}: {value.__name__} does not grow with {value.root.__name__}")
     elif isinstance(value, (tuple, list)) and len(value) == 2:
         low, high = value
     else:
@@ -72,7 +81,7 @@ def _range(key: str, axis: Any, value: Any) -> DeclaredAxis:
         raise ValueError(f"{where}: min {low} is negative")
     if high is not None and high < low:
         raise ValueError(f"{where}: max {high} is below min {low}")
-    return DeclaredAxis(key, axis, low, UNBOUNDED if high is None else int(high), dim)
+    return DeclaredAxis(key, axis, low, UNBOUNDED if high is None else int(high), step, dim)
 
 
 class DynamicShapes:
@@ -125,4 +134,5 @@ class DynamicShapes:
                 "name such as 'input_input_ids')")
 
     def describe(self) -> str:
-        return ", ".join(f"{a.key}[{a.axis}] {a.min}..{'' if a.max == UNBOUNDED else a.max}" for a in self.axes)
+        return ", ".join(f"{a.key}[{a.axis}] {a.min}..{'' if a.max == UNBOUNDED else a.max}"
+                         + (f" step {a.step}" if a.step > 1 else "") for a in self.axes)

@@ -120,20 +120,30 @@ def _dynamo_shapes(spec: _core.GraphSpec, declared: list | None = None) -> tuple
     from torch.export import Dim
 
     def bounded(name: str, axis) -> Dim:
+        if axis.dim is not None:
+            return axis.dim  # the user's own Dim, derived ones included
         return Dim(name, min=axis.min, max=None if axis.max < 0 else axis.max)
 
     ranges = {(name, axis.axis): axis for name, axis in declared or []}
     batch_axis = next((axis for (name, index), axis in ranges.items()
                        for t in spec.inputs if t.name == name and t.batch_axis == index), None)
-    batch = bounded("batch", batch_axis) if batch_axis is not None else Dim("batch", min=1)
-    shared: dict[str, Dim] = {}
+    if batch_axis is not None:
+        batch = bounded("batch", batch_axis)
+    elif ranges:
+        # Captured by torch.export.export (not refined): an undeclared batch keeps the recorded
+        # range, which torch.onnx.export's refinement would narrow it to anyway (a guard on a
+        # large batch, a UNet's `batch <= 63`, is no refusal of the declared axes).
+        batch_specs = [t for t in spec.inputs if t.batch_axis is not None]
+        top = max((t.max_shape[t.batch_axis] for t in batch_specs), default=-1)
+        batch = Dim("batch", min=1, max=None if top < 0 else max(top, 2))
+    else:
+        batch = Dim("batch", min=1)
     shapes = []
     for tensor_spec in spec.inputs:
         axes = {axis: Dim.AUTO for axis in tensor_spec.dynamic_axes()}
         for (name, index), axis in ranges.items():
             if name == tensor_spec.name and index != tensor_spec.batch_axis and axis.min != axis.max:
-                key = axis.dim or f"{name}_{index}"
-                axes[index] = shared.setdefault(key, bounded(key, axis))
+                axes[index] = bounded(f"{name}_{index}", axis)
         if tensor_spec.batch_axis is not None:
             axes[tensor_spec.batch_axis] = batch
         shapes.append(axes or None)
@@ -151,15 +161,19 @@ def _program_over_declared_ranges(graph: RecordedGraph, flat: torch.nn.Module, i
     retried; any other fix (a narrower range) is the user's decision, not taken here."""
     for _ in range(8):  # one retry per pair of axes merged, at most
         try:
-            return torch.export.export(flat, inputs, dynamic_shapes=shapes, strict=False)
+            # as torch.onnx.export captures: a batch or axis of 1 is not specialised
+            with torch.fx.experimental._config.patch(backed_size_oblivious=True):
+                return torch.export.export(flat, inputs, dynamic_shapes=shapes, strict=False)
         except Exception as error:
             merged = _with_equal_dims_merged(str(error), shapes)
             if merged is None:
                 raise ExportError(
                     f"ONNX export of {graph.module_name}/{graph.key} refused: the model's code is not valid as one "
                     f"graph over the ranges declared in dynamic_shapes ({graph.dynamic_shapes.describe()}): "
-                    f"{_summary(error, limit=8)}\nHint: narrow the declared ranges to the extents the code treats "
-                    "alike (or leave the axis undeclared: the graph then accepts the recorded range only)."
+                    f"{_summary(error, limit=10)}\nHint: narrow the declared ranges to the extents the code treats "
+                    "alike, or declare an axis the code needs a multiple of as one (`2 * Dim('h', min=4, max=64)` "
+                    "for the `% 2 == 0` guard torch.export names), or leave the axis undeclared: the graph then "
+                    "accepts the recorded range only."
                 ) from error
             shapes = merged
     raise ExportError(f"ONNX export of {graph.module_name}/{graph.key}: torch.export kept asking to merge the "

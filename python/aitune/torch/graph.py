@@ -523,7 +523,7 @@ class RecordedGraph(_GraphCalls):
             )
         if declared:
             for name, axis in self.dynamic_shapes.for_inputs(names):
-                builder.declare_range(name, axis.axis, axis.min, axis.max)
+                builder.declare_range(name, axis.axis, axis.min, axis.max, axis.step)
         return builder.build()
 
     # -- running -------------------------------------------------------------------

@@ -45,12 +45,18 @@ def add_interior_sample(graph: RecordedGraph) -> str | None:
     targets: dict[tuple[int, int], int] = {}
     for sizes, axes in groups.items():
         recorded = set(sizes)
-        interior = [v for v in (min(recorded) + 1, (min(recorded) + max(recorded)) // 2)
-                    if min(recorded) < v < max(recorded) and v not in recorded]
-        # an axis declared (dynamic_shapes) to go below what was recorded: checked there too
+        # an axis declared (dynamic_shapes) with a step takes only min + k * step: crops too
         declared_min = max(spec.inputs[i].min_shape[axis] for i, axis in axes)
-        below = max(declared_min, min(recorded) // 2, 1)
-        if not interior and below < min(recorded):
+        step = max(spec.inputs[i].step_of(axis) for i, axis in axes)
+
+        def on_step(size: int) -> int:
+            return size - (size - declared_min) % step
+
+        interior = [on_step(v) for v in (min(recorded) + 1, (min(recorded) + max(recorded)) // 2)]
+        interior = [v for v in interior if min(recorded) < v < max(recorded) and v not in recorded]
+        # an axis declared to go below what was recorded: checked there too
+        below = on_step(max(declared_min, min(recorded) // 2, 1))
+        if not interior and declared_min <= below < min(recorded):
             interior = [below]
         if interior:
             for key in axes:

@@ -21,6 +21,7 @@ bool TensorSpec::accepts(const Shape& shape) const {
   for (std::size_t i = 0; i < shape.size(); ++i) {
     if (shape[i] < min_shape[i]) return false;
     if (max_shape[i] != kUnbounded && shape[i] > max_shape[i]) return false;
+    if (step_of(i) > 1 && (shape[i] - min_shape[i]) % step_of(i) != 0) return false;
   }
   return true;
 }
@@ -34,6 +35,7 @@ std::string TensorSpec::to_string() const {
       out += std::to_string(min_shape[i]);
     } else {
       out += std::to_string(min_shape[i]) + ".." + (max_shape[i] == kUnbounded ? "" : std::to_string(max_shape[i]));
+      if (step_of(i) > 1) out += " step " + std::to_string(step_of(i));
     }
   }
   return out + "]";
@@ -142,22 +144,28 @@ std::string range_text(int64_t min, int64_t max) {
   return std::to_string(min) + ".." + (max == kUnbounded ? std::string() : std::to_string(max));
 }
 
-// Widens `axis` of `s` to hold [min, max] as well as what it held.
-void widen(TensorSpec& s, std::size_t axis, int64_t min, int64_t max) {
+// Widens `axis` of `s` to hold [min, max] in steps of `step` as well as what it held
+// (every recorded extent is min plus a multiple of step: checked by apply).
+void widen(TensorSpec& s, std::size_t axis, int64_t min, int64_t max, int64_t step) {
   s.min_shape[axis] = std::min(s.min_shape[axis], min);
   if (s.max_shape[axis] != kUnbounded) s.max_shape[axis] = max == kUnbounded ? kUnbounded : std::max(s.max_shape[axis], max);
+  if (step > 1) {
+    s.step.resize(s.rank(), 1);
+    s.step[axis] = step;
+  }
 }
 
 }  // namespace
 
-void GraphSpecBuilder::declare_range(const std::string& input, int axis, int64_t min, int64_t max) {
+void GraphSpecBuilder::declare_range(const std::string& input, int axis, int64_t min, int64_t max, int64_t step) {
   const std::string where = "dynamic_shapes: input '" + input + "' axis " + std::to_string(axis);
   if (axis < 0) throw Error(ErrorCode::kInvalidArgument, where + ": the axis must be >= 0");
+  if (step < 1) throw Error(ErrorCode::kInvalidArgument, where + ": step " + std::to_string(step) + " is below 1");
   if (min < 0) throw Error(ErrorCode::kInvalidArgument, where + ": min " + std::to_string(min) + " is negative");
   if (max != kUnbounded && max < min)
     throw Error(ErrorCode::kInvalidArgument, where + ": max " + std::to_string(max) + " is below min " +
                                                  std::to_string(min) + " (max -1 or None: no upper bound)");
-  declared_.push_back({input, axis, min, max});
+  declared_.push_back({input, axis, min, max, step});
 }
 
 void GraphSpecBuilder::apply(const DeclaredRange& range, GraphSpec& spec) const {
@@ -173,18 +181,25 @@ void GraphSpecBuilder::apply(const DeclaredRange& range, GraphSpec& spec) const 
   if (axis >= declared.rank())
     throw Error(ErrorCode::kInvalidArgument, where + ": the input has rank " + std::to_string(declared.rank()));
   const auto& recorded = inputs_[*index];
+  const std::string declared_text =
+      range_text(range.min, range.max) + (range.step > 1 ? " step " + std::to_string(range.step) : "");
   if (recorded.min_shape[axis] < range.min || (range.max != kUnbounded && recorded.max_shape[axis] > range.max))
     throw Error(ErrorCode::kInvalidArgument,
-                where + " is declared " + range_text(range.min, range.max) + " but was recorded at " +
+                where + " is declared " + declared_text + " but was recorded at " +
                     range_text(recorded.min_shape[axis], recorded.max_shape[axis]) +
                     ": the declared range must hold every recorded extent");
+  for (const auto& shapes : input_shapes_)
+    if ((shapes[*index][axis] - range.min) % range.step != 0)
+      throw Error(ErrorCode::kInvalidArgument, where + " is declared " + declared_text + " but was recorded at " +
+                                                   std::to_string(shapes[*index][axis]) +
+                                                   ", which is not among those extents");
   if (declared.batch_axis && *declared.batch_axis == range.axis) {  // one batch range for every batch axis
     for (auto* list : {&spec.inputs, &spec.outputs})
       for (auto& s : *list)
-        if (s.batch_axis) widen(s, static_cast<std::size_t>(*s.batch_axis), range.min, range.max);
+        if (s.batch_axis) widen(s, static_cast<std::size_t>(*s.batch_axis), range.min, range.max, range.step);
     return;
   }
-  widen(declared, axis, range.min, range.max);
+  widen(declared, axis, range.min, range.max, range.step);
   // Output axes that followed this extent in every call (the sequence axis of a hidden state).
   for (std::size_t o = 0; o < spec.outputs.size(); ++o) {
     auto& out = spec.outputs[o];
@@ -193,7 +208,7 @@ void GraphSpecBuilder::apply(const DeclaredRange& range, GraphSpec& spec) const 
       bool follows = !input_shapes_.empty();
       for (std::size_t c = 0; c < input_shapes_.size() && follows; ++c)
         follows = output_shapes_[c][o][j] == input_shapes_[c][*index][axis];
-      if (follows) widen(out, j, range.min, range.max);
+      if (follows) widen(out, j, range.min, range.max, range.step);
     }
   }
 }
@@ -207,6 +222,7 @@ using nlohmann::json;
 json tensor_to_json(const TensorSpec& s) {
   json j{{"name", s.name}, {"dtype", dtype_name(s.dtype)}, {"min_shape", s.min_shape}, {"max_shape", s.max_shape}};
   j["batch_axis"] = s.batch_axis ? json(*s.batch_axis) : json(nullptr);
+  if (std::any_of(s.step.begin(), s.step.end(), [](int64_t v) { return v > 1; })) j["step"] = s.step;
   return j;
 }
 
@@ -236,6 +252,12 @@ TensorSpec tensor_from_json(const json& j, const std::string& where) {
                                                    " has min_shape " + std::to_string(s.min_shape[i]) +
                                                    " and max_shape " + std::to_string(s.max_shape[i]) +
                                                    " (need 0 <= min <= max, max = -1 for unbounded)");
+  }
+  if (j.contains("step")) {  // absent: every extent (specs written before steps existed)
+    s.step = field<Shape>(j, "step", where);
+    if (s.step.size() != s.rank() || std::any_of(s.step.begin(), s.step.end(), [](int64_t v) { return v < 1; }))
+      throw Error(ErrorCode::kInvalidArgument,
+                  "graph spec JSON: " + where + ".step must hold one step >= 1 per axis, got " + shape_to_string(s.step));
   }
   if (j.contains("batch_axis") && !j.at("batch_axis").is_null()) {
     s.batch_axis = field<int>(j, "batch_axis", where);
