@@ -54,15 +54,28 @@ _SHARED_HOOKS = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forwa
                  "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
 
 
+def _effect_on_tensors_only(hook) -> bool:
+    """transformers' output-capturing hook (installed on the layers the first time a call
+    asks ``output_hidden_states`` / ``output_attentions``, or a head such as SegFormer's
+    asks them of its base model): it only appends a layer's output tensors to a collector
+    that the decorated forward returns in its ModelOutput, an effect on tensors that the
+    exported graph keeps. The user registered nothing, so naming it would send them looking
+    for a hook of their own."""
+    return (getattr(hook, "__module__", None) == "transformers.utils.output_capturing"
+            and getattr(hook, "__name__", None) == "output_capturing_hook")
+
+
 def submodule_hooks(module: torch.nn.Module) -> list[str]:
     """``name: hook`` for each forward hook registered on a submodule: those run inside
-    a graph while it is exported, and their side effects never happen on tuned calls."""
+    a graph while it is exported, and their side effects never happen on tuned calls.
+    Hooks whose only effect is on output tensors (``_effect_on_tensors_only``) are left out."""
     found = []
     for name, sub in module.named_modules():
         if not name:
             continue
         for hook in [*sub._forward_pre_hooks.values(), *sub._forward_hooks.values()]:
-            found.append(f"{name}: {getattr(hook, '__qualname__', repr(hook))}")
+            if not _effect_on_tensors_only(hook):
+                found.append(f"{name}: {getattr(hook, '__qualname__', repr(hook))}")
     return found
 
 #: Calls an untuned module records outside ``ait.tune`` (AITune's record-by-calling, for
