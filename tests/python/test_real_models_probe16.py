@@ -59,3 +59,47 @@ def test_transformers_output_capturing_hooks_are_not_named_as_the_users_hooks(ca
         _tune(inner, "bert-user-hook", samples)
     assert "forward hooks on submodules" in caplog.text and "encoder.layer.0: " in caplog.text
     assert "install_output_capuring_hook" not in caplog.text
+
+
+# -- an export specialised to its example's length says so (Mamba's slow path) -------------
+
+
+class _Scan(torch.nn.Module):
+    """A Python loop over the sequence, as Mamba's slow path scans its state: torch.export
+    unrolls it for the example's length and declares that length on the output, while the
+    input stays dynamic."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.fc(x)
+        state, states = torch.zeros_like(h[:, 0]), []
+        for i in range(x.shape[1]):
+            state = state * 0.5 + h[:, i]
+            states.append(state)
+        return torch.stack(states, 1)
+
+
+def test_a_graph_specialised_to_one_length_names_the_sample_and_the_fixed_size():
+    """A tiny Mamba failed the tune with ONNX Runtime's 'Gather node ... indices element out
+    of data bounds, idx=15 must be within [-8,7]' and nothing else: not which sample, nor
+    that the export had fixed the length. The failure now names the sample and its input
+    shapes, and the size the exported model fixes where the samples vary."""
+    from aitune.torch.graph_tuning import TuningError
+
+    inner = _Scan().eval()
+    model = ait.Module(inner, "scan", strategy=cpu_strategy(tune_provider_options=False))
+    with pytest.raises(TuningError) as caught:
+        ait.tune(model, [torch.randn(n, 4) for n in (3, 6, 4)], ignore_failing_modules=False,
+                 disable_external_logging=True, progress=False, performance_validation=False)
+    message = str(caught.value)
+    assert "indices element out of data bounds" in message  # ONNX Runtime's own words are kept
+    assert "sample " in message and "; input_x [" in message, message
+    assert "the exported model fixes sizes the recorded samples vary (output_0 axis 1 is 6 in the model, " \
+           "3..6 in the samples)" in message, message
+    assert model.ait_state is ModuleState.PASSTHROUGH
+    x = torch.randn(2, 5, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), inner(x))

@@ -178,16 +178,21 @@ std::size_t GraphTuner::evaluate_onnx(const std::string& model_path, const OnnxC
       r.in_place_outputs[backend->outputs()[o].name] = backend->inputs()[static_cast<std::size_t>(i)].name;
 
   Impl::MeasuredCall measured;
+  const std::string fixed_sizes = Impl::fixed_sizes_note(*backend);
   try {
     const auto& sample = impl.samples[impl.profile_sample];
     // Shared: the call below keeps them for the final round (select), after this returns.
     auto inputs = std::make_shared<DeviceInputs>(inputs_on(*backend, Impl::select(sample.inputs, map), model_spec));
     start = SteadyTime::now();
-    backend->infer(inputs->views);  // TensorRT builds its engines here
+    try {
+      backend->infer(inputs->views);  // TensorRT builds its engines here
+    } catch (const Error& e) {
+      throw Error(e.code(), impl.sample_call(impl.profile_sample, map) + ": " + e.what());
+    }
     r.first_run_ms = ms_since(start);
 
     r.correctness = impl.check(*backend, candidate.precision, map);
-    if (!r.correctness->passed()) return impl.push_rejected(std::move(r), model_path, map);
+    if (!r.correctness->passed()) return impl.push_rejected(std::move(r), model_path, map, fixed_sizes);
     measured.timer = Impl::timer_for(*backend);
     // Through the module's own dispatch where the front end gives it: the latency a
     // candidate wins by is then the latency of the module a user calls.
@@ -198,7 +203,8 @@ std::size_t GraphTuner::evaluate_onnx(const std::string& model_path, const OnnxC
                               measured.timer.get());
   } catch (const Error& e) {
     impl.rethrow_baseline_failure();  // the user's metric failed on eager's outputs: not this candidate's verdict
-    return impl.push_failed(std::move(r), e.what(), model_path, map);
+    return impl.push_failed(std::move(r), fixed_sizes.empty() ? std::string(e.what()) : e.what() + ("; " + fixed_sizes),
+                            model_path, map);
   }
   const std::size_t index = impl.push_passed(std::move(r), std::move(backend), model_path, map);
   impl.measured_calls[index] = std::move(measured);

@@ -2,6 +2,7 @@
 // chooses, tuner_batch_search.cpp widens the winner's batch range).
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <map>
@@ -155,9 +156,11 @@ struct GraphTuner::Impl {
     log(r.name + ": failed: " + r.reason);
     return push(std::move(r), nullptr, std::move(model_path), std::move(input_map));
   }
-  std::size_t push_rejected(CandidateResult r, std::string model_path = "", std::vector<std::size_t> input_map = {}) {
+  // `note`: added to the reason where not empty (fixed_sizes_note).
+  std::size_t push_rejected(CandidateResult r, std::string model_path = "", std::vector<std::size_t> input_map = {},
+                            const std::string& note = "") {
     r.status = CandidateStatus::kIncorrect;
-    r.reason = r.correctness->first_failure();
+    r.reason = r.correctness->first_failure() + (note.empty() ? "" : "; " + note);
     log(r.name + ": rejected: " + r.reason);
     return push(std::move(r), nullptr, std::move(model_path), std::move(input_map));
   }
@@ -228,10 +231,53 @@ struct GraphTuner::Impl {
   CorrectnessReport check(const OnnxSession& backend, Precision precision, const std::vector<std::size_t>& map) {
     std::vector<std::vector<Tensor>> outputs;
     for (std::size_t i = 0; i < samples.size(); ++i) {
-      auto inputs = detail::inputs_on(backend, select(samples[i].inputs, map), backend.graph_spec());
-      outputs.push_back(detail::host_outputs(backend, backend.infer(inputs.views)));
+      try {
+        auto inputs = detail::inputs_on(backend, select(samples[i].inputs, map), backend.graph_spec());
+        outputs.push_back(detail::host_outputs(backend, backend.infer(inputs.views)));
+      } catch (const Error& e) {
+        throw Error(e.code(), sample_call(i, map) + ": " + e.what());
+      }
     }
     return judge(precision, outputs);
+  }
+
+  // "sample 3 (batch 2; input_x [2, 5, 4])": the sample a model's run failed on, with its
+  // inputs' shapes (which of the recorded sizes the model could not take).
+  std::string sample_call(std::size_t i, const std::vector<std::size_t>& map) const {
+    std::string out = "sample " + std::to_string(i) + " (batch " + std::to_string(samples[i].batch_size);
+    for (std::size_t k = 0; k < map.size(); ++k)
+      out += (k == 0 ? "; " : ", ") + spec.inputs.at(map[k]).name + " " +
+             shape_to_string(samples[i].inputs.at(map[k]).shape);
+    return out + ")";
+  }
+
+  // Sizes the model fixes where the recorded samples vary ("output_0 axis 1 is 6 in the
+  // model, 3..6 in the samples"), or "": an export specialised to its example's size (a
+  // Python loop or branch over it in forward, which torch.export unrolls) declares that
+  // size, and the graph holds only there. Said with a candidate's failure, whose own
+  // message (an index out of bounds deep in the graph, a shape differing) does not say it.
+  static std::string fixed_sizes_note(const OnnxSession& backend) {
+    std::string found;
+    auto scan = [&](const std::vector<IoInfo>& ios, const std::vector<TensorSpec>& specs) {
+      for (const auto& io : ios) {
+        auto it = std::find_if(specs.begin(), specs.end(), [&](const TensorSpec& t) { return t.name == io.name; });
+        if (it == specs.end() || it->rank() != io.shape.size()) continue;
+        for (std::size_t a = 0; a < io.shape.size(); ++a)
+          if (io.shape[a] >= 0 && it->is_dynamic(a))
+            found += std::string(found.empty() ? "" : ", ") + io.name + " axis " + std::to_string(a) + " is " +
+                     std::to_string(io.shape[a]) + " in the model, " + std::to_string(it->min_shape[a]) + ".." +
+                     (it->max_shape[a] == kUnbounded ? std::string("") : std::to_string(it->max_shape[a])) +
+                     " in the samples";
+      }
+    };
+    scan(backend.inputs(), backend.graph_spec().inputs);
+    scan(backend.outputs(), backend.graph_spec().outputs);
+    if (found.empty()) return "";
+    return "the exported model fixes sizes the recorded samples vary (" + found +
+           "): the export specialised them to its example input (a Python loop or branch over a size in forward "
+           "is unrolled or decided for that size), so the graph holds only at that size; make the code "
+           "independent of that size, record samples of that size only, or let TorchCompileBackend take the graph "
+           "(its guards compile again for another size)";
   }
 
   // The clock profiles are timed by: the injected one, else a steady clock.
