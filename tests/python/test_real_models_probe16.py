@@ -103,3 +103,38 @@ def test_a_graph_specialised_to_one_length_names_the_sample_and_the_fixed_size()
     x = torch.randn(2, 5, 4)
     with torch.no_grad():
         torch.testing.assert_close(model(x), inner(x))
+
+
+# -- tensors of a dtype no graph carries are refused by name ------------------------------
+
+
+class _Spectrum(torch.nn.Module):
+    def forward(self, x):
+        return torch.fft.rfft(x, dim=-1)
+
+
+class _ComplexIn(torch.nn.Module):
+    def forward(self, z, scale):
+        return torch.view_as_real(z).sum(-1) * scale
+
+
+def test_a_complex_output_or_input_is_refused_naming_the_module_and_the_tensor(caplog):
+    """torch.fft returns complex64: the tune failed deep in the engine with
+    "InvalidArgumentError: unknown dtype 'complex64'; valid dtypes: ...", naming neither the
+    module nor the tensor, and under the default ignore_failing_modules only that was logged.
+    The recording now refuses it, naming the tensor and what to return instead; the module
+    stays eager and keeps working."""
+    model = ait.Module(_Spectrum(), "spectrum", strategy=cpu_strategy(tune_provider_options=False))
+    with pytest.raises(ValueError, match=r"ait.Module 'spectrum': output_0 is a complex64 tensor, .*view_as_real"):
+        ait.tune(model, [torch.randn(8) for _ in range(2)], ignore_failing_modules=False,
+                 disable_external_logging=True, progress=False)
+    assert model.ait_state is ModuleState.PASSTHROUGH
+    x = torch.randn(2, 8)
+    torch.testing.assert_close(model(x), torch.fft.rfft(x, dim=-1))
+
+    model = ait.Module(_ComplexIn(), "complex-in", strategy=cpu_strategy(tune_provider_options=False))
+    samples = [(torch.randn(4, dtype=torch.complex64), torch.randn(4)) for _ in range(2)]
+    with caplog.at_level(logging.WARNING, logger="aitune"):
+        ait.tune(model, samples, disable_external_logging=True, progress=False)  # ignore_failing_modules: logged
+    assert model.ait_state is ModuleState.PASSTHROUGH
+    assert "input_z is a complex64 tensor" in caplog.text, caplog.text

@@ -59,6 +59,28 @@ def _check_output_leaves(module_name: str, paths_leaves: list) -> None:
         )
 
 
+#: The tensor dtypes the engine and ONNX Runtime's sessions carry (``_core``'s dtype names).
+_GRAPH_DTYPES = frozenset({torch.bool, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8,
+                           torch.float16, torch.bfloat16, torch.float32, torch.float64})
+
+
+def _check_tensor_dtypes(module_name: str, names: list[str], tensors: list[torch.Tensor]) -> None:
+    """A tensor input or output of a dtype no graph carries (complex64 from torch.fft, a
+    float8 or unsigned 16/32/64-bit tensor) is refused when the call is recorded, naming it:
+    the engine's spec of the graph failed later with a bare 'unknown dtype 'complex64''
+    that named neither the module nor the tensor."""
+    for name, tensor in zip(names, tensors, strict=True):
+        if tensor.dtype in _GRAPH_DTYPES:
+            continue
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        hint = (" (ONNX Runtime has no complex tensors: return torch.view_as_real(...), or take it as input, "
+                "and convert back outside the module)" if tensor.is_complex() else "")
+        raise ValueError(
+            f"ait.Module '{module_name}': {name} is a {dtype} tensor, which aitune's graphs cannot carry{hint}; "
+            f"tensors must be one of {', '.join(sorted(str(d).removeprefix('torch.') for d in _GRAPH_DTYPES))}"
+        )
+
+
 def _describe_leaf(leaf: Any) -> str:
     """An output leaf as the graph's identity sees it: a tensor's dtype and rank, or the constant."""
     if isinstance(leaf, torch.Tensor):
@@ -404,6 +426,10 @@ class RecordedGraph(_GraphCalls):
         self.output_names = flatten.leaf_names(
             "output", [path for path, leaf in out_paths_leaves if isinstance(leaf, torch.Tensor)]
         )
+        _check_tensor_dtypes(module_name, self.input_names,
+                             [leaf for _, leaf in in_paths_leaves if isinstance(leaf, torch.Tensor)])
+        _check_tensor_dtypes(module_name, self.output_names,
+                             [leaf for _, leaf in out_paths_leaves if isinstance(leaf, torch.Tensor)])
         self.samples: list[Sample] = []
         # Input axes the user declared ranges of (ait.Module's dynamic_shapes): the spec
         # takes them and the dynamo export proves them (aitune.torch.dynamic_shapes).
