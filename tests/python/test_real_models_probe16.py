@@ -105,6 +105,23 @@ def test_a_graph_specialised_to_one_length_names_the_sample_and_the_fixed_size()
         torch.testing.assert_close(model(x), inner(x))
 
 
+def test_a_failing_run_prints_nothing_of_onnx_runtimes_own(capfd):
+    """The failed run above also printed ONNX Runtime's own log line to stderr, in red
+    ('[E:onnxruntime:, sequential_executor.cc:677 ExecuteKernel] Non-zero status code ...'),
+    with disable_external_logging=True, and in a tune that goes on to choose another
+    candidate: the failure is already the candidate's reason, with ORT's message. Runs log
+    at FATAL only; the message still reaches the caller."""
+    from aitune.torch.graph_tuning import TuningError
+
+    model = ait.Module(_Scan().eval(), "scan-quiet", strategy=cpu_strategy(tune_provider_options=False))
+    capfd.readouterr()
+    with pytest.raises(TuningError, match="indices element out of data bounds"):
+        ait.tune(model, [torch.randn(n, 4) for n in (3, 6, 4)], ignore_failing_modules=False,
+                 disable_external_logging=True, progress=False, performance_validation=False)
+    out, err = capfd.readouterr()
+    assert "onnxruntime" not in out + err and "Non-zero status code" not in out + err, (out + err)[:500]
+
+
 # -- tensors of a dtype no graph carries are refused by name ------------------------------
 
 

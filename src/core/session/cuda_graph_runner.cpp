@@ -77,7 +77,7 @@ std::unique_ptr<CudaGraphRunner::Lane> CudaGraphRunner::make_lane(const std::vec
     lane->bound.push_back(value_over(lane->outputs.back().view(), ctx_.memory_info));
     lane->binding.BindOutput(ctx_.output_names[i], lane->bound.back());
   }
-  lane->run = Ort::RunOptions();
+  lane->run = quiet_run_options();
   lane->run.AddConfigEntry("gpu_graph_id", std::to_string(id).c_str());
   lane->run.AddConfigEntry("disable_synchronize_execution_providers", "1");
   return lane;
@@ -108,7 +108,7 @@ std::vector<Tensor> CudaGraphRunner::run_uncaptured(const std::vector<TensorView
     if (ctx_.output_aliases[i] >= 0) binding.BindOutput(ctx_.output_names[i], aliased[i]);
     else binding.BindOutput(ctx_.output_names[i], Ort::ConstMemoryInfo(ctx_.memory_info));
   }
-  Ort::RunOptions run;
+  Ort::RunOptions run = quiet_run_options();
   run.AddConfigEntry("gpu_graph_id", "-1");
   ctx_.session->Run(run, binding);  // synchronises the session's stream
   // ORT allocated these in the arena, where captured graphs' activations may live.

@@ -195,7 +195,8 @@ void OnnxSession::Impl::create_session() {
   ctx.stream = setup.stream;
   ctx.stream_syncs_with_legacy = setup.stream_syncs_with_legacy;
   ctx.device = config.device();
-  ctx.run_async = Ort::RunOptions();
+  ctx.run_default = detail::quiet_run_options();
+  ctx.run_async = detail::quiet_run_options();
   ctx.run_async.AddConfigEntry("disable_synchronize_execution_providers", "1");
   cuda_graph = setup.cuda_graph;
   if (device_memory) {

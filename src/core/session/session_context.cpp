@@ -13,6 +13,12 @@ struct OrtTensorOwner {
 
 }  // namespace
 
+Ort::RunOptions quiet_run_options() {
+  Ort::RunOptions options;
+  options.SetRunLogSeverityLevel(ORT_LOGGING_LEVEL_FATAL);
+  return options;
+}
+
 bool SessionContext::needs_events(std::optional<std::uintptr_t> caller) const {
   if (!caller || stream == 0 || *caller == stream) return false;
   // 0 and cudaStreamLegacy (1) name the legacy default stream.

@@ -16,6 +16,13 @@ namespace aitune::detail {
 /// One live session and the facts every way of running it needs. Owned by the backend;
 /// the runners keep a reference. `session` and the memory/stream fields are replaced
 /// when the session is recreated (activate after deactivate); the I/O lists are not.
+/// RunOptions whose run logs at FATAL only. A run that fails is an Error carrying ORT's
+/// message, so ORT's own ERROR line on stderr (`[E:onnxruntime:, sequential_executor.cc ...
+/// Non-zero status code returned while running ...`) only repeated it, in red, where a
+/// caller may handle the failure: every candidate that fails while tuning printed one,
+/// `disable_external_logging=True` or not, in a tune that then chose another candidate.
+Ort::RunOptions quiet_run_options();
+
 struct SessionContext {
   // Shared with every tensor ORT allocated for this session: device memory is returned
   // to the session's allocator, so the session must outlive those tensors.
@@ -24,8 +31,10 @@ struct SessionContext {
   const OrtMemoryInfo* memory_info = nullptr;  // where inputs live and outputs are allocated
   std::uintptr_t stream = 0;                    // see SessionSetup::stream
   bool stream_syncs_with_legacy = false;        // see SessionSetup::stream_syncs_with_legacy
+  // Both log a failed run at FATAL only (quiet_run_options): the failure comes back to the
+  // caller as an Error carrying ORT's message.
   Ort::RunOptions run_async{nullptr};           // disable_synchronize_execution_providers=1
-  const Ort::RunOptions run_default{nullptr};   // ORT's defaults: Run waits for the device
+  Ort::RunOptions run_default{nullptr};         // ORT's defaults: Run waits for the device
   Device device;
   std::string model_path;
   std::vector<IoInfo> inputs, outputs;               // model order
