@@ -192,6 +192,16 @@ TEST(VacuousOutputs, AllNaNAndConstantOutputsAreNamed) {
   EXPECT_EQ(found[1].why, "all NaN/Inf");
 }
 
+TEST(VacuousOutputs, AConstantMaskIsSaidAsABool) {
+  // A bool output (y > 0) that is False everywhere was "constant (every element is 0)".
+  auto mask = make_host(DType::kBool, {2, 2}, std::vector<uint8_t>{0, 0, 0, 0});
+  auto ids = make_host(DType::kInt64, {2}, std::vector<int64_t>{3, 3});
+  auto found = vacuous_outputs({"mask", "ids"}, {{mask.view(), ids.view()}});
+  ASSERT_EQ(found.size(), 2u);
+  EXPECT_EQ(found[0].why, "constant (every element is false)");
+  EXPECT_EQ(found[1].why, "constant (every element is 3)");
+}
+
 // The engine end to end through the test seam for a candidate's precision: external
 // candidates at fp16 and fp32 whose outputs carry a known error.
 struct Graph {

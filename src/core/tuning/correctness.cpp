@@ -492,8 +492,13 @@ std::vector<VacuousOutput> vacuous_outputs(const std::vector<std::string>& outpu
     if (total < 2) continue;
     if (finite == 0)
       out.push_back({output_names[o], "all NaN/Inf"});
-    else if (constant && finite == total)
-      out.push_back({output_names[o], "constant (every element is " + fmt(first) + ")"});
+    else if (constant && finite == total) {
+      // A mask's value said as a bool is ("false"), not as the number it is read as ("0").
+      const bool is_bool = !expected.empty() && o < expected.front().size() && expected.front()[o].dtype == DType::kBool;
+      out.push_back({output_names[o],
+                     "constant (every element is " + (is_bool ? std::string(first != 0 ? "true" : "false") : fmt(first)) +
+                         ")"});
+    }
   }
   return out;
 }
