@@ -155,3 +155,50 @@ def test_a_complex_output_or_input_is_refused_naming_the_module_and_the_tensor(c
         ait.tune(model, samples, disable_external_logging=True, progress=False)  # ignore_failing_modules: logged
     assert model.ait_state is ModuleState.PASSTHROUGH
     assert "input_z is a complex64 tensor" in caplog.text, caplog.text
+
+
+# -- ait.inspect under generate finds an encoder-decoder's encoder ------------------------
+
+
+def _tiny_bart():
+    torch.manual_seed(0)
+    config = transformers.BartConfig(vocab_size=100, d_model=32, encoder_layers=1, decoder_layers=1,
+                                     encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64,
+                                     decoder_ffn_dim=64, max_position_embeddings=64, eos_token_id=2, pad_token_id=1,
+                                     forced_eos_token_id=None)
+    model = transformers.BartForConditionalGeneration(config).eval()
+    model.generation_config.eos_token_id = None  # every call generates max_new_tokens
+    return model
+
+
+def test_inspect_under_generate_lists_the_encoder_the_loop_calls_itself():
+    """generate() calls BART's encoder once, then the decoder steps through the model's
+    forward. ait.inspect listed the model alone ('outermost only': the encoder is inside it),
+    at a third of the total time, so the encoder, whose calls are no part of the model's,
+    could not be found for ait.wrap. It is listed now with its own calls; submodules called
+    only inside a forward still are not. Wrapped and tuned through generate, the tokens are
+    eager's."""
+    bart = _tiny_bart()
+    samples = [{"input_ids": torch.randint(3, 100, (n,))} for n in (8, 12)]
+
+    def generate(input_ids):
+        return bart.generate(input_ids=input_ids, max_new_tokens=3, do_sample=False)
+
+    info = ait.inspect(bart, samples, inference_function=generate, number_of_iterations=2, warmup_iterations=0)
+    by_path = {m.object_path: m for m in info.get_modules()}
+    assert sorted(by_path) == ["", "model.encoder"], info.table()
+    assert by_path["model.encoder"].execution_count == 2 and by_path[""].execution_count == 2 * 3
+    assert sum(info.share(m) for m in by_path.values()) <= 1.0
+    with pytest.raises(ValueError, match="inside another module being wrapped"):
+        ait.wrap(bart, list(by_path.values()))
+
+    x = torch.randint(3, 100, (2, 10))
+    with torch.no_grad():
+        expected = generate(x)
+    ait.wrap(bart, [by_path["model.encoder"]], strategy=cpu_strategy(use_dynamo=False, tune_provider_options=False))
+    assert isinstance(bart.model.encoder, ait.Module)
+    ait.tune(generate, samples, ignore_failing_modules=False, disable_external_logging=True, progress=False,
+             performance_validation=False)
+    assert bart.model.encoder.ait_state is ModuleState.TUNED
+    with torch.no_grad():
+        assert torch.equal(generate(x), expected)

@@ -207,8 +207,9 @@ def inspect(
             (at most 64: ait.save and ait.load look that deep).
 
     Returns an ``InspectedModulesInfo``: ``get_modules(limit=...)`` ranks the modules
-    executed, outermost only (a listed module's submodules are not listed: their time is
-    part of it), by share of the total time; ``table()`` / ``describe()`` print it.
+    that ran on their own (a module's calls inside another found module's forward are
+    part of that one's time: a submodule called only there is not listed; one the function
+    calls itself, an encoder-decoder's encoder under ``generate``, is), by share of the total time; ``table()`` / ``describe()`` print it.
     The object is left as it was (the timing hooks are removed).
     """
     for name, value in (("number_of_iterations", number_of_iterations), ("warmup_iterations", warmup_iterations)):
@@ -240,8 +241,12 @@ def inspect(
                 total += time.perf_counter() - start
     finally:
         timer.remove()
-    executed = {id(info.module) for info in infos if info.execution_count}
-    # outermost executed only: a module inside (by containment) an executed one is part of its time
-    outermost = [info for info in infos if info.execution_count
-                 and not any(id(m) in executed for m in info.location.ancestors)]
-    return InspectedModulesInfo(outermost, total, number_of_iterations)
+    # The modules that ran on their own: the timer counts a call only while no other found
+    # module runs, so a submodule called inside its parent's forward (part of the parent's
+    # time) has none. A submodule the function calls itself is listed with those calls, even
+    # where its parent ran too: generate() calls an encoder-decoder's encoder once, then the
+    # decoder steps through the model's forward; the encoder's time is no part of the model's,
+    # and leaving it out (as a module inside an executed one) listed the model alone at a
+    # third of the total, with the encoder nowhere to be found for ait.wrap.
+    ran = [info for info in infos if info.execution_count]
+    return InspectedModulesInfo(ran, total, number_of_iterations)

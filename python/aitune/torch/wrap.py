@@ -35,7 +35,8 @@ def wrap(obj: Any, modules: Sequence[ModuleInfo], strategy: TuneStrategy | None 
     that still holds it, except inside another wrapped module or in a tuple.
 
     Returns ``obj``; when ``modules`` holds ``obj`` itself (an nn.Module inspected whole),
-    returns its wrapper instead (nothing else is wrapped then: everything else is inside it).
+    returns its wrapper instead; with other modules too (everything else is inside it) it
+    refuses, as for any module inside another being wrapped.
 
     ``dynamic_shapes``: per wrapped module, by its name (the object path, or the class name
     of ``obj`` wrapped whole), the ``dynamic_shapes`` of its ``ait.Module``
@@ -60,6 +61,10 @@ def wrap(obj: Any, modules: Sequence[ModuleInfo], strategy: TuneStrategy | None 
         if info.parent is None:
             if info.module is not obj:
                 raise ValueError("a ModuleInfo of another object than obj: inspect obj itself, then wrap its modules")
+            others = [other.object_path for other in infos if other is not info]
+            if others:  # everything else is inside obj: wrapping obj alone would drop them unsaid
+                raise ValueError(f"ait.wrap: '{others[0]}' is inside another module being wrapped (obj itself, "
+                                 "object path ''); wrap one of them")
             logger.info("ait.wrap: %s wrapped whole", type(obj).__name__)
             name = _module_name(info, obj)
             return Module(obj, name, strategy, strategies, declared.get(name), eager_fallback=eager_fallback)
