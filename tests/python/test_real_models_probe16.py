@@ -202,3 +202,58 @@ def test_inspect_under_generate_lists_the_encoder_the_loop_calls_itself():
     assert bart.model.encoder.ait_state is ModuleState.TUNED
     with torch.no_grad():
         assert torch.equal(generate(x), expected)
+
+
+# -- an encoder-decoder's attention_mask leaves out the encoder's padded positions only ------
+
+
+class _Seq2Seq(torch.nn.Module):
+    """An encoder-decoder called as transformers' are; its exported graph is wrong at the
+    decoder positions that share an index with the source's padding (only there)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(50, 8)
+        self.head = torch.nn.Linear(8, 6)
+
+    def forward(self, input_ids, attention_mask, decoder_input_ids):
+        encoder = self.embed(input_ids) * attention_mask[..., None]
+        logits = self.head(self.embed(decoder_input_ids) + encoder.mean(1, keepdim=True))
+        if torch.jit.is_tracing():  # the graph differs from eager where the source is padded
+            logits = logits + (1 - attention_mask[..., None]) * 5.0
+        return {"logits": logits, "encoder_last_hidden_state": encoder}
+
+
+def test_an_encoder_decoders_attention_mask_does_not_hide_the_decoders_positions():
+    """BART-style calls with source and target of one length (both padded to max_length):
+    the derived rule applied the encoder's attention_mask to the decoder's logits as well,
+    since its shape prefixes theirs, so the logits at the source's padded positions (which
+    the decoder defines) were left out and a graph wrong there alone was accepted (a tiny BART
+    said '6 of 16 positions undefined by attention_mask, left out': 3 of them the logits').
+    The encoder's mask now covers the encoder's outputs only; decoder_attention_mask, where
+    given, the decoder's."""
+    from aitune.torch.backend.onnx_runtime_backend import NumericMismatchError
+
+    def call(pad: int):
+        mask = torch.ones(8, dtype=torch.long)
+        mask[8 - pad:] = 0
+        return {"input_ids": torch.randint(0, 50, (8,)), "attention_mask": mask,
+                "decoder_input_ids": torch.randint(0, 50, (8,))}
+
+    model = ait.Module(_Seq2Seq().eval(), "seq2seq",
+                       strategy=cpu_strategy(use_dynamo=False, allow_trace_warnings=True, tune_provider_options=False))
+    with pytest.raises(NumericMismatchError, match="output_logits"):
+        ait.tune(model, [call(3), call(2)], batch_sizes=[1], ignore_failing_modules=False,
+                 disable_external_logging=True, progress=False, performance_validation=False)
+
+    from aitune.torch.valid_positions import masks_for
+
+    args = {**{k: v[None] for k, v in call(3).items()}}
+    outputs = [torch.zeros(1, 8, 6), torch.zeros(1, 8, 8)]
+    masks, source = masks_for(None, args, outputs, "here", ["output_logits", "output_encoder_last_hidden_state"])
+    assert masks[0] is None and masks[1] is not None and int(masks[1].sum()) == 5 and source == "attention_mask"
+    args["decoder_attention_mask"] = torch.ones(1, 8, dtype=torch.long)
+    args["decoder_attention_mask"][0, 7] = 0
+    masks, source = masks_for(None, args, outputs, "here", ["output_logits", "output_encoder_last_hidden_state"])
+    assert int(masks[0].sum()) == 7 and int(masks[1].sum()) == 5
+    assert source == "attention_mask and decoder_attention_mask"

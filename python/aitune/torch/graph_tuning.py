@@ -108,7 +108,7 @@ def _samples(graph: RecordedGraph, valid_positions: ValidPositionsOption = None)
     for i, (s, expected) in enumerate(zip(graph.samples, reference_outputs(graph), strict=True)):
         sample = ([t.detach().contiguous() for t in s.inputs], expected, max(s.batch_size, 1))
         masks = valid_position_masks(valid_positions, graph._inputs.fill(s.inputs), s.outputs,  # noqa: SLF001
-                                     f"{graph.module_name}/{graph.key} sample {i}")
+                                     f"{graph.module_name}/{graph.key} sample {i}", graph.output_names)
         samples.append(sample if masks is None else (*sample, *masks))
     return samples
 

@@ -44,11 +44,50 @@ def _per_output(mask: torch.Tensor, outputs: list[torch.Tensor], derived: bool =
     return [host if _prefixes(host, out, derived) else None for out in outputs]
 
 
+#: Arguments of an encoder-decoder call (transformers' BART, T5, Marian: ``forward(input_ids,
+#: attention_mask, decoder_input_ids, ...)``) holding the decoder's sequence.
+DECODER_INPUTS = ("decoder_input_ids", "decoder_inputs_embeds")
+DECODER_MASK = "decoder_attention_mask"
+
+
+def _argument(arguments: dict[str, Any], name: str) -> Any:
+    value = arguments.get(name)
+    if value is None and isinstance(arguments.get("kwargs"), dict):  # forward(**kwargs)
+        value = arguments["kwargs"].get(name)
+    return value
+
+
+def _encoder_decoder_masks(arguments: dict[str, Any], outputs: list[torch.Tensor],
+                           output_names: list[str]) -> tuple[list[torch.Tensor | None], str] | None:
+    """The derived masks of an encoder-decoder call: ``attention_mask`` is the encoder's, so
+    it covers the encoder's outputs alone (``encoder_last_hidden_state``, ``encoder_hidden_states``),
+    and ``decoder_attention_mask``, where given, the others (``logits``). By shape alone the
+    encoder's mask also covered the decoder's logits wherever the two sequences had one
+    length (both padded to one max_length, as tokenizers do): the logits at the positions of
+    the source's padding, which the decoder defines, were left out of the check."""
+    encoder = _argument(arguments, AUTO_INPUT)
+    decoder = _argument(arguments, DECODER_MASK)
+    masks: list[torch.Tensor | None] = [None] * len(outputs)
+    used = []
+    for mask, name, mine in ((encoder, AUTO_INPUT, True), (decoder, DECODER_MASK, False)):
+        if not isinstance(mask, torch.Tensor):
+            continue
+        for i, (per_output, output_name) in enumerate(zip(_per_output(mask, outputs, derived=True), output_names,
+                                                          strict=True)):
+            if per_output is not None and ("encoder" in output_name) == mine:
+                masks[i] = per_output
+                if name not in used:
+                    used.append(name)
+    return None if not used else (masks, " and ".join(used))
+
+
 def masks_for(option: ValidPositionsOption, arguments: dict[str, Any], outputs: list[torch.Tensor],
-              where: str) -> tuple[list[torch.Tensor | None], str] | None:
+              where: str, output_names: list[str] | None = None) -> tuple[list[torch.Tensor | None], str] | None:
     """Per output, the mask of its defined positions (None: all defined), and where the
     masks came from; None when nothing is left out. ``arguments``: the recorded call's
-    arguments by the forward's parameter names."""
+    arguments by the forward's parameter names; ``output_names``: the graph's, by which the
+    masks derived for an encoder-decoder call (``_encoder_decoder_masks``) tell the
+    encoder's outputs from the decoder's."""
     if option is False:
         return None
     if callable(option) and not isinstance(option, str):
@@ -65,9 +104,10 @@ def masks_for(option: ValidPositionsOption, arguments: dict[str, Any], outputs: 
             )
         return masks, "valid_positions"
     name = AUTO_INPUT if option in (None, True) else option
-    mask = arguments.get(name)
-    if mask is None and isinstance(arguments.get("kwargs"), dict):  # forward(**kwargs)
-        mask = arguments["kwargs"].get(name)
+    if (option in (None, True) and output_names is not None
+            and any(isinstance(_argument(arguments, d), torch.Tensor) for d in DECODER_INPUTS)):
+        return _encoder_decoder_masks(arguments, outputs, output_names)
+    mask = _argument(arguments, name)
     if not isinstance(mask, torch.Tensor):
         if option in (None, True):
             return None  # nothing to derive from: every position is defined
