@@ -18,10 +18,20 @@ from aitune.torch import ModuleState
 transformers = pytest.importorskip("transformers")
 
 
+def _quick_profile():
+    """Warm-up and one short window per candidate: these tests check what a tune decides and says."""
+    from aitune import _core
+
+    profile = _core.ProfileConfig()
+    profile.warmup_calls, profile.window_calls, profile.stable_windows, profile.max_windows = 2, 5, 1, 1
+    return profile
+
+
 def _tune(inner: torch.nn.Module, name: str, samples, **kwargs) -> ait.Module:
-    model = ait.Module(inner, name, strategy=cpu_strategy(tune_provider_options=False))
+    """Tuned with the trace exporter (fast) on the CPU provider, one candidate."""
+    model = ait.Module(inner, name, strategy=cpu_strategy(use_dynamo=False, tune_provider_options=False))
     ait.tune(model, samples, ignore_failing_modules=False, disable_external_logging=True, progress=False,
-             performance_validation=False, **kwargs)
+             performance_validation=False, profile_config=_quick_profile(), **kwargs)
     assert model.ait_state is ModuleState.TUNED
     assert all("ONNXRuntimeBackend" in b for b in model.ait_backends.values()), model.ait_backends
     return model
@@ -198,7 +208,7 @@ def test_inspect_under_generate_lists_the_encoder_the_loop_calls_itself():
     ait.wrap(bart, [by_path["model.encoder"]], strategy=cpu_strategy(use_dynamo=False, tune_provider_options=False))
     assert isinstance(bart.model.encoder, ait.Module)
     ait.tune(generate, samples, ignore_failing_modules=False, disable_external_logging=True, progress=False,
-             performance_validation=False)
+             performance_validation=False, profile_config=_quick_profile())
     assert bart.model.encoder.ait_state is ModuleState.TUNED
     with torch.no_grad():
         assert torch.equal(generate(x), expected)
