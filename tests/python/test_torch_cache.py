@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import pytest
+
 from aitune.torch import cache
 
 
@@ -27,3 +29,51 @@ def test_tune_dir_layout_and_safe_module_names(cache_dir):
     cache.clear_module("my-model")
     assert path.is_dir()  # this process's run directory is kept: its sessions may be saved
     assert not (cache_dir / "my-model" / "other-graph").exists()
+
+
+def _tuned(name: str, hidden: int):
+    import torch
+
+    import aitune.torch as ait
+    from aitune.torch.backend import ONNXRuntimeBackend, ONNXRuntimeBackendConfig
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 4)).eval()
+    backend = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cpu"))
+    module = ait.Module(model, name, strategy=ait.OneBackendStrategy(backend))
+    return ait, module, [torch.randn(16) for _ in range(2)]
+
+
+def test_cache_on_a_full_file_system_is_an_io_error_naming_the_directory(cache_dir):
+    """A cache whose file system refuses the export's bytes (full, over quota: here the
+    file size limit, EFBIG) is an AituneIOError naming the cache directory, not an
+    ExportError blaming the model's control flow."""
+    import resource
+    import signal
+
+    import aitune
+
+    ait, module, samples = _tuned("full-disk", 1024)  # ~70 KB of weights
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+    resource.setrlimit(resource.RLIMIT_FSIZE, (32 * 1024, hard))
+    try:
+        with pytest.raises(aitune.AituneIOError) as raised:
+            ait.tune(module, samples, batch_sizes=[1], ignore_failing_modules=False)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
+    message = str(raised.value)
+    assert str(cache_dir / "full-disk") in message and "File too large" in message, message
+    assert "control flow" not in message
+
+
+def test_cache_path_that_is_a_file_is_an_io_error_naming_it(tmp_path, monkeypatch):
+    import aitune
+
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("x")
+    monkeypatch.setenv("AITUNE_CACHE_DIR", str(blocker))
+    ait, module, samples = _tuned("blocked", 8)
+    with pytest.raises(aitune.AituneIOError, match="not-a-dir") as raised:
+        ait.tune(module, samples, batch_sizes=[1], ignore_failing_modules=False)
+    assert "AITUNE_CACHE_DIR" in str(raised.value)

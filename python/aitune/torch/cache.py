@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import hashlib
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -34,6 +36,46 @@ def _release_held() -> None:
     engine objects with them, before the interpreter tears the extension down."""
     while _held:
         _held.pop().release()
+
+
+# What a file system says when it cannot take what is written: the cache's location is the
+# problem (full, over quota, read-only, a file where a directory belongs), not the model.
+_FILE_SYSTEM_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM,
+                                 errno.EIO, errno.ENOTDIR, errno.EEXIST, errno.ENAMETOOLONG})
+
+
+def file_system_error(error: BaseException) -> OSError | None:
+    """The file system's refusal among ``error`` and its causes (torch's exporter wraps
+    the OSError of its write), or None."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and not isinstance(error, _core.AituneError) \
+                and error.errno in _FILE_SYSTEM_ERRNOS:
+            return error
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def io_error(what: str, path: Path, error: OSError) -> _core.AituneIOError:
+    """``AituneIOError`` naming what could not be written where, and why."""
+    why = error.strerror or str(error)
+    if error.filename and os.fspath(error.filename) != os.fspath(path):
+        why += f" ('{os.fsdecode(error.filename)}')"
+    return _core.AituneIOError(
+        f"aitune cache: cannot write {what} in '{path}': {why}; the cache needs a writable directory with free "
+        f"space: fix that or set AITUNE_CACHE_DIR to another (now {cache_root()})")
+
+
+@contextlib.contextmanager
+def writing(what: str, path: Path) -> Iterator[None]:
+    """Turns the file system's refusal inside the block into ``io_error``."""
+    try:
+        yield
+    except OSError as error:
+        if (refusal := file_system_error(error)) is None:
+            raise
+        raise io_error(what, path, refusal) from error
 
 
 def cache_root() -> Path:
@@ -64,13 +106,14 @@ def module_dir(module_name: str) -> Path:
     directory that records another name (a hash collision, a directory someone else
     made) is an ``InvalidArgumentError``."""
     path = cache_root() / encode_name(module_name)
-    path.mkdir(parents=True, exist_ok=True)
     recorded = path / MODULE_NAME_FILE
-    try:
-        with open(recorded, "x", encoding="utf-8", errors="surrogatepass") as f:
-            f.write(module_name)
-    except FileExistsError:
-        pass
+    with writing(f"the directory of ait.Module '{module_name}'", path):
+        path.mkdir(parents=True, exist_ok=True)
+        try:
+            with open(recorded, "x", encoding="utf-8", errors="surrogatepass") as f:
+                f.write(module_name)
+        except FileExistsError:
+            pass
     found = recorded.read_text(encoding="utf-8", errors="surrogatepass")
     if found != module_name:
         raise _core.InvalidArgumentError(
@@ -85,7 +128,8 @@ def tune_dir(module_name: str, graph_key: str, backend_key: str) -> Path:
     (locked until it exits). Run directories of processes that are gone are removed
     first."""
     parent = module_dir(module_name) / graph_key / backend_key
-    parent.mkdir(parents=True, exist_ok=True)
+    with writing("a tune directory", parent):
+        parent.mkdir(parents=True, exist_ok=True)
     _core.remove_stale_directories(str(parent), RUN_PREFIX)
     owned = _core.OwnedDirectory.create(str(parent), RUN_PREFIX)
     _held.append(owned)

@@ -19,6 +19,7 @@ import onnx
 import torch
 
 from aitune import _core
+from aitune.torch import cache
 from aitune.torch.context import exporters_quiet, run_eagerly
 from aitune.torch.graph import RecordedGraph
 from aitune.torch.library_logs import routed_to_aitune
@@ -328,8 +329,9 @@ def export_onnx(
             "tune it in eval() when the update is training-only (BatchNorm statistics), or use "
             "TorchCompileBackend, which keeps the update."
         )
-    path.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=".export-", dir=path.parent))
+    with cache.writing(f"the ONNX export of {graph.module_name}/{graph.key}", path.parent):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        scratch = Path(tempfile.mkdtemp(prefix=".export-", dir=path.parent))
     target = scratch / path.name
     flat = _FlatModule(graph)
     inputs = tuple(example_inputs(graph, spec))
@@ -372,6 +374,9 @@ def export_onnx(
     except (TraceWarningError, ExportError):
         raise
     except Exception as error:
+        if (refusal := cache.file_system_error(error)) is not None:  # where it is written, not the model
+            raise cache.io_error(f"the ONNX export of {graph.module_name}/{graph.key}", path.parent, refusal) \
+                from error
         if use_dynamo:
             hint = (
                 "where the cause is control flow on a tensor's value (`if x.sum() > 0:`), write it with torch.cond "

@@ -57,18 +57,19 @@ def _write_report(graph: RecordedGraph, report: _core.TuneReport) -> Path:
     """``<cache>/<module>/<graph>/tune_report.json`` and, beside it, the same report as a
     page (``tune_report.html``), each replaced atomically."""
     directory = cache.module_dir(graph.module_name) / graph.key
-    directory.mkdir(parents=True, exist_ok=True)
     path = directory / REPORT_FILE
-    # The page first: a report file never names a page older than itself.
-    for name, text in ((REPORT_PAGE, report.to_html()), (REPORT_FILE, report.to_json())):
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tune_report-", suffix=Path(name).suffix)
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-            os.replace(tmp, directory / name)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+    with cache.writing("the tuning report", directory):
+        directory.mkdir(parents=True, exist_ok=True)
+        # The page first: a report file never names a page older than itself.
+        for name, text in ((REPORT_PAGE, report.to_html()), (REPORT_FILE, report.to_json())):
+            fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tune_report-", suffix=Path(name).suffix)
+            try:
+                with os.fdopen(fd, "w") as f:
+                    f.write(text)
+                os.replace(tmp, directory / name)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
     return path
 
 
