@@ -353,6 +353,20 @@ TEST_F(CheckpointTest, MissingManifestIsReported) {
   expect_corrupt(dir_, {}, {"manifest.json", "not an aitune checkpoint"});
 }
 
+TEST_F(CheckpointTest, ManifestThatIsADirectoryIsCorruptNotAStreamException) {
+  save_mlp();
+  fs::remove(artifact("manifest.json"));
+  fs::create_directory(artifact("manifest.json"));
+  expect_corrupt(dir_, {}, {"manifest.json", "not a regular file"});
+  // a save to the path refuses it the same way (typed, naming it) rather than throwing from the stream
+  try {
+    aitune::Checkpoint::check_save_target(dir_, {});
+    FAIL() << "a directory holding a directory manifest.json was taken as a save target";
+  } catch (const aitune::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("manifest.json"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(CheckpointTest, MalformedManifestIsReported) {
   save_mlp();
   test::write_file_bytes(artifact("manifest.json"), R"({"format": "aitune-checkpoint", "format_version": 1,)");

@@ -41,6 +41,10 @@ const char* const kPathOptions[] = {"trt_engine_cache_path", "trt_timing_cache_p
 
 std::string read_text_file(const fs::path& path, const char* what) {
   std::error_code ec;
+  // A directory (or fifo) at the path: libstdc++'s stream would throw std::ios_base::failure
+  // ("basic_filebuf::underflow"), untyped and naming nothing.
+  if (const auto st = fs::status(path, ec); !ec && !fs::is_regular_file(st))
+    fail(ErrorCode::kCheckpointCorrupt, std::string(what) + " '" + path.string() + "' is not a regular file");
   auto size = fs::file_size(path, ec);
   if (ec) fail(ErrorCode::kIo, std::string("cannot read ") + what + " '" + path.string() + "': " + ec.message());
   if (size > kMaxManifestBytes)
@@ -397,6 +401,8 @@ constexpr int kLoadAttempts = 20;
 // what they were when it began, since (device, inode) alone can repeat: a save's new
 // directory may get the inode number of a version removed a moment earlier.
 std::string manifest_bytes(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_regular_file(fs::path(dir) / kCheckpointManifestFile, ec)) return {};
   std::ifstream in(fs::path(dir) / kCheckpointManifestFile, std::ios::binary);
   if (!in) return {};
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
