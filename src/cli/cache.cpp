@@ -6,6 +6,7 @@
 #include <iostream>
 #include <memory>
 
+#include "aitune/error.hpp"
 #include "aitune/process_directory.hpp"
 #include "commands.hpp"
 
@@ -72,17 +73,32 @@ std::vector<StaleDirectory> sweep(const fs::path& root, Sweep each) {
   return found;
 }
 
-int cache_list(const CacheOptions& o) {
+// The cache directory: --dir must be one (a mistyped --dir listed as an empty, clean cache
+// would tell the operator nothing was left behind); the default one may not exist yet.
+fs::path cache_root(const CacheOptions& o) {
   const fs::path root = o.dir.empty() ? fs::path(default_cache_root()) : fs::path(o.dir);
-  std::cout << "cache: " << root.string() << "\n";
   std::error_code ec;
+  const auto st = fs::status(root, ec);
+  const std::string which = o.dir.empty() ? "the cache directory" : "--dir";
+  if (fs::exists(st) && !fs::is_directory(st))
+    throw Error(ErrorCode::kInvalidArgument, which + " '" + root.string() + "' is not a directory");
+  if (!fs::exists(st) && !o.dir.empty())
+    throw Error(ErrorCode::kInvalidArgument, "--dir '" + root.string() + "' does not exist");
+  return root;
+}
+
+int cache_list(const CacheOptions& o) {
+  const fs::path root = cache_root(o);
+  std::error_code ec;
+  std::cout << "cache: " << root.string() << (fs::exists(root, ec) ? "" : " (not created yet)") << "\n";
   std::uintmax_t total = 0;
   for (auto it = fs::directory_iterator(root, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
     std::error_code e;
     if (!it->is_directory(e) || it->is_symlink(e)) continue;
     std::string name = it->path().filename().string();
-    std::ifstream recorded(it->path() / kModuleNameFile, std::ios::binary);
-    if (recorded) name.assign(std::istreambuf_iterator<char>(recorded), std::istreambuf_iterator<char>());
+    std::ifstream recorded;  // a .module_name that is no file (a directory) leaves the directory's name
+    if (fs::is_regular_file(it->path() / kModuleNameFile, e)) recorded.open(it->path() / kModuleNameFile, std::ios::binary);
+    if (recorded.is_open() && recorded) name.assign(std::istreambuf_iterator<char>(recorded), std::istreambuf_iterator<char>());
     const auto bytes = tree_bytes(it->path().string());
     total += bytes;
     std::cout << "module '" << name << "': " << human_bytes(bytes) << "  " << it->path().filename().string() << "\n";
@@ -101,7 +117,7 @@ int cache_list(const CacheOptions& o) {
 }
 
 int cache_clean(const CacheOptions& o) {
-  const fs::path root = o.dir.empty() ? fs::path(default_cache_root()) : fs::path(o.dir);
+  const fs::path root = cache_root(o);
   auto removed = sweep(root, [](const std::string& parent, const std::string& prefix) {
     return remove_stale_directories(parent, prefix);
   });

@@ -64,6 +64,23 @@ TEST(CliValidation, RunNumbersAndNamesOutOfRange) {
   EXPECT_EQ(cli("--version").exit_code, 0);
 }
 
+TEST(CliValidation, CacheDirectoryThatIsNotOneIsNamedNotListedAsClean) {
+  ScopedTempDir tmp;
+  // A mistyped --dir was listed as an empty cache with "0 stale directories" (exit 0):
+  // the operator was told all was clean.
+  expect_exit("cache list --dir " + tmp.file("no-such-cache"), 2, "no-such-cache");
+  expect_exit("cache clean --dir " + tmp.file("no-such-cache"), 2, "no-such-cache");
+  write_file_bytes(tmp.file("a-file"), "x");
+  expect_exit("cache list --dir " + tmp.file("a-file"), 2, "not a directory");
+  expect_exit("cache clean --dir " + tmp.file("a-file"), 2, "not a directory");
+  // A module directory whose .module_name is not a file: listed under its directory name
+  // (the stream threw an untyped "basic_filebuf::underflow" before: "internal error").
+  fs::create_directories(tmp.path() / "cache" / "m1" / ".module_name");
+  auto r = cli("cache list --dir " + tmp.file("cache"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("module 'm1'"), std::string::npos) << r.output;
+}
+
 TEST(CliValidation, TuneNumbersAndNamesOutOfRange) {
   const std::string mlp = "tune " + fixture("mlp.onnx") + " --provider cpu --quiet --time-cap 0.2";
   expect_exit(mlp + " --batch-sizes 1000000000", 2, "--batch-sizes");  // was std::bad_alloc
