@@ -5,6 +5,7 @@ the written config accepted by Serve's schema. Request codec and grouping withou
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import threading
@@ -213,6 +214,33 @@ def test_bad_bodies_are_refused_with_a_reason(checkpoint):
         with pytest.raises(BadRequest, match=message) as refused:
             server.check(inputs)
         assert refused.value.status == status
+
+
+def test_bodies_that_expand_or_overflow_are_refused_typed():
+    """A 400 or 413 naming why, not an exception out of the codec (Serve's 500), for bodies
+    whose size says nothing of what they make: a compressed .npz that inflates past the body
+    limit (a 0.3 MB body made a 256 MB array; 256 MB of it, 256 GB), a raw shape whose
+    element count overflows 64 bits (it wrapped to 0 and matched an empty body), raw
+    object dtype, JSON nested past Python's recursion limit."""
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, x=np.zeros((codec.MAX_BODY_BYTES // 4 + 1,), np.float32))
+    assert len(buffer.getvalue()) < codec.MAX_BODY_BYTES // 100
+    with pytest.raises(BadRequest, match="'x'.*exceeds") as inflated:
+        codec.decode(buffer.getvalue(), codec.NPZ, {}, "x")
+    assert inflated.value.status == 413
+    with pytest.raises(BadRequest, match="do not make") as overflow:
+        codec.decode(b"", codec.RAW, {"dtype": "float32", "shape": "4294967296,4294967296,1"}, "x")
+    assert overflow.value.status == 400
+    with pytest.raises(BadRequest, match="object") as objects:
+        codec.decode(b"\0" * 8, codec.RAW, {"dtype": "O", "shape": "1"}, "x")
+    assert objects.value.status == 400
+    with pytest.raises(BadRequest, match="nested") as deep:
+        codec.decode(b'{"inputs": {"x": ' + b"[" * 100000 + b"]" * 100000 + b"}}", codec.JSON, {}, "x")
+    assert deep.value.status == 400
+    small = io.BytesIO()
+    np.savez_compressed(small, x=np.arange(6, dtype=np.float32).reshape(2, 3))
+    np.testing.assert_array_equal(codec.decode(small.getvalue(), codec.NPZ, {}, "x")["x"],
+                                  np.arange(6, dtype=np.float32).reshape(2, 3))
 
 
 def test_json_values_that_the_stated_dtype_cannot_hold_are_refused_not_changed():

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 import json
+import math
 from typing import Mapping
 
 import numpy as np
@@ -70,6 +71,27 @@ def _json_array(name: str, value, dtype: str | None) -> np.ndarray:
         raise BadRequest(f"input '{name}' cannot be made {target.name}: {error}") from None
 
 
+def _npy_header(fp, name: str) -> tuple[tuple[int, ...], np.dtype]:
+    """The shape and dtype an .npy stream declares, read without its data."""
+    version = np.lib.format.read_magic(fp)
+    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, _, dtype = read(fp)
+    return shape, dtype
+
+
+def _within_limit(declared: list[tuple[str, tuple[int, ...], np.dtype]]) -> None:
+    """Refuses arrays whose declared bytes (Python integers: no overflow) exceed the body
+    limit together: a compressed .npz body of a few MB inflates to any size."""
+    total = 0
+    for name, shape, dtype in declared:
+        if dtype.hasobject:
+            raise BadRequest(f"input '{name}' holds Python objects ({dtype}), which aitune does not read")
+        total += math.prod(shape) * dtype.itemsize
+        if total > MAX_BODY_BYTES:
+            raise BadRequest(f"input '{name}' ({dtype}{list(shape)}) makes the arrays {total} bytes, which exceeds the "
+                             f"limit of {MAX_BODY_BYTES}", status=413)
+
+
 def decode(body: bytes, content_type: str, query: Mapping[str, str], single_input: str | None) -> dict[str, np.ndarray]:
     """The named input arrays of a request body. `single_input` names the graph's input
     when it has exactly one (a .npy or raw body carries one unnamed array)."""
@@ -81,6 +103,8 @@ def decode(body: bytes, content_type: str, query: Mapping[str, str], single_inpu
             payload = json.loads(body)
         except (ValueError, UnicodeDecodeError) as error:
             raise BadRequest(f"body is not JSON: {error}") from None
+        except RecursionError:
+            raise BadRequest("body is JSON nested too deep for an array of numbers") from None
         if not isinstance(payload, dict) or not isinstance(payload.get("inputs"), dict):
             raise BadRequest('JSON body must be {"inputs": {"<name>": [...]}, "dtypes": {"<name>": "float32"}}')
         dtypes = payload.get("dtypes") or {}
@@ -94,12 +118,25 @@ def decode(body: bytes, content_type: str, query: Mapping[str, str], single_inpu
                     np.dtype(dtype)
                 except TypeError:
                     raise BadRequest(f"input '{name}': unknown dtype '{dtype}'") from None
-            out[name] = _json_array(name, value, dtype)
+            try:
+                out[name] = _json_array(name, value, dtype)
+            except RecursionError:
+                raise BadRequest(f"input '{name}' is nested too deep for an array of numbers") from None
         return out
     if kind == NPZ:
         try:
             with np.load(io.BytesIO(body), allow_pickle=False) as archive:
+                if not isinstance(archive, np.lib.npyio.NpzFile):
+                    raise ValueError("it is one .npy array")
+                declared = []
+                for info in archive.zip.infolist():  # the headers first: a member's size is known only from them
+                    name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
+                    with archive.zip.open(info) as member:
+                        declared.append((name, *_npy_header(member, name)))
+                _within_limit(declared)
                 return {name: archive[name] for name in archive.files}
+        except BadRequest:
+            raise
         except Exception as error:  # numpy raises several types for a damaged archive
             raise BadRequest(f"body is not an .npz archive of arrays: {error}") from None
     if single_input is None and kind in (NPY, RAW):
@@ -120,7 +157,10 @@ def decode(body: bytes, content_type: str, query: Mapping[str, str], single_inpu
             raise BadRequest(f"raw tensor bytes need the query parameters dtype and shape (missing {missing})") from None
         except (TypeError, ValueError) as error:
             raise BadRequest(f"raw tensor bytes: bad dtype or shape: {error}") from None
-        if any(d < 0 for d in shape) or int(np.prod(shape, dtype=np.int64)) * dtype.itemsize != len(body):
+        if dtype.hasobject:
+            raise BadRequest(f"raw tensor bytes cannot make Python objects (dtype {dtype})")
+        # math.prod of Python integers: np.prod in int64 wrapped a huge shape around to 0 bytes
+        if any(d < 0 for d in shape) or math.prod(shape) * dtype.itemsize != len(body):
             raise BadRequest(f"raw tensor bytes: {len(body)} bytes do not make a {dtype} array of shape {list(shape)}")
         return {single_input: np.frombuffer(body, dtype=dtype).reshape(shape)}
     raise BadRequest(f"unsupported content type '{kind}'; send {JSON}, {NPY}, {NPZ} or {RAW}", status=415)
