@@ -243,6 +243,25 @@ def test_bodies_that_expand_or_overflow_are_refused_typed():
                                   np.arange(6, dtype=np.float32).reshape(2, 3))
 
 
+def test_a_big_endian_request_is_served_and_spoils_no_batch(checkpoint):
+    """float32 in big-endian byte order (an .npy written so, ?dtype=>f4, "dtypes": ">f4") is
+    float32 to the check, but the session took only native arrays: the batch it joined
+    failed with a TypeError, every request in it with it."""
+    path, inner = checkpoint
+    server = GraphServer(path, device="cpu")
+    name = server.single_input()
+    x = np.random.default_rng(0).standard_normal((2, 16)).astype(np.float32)
+    native = server.check({name: x})
+    swapped = server.check({name: x[:1].astype(">f4")})
+    alone = server.check({name: x[1:].astype(">f4")})
+    together, by_itself = server.run_batch([native, swapped]), server.run_batch([alone])
+    expected = inner(torch.from_numpy(x)).detach().numpy()
+    (out,) = together[0].keys()
+    np.testing.assert_allclose(together[0][out], expected, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(together[1][out], expected[:1], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(by_itself[0][out], expected[1:], rtol=1e-4, atol=1e-5)
+
+
 def test_json_values_that_the_stated_dtype_cannot_hold_are_refused_not_changed():
     # was: 1.5 sent as int64 became 1 silently, and 300 as int8 (or 10**30 as int64) raised
     # OverflowError out of the codec: a 500 instead of a 400 naming the input

@@ -110,8 +110,11 @@ class GraphServer:
             raise BadRequest(str(error), status=400) from None
         values = list(inputs.values())
         # np.asarray(order="C"), not np.ascontiguousarray, which makes a 0-d array (a scalar
-        # input: a diffusion timestep) 1-d, so that the graph would refuse it
-        return Request(key, [np.asarray(values[i], order="C") for i in order])
+        # input: a diffusion timestep) 1-d, so that the graph would refuse it. In native byte
+        # order: a big-endian float32 (an .npy written so, ?dtype=>f4) is float32 to the check,
+        # but the session takes native arrays only, and the batch it joined would fail.
+        return Request(key, [np.asarray(values[i], dtype=values[i].dtype.newbyteorder("="), order="C")
+                             for i in order])
 
     def run_batch(self, requests: list[Request]) -> list[dict[str, np.ndarray]]:
         """Outputs per request, by output name. Requests of one graph whose shapes agree
