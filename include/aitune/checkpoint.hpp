@@ -199,11 +199,13 @@ class Checkpoint {
                                  const std::map<std::string, std::string>& files,
                                  const CheckpointSaveOptions& options = {});
 
-  /// Checks, writing nothing, that `save(dir, ..., options)` would not refuse `dir`:
+  /// Checks, leaving nothing written, that `save(dir, ..., options)` would not refuse `dir`:
   /// the refusals of `save` (a file, a symbolic link, a non-empty directory that is no
   /// aitune checkpoint, an existing checkpoint with overwrite off: kInvalidArgument) and
   /// an existing ancestor of `dir` that is not a directory (kIo), as `save` reports
-  /// them. For callers that save only after long work (`aitune tune --checkpoint`).
+  /// them, and a directory save cannot create its staging directory in (a read-only file
+  /// system: kIo), probed by creating and removing one. For callers that save only after
+  /// long work (`aitune tune --checkpoint`).
   static void check_save_target(const std::string& dir, const CheckpointSaveOptions& options = {});
 
   /// Opens the checkpoint directory `dir` and verifies all of it before returning:

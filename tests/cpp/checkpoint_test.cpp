@@ -708,6 +708,12 @@ TEST_F(CheckpointTest, OverwritingWhatIsNotACheckpointIsRefused) {
   Checkpoint::check_save_target(dir_);                      // overwrite on: fine
   Checkpoint::check_save_target(tmp_.file("new/nested"));  // absent: fine, and nothing is created
   EXPECT_FALSE(fs::exists(tmp_.file("new")));
+  // A directory save cannot create its staging directory in (here /proc/self, where
+  // mkdir fails even for root; a read-only file system is the common case) is refused
+  // now, not after the tune that `aitune tune --checkpoint` checks it for.
+  expect_error([] { Checkpoint::check_save_target("/proc/self/aitune-ckpt"); }, ErrorCode::kIo,
+               {"temporary directory", "/proc/self"});
+  EXPECT_FALSE(fs::exists(tmp_.file("new")));
   EXPECT_EQ(Checkpoint::load(dir_).manifest().module_name, "first");
   EXPECT_EQ(siblings(), (std::vector<std::string>{"ckpt", "real"}));
 }

@@ -187,6 +187,7 @@ void Checkpoint::check_save_target(const std::string& dir, const CheckpointSaveO
     fail(ErrorCode::kInvalidArgument, "'" + target.string() + "' already holds a checkpoint and overwrite is off");
   // The nearest existing ancestor must be a directory for save to create the rest.
   std::error_code ec;
+  fs::path existing;
   for (fs::path p = target.parent_path(); !p.empty(); p = p.parent_path()) {
     auto st = fs::status(p, ec);
     if (!fs::exists(st)) {
@@ -196,7 +197,19 @@ void Checkpoint::check_save_target(const std::string& dir, const CheckpointSaveO
     if (!fs::is_directory(st))
       fail(ErrorCode::kIo, "cannot create the directory '" + target.parent_path().string() + "': '" + p.string() +
                                "' is not a directory");
+    existing = p;
     break;
+  }
+  // And one save can create its staging directory in: a read-only file system (or a
+  // directory the user may not write) failed only the save, after the work. Probed by
+  // creating and removing what save creates first, the exact test (access(2) does not see
+  // every refusal); nothing stays.
+  if (existing.empty()) return;
+  try {
+    OwnedDirectory probe = OwnedDirectory::create(existing.string(), "." + target.filename().string() + ".tmp-");
+    probe.remove();
+  } catch (const Error& e) {
+    fail(ErrorCode::kIo, "cannot create a temporary directory next to '" + target.string() + "': " + e.what());
   }
 }
 
