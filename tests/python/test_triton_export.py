@@ -450,3 +450,28 @@ def test_a_batched_vector_is_dims_one_with_an_empty_reshape():
         assert tensor.HasField("reshape") and list(tensor.reshape.shape) == []
     unbatched = text_format.Parse(_core.triton_model_config(graph, "vec", 0).text, PB2.ModelConfig())
     assert list(unbatched.input[0].dims) == [-1] and not unbatched.input[0].HasField("reshape")
+
+
+class _Scaled(torch.nn.Module):
+    """A forward with a non-tensor argument: the exported graph holds it as a constant."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x, scale: float = 1.0, *, offset: int = 0):
+        return self.fc(x) * scale + offset
+
+
+def test_non_tensor_arguments_fixed_in_the_graph_are_named_in_the_readme(tmp_path):
+    """scale=2.0 is baked into the ONNX graph: a Triton client cannot send another value,
+    and the README said 'Nothing: every setting ... is in config.pbtxt'."""
+    model = _tune(_Scaled().eval(), "scaled", [((torch.randn(8), 2.0), {"offset": 3}) for _ in range(2)],
+                  batch_sizes=[1, 2])
+    result = ait.export_triton(model, tmp_path / "repo")
+    (exported,) = result.models
+    (note,) = [n for n in exported.not_expressed if "constants of the exported graph" in n]
+    assert "scale = 2.0 (float)" in note and "offset = 3 (int)" in note, note
+    readme = (tmp_path / "repo" / "scaled" / "README.md").read_text()
+    assert "scale = 2.0 (float)" in readme and "Nothing: every setting" not in readme
+    assert [i.name for i in parse_config(tmp_path / "repo" / "scaled").input] == ["input_x"]

@@ -191,6 +191,54 @@ std::vector<std::string> eager_graph_notes(const CheckpointManifest& manifest) {
   return notes;
 }
 
+// Leaves under a tree spec node of torch's pytree JSON (docs/checkpoints.md, "The
+// structure of a graph"): a leaf (type null) is one; a node, those of its children.
+std::size_t leaf_count(const nlohmann::json& node, int depth = 0) {
+  if (!node.is_object() || depth > 100) return 0;
+  if (!node.contains("type") || node["type"].is_null()) return 1;
+  std::size_t n = 0;
+  if (node.contains("children_spec") && node["children_spec"].is_array())
+    for (const auto& child : node["children_spec"]) n += leaf_count(child, depth + 1);
+  return n;
+}
+
+// The forward's non-tensor arguments of the call a graph was recorded from (`scale=2.0`):
+// constants of the exported ONNX graph, which a Triton request cannot set. Read from the
+// front end's structure (names from its tree spec's top dict of parameters); "" when the
+// graph has none or no structure this reads.
+std::string constant_arguments(const std::string& structure_json) {
+  const auto s = nlohmann::json::parse(structure_json, nullptr, false);
+  if (!s.is_object() || !s.contains("inputs") || !s["inputs"].is_object()) return "";
+  const auto& inputs = s["inputs"];
+  if (!inputs.contains("leaves") || !inputs["leaves"].is_array()) return "";
+  const auto& leaves = inputs["leaves"];
+  std::vector<std::string> names(leaves.size());
+  if (inputs.contains("treespec") && inputs["treespec"].is_array() && inputs["treespec"].size() == 2) {
+    const auto& top = inputs["treespec"][1];
+    const auto keys = top.is_object() && top.contains("context") && top["context"].is_string()
+                          ? nlohmann::json::parse(top["context"].get<std::string>(), nullptr, false)
+                          : nlohmann::json();
+    if (keys.is_array() && top.contains("children_spec") && top["children_spec"].is_array() &&
+        top["children_spec"].size() == keys.size()) {
+      std::size_t at = 0;
+      for (std::size_t i = 0; i < keys.size(); ++i) {
+        const std::size_t n = leaf_count(top["children_spec"][i]);
+        const std::string key = keys[i].is_string() ? keys[i].get<std::string>() : keys[i].dump();
+        for (std::size_t j = 0; j < n && at < names.size(); ++j, ++at) names[at] = n == 1 ? key : key + "[" + std::to_string(j) + "]";
+      }
+    }
+  }
+  std::string listed;
+  for (std::size_t i = 0; i < leaves.size(); ++i) {
+    const auto& leaf = leaves[i];
+    if (!leaf.is_object() || leaf.contains("tensor") || !leaf.contains("type")) continue;
+    const std::string name = names[i].empty() ? "input leaf " + std::to_string(i) : names[i];
+    listed += (listed.empty() ? "" : ", ") + name + " = " + (leaf.contains("value") ? leaf["value"].dump() : "?") +
+              " (" + (leaf["type"].is_string() ? leaf["type"].get<std::string>() : leaf["type"].dump()) + ")";
+  }
+  return listed;
+}
+
 }  // namespace
 
 TritonExportResult export_triton(const Checkpoint& checkpoint, const std::string& repository,
@@ -243,6 +291,11 @@ TritonExportResult export_triton(const Checkpoint& checkpoint, const std::string
       trt_paths[option] = (repo / names[i] / "1" / dir).string();
     }
     configs.push_back(triton_model_config(g, names[i], options.max_batch_size, options.instances, trt_paths));
+    if (const std::string constants = constant_arguments(g.structure_json); !constants.empty())
+      configs.back().not_expressed.push_back(
+          "the forward's non-tensor arguments are constants of the exported graph, fixed at the values tuning "
+          "recorded: " + constants + "; a request to this model cannot change them (the tuned module runs "
+          "another value eagerly or refuses it)");
     for (const auto& [option, path] : trt_paths)
       configs.back().not_expressed.push_back(
           "provider option " + option + " points at " + path +
