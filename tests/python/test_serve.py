@@ -192,6 +192,41 @@ def test_serving_a_checkpoint_with_no_onnx_runtime_graph_is_refused_before_ray_s
     assert "no ONNX Runtime graph to serve" in capsys.readouterr().err and not config.exists()
 
 
+def test_bad_serve_and_loadtest_arguments_exit_2_before_ray_starts(checkpoint, tmp_path, capsys, monkeypatch):
+    """Each was a traceback (exit 1), the first two after a local Ray instance had started
+    (Ray's ValueError for 0 replicas, OverflowError binding port 99999), or was accepted:
+    --autoscale 3:1 wrote a config that Serve refuses at deploy time."""
+    path, _ = checkpoint
+    started = []
+    monkeypatch.setattr(ray_instance, "start", lambda *a, **k: started.append(a))
+    config = tmp_path / "serve.yaml"
+    for argv, says in [(["--replicas", "0"], "--replicas"), (["--port", "99999"], "--port"),
+                       (["--autoscale", "3:1"], "--autoscale"), (["--autoscale", "0:0"], "--autoscale"),
+                       (["--num-cpus", "-1"], "--num-cpus"), (["--threads", "-2"], "--threads"),
+                       (["--max-batch-size", "0"], "--max-batch-size"),
+                       (["--batch-wait-timeout-s", "-1"], "--batch-wait-timeout-s"),
+                       (["--ray-metrics-port", "70000"], "--ray-metrics-port")]:
+        with pytest.raises(SystemExit) as exited:
+            serve_cli.serve_main([path, *argv, "--write-config", str(config)])
+        assert exited.value.code == 2, argv
+        assert says in capsys.readouterr().err, argv
+        with pytest.raises(SystemExit):
+            serve_cli.serve_main([path, *argv])
+    assert not started and not config.exists()
+    # a config file that cannot be written: exit 2 naming it, no traceback
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    assert serve_cli.serve_main([path, "--write-config", str(blocker / "serve.yaml")]) == 2
+    assert str(blocker / "serve.yaml") in capsys.readouterr().err
+    # loadtest: a checkpoint that is not one, concurrency that is no list of counts
+    assert serve_cli.loadtest_main(["http://127.0.0.1:1/", "--checkpoint", str(tmp_path / "none.ait")]) == 2
+    assert "none.ait" in capsys.readouterr().err
+    for argv in (["--concurrency", "1,x"], ["--concurrency", "0"], ["--requests-per-client", "0"]):
+        with pytest.raises(SystemExit) as exited:
+            serve_cli.loadtest_main(["http://127.0.0.1:1/", "--checkpoint", path, *argv])
+        assert exited.value.code == 2, argv
+
+
 def test_bad_bodies_are_refused_with_a_reason(checkpoint):
     path, _ = checkpoint
     server = GraphServer(path, device="cpu")

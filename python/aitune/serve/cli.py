@@ -44,15 +44,45 @@ def _serve_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _autoscaling(parser: argparse.ArgumentParser, value: str | None) -> dict | None:
+    if not value:
+        return None
+    low, _, high = value.partition(":")
+    try:
+        low_n, high_n = int(low), int(high)
+    except ValueError:
+        parser.error(f"--autoscale takes MIN:MAX, not '{value}'")
+    if not 0 <= low_n <= high_n or high_n < 1:
+        parser.error(f"--autoscale {value}: needs 0 <= MIN <= MAX and MAX >= 1")
+    return {"min_replicas": low_n, "max_replicas": high_n}
+
+
+def _check_arguments(parser: argparse.ArgumentParser, args) -> None:
+    """Refuses values Ray or Serve would refuse only later (after a local instance started,
+    or when a written config is deployed) with a traceback: exit 2 naming the option."""
+    def need(ok: bool, option: str, rule: str, value) -> None:
+        if not ok:
+            parser.error(f"{option} {value}: {rule}")
+
+    need(args.replicas >= 1, "--replicas", "at least 1", args.replicas)
+    _autoscaling(parser, args.autoscale)
+    need(args.num_cpus >= 0, "--num-cpus", "not negative", args.num_cpus)
+    need(args.num_gpus >= 0, "--num-gpus", "not negative", args.num_gpus)
+    need(args.threads >= 0, "--threads", "not negative (0: as saved)", args.threads)
+    need(args.overhead_ms >= 0, "--overhead-ms", "not negative", args.overhead_ms)
+    need(args.max_batch_size is None or args.max_batch_size >= 1, "--max-batch-size", "at least 1",
+         args.max_batch_size)
+    need(args.batch_wait_timeout_s is None or args.batch_wait_timeout_s >= 0, "--batch-wait-timeout-s",
+         "not negative", args.batch_wait_timeout_s)
+    for option, value in (("--port", args.port), ("--ray-dashboard-port", args.ray_dashboard_port),
+                          ("--ray-metrics-port", args.ray_metrics_port)):
+        need(value is None or 1 <= value <= 65535, option, "a TCP port, 1..65535", value)
+
+
 def _options(args, plan) -> dict:
-    """The arguments of deployment.deployment_options for the command line and the plan."""
-    autoscaling = None
-    if args.autoscale:
-        low, _, high = args.autoscale.partition(":")
-        try:
-            autoscaling = {"min_replicas": int(low), "max_replicas": int(high)}
-        except ValueError:
-            raise SystemExit(f"aitune serve: --autoscale takes MIN:MAX, not '{args.autoscale}'") from None
+    """The arguments of deployment.deployment_options for the command line and the plan
+    (checked by _check_arguments)."""
+    autoscaling = _autoscaling(_serve_parser(), args.autoscale)
     return dict(
         num_replicas=args.replicas, num_cpus=args.num_cpus, num_gpus=args.num_gpus,
         max_batch_size=args.max_batch_size or plan.max_batch_size,
@@ -78,7 +108,9 @@ def serve_config(checkpoint: str, options: dict, device: str | None = None, thre
 
 
 def serve_main(argv: list[str]) -> int:
-    args = _serve_parser().parse_args(argv)
+    parser = _serve_parser()
+    args = parser.parse_args(argv)
+    _check_arguments(parser, args)
     try:
         checkpoint = _core.Checkpoint.load(args.checkpoint)
         if not any(checkpoint.runs_in_engine(key) for key in checkpoint.graph_keys()):
@@ -105,10 +137,15 @@ def serve_main(argv: list[str]) -> int:
 
         config = serve_config(args.checkpoint, deployment_options(**options), args.device, args.threads, host=args.host, port=args.port,
                               route=args.route, app_name=args.app_name)
-        with open(args.write_config, "w", encoding="utf-8") as f:
-            f.write("# Ray Serve config written by `aitune serve --write-config`; deploy with `serve deploy FILE`.\n")
-            f.write("# The checkpoint path must exist on every node that runs a replica.\n")
-            yaml.safe_dump(config, f, sort_keys=False)
+        try:
+            with open(args.write_config, "w", encoding="utf-8") as f:
+                f.write("# Ray Serve config written by `aitune serve --write-config`; deploy with `serve deploy FILE`.\n")
+                f.write("# The checkpoint path must exist on every node that runs a replica.\n")
+                yaml.safe_dump(config, f, sort_keys=False)
+        except OSError as error:
+            print(f"aitune serve: cannot write the config '{args.write_config}': {error.strerror or error}",
+                  file=sys.stderr)
+            return 2
         print(f"wrote {args.write_config}")
         return 0
 
@@ -151,9 +188,20 @@ def loadtest_main(argv: list[str]) -> int:
     p.add_argument("--format", choices=["json", "npz", "raw"], default="json", help="request body (default json)")
     p.add_argument("--json", dest="json_out", metavar="FILE", help="also write the rows as JSON")
     args = p.parse_args(argv)
-    pool = loadtest.RequestPool(args.checkpoint)
-    rows = loadtest.sweep(args.url, pool, [int(c) for c in args.concurrency.split(",")], args.requests_per_client,
-                          args.format)
+    try:
+        levels = [int(c) for c in args.concurrency.split(",")]
+    except ValueError:
+        p.error(f"--concurrency takes comma-separated counts, not '{args.concurrency}'")
+    if any(c < 1 for c in levels):
+        p.error(f"--concurrency {args.concurrency}: each level at least 1")
+    if args.requests_per_client < 1:
+        p.error(f"--requests-per-client {args.requests_per_client}: at least 1")
+    try:
+        pool = loadtest.RequestPool(args.checkpoint)
+    except _core.AituneError as error:
+        print(f"aitune loadtest: {error}", file=sys.stderr)
+        return 2
+    rows = loadtest.sweep(args.url, pool, levels, args.requests_per_client, args.format)
     print(loadtest.table(rows))
     if args.json_out:
         with open(args.json_out, "w", encoding="utf-8") as f:
