@@ -459,6 +459,18 @@ def test_structure_of_another_module_class_is_refused(target, damaged):
                 r"saved from a torch_models\.SmallCNN.*wraps a torch_models\.MLP")
 
 
+@pytest.mark.parametrize("edit, says", [({"dtype": "int64"}, "int64 rank 2"), ({"rank": 3}, "float32 rank 3")],
+                         ids=["dtype", "rank"])
+def test_structure_tensor_disagreeing_with_the_graph_spec_is_corrupt(target, damaged, edit, says):
+    """The structure's tensor leaves are the identity calls are matched by; one edited to
+    another dtype or rank than the graph spec's loaded, and calls of that dtype were then
+    refused by the session (those of the recorded one ran eagerly or were refused)."""
+    manifest = _manifest(damaged)
+    manifest["graphs"][0]["structure"]["inputs"]["leaves"][0].update(edit)
+    _write_manifest(damaged, manifest)
+    _load_fails(target, damaged, aitune.CheckpointCorruptError, rf"is {says}, but the graph spec takes float32")
+
+
 def test_a_class_saved_from_a_script_names_the_main_module_trap(target, damaged):
     """A model class defined in the script that tuned it is saved as __main__.MLP; a loading
     script importing it from a module has another name for the same class: the refusal says

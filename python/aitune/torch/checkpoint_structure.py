@@ -401,6 +401,7 @@ def saved_graph(module, structure: Any, key: str, where: str, spec: _core.GraphS
         if len(leaves) != tree_spec.num_leaves:
             raise corrupt(tree_where, f"{len(leaves)} leaves listed, the tree spec has {tree_spec.num_leaves}")
         template, positions, names, descriptors = [], [], [], []
+        by_name = {t.name: t for t in spec.inputs} if spec is not None else {}
         for i, leaf in enumerate(leaves):
             leaf_where = f"{tree_where}, leaf {i}"
             if isinstance(leaf, dict) and "tensor" in leaf:
@@ -409,7 +410,14 @@ def saved_graph(module, structure: Any, key: str, where: str, spec: _core.GraphS
                 template.append(None)
                 if side == "inputs":
                     rank = field(leaf, "rank", int, leaf_where)
-                    descriptors.append(flatten.tensor_descriptor(_dtype(leaf.get("dtype"), leaf_where), rank))
+                    dtype = _dtype(leaf.get("dtype"), leaf_where)
+                    descriptors.append(flatten.tensor_descriptor(dtype, rank))
+                    # The call's identity must be what the graph takes: a structure edited to
+                    # another dtype or rank matched calls the session then refused.
+                    if (model := by_name.get(names[-1])) is not None and \
+                            (str(model.dtype), len(model.min_shape)) != (flatten.dtype_name(dtype), rank):
+                        raise corrupt(leaf_where, f"tensor '{names[-1]}' is {flatten.dtype_name(dtype)} rank {rank}, "
+                                                  f"but the graph spec takes {model.dtype} rank {len(model.min_shape)}")
             else:
                 value = _decode_constant(leaf, leaf_where)
                 template.append(value)
