@@ -314,6 +314,15 @@ TEST(TritonExport, BadInputWritesNothing) {
   test::expect_error([&] { export_triton(checkpoint, repo.string(), zero); }, ErrorCode::kInvalidArgument,
                      {"instances"});
   EXPECT_FALSE(fs::exists(repo));  // refused before anything was created
+  // A repository inside the checkpoint (the checkpoint itself included) is refused: the
+  // next save over the checkpoint would remove the models, which its manifest does not list.
+  for (const fs::path& inside : {tmp.path() / "ckpt", tmp.path() / "ckpt" / "models", tmp.path() / "ckpt" / "x" / ".." / "m"})
+    test::expect_error([&] { export_triton(checkpoint, inside.string()); }, ErrorCode::kInvalidArgument,
+                       {"inside the checkpoint"});
+  EXPECT_FALSE(fs::exists(tmp.path() / "ckpt" / "tuned-mlp"));
+  EXPECT_FALSE(fs::exists(tmp.path() / "ckpt" / "models"));
+  export_triton(checkpoint, (tmp.path() / "ckpt-models").string());  // a sibling sharing the name's prefix is fine
+  EXPECT_TRUE(fs::exists(tmp.path() / "ckpt-models" / "tuned-mlp" / "config.pbtxt"));
 
   // An existing non-empty entry is kept unless overwrite is given.
   fs::create_directories(repo / "tuned-mlp");

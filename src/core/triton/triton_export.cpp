@@ -275,6 +275,19 @@ TritonExportResult export_triton(const Checkpoint& checkpoint, const std::string
   if (ec) throw Error(ErrorCode::kIo, "cannot resolve repository path '" + repository + "': " + ec.message());
   if (fs::exists(repo, ec) && !fs::is_directory(repo, ec))
     throw Error(ErrorCode::kInvalidArgument, "Triton repository '" + repo.string() + "' is a file, not a directory");
+  {  // Inside the checkpoint, the models would be files its manifest does not list: the next
+     // save over the checkpoint (a whole new directory swapped in) removes them silently.
+    const fs::path root = fs::weakly_canonical(checkpoint.directory(), ec);
+    const fs::path where = fs::weakly_canonical(repo, ec);
+    auto r = root.begin();
+    auto w = where.begin();
+    for (; r != root.end() && w != where.end() && *r == *w; ++r, ++w) {
+    }
+    if (!root.empty() && r == root.end())
+      throw Error(ErrorCode::kInvalidArgument, "Triton repository '" + repo.string() + "' lies inside the checkpoint '" +
+                                                   root.string() + "', whose next save would remove it; choose a "
+                                                   "directory outside it");
+  }
 
   TritonExportResult result;
   std::vector<TritonModelConfig> configs;
