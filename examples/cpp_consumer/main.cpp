@@ -7,6 +7,7 @@
 #include <aitune/onnx_external_data.hpp>  // is_safe_relative_path: not in aitune.hpp
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -37,10 +38,18 @@ Args parse(int argc, char** argv) {
       if (i + 1 >= argc) usage();
       return argv[++i];
     };
+    auto integer = [&]() -> int {  // the whole value, within int: std::stoi said only "stoi"
+      const std::string text = value();
+      int n = 0;
+      const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), n);
+      if (ec != std::errc() || end != text.data() + text.size())
+        throw aitune::Error(aitune::ErrorCode::kInvalidArgument, arg + " '" + text + "' is not an integer");
+      return n;
+    };
     if (arg == "--graph") {
       a.graph = value();
     } else if (arg == "--iterations") {
-      a.iterations = std::stoi(value());
+      a.iterations = integer();
     } else if (arg == "--input") {
       std::string v = value();
       auto eq = v.find('=');
@@ -49,7 +58,7 @@ Args parse(int argc, char** argv) {
     } else if (arg == "--provider") {
       a.overrides.provider = aitune::parse_execution_provider(value());
     } else if (arg == "--device-id") {
-      a.overrides.device_id = std::stoi(value());
+      a.overrides.device_id = integer();
     } else if (arg == "--save-outputs") {
       a.save_outputs = value();
     } else if (a.checkpoint.empty() && arg.rfind("--", 0) != 0) {

@@ -99,3 +99,13 @@ if(NOT rc EQUAL 5 OR NOT out MATCHES "checkpoint_corrupt: .*mlp_ext.onnx.data.*s
   message(FATAL_ERROR "cpp_consumer_example: a damaged checkpoint gave exit ${rc}:\n${out}")
 endif()
 message(STATUS "damaged checkpoint refused: ok")
+
+# A number that is not one is a usage error naming the option (was "cpp_consumer: stoi").
+foreach(bad "--iterations;abc" "--iterations;99999999999" "--device-id;x1")
+  execute_process(COMMAND "${example}" "${WORK_DIR}/ckpt" ${bad} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  list(GET bad 0 option)
+  if(NOT rc EQUAL 1 OR NOT out MATCHES "invalid_argument: ${option} ")
+    message(FATAL_ERROR "cpp_consumer_example: '${bad}' gave exit ${rc}:\n${out}")
+  endif()
+endforeach()
+message(STATUS "bad numbers refused: ok")
