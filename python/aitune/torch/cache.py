@@ -44,14 +44,19 @@ _FILE_SYSTEM_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.
                                  errno.EIO, errno.ENOTDIR, errno.EEXIST, errno.ENAMETOOLONG})
 
 
-def file_system_error(error: BaseException) -> OSError | None:
-    """The file system's refusal among ``error`` and its causes (torch's exporter wraps
-    the OSError of its write), or None."""
+# Those that say where a write went, not what was written: the only ones looked for in the
+# causes of another library's error (torch's exporter may have handled an EEXIST or ENOTDIR
+# of its own on the way to a failure that is the model's).
+WRITE_REFUSALS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO})
+
+
+def file_system_error(error: BaseException, errnos: frozenset = _FILE_SYSTEM_ERRNOS) -> OSError | None:
+    """The file system's refusal (an errno of ``errnos``) among ``error`` and its causes
+    (torch's exporter wraps the OSError of its write), or None."""
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        if isinstance(error, OSError) and not isinstance(error, _core.AituneError) \
-                and error.errno in _FILE_SYSTEM_ERRNOS:
+        if isinstance(error, OSError) and not isinstance(error, _core.AituneError) and error.errno in errnos:
             return error
         error = error.__cause__ or error.__context__
     return None

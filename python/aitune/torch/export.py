@@ -374,7 +374,7 @@ def export_onnx(
     except (TraceWarningError, ExportError):
         raise
     except Exception as error:
-        if (refusal := cache.file_system_error(error)) is not None:  # where it is written, not the model
+        if (refusal := cache.file_system_error(error, cache.WRITE_REFUSALS)) is not None:  # where, not the model
             raise cache.io_error(f"the ONNX export of {graph.module_name}/{graph.key}", path.parent, refusal) \
                 from error
         if use_dynamo:
