@@ -170,3 +170,45 @@ def test_python_attributes_updated_in_forward_are_refused_naming_them(use_dynamo
     assert inner.inner.calls == recorded.inner.calls and inner.seen == recorded.seen
     model(torch.randn(1, 4))
     assert inner.inner.calls == recorded.inner.calls + 1 and inner.seen == [*recorded.seen, 1]
+
+
+class CountsAndMemoizes(torch.nn.Module):
+    """A call counter used only for logging and a cache of a value computed from the
+    weights, stored on every call: harmless to the outputs."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = torch.nn.Linear(4, 4)
+        self.calls = 0
+        self.inner.bias_cache = {}
+
+    def forward(self, x):
+        self.calls += 1
+        self.inner.bias_cache["bias"] = self.inner.bias.detach() * 0  # stored again on every call
+        return self.inner(x) + self.inner.bias_cache["bias"]
+
+
+def test_harmless_attributes_let_a_counter_and_a_cache_be_exported():
+    """Declared with harmless_attributes (a bare name, a path), the counter and the cache no
+    longer refuse the export; the refusal without them names the option; an entry naming no
+    attribute is refused; a wrong type is refused at wrapping."""
+    samples = [torch.randn(4) for _ in range(2)]
+    refused = ait.Module(CountsAndMemoizes().eval(), "harmless-refused", strategy=cpu_strategy(tune_provider_options=False))
+    with pytest.raises(ExportError, match=r"(?s)\(calls, inner\.bias_cache\).*harmless_attributes"):
+        ait.tune(refused, samples, ignore_failing_modules=False, progress=False)
+
+    inner = CountsAndMemoizes().eval()
+    model = ait.Module(inner, "harmless", strategy=cpu_strategy(tune_provider_options=False),
+                       harmless_attributes=["calls", "inner.bias_cache"])
+    ait.tune(model, samples, ignore_failing_modules=False, progress=False)
+    assert model.ait_state is ModuleState.TUNED
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        assert torch.allclose(model(x), inner.inner(x), atol=1e-5)
+
+    typo = ait.Module(CountsAndMemoizes().eval(), "harmless-typo", strategy=cpu_strategy(tune_provider_options=False),
+                      harmless_attributes=["calls", "inner.bias_cahce"])
+    with pytest.raises(ValueError, match=r"harmless_attributes names \['inner\.bias_cahce'\]"):
+        ait.tune(typo, samples, ignore_failing_modules=False, progress=False)
+    with pytest.raises(TypeError, match="harmless_attributes must be a list"):
+        ait.Module(CountsAndMemoizes(), "harmless-str", harmless_attributes="calls")

@@ -327,7 +327,9 @@ def export_onnx(
             f"({', '.join(graph.mutated_state)}), which an ONNX graph cannot write back; the tuned module would "
             "silently stop updating it.\nHint: keep the update out of forward (or out of the module tuned), "
             "tune it in eval() when the update is training-only (BatchNorm statistics), or use "
-            "TorchCompileBackend, which keeps the update."
+            "TorchCompileBackend, which keeps the update. A plain Python attribute whose change cannot alter the "
+            "outputs (a call counter for logging, a memo of values computed from the weights) can be declared "
+            "with ait.Module(..., harmless_attributes=[...]); it then stops changing on tuned calls."
         )
     with cache.writing(f"the ONNX export of {graph.module_name}/{graph.key}", path.parent):
         path.parent.mkdir(parents=True, exist_ok=True)

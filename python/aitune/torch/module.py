@@ -6,6 +6,7 @@ from __future__ import annotations
 import enum
 import inspect
 import logging
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -20,7 +21,8 @@ from aitune.torch.dispatch import DispatchedModule, ModuleDispatch, measured_cal
 from aitune.torch.dynamic_shapes import DynamicShapes
 from aitune.torch.graph import CallForm, RecordedGraph
 from aitune.torch.graph_tuning import tune_graph
-from aitune.torch.state_changes import StateSnapshot, StateWatch, changed_containers, changed_inputs, tensor_version
+from aitune.torch.state_changes import (StateSnapshot, StateWatch, attribute_paths, changed_containers,
+                                        changed_inputs, check_harmless_attributes, is_harmless, tensor_version)
 from aitune.torch.module_registry import MODULE_REGISTRY
 from aitune.torch.options import TuneOptions
 from aitune.torch.strategy import OneBackendStrategy, TuneStrategy
@@ -105,6 +107,12 @@ class Module(DispatchedModule):
         eager_fallback: when tuned, run calls no recorded graph covers (other input
             structure, dtype, rank, or shapes the backend rejects) eagerly with a
             warning instead of raising.
+        harmless_attributes: plain Python attributes forward may change without the
+            export being refused (a call counter used only for logging, a dict memoizing
+            values computed from the weights): by name (``"calls"``: that attribute on the
+            module and every submodule) or by path (``"blocks.0.attn.cache"``). The tuned
+            graph does not run forward's Python, so they then stop changing on tuned calls.
+            A name no attribute has is refused at tuning.
 
     aitune's own attributes carry an ``ait_`` prefix so they never hide the wrapped
     module's attributes.
@@ -119,7 +127,9 @@ class Module(DispatchedModule):
         dynamic_shapes=None,
         *,
         eager_fallback: bool = False,
+        harmless_attributes: Iterable[str] = (),
     ):
+        harmless_attributes = check_harmless_attributes(harmless_attributes)
         if isinstance(module, Module):
             raise TypeError(f"module is already wrapped by ait.Module '{module.ait_name}'")
         if not isinstance(module, torch.nn.Module):
@@ -142,6 +152,7 @@ class Module(DispatchedModule):
             "_ait_record_errors": [],
             "_ait_dynamic_shapes": declared,
             "_ait_failure": None,  # why the last tune failed (PASSTHROUGH), for ait.save's refusal
+            "_ait_harmless_attributes": harmless_attributes,
             "training": module.training,
         }
         own.update({registry: getattr(module, registry) for registry in (*_SHARED_REGISTRIES, *_SHARED_HOOKS)})
@@ -406,7 +417,8 @@ class Module(DispatchedModule):
             self._ait_note_record_error(f"{type(error).__name__}: {error}")
             return self._ait_module.forward(*args, **kwargs)
         graph = self._ait_graphs.get(identity)
-        watch = StateWatch(self._ait_module, compare_values=graph is None, watch_attributes=graph is not None)
+        watch = StateWatch(self._ait_module, compare_values=graph is None, watch_attributes=graph is not None,
+                           harmless=self._ait_harmless_attributes)
         input_versions = [tensor_version(leaf) for leaf in leaves if isinstance(leaf, torch.Tensor)]
         outputs = self._ait_module.forward(*args, **kwargs)
         mutated = watch.changed()
@@ -471,6 +483,11 @@ class Module(DispatchedModule):
         module's ``strategy`` / ``strategies``). On failure the module stays eager
         (PASSTHROUGH) and the exception propagates to ``ait.tune``. Interrupted
         (KeyboardInterrupt, SystemExit): ``ait.tune`` puts it back (``_ait_tuning_interrupted``)."""
+        if unknown := [entry for entry in self._ait_harmless_attributes
+                       if not any(is_harmless(path, (entry,)) for path in attribute_paths(self._ait_module))]:
+            raise ValueError(f"ait.Module '{self._ait_name}': harmless_attributes names {unknown}, which no "
+                             f"attribute of the module or its submodules is (attributes: "
+                             f"{sorted(attribute_paths(self._ait_module))})")
         hooks = submodule_hooks(self._ait_module)
         if hooks:
             logger.warning(

@@ -21,14 +21,17 @@ class StateWatch:
     (a call counter, a list appended to, a tensor kept outside the buffers) are watched too:
     an ONNX graph drops every Python side effect. The caller asks for it on the calls after
     a graph's first, so a memo set once on the first call (``if self.cache is None: ...``) is
-    not state that keeps changing."""
+    not state that keeps changing. ``harmless``: attributes the user declared harmless
+    (``ait.Module(..., harmless_attributes=)``, ``is_harmless``): never watched."""
 
-    def __init__(self, module: torch.nn.Module, compare_values: bool, watch_attributes: bool = False):
+    def __init__(self, module: torch.nn.Module, compare_values: bool, watch_attributes: bool = False,
+                 harmless: tuple[str, ...] = ()):
         self.module = module
+        self.harmless = harmless
         self.versions = _versions(module)
         self.values = ({name: buffer.detach().clone() for name, buffer in module.named_buffers()}
                        if compare_values else {})
-        self.attributes = _attributes(module) if watch_attributes else None
+        self.attributes = _attributes(module, harmless) if watch_attributes else None
 
     def changed(self) -> list[str]:
         """Names of the buffers, parameters and (watched) attributes changed (or added) during the call."""
@@ -38,7 +41,7 @@ class StateWatch:
             if name not in changed and before is not None and not _same(before, buffer):
                 changed.append(name)
         if self.attributes is not None:
-            after = _attributes(self.module)
+            after = _attributes(self.module, self.harmless)
             changed += [name for name in sorted({*self.attributes, *after})
                         if self.attributes.get(name) != after.get(name) and name not in changed]
         return changed
@@ -49,7 +52,29 @@ class StateWatch:
 _MODULE_INTERNALS = frozenset(vars(torch.nn.Module()))
 
 
-def _attributes(module: torch.nn.Module) -> dict[str, tuple]:
+def is_harmless(path: str, harmless: tuple[str, ...]) -> bool:
+    """Whether the attribute at ``path`` (``blocks.0.attn.cache``) is declared harmless: an
+    entry with a dot names that one path, one without names the attribute of that name on
+    the module and every submodule."""
+    return any(path == entry or ("." not in entry and path.rpartition(".")[2] == entry) for entry in harmless)
+
+
+def attribute_paths(module: torch.nn.Module) -> list[str]:
+    """The paths of the plain Python attributes of ``module`` and its submodules, as
+    ``StateWatch`` names them."""
+    return list(_attributes(module, ()))
+
+
+def check_harmless_attributes(value) -> tuple[str, ...]:
+    """``ait.Module``'s ``harmless_attributes``: a list of attribute names or paths."""
+    if isinstance(value, str) or not all(isinstance(entry, str) and entry and not entry.startswith(".")
+                                         and not entry.endswith(".") for entry in value):
+        raise TypeError(f"harmless_attributes must be a list of attribute names or paths (['calls', "
+                        f"'blocks.0.attn.cache']), got {value!r}")
+    return tuple(value)
+
+
+def _attributes(module: torch.nn.Module, harmless: tuple[str, ...]) -> dict[str, tuple]:
     """A token per plain Python attribute of ``module`` and its submodules, by path
     (``inner.calls``), that differs when the attribute is reassigned or, for a list, tuple,
     dict or set, when an item is replaced, added or removed, or for a tensor when it is
@@ -59,7 +84,9 @@ def _attributes(module: torch.nn.Module) -> dict[str, tuple]:
         for key, value in vars(sub).items():
             if key in _MODULE_INTERNALS or key.startswith("_ait") or isinstance(value, torch.nn.Module):
                 continue
-            tokens[f"{prefix}.{key}" if prefix else key] = _token(value)
+            path = f"{prefix}.{key}" if prefix else key
+            if not is_harmless(path, harmless):
+                tokens[path] = _token(value)
     return tokens
 
 
