@@ -32,6 +32,7 @@ from aitune.torch.interior_shapes import add_interior_sample
 from aitune.torch.options import TuneOptions
 from aitune.torch.strategy import TuneStrategy
 from aitune.torch.valid_positions import ValidPositionsOption
+from aitune.torch.valid_positions import batch_first_of
 from aitune.torch.valid_positions import masks_for as valid_position_masks
 
 logger = logging.getLogger("aitune")
@@ -106,10 +107,12 @@ def _samples(graph: RecordedGraph, valid_positions: ValidPositionsOption = None)
     masks the engine's check leaves them out by (``valid_positions``)."""
     graph.check_unchanged()
     samples = []
+    batch_first = batch_first_of(graph.module)
     for i, (s, expected) in enumerate(zip(graph.samples, reference_outputs(graph), strict=True)):
         sample = ([t.detach().contiguous() for t in s.inputs], expected, max(s.batch_size, 1))
         masks = valid_position_masks(valid_positions, graph._inputs.fill(s.inputs), s.outputs,  # noqa: SLF001
-                                     f"{graph.module_name}/{graph.key} sample {i}", graph.output_names)
+                                     f"{graph.module_name}/{graph.key} sample {i}", graph.output_names,
+                                     batch_first)
         samples.append(sample if masks is None else (*sample, *masks))
     return samples
 

@@ -1,6 +1,7 @@
 """Which positions of a recorded call's outputs the model defines: masks by which the
 correctness check leaves out the rest (a padded batch's positions where attention_mask
-is 0, whose outputs a decoder leaves undefined). The engine applies them
+is 0, whose outputs a decoder leaves undefined; where ``nn.Transformer*``'s
+``src_key_padding_mask`` is True, whose outputs PyTorch's fast path leaves zero). The engine applies them
 (``aitune/valid_positions.hpp``); this module only finds the masks."""
 
 from __future__ import annotations
@@ -16,6 +17,40 @@ import torch
 ValidPositionsOption = Union[None, bool, str, Callable[[dict, list], Any]]
 
 AUTO_INPUT = "attention_mask"
+#: ``nn.TransformerEncoder`` / ``nn.TransformerEncoderLayer``'s key padding mask: True (or,
+#: as a float mask, non-zero) where the position is padding; ``[batch, seq]``, whatever
+#: ``batch_first`` is.
+PADDING_INPUT = "src_key_padding_mask"
+
+
+def _argument(arguments: dict[str, Any], name: str) -> Any:
+    value = arguments.get(name)
+    if value is None and isinstance(arguments.get("kwargs"), dict):  # forward(**kwargs)
+        value = arguments["kwargs"].get(name)
+    return value
+
+
+def _padding_masks(padding: torch.Tensor, outputs: list[torch.Tensor],
+                   batch_first: bool | None) -> list[torch.Tensor | None]:
+    """Per output, the defined positions by a ``[batch, seq]`` key padding mask: an output
+    ``[batch, seq, ...]`` (batch_first) takes them as they are, one ``[seq, batch, ...]``
+    transposed. Where batch equals seq only the module's ``batch_first`` tells which, and
+    without it the output is compared everywhere."""
+    if padding.dim() != 2:
+        return [None] * len(outputs)
+    host = padding.detach().to("cpu")
+    valid = (~host if host.dtype == torch.bool else host == 0).to(torch.uint8)
+    batch, seq = valid.shape
+    masks = []
+    for out in outputs:
+        leading = tuple(out.shape[:2]) if out.dim() > 2 else None
+        if leading == (batch, seq) and (batch != seq or batch_first is True):
+            masks.append(valid.contiguous())
+        elif leading == (seq, batch) and (batch != seq or batch_first is False):
+            masks.append(valid.t().contiguous())
+        else:
+            masks.append(None)
+    return masks
 
 
 def check_option(option: ValidPositionsOption) -> None:
@@ -50,13 +85,6 @@ DECODER_INPUTS = ("decoder_input_ids", "decoder_inputs_embeds")
 DECODER_MASK = "decoder_attention_mask"
 
 
-def _argument(arguments: dict[str, Any], name: str) -> Any:
-    value = arguments.get(name)
-    if value is None and isinstance(arguments.get("kwargs"), dict):  # forward(**kwargs)
-        value = arguments["kwargs"].get(name)
-    return value
-
-
 def _encoder_decoder_masks(arguments: dict[str, Any], outputs: list[torch.Tensor],
                            output_names: list[str]) -> tuple[list[torch.Tensor | None], str] | None:
     """The derived masks of an encoder-decoder call: ``attention_mask`` is the encoder's, so
@@ -81,13 +109,22 @@ def _encoder_decoder_masks(arguments: dict[str, Any], outputs: list[torch.Tensor
     return None if not used else (masks, " and ".join(used))
 
 
+def batch_first_of(module: torch.nn.Module) -> bool | None:
+    """The ``batch_first`` of the ``nn.MultiheadAttention`` layers in ``module`` (every
+    ``nn.Transformer*`` layer has them) when they all agree, else None."""
+    found = {sub.batch_first for sub in module.modules() if isinstance(sub, torch.nn.MultiheadAttention)}
+    return found.pop() if len(found) == 1 else None
+
+
 def masks_for(option: ValidPositionsOption, arguments: dict[str, Any], outputs: list[torch.Tensor],
-              where: str, output_names: list[str] | None = None) -> tuple[list[torch.Tensor | None], str] | None:
+              where: str, output_names: list[str] | None = None,
+              batch_first: bool | None = None) -> tuple[list[torch.Tensor | None], str] | None:
     """Per output, the mask of its defined positions (None: all defined), and where the
     masks came from; None when nothing is left out. ``arguments``: the recorded call's
     arguments by the forward's parameter names; ``output_names``: the graph's, by which the
     masks derived for an encoder-decoder call (``_encoder_decoder_masks``) tell the
-    encoder's outputs from the decoder's."""
+    encoder's outputs from the decoder's; ``batch_first``: the module's (``batch_first_of``),
+    for a ``src_key_padding_mask`` whose batch equals its length."""
     if option is False:
         return None
     if callable(option) and not isinstance(option, str):
@@ -108,6 +145,10 @@ def masks_for(option: ValidPositionsOption, arguments: dict[str, Any], outputs: 
             and any(isinstance(_argument(arguments, d), torch.Tensor) for d in DECODER_INPUTS)):
         return _encoder_decoder_masks(arguments, outputs, output_names)
     mask = _argument(arguments, name)
+    if option in (None, True) and not isinstance(mask, torch.Tensor) \
+            and isinstance(padding := _argument(arguments, PADDING_INPUT), torch.Tensor):
+        masks = _padding_masks(padding, outputs, batch_first)
+        return None if all(m is None for m in masks) else (masks, PADDING_INPUT)
     if not isinstance(mask, torch.Tensor):
         if option in (None, True):
             return None  # nothing to derive from: every position is defined
