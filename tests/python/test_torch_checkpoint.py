@@ -267,6 +267,7 @@ def test_saving_an_untuned_module_is_a_state_error(tmp_path):
 
 class Mode(enum.Enum):
     FAST = "fast"
+    SLOW = "slow"
 
 
 class EnumArgument(torch.nn.Module):
@@ -275,12 +276,43 @@ class EnumArgument(torch.nn.Module):
         self.fc = torch.nn.Linear(4, 4)
 
     def forward(self, x, mode=Mode.FAST):
+        return self.fc(x) * (2 if mode is Mode.SLOW else 1)
+
+
+def test_an_enum_default_is_saved_by_class_and_member_and_loads(tmp_path):
+    """An Enum default of forward (a non-tensor leaf of the graph) is saved by its module,
+    class and member name; ait.load finds the class among the imported modules, and a call
+    with another member is not the saved graph's (it raises, as before saving)."""
+    model, _ = _tune(EnumArgument().eval(), "enum", [torch.randn(4)])
+    ait.save(model, tmp_path / "ckpt")
+    inner = EnumArgument().eval()
+    inner.load_state_dict(model.ait_module.state_dict())
+    loaded = ait.load(ait.Module(inner, "enum"), tmp_path / "ckpt")
+    assert loaded.ait_state is ait.ModuleState.TUNED
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        assert torch.allclose(loaded(x), inner(x), atol=1e-5)
+        assert torch.allclose(loaded(x, Mode.FAST), inner(x), atol=1e-5)
+        with pytest.raises(ait.GraphNotRecordedError):
+            loaded(x, Mode.SLOW)
+
+
+MainMode = enum.Enum("MainMode", {"FAST": 1}, module="__main__")
+
+
+class MainEnumArgument(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x, mode=MainMode.FAST):
         return self.fc(x)
 
 
 def test_a_constant_a_checkpoint_cannot_describe_fails_the_save_before_writing(tmp_path):
-    model, _ = _tune(EnumArgument().eval(), "enum", [torch.randn(4)])
-    with pytest.raises(ait.CheckpointStructureError, match=r"type Mode .*supported: None, bool, int"):
+    """An Enum defined in __main__ cannot be named by a checkpoint: refused, nothing written."""
+    model, _ = _tune(MainEnumArgument().eval(), "enum-main", [torch.randn(4)])
+    with pytest.raises(ait.CheckpointStructureError, match=r"Enum member .*MainMode.* defined in __main__"):
         ait.save(model, tmp_path / "ckpt")
     assert not (tmp_path / "ckpt").exists()
     assert not list(tmp_path.glob(".ckpt.tmp-*"))

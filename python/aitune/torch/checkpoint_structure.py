@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import enum
 import json
 import math
 import sys
@@ -83,7 +84,7 @@ def _as_tuple(kind) -> tuple:
 
 # -- constants: the non-tensor leaves of a graph ------------------------------------------
 
-_CONSTANT_KINDS = "None, bool, int, float, str, torch.dtype, torch.device"
+_CONSTANT_KINDS = "None, bool, int, float, str, torch.dtype, torch.device, an Enum member of an importable module"
 
 
 def _encode_constant(value: Any, where: str) -> dict:
@@ -98,6 +99,17 @@ def _encode_constant(value: Any, where: str) -> dict:
         return {"type": "torch.dtype", "value": flatten.dtype_name(value)}
     if isinstance(value, torch.device):
         return {"type": "torch.device", "value": str(value)}
+    if isinstance(value, enum.Enum):
+        # by its class (module, qualname) and member name; ait.load finds the class among the
+        # modules imported, so it must be importable (not __main__, not inside a function)
+        module_name, qualname = kind.__module__, kind.__qualname__
+        if module_name == "__main__" or "<locals>" in qualname or _lookup(module_name, qualname) is not kind:
+            raise CheckpointStructureError(
+                f"{where}: the Enum member {value!r:.80} cannot be saved: its class {qualname} is defined "
+                f"{'in __main__' if module_name == '__main__' else 'where ait.load cannot name it'}; define the "
+                "Enum at module level in an importable module (a checkpoint names it by module, class and member)"
+            )
+        return {"type": "enum", "module": module_name, "qualname": qualname, "value": value.name}
     raise CheckpointStructureError(
         f"{where}: a non-tensor value of type {kind.__qualname__} ({value!r:.80}) cannot be saved in a checkpoint "
         f"(supported: {_CONSTANT_KINDS})"
@@ -129,6 +141,16 @@ def _decode_constant(data: Any, where: str) -> Any:
             return torch.device(value)
         except (RuntimeError, ValueError):
             pass
+    if kind == "enum" and isinstance(value, str) and set(data) == {"type", "module", "qualname", "value"} \
+            and isinstance(data["module"], str) and isinstance(data["qualname"], str):
+        cls = _lookup(data["module"], data["qualname"])
+        if cls is None:
+            raise _core.InvalidArgumentError(
+                f"{where}: the Enum {data['qualname']} of module '{data['module']}' is not available: ait.load "
+                f"never imports code, so import '{data['module']}' (the module defining it) first"
+            )
+        if isinstance(cls, type) and issubclass(cls, enum.Enum) and value in cls.__members__:
+            return cls.__members__[value]
     raise corrupt(where, f"invalid constant {data!r:.120} (supported types: {_CONSTANT_KINDS})")
 
 
