@@ -216,4 +216,15 @@ struct VacuousOutput {
 std::vector<VacuousOutput> vacuous_outputs(const std::vector<std::string>& output_names,
                                            const std::vector<std::vector<TensorView>>& expected);
 
+/// Whether eager PyTorch is repeatable: `first` and `second` are its outputs for the same
+/// inputs from two calls. Where any output differs beyond the strict table (exact for
+/// integers and bools), a candidate cannot be judged against it (dropout in training mode,
+/// torch.rand in forward, state read and changed by each call): the returned message says
+/// so, naming the differing outputs and `modules_in_training` (dotted names with their
+/// class, the likely cause), and what to do. nullopt: repeatable.
+std::optional<std::string> eager_nondeterminism(const std::vector<std::string>& output_names,
+                                                const std::vector<TensorView>& first,
+                                                const std::vector<TensorView>& second,
+                                                const std::vector<std::string>& modules_in_training);
+
 }  // namespace aitune

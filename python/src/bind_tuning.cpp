@@ -332,6 +332,17 @@ void bind_tuning(nb::module_& m) {
       "Bisection for the smallest set of `nodes` to keep in fp32: passes(kept) -> bool builds and checks the "
       "model keeping `kept` in fp32, raising when it cannot be built or run; no check starts after max_seconds "
       "(wall clock), the set kept so far is used (fp32_node_search.hpp).");
+  m.def(
+      "eager_nondeterminism",
+      [](const std::vector<std::string>& names, nb::list first, nb::list second,
+         const std::vector<std::string>& modules_in_training) {
+        std::vector<TensorView> a, b;
+        for (nb::handle item : first) a.push_back(view_of(nb::cast<AnyArray>(item), "eager output"));
+        for (nb::handle item : second) b.push_back(view_of(nb::cast<AnyArray>(item), "eager output (again)"));
+        return eager_nondeterminism(names, a, b, modules_in_training);
+      },
+      nb::arg("output_names"), nb::arg("first"), nb::arg("second"), nb::arg("modules_in_training"),
+      "Why eager cannot be a reference (its outputs for the same inputs differ between two calls), or None.");
   m.def("rejected_fp16_candidate", &rejected_fp16_candidate, nb::arg("report"), nb::arg("config"),
         "Index of the all-fp16 candidate with this configuration when the check rejected it, else None.");
   m.def("tensorrt_provider_options", &tensorrt_provider_options, nb::arg("spec"), nb::arg("cache_dir"),

@@ -280,3 +280,38 @@ def test_an_output_with_no_element_is_compared_not_refused_as_not_contiguous():
     winner = next(c for c in json.loads(report.to_json())["candidates"] if c["status"] == "selected")
     assert winner["correctness"]["samples"][0]["outputs"][0]["shape"] == [1, 0]
     assert model(torch.randn(2, 16))[0].shape == (2, 0)
+
+
+class _DropoutHead(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 8)
+        self.drop = torch.nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.drop(self.fc(x))
+
+
+class _NoisyForward(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 8)
+
+    def forward(self, x):
+        return self.fc(x) + torch.rand(8)
+
+
+def test_a_non_deterministic_eager_module_is_refused_naming_the_modules_in_training_mode():
+    # Was: NumericMismatchError "every candidate differs from eager PyTorch" (misleading).
+    torch.manual_seed(0)
+    model = ait.Module(_DropoutHead(), "dropout_train", strategy=_one_candidate())  # left in .train()
+    with pytest.raises(ait.NondeterministicModuleError, match=r"not deterministic.*drop \(Dropout\).*\.eval\(\)"):
+        ait.tune(model, [torch.randn(16) for _ in range(2)], ignore_failing_modules=False)
+    assert isinstance(ait.NondeterministicModuleError("x"), ait.TuningError)
+    noisy = ait.Module(_NoisyForward().eval(), "noisy_forward", strategy=_one_candidate())
+    with pytest.raises(ait.NondeterministicModuleError, match=r"draws random numbers") as raised:
+        ait.tune(noisy, [torch.randn(16) for _ in range(2)], ignore_failing_modules=False)
+    assert "training mode" not in str(raised.value)
+    evaluated = ait.Module(_DropoutHead().eval(), "dropout_eval", strategy=_one_candidate())
+    ait.tune(evaluated, [torch.randn(16) for _ in range(2)], ignore_failing_modules=False)
+    assert evaluated.ait_state is ait.ModuleState.TUNED

@@ -45,6 +45,33 @@ class TuningError(_core.AituneError):
     """No backend of a strategy produced a correct candidate; the message lists why each failed."""
 
 
+class NondeterministicModuleError(TuningError):
+    """Eager PyTorch gave different outputs for the same inputs on two calls (dropout in
+    training mode, torch.rand in forward): it cannot be the reference, so nothing is tuned.
+    The message names the modules in training mode, where there are."""
+
+
+def _modules_in_training(module: torch.nn.Module) -> list[str]:
+    """The modules in training mode, random ones (dropout, RReLU) first, as 'name (Class)'."""
+    random = (torch.nn.modules.dropout._DropoutNd, torch.nn.RReLU)  # noqa: SLF001
+    named = [(name or "<root>", m) for name, m in module.named_modules() if m.training]
+    named.sort(key=lambda item: not isinstance(item[1], random))
+    return [f"{name} ({type(m).__name__})" for name, m in named]
+
+
+def check_eager_repeatable(graph: RecordedGraph, name: str, expected: list[torch.Tensor]) -> None:
+    """Runs eager once more on the first sample, as the reference was computed, and raises
+    ``NondeterministicModuleError`` where the engine finds its outputs differ
+    (``eager_nondeterminism``). The random generators are put back after the call."""
+    devices = [graph.device] if graph.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices), torch.no_grad(), exact_float32(), same_math_as_export(graph.module):
+        again = [t.detach().cpu().contiguous() for t in graph.run_eager(graph.samples[0].inputs)]
+    names = [o.name for o in graph.graph_spec().outputs]
+    why = _core.eager_nondeterminism(names, expected, again, _modules_in_training(graph.module))
+    if why is not None:
+        raise NondeterministicModuleError(f"{name}: {why}")
+
+
 def _progress_bar(total: int, description: str, enabled: bool):
     try:
         from tqdm import tqdm
@@ -197,6 +224,8 @@ def tune_graph(strategy: TuneStrategy, graph: RecordedGraph, options: TuneOption
     if interior:
         logger.info("%s: %s", name, interior)
     samples = _samples(graph, options.valid_positions)
+    if samples:
+        check_eager_repeatable(graph, name, samples[0][1])
     # Calibrated acceptance: eager at a candidate's reduced precision, asked by the engine
     # once per precision (on the host the recorded outputs are the strict reference too).
     tuner_options.eager_at_precision = lambda precision: eager_outputs_at(graph, precision)

@@ -503,4 +503,36 @@ std::vector<VacuousOutput> vacuous_outputs(const std::vector<std::string>& outpu
   return out;
 }
 
+std::optional<std::string> eager_nondeterminism(const std::vector<std::string>& output_names,
+                                                const std::vector<TensorView>& first,
+                                                const std::vector<TensorView>& second,
+                                                const std::vector<std::string>& modules_in_training) {
+  std::string differs;
+  if (first.size() != second.size()) {
+    differs = std::to_string(first.size()) + " outputs, then " + std::to_string(second.size());
+  } else {
+    for (std::size_t i = 0; i < first.size(); ++i) {
+      const std::string name = i < output_names.size() ? output_names[i] : "output_" + std::to_string(i);
+      OutputCheck check = compare_output(name, second[i], first[i], default_tolerance(first[i].dtype, Precision::kStrict));
+      if (!check.passed) differs += (differs.empty() ? "" : "; ") + name + ": " + check.failure;
+    }
+  }
+  if (differs.empty()) return std::nullopt;
+  std::string message =
+      "eager PyTorch is not deterministic: called twice on the same inputs it gave different outputs (" + differs +
+      "), so no candidate can be judged against it and none is chosen; ";
+  if (!modules_in_training.empty()) {
+    std::string names;
+    const std::size_t shown = std::min<std::size_t>(modules_in_training.size(), 8);
+    for (std::size_t i = 0; i < shown; ++i) names += (i ? ", " : "") + modules_in_training[i];
+    if (shown < modules_in_training.size())
+      names += " and " + std::to_string(modules_in_training.size() - shown) + " more";
+    message += "modules in training mode: " + names + "; call .eval() on the model before tuning it for inference";
+  } else {
+    message += "its forward draws random numbers (torch.rand, dropout with training=True) or depends on state that "
+               "each call changes; make the forward deterministic before tuning it";
+  }
+  return message;
+}
+
 }  // namespace aitune
