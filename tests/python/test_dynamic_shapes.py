@@ -103,18 +103,45 @@ class ShortPath(torch.nn.Module):
         return y * 2 if x.shape[1] < 12 else y  # another result below 12
 
 
-def test_the_trace_export_is_checked_below_the_recorded_extent_of_a_declared_axis(recwarn):
-    """The trace exporter proves nothing over a range: the samples (all 16 long) are cropped
-    to 8, inside the declared range, and the graph traced at 16 is refused there. The
-    tracer's own TracerWarning about the shape comparison is not passed on (aitune tells
-    shape conversions from value conversions itself)."""
-    model = ait.Module(ShortPath().eval(), "short-path",
-                       strategy=cpu_strategy(use_dynamo=False, tune_provider_options=False),
-                       dynamic_shapes={"x": {1: (4, 32)}})
-    with pytest.raises(NumericMismatchError, match=r"input_x \[\d+, 8, 8\]\) is a recorded sample cropped"):
+class LongPath(torch.nn.Module):
+    def __init__(self, by_len: bool):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+        self.by_len = by_len
+
+    def forward(self, x):
+        y = self.fc(x)
+        length = len(x.transpose(0, 1)) if self.by_len else x.shape[1]
+        return y * 2 if length > 32 else y  # another result past 32, beyond every recorded length
+
+
+@pytest.mark.parametrize("model", [ShortPath, lambda: LongPath(False), lambda: LongPath(True)],
+                         ids=["shape-below", "shape-above", "len-above"])
+def test_the_trace_export_refuses_a_line_deciding_on_a_shape_over_a_declared_range(model, recwarn):
+    """The trace exporter proves nothing over a range: the graph keeps the branch of the
+    example's shape (16), and the check at the recorded shapes (and a crop) cannot see a
+    branch past 32 (accepted before, the tuned module returned y where eager returns 2y at
+    40). A line turning a shape into a Python value (a comparison, len()) is refused. The
+    tracer's own TracerWarning about the shape comparison is not passed on."""
+    model = ait.Module(model().eval(), "paths", strategy=cpu_strategy(use_dynamo=False, tune_provider_options=False),
+                       dynamic_shapes={"x": {1: (4, 64)}})
+    with pytest.raises(ExportError, match=r"refused over the ranges declared in dynamic_shapes \(x\[1\] 4\.\.64\)"
+                                          r"[\s\S]*test_dynamic_shapes\.py:\d+: (return y \* 2|length = len)"):
         ait.tune(model, [torch.randn(16, 8), torch.randn(16, 8)], ignore_failing_modules=False, progress=False)
     assert model.ait_state is ModuleState.PASSTHROUGH
     assert not [w for w in recwarn if issubclass(w.category, torch.jit.TracerWarning)], [str(w.message) for w in recwarn]
+
+
+def test_the_trace_export_of_shape_free_code_is_checked_at_a_crop_and_runs_over_the_range():
+    model = ait.Module(Encoder().eval(), "trace-encoder",
+                       strategy=cpu_strategy(use_dynamo=False, tune_provider_options=False),
+                       dynamic_shapes={"input_ids": {1: (1, 64)}, "attention_mask": {1: (1, 64)}})
+    ait.tune(lambda **kw: model(**kw), [_tokens(16), _tokens(16)], ignore_failing_modules=False, progress=False)
+    assert model.ait_state is ModuleState.TUNED
+    (graph,) = model.ait_graphs
+    assert graph.samples[-1].inputs[0].shape[1] == 8  # the crop to half the recorded 16
+    out, inputs = _call(model, 2, 50)
+    torch.testing.assert_close(out["hidden"], Encoder.forward(model.ait_module, **inputs)["hidden"])
 
 
 def test_a_declaration_that_names_no_input_or_leaves_out_a_recorded_extent_is_a_value_error():

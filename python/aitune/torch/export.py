@@ -55,6 +55,22 @@ def _trace_refusal(graph: RecordedGraph, sites: dict[tuple[str, int], str]) -> s
     )
 
 
+def _trace_range_refusal(graph: RecordedGraph, sites: dict[tuple[str, int], str]) -> str:
+    lines = []
+    for (filename, lineno), conversion in list(sites.items())[:5]:
+        source = (linecache.getline(filename, lineno) or "").strip()
+        lines.append(f"  {filename}:{lineno}: {source}  (Tensor.{conversion} of a value computed from the shapes)")
+    more = f"\n  ... and {len(sites) - 5} more" if len(sites) > 5 else ""
+    return (
+        f"trace export of {graph.module_name}/{graph.key} refused over the ranges declared in dynamic_shapes "
+        f"({graph.dynamic_shapes.describe()}): these lines turn a value computed from the input shapes into a Python "
+        "value, so the graph keeps the branch (or number) of the example's shape for every shape of the range, "
+        "and only the recorded shapes are checked:\n" + "\n".join(lines) + more
+        + "\nHint: export with ONNXRuntimeBackendConfig(use_dynamo=True), where torch.export proves the graph valid "
+        "over the declared ranges or names the guard, or leave the axes undeclared"
+    )
+
+
 def same_math_differs(module: torch.nn.Module) -> bool:
     """Whether ``module`` has layers whose eager fast path ``same_math_as_export`` turns off."""
     return any(isinstance(m, torch.nn.MultiheadAttention) for m in module.modules())
@@ -356,7 +372,7 @@ def export_onnx(
             else:
                 if graph.dynamic_shapes:
                     logger.warning("%s/%s: the trace exporter (use_dynamo=False) cannot prove the graph valid over "
-                                   "the dynamic_shapes ranges (%s); it is checked at the recorded shapes only",
+                                   "the dynamic_shapes ranges (%s); a line deciding on a shape is refused; the graph is checked at the recorded shapes and a crop",
                                    graph.module_name, graph.key, graph.dynamic_shapes.describe())
                 with warnings.catch_warnings(), conversions:  # the trace exporter is chosen on purpose here
                     warnings.simplefilter("ignore", DeprecationWarning)
@@ -368,6 +384,9 @@ def export_onnx(
                                       **common)
                 if conversions.sites and not allow_trace_warnings:
                     raise TraceWarningError(_trace_refusal(graph, conversions.sites))
+                declared = graph.dynamic_shapes.for_inputs([t.name for t in spec.inputs])
+                if declared and conversions.shape_sites:
+                    raise ExportError(_trace_range_refusal(graph, conversions.shape_sites))
         onnx.checker.check_model(str(target))
         for old in path.parent.glob(f"{path.name}*"):  # stale model and external data
             old.unlink()

@@ -8,7 +8,7 @@ import sys
 import torch
 
 #: The conversions the tracer cannot record: their result is baked into the graph.
-_CONVERSIONS = ("__bool__", "__int__", "__float__", "__index__", "item", "tolist")
+_CONVERSIONS = ("__bool__", "__int__", "__float__", "__index__", "item", "tolist", "__len__")
 #: Operators whose result depends on the shape of their input only, never its values.
 _SHAPE_OPERATORS = {"aten::size", "aten::sym_size", "prim::shape", "aten::dim", "aten::numel", "onnx::Shape"}
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
@@ -23,11 +23,16 @@ class ValueConversions:
     the tracer warns of those too, but the check on the samples (which span every dynamic
     shape's range) covers them.
 
-    ``sites``: (file, line) -> the conversion, in order of first occurrence."""
+    ``sites``: (file, line) -> the conversion, in order of first occurrence.
+    ``shape_sites``: likewise for the conversions of values computed from the inputs' shapes
+    (``x.shape[1] > 32``): the graph keeps the example's branch or number for every shape,
+    which the samples' check covers only over the recorded shapes (not over a declared
+    ``dynamic_shapes`` range)."""
 
     def __init__(self) -> None:
         self.inputs: set[int] = set()
         self.sites: dict[tuple[str, int], str] = {}
+        self.shape_sites: dict[tuple[str, int], str] = {}
         self._originals: dict[str, object] = {}
 
     def note_inputs(self, tensors) -> None:
@@ -54,30 +59,41 @@ class ValueConversions:
 
     def _watched(self, name: str, original):
         def converted(tensor, *args, **kwargs):
-            if self.inputs and torch._C._get_tracing_state() is not None and self._from_inputs(tensor):
-                self.sites.setdefault(_caller(), name)
+            if self.inputs and torch._C._get_tracing_state() is not None:
+                source = self._source(tensor)
+                if name == "__len__" and source is not None:  # len(t) is t's first extent: a shape
+                    self.shape_sites.setdefault(_caller(), name)
+                elif source == "values":
+                    self.sites.setdefault(_caller(), name)
+                elif source == "shapes":
+                    self.shape_sites.setdefault(_caller(), name)
             return original(tensor, *args, **kwargs)
 
         return converted
 
-    def _from_inputs(self, tensor: torch.Tensor) -> bool:
+    def _source(self, tensor: torch.Tensor) -> str | None:
+        """"values" where ``tensor`` was computed from the inputs' values, "shapes" where from
+        their shapes only, None where from neither (a constant, a weight)."""
         try:
             value = torch._C._get_value_trace(tensor)
         except RuntimeError:  # not traced: a constant
-            return False
+            return None
         seen: set[int] = set()
-        pending = [value]
+        pending = [(value, False)]
+        shapes = False
         while pending:
-            value = pending.pop()
-            if value.unique() in seen:
+            value, through_shape = pending.pop()
+            if (value.unique(), through_shape) in seen:
                 continue
-            seen.add(value.unique())
+            seen.add((value.unique(), through_shape))
             if value.unique() in self.inputs:
-                return True
+                if not through_shape:
+                    return "values"
+                shapes = True
+                continue
             node = value.node()
-            if node.kind() not in _SHAPE_OPERATORS:
-                pending.extend(node.inputs())
-        return False
+            pending.extend((v, through_shape or node.kind() in _SHAPE_OPERATORS) for v in node.inputs())
+        return "shapes" if shapes else None
 
 
 def _caller() -> tuple[str, int]:
