@@ -249,3 +249,39 @@ def test_a_derived_dim_declares_the_multiples_a_model_needs_and_the_graph_takes_
             torch.testing.assert_close(model(x), EvenSizes.forward(inner, x), atol=1e-5, rtol=1e-5)
     with pytest.raises(aitune.ShapeMismatchError, match=r"8\.\.32 step 2"):
         model(torch.randn(1, 2, 4, 11))
+
+
+class PerRowRotary(torch.nn.Module):
+    """Angles from per-row positions by a batched matmul, as transformers' rotary computes
+    them (a DecodeStep's position ids are [batch, S]): torch's matmul decomposition guards
+    batch != 1 there."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("inv_freq", torch.rand(4))
+
+    def forward(self, x, position_ids):
+        angles = self.inv_freq[None, :, None].expand(position_ids.shape[0], -1, 1) @ position_ids[:, None, :].float()
+        return x + torch.cat([angles.sin(), angles.cos()], dim=1).transpose(1, 2)
+
+
+def test_a_guard_on_the_undeclared_batch_is_not_the_declared_axes_refusal():
+    """Before, the export over the declared sequence range was refused for torch.export's
+    guard `batch != 1` on the undeclared batch axis ('narrow the declared ranges'), so a
+    DecodeStep declaring its cache range could not be tuned at all; the undeclared batch is
+    now captured from 2, as torch.onnx.export's capture of it does, and the recorded
+    batch-1 samples are checked like the others."""
+    inner = PerRowRotary().eval()
+    seq = Dim("seq", min=1, max=64)
+    model = ait.Module(inner, "rotary", strategy=cpu_strategy(tune_provider_options=False),
+                       dynamic_shapes={"x": {1: seq}, "position_ids": {1: seq}})
+    samples = [{"x": torch.randn(6, 8), "position_ids": torch.arange(6) + start} for start in range(4)]
+    ait.tune(lambda **kw: model(**kw), samples, ignore_failing_modules=False, progress=False)
+    assert model.ait_state is ModuleState.TUNED
+    assert str(model.graph_specs[0].inputs[0]) == "TensorSpec(input_x: float32[b:1..2, 1..64, 8])"
+    model.ait_module.forward = lambda *a, **k: pytest.fail("eager forward ran on a tuned module")
+    for batch in (1, 2):
+        x, positions = torch.randn(batch, 40, 8), torch.arange(40 * batch).view(batch, 40)
+        with torch.no_grad():
+            torch.testing.assert_close(model(x=x, position_ids=positions), PerRowRotary.forward(inner, x, positions),
+                                       atol=1e-5, rtol=1e-5)

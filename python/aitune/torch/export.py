@@ -167,7 +167,8 @@ def _dynamo_shapes(spec: _core.GraphSpec, declared: list | None = None) -> tuple
     return (tuple(shapes),)
 
 
-def _program_over_declared_ranges(graph: RecordedGraph, flat: torch.nn.Module, inputs: tuple, shapes: tuple):
+def _program_over_declared_ranges(graph: RecordedGraph, flat: torch.nn.Module, inputs: tuple, shapes: tuple,
+                                  batch_declared: bool = False):
     """torch.export's program of the graph over the declared ranges, captured here rather
     than by ``torch.onnx.export``: its fallback capture (draft export) turns a guard the
     code puts on a declared axis (``if x.shape[1] > 32``) into a specialisation and goes
@@ -183,6 +184,8 @@ def _program_over_declared_ranges(graph: RecordedGraph, flat: torch.nn.Module, i
                 return torch.export.export(flat, inputs, dynamic_shapes=shapes, strict=False)
         except Exception as error:
             merged = _with_equal_dims_merged(str(error), shapes)
+            if merged is None and not batch_declared:
+                merged = _with_batch_above_one(str(error), shapes)
             if merged is None:
                 raise ExportError(
                     f"ONNX export of {graph.module_name}/{graph.key} refused: the model's code is not valid as one "
@@ -195,6 +198,27 @@ def _program_over_declared_ranges(graph: RecordedGraph, flat: torch.nn.Module, i
             shapes = merged
     raise ExportError(f"ONNX export of {graph.module_name}/{graph.key}: torch.export kept asking to merge the "
                       "declared dynamic_shapes axes")
+
+
+def _with_batch_above_one(message: str, shapes: tuple) -> tuple | None:
+    """``shapes`` with the undeclared batch Dim from 2 where torch.export's only refusal is
+    its guard ``batch != 1`` (torch's matmul decomposition takes another path at batch 1:
+    a DecodeStep's rotary over per-row positions), or None. torch.onnx.export's own capture
+    of an undeclared batch skips that guard the same way; the recorded batch-1 samples are
+    checked against eager as every sample is."""
+    from torch.export import Dim
+
+    violations = re.findall(r"Not all values of (\w+) = .*? satisfy the generated guard (.*?)\.?$", message, re.M)
+    if not violations or any(name != "batch" or not guard.endswith("!= 1") for name, guard in violations):
+        return None
+    old = next((d for axes in shapes[0] if axes for d in axes.values() if isinstance(d, Dim) and d.__name__ == "batch"),
+               None)
+    if old is None or int(old.min) >= 2:
+        return None
+    # (a Dim's max exceeds its min: a recorded batch of at most 2 is captured over 2..3)
+    batch = Dim("batch", min=2, max=None if old.max is None or bool(old.max >= 2**62) else max(int(old.max), 3))
+    return (tuple(None if axes is None else {k: batch if v is old else v for k, v in axes.items()}
+                  for axes in shapes[0]),)
 
 
 def _with_equal_dims_merged(message: str, shapes: tuple) -> tuple | None:
@@ -366,7 +390,10 @@ def export_onnx(
             if use_dynamo:
                 declared = graph.dynamic_shapes.for_inputs([t.name for t in spec.inputs])
                 shapes = _dynamo_shapes(spec, declared)
-                model = _program_over_declared_ranges(graph, flat, inputs, shapes) if declared else flat
+                batch_declared = any(t.name == name and t.batch_axis == axis.axis
+                                     for name, axis in declared for t in spec.inputs)
+                model = (_program_over_declared_ranges(graph, flat, inputs, shapes, batch_declared)
+                         if declared else flat)
                 torch.onnx.export(model, inputs, str(target), dynamo=True,
                                   dynamic_shapes=None if declared else shapes, verbose=False, **common)
             else:
