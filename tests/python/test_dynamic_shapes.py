@@ -14,7 +14,7 @@ import aitune
 import aitune.torch as ait
 from aitune.torch import ModuleState
 from aitune.torch.backend.onnx_runtime_backend import NumericMismatchError
-from aitune.torch.export import ExportError
+from aitune.torch.export import ExportError, TraceWarningError
 
 
 class Encoder(torch.nn.Module):
@@ -125,11 +125,25 @@ def test_the_trace_export_refuses_a_line_deciding_on_a_shape_over_a_declared_ran
     tracer's own TracerWarning about the shape comparison is not passed on."""
     model = ait.Module(model().eval(), "paths", strategy=cpu_strategy(use_dynamo=False, tune_provider_options=False),
                        dynamic_shapes={"x": {1: (4, 64)}})
-    with pytest.raises(ExportError, match=r"refused over the ranges declared in dynamic_shapes \(x\[1\] 4\.\.64\)"
+    with pytest.raises(TraceWarningError, match=r"over the ranges declared in dynamic_shapes \(x\[1\] 4\.\.64\)"
                                           r"[\s\S]*test_dynamic_shapes\.py:\d+: (return y \* 2|length = len)"):
         ait.tune(model, [torch.randn(16, 8), torch.randn(16, 8)], ignore_failing_modules=False, progress=False)
     assert model.ait_state is ModuleState.PASSTHROUGH
     assert not [w for w in recwarn if issubclass(w.category, torch.jit.TracerWarning)], [str(w.message) for w in recwarn]
+
+
+def test_a_trace_deciding_on_a_shape_over_a_declared_range_is_allowed_only_when_asked_and_logged(caplog):
+    """allow_trace_warnings=True accepts the lines (a bound the tracer records, a branch
+    alike over the range: transformers' BERT has both), logging them."""
+    inner = ShortPath().eval()
+    model = ait.Module(inner, "allowed", strategy=cpu_strategy(use_dynamo=False, allow_trace_warnings=True,
+                                                               tune_provider_options=False),
+                       dynamic_shapes={"x": {1: (12, 64)}})
+    with caplog.at_level("WARNING", logger="aitune"):
+        ait.tune(model, [torch.randn(16, 8), torch.randn(16, 8)], ignore_failing_modules=False, progress=False,
+                 performance_validation=False)
+    assert model.ait_state is ModuleState.TUNED
+    assert "return y * 2 if x.shape[1] < 12 else y" in caplog.text and "allow_trace_warnings=True" in caplog.text
 
 
 def test_the_trace_export_of_shape_free_code_is_checked_at_a_crop_and_runs_over_the_range():

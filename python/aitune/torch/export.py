@@ -62,12 +62,14 @@ def _trace_range_refusal(graph: RecordedGraph, sites: dict[tuple[str, int], str]
         lines.append(f"  {filename}:{lineno}: {source}  (Tensor.{conversion} of a value computed from the shapes)")
     more = f"\n  ... and {len(sites) - 5} more" if len(sites) > 5 else ""
     return (
-        f"trace export of {graph.module_name}/{graph.key} refused over the ranges declared in dynamic_shapes "
+        f"trace export of {graph.module_name}/{graph.key} over the ranges declared in dynamic_shapes "
         f"({graph.dynamic_shapes.describe()}): these lines turn a value computed from the input shapes into a Python "
         "value, so the graph keeps the branch (or number) of the example's shape for every shape of the range, "
         "and only the recorded shapes are checked:\n" + "\n".join(lines) + more
         + "\nHint: export with ONNXRuntimeBackendConfig(use_dynamo=True), where torch.export proves the graph valid "
-        "over the declared ranges or names the guard, or leave the axes undeclared"
+        "over the declared ranges or names the guard, or leave the axes undeclared; where each line decides alike "
+        "over the whole range (a slice bound the tracer records, a branch never taken), accept it with "
+        "ONNXRuntimeBackendConfig(use_dynamo=False, allow_trace_warnings=True), which logs the lines"
     )
 
 
@@ -413,7 +415,10 @@ def export_onnx(
                     raise TraceWarningError(_trace_refusal(graph, conversions.sites))
                 declared = graph.dynamic_shapes.for_inputs([t.name for t in spec.inputs])
                 if declared and conversions.shape_sites:
-                    raise ExportError(_trace_range_refusal(graph, conversions.shape_sites))
+                    if not allow_trace_warnings:
+                        raise TraceWarningError(_trace_range_refusal(graph, conversions.shape_sites))
+                    logger.warning("%s (allowed: allow_trace_warnings=True)",
+                                   _trace_range_refusal(graph, conversions.shape_sites).split("\nHint:")[0])
         onnx.checker.check_model(str(target))
         for old in path.parent.glob(f"{path.name}*"):  # stale model and external data
             old.unlink()
