@@ -73,7 +73,7 @@ def test_src_key_padding_mask_is_derived_for_batch_and_seq_first():
     assert torch.equal(masks_for(None, {"src_key_padding_mask": additive}, [batch_first], "t")[0][0], masks[0])
     square = torch.tensor([[False, True], [False, False]])  # batch == seq: only batch_first tells
     assert masks_for(None, {"src_key_padding_mask": square}, [torch.zeros(2, 2, 8)], "t") is None
-    assert torch.equal(masks_for(None, {"src_key_padding_mask": square}, [torch.zeros(2, 2, 8)], "t", False)[0][0],
+    assert torch.equal(masks_for(None, {"src_key_padding_mask": square}, [torch.zeros(2, 2, 8)], "t", batch_first=False)[0][0],
                        (~square).t().to(torch.uint8))
     assert masks_for(False, {"src_key_padding_mask": padding}, [batch_first], "t") is None
 
