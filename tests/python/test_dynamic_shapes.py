@@ -5,6 +5,8 @@ ranges survive a save and load."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from torch.export import Dim
@@ -299,3 +301,27 @@ def test_a_guard_on_the_undeclared_batch_is_not_the_declared_axes_refusal():
         with torch.no_grad():
             torch.testing.assert_close(model(x=x, position_ids=positions), PerRowRotary.forward(inner, x, positions),
                                        atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("declared, top", [((1, 6), 6), (Dim.DYNAMIC, None)])
+def test_the_maximum_batch_search_keeps_a_declared_batch_range(declared, top):
+    """find_max_batch_size widens the batch range to the largest batch worth running: never
+    past a declared maximum, and an unbounded declared range stays unbounded."""
+    inner = torch.nn.Linear(8, 8).eval()
+    model = ait.Module(inner, "batch-declared", strategy=cpu_strategy(tune_provider_options=False),
+                       dynamic_shapes={"input": {0: declared}})
+    ait.tune(model, [torch.randn(8) for _ in range(4)], batch_sizes=[1, 2], find_max_batch_size=True,
+             max_batch_size=64, ignore_failing_modules=False, progress=False)
+    (spec,) = model.graph_specs
+    (report,) = model.ait_reports.values()
+    search = json.loads(report.to_json())["batch_search"]
+    if top is None:
+        assert str(spec.inputs[0]) == "TensorSpec(input_input: float32[b:1.., 8])", spec.inputs[0]
+        x = torch.randn(100, 8)
+        with torch.no_grad():
+            torch.testing.assert_close(model(x), inner(x), atol=1e-5, rtol=1e-5)
+    else:
+        assert search["max_batch"] <= top, search
+        assert str(spec.inputs[0]) == "TensorSpec(input_input: float32[b:1..6, 8])", spec.inputs[0]
+        with pytest.raises(aitune.ShapeMismatchError):
+            model(torch.randn(7, 8))

@@ -44,6 +44,15 @@ void GraphTuner::Impl::search_batch(std::size_t index) {
     report.batch_search = result;
     return;
   }
+  // A batch maximum above the profile sample's (the largest recorded) was declared by the
+  // user (ait.Module's dynamic_shapes): the search stays within it. An unbounded one
+  // (kUnbounded) needs no widening, only the search for the best batch.
+  int64_t declared_max = 0;
+  for (const auto& t : model_spec.inputs)
+    if (t.batch_axis) {
+      const int64_t m = t.max_shape[static_cast<std::size_t>(*t.batch_axis)];
+      if (m != kUnbounded && m > sample.batch_size) declared_max = declared_max ? std::min(declared_max, m) : m;
+    }
   const auto& candidate = report.candidates[index];
   const auto& original = *backends[index];
   OnnxSessionConfig config = original.config();
@@ -79,6 +88,10 @@ void GraphTuner::Impl::search_batch(std::size_t index) {
   for (int64_t batch = sample.batch_size * 2;; batch *= 2) {
     if (batch > options.batch_search.max_batch_size) {
       result.stop_reason = "reached the limit of " + std::to_string(options.batch_search.max_batch_size);
+      break;
+    }
+    if (declared_max && batch > declared_max) {
+      result.stop_reason = "reached the declared batch maximum " + std::to_string(declared_max);
       break;
     }
     if (ms_since(search_start) / 1e3 > options.batch_search.time_cap_s) {
@@ -147,9 +160,11 @@ void GraphTuner::Impl::search_batch(std::size_t index) {
         GraphSpec widened = model_spec;
         for (auto* tensors : {&widened.inputs, &widened.outputs})
           for (auto& t : *tensors)
-            if (t.batch_axis)
-              t.max_shape[static_cast<std::size_t>(*t.batch_axis)] =
-                  t.max_shape[static_cast<std::size_t>(*t.batch_axis)] / sample.batch_size * result.max_batch;
+            if (t.batch_axis) {
+              auto& max = t.max_shape[static_cast<std::size_t>(*t.batch_axis)];
+              // declared ranges (unbounded, or above the recorded batch) already hold max_batch
+              if (max != kUnbounded && max <= sample.batch_size) max = max / sample.batch_size * result.max_batch;
+            }
         wide.reset();
         winner = OnnxSession::create(model_paths[index], config, widened);
         result.correctness = "passed";
