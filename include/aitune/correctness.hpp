@@ -221,10 +221,13 @@ std::vector<VacuousOutput> vacuous_outputs(const std::vector<std::string>& outpu
 /// integers and bools), a candidate cannot be judged against it (dropout in training mode,
 /// torch.rand in forward, state read and changed by each call): the returned message says
 /// so, naming the differing outputs and `modules_in_training` (dotted names with their
-/// class, the likely cause), and what to do. nullopt: repeatable.
+/// class, the likely cause), and what to do. nullopt: repeatable. `tolerances`: the user's
+/// overrides (ait.tune's tolerance / output_tolerances), which hold here as in the check: a
+/// deviation declared acceptable does not make eager unusable as the reference.
 std::optional<std::string> eager_nondeterminism(const std::vector<std::string>& output_names,
                                                 const std::vector<TensorView>& first,
                                                 const std::vector<TensorView>& second,
-                                                const std::vector<std::string>& modules_in_training);
+                                                const std::vector<std::string>& modules_in_training,
+                                                const ToleranceSpec& tolerances = {});
 
 }  // namespace aitune

@@ -335,13 +335,18 @@ void bind_tuning(nb::module_& m) {
   m.def(
       "eager_nondeterminism",
       [](const std::vector<std::string>& names, nb::list first, nb::list second,
-         const std::vector<std::string>& modules_in_training) {
+         const std::vector<std::string>& modules_in_training, std::optional<Tolerance> tolerance,
+         const std::map<std::string, Tolerance>& output_tolerances) {
+        ToleranceSpec tolerances;
+        tolerances.all = tolerance;
+        tolerances.per_output = output_tolerances;
         std::vector<TensorView> a, b;
         for (nb::handle item : first) a.push_back(view_of(nb::cast<AnyArray>(item), "eager output"));
         for (nb::handle item : second) b.push_back(view_of(nb::cast<AnyArray>(item), "eager output (again)"));
-        return eager_nondeterminism(names, a, b, modules_in_training);
+        return eager_nondeterminism(names, a, b, modules_in_training, tolerances);
       },
       nb::arg("output_names"), nb::arg("first"), nb::arg("second"), nb::arg("modules_in_training"),
+      nb::arg("tolerance") = nb::none(), nb::arg("output_tolerances") = std::map<std::string, Tolerance>{},
       "Why eager cannot be a reference (its outputs for the same inputs differ between two calls), or None.");
   m.def("rejected_fp16_candidate", &rejected_fp16_candidate, nb::arg("report"), nb::arg("config"),
         "Index of the all-fp16 candidate with this configuration when the check rejected it, else None.");

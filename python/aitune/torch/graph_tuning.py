@@ -59,7 +59,8 @@ def _modules_in_training(module: torch.nn.Module) -> list[str]:
     return [f"{name} ({type(m).__name__})" for name, m in named]
 
 
-def check_eager_repeatable(graph: RecordedGraph, name: str, expected: list[torch.Tensor]) -> None:
+def check_eager_repeatable(graph: RecordedGraph, name: str, expected: list[torch.Tensor],
+                           tuner_options: _core.TunerOptions | None = None) -> None:
     """Runs eager once more on the first sample, as the reference was computed, and raises
     ``NondeterministicModuleError`` where the engine finds its outputs differ
     (``eager_nondeterminism``). The random generators are put back after the call."""
@@ -67,7 +68,10 @@ def check_eager_repeatable(graph: RecordedGraph, name: str, expected: list[torch
     with torch.random.fork_rng(devices=devices), torch.no_grad(), exact_float32(), same_math_as_export(graph.module):
         again = [t.detach().cpu().contiguous() for t in graph.run_eager(graph.samples[0].inputs)]
     names = [o.name for o in graph.graph_spec().outputs]
-    why = _core.eager_nondeterminism(names, expected, again, _modules_in_training(graph.module))
+    # the user's tolerances hold as in the check: a deviation declared acceptable is no refusal
+    overrides = {} if tuner_options is None else dict(tolerance=tuner_options.tolerance,
+                                                      output_tolerances=tuner_options.output_tolerances)
+    why = _core.eager_nondeterminism(names, expected, again, _modules_in_training(graph.module), **overrides)
     if why is not None:
         raise NondeterministicModuleError(f"{name}: {why}")
 
@@ -225,7 +229,7 @@ def tune_graph(strategy: TuneStrategy, graph: RecordedGraph, options: TuneOption
         logger.info("%s: %s", name, interior)
     samples = _samples(graph, options.valid_positions)
     if samples:
-        check_eager_repeatable(graph, name, samples[0][1])
+        check_eager_repeatable(graph, name, samples[0][1], tuner_options)
     # Calibrated acceptance: eager at a candidate's reduced precision, asked by the engine
     # once per precision (on the host the recorded outputs are the strict reference too).
     tuner_options.eager_at_precision = lambda precision: eager_outputs_at(graph, precision)

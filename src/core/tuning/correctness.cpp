@@ -506,14 +506,18 @@ std::vector<VacuousOutput> vacuous_outputs(const std::vector<std::string>& outpu
 std::optional<std::string> eager_nondeterminism(const std::vector<std::string>& output_names,
                                                 const std::vector<TensorView>& first,
                                                 const std::vector<TensorView>& second,
-                                                const std::vector<std::string>& modules_in_training) {
+                                                const std::vector<std::string>& modules_in_training,
+                                                const ToleranceSpec& tolerances) {
   std::string differs;
   if (first.size() != second.size()) {
     differs = std::to_string(first.size()) + " outputs, then " + std::to_string(second.size());
   } else {
     for (std::size_t i = 0; i < first.size(); ++i) {
       const std::string name = i < output_names.size() ? output_names[i] : "output_" + std::to_string(i);
-      OutputCheck check = compare_output(name, second[i], first[i], default_tolerance(first[i].dtype, Precision::kStrict));
+      // the user's own tolerance for an output (a deviation declared acceptable) holds here too
+      ToleranceSpec strict = tolerances;
+      strict.precision = Precision::kStrict;
+      OutputCheck check = compare_output(name, second[i], first[i], strict.for_output(name, first[i].dtype));
       if (!check.passed) differs += (differs.empty() ? "" : "; ") + name + ": " + check.failure;
     }
   }
