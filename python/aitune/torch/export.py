@@ -39,16 +39,23 @@ class TraceWarningError(ExportError):
     shapes, which the check covers; this is raised only for the value-dependent ones."""
 
 
-def _trace_refusal(graph: RecordedGraph, sites: dict[tuple[str, int], str]) -> str:
+def _listed_sites(sites: dict[tuple[str, int], str], source_of_value: str) -> str:
+    """The first five conversion sites as ``file:line: source  (Tensor.<conversion> of a value
+    computed from <source_of_value>)`` lines, and how many more there are."""
     lines = []
     for (filename, lineno), conversion in list(sites.items())[:5]:
         source = (linecache.getline(filename, lineno) or "").strip()
-        lines.append(f"  {filename}:{lineno}: {source}  (Tensor.{conversion} of a value computed from the inputs)")
+        lines.append(f"  {filename}:{lineno}: {source}  "
+                     f"(Tensor.{conversion} of a value computed from {source_of_value})")
     more = f"\n  ... and {len(sites) - 5} more" if len(sites) > 5 else ""
+    return "\n".join(lines) + more
+
+
+def _trace_refusal(graph: RecordedGraph, sites: dict[tuple[str, int], str]) -> str:
     return (
         f"trace export of {graph.module_name}/{graph.key}: these lines turn a tensor computed from the input values "
         "into a Python value, which the tracer cannot record; the graph would keep the branch (or number) the "
-        "example input gave, for every input:\n" + "\n".join(lines) + more
+        "example input gave, for every input:\n" + _listed_sites(sites, "the inputs")
         + "\nHint: write the branch with torch.cond and export with use_dynamo=True, make it static (decided by "
         "shapes or constructor arguments), or accept the risk with "
         "ONNXRuntimeBackendConfig(use_dynamo=False, allow_trace_warnings=True) (shown in the tuning report)"
@@ -56,16 +63,11 @@ def _trace_refusal(graph: RecordedGraph, sites: dict[tuple[str, int], str]) -> s
 
 
 def _trace_range_refusal(graph: RecordedGraph, sites: dict[tuple[str, int], str]) -> str:
-    lines = []
-    for (filename, lineno), conversion in list(sites.items())[:5]:
-        source = (linecache.getline(filename, lineno) or "").strip()
-        lines.append(f"  {filename}:{lineno}: {source}  (Tensor.{conversion} of a value computed from the shapes)")
-    more = f"\n  ... and {len(sites) - 5} more" if len(sites) > 5 else ""
     return (
         f"trace export of {graph.module_name}/{graph.key} over the ranges declared in dynamic_shapes "
         f"({graph.dynamic_shapes.describe()}): these lines turn a value computed from the input shapes into a Python "
         "value, so the graph keeps the branch (or number) of the example's shape for every shape of the range, "
-        "and only the recorded shapes are checked:\n" + "\n".join(lines) + more
+        "and only the recorded shapes are checked:\n" + _listed_sites(sites, "the shapes")
         + "\nHint: export with ONNXRuntimeBackendConfig(use_dynamo=True), where torch.export proves the graph valid "
         "over the declared ranges or names the guard, or leave the axes undeclared; where each line decides alike "
         "over the whole range (a slice bound the tracer records, a branch never taken), accept it with "
