@@ -46,10 +46,12 @@ Rows per case (p50 us of one call + torch.cuda.synchronize() on CUDA):
                    from it: the module's path differs; both far from the winner's tuner
                    p50: the timing differs), and ``frames_compiled_after_tune`` (dynamo
                    frames the module's calls compiled after tuning: 0 unless they recompile)
-Precision on CUDA: prefill under ``torch.autocast(float16)`` over the fp32 model for eager
-and compile (as a user writes it; aitune is given the fp32 model and may choose fp16);
-decode with the model in fp16 (``.half()``) on every row, since the cache must have one
-dtype and autocast would write fp32 keys (rotary) and fp16 values. On the CPU everything
+Precision on CUDA: the model in fp16 (``.half()``) on every row, as LLMs are loaded to
+serve them; decode always (the cache must have one dtype, and autocast would write fp32
+keys (rotary) and fp16 values), prefill by default (``--prefill-precision half``);
+``--prefill-precision autocast`` runs prefill's eager and compile rows under
+``torch.autocast(float16)`` over the fp32 model (as a user of an fp32 checkpoint writes it)
+and gives aitune the fp32 model, which may choose fp16 (judged against eager autocast). On the CPU everything
 is fp32 (compile mode "default": no CUDA graphs). Ratios: ``x eager`` and ``x compile`` are
 that row's speed-up (> 1: faster than the row named).
 
@@ -274,8 +276,9 @@ def bench(kind: str, workload: str, batch: int, length: int, args, emit) -> None
     """Measures one case's rows, handing each to ``emit`` as soon as it is measured."""
     cuda = args.device == "cuda"
     model = decoder_model(kind, args.tiny).to(args.device)
-    half = cuda and workload == "decode"  # see the module docstring: one cache dtype
-    autocast = cuda and workload == "prefill"
+    # see the module docstring: decode has one cache dtype; prefill as --prefill-precision says
+    half = cuda and (workload == "decode" or args.prefill_precision == "half")
+    autocast = cuda and not half
     if half:
         model = model.half()
     precision = "fp16 (autocast)" if autocast else "fp16 (.half())" if half else "fp32"
@@ -381,6 +384,9 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=100)
     parser.add_argument("--workloads", default="prefill,decode")
     parser.add_argument("--prefill-shapes", default="1x256,8x512", help="BATCHxSEQUENCE, comma-separated")
+    parser.add_argument("--prefill-precision", default="half", choices=("half", "autocast"),
+                        help="CUDA prefill: the model in fp16 on every row (half, issue 30's comparison) or "
+                             "the fp32 model under autocast for eager and compile, aitune given the fp32 model")
     parser.add_argument("--decode-batches", default="1,8")
     parser.add_argument("--cache-len", type=int, default=1024)
     parser.add_argument("--skip-compile", action="store_true", help="no bare torch.compile row")

@@ -65,3 +65,38 @@ def tiny_decoder(kind: str) -> torch.nn.Module:
         raise ValueError(f"unknown decoder kind {kind!r}: llama, qwen2 or one of {FAMILIES}")
     extra = {"attn_implementation": "eager"} if variant == "softcap" else {}
     return t.AutoModelForCausalLM.from_config(config, **extra).eval()
+
+
+#: Inputs ONNX Runtime's CUDA kernels read in host memory (their kernel definitions'
+#: OrtMemTypeCPUInput), by operator: a value computed from a graph input's data that feeds
+#: one is copied to the host on every call, and keeps the graph from running as a CUDA graph.
+HOST_INPUTS = {
+    "Range": (0, 1, 2), "Reshape": (1,), "Expand": (1,), "Tile": (1,), "Slice": (1, 2, 3, 4),
+    "ConstantOfShape": (0,), "Unsqueeze": (1,), "Squeeze": (1,), "TopK": (1,), "OneHot": (1,),
+    "Resize": (1, 2, 3), "Pad": (1, 2, 3), "Split": (1,), "GroupQueryAttention": (6,),
+}
+
+
+def data_fed_host_inputs(path) -> list[str]:
+    """``node:input`` of each host-memory input (HOST_INPUTS) whose value depends on a graph
+    input's data (reached through anything but Shape / Size, which read only shapes)."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+    producer = {out: node for node in graph.node for out in node.output}
+    inputs = {i.name for i in graph.input}
+    memo: dict[str, bool] = {}
+
+    def from_data(name: str) -> bool:
+        if name not in memo:
+            memo[name] = False
+            node = producer.get(name)
+            if node is None:
+                memo[name] = name in inputs
+            elif node.op_type not in ("Shape", "Size"):
+                memo[name] = any(from_data(i) for i in node.input if i)
+        return memo[name]
+
+    return [f"{node.name or node.op_type}:{index}" for node in graph.node
+            for index in HOST_INPUTS.get(node.op_type, ()) if index < len(node.input) and node.input[index]
+            and from_data(node.input[index])]

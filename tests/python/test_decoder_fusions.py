@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import collections
 import json
+import os
+from pathlib import Path
 
 import pytest
 import torch
-from decoder_models import VOCAB, tiny_decoder
+from decoder_models import VOCAB, data_fed_host_inputs, tiny_decoder
 from torch_models import cpu_backend, cpu_strategy
 
 import aitune.torch as ait
@@ -52,12 +54,14 @@ def _padded(batch_size: int, static: bool = False) -> dict:
     ("llama", "matmul", False, (1, 2, 3)), ("qwen2", "elementwise", False, (1, 2, 3)),
     ("llama", "matmul", True, (1, 2, 3)),
     ("qwen2", "matmul", True, (1,)),  # every shape static (the benchmark's prefill at batch 1)
+    ("llama", "matmul", True, (2,)),  # every shape static at batch 2: inv_freq folded to [2, E, 1]
 ])
 def test_fused_decoder_candidate_matches_eager_on_padded_batches(kind, rotary, static, sizes, monkeypatch):
     inner = tiny_decoder(kind)
     if rotary == "elementwise":
         monkeypatch.setattr(type(inner.model.rotary_emb), "forward", _elementwise_rotary)
-    model = ait.Module(inner, f"fused-{kind}-{rotary}-{static}-{len(sizes)}", strategy=cpu_strategy(use_dynamo=True))
+    name = f"fused-{kind}-{rotary}-{static}-{'-'.join(map(str, sizes))}"
+    model = ait.Module(inner, name, strategy=cpu_strategy(use_dynamo=True))
     ait.tune(model, lambda size: [_padded(size, static)], batch_sizes=list(sizes), ignore_failing_modules=False,
              disable_external_logging=True, progress=False)
     (report,) = model.ait_reports.values()
@@ -68,6 +72,8 @@ def test_fused_decoder_candidate_matches_eager_on_padded_batches(kind, rotary, s
     correctness = fused["correctness"]
     assert correctness["passed"] and correctness["max_abs_error"] < 1e-4, correctness
     assert len(correctness["samples"]) == len(sizes)  # a batch per size, each padded
+    (fused_file,) = Path(os.environ["AITUNE_CACHE_DIR"]).glob(f"{name}/**/model_fused.onnx")
+    assert data_fed_host_inputs(fused_file) == []
     # and the tuned module (whichever candidate won) agrees at valid positions
     batch = _padded(max(sizes), static)
     with torch.no_grad():

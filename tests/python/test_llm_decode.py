@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from decoder_models import FAMILIES, tiny_decoder
+from decoder_models import FAMILIES, data_fed_host_inputs, tiny_decoder
 
 pytest.importorskip("transformers")
 
@@ -263,9 +263,47 @@ def test_a_decode_step_with_its_caches_in_place_fuses_group_query_attention_over
         with torch.no_grad():
             ours = greedy_generate(prefill, decode, model, batch["input_ids"], batch["attention_mask"], 8)
         assert torch.equal(ours, _generate(model, batch, 8)), (size, ours)
+    # rotary's cos / sin come from this call's position ids, not from a table sized by their
+    # largest value (copied to the host on every call, and no CUDA graph: H100, session 17)
+    (fused_file,) = Path(os.environ["AITUNE_CACHE_DIR"]).glob(f"{kind}-gqa-decode/**/model_fused.onnx")
+    assert data_fed_host_inputs(fused_file) == []
+    assert step["fused_operators"].get("RotaryEmbedding") == 4, step["fused_operators"]
     (exported,) = (Path(p) for p in Path(os.environ["AITUNE_CACHE_DIR"]).glob(f"{kind}-gqa-decode/**/model_raw.onnx"))
-    _, counts = decoder_fusions.optimize_for_ort(ir.load(str(exported)))
-    assert counts.get("cached_gqa", 0) == 0 and counts["sdpa_via_mha"] == 2, counts
+    unshared, counts = decoder_fusions.optimize_for_ort(ir.load(str(exported)))
+    attention = [node.op_type for node in unshared.graph if node.op_type.endswith("Attention")]
+    assert counts.get("cached_gqa", 0) == 0 and attention == ["MultiHeadAttention"] * 2, (counts, attention)
+
+
+def test_a_decode_step_at_one_static_batch_size_fuses_rotary_from_its_position_ids(tmp_path):
+    """Recorded at one batch size (2: every shape static, as decoder.py's decode cases),
+    the exporter folds rotary's ``inv_freq.expand(B, -1, 1)`` into a constant [2, E, 1],
+    which onnxscript's rule refused (no RotaryEmbedding at batch 8 on the H100, session 17);
+    and the cos / sin tables come from the step's position ids without a value copied to
+    the host (onnxscript's table is sized by ReduceMax(position_ids)). The fused step still
+    generates generate's tokens."""
+    import json
+
+    from aitune.torch.backend import ONNXExecutionProvider, ONNXRuntimeBackend, ONNXRuntimeBackendConfig
+
+    model = tiny_decoder("llama")
+    strategy = ait.OneBackendStrategy(ONNXRuntimeBackend(ONNXRuntimeBackendConfig(
+        execution_provider=ONNXExecutionProvider.CPU, in_place_outputs=True)))
+    prefill = ait.Module(DecodeStep(model), "static-prefill", strategy=strategy)
+    decode = ait.Module(DecodeStep(model), "static-decode", strategy=strategy)
+    batch = _family_prompts(2)
+    ait.tune(lambda input_ids, attention_mask: greedy_generate(prefill, decode, model, input_ids, attention_mask, 4),
+             lambda size: [batch], batch_sizes=[2], ignore_failing_modules=False, performance_validation=False,
+             disable_external_logging=True, progress=False)
+    (report,) = decode.ait_reports.values()
+    (fused,) = [c for c in json.loads(report.to_json())["candidates"] if c.get("transform") == "ort_fusions"]
+    assert fused["fused_operators"].get("RotaryEmbedding") == 4, fused["fused_operators"]
+    assert fused["fused_operators"].get("GroupQueryAttention") == 2, fused["fused_operators"]
+    assert fused["correctness"]["passed"], fused["correctness"]
+    (fused_file,) = Path(os.environ["AITUNE_CACHE_DIR"]).glob("static-decode/**/model_fused.onnx")
+    assert data_fed_host_inputs(fused_file) == []
+    with torch.no_grad():
+        ours = greedy_generate(prefill, decode, model, batch["input_ids"], batch["attention_mask"], 4)
+    assert torch.equal(ours, _generate(model, batch, 4)), ours
 
 
 def test_decode_step_refuses_attention_layer_kinds_it_cannot_mask():

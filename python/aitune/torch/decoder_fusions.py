@@ -36,20 +36,88 @@ _FUSION_DOMAIN = "ai.onnxruntime._fusion"  # onnxscript's intermediate ops (Rota
 # -- rotary: position ids per row ------------------------------------------------------
 
 
-class _RowPositionsCosSinCache(cos_sin_cache.CosSinCacheFusion):
-    """onnxscript's cos/sin-cache fusion, with the RotaryEmbedding's position ids broadcast
-    to [batch, sequence]. transformers' plain forward passes [1, S] (``cache_position``)
-    and ONNX Runtime's RotaryEmbedding accepts only (1) or (batch, sequence): a [1, S]
-    input fails at batch > 1."""
+def _frequencies(inv_freq: ir.Value) -> np.ndarray | None:
+    """The rotary frequencies of a constant ``inv_freq`` as [1, E]: [E], [1, E, 1] or
+    [1, 1, E], or [B, E, 1] (a static batch: the exporter folds ``inv_freq.expand(B, -1,
+    1)`` into a constant) whose rows are equal; None for anything else."""
+    if inv_freq.const_value is None:
+        return None
+    values = inv_freq.const_value.numpy()
+    if values.ndim == 3 and values.shape[2] == 1:
+        rows = values[:, :, 0]
+    elif values.ndim in (1, 3) and all(d == 1 for d in values.shape[:-1]):
+        rows = values.reshape(1, -1)
+    else:
+        return None
+    if not rows.size or not (rows == rows[:1]).all():
+        return None
+    return np.ascontiguousarray(rows[:1], dtype=np.float32)
 
-    def rewrite(self, op, x, inv_freq, position_ids, **kwargs):
-        rotated = super().rewrite(op, x, inv_freq, position_ids, **kwargs)
-        node = rotated.producer()
-        rows = node.inputs[1]  # [1, S] or [B, S]: the parent's (possibly unsqueezed) position ids
-        batch = op.Shape(x, start=0, end=1)
-        sequence = op.Shape(rows, start=1, end=2)
-        node.replace_input_with(1, op.Expand(rows, op.Concat(batch, sequence, axis=0)))
-        return rotated
+
+class _RowPositionsCosSinCache(cos_sin_cache.CosSinCacheFusion):
+    """onnxscript's cos/sin-cache fusion, with the angles computed for this call's positions
+    rather than for a table up to the largest position.
+
+    - **Per-row positions.** transformers' plain forward passes [1, S] (``cache_position``)
+      and ONNX Runtime's RotaryEmbedding accepts only (1) or (batch, sequence): a [1, S]
+      input fails at batch > 1, so the positions are broadcast to [B, S].
+    - **No data-dependent shape.** onnxscript's table (``Range(0, ReduceMax(position_ids) +
+      1)``) sizes a tensor by a value on the device: ONNX Runtime's CUDA provider copies
+      that value to the host on every call, which also keeps the graph from running as a
+      CUDA graph ("all compute graph nodes have not been partitioned", measured on the
+      decode step of a Llama-shaped model, H100, session 17). Here the table has a row per
+      token of the call, ``cos(position * inv_freq)`` exactly as the model computes it, and
+      the RotaryEmbedding's position ids are the row numbers ``arange(B * S)`` (sized by
+      shapes only).
+    - **A static batch.** Exported at one batch size B > 1, ``inv_freq`` reaches the graph
+      expanded to a constant [B, E, 1]; onnxscript's rule wants [1, E, 1] and fused nothing.
+      Its rows are equal: the first is the frequencies."""
+
+    def check(self, context, inv_freq, position_ids, freqs, extra_dims, **kwargs) -> pattern.MatchResult:
+        if self._const_freqs:
+            return super().check(context, inv_freq=inv_freq, position_ids=position_ids, freqs=freqs,
+                                 extra_dims=extra_dims, **kwargs)
+        result = pattern.MatchResult()
+        if not ((_ir_utils.has_rank(position_ids, 2) and _ir_utils.is_singleton_value(extra_dims, 1))
+                or (_ir_utils.has_rank(position_ids, 1) and _ir_utils.is_1d_value(extra_dims, [0, 1]))):
+            return result.fail("position_ids is not [B, S] or [S] unsqueezed to [B|1, 1, S]", position_ids)
+        if not _ir_utils.has_rank(inv_freq, 3) or _frequencies(inv_freq) is None:
+            return result.fail("inv_freq is not a constant [1, E, 1], or [B, E, 1] with equal rows", inv_freq)
+        return result
+
+    def cleanup(self):
+        super().cleanup()
+        self._tables = {}
+
+    def rewrite(self, op, x, inv_freq, position_ids, interleaved, num_heads, freqs, dtype, **kwargs):
+        if self._const_freqs:  # the positions are constants too: onnxscript's constant table
+            rotated = super().rewrite(op, x, inv_freq, position_ids, interleaved, num_heads, freqs, dtype, **kwargs)
+            node = rotated.producer()
+            rows = node.inputs[1]  # [1, S] or [B, S]: the parent's (possibly unsqueezed) position ids
+            batch = op.Shape(x, start=0, end=1)
+            sequence = op.Shape(rows, start=1, end=2)
+            node.replace_input_with(1, op.Expand(rows, op.Concat(batch, sequence, axis=0)))
+            return rotated
+        tables = getattr(self, "_tables", None)
+        if tables is None:
+            tables = self._tables = {}
+        key = (inv_freq, position_ids)
+        if key not in tables:  # one table per positions and frequencies, shared by the layers
+            rows = (op.Unsqueeze(position_ids, op.Constant(value_ints=[0])) if _ir_utils.has_rank(position_ids, 1)
+                    else position_ids)
+            shape = op.Concat(op.Shape(x, start=0, end=1), op.Shape(rows, start=1, end=2), axis=0)  # [B, S]
+            positions = op.Cast(op.Reshape(op.Expand(rows, shape), op.Constant(value_ints=[-1, 1])),
+                                to=ir.DataType.FLOAT)  # [B * S, 1]
+            angles = op.MatMul(positions, op.Constant(value=ir.tensor(_frequencies(inv_freq))))  # [B * S, E]
+            cos, sin = op.Cos(angles), op.Sin(angles)
+            if self._cast:
+                cos, sin = op.Cast(cos, to=dtype), op.Cast(sin, to=dtype)
+            tokens = op.ReduceProd(shape, keepdims=0)
+            row_numbers = op.Reshape(op.Range(op.Constant(value_int=0), tokens, op.Constant(value_int=1)), shape)
+            tables[key] = (row_numbers, cos, sin)
+        row_numbers, cos, sin = tables[key]
+        return op.RotaryEmbedding(x, row_numbers, cos, sin, interleaved=interleaved, num_heads=num_heads,
+                                  _domain=_CONTRIB)
 
 
 class _ElementwiseCosSinCache(_RowPositionsCosSinCache):
@@ -76,11 +144,8 @@ class _ElementwiseCosSinCache(_RowPositionsCosSinCache):
         both = any(_ir_utils.is_1d_value(extra_dims, axes) for axes in ([0, 2], [0, -1]))
         if not ((_ir_utils.has_rank(position_ids, 2) and last) or (_ir_utils.has_rank(position_ids, 1) and both)):
             return result.fail("position_ids is not [B, S] or [S] unsqueezed to [B|1, S, 1]", position_ids)
-        if inv_freq.const_value is None or inv_freq.shape is None:
-            return result.fail("inv_freq is not a constant", inv_freq)
-        dims = list(inv_freq.shape)
-        if not dims or any(d != 1 for d in dims[:-1]):
-            return result.fail("inv_freq is not [E] or [1, 1, E]", inv_freq)
+        if _frequencies(inv_freq) is None or inv_freq.shape[-1] == 1 and inv_freq.shape.rank() == 3:
+            return result.fail("inv_freq is not a constant [E] or [1, 1, E]", inv_freq)
         return result
 
 
