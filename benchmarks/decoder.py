@@ -211,13 +211,19 @@ def aitune_row(name: str, module, inputs, *, cuda: bool, iterations: int) -> dic
     winner = report.candidates[report.winner] if report.winner is not None else None
     fused = [c for c in report.candidates if c.transform.startswith("ort_fusions")]
     frames_before = dict(counters["frames"])
+    inductor_before = dict(counters["inductor"])
     with torch.no_grad():
         out = _first(tuned(**inputs)).clone()  # a CUDA-graph winner's next replay overwrites it
         p50 = p50_us(lambda: tuned(**inputs), iterations)
         # the winner's measured call and the module by events, beside p50 (timing.py)
         paths = winner_path_timings(tuned, lambda: tuned(**inputs), iterations, cuda) if winner is not None else {}
     frames_after = dict(counters["frames"])
+    # inductor's CUDA-graph events during the module's calls (skips: calls run without a
+    # CUDA graph; recorded non-static inputs: copies into the graph's buffers)
+    cudagraph_events = {key: value - inductor_before.get(key, 0) for key, value in counters["inductor"].items()
+                        if "cudagraph" in key and value != inductor_before.get(key, 0)}
     return {"p50_us": p50, "output": out, "tuning_s": tuning_s, **paths,
+            "cudagraph_events_after_tune": cudagraph_events,
             "winner_p50_us": winner.p50_us if winner else None,
             "winner_device_p50_us": winner.device_p50_us if winner else None,
             # torch.compile frames compiled by the module's calls after tuning (0: no recompile)

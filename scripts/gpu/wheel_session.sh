@@ -2,6 +2,7 @@
 # One step of a GPU lease on the H200 (no network) with ONNX Runtime 1.31.1 from the
 # onnxruntime-gpu wheel's libraries, unpacked into /tmp/ortgpu (docs/gpu.md):
 #   scripts/gpu/wheel_session.sh build     # install aitune into the image's Python, doctor, C++ tests
+#   scripts/gpu/wheel_session.sh install   # the same without the C++ tests
 #   scripts/gpu/wheel_session.sh pytest [ARGS]   # the Python suite (CUDA tests included)
 #   scripts/gpu/wheel_session.sh python SCRIPT [ARGS]  # a benchmark script with the same environment
 # Logs go to $OUT (the device tool's output folder) or /tmp/aitune-gpu.
@@ -29,6 +30,11 @@ if [ -d .genai ] && [ ! -d /tmp/genai-site ]; then
 fi
 step=${1:?step}; shift
 case "$step" in
+  install)  # the wheel alone (~45 s), for a short lease that runs benchmarks only
+    nvidia-smi -L
+    python3 -m pip install --no-build-isolation --no-deps -q -C build-dir=build/gpu-wheel \
+      -C cmake.define.AITUNE_ORT_ROOT=$d/onnxruntime -C cmake.define.AITUNE_DEPS_INCLUDE=$d/include . 2>&1 | tail -40
+    aitune doctor 2>&1 | tail -5 ;;
   build)
     nvidia-smi -L
     { python3 -m pip install --no-build-isolation --no-deps -q -C build-dir=build/gpu-wheel \
