@@ -144,7 +144,9 @@ class _ElementwiseCosSinCache(_RowPositionsCosSinCache):
         both = any(_ir_utils.is_1d_value(extra_dims, axes) for axes in ([0, 2], [0, -1]))
         if not ((_ir_utils.has_rank(position_ids, 2) and last) or (_ir_utils.has_rank(position_ids, 1) and both)):
             return result.fail("position_ids is not [B, S] or [S] unsqueezed to [B|1, S, 1]", position_ids)
-        if _frequencies(inv_freq) is None or inv_freq.shape[-1] == 1 and inv_freq.shape.rank() == 3:
+        # multiplied elementwise with [B, S, 1] positions: [E] or [1, 1, E] only ([B, E, 1] is the MatMul form's)
+        frequencies = _frequencies(inv_freq)
+        if frequencies is None or inv_freq.const_value.numpy().shape[-1] != frequencies.shape[-1]:
             return result.fail("inv_freq is not a constant [E] or [1, 1, E]", inv_freq)
         return result
 
