@@ -190,3 +190,53 @@ def test_group_query_attention_fuses_only_a_causal_mask(mask_kind, fuses, tmp_pa
         (actual,) = session.run(None, {"x": xs.numpy(), "attention_mask": masks.numpy()})
         valid = masks.bool()  # a padded query row is undefined (fully masked where causal)
         torch.testing.assert_close(torch.from_numpy(actual)[valid], expected[valid], atol=1e-5, rtol=1e-5)
+
+
+class _PrefillLogits(torch.nn.Module):
+    """A causal LM's prefill with explicit position ids (as generate passes them for
+    left-padded rows), returning the logits."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask, position_ids):
+        return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                          use_cache=False).logits
+
+
+def test_an_fp16_model_at_a_dynamic_batch_fuses_rotary(tmp_path):
+    """``model.half()`` (the benchmark's fp16 rows) turns rotary's ``inv_freq`` buffer to
+    fp16: exported at a dynamic batch it is expanded to the batch and then cast to float,
+    which onnxscript's cos / sin pattern did not match (no RotaryEmbedding fused). Fused,
+    the graph computes what eager fp16 computes at valid positions of left-padded rows of
+    other batch sizes and lengths, with no data-fed host input."""
+    from aitune.torch import decoder_fusions
+
+    module = _PrefillLogits(tiny_decoder("llama").half()).eval()
+
+    def batch(rows, length):
+        ids = torch.randint(2, VOCAB, (rows, length), generator=torch.Generator().manual_seed(rows))
+        mask = torch.ones(rows, length, dtype=torch.long)
+        mask[1::2, :3] = 0
+        return ids, mask, (mask.cumsum(-1) - 1).clamp(min=0)
+
+    path = tmp_path / "prefill.onnx"
+    rows, seq = torch.export.Dim("batch"), torch.export.Dim("seq")
+    torch.onnx.export(module, batch(2, 8), str(path), dynamo=True,
+                      input_names=["input_ids", "attention_mask", "position_ids"],
+                      dynamic_shapes=({0: rows, 1: seq},) * 3)
+    fused, counts = decoder_fusions.optimize_for_ort(onnx_ir.load(str(path)))
+    ops = collections.Counter(n.op_type for n in fused.graph if n.domain == "com.microsoft")
+    assert ops["RotaryEmbedding"] == 4 and ops["GroupQueryAttention"] == 2, (ops, counts)
+    onnx_ir.save(fused, str(tmp_path / "fused.onnx"))
+    assert data_fed_host_inputs(tmp_path / "fused.onnx") == []
+    session = ort.InferenceSession(str(tmp_path / "fused.onnx"), providers=["CPUExecutionProvider"])
+    for size, length in ((3, 7), (1, 5)):
+        ids, mask, positions = batch(size, length)
+        with torch.no_grad():
+            expected = module(ids, mask, positions)
+        (actual,) = session.run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy(),
+                                       "position_ids": positions.numpy()})
+        valid = mask.bool()
+        torch.testing.assert_close(torch.from_numpy(actual)[valid], expected[valid], atol=2e-3, rtol=2e-3)

@@ -71,7 +71,26 @@ class _RowPositionsCosSinCache(cos_sin_cache.CosSinCacheFusion):
       shapes only).
     - **A static batch.** Exported at one batch size B > 1, ``inv_freq`` reaches the graph
       expanded to a constant [B, E, 1]; onnxscript's rule wants [1, E, 1] and fused nothing.
-      Its rows are equal: the first is the frequencies."""
+      Its rows are equal: the first is the frequencies.
+    - **An fp16 model** (``model.half()`` turns the ``inv_freq`` buffer to fp16): the
+      export expands the fp16 frequencies to the batch and then casts them to float
+      (``Cast(Expand(inv_freq))``), which onnxscript's pattern (``Expand(inv_freq)`` into the
+      MatMul) does not match, so no RotaryEmbedding fused at a dynamic batch."""
+
+    def pattern(self, op, x, inv_freq, position_ids, interleaved, num_heads, freqs, dtype, extra_dims):
+        if self._const_freqs:
+            return super().pattern(op, x, inv_freq, position_ids, interleaved, num_heads, freqs, dtype, extra_dims)
+        positions = op.Cast(op.Unsqueeze(position_ids, extra_dims), to=ir.DataType.FLOAT)  # [B|1, 1, S]
+        expanded = pattern.OrValue([op.Expand(inv_freq, pattern.ANY_VALUE),
+                                    op.Cast(op.Expand(inv_freq, pattern.ANY_VALUE), to=ir.DataType.FLOAT),
+                                    inv_freq])  # [B|1, E, 1]
+        freqs = op.Transpose(op.MatMul(expanded, positions), perm=[0, 2, 1])  # [B, S, E]
+        emb = op.Concat(freqs, freqs, axis=-1)
+        cos, sin = op.Cos(emb), op.Sin(emb)
+        if self._cast:
+            cos, sin = op.Cast(cos, to=dtype), op.Cast(sin, to=dtype)
+        return op.RotaryEmbedding(x, op.Unsqueeze(cos, [1]), op.Unsqueeze(sin, [1]), interleaved=interleaved,
+                                  num_heads=num_heads, _domain=_FUSION_DOMAIN)
 
     def check(self, context, inv_freq, position_ids, freqs, extra_dims, **kwargs) -> pattern.MatchResult:
         if self._const_freqs:
