@@ -193,14 +193,14 @@ def test_group_query_attention_fuses_only_a_causal_mask(mask_kind, fuses, tmp_pa
 
 
 class _PrefillLogits(torch.nn.Module):
-    """A causal LM's prefill with explicit position ids (as generate passes them for
-    left-padded rows), returning the logits."""
+    """A causal LM's prefill, with explicit position ids (as generate passes them for
+    left-padded rows) or without (the model counts them from 0), returning the logits."""
 
     def __init__(self, model):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids, attention_mask, position_ids):
+    def forward(self, input_ids, attention_mask, position_ids=None):
         return self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                           use_cache=False).logits
 
@@ -240,3 +240,31 @@ def test_an_fp16_model_at_a_dynamic_batch_fuses_rotary(tmp_path):
                                        "position_ids": positions.numpy()})
         valid = mask.bool()
         torch.testing.assert_close(torch.from_numpy(actual)[valid], expected[valid], atol=2e-3, rtol=2e-3)
+
+
+def test_a_static_prefill_whose_rotary_angles_fold_but_not_their_cos_fuses_rotary(tmp_path):
+    """Exported with every shape static (the benchmark's prefill at batch 1), the rotary
+    angles fold into a constant [1, S, E]; onnxscript folds nothing with an input of more
+    than 8192 elements, so at E * S > 8192 (head size 64, S = 300 here; head size 128 from
+    S = 129) ``Concat -> Cos / Sin`` stay and no RotaryEmbedding fused before. Fused, the
+    graph computes what eager does."""
+    from aitune.torch import decoder_fusions
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=64, max_position_embeddings=512)).eval()
+    module = _PrefillLogits(model).eval()
+    ids = torch.randint(2, VOCAB, (1, 300), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(1, 300, dtype=torch.long)
+    path = tmp_path / "prefill.onnx"
+    torch.onnx.export(module, (ids, mask), str(path), dynamo=True, input_names=["input_ids", "attention_mask"])
+    fused, counts = decoder_fusions.optimize_for_ort(onnx_ir.load(str(path)))
+    ops = collections.Counter(n.op_type for n in fused.graph if n.domain == "com.microsoft")
+    assert ops["RotaryEmbedding"] == 4 and ops["GroupQueryAttention"] == 2, (ops, counts)
+    onnx_ir.save(fused, str(tmp_path / "fused.onnx"))
+    session = ort.InferenceSession(str(tmp_path / "fused.onnx"), providers=["CPUExecutionProvider"])
+    (actual,) = session.run(None, {"input_ids": ids.numpy(), "attention_mask": mask.numpy()})
+    with torch.no_grad():
+        expected = module(ids, mask)
+    torch.testing.assert_close(torch.from_numpy(actual), expected, atol=1e-4, rtol=1e-4)

@@ -211,12 +211,62 @@ class _FoldedCosSinCache(pattern.RewriteRuleClassBase):
                                   interleaved=interleaved, num_heads=num_heads, _domain=_CONTRIB)
 
 
+def _constant_angles(freqs: ir.Value) -> np.ndarray | None:
+    """The rotary angles [S, E] of a constant ``freqs`` [1, S, E], or of the Transpose
+    ([0, 2, 1]) of a constant [1, E, S]; None for anything else."""
+    values, node = freqs.const_value, freqs.producer()
+    if values is not None:
+        values = values.numpy()
+    elif (node is not None and node.op_type == "Transpose" and node.domain in ("", "ai.onnx")
+          and list(node.attributes.get_ints("perm", [])) == [0, 2, 1] and node.inputs[0] is not None
+          and node.inputs[0].const_value is not None):
+        values = node.inputs[0].const_value.numpy().transpose(0, 2, 1)
+    if values is None or values.ndim != 3 or values.shape[0] != 1:
+        return None
+    return values[0].astype(np.float32)
+
+
+class _ConstantAnglesCosSinCache(_FoldedCosSinCache):
+    """A static sequence length folds the rotary angles into a constant [1, S, E] (positions
+    ``arange(S)``), but the constant folding stops at inputs of more than 8192 elements
+    (onnxscript's limit): where E * S is larger (head size 128 and S > 128, head size 64
+    and S > 256) the ``Concat(freqs, freqs) -> Cos / Sin`` stay, which no rule above
+    matched (no RotaryEmbedding fused). Row s of the angles is token s: the cache is their
+    cos / sin in the rotated tensor's dtype, the position ids ``arange(S)`` for every row."""
+
+    def __init__(self, cast: bool):
+        # the Cos / Sin are shared by every layer's rotations: dead nodes go in the final optimize
+        pattern.RewriteRuleClassBase.__init__(self, "CosSinCacheConstantAngles" + ("_cast" if cast else ""),
+                                              remove_nodes=False)
+        self._cast = cast
+
+    def pattern(self, op, x, freqs, interleaved, num_heads, dtype):
+        emb = op.Concat(freqs, freqs, axis=-1)
+        cos, sin = op.Cos(emb), op.Sin(emb)
+        if self._cast:
+            cos, sin = op.Cast(cos, to=dtype), op.Cast(sin, to=dtype)
+        return op.RotaryEmbedding(x, op.Unsqueeze(cos, [1]), op.Unsqueeze(sin, [1]), interleaved=interleaved,
+                                  num_heads=num_heads, _domain=_FUSION_DOMAIN)
+
+    def check(self, context, x, freqs, **_) -> pattern.MatchResult:
+        result = pattern.MatchResult()
+        angles = _constant_angles(freqs)
+        if angles is None:
+            return result.fail("freqs is not a constant [1, S, E] (or a Transpose of [1, E, S])", freqs)
+        if not _ir_utils.has_rank(x, 4) or x.shape[2] != angles.shape[0] or x.dtype is None:
+            return result.fail("x is not [B, H, S, Dh] with the angles' S", x)
+        dtype = x.dtype.numpy()
+        self._cos, self._sin = np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
+        return result
+
+
 def _cos_sin_cache_rules() -> pattern.RewriteRuleSet:
     """Every onnxscript variant (cast or not, constant angles or not) with per-row position
-    ids, the elementwise-angle variants, and folded tables."""
+    ids, the elementwise-angle variants, and folded tables (or folded angles)."""
     rules = [_FoldedCosSinCache.rule()]
     for cast in (True, False):
         suffix = "_cast" if cast else ""
+        rules.append(_ConstantAnglesCosSinCache.rule(cast=cast))
         rules.append(_RowPositionsCosSinCache.rule(f"CosSinCacheRows{suffix}", cast=cast, const_freqs=False))
         rules.append(_RowPositionsCosSinCache.rule(f"CosSinCacheRows{suffix}_const", cast=cast, const_freqs=True))
         rules.append(_ElementwiseCosSinCache.rule(f"CosSinCacheElementwise{suffix}", cast=cast, const_freqs=False))
