@@ -306,13 +306,41 @@ def test_json_values_that_the_stated_dtype_cannot_hold_are_refused_not_changed()
 
     for value, dtype, message in [([1.5], "int64", "not integers"), ([300], "int8", "out of range for int8"),
                                   ([10**30], "int64", "64 bits"), ([-1], "uint8", "out of range for uint8"),
-                                  ([2], "bool", "not 0 or 1"), ([float("nan")], "int32", "not integers")]:
+                                  ([2], "bool", "not 0 or 1"), (["NaN"], "int32", "not integers")]:
         with pytest.raises(BadRequest, match=message) as refused:
             decode(value, dtype)
         assert refused.value.status == 400 and "'x'" in str(refused.value)
     assert decode([[1, 2]], "int8").dtype == np.int8 and decode([1.0, 2.0], "int64").tolist() == [1, 2]
     assert decode([0, 1], "bool").tolist() == [False, True] and decode([0.1], "float16").dtype == np.float16
     assert decode(2.5, "float32").shape == ()  # a scalar stays 0-d
+
+
+def test_json_numbers_out_of_range_and_bare_nan_are_refused_naming_the_input():
+    # was: Python's json read 1e400 as infinity and bare NaN / -Infinity (not JSON) as floats,
+    # and 1e39 (untyped, so float32) or 70000 as float16 became infinity in the cast: all
+    # reached the model silently as values the client never sent as such
+    def decode(text, dtype=None):
+        body = b'{"inputs": {"x": ' + text.encode() + b"}" + (f', "dtypes": {{"x": "{dtype}"}}'.encode() if dtype else b"") + b"}"
+        return codec.decode(body, codec.JSON, {}, "x")["x"]
+
+    for text, dtype, message in [("[1.0, 1e400]", None, "out of range for float64"),
+                                 ("[[-1e400]]", "float64", "out of range for float64"),
+                                 ("1e400", "float32", "out of range for float64"),
+                                 ("[NaN]", None, 'bare NaN is not JSON; send the string "NaN"'),
+                                 ("[1, -Infinity]", "float32", "bare -Infinity"),
+                                 ("[Infinity]", "int64", "bare Infinity"),
+                                 ("[1e39]", None, "out of range for float32"),
+                                 ("[1e39]", "float32", "out of range for float32"),
+                                 ("[70000]", "float16", "out of range for float16")]:
+        with pytest.raises(BadRequest, match=message) as refused:
+            decode(text, dtype)
+        assert refused.value.status == 400 and "input 'x'" in str(refused.value), text
+    # the strings answers write stay accepted, as do tiny numbers (rounded to 0, as JSON's
+    # decimals always are) and the largest finite values of the dtype
+    got = decode('["NaN", "-Infinity", 1e-400, 3e38, 1.7e308]', "float64")
+    assert np.isnan(got[0]) and got[1] == -np.inf and got[2] == 0.0 and np.isfinite(got[3:]).all()
+    assert decode('["Infinity", 65504]', "float16").tolist() == [np.inf, 65504.0]
+    assert decode("[3e38]").dtype == np.float32
 
 
 def test_json_answers_are_strict_json_with_nan_and_infinity_as_strings():
@@ -448,6 +476,8 @@ def test_bad_requests_get_4xx_and_the_replicas_keep_serving(served):
          "", 422, "int64"),
         (json.dumps({"inputs": {}}).encode(), codec.JSON, "", 400, "missing input"),
         (b"{not json", codec.JSON, "", 400, "not JSON"),
+        (b'{"inputs": {"%s": [[1e400' % name.encode() + b", 0" * 15 + b"]]}}", codec.JSON, "", 400,
+         f"input '{name}': a number is out of range for float64"),
         (b"\x93NUMPY junk", codec.NPY, "", 400, ".npy"),
         (b"\0" * 8, codec.RAW, "dtype=float32&shape=1,16", 400, "do not make"),
     ]

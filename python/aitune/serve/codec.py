@@ -30,18 +30,45 @@ class BadRequest(ValueError):
 _NON_FINITE = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
 
 
-def _non_finite_read(value):
-    """``value`` with the strings "NaN", "Infinity", "-Infinity" (as answers write them) made floats."""
+class _BareConstant(str):
+    """A bare NaN / Infinity / -Infinity in a request body, which Python's json reads but
+    which is not JSON; kept as this marker so the input it sits in is refused by name."""
+
+
+def _non_finite_read(name: str, value):
+    """``value`` with the strings "NaN", "Infinity", "-Infinity" (as answers write them) made
+    floats. A bare NaN / Infinity literal, and a number beyond float64's range (Python's json
+    reads 1e400 as infinity), are refused naming the input: either would reach the model as a
+    value the client did not write as one."""
     if isinstance(value, list):
-        return [_non_finite_read(v) for v in value]
+        return [_non_finite_read(name, v) for v in value]
+    if isinstance(value, _BareConstant):
+        raise BadRequest(f"input '{name}': bare {str(value)} is not JSON; send the string \"{value}\" "
+                         f"(as answers write it)")
     if isinstance(value, str) and value in _NON_FINITE:
         return _NON_FINITE[value]
+    if isinstance(value, float) and math.isinf(value):
+        sign = "-" if value < 0 else ""
+        raise BadRequest(f"input '{name}': a number is out of range for float64 (beyond +-1.8e308), which JSON "
+                         f"reading made {sign}infinity; send the string \"{sign}Infinity\" if infinity is meant")
     return value
 
 
+def _float_cast(name: str, array: np.ndarray, target: np.dtype) -> np.ndarray:
+    """``array`` as the float dtype `target`, refusing finite values that `target` cannot
+    hold (1e39 as float32, 70000 as float16: the cast made them infinity, silently)."""
+    with np.errstate(over="ignore"):
+        cast = array.astype(target)
+    if array.size and not np.array_equal(np.isfinite(array), np.isfinite(cast)):
+        raise BadRequest(f"input '{name}': values are out of range for {target.name} "
+                         f"(+-{float(np.finfo(target).max):.4g})")
+    return cast
+
+
 def _json_array(name: str, value, dtype: str | None) -> np.ndarray:
+    value = _non_finite_read(name, value)
     try:
-        array = np.asarray(_non_finite_read(value))
+        array = np.asarray(value)
     except (ValueError, TypeError) as error:
         raise BadRequest(f"input '{name}' is not a rectangular array of numbers: {error}") from None
     if array.dtype == object or array.dtype.kind in "USV":
@@ -50,7 +77,7 @@ def _json_array(name: str, value, dtype: str | None) -> np.ndarray:
     if dtype is None:
         # JSON has one number type; a float input the client did not type is float32, what
         # models take. Integers stay int64 (token ids).
-        return array.astype(np.float32) if array.dtype == np.float64 else array
+        return _float_cast(name, array, np.dtype(np.float32)) if array.dtype == np.float64 else array
     target = np.dtype(dtype)
     # The stated dtype must hold the values: a float made an integer, or an integer wrapped
     # around, would be another request than the one sent (floats are rounded, as JSON's
@@ -65,6 +92,8 @@ def _json_array(name: str, value, dtype: str | None) -> np.ndarray:
             if array.min() < info.min or array.max() > info.max:
                 raise BadRequest(f"input '{name}': values are out of range for {target.name} "
                                  f"({info.min}..{info.max})")
+    if target.kind == "f":
+        return _float_cast(name, array, target)
     try:
         return array.astype(target)
     except (ValueError, TypeError, OverflowError) as error:
@@ -100,7 +129,7 @@ def decode(body: bytes, content_type: str, query: Mapping[str, str], single_inpu
     kind = (content_type or JSON).split(";")[0].strip().lower()
     if kind in (JSON, "text/json", ""):
         try:
-            payload = json.loads(body)
+            payload = json.loads(body, parse_constant=_BareConstant)
         except (ValueError, UnicodeDecodeError) as error:
             raise BadRequest(f"body is not JSON: {error}") from None
         except RecursionError:

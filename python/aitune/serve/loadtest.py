@@ -100,7 +100,7 @@ class RequestPool:
             (a,) = arrays.values()
             query = urllib.parse.urlencode({"dtype": a.dtype.name, "shape": ",".join(map(str, a.shape))})
             return a.tobytes(), {"Content-Type": codec.RAW, "Accept": codec.NPZ}, query
-        payload = {"inputs": {k: v.tolist() for k, v in arrays.items()}, "dtypes": {k: v.dtype.name for k, v in arrays.items()}}
+        payload = {"inputs": {k: codec._json_values(v) for k, v in arrays.items()}, "dtypes": {k: v.dtype.name for k, v in arrays.items()}}
         return json.dumps(payload).encode(), {"Content-Type": codec.JSON}, ""
 
 
