@@ -22,6 +22,7 @@ enum class ErrorCode {
   kOutOfMemory,          ///< host or device memory ran out (ORT's allocator, CUDA, std::bad_alloc)
   kCudaGraphCapture,     ///< a model cannot be captured as a CUDA graph, or a capture/replay failed
   kBackendUnavailable,   ///< a saved graph's backend cannot run in this engine (torch.compile needs Python)
+  kUnsupportedDType,     ///< the execution provider has no kernel for an operator at the model's dtype (bf16 on CPU)
 };
 
 /// Stable lower-case name of a code ("invalid_argument", ...), used in JSON and logs.

@@ -30,6 +30,11 @@ struct OnnxNode {
 /// read, Error(kModelInvalid) when it is not a well-formed protobuf along the walked path.
 std::vector<OnnxNode> onnx_graph_nodes(const std::string& model_path);
 
+/// The element types (ONNX TensorProto.DataType: FLOAT = 1, FLOAT16 = 10, BFLOAT16 = 16)
+/// the main graph declares for its values, by name: graph inputs and outputs, value_info
+/// entries and initializers. A value with no declared type is absent.
+std::map<std::string, int> onnx_value_element_types(const std::string& model_path);
+
 /// The graph output names of an ONNX file.
 std::vector<std::string> onnx_graph_outputs(const std::string& model_path);
 

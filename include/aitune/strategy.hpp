@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "aitune/correctness.hpp"
+#include "aitune/error.hpp"
 #include "aitune/divergence.hpp"
 #include "aitune/profiler.hpp"
 
@@ -73,6 +74,9 @@ struct CandidateResult {
   std::map<std::string, std::string> in_place_outputs;
   CandidateStatus status = CandidateStatus::kFailed;
   std::string reason;        ///< why it failed, was rejected or was chosen
+  /// For a failed candidate whose session could not be created: the engine's error code
+  /// (kUnsupportedDType: the provider has no kernel at the model's dtype); empty otherwise.
+  std::optional<ErrorCode> failure_code;
   std::optional<CorrectnessReport> correctness;
   /// For an incorrect candidate: where its graph first diverges, when traced
   /// (`GraphTuner::trace_divergence`).

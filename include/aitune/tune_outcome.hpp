@@ -17,6 +17,7 @@ enum class TuneOutcomeKind {
   kEagerFallback,   ///< no candidate was correct, and the strategy ends with eager
   kAllIncorrect,    ///< failure: every candidate computed, and every one differs from the reference
   kNoCandidate,     ///< failure: no candidate could be built or chosen
+  kUnsupportedDType,  ///< failure: no candidate was built, each for want of a kernel at the model's dtype
 };
 std::string_view tune_outcome_kind_name(TuneOutcomeKind kind) noexcept;
 
@@ -29,7 +30,8 @@ struct TuneOutcome {
   /// For a failure: what the user is told (each candidate's reason, the summary table).
   std::string message;
   bool is_failure() const noexcept {
-    return kind == TuneOutcomeKind::kAllIncorrect || kind == TuneOutcomeKind::kNoCandidate;
+    return kind == TuneOutcomeKind::kAllIncorrect || kind == TuneOutcomeKind::kNoCandidate ||
+           kind == TuneOutcomeKind::kUnsupportedDType;
   }
 };
 

@@ -20,6 +20,7 @@ from aitune._core import (  # noqa: F401
     ProviderUnavailableError,
     ShapeMismatchError,
     StateError,
+    UnsupportedDTypeError,
     __version__,
 )
 

@@ -57,6 +57,9 @@ void bind_errors(nb::module_& m) {
   t[ErrorCode::kBackendUnavailable] = make_type(
       m, "BackendUnavailableError", {base},
       "A checkpoint graph's backend cannot run here (a torch.compile graph outside the Python front end).");
+  t[ErrorCode::kUnsupportedDType] = make_type(
+      m, "UnsupportedDTypeError", {base, PyExc_TypeError},
+      "The execution provider has no kernel for an operator at the model's dtype (bfloat16 on ONNX Runtime's CPU).");
 
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {

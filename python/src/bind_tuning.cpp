@@ -681,7 +681,7 @@ void bind_tuning(nb::module_& m) {
   // finished tune leads to.
   nb::class_<TuneOutcome>(m, "TuneOutcome", "What a finished tune leads to.")
       .def_prop_ro("kind", [](const TuneOutcome& o) { return std::string(tune_outcome_kind_name(o.kind)); },
-                   "'winner', 'eager_kept', 'eager_fallback', 'all_incorrect' or 'no_candidate'.")
+                   "'winner', 'eager_kept', 'eager_fallback', 'all_incorrect', 'no_candidate' or 'unsupported_dtype'.")
       .def_ro("why", &TuneOutcome::why)
       .def_ro("winner", &TuneOutcome::winner)
       .def_ro("message", &TuneOutcome::message, "A failure's message (each candidate's reason, the table).")

@@ -18,7 +18,8 @@ int exit_code(ErrorCode code) {
     case ErrorCode::kShapeMismatch:
     case ErrorCode::kDTypeMismatch: return 2;
     case ErrorCode::kProviderUnavailable:
-    case ErrorCode::kBackendUnavailable: return 3;  // cannot run here: a provider, or a backend that needs Python
+    case ErrorCode::kBackendUnavailable:
+    case ErrorCode::kUnsupportedDType: return 3;  // cannot run here: a provider, a backend that needs Python, a dtype
     case ErrorCode::kModelInvalid: return 4;
     case ErrorCode::kCheckpointCorrupt: return 5;
     case ErrorCode::kIo: return 6;

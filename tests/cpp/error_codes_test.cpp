@@ -17,13 +17,14 @@ namespace {
 
 TEST(ErrorCodeNames, EveryCodeHasItsOwnName) {
   std::set<std::string_view> names;
-  for (int i = 0; i <= static_cast<int>(ErrorCode::kBackendUnavailable); ++i) {
+  for (int i = 0; i <= static_cast<int>(ErrorCode::kUnsupportedDType); ++i) {
     const auto name = error_code_name(static_cast<ErrorCode>(i));
     EXPECT_TRUE(names.insert(name).second) << "duplicate name " << name << " for code " << i;
   }
   EXPECT_EQ(error_code_name(ErrorCode::kOutOfMemory), "out_of_memory");
   EXPECT_EQ(error_code_name(ErrorCode::kCudaGraphCapture), "cuda_graph_capture");
   EXPECT_EQ(error_code_name(ErrorCode::kBackendUnavailable), "backend_unavailable");
+  EXPECT_EQ(error_code_name(ErrorCode::kUnsupportedDType), "unsupported_dtype");
   EXPECT_EQ(error_code_name(ErrorCode::kInvalidArgument), "invalid_argument");
 }
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import aitune
 import aitune.torch as ait
 from aitune import _core
 from aitune.torch.backend import ONNXRuntimeBackend, ONNXRuntimeBackendConfig
@@ -137,3 +138,31 @@ def test_cli_precision_flag(tmp_path):
     bad = subprocess.run([_cli(), "tune", str(path), "--provider", "cpu", "--precision", "fp8", "--quiet"],
                          capture_output=True, text=True)
     assert bad.returncode != 0 and "precision must be one of 'any'" in bad.stderr
+
+
+def test_a_bf16_module_on_the_cpu_provider_fails_naming_bf16_the_operator_and_what_to_do():
+    """ONNX Runtime's CPU provider has no bfloat16 Gemm: every candidate's session failed
+    with ORT's bare "Could not find an implementation for Gemm(13) node with name ..." and
+    the tune with a plain TuningError, neither naming bfloat16 nor a way out. The engine
+    reads the node's dtype from the model: the reason and the typed error say both."""
+    torch.manual_seed(0)
+    inner = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.Linear(32, 8))
+    model = ait.Module(inner.to(torch.bfloat16).eval(), "bf16_mlp_on_cpu",
+                       strategy=ait.OneBackendStrategy(cpu_backend()))
+    with pytest.raises(ait.UnsupportedDTypeTuningError) as failed:
+        ait.tune(model, [torch.randn(16, dtype=torch.bfloat16) for _ in range(2)], disable_external_logging=True,
+                 ignore_failing_modules=False)
+    assert isinstance(failed.value, ait.TuningError) and isinstance(failed.value, aitune.UnsupportedDTypeError)
+    message = str(failed.value)
+    assert "no kernel at the model's dtype" in message
+    # the error lists each candidate's reason (the report's, as the summary table shows it)
+    reasons = [line for line in message.splitlines() if line.startswith("  - cpu")]
+    assert len(reasons) >= 2, message
+    for reason in reasons:
+        assert "failed: " in reason and "CPUExecutionProvider has no bfloat16 kernel for Gemm" in reason, reason
+        assert "float32" in reason and "float16 on the CUDA provider" in reason and "TorchCompileBackend" in reason
+    # the float32 module tunes on the same provider: the refusal is the dtype's, not the model's
+    fp32 = ait.Module(inner.float().eval(), "fp32_mlp_on_cpu", strategy=ait.OneBackendStrategy(cpu_backend()))
+    ait.tune(fp32, [torch.randn(16) for _ in range(2)], disable_external_logging=True, ignore_failing_modules=False,
+             performance_validation=False)
+    assert fp32.ait_state is ait.ModuleState.TUNED and list(fp32.ait_backends.values()) != ["TorchEagerBackend"]

@@ -51,6 +51,13 @@ class NondeterministicModuleError(TuningError):
     The message names the modules in training mode, where there are."""
 
 
+class UnsupportedDTypeTuningError(TuningError, _core.UnsupportedDTypeError):
+    """No candidate could be built because the execution provider has no kernel for an
+    operator at the model's dtype (a bfloat16 module on ONNX Runtime's CPU provider); each
+    candidate's reason names the operator and the dtype and what to do (tune in float32,
+    float16 on CUDA, or the torch.compile backend)."""
+
+
 def _modules_in_training(module: torch.nn.Module) -> list[str]:
     """The modules in training mode, random ones (dropout, RReLU) first, as 'name (Class)'."""
     random = (torch.nn.modules.dropout._DropoutNd, torch.nn.RReLU)  # noqa: SLF001
@@ -253,7 +260,8 @@ def tune_graph(strategy: TuneStrategy, graph: RecordedGraph, options: TuneOption
     logger.info("%s: tuning report %s\n%s", name, path, report.summary_table())
     if outcome.is_failure:
         message = outcome.message + (f"\n{interior}" if interior else "")
-        raise (NumericMismatchError if outcome.kind == "all_incorrect" else TuningError)(message)
+        raise {"all_incorrect": NumericMismatchError,
+               "unsupported_dtype": UnsupportedDTypeTuningError}.get(outcome.kind, TuningError)(message)
     if outcome.kind == "winner":
         candidate = report.candidates[outcome.winner]
         tuned = front_end.wrappers[candidate.group](tuner.take_winner(), candidate)

@@ -6,7 +6,7 @@
 namespace aitune {
 namespace {
 
-constexpr detail::EnumNames<ErrorCode, 12> kNames{{
+constexpr detail::EnumNames<ErrorCode, 13> kNames{{
     {ErrorCode::kInvalidArgument, "invalid_argument"},
     {ErrorCode::kShapeMismatch, "shape_mismatch"},
     {ErrorCode::kDTypeMismatch, "dtype_mismatch"},
@@ -19,6 +19,7 @@ constexpr detail::EnumNames<ErrorCode, 12> kNames{{
     {ErrorCode::kOutOfMemory, "out_of_memory"},
     {ErrorCode::kCudaGraphCapture, "cuda_graph_capture"},
     {ErrorCode::kBackendUnavailable, "backend_unavailable"},
+    {ErrorCode::kUnsupportedDType, "unsupported_dtype"},
 }};
 
 }  // namespace

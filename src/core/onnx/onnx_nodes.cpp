@@ -14,7 +14,10 @@ namespace {
 // Field numbers of onnx.proto3: ModelProto.graph = 7; GraphProto.node = 1, .output = 12;
 // NodeProto.input = 1, .output = 2, .name = 3, .op_type = 4, .attribute = 5, .metadata_props = 9;
 // AttributeProto.name = 1, .s = 4; StringStringEntryProto.key = 1, .value = 2; ValueInfoProto.name = 1.
+// GraphProto.initializer = 5, .input = 11, .value_info = 13; TensorProto.data_type = 2, .name = 8;
+// ValueInfoProto.type = 2; TypeProto.tensor_type = 1; TypeProto.Tensor.elem_type = 1.
 constexpr std::uint64_t kModelGraph = 7, kGraphNode = 1, kGraphOutput = 12;
+constexpr std::uint64_t kGraphInitializer = 5, kGraphInput = 11, kGraphValueInfo = 13;
 constexpr std::uint64_t kNodeInput = 1, kNodeOutput = 2, kNodeName = 3, kNodeOpType = 4, kNodeAttribute = 5,
                         kNodeMetadata = 9;
 constexpr std::uint64_t kAttributeName = 1, kAttributeString = 4;
@@ -73,6 +76,7 @@ class NodeWalker : detail::ProtobufReader {
 
   std::vector<OnnxNode> nodes;
   std::vector<std::string> outputs;
+  std::map<std::string, int> element_types;
 
  private:
   std::pair<std::uint64_t, std::uint32_t> tag(std::size_t& i, std::size_t end) const {
@@ -98,11 +102,69 @@ class NodeWalker : detail::ProtobufReader {
       } else if (wire == 2 && field == kGraphOutput) {
         const std::size_t n = length(i, end);
         outputs.push_back(first_string(i, i + n, 1));
+        value_info(i, i + n);
+        i += n;
+      } else if (wire == 2 && (field == kGraphInput || field == kGraphValueInfo)) {
+        const std::size_t n = length(i, end);
+        value_info(i, i + n);
+        i += n;
+      } else if (wire == 2 && field == kGraphInitializer) {
+        const std::size_t n = length(i, end);
+        initializer(i, i + n);
         i += n;
       } else {
         skip(i, end, wire, static_cast<std::uint32_t>(field), 1);
       }
     }
+  }
+
+  // The varint of field `wanted` in the message [begin, end) (0 when absent).
+  std::uint64_t first_varint(std::size_t begin, std::size_t end, std::uint64_t wanted, std::size_t depth) const {
+    std::uint64_t value = 0;
+    for (std::size_t i = begin; i < end;) {
+      const auto [field, wire] = tag(i, end);
+      if (wire == 0 && field == wanted)
+        value = varint(i, end);
+      else
+        skip(i, end, wire, static_cast<std::uint32_t>(field), depth);
+    }
+    return value;
+  }
+
+  // The [begin, end) of the embedded message of field `wanted` in [begin, end) ({0, 0} when absent).
+  std::pair<std::size_t, std::size_t> first_message(std::size_t begin, std::size_t end, std::uint64_t wanted,
+                                                    std::size_t depth) const {
+    std::pair<std::size_t, std::size_t> found{0, 0};
+    for (std::size_t i = begin; i < end;) {
+      const auto [field, wire] = tag(i, end);
+      if (wire == 2 && field == wanted) {
+        const std::size_t n = length(i, end);
+        found = {i, i + n};
+        i += n;
+      } else {
+        skip(i, end, wire, static_cast<std::uint32_t>(field), depth);
+      }
+    }
+    return found;
+  }
+
+  // A ValueInfoProto's name and tensor element type into `element_types` (none for a
+  // value without a tensor type).
+  void value_info(std::size_t begin, std::size_t end) {
+    const std::string name = first_string(begin, end, 1);
+    const auto type = first_message(begin, end, 2, 2);
+    if (name.empty() || type.first == type.second) return;
+    const auto tensor = first_message(type.first, type.second, 1, 3);
+    if (tensor.first == tensor.second) return;
+    if (const auto elem = first_varint(tensor.first, tensor.second, 1, 4); elem != 0)
+      element_types[name] = static_cast<int>(elem);
+  }
+
+  // An initializer's (TensorProto) name and data type into `element_types`.
+  void initializer(std::size_t begin, std::size_t end) {
+    const std::string name = first_string(begin, end, 8);
+    if (const auto elem = first_varint(begin, end, 2, 2); !name.empty() && elem != 0)
+      element_types[name] = static_cast<int>(elem);
   }
 
   // The string of field `wanted` in the message [begin, end) ("" when absent).
@@ -194,6 +256,13 @@ std::vector<OnnxNode> onnx_graph_nodes(const std::string& model_path) {
   NodeWalker walker(model.bytes(), model_path);
   walker.run();
   return std::move(walker.nodes);
+}
+
+std::map<std::string, int> onnx_value_element_types(const std::string& model_path) {
+  const detail::MappedModel model(model_path);
+  NodeWalker walker(model.bytes(), model_path);
+  walker.run();
+  return std::move(walker.element_types);
 }
 
 std::vector<std::string> onnx_graph_outputs(const std::string& model_path) {

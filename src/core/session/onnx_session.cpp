@@ -10,6 +10,8 @@
 #include "aitune/error.hpp"
 #include "cuda/cuda_stream.hpp"
 #include "aitune/in_place_outputs.hpp"
+#include "aitune/dtype.hpp"
+#include "aitune/onnx_nodes.hpp"
 #include "session/cuda_graph_runner.hpp"
 #include "base/enum_names.hpp"
 #include "session/io_binding_runner.hpp"
@@ -152,6 +154,59 @@ std::shared_ptr<Ort::Allocator> session_allocator(const Ort::Session& session, c
 
 }  // namespace
 
+namespace {
+
+// ORT's refusal of a node it has no kernel for ("Could not find an implementation for
+// Gemm(13) node with name 'node_linear'", ORT_NOT_IMPLEMENTED) says neither the dtype nor
+// what to do. Where the node takes a 16-bit float (the model runs in bfloat16 or float16)
+// this is the message of Error(kUnsupportedDType): the provider, the operator, the dtype
+// (read from the model's declared value types) and the user's ways out; nullopt otherwise
+// (ORT's own message stands).
+std::optional<std::string> missing_kernel_for_dtype(const Ort::Exception& e, const std::string& model_path,
+                                                    ExecutionProvider provider) {
+  if (e.GetOrtErrorCode() != ORT_NOT_IMPLEMENTED) return std::nullopt;
+  const std::string text = e.what();
+  const std::string lead = "Could not find an implementation for ";
+  const auto at = text.find(lead);
+  if (at == std::string::npos) return std::nullopt;
+  const auto open = text.find('(', at + lead.size());
+  const auto name_at = text.find("node with name '", at);
+  if (open == std::string::npos || name_at == std::string::npos) return std::nullopt;
+  const std::string op = text.substr(at + lead.size(), open - at - lead.size());
+  const std::string opset = text.substr(open + 1, text.find(')', open) - open - 1);
+  const auto name_begin = name_at + std::string("node with name '").size();
+  const std::string node_name = text.substr(name_begin, text.find('\'', name_begin) - name_begin);
+  std::optional<DType> half;
+  try {
+    const auto types = onnx_value_element_types(model_path);
+    for (const auto& node : onnx_graph_nodes(model_path)) {
+      if (node.name != node_name) continue;
+      for (const auto& input : node.inputs) {
+        const auto type = types.find(input);
+        if (type == types.end()) continue;
+        const auto dtype = dtype_from_onnx(type->second);
+        if (dtype == DType::kBFloat16 || dtype == DType::kFloat16) half = dtype;
+      }
+      break;
+    }
+  } catch (const Error&) {
+    return std::nullopt;  // the model cannot be read here: ORT's message stands
+  }
+  if (!half) return std::nullopt;
+  const std::string dtype(dtype_name(*half));
+  const std::string ways =
+      *half == DType::kBFloat16
+          ? "tune the module in float32 (module.float()), in float16 on the CUDA provider, or with the "
+            "torch.compile backend (TorchCompileBackend), which runs bfloat16 on the CPU"
+          : "tune the module in float32 (module.float()), on the CUDA provider, or with the torch.compile backend "
+            "(TorchCompileBackend)";
+  return "ONNX Runtime's " + std::string(execution_provider_ort_name(provider)) + " has no " + dtype +
+         " kernel for " + op + " (opset " + opset + ", node '" + node_name + "'): the model computes in " + dtype +
+         ", which this provider runs for few operators; " + ways + " (ONNX Runtime: " + text + ")";
+}
+
+}  // namespace
+
 void OnnxSession::Impl::create_session() {
   release_session();
   detail::session_releases().retry();  // sessions whose stream could not drain when released
@@ -169,7 +224,14 @@ void OnnxSession::Impl::create_session() {
   // The stream is released after the session (the deleter owns it): tensors handed out
   // keep the session, and so its stream, alive.
   ctx.session = ort_call(failure, context, [&] {
-    auto session = std::make_unique<Ort::Session>(*rt.env, model_path().c_str(), setup.options);
+    std::unique_ptr<Ort::Session> session;
+    try {
+      session = std::make_unique<Ort::Session>(*rt.env, model_path().c_str(), setup.options);
+    } catch (const Ort::Exception& e) {
+      if (auto why = missing_kernel_for_dtype(e, model_path(), config.provider))
+        throw Error(ErrorCode::kUnsupportedDType, context + ": " + *why);
+      throw;
+    }
     detail::count_session_created();
     return std::shared_ptr<Ort::Session>(session.release(), [owned = setup.owned_stream, stream = setup.stream,
                                                              pinned = setup.pinned_memory_info](Ort::Session* s) {

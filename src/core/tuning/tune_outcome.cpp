@@ -13,6 +13,7 @@ std::string_view tune_outcome_kind_name(TuneOutcomeKind kind) noexcept {
     case TuneOutcomeKind::kEagerFallback: return "eager_fallback";
     case TuneOutcomeKind::kAllIncorrect: return "all_incorrect";
     case TuneOutcomeKind::kNoCandidate: return "no_candidate";
+    case TuneOutcomeKind::kUnsupportedDType: return "unsupported_dtype";
   }
   return "no_candidate";
 }
@@ -38,7 +39,14 @@ TuneOutcome decide_outcome(const TuneReport& report, bool eager_fallback, bool e
   const bool all_incorrect = !cs.empty() && std::all_of(cs.begin(), cs.end(), [](const auto& c) {
     return c.status == CandidateStatus::kIncorrect;
   });
-  out.kind = errors_as_mismatch && all_incorrect ? TuneOutcomeKind::kAllIncorrect : TuneOutcomeKind::kNoCandidate;
+  // Every candidate failed for want of a kernel at the model's dtype (bfloat16 on ORT's
+  // CPU): the front end raises its typed error (UnsupportedDTypeError), the reasons say what to do.
+  const bool all_dtype = !cs.empty() && std::all_of(cs.begin(), cs.end(), [](const auto& c) {
+    return c.status == CandidateStatus::kFailed && c.failure_code == ErrorCode::kUnsupportedDType;
+  });
+  out.kind = errors_as_mismatch && all_incorrect ? TuneOutcomeKind::kAllIncorrect
+             : all_dtype                         ? TuneOutcomeKind::kUnsupportedDType
+                                                 : TuneOutcomeKind::kNoCandidate;
   return out;
 }
 
@@ -51,14 +59,19 @@ std::string failure_message(TuneOutcomeKind kind, const TuneReport& report) {
     return report.graph + ": every candidate differs from eager PyTorch; " + first.name + ": " + first.reason +
            (at.empty() ? "" : "; " + at) + "\n" + report.summary_table();
   }
-  if (kind != TuneOutcomeKind::kNoCandidate && kind != TuneOutcomeKind::kAllIncorrect) return "";
+  if (kind != TuneOutcomeKind::kNoCandidate && kind != TuneOutcomeKind::kAllIncorrect &&
+      kind != TuneOutcomeKind::kUnsupportedDType)
+    return "";
   std::string reasons;
   for (const auto& c : cs) {
     const std::string at = where(c);
     reasons += (reasons.empty() ? "  - " : "\n  - ") + c.name + " (" + c.backend +
                "): " + std::string(candidate_status_name(c.status)) + ": " + c.reason + (at.empty() ? "" : "\n    " + at);
   }
-  return "no backend could build " + report.graph + ":\n" + reasons + "\n" + report.summary_table();
+  const std::string why = kind == TuneOutcomeKind::kUnsupportedDType
+                              ? " (its execution provider has no kernel at the model's dtype)"
+                              : "";
+  return "no backend could build " + report.graph + why + ":\n" + reasons + "\n" + report.summary_table();
 }
 
 bool group_succeeded(const TuneReport& report, int group) noexcept {

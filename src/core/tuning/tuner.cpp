@@ -169,7 +169,7 @@ std::size_t GraphTuner::evaluate_onnx(const std::string& model_path, const OnnxC
   try {
     backend = OnnxSession::create(model_path, config, model_spec);
   } catch (const Error& e) {
-    return impl.push_failed(std::move(r), e.what(), model_path, map);
+    return impl.push_failed(std::move(r), e.what(), model_path, map, e.code());
   }
   r.session_creation_ms = ms_since(start);
   r.config_json = backend->config().to_json(-1);

@@ -150,9 +150,10 @@ struct GraphTuner::Impl {
   // A candidate's end: failed (it could not be made or run), rejected (its correctness
   // report failed) or passed; logged and pushed with its session where it has one.
   std::size_t push_failed(CandidateResult r, const std::string& reason, std::string model_path = "",
-                          std::vector<std::size_t> input_map = {}) {
+                          std::vector<std::size_t> input_map = {}, std::optional<ErrorCode> code = std::nullopt) {
     r.status = CandidateStatus::kFailed;
     r.reason = reason;
+    r.failure_code = code;
     log(r.name + ": failed: " + r.reason);
     return push(std::move(r), nullptr, std::move(model_path), std::move(input_map));
   }
