@@ -74,7 +74,7 @@ struct CandidateResult {
   std::map<std::string, std::string> in_place_outputs;
   CandidateStatus status = CandidateStatus::kFailed;
   std::string reason;        ///< why it failed, was rejected or was chosen
-  /// For a failed candidate whose session could not be created: the engine's error code
+  /// For a failed candidate whose session could not be created or run: the engine's error code
   /// (kUnsupportedDType: the provider has no kernel at the model's dtype); empty otherwise.
   std::optional<ErrorCode> failure_code;
   std::optional<CorrectnessReport> correctness;

@@ -52,6 +52,28 @@ TEST(TuneOutcome, EveryCandidateIncorrectIsAMismatchWhenAsked) {
   EXPECT_EQ(decide_outcome(TuneReport{}, false, true).kind, TuneOutcomeKind::kNoCandidate);
 }
 
+// Sessions refused for want of a kernel at the model's dtype (bf16 on ORT's CPU) make the
+// typed outcome; a same-backend candidate that failed before any session (its transform)
+// does not change it, another backend's failure or a session's other failure does.
+TEST(TuneOutcome, EverySessionRefusedForTheDTypeIsUnsupportedDType) {
+  auto r = report_of({{0, CandidateStatus::kFailed}, {0, CandidateStatus::kFailed}, {0, CandidateStatus::kFailed}});
+  r.candidates[0].failure_code = r.candidates[1].failure_code = ErrorCode::kUnsupportedDType;
+  EXPECT_EQ(decide_outcome(r, false, true).kind, TuneOutcomeKind::kUnsupportedDType);  // [2]: its transform failed
+  EXPECT_TRUE(decide_outcome(r, false, true).is_failure());
+  EXPECT_EQ(tune_outcome_kind_name(TuneOutcomeKind::kUnsupportedDType), "unsupported_dtype");
+  EXPECT_NE(failure_message(TuneOutcomeKind::kUnsupportedDType, r).find("no kernel at the model's dtype"),
+            std::string::npos);
+  EXPECT_EQ(decide_outcome(r, true, true).kind, TuneOutcomeKind::kEagerFallback);  // eager still ends a strategy
+  auto other_session = r;
+  other_session.candidates[2].failure_code = ErrorCode::kModelInvalid;
+  EXPECT_EQ(decide_outcome(other_session, false, true).kind, TuneOutcomeKind::kNoCandidate);
+  auto other_backend = r;
+  other_backend.candidates[2].group = 1;
+  EXPECT_EQ(decide_outcome(other_backend, false, true).kind, TuneOutcomeKind::kNoCandidate);
+  auto none = report_of({{0, CandidateStatus::kFailed}});
+  EXPECT_EQ(decide_outcome(none, false, true).kind, TuneOutcomeKind::kNoCandidate);
+}
+
 TEST(TuneOutcome, FirstWinsStopsAfterAGroupWithAPassedCandidate) {
   auto r = report_of({{0, CandidateStatus::kFailed}, {1, CandidateStatus::kPassed}});
   EXPECT_FALSE(group_succeeded(r, 0));

@@ -2,6 +2,7 @@
 #include "aitune/tune_outcome.hpp"
 
 #include <algorithm>
+#include <set>
 #include <string>
 
 namespace aitune {
@@ -40,9 +41,16 @@ TuneOutcome decide_outcome(const TuneReport& report, bool eager_fallback, bool e
     return c.status == CandidateStatus::kIncorrect;
   });
   // Every candidate failed for want of a kernel at the model's dtype (bfloat16 on ORT's
-  // CPU): the front end raises its typed error (UnsupportedDTypeError), the reasons say what to do.
-  const bool all_dtype = !cs.empty() && std::all_of(cs.begin(), cs.end(), [](const auto& c) {
-    return c.status == CandidateStatus::kFailed && c.failure_code == ErrorCode::kUnsupportedDType;
+  // CPU): the front end raises its typed error (UnsupportedDTypeError), the reasons say what
+  // to do. A candidate of the same backend (group) that failed before any session (its
+  // model transform: onnxscript's fusions refuse bf16) does not change that; any other
+  // failure (another backend's, a session's for another cause) does.
+  std::set<int> dtype_groups;
+  for (const auto& c : cs)
+    if (c.failure_code == ErrorCode::kUnsupportedDType) dtype_groups.insert(c.group);
+  const bool all_dtype = !dtype_groups.empty() && std::all_of(cs.begin(), cs.end(), [&](const auto& c) {
+    return c.status == CandidateStatus::kFailed &&
+           (c.failure_code == ErrorCode::kUnsupportedDType || (!c.failure_code && dtype_groups.count(c.group)));
   });
   out.kind = errors_as_mismatch && all_incorrect ? TuneOutcomeKind::kAllIncorrect
              : all_dtype                         ? TuneOutcomeKind::kUnsupportedDType

@@ -204,7 +204,7 @@ std::size_t GraphTuner::evaluate_onnx(const std::string& model_path, const OnnxC
   } catch (const Error& e) {
     impl.rethrow_baseline_failure();  // the user's metric failed on eager's outputs: not this candidate's verdict
     return impl.push_failed(std::move(r), fixed_sizes.empty() ? std::string(e.what()) : e.what() + ("; " + fixed_sizes),
-                            model_path, map);
+                            model_path, map, e.code());
   }
   const std::size_t index = impl.push_passed(std::move(r), std::move(backend), model_path, map);
   impl.measured_calls[index] = std::move(measured);
