@@ -146,6 +146,16 @@ struct CheckpointSaveOptions {
   /// the save like any other failure: the temporary directory is removed and a previous
   /// checkpoint at the path stays as it was (progress reporting; tests inject failures).
   std::function<void(const std::string& path, std::size_t files_written)> on_file_written;
+  /// The content some artifacts must have: relative path in the checkpoint -> sha256
+  /// (64 lower-case hex digits). Each is compared with the digest of the bytes actually
+  /// copied, so a source replaced or rewritten after the caller decided to save it (a
+  /// module loaded from a checkpoint saving its files, read from that checkpoint) fails
+  /// the save with Error(kState) naming the artifact, its source and the target, before
+  /// anything at the target is replaced. A path this save does not write is not checked
+  /// (a caller that expects its model's files lists the model too, whose bytes change
+  /// when the files it references do); a value that is not a sha256 is kInvalidArgument
+  /// before anything is written.
+  std::map<std::string, std::string> expected_sha256;
 };
 
 /// Changes applied to a saved graph's backend configuration when loading it (a

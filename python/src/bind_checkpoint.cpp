@@ -8,6 +8,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "aitune/checkpoint.hpp"
+#include "aitune/onnx_external_data.hpp"
 #include "bindings.hpp"
 
 namespace nb = nanobind;
@@ -99,16 +100,20 @@ void bind_checkpoint(nb::module_& m) {
       .def(
           "__init__",
           [](CheckpointSaveOptions* self, bool overwrite,
-             std::function<void(const std::string&, std::size_t)> on_file_written) {
-            new (self) CheckpointSaveOptions{overwrite, nullptr, std::move(on_file_written)};
+             std::function<void(const std::string&, std::size_t)> on_file_written,
+             std::map<std::string, std::string> expected_sha256) {
+            new (self) CheckpointSaveOptions{overwrite, nullptr, std::move(on_file_written), std::move(expected_sha256)};
           },
-          nb::arg("overwrite") = true, nb::arg("on_file_written").none() = nb::none())
+          nb::arg("overwrite") = true, nb::arg("on_file_written").none() = nb::none(),
+          nb::arg("expected_sha256") = std::map<std::string, std::string>{})
       .def_rw("overwrite", &CheckpointSaveOptions::overwrite)
       .def_rw("runtime", &CheckpointSaveOptions::runtime, nb::for_setter(nb::arg("value").none()),
               "OrtRuntime whose version is recorded (None: the default).")
       .def_rw("on_file_written", &CheckpointSaveOptions::on_file_written, nb::for_setter(nb::arg("value").none()),
               "Called as on_file_written(path, files_written) after each file is flushed (with the GIL "
-              "taken); an exception raised there aborts the save and leaves a previous checkpoint intact.");
+              "taken); an exception raised there aborts the save and leaves a previous checkpoint intact.")
+      .def_rw("expected_sha256", &CheckpointSaveOptions::expected_sha256,
+              "Artifact path -> the sha256 its copied bytes must have; otherwise StateError, nothing replaced.");
 
   nb::class_<CheckpointBackendOverrides>(m, "CheckpointBackendOverrides",
                                          "Changes to a saved backend configuration on load (a device_map).")
@@ -168,6 +173,9 @@ void bind_checkpoint(nb::module_& m) {
       .def("__repr__", [](const Checkpoint& c) {
         return "Checkpoint(" + c.directory() + ", " + std::to_string(c.manifest().graphs.size()) + " graphs)";
       });
+
+  m.def("onnx_external_data_locations", &onnx_external_data_locations, nb::arg("model_path"),
+        "The files an ONNX model references beside it (external data, an EPContext engine), as written in it.");
 }
 
 }  // namespace aitune::python

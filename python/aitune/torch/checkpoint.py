@@ -180,14 +180,22 @@ def save(
     }
     graphs, files, reports = out.native_graphs, out.files, out.reports
     manifest = _core.CheckpointManifest(module_name=module.ait_name, metadata_json=json.dumps(metadata), graphs=graphs)
-    options = _core.CheckpointSaveOptions(overwrite=overwrite, on_file_written=on_file_written)
+    options = _core.CheckpointSaveOptions(overwrite=overwrite, on_file_written=on_file_written,
+                                          expected_sha256=out.expected_sha256)
     directory = Path(path)
     with cache.scratch_dir("aitune-save-") as scratch:
         for i, (relative, report) in enumerate(reports.items()):
             source = Path(scratch) / f"{i}-{REPORT_FILE}"
             source.write_text(json.dumps(report, indent=2))
             files[relative] = str(source)
-        _core.Checkpoint.save(os.fspath(directory), manifest, files, options)
+        try:
+            _core.Checkpoint.save(os.fspath(directory), manifest, files, options)
+        except _core.StateError as error:  # a loaded graph's file changed under it (expected_sha256)
+            raise _core.StateError(
+                f"ait.save: ait.Module '{module.ait_name}': {error}; something else rewrote the checkpoint this "
+                "module was loaded from (its sessions still run what they loaded, but a checkpoint needs the files): "
+                "load the module again from a checkpoint that holds its graphs, or tune it again, then save"
+            ) from None
     logger.info(
         "ait.save: '%s' (%s) saved to %s in %.3f s",
         module.ait_name,

@@ -43,6 +43,8 @@ class SaveContext:
     native_graphs: list = dataclass_field(default_factory=list)  # _core.CheckpointGraph
     files: dict = dataclass_field(default_factory=dict)  # relative path -> source file
     reports: dict = dataclass_field(default_factory=dict)  # relative path -> report JSON
+    # relative path -> the sha256 its copy must have (CheckpointSaveOptions.expected_sha256)
+    expected_sha256: dict = dataclass_field(default_factory=dict)
 
 
 @dataclass
@@ -148,13 +150,18 @@ class OnnxRuntimeSection(CheckpointSection):
     def save(self, graph, tuned: OnnxRuntimeTunedGraph, structure, report, out):
         session = tuned.session
         now = model_file_identity(session.model_path)
-        if now is None or now != tuned.model_file:
+        # A graph loaded from a checkpoint knows its files by content (the manifest's
+        # sha256): a save over that checkpoint replaces them with equal copies, which the
+        # next save reads, and the engine compares what it copies with these digests. A
+        # tuned graph's model is its own tune's cache file, known by identity.
+        loaded_from = getattr(tuned, "files_sha256", None)
+        if now is None or (now != tuned.model_file and not loaded_from):
             why = "no longer exists" if now is None else "was replaced since the session was created"
             raise _core.StateError(
                 f"ait.save: the ONNX model of graph '{graph.key}', {session.model_path}, {why} (each tune has a "
-                f"directory of its own in the cache, held until its process exits, so something else changed it; saving "
-                "a loaded module over or after removing the checkpoint it came from loses its files too); tune or load "
-                "the module again, then save"
+                f"directory of its own in the cache, held until its process exits, and a loaded module reads the "
+                "checkpoint it came from, so something else removed or changed it: the session holds the model, but "
+                "a checkpoint needs its files); tune or load the module again, then save"
             )
         structure["order"] = list(tuned.order)
         structure["backend"] = tuned.describe()
@@ -162,6 +169,8 @@ class OnnxRuntimeSection(CheckpointSection):
         model_path = Path(session.model_path).resolve()
         model = f"{directory}/{model_path.name}"
         out.files[model] = str(model_path)
+        for name, sha256 in (loaded_from or {}).items():  # the model and its external data, beside it
+            out.expected_sha256[f"{directory}/{name}"] = sha256
         config = session.config
         sources = {}
         for option, name in _CACHE_OPTIONS:  # TensorRT caches travel, so engines need no rebuild
@@ -203,7 +212,18 @@ class OnnxRuntimeSection(CheckpointSection):
         tuned = OnnxRuntimeTunedGraph(
             session, order, graph.input_names, describe if isinstance(describe, str) else "ONNXRuntimeBackend"
         )
+        tuned.files_sha256 = model_files_sha256(ctx.checkpoint, saved)
         return graph, tuned, read_report(ctx.checkpoint, saved, graph_where)
+
+
+def model_files_sha256(checkpoint, saved) -> dict[str, str]:
+    """The verified sha256 of a loaded graph's model and the files it references beside it
+    (external data), by their names relative to the model's directory: what a save of the
+    loaded module must copy (``CheckpointSaveOptions.expected_sha256``)."""
+    model_dir = Path(saved.model).parent.as_posix()
+    names = [Path(saved.model).name, *_core.onnx_external_data_locations(checkpoint.artifact_path(saved.model))]
+    digests = {a.path: a.sha256 for a in saved.artifacts}
+    return {name: digests[f"{model_dir}/{name}"] for name in names if f"{model_dir}/{name}" in digests}
 
 
 def read_report(checkpoint, saved, where: str) -> dict | None:

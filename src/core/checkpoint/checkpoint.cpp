@@ -346,6 +346,11 @@ CheckpointManifest Checkpoint::save(const std::string& dir, const CheckpointMani
     }
   }
   for (const auto& [rel, idx] : owner) m.graphs[idx].artifacts.push_back({rel, 0, {}});
+  for (const auto& [rel, sha] : options.expected_sha256) {
+    if (sha.size() != 64 || sha.find_first_not_of("0123456789abcdef") != std::string::npos)
+      fail(ErrorCode::kInvalidArgument, "expected_sha256 of '" + rel + "' is '" + sha +
+                                            "', not a sha256 (64 lower-case hex digits)");
+  }
 
   const Target existing = inspect_target(target);
   if (existing == Target::kCheckpoint && !options.overwrite)
@@ -366,6 +371,11 @@ CheckpointManifest Checkpoint::save(const std::string& dir, const CheckpointMani
         fs::create_directories(dest.parent_path());
         for (fs::path d = dest.parent_path(); d != tmp; d = d.parent_path()) dirs.insert(d);
         auto digest = detail::copy_and_hash(plan.at(a.path), dest);
+        if (auto e = options.expected_sha256.find(a.path); e != options.expected_sha256.end() && e->second != digest.sha256)
+          fail(ErrorCode::kState, "artifact '" + a.path + "' was copied from '" + plan.at(a.path).string() +
+                                      "', whose content changed (sha256 " + digest.sha256 + ", expected " + e->second +
+                                      "): the save to '" + target.string() +
+                                      "' was abandoned and what was there is as it was");
         a.size = digest.size;
         a.sha256 = digest.sha256;
         if (options.on_file_written) options.on_file_written(a.path, ++written);
