@@ -102,7 +102,8 @@ void bind_checkpoint(nb::module_& m) {
           [](CheckpointSaveOptions* self, bool overwrite,
              std::function<void(const std::string&, std::size_t)> on_file_written,
              std::map<std::string, std::string> expected_sha256) {
-            new (self) CheckpointSaveOptions{overwrite, nullptr, std::move(on_file_written), std::move(expected_sha256)};
+            new (self)
+                CheckpointSaveOptions{overwrite, nullptr, std::move(on_file_written), std::move(expected_sha256)};
           },
           nb::arg("overwrite") = true, nb::arg("on_file_written").none() = nb::none(),
           nb::arg("expected_sha256") = std::map<std::string, std::string>{})

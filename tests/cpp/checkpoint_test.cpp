@@ -628,6 +628,47 @@ TEST_F(CheckpointTest, ACheckpointSavedMeanwhileIsKeptWithoutOverwrite) {
   EXPECT_EQ(siblings(), std::vector<std::string>{"ckpt"});
 }
 
+// A loaded checkpoint saved again over itself, its files read from the directory being
+// replaced (a module loaded from it, saved back): twice in a row, with external data; and
+// CheckpointSaveOptions::expected_sha256 refusing a source whose content changed.
+TEST_F(CheckpointTest, ACheckpointSavesOverItselfFromItsOwnFilesAndChecksExpectedDigests) {
+  Checkpoint::save(dir_, mlp_manifest("first"), {{"graphs/mlp/model_raw.onnx", fixture("mlp_ext.onnx")}});
+  const auto session = Checkpoint::load(dir_).create_session("mlp");  // maps the external data
+  for (int i = 0; i < 2; ++i) {
+    const auto loaded = Checkpoint::load(dir_);
+    CheckpointSaveOptions options;
+    for (const auto& a : loaded.manifest().graphs[0].artifacts) options.expected_sha256[a.path] = a.sha256;
+    Checkpoint::save(dir_, mlp_manifest("again"), {{"graphs/mlp/model_raw.onnx", loaded.model_path("mlp")}}, options);
+    const auto again = Checkpoint::load(dir_);
+    EXPECT_EQ(again.manifest().graphs[0].artifacts, loaded.manifest().graphs[0].artifacts);
+    EXPECT_EQ(run_mlp(*again.create_session("mlp")), run_original_mlp());
+    EXPECT_EQ(run_mlp(*session), run_original_mlp()) << "a session of the replaced checkpoint stopped computing";
+  }
+  EXPECT_EQ(siblings(), std::vector<std::string>{"ckpt"});
+
+  // The data file rewritten (new content, same size) after the caller took its digests.
+  const auto loaded = Checkpoint::load(dir_);
+  CheckpointSaveOptions options;
+  for (const auto& a : loaded.manifest().graphs[0].artifacts) options.expected_sha256[a.path] = a.sha256;
+  const auto before = test::read_file_bytes(artifact("manifest.json"));
+  auto data = test::read_file_bytes(artifact("graphs/mlp/mlp_ext.onnx.data"));
+  data[data.size() / 2] = static_cast<char>(data[data.size() / 2] ^ 0x01);
+  const std::string rewritten = tmp_.file("rewritten.data");
+  test::write_file_bytes(rewritten, data);
+  fs::rename(rewritten, artifact("graphs/mlp/mlp_ext.onnx.data"));
+  const std::map<std::string, std::string> from_itself{{"graphs/mlp/model_raw.onnx", model_file()}};
+  expect_error([&] { Checkpoint::save(dir_, mlp_manifest("again"), from_itself, options); },
+               ErrorCode::kState, {"graphs/mlp/mlp_ext.onnx.data", "content changed", dir_});
+  EXPECT_EQ(test::read_file_bytes(artifact("manifest.json")), before);
+  EXPECT_EQ(test::read_file_bytes(artifact("graphs/mlp/mlp_ext.onnx.data")), data);
+  EXPECT_EQ(siblings(), std::vector<std::string>{"ckpt"});
+
+  options.expected_sha256 = {{"graphs/mlp/model_raw.onnx", "ABC"}};
+  expect_error([&] { Checkpoint::save(dir_, mlp_manifest("again"), from_itself, options); },
+               ErrorCode::kInvalidArgument, {"not a sha256"});
+  EXPECT_EQ(test::read_file_bytes(artifact("manifest.json")), before);
+}
+
 TEST_F(CheckpointTest, FailureOfAFirstSaveLeavesNothing) {
   CheckpointSaveOptions options;
   options.on_file_written = [](const std::string&, std::size_t) { throw std::runtime_error("not an aitune error"); };

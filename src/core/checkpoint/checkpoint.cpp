@@ -371,7 +371,8 @@ CheckpointManifest Checkpoint::save(const std::string& dir, const CheckpointMani
         fs::create_directories(dest.parent_path());
         for (fs::path d = dest.parent_path(); d != tmp; d = d.parent_path()) dirs.insert(d);
         auto digest = detail::copy_and_hash(plan.at(a.path), dest);
-        if (auto e = options.expected_sha256.find(a.path); e != options.expected_sha256.end() && e->second != digest.sha256)
+        if (auto e = options.expected_sha256.find(a.path);
+            e != options.expected_sha256.end() && e->second != digest.sha256)
           fail(ErrorCode::kState, "artifact '" + a.path + "' was copied from '" + plan.at(a.path).string() +
                                       "', whose content changed (sha256 " + digest.sha256 + ", expected " + e->second +
                                       "): the save to '" + target.string() +
