@@ -218,6 +218,13 @@ class Checkpoint {
   /// long work (`aitune tune --checkpoint`).
   static void check_save_target(const std::string& dir, const CheckpointSaveOptions& options = {});
 
+  /// The checkpoint directory `dir` lies inside (an ancestor holding a `manifest.json` of
+  /// format "aitune-checkpoint", or a `pipeline.json`), "" when none. `save` and
+  /// `check_save_target` refuse such a `dir` with kInvalidArgument naming both: a save
+  /// over the enclosing checkpoint replaces its directory whole, which would remove the
+  /// checkpoint inside it.
+  static std::string enclosing_checkpoint(const std::string& dir);
+
   /// Opens the checkpoint directory `dir` and verifies all of it before returning:
   /// manifest.json present and valid (`CheckpointManifest::from_json`); every artifact
   /// inside the directory (symbolic links may not lead outside it), present, a regular

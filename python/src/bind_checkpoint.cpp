@@ -141,6 +141,8 @@ void bind_checkpoint(nb::module_& m) {
           nb::arg("dir"), nb::arg("manifest"), nb::arg("files"), nb::arg("options") = CheckpointSaveOptions{},
           "Writes a checkpoint directory atomically; returns the manifest as written. files: artifact path in "
           "the checkpoint -> source file or directory.")
+      .def_static("enclosing_checkpoint", &Checkpoint::enclosing_checkpoint, nb::arg("dir"),
+                  "The checkpoint directory `dir` lies inside ('' when none); save refuses such a `dir`.")
       .def_static(
           "load",
           [](const std::string& dir) {

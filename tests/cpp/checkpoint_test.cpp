@@ -669,6 +669,34 @@ TEST_F(CheckpointTest, ACheckpointSavesOverItselfFromItsOwnFilesAndChecksExpecte
   EXPECT_EQ(test::read_file_bytes(artifact("manifest.json")), before);
 }
 
+// A checkpoint saved inside another would be removed by the next save over the outer one
+// (it replaces the directory whole): refused, naming both, before anything is written.
+TEST_F(CheckpointTest, ACheckpointInsideACheckpointIsRefused) {
+  save_mlp("outer");
+  EXPECT_EQ(Checkpoint::enclosing_checkpoint(artifact("sub")), dir_);
+  EXPECT_EQ(Checkpoint::enclosing_checkpoint(artifact("graphs/mlp/deeper/x")), dir_);
+  EXPECT_EQ(Checkpoint::enclosing_checkpoint(dir_), "");
+  EXPECT_EQ(Checkpoint::enclosing_checkpoint(tmp_.file("beside")), "");
+  for (const std::string inner : {artifact("sub"), artifact("graphs/new/deeper")}) {
+    expect_error([&] { Checkpoint::save(inner, mlp_manifest("inner"), mlp_files()); }, ErrorCode::kInvalidArgument,
+                 {inner, "lies inside the checkpoint '" + dir_ + "'", "outside"});
+    expect_error([&] { Checkpoint::check_save_target(inner); }, ErrorCode::kInvalidArgument, {"lies inside"});
+  }
+  EXPECT_FALSE(fs::exists(artifact("sub")));
+  EXPECT_FALSE(fs::exists(artifact("graphs/new")));
+  // A pipeline checkpoint (pipeline.json) encloses as well; a directory with another
+  // manifest.json does not.
+  const std::string pipeline = tmp_.file("pipe");
+  fs::create_directories(pipeline);
+  test::write_file_bytes(pipeline + "/pipeline.json", "{}");
+  EXPECT_EQ(Checkpoint::enclosing_checkpoint(pipeline + "/modules/x"), pipeline);
+  const std::string other = tmp_.file("other");
+  fs::create_directories(other);
+  test::write_file_bytes(other + "/manifest.json", R"({"format": "something-else"})");
+  EXPECT_EQ(Checkpoint::enclosing_checkpoint(other + "/x"), "");
+  Checkpoint::save(other + "/x", mlp_manifest("inside another tool's directory"), mlp_files());
+}
+
 TEST_F(CheckpointTest, FailureOfAFirstSaveLeavesNothing) {
   CheckpointSaveOptions options;
   options.on_file_written = [](const std::string&, std::size_t) { throw std::runtime_error("not an aitune error"); };

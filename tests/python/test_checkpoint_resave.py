@@ -18,6 +18,7 @@ from torch_models import MLP, cpu_strategy
 
 import aitune
 import aitune.torch as ait
+from aitune import _core
 from aitune.torch import ModuleState
 
 
@@ -170,8 +171,6 @@ def test_a_removed_checkpoint_cannot_be_saved_from_and_says_what_to_do(saved, tm
 
 def test_expected_sha256_is_checked_on_the_bytes_copied(saved, tmp_path):
     """The engine's side: CheckpointSaveOptions.expected_sha256, straight through _core."""
-    from aitune import _core
-
     source = _core.Checkpoint.load(str(saved[0]))
     manifest = source.manifest
     (graph,) = manifest.graphs
@@ -222,3 +221,34 @@ def test_a_loaded_pipeline_saves_over_its_own_checkpoint_again(tmp_path, monkeyp
             assert torch.equal(loaded(x), expected)
             assert torch.equal(again(x), expected)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "other", "pipe"]
+
+
+def test_a_checkpoint_inside_a_checkpoint_is_refused(saved, tmp_path):
+    """Saved inside checkpoint A, it would be removed by the next save over A (which
+    replaces A's directory whole): refused, naming both, before anything is written."""
+    _, x, expected = saved
+    path = _copy(saved, tmp_path)
+    loaded = _load(path)
+    for inner in (path / "sub", path / "graphs" / "new" / "deeper"):
+        with pytest.raises(aitune.InvalidArgumentError, match=rf"'{inner}': it lies inside the checkpoint '{path}'"):
+            ait.save(loaded, inner)
+    assert sorted(p.name for p in path.iterdir()) == ["graphs", "manifest.json"]
+    assert not (path / "graphs" / "new").exists()
+    ait.save(loaded, path)  # and over A itself as before
+    assert torch.equal(_load(path)(x), expected)
+    _assert_clean(tmp_path)
+
+
+def test_a_pipeline_inside_a_checkpoint_is_refused_and_a_checkpoint_inside_a_pipeline(saved, tmp_path):
+    from test_pipeline_checkpoint import TwoStage
+
+    path = _copy(saved, tmp_path)
+    pipeline = TwoStage()
+    pipeline.encoder = _load(path)
+    with pytest.raises(aitune.InvalidArgumentError, match=rf"'{path / 'pipe'}': it lies inside the checkpoint"):
+        ait.save(pipeline, path / "pipe")
+    ait.save(pipeline, tmp_path / "pipe")
+    with pytest.raises(aitune.InvalidArgumentError, match=rf"inside the checkpoint '{tmp_path / 'pipe'}'"):
+        ait.save(pipeline.encoder, tmp_path / "pipe" / "modules" / "mine")
+    assert sorted(p.name for p in path.iterdir()) == ["graphs", "manifest.json"]
+    assert sorted(p.name for p in (tmp_path / "pipe" / "modules").iterdir()) == ["encoder"]

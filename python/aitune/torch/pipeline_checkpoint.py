@@ -227,6 +227,11 @@ def save(obj: Any, path: str | os.PathLike, *, overwrite: bool = True,
             "at least one graph in ONNX Runtime or torch.compile, so there is nothing to save"
         )
     target = Path(path).absolute()
+    if outer := _core.Checkpoint.enclosing_checkpoint(str(target)):
+        raise _core.InvalidArgumentError(
+            f"ait.save: refusing to save a checkpoint to '{target}': it lies inside the checkpoint '{outer}', and a "
+            f"save over that one replaces its directory whole, removing this one; save it outside '{outer}' (beside it)"
+        )
     if target.exists() or target.is_symlink():
         if not _is_ours(target):
             raise _core.InvalidArgumentError(

@@ -181,8 +181,41 @@ fs::path save_target(const std::string& dir) {
 
 }  // namespace
 
+std::string Checkpoint::enclosing_checkpoint(const std::string& dir) {
+  const fs::path target = save_target(dir);
+  std::error_code ec;
+  for (fs::path p = target.parent_path(); !p.empty(); p = p.parent_path()) {
+    if (fs::is_regular_file(p / kPipelineManifestFile, ec)) return p.string();
+    if (fs::is_regular_file(p / kCheckpointManifestFile, ec)) {
+      try {
+        auto j = detail::parse_bounded_json<Json>(read_text_file(p / kCheckpointManifestFile, "manifest"),
+                                                  ErrorCode::kInvalidArgument, "manifest");
+        if (j.is_object() && j.contains("format") && j.at("format") == kCheckpointFormatName) return p.string();
+      } catch (const std::exception&) {
+      }
+    }
+    if (p == p.parent_path()) break;
+  }
+  return {};
+}
+
+namespace {
+
+// Refuses a target inside a checkpoint: the next save over that one would remove it.
+void refuse_nested(const fs::path& target) {
+  const std::string outer = Checkpoint::enclosing_checkpoint(target.string());
+  if (!outer.empty())
+    fail(ErrorCode::kInvalidArgument, "refusing to save a checkpoint to '" + target.string() +
+                                          "': it lies inside the checkpoint '" + outer +
+                                          "', and a save over that one replaces its directory whole, removing this "
+                                          "one; save it outside '" + outer + "' (beside it)");
+}
+
+}  // namespace
+
 void Checkpoint::check_save_target(const std::string& dir, const CheckpointSaveOptions& options) {
   const fs::path target = save_target(dir);
+  refuse_nested(target);
   if (inspect_target(target) == Target::kCheckpoint && !options.overwrite)
     fail(ErrorCode::kInvalidArgument, "'" + target.string() + "' already holds a checkpoint and overwrite is off");
   // The nearest existing ancestor must be a directory for save to create the rest.
@@ -217,6 +250,7 @@ CheckpointManifest Checkpoint::save(const std::string& dir, const CheckpointMani
                                     const std::map<std::string, std::string>& files,
                                     const CheckpointSaveOptions& options) {
   const fs::path target = save_target(dir);
+  refuse_nested(target);
 
   // The manifest as it will be written, minus artifacts.
   CheckpointManifest m = manifest;
