@@ -36,6 +36,18 @@ _FUSION_DOMAIN = "ai.onnxruntime._fusion"  # onnxscript's intermediate ops (Rota
 # -- rotary: position ids per row ------------------------------------------------------
 
 
+def _rotated_by_angles(op, x, freqs, interleaved, num_heads, dtype, cast: bool):
+    """The pattern's tail every cos / sin rule shares: rotary's ``Concat(freqs, freqs)`` ->
+    Cos / Sin (cast to the rotated tensor's dtype where ``cast``) -> onnxscript's
+    intermediate RotaryEmbedding of ``x``."""
+    emb = op.Concat(freqs, freqs, axis=-1)
+    cos, sin = op.Cos(emb), op.Sin(emb)
+    if cast:
+        cos, sin = op.Cast(cos, to=dtype), op.Cast(sin, to=dtype)
+    return op.RotaryEmbedding(x, op.Unsqueeze(cos, [1]), op.Unsqueeze(sin, [1]), interleaved=interleaved,
+                              num_heads=num_heads, _domain=_FUSION_DOMAIN)
+
+
 def _frequencies(inv_freq: ir.Value) -> np.ndarray | None:
     """The rotary frequencies of a constant ``inv_freq`` as [1, E]: [E], [1, E, 1] or
     [1, 1, E], or [B, E, 1] (a static batch: the exporter folds ``inv_freq.expand(B, -1,
@@ -85,12 +97,7 @@ class _RowPositionsCosSinCache(cos_sin_cache.CosSinCacheFusion):
                                     op.Cast(op.Expand(inv_freq, pattern.ANY_VALUE), to=ir.DataType.FLOAT),
                                     inv_freq])  # [B|1, E, 1]
         freqs = op.Transpose(op.MatMul(expanded, positions), perm=[0, 2, 1])  # [B, S, E]
-        emb = op.Concat(freqs, freqs, axis=-1)
-        cos, sin = op.Cos(emb), op.Sin(emb)
-        if self._cast:
-            cos, sin = op.Cast(cos, to=dtype), op.Cast(sin, to=dtype)
-        return op.RotaryEmbedding(x, op.Unsqueeze(cos, [1]), op.Unsqueeze(sin, [1]), interleaved=interleaved,
-                                  num_heads=num_heads, _domain=_FUSION_DOMAIN)
+        return _rotated_by_angles(op, x, freqs, interleaved, num_heads, dtype, self._cast)
 
     def check(self, context, inv_freq, position_ids, freqs, extra_dims, **kwargs) -> pattern.MatchResult:
         if self._const_freqs:
@@ -148,12 +155,7 @@ class _ElementwiseCosSinCache(_RowPositionsCosSinCache):
     def pattern(self, op, x, inv_freq, position_ids, interleaved, num_heads, freqs, dtype, extra_dims):
         positions = op.Cast(op.Unsqueeze(position_ids, extra_dims), to=ir.DataType.FLOAT)  # [B, S, 1]
         freqs = pattern.OrValue([op.Mul(positions, inv_freq), op.Mul(inv_freq, positions)])  # [B, S, E]
-        emb = op.Concat(freqs, freqs, axis=-1)
-        cos, sin = op.Cos(emb), op.Sin(emb)
-        if self._cast:
-            cos, sin = op.Cast(cos, to=dtype), op.Cast(sin, to=dtype)
-        return op.RotaryEmbedding(x, op.Unsqueeze(cos, [1]), op.Unsqueeze(sin, [1]), interleaved=interleaved,
-                                  num_heads=num_heads, _domain=_FUSION_DOMAIN)
+        return _rotated_by_angles(op, x, freqs, interleaved, num_heads, dtype, self._cast)
 
     def check(self, context, inv_freq, position_ids, extra_dims, **_) -> pattern.MatchResult:
         result = pattern.MatchResult()
@@ -241,12 +243,7 @@ class _ConstantAnglesCosSinCache(_FoldedCosSinCache):
         self._cast = cast
 
     def pattern(self, op, x, freqs, interleaved, num_heads, dtype):
-        emb = op.Concat(freqs, freqs, axis=-1)
-        cos, sin = op.Cos(emb), op.Sin(emb)
-        if self._cast:
-            cos, sin = op.Cast(cos, to=dtype), op.Cast(sin, to=dtype)
-        return op.RotaryEmbedding(x, op.Unsqueeze(cos, [1]), op.Unsqueeze(sin, [1]), interleaved=interleaved,
-                                  num_heads=num_heads, _domain=_FUSION_DOMAIN)
+        return _rotated_by_angles(op, x, freqs, interleaved, num_heads, dtype, self._cast)
 
     def check(self, context, x, freqs, **_) -> pattern.MatchResult:
         result = pattern.MatchResult()
