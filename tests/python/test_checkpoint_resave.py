@@ -14,33 +14,17 @@ from pathlib import Path
 import onnx
 import pytest
 import torch
-from torch_models import MLP, cpu_strategy
+from torch_models import MLP, cpu_strategy, saved_tuned_mlp
 
 import aitune
 import aitune.torch as ait
 from aitune import _core
-from aitune.torch import ModuleState
 
 
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     """One tuned MLP saved once (performance validation off: a second or two)."""
-    root = tmp_path_factory.mktemp("resave")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("AITUNE_CACHE_DIR", str(root / "cache"))
-        ait.enable_performance_validation(False)
-        try:
-            torch.manual_seed(0)
-            model = ait.Module(MLP().eval(), "mlp", strategy=cpu_strategy())
-            ait.tune(model, [torch.randn(16) for _ in range(2)], disable_external_logging=True,
-                     ignore_failing_modules=False)
-            assert model.ait_state is ModuleState.TUNED
-            x = torch.randn(2, 16)
-            expected = model(x)
-            ait.save(model, root / "ckpt")
-        finally:
-            ait.enable_performance_validation(True)
-    return root / "ckpt", x, expected
+    return saved_tuned_mlp(tmp_path_factory.mktemp("resave"))
 
 
 def _copy(saved, tmp_path: Path, name: str = "a") -> Path:

@@ -16,12 +16,11 @@ import onnx
 import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
-from torch_models import MLP, cpu_strategy
+from torch_models import MLP, saved_tuned_mlp
 
 import aitune
 import aitune.torch as ait
 from aitune import _core
-from aitune.torch import ModuleState
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
@@ -45,23 +44,7 @@ def _write_manifest(path: Path, manifest: dict) -> None:
 @pytest.fixture(scope="module")
 def pristine(tmp_path_factory):
     """One tuned MLP saved once, with a sample input and its output; tests damage copies."""
-    root = tmp_path_factory.mktemp("pristine")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("AITUNE_CACHE_DIR", str(root / "cache"))
-        ait.enable_performance_validation(False)
-        try:
-            torch.manual_seed(0)
-            model = ait.Module(MLP().eval(), "mlp", strategy=cpu_strategy())
-            ait.tune(model, [torch.randn(16) for _ in range(2)], disable_external_logging=True,
-                     ignore_failing_modules=False)
-            assert model.ait_state is ModuleState.TUNED
-            x = torch.randn(2, 16)
-            with torch.no_grad():
-                expected = model(x)
-            ait.save(model, root / "ckpt")
-        finally:
-            ait.enable_performance_validation(True)
-    return root / "ckpt", x, expected
+    return saved_tuned_mlp(tmp_path_factory.mktemp("pristine"))
 
 
 @pytest.fixture

@@ -96,3 +96,30 @@ class NestedModel(torch.nn.Module):
         right = self.right(b) + extra["bias"][0]
         total = left + right if mode == "sum" else left - right
         return {"total": total, "parts": [left, right], "features": Features(total, total.mean(-1)), "mode": mode}
+
+
+def saved_tuned_mlp(root):
+    """One MLP tuned on the CPU provider (performance validation off: a second or two) and
+    saved to ``root / "ckpt"``, its tuning cache under ``root``: the checkpoint, a sample
+    input and the tuned module's output for it, for tests that copy or damage it."""
+    import pytest
+
+    import aitune.torch as ait
+    from aitune.torch import ModuleState
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("AITUNE_CACHE_DIR", str(root / "cache"))
+        ait.enable_performance_validation(False)
+        try:
+            torch.manual_seed(0)
+            model = ait.Module(MLP().eval(), "mlp", strategy=cpu_strategy())
+            ait.tune(model, [torch.randn(16) for _ in range(2)], disable_external_logging=True,
+                     ignore_failing_modules=False)
+            assert model.ait_state is ModuleState.TUNED
+            x = torch.randn(2, 16)
+            with torch.no_grad():
+                expected = model(x)
+            ait.save(model, root / "ckpt")
+        finally:
+            ait.enable_performance_validation(True)
+    return root / "ckpt", x, expected
