@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "aitune/dtype.hpp"
+#include "aitune/magnitude_groups.hpp"
 #include "aitune/tensor.hpp"
 
 namespace aitune {
@@ -75,6 +76,22 @@ struct ToleranceSpec {
   bool operator==(const ToleranceSpec&) const = default;
 };
 
+/// One magnitude group of an output (magnitude_groups.hpp): its slices along
+/// OutputCheck::magnitude_axis, judged as an output of its own would be.
+struct GroupCheck {
+  std::string indices;      ///< its indices along the axis, as ranges ("4:84", "0:2, 5")
+  double scale = 1;         ///< max(1, RMS of its finite expected values): its atol's scale
+  double atol_applied = 0;  ///< the atol applied to its elements
+  int64_t elements = 0;     ///< its elements finite in both outputs
+  int64_t mismatched = 0;   ///< its elements beyond both atol and rtol
+  double max_abs_error = 0;
+  double rel_l2_error = 0;  ///< over its elements finite in both
+  /// The calibrated rule, per group: eager-at-P's errors on the same group and the ratio.
+  std::optional<double> eager_at_precision_max_abs_error;
+  std::optional<double> eager_at_precision_rel_l2_error;
+  std::optional<double> error_ratio;
+};
+
 /// The result of comparing one output of one sample.
 struct OutputCheck {
   std::string name;
@@ -84,7 +101,13 @@ struct OutputCheck {
   Shape shape;          ///< the actual shape
   Tolerance tolerance;  ///< as given (a scaled atol before scaling)
   double atol_applied = 0;  ///< the atol applied: tolerance.atol, times atol_scale when scaled
+                            ///< (split into magnitude groups: the smallest group's)
   double scale = 1;         ///< atol_scale(expected) (computed for every floating output)
+  /// Where the expected output splits into magnitude groups (magnitude_groups.hpp): the
+  /// axis (-1: no split) and each group's check. A scaled atol is then each group's own,
+  /// and the calibrated rule judges each group that fails the table on its own errors.
+  int64_t magnitude_axis = -1;
+  std::vector<GroupCheck> magnitude_groups;
   double max_abs_error = 0;
   double max_rel_error = 0;     ///< |a - e| / |e| over elements with e != 0
   int64_t mismatched = 0;       ///< elements beyond both atol and rtol

@@ -315,3 +315,60 @@ def test_a_non_deterministic_eager_module_is_refused_naming_the_modules_in_train
     evaluated = ait.Module(_DropoutHead().eval(), "dropout_eval", strategy=_one_candidate())
     ait.tune(evaluated, [torch.randn(16) for _ in range(2)], ignore_failing_modules=False)
     assert evaluated.ait_state is ait.ModuleState.TUNED
+
+
+class DetectionHead(torch.nn.Module):
+    """A YOLO-style head [batch, 4 + classes, anchors]: box coordinates in pixels beside
+    class scores in (0, 1), in one output. ``score_shift`` adds to the scores' logits (a
+    graph computing other scores)."""
+
+    def __init__(self, classes: int = 3, score_shift: float = 0.0):
+        super().__init__()
+        self.boxes = torch.nn.Conv1d(8, 4, 1)
+        self.scores = torch.nn.Conv1d(8, classes, 1)
+        self.score_shift = score_shift
+
+    def forward(self, x):
+        boxes = 320 + 160 * torch.tanh(self.boxes(x))  # pixels of a 640 image
+        return torch.cat([boxes, torch.sigmoid(self.scores(x) + self.score_shift)], dim=1)
+
+
+def test_an_output_mixing_pixel_boxes_and_scores_judges_the_scores_on_their_own_size():
+    """The whole output's RMS (~300) scaled the fp16 atol to ~3, over the scores' whole range:
+    a graph computing other scores passed. Split along the channel axis, the scores keep
+    the table's own atol, and the calibrated rule compares their error with eager's on them."""
+    torch.manual_seed(0)
+    head = DetectionHead().eval()
+    graph = _recorded_detection(ait.Module(head, "detection_head"))
+    wrong = DetectionHead(score_shift=0.4).eval()
+    wrong.load_state_dict(head.state_dict())
+    eager_bf16 = eager_outputs_at(graph, _core.Precision.BF16)
+    tuner = _tuner(graph, _quick_options())
+
+    def rounded(i):  # eager bf16's own outputs: a correct reduced-precision result
+        return [eager_bf16[i][0].contiguous().numpy()]
+
+    def other_scores(i):
+        with torch.no_grad():
+            return [wrong(*graph.samples[i].inputs).contiguous().numpy()]
+
+    tuner.evaluate_external("rounded", "Test", 0, _core.Precision.BF16, "{}", rounded, lambda: None)
+    tuner.evaluate_external("other scores", "Test", 0, _core.Precision.BF16, "{}", other_scores, lambda: None)
+    report = tuner.select(_core.StrategyConfig(performance_validation=False))
+    by_name = {c.name: c for c in report.candidates}
+    assert by_name["rounded"].status == "selected", by_name["rounded"].reason
+    assert by_name["other scores"].status == "incorrect"
+    assert "on indices 4:7 of axis 1" in by_name["other scores"].reason, by_name["other scores"].reason
+    data = {c["name"]: c for c in json.loads(report.to_json())["candidates"]}
+    out = data["other scores"]["correctness"]["samples"][0]["outputs"][0]
+    assert out["magnitude_axis"] == 1
+    scores, boxes = out["magnitude_groups"]
+    assert (scores["indices"], boxes["indices"]) == ("4:7", "0:4")
+    assert scores["atol_scale"] == 1.0 and boxes["atol_scale"] > 250
+    assert scores["mismatched"] > 0 and boxes["mismatched"] == 0
+
+
+def _recorded_detection(model):
+    ait.tune(model, [torch.randn(8, 64) for _ in range(3)], dry_run=True)
+    (graph,) = model.ait_graphs
+    return graph

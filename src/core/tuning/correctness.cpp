@@ -12,62 +12,14 @@
 
 #include "aitune/error.hpp"
 #include "base/enum_names.hpp"
+#include "tuning/tensor_elements.hpp"
 
 namespace aitune {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-
-double half_to_double(uint16_t h) {
-  uint32_t sign = (h >> 15) & 1u, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
-  double value;
-  if (exp == 0) {
-    value = std::ldexp(static_cast<double>(mant), -24);  // subnormal
-  } else if (exp == 31) {
-    value = mant ? std::numeric_limits<double>::quiet_NaN() : kInf;
-  } else {
-    value = std::ldexp(static_cast<double>(mant | 0x400u), static_cast<int>(exp) - 25);
-  }
-  return sign ? -value : value;
-}
-
-double bfloat16_to_double(uint16_t b) {
-  uint32_t bits = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
-// Element i of a contiguous host tensor as a double.
-double element(const TensorView& t, std::size_t i) {
-  switch (t.dtype) {
-    case DType::kFloat32: return static_cast<const float*>(t.data)[i];
-    case DType::kFloat64: return static_cast<const double*>(t.data)[i];
-    case DType::kFloat16: return half_to_double(static_cast<const uint16_t*>(t.data)[i]);
-    case DType::kBFloat16: return bfloat16_to_double(static_cast<const uint16_t*>(t.data)[i]);
-    case DType::kInt64: return static_cast<double>(static_cast<const int64_t*>(t.data)[i]);
-    case DType::kInt32: return static_cast<const int32_t*>(t.data)[i];
-    case DType::kInt16: return static_cast<const int16_t*>(t.data)[i];
-    case DType::kInt8: return static_cast<const int8_t*>(t.data)[i];
-    case DType::kUInt8:
-    case DType::kBool: return static_cast<const uint8_t*>(t.data)[i];
-  }
-  return 0;
-}
-
-// Element i of a contiguous integer or bool host tensor, exactly (a double holds integers
-// exactly only up to 2^53: token ids or hashes beyond it would compare equal when distinct).
-int64_t integer_element(const TensorView& t, std::size_t i) {
-  switch (t.dtype) {
-    case DType::kInt64: return static_cast<const int64_t*>(t.data)[i];
-    case DType::kInt32: return static_cast<const int32_t*>(t.data)[i];
-    case DType::kInt16: return static_cast<const int16_t*>(t.data)[i];
-    case DType::kInt8: return static_cast<const int8_t*>(t.data)[i];
-    case DType::kUInt8:
-    case DType::kBool: return static_cast<const uint8_t*>(t.data)[i];
-    default: return 0;
-  }
-}
+using detail::element;
+using detail::integer_element;
 
 // |a - b| of two integers as a double, without overflow; at least 1 when they differ.
 double integer_distance(int64_t a, int64_t b) {
@@ -202,6 +154,27 @@ OutputCheck compare_output(const std::string& name, const TensorView& actual, co
   check.scale = atol_scale(expected);
   const double atol = tolerance.scaled ? tolerance.atol * check.scale : tolerance.atol;
   check.atol_applied = atol;
+  // Parts of very different sizes along one axis: each judged as its own output.
+  const MagnitudeGroups groups = magnitude_groups(expected);
+  std::vector<double> group_atol, group_err2, group_exp2;
+  std::size_t inner = 1, axis_size = 1;
+  if (groups.split()) {
+    check.magnitude_axis = groups.axis;
+    axis_size = static_cast<std::size_t>(expected.shape[static_cast<std::size_t>(groups.axis)]);
+    for (std::size_t a = static_cast<std::size_t>(groups.axis) + 1; a < expected.shape.size(); ++a)
+      inner *= static_cast<std::size_t>(expected.shape[a]);
+    check.magnitude_groups.resize(groups.scale.size());
+    for (std::size_t g = 0; g < groups.scale.size(); ++g) {
+      auto& group = check.magnitude_groups[g];
+      group.indices = groups.indices(g);
+      group.scale = groups.scale[g];
+      group.atol_applied = tolerance.scaled ? tolerance.atol * group.scale : tolerance.atol;
+      group_atol.push_back(group.atol_applied);
+    }
+    check.atol_applied = *std::min_element(group_atol.begin(), group_atol.end());
+    group_err2.assign(group_atol.size(), 0.0);
+    group_exp2.assign(group_atol.size(), 0.0);
+  }
   // required_atol: the largest error among elements the rtol alone does not cover;
   // required_rtol: the largest relative error among elements the atol alone does not cover.
   double required_atol = 0, required_rtol = 0;
@@ -228,11 +201,28 @@ OutputCheck compare_output(const std::string& name, const TensorView& actual, co
     double rel = scale > 0 ? diff / scale : (diff > 0 ? kInf : 0);
     check.max_abs_error = std::max(check.max_abs_error, diff);
     if (std::isfinite(rel)) check.max_rel_error = std::max(check.max_rel_error, rel);
-    bool within_atol = diff <= atol, within_rtol = diff <= tolerance.rtol * scale;
+    GroupCheck* group = nullptr;
+    double element_atol = atol;
+    if (groups.split()) {
+      const auto g = static_cast<std::size_t>(groups.group_of[(i / inner) % axis_size]);
+      group = &check.magnitude_groups[g];
+      element_atol = group_atol[g];
+      ++group->elements;
+      group->max_abs_error = std::max(group->max_abs_error, diff);
+      group_err2[g] += diff * diff;
+      group_exp2[g] += e * e;
+    }
+    bool within_atol = diff <= element_atol, within_rtol = diff <= tolerance.rtol * scale;
     if (!within_rtol) required_atol = std::max(required_atol, diff);
     if (!within_atol) required_rtol = std::max(required_rtol, rel);
-    if (!within_atol && !within_rtol) ++check.mismatched;
+    if (!within_atol && !within_rtol) {
+      ++check.mismatched;
+      if (group) ++group->mismatched;
+    }
   }
+  for (std::size_t g = 0; g < check.magnitude_groups.size(); ++g)
+    check.magnitude_groups[g].rel_l2_error =
+        group_exp2[g] > 0 ? std::sqrt(group_err2[g] / group_exp2[g]) : (group_err2[g] > 0 ? kInf : 0);
   check.required_atol = required_atol;
   check.required_rtol = required_rtol;
   check.rel_l2_error = exp2 > 0 ? std::sqrt(err2 / exp2) : (err2 > 0 ? kInf : 0);
@@ -278,11 +268,31 @@ OutputCheck compare_output(const std::string& name, const TensorView& actual, co
   }
   check.passed = check.mismatched == 0;
   if (!check.passed) {
-    check.failure = std::to_string(check.mismatched) + " of " + std::to_string(n) + " elements beyond atol=" +
-                    fmt(atol) + (tolerance.scaled ? " (" + fmt(tolerance.atol) + " x output RMS " + fmt(check.scale) + ")" : "") +
-                    " and rtol=" + fmt(tolerance.rtol) + " (max abs error " +
-                    fmt(check.max_abs_error) + ", max rel error " + fmt(check.max_rel_error) +
-                    "; would pass with atol=" + fmt(required_atol) + " or rtol=" + fmt(required_rtol) + ")";
+    std::string bound;
+    if (!groups.split()) {
+      bound = "atol=" + fmt(atol) +
+              (tolerance.scaled ? " (" + fmt(tolerance.atol) + " x output RMS " + fmt(check.scale) + ")" : "");
+    } else {
+      // Each group that failed, by its indices, its atol and the sizes beside it.
+      const std::string axis = std::to_string(groups.axis);
+      for (const auto& group : check.magnitude_groups) {
+        if (!group.mismatched) continue;
+        if (!bound.empty()) bound += "; ";
+        bound += "atol=" + fmt(group.atol_applied) +
+                 (tolerance.scaled ? " (" + fmt(tolerance.atol) + " x RMS " + fmt(group.scale) + ")" : "") +
+                 " on indices " + group.indices + " of axis " + axis + " (" + std::to_string(group.mismatched) +
+                 " elements, max abs error " + fmt(group.max_abs_error) + ")";
+      }
+      std::string sizes;
+      for (const auto& group : check.magnitude_groups)
+        sizes += (sizes.empty() ? "" : ", ") + group.indices + " RMS " + fmt(group.scale);
+      bound += "; the output's values are of different sizes along axis " + axis + " (" + sizes +
+               "), each part judged as an output of its own";
+    }
+    check.failure = std::to_string(check.mismatched) + " of " + std::to_string(n) + " elements beyond " + bound +
+                    " and rtol=" + fmt(tolerance.rtol) + " (max abs error " + fmt(check.max_abs_error) +
+                    ", max rel error " + fmt(check.max_rel_error) + "; would pass with atol=" + fmt(required_atol) +
+                    " or rtol=" + fmt(required_rtol) + ")";
   }
   return check;
 }
@@ -404,6 +414,25 @@ std::string CorrectnessReport::to_json(int indent) const {
                                                                  : nlohmann::json(nullptr)},
                          {"error_ratio", o.error_ratio ? nlohmann::json(json_number(*o.error_ratio)) : nlohmann::json(nullptr)},
                          {"rule", o.rule}});
+      if (o.magnitude_axis >= 0) {  // only where the output split (magnitude_groups.hpp)
+        nlohmann::json groups = nlohmann::json::array();
+        auto optional = [](const std::optional<double>& v) {
+          return v ? nlohmann::json(json_number(*v)) : nlohmann::json(nullptr);
+        };
+        for (const auto& g : o.magnitude_groups)
+          groups.push_back({{"indices", g.indices},
+                            {"atol_scale", g.scale},
+                            {"atol", g.atol_applied},
+                            {"elements", g.elements},
+                            {"mismatched", g.mismatched},
+                            {"max_abs_error", json_number(g.max_abs_error)},
+                            {"rel_l2_error", json_number(g.rel_l2_error)},
+                            {"eager_at_precision_max_abs_error", optional(g.eager_at_precision_max_abs_error)},
+                            {"eager_at_precision_rel_l2_error", optional(g.eager_at_precision_rel_l2_error)},
+                            {"error_ratio", optional(g.error_ratio)}});
+        outputs.back()["magnitude_axis"] = o.magnitude_axis;
+        outputs.back()["magnitude_groups"] = groups;
+      }
     }
     samples_json.push_back({{"sample", s.sample}, {"passed", s.passed()}, {"outputs", outputs}});
   }
