@@ -68,6 +68,30 @@ def test_a_directory_recording_another_name_is_refused(cache_dir):
         cache.module_dir("mine")
 
 
+def test_an_empty_name_record_left_by_a_killed_process_is_taken(cache_dir):
+    """A process killed between creating ``.module_name`` and writing it (or one still
+    writing it while another process of that name reads it) left it empty: every later
+    tune of that name was refused ("belongs to the module ''")."""
+    path = cache_dir / "mlp"
+    path.mkdir(parents=True)
+    (path / cache.MODULE_NAME_FILE).write_bytes(b"")
+    assert cache.module_dir("mlp") == path
+    assert (path / cache.MODULE_NAME_FILE).read_text() == "mlp"
+    assert [p.name for p in path.iterdir()] == [cache.MODULE_NAME_FILE]  # no temporary file left
+
+
+@pytest.mark.parametrize("record", ["directory", "not utf-8"])
+def test_an_unreadable_name_record_is_an_invalid_argument_naming_it(cache_dir, record):
+    path = cache_dir / "mlp"
+    path.mkdir(parents=True)
+    if record == "directory":
+        (path / cache.MODULE_NAME_FILE).mkdir()
+    else:
+        (path / cache.MODULE_NAME_FILE).write_bytes(b"\xff\xfe")
+    with pytest.raises(_core.InvalidArgumentError, match=r"\.module_name"):
+        cache.module_dir("mlp")
+
+
 # -- 1: a tune reads back only what it wrote --------------------------------------------
 
 

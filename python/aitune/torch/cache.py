@@ -109,23 +109,53 @@ def encode_name(name: str) -> str:
 def module_dir(module_name: str) -> Path:
     """The module's directory in the cache (created), its name recorded in it; a
     directory that records another name (a hash collision, a directory someone else
-    made) is an ``InvalidArgumentError``."""
+    made) or a record that is no name (a directory, bytes that are not UTF-8) is an
+    ``InvalidArgumentError``.
+
+    The record is published whole: written to a temporary file and linked to its name
+    (``link`` never replaces), so a process reading it while another creates it never
+    sees it half written. An empty record (what a process killed between ``open`` and
+    ``write`` left before records were published so) is taken over: only this name maps
+    to this directory (``encode_name`` is injective)."""
     path = cache_root() / encode_name(module_name)
     recorded = path / MODULE_NAME_FILE
     with writing(f"the directory of ait.Module '{module_name}'", path):
         path.mkdir(parents=True, exist_ok=True)
-        try:
-            with open(recorded, "x", encoding="utf-8", errors="surrogatepass") as f:
-                f.write(module_name)
-        except FileExistsError:
-            pass
-    found = recorded.read_text(encoding="utf-8", errors="surrogatepass")
+        if not os.path.lexists(recorded) or _recorded_name(recorded, module_name) == "":
+            _publish_name(path, recorded, module_name)
+    found = _recorded_name(recorded, module_name)
     if found != module_name:
         raise _core.InvalidArgumentError(
             f"aitune cache: the directory {path} for ait.Module '{module_name}' belongs to the module '{found}' "
             f"(see {recorded}); remove it or use another AITUNE_CACHE_DIR"
         )
     return path
+
+
+def _recorded_name(recorded: Path, module_name: str) -> str:
+    """The name ``recorded`` holds; ``InvalidArgumentError`` when it holds none."""
+    try:
+        return recorded.read_bytes().decode("utf-8", "surrogatepass")
+    except (UnicodeDecodeError, IsADirectoryError) as error:
+        raise _core.InvalidArgumentError(
+            f"aitune cache: {recorded}, the record of which module the directory belongs to, holds no module name "
+            f"({error}); remove that directory (it is not ait.Module '{module_name}''s as aitune made it) or use "
+            f"another AITUNE_CACHE_DIR") from None
+
+
+def _publish_name(path: Path, recorded: Path, module_name: str) -> None:
+    """``recorded`` holding ``module_name``, or left as another process made it first."""
+    fd, tmp = tempfile.mkstemp(dir=path, prefix=MODULE_NAME_FILE + ".")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(module_name.encode("utf-8", "surrogatepass"))
+        try:
+            os.link(tmp, recorded)
+        except FileExistsError:  # another process's, whole; or an empty one left by a crash
+            if recorded.is_file() and recorded.stat().st_size == 0:
+                os.replace(tmp, recorded)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
 
 
 def tune_dir(module_name: str, graph_key: str, backend_key: str) -> Path:
