@@ -127,6 +127,29 @@ def test_run_directories_of_dead_processes_are_swept(cache_dir):
     assert mine.is_dir() and other.is_dir() and mine != other
 
 
+def test_a_tune_writing_its_report_survives_another_process_clearing_the_module(cache_dir, monkeypatch):
+    """``ait.tune(..., clear_cache=True)`` in one process removed the temporary report
+    file another process of that module name was writing (any file of a graph's
+    directory went): that tune failed with a FileNotFoundError and stayed eager. The
+    other process's clear is made to happen right then."""
+    replace, cleared = os.replace, []
+
+    def clear_then_replace(src, dst, *args, **kwargs):
+        if Path(dst).name.startswith("tune_report") and not cleared:
+            cache.clear_module("shared")  # what the other process does, at this moment
+            cleared.append(Path(src))
+        return replace(src, dst, *args, **kwargs)
+
+    monkeypatch.setattr(os, "replace", clear_then_replace)
+    model = ait.Module(MLP().eval(), "shared", strategy=_strategy())
+    ait.tune(model, torch.randn(16))
+    assert cleared, "the report was not written with os.replace"
+    assert model.__dict__.get("_ait_failure") is None, model.__dict__["_ait_failure"]
+    report = next(cache_dir.glob("shared/*/tune_report.json"))
+    assert report.is_file() and report.with_suffix(".html").is_file()
+    assert not list(cache_dir.rglob(".tune_report-*")) and not list(cache_dir.glob("shared/*/run-*"))
+
+
 # -- 3: loads during overwrites ---------------------------------------------------------
 
 _WRITER = textwrap.dedent("""

@@ -178,7 +178,10 @@ def clear_module(module_name: str) -> None:
     if not path.is_dir():
         return
     for graph in (entry for entry in path.iterdir() if entry.is_dir()):
+        _core.remove_stale_directories(str(graph), RUN_PREFIX)
         for entry in graph.iterdir():
+            if entry.name.startswith(RUN_PREFIX):
+                continue  # a live process's report being written (staging_dir)
             if not entry.is_dir():
                 entry.unlink(missing_ok=True)
                 continue
@@ -196,6 +199,21 @@ def _remove_if_empty(path: Path) -> None:
         path.rmdir()
     except OSError:  # not empty: a live process's run directory is inside
         pass
+
+
+@contextlib.contextmanager
+def staging_dir(parent: Path) -> Iterator[Path]:
+    """A run directory of this process in ``parent`` (created) while the block runs, for
+    files to be renamed into ``parent``: ``clear_module`` and ``aitune cache clean`` leave
+    it while this process lives, and sweep it once it died. Those of dead processes are
+    removed first."""
+    parent.mkdir(parents=True, exist_ok=True)
+    _core.remove_stale_directories(str(parent), RUN_PREFIX)
+    owned = _core.OwnedDirectory.create(str(parent), RUN_PREFIX)
+    try:
+        yield Path(owned.path)
+    finally:
+        owned.remove()
 
 
 @contextlib.contextmanager

@@ -10,7 +10,6 @@ import contextlib
 import dataclasses
 import logging
 import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -94,21 +93,17 @@ def _progress_bar(total: int, description: str, enabled: bool):
 
 def _write_report(graph: RecordedGraph, report: _core.TuneReport) -> Path:
     """``<cache>/<module>/<graph>/tune_report.json`` and, beside it, the same report as a
-    page (``tune_report.html``), each replaced atomically."""
+    page (``tune_report.html``), each replaced atomically. Both are written first in a
+    run directory of this process (``cache.staging_dir``), where another process's
+    ``clear_cache`` or ``aitune cache clean`` leaves them, and a kill leaves them for the
+    next sweep."""
     directory = cache.module_dir(graph.module_name) / graph.key
     path = directory / REPORT_FILE
-    with cache.writing("the tuning report", directory):
-        directory.mkdir(parents=True, exist_ok=True)
+    with cache.writing("the tuning report", directory), cache.staging_dir(directory) as staging:
         # The page first: a report file never names a page older than itself.
         for name, text in ((REPORT_PAGE, report.to_html()), (REPORT_FILE, report.to_json())):
-            fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tune_report-", suffix=Path(name).suffix)
-            try:
-                with os.fdopen(fd, "w") as f:
-                    f.write(text)
-                os.replace(tmp, directory / name)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            (staging / name).write_text(text)
+            os.replace(staging / name, directory / name)
     return path
 
 
