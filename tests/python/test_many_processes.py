@@ -80,6 +80,21 @@ def test_an_empty_name_record_left_by_a_killed_process_is_taken(cache_dir):
     assert [p.name for p in path.iterdir()] == [cache.MODULE_NAME_FILE]  # no temporary file left
 
 
+def test_what_a_kill_while_recording_a_name_left_is_swept(cache_dir):
+    path = cache_dir / "mlp"
+    dead = path / f"run-{_dead_pid()}-0123"
+    dead.mkdir(parents=True)
+    (dead / cache.MODULE_NAME_FILE).write_text("ml")
+    assert cache.module_dir("mlp") == path and not dead.exists()
+    live = cache.tune_dir("other", "graph_0", "backend_0")
+    held = cache.staging_dir(cache_dir / "other")
+    mine = held.__enter__()  # this process writing a name record while the module is cleared
+    cache.clear_module("other")
+    assert mine.is_dir() and live.is_dir()
+    held.__exit__(None, None, None)
+    assert not mine.exists()
+
+
 @pytest.mark.parametrize("record", ["directory", "not utf-8"])
 def test_an_unreadable_name_record_is_an_invalid_argument_naming_it(cache_dir, record):
     path = cache_dir / "mlp"

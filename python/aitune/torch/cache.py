@@ -144,18 +144,17 @@ def _recorded_name(recorded: Path, module_name: str) -> str:
 
 
 def _publish_name(path: Path, recorded: Path, module_name: str) -> None:
-    """``recorded`` holding ``module_name``, or left as another process made it first."""
-    fd, tmp = tempfile.mkstemp(dir=path, prefix=MODULE_NAME_FILE + ".")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(module_name.encode("utf-8", "surrogatepass"))
+    """``recorded`` holding ``module_name``, or left as another process made it first. The
+    name is written in a run directory of this process (``staging_dir``: what a kill
+    leaves there is swept)."""
+    with staging_dir(path) as staging:
+        tmp = staging / MODULE_NAME_FILE
+        tmp.write_bytes(module_name.encode("utf-8", "surrogatepass"))
         try:
             os.link(tmp, recorded)
         except FileExistsError:  # another process's, whole; or an empty one left by a crash
             if recorded.is_file() and recorded.stat().st_size == 0:
                 os.replace(tmp, recorded)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
 
 
 def tune_dir(module_name: str, graph_key: str, backend_key: str) -> Path:
@@ -177,7 +176,8 @@ def clear_module(module_name: str) -> None:
     path = cache_root() / encode_name(module_name)
     if not path.is_dir():
         return
-    for graph in (entry for entry in path.iterdir() if entry.is_dir()):
+    _core.remove_stale_directories(str(path), RUN_PREFIX)
+    for graph in (entry for entry in path.iterdir() if entry.is_dir() and not entry.name.startswith(RUN_PREFIX)):
         _core.remove_stale_directories(str(graph), RUN_PREFIX)
         for entry in graph.iterdir():
             if entry.name.startswith(RUN_PREFIX):
