@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -77,3 +78,53 @@ def test_cache_path_that_is_a_file_is_an_io_error_naming_it(tmp_path, monkeypatc
     with pytest.raises(aitune.AituneIOError, match="not-a-dir") as raised:
         ait.tune(module, samples, batch_sizes=[1], ignore_failing_modules=False)
     assert "AITUNE_CACHE_DIR" in str(raised.value)
+
+
+_SECOND_USER = """
+import sys, torch
+import aitune, aitune.torch as ait
+from aitune.torch.backend import ONNXRuntimeBackend, ONNXRuntimeBackendConfig
+model = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4)).eval()
+module = ait.Module(model, "shared", strategy=ait.OneBackendStrategy(
+    ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cpu", tune_provider_options=False))))
+try:
+    ait.tune(module, [torch.randn(16)], batch_sizes=[1], ignore_failing_modules=False)
+except aitune.AituneIOError as error:
+    print("AituneIOError:", error)
+    sys.exit(3)
+"""
+
+
+def test_a_cache_read_only_for_a_second_user_is_an_io_error_saying_what_to_do():
+    """A second user tuning a module into a cache the first one made (read-only for it):
+    the run directory's refusal said only "cannot create a directory in ...", not that it
+    is the cache, nor what to do (AITUNE_CACHE_DIR), unlike every other refusal of the
+    cache's location."""
+    import subprocess
+    import sys
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="aitune-ro-", dir="/tmp"))
+    try:
+        cache_dir = root / "cache"
+        env = {**os.environ, "AITUNE_CACHE_DIR": str(cache_dir), "OMP_NUM_THREADS": "1", "HOME": str(root)}
+        first = subprocess.run([sys.executable, "-c", _SECOND_USER], env=env, capture_output=True, text=True,
+                               timeout=120)
+        assert first.returncode == 0, first.stdout + first.stderr
+        second = [sys.executable]
+        if os.geteuid() == 0:  # root writes anywhere: the second user is nobody (util-linux's setpriv)
+            root.chmod(0o755)
+            second = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable]
+        else:
+            for path in [cache_dir, *cache_dir.rglob("*")]:
+                path.chmod(0o555 if path.is_dir() else 0o444)
+        done = subprocess.run([*second, "-c", _SECOND_USER], env={**env, "TMPDIR": "/tmp"}, capture_output=True,
+                              text=True, timeout=120)
+        assert done.returncode == 3, done.stdout + done.stderr
+        assert "aitune cache" in done.stdout and "AITUNE_CACHE_DIR" in done.stdout, done.stdout
+        assert str(cache_dir / "shared") in done.stdout and "Permission denied" in done.stdout, done.stdout
+    finally:
+        for path in [root, *root.rglob("*")]:
+            if path.is_dir():
+                path.chmod(0o755)
+        shutil.rmtree(root, ignore_errors=True)

@@ -165,9 +165,20 @@ def tune_dir(module_name: str, graph_key: str, backend_key: str) -> Path:
     with writing("a tune directory", parent):
         parent.mkdir(parents=True, exist_ok=True)
     _core.remove_stale_directories(str(parent), RUN_PREFIX)
-    owned = _core.OwnedDirectory.create(str(parent), RUN_PREFIX)
+    owned = _owned_run_directory(parent)
     _held.append(owned)
     return Path(owned.path)
+
+
+def _owned_run_directory(parent: Path):
+    """``OwnedDirectory`` of a run in ``parent``; the engine's refusal (a cache another user
+    made, read-only for this one) as the cache's refusal, saying what to do."""
+    try:
+        return _core.OwnedDirectory.create(str(parent), RUN_PREFIX)
+    except _core.AituneIOError as error:
+        raise _core.AituneIOError(
+            f"aitune cache: {error}; the cache needs a writable directory with free space: fix that or set "
+            f"AITUNE_CACHE_DIR to another (now {cache_root()})") from error
 
 
 def clear_module(module_name: str) -> None:
@@ -209,7 +220,7 @@ def staging_dir(parent: Path) -> Iterator[Path]:
     removed first."""
     parent.mkdir(parents=True, exist_ok=True)
     _core.remove_stale_directories(str(parent), RUN_PREFIX)
-    owned = _core.OwnedDirectory.create(str(parent), RUN_PREFIX)
+    owned = _owned_run_directory(parent)
     try:
         yield Path(owned.path)
     finally:
