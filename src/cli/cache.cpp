@@ -29,40 +29,47 @@ std::string temp_dir() {
   return tmp && *tmp ? tmp : "/tmp";
 }
 
+// The directories of `dir` (not symbolic links), each visited with `visit(path, name)`.
+// One that vanishes or cannot be opened meanwhile (another process's clear_cache or
+// sweep removes directories while this walks) is skipped, never the end of the walk.
+template <typename Visit>
+void each_directory(const fs::path& dir, Visit visit) {
+  std::error_code ec;
+  for (auto it = fs::directory_iterator(dir, fs::directory_options::skip_permission_denied, ec);
+       !ec && it != fs::directory_iterator(); it.increment(ec)) {
+    std::error_code e;
+    if (!it->is_directory(e) || it->is_symlink(e)) continue;
+    visit(it->path(), it->path().filename().string());
+  }
+}
+
 // Every place a stale directory may be: each directory of the cache to depth 3 (the
 // run directories lie in <module>/<graph>/<backend>/) with its prefixes, and the
-// system's temporary directory with the front end's scratch prefixes.
+// system's temporary directory with the front end's scratch prefixes. Each directory
+// is walked on its own, so one removed by another process while this walks costs only
+// itself.
 template <typename Sweep>
 std::vector<StaleDirectory> sweep(const fs::path& root, Sweep each) {
   std::vector<StaleDirectory> found;
   auto add = [&](std::vector<StaleDirectory> more) { found.insert(found.end(), more.begin(), more.end()); };
-  std::error_code ec;
-  if (fs::is_directory(root, ec)) {
-    for (auto it = fs::recursive_directory_iterator(root, fs::directory_options::skip_permission_denied, ec);
-         !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
-      std::error_code e;
-      if (!it->is_directory(e) || it->is_symlink(e)) continue;
-      const std::string name = it->path().filename().string();
+  auto walk = [&](auto& self, const fs::path& dir, int depth) -> void {
+    each_directory(dir, [&](const fs::path& path, const std::string& name) {
       if (name.rfind(kRunPrefix, 0) == 0 || name.find(".tmp-") != std::string::npos ||
-          name.find(".old-") != std::string::npos) {
-        it.disable_recursion_pending();  // a run's own files
-        continue;
-      }
-      if (it.depth() >= 3) {
-        it.disable_recursion_pending();
-        continue;
-      }
-      add(each(it->path().string(), kRunPrefix));
+          name.find(".old-") != std::string::npos)
+        return;  // a run's own files
+      add(each(path.string(), kRunPrefix));
       // Staging directories of checkpoints saved here: ".<name>.tmp-<pid>-".
-      std::error_code e2;
-      for (auto child = fs::directory_iterator(it->path(), e2); !e2 && child != fs::directory_iterator();
-           child.increment(e2)) {
-        const std::string c = child->path().filename().string();
+      each_directory(path, [&](const fs::path&, const std::string& c) {
         for (const char* kind : {".tmp-", ".old-"})
           if (auto at = c.find(kind); !c.empty() && c[0] == '.' && at != std::string::npos)
-            add(each(it->path().string(), c.substr(0, at + std::string(kind).size())));
-      }
-    }
+            add(each(path.string(), c.substr(0, at + std::string(kind).size())));
+      });
+      if (depth + 1 < 3) self(self, path, depth + 1);
+    });
+  };
+  std::error_code ec;
+  if (fs::is_directory(root, ec)) {
+    walk(walk, root, 0);
     add(each(root.string(), kRunPrefix));
   }
   for (const char* prefix : kTempPrefixes) add(each(temp_dir(), prefix));

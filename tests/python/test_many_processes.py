@@ -273,6 +273,42 @@ def test_save_scratch_of_a_dead_process_is_removed_and_the_cli_lists_and_cleans(
 # -- 5: the console script takes any bytes -------------------------------------------------
 
 
+_CHURN = textwrap.dedent("""
+    import os, shutil, sys, time
+    root, end = sys.argv[1], time.monotonic() + float(sys.argv[2])
+    while time.monotonic() < end and not os.path.exists(os.path.join(root, "..", "stop")):
+        for j in range(40):
+            os.makedirs(f"{root}/m{j:02d}/graph/backend", exist_ok=True)
+        for j in range(40):
+            shutil.rmtree(f"{root}/m{j:02d}", ignore_errors=True)
+""")
+
+
+def test_cache_clean_sweeps_the_whole_cache_while_other_processes_remove_directories(tmp_path):
+    """``aitune cache clean`` walked the cache with one recursive iterator: a directory
+    another process removed between its listing and its visit (a tune's clear_cache or
+    sweep) ended the walk, so the rest of the cache was not looked at and its stale run
+    directories stayed, with exit 0 (about 1 run in 3 while another process churns)."""
+    root = tmp_path / "cache"
+    root.mkdir()
+    dead = 4194400  # above the kernel's PID_MAX_LIMIT (2^22): never a live process
+    churn = subprocess.Popen([sys.executable, "-c", _CHURN, str(root), "60"])
+    try:
+        missed = []
+        for attempt in range(20):
+            stale = [root / name / "graph" / "backend" / f"run-{dead}-{attempt}" for name in ("z1", "z2")]
+            for path in stale:
+                path.mkdir(parents=True)
+            done = subprocess.run([_cli(), "cache", "clean", "--dir", str(root)], capture_output=True, text=True,
+                                  timeout=60)
+            assert done.returncode == 0, done.stdout + done.stderr
+            missed += [str(p) for p in stale if p.exists()]
+    finally:
+        (tmp_path / "stop").touch()
+        churn.wait(timeout=60)
+    assert not missed, f"{len(missed)} stale directories left: {missed[:4]}"
+
+
 def test_console_script_takes_non_utf8_file_names(tmp_path):
     model, _ = mlp(tmp_path / "m.onnx")
     latin1 = os.fsencode(tmp_path) + b"/caf\xe9.onnx"
