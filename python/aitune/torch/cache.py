@@ -188,21 +188,39 @@ def clear_module(module_name: str) -> None:
     if not path.is_dir():
         return
     _core.remove_stale_directories(str(path), RUN_PREFIX)
-    for graph in (entry for entry in path.iterdir() if entry.is_dir() and not entry.name.startswith(RUN_PREFIX)):
+    for graph in (entry for entry in _entries(path) if entry.is_dir() and not entry.name.startswith(RUN_PREFIX)):
         _core.remove_stale_directories(str(graph), RUN_PREFIX)
-        for entry in graph.iterdir():
+        for entry in _entries(graph):
             if entry.name.startswith(RUN_PREFIX):
                 continue  # a live process's report being written (staging_dir)
             if not entry.is_dir():
-                entry.unlink(missing_ok=True)
+                _unlink(entry)
                 continue
             _core.remove_stale_directories(str(entry), RUN_PREFIX)
-            for inner in entry.iterdir():
+            for inner in _entries(entry):
                 if inner.name.startswith(RUN_PREFIX):
                     continue  # held by a live process (the stale ones are gone)
-                shutil.rmtree(inner, ignore_errors=True) if inner.is_dir() else inner.unlink(missing_ok=True)
+                shutil.rmtree(inner, ignore_errors=True) if inner.is_dir() else _unlink(inner)
             _remove_if_empty(entry)
         _remove_if_empty(graph)
+
+
+def _entries(path: Path) -> list[Path]:
+    """The entries of ``path``; none when another process removed it meanwhile (two
+    processes clearing one module at once)."""
+    try:
+        return list(path.iterdir())
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def _unlink(path: Path) -> None:
+    """Removes the file ``path``; one gone meanwhile, or a directory another process made
+    there meanwhile (a tune's), stays as it is."""
+    try:
+        path.unlink()
+    except (FileNotFoundError, IsADirectoryError):
+        pass
 
 
 def _remove_if_empty(path: Path) -> None:
