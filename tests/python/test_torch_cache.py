@@ -44,10 +44,12 @@ def _tuned(name: str, hidden: int):
     return ait, module, [torch.randn(16) for _ in range(2)]
 
 
-def test_cache_on_a_full_file_system_is_an_io_error_naming_the_directory(cache_dir):
+@pytest.mark.parametrize("limit_kb", [32, 0.5])
+def test_cache_on_a_full_file_system_is_an_io_error_naming_the_directory(cache_dir, limit_kb):
     """A cache whose file system refuses the export's bytes (full, over quota: here the
     file size limit, EFBIG) is an AituneIOError naming the cache directory, not an
-    ExportError blaming the model's control flow."""
+    ExportError blaming the model's control flow. Half a KB: the tune's config.json, the
+    first file of its run directory, is refused (that was a bare OSError)."""
     import resource
     import signal
 
@@ -56,7 +58,7 @@ def test_cache_on_a_full_file_system_is_an_io_error_naming_the_directory(cache_d
     ait, module, samples = _tuned("full-disk", 1024)  # ~70 KB of weights
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
-    resource.setrlimit(resource.RLIMIT_FSIZE, (32 * 1024, hard))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (int(limit_kb * 1024), hard))
     try:
         with pytest.raises(aitune.AituneIOError) as raised:
             ait.tune(module, samples, batch_sizes=[1], ignore_failing_modules=False)

@@ -303,8 +303,8 @@ class ONNXRuntimeBackend(Backend):
                 f"{self.config.precision!r} (this module computes in "
                 f"{_core.precision_name(module_precision(graph.module))})"
             )
-        (directory / "config.json").write_text(
-            json.dumps(
+        with cache.writing("the tune's config.json", directory):
+            (directory / "config.json").write_text(json.dumps(
                 {
                     "backend": type(self).__name__,
                     "config": self.config.to_dict(),
@@ -313,8 +313,7 @@ class ONNXRuntimeBackend(Backend):
                     "graph_spec": json.loads(spec.to_json()),
                 },
                 indent=2,
-            )
-        )
+            ))
         # Both checks before an export that may take minutes.
         self._check_provider(core_config)
         on_device = _core.provider_capabilities(core_config.provider)["device_memory"]
