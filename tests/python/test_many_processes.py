@@ -80,6 +80,19 @@ def test_an_empty_name_record_left_by_a_killed_process_is_taken(cache_dir):
     assert [p.name for p in path.iterdir()] == [cache.MODULE_NAME_FILE]  # no temporary file left
 
 
+def test_a_name_is_recorded_on_a_file_system_without_hard_links(cache_dir, monkeypatch):
+    import errno
+
+    def no_links(src, dst, *args, **kwargs):
+        raise OSError(errno.EPERM, "Operation not permitted", str(src), None, str(dst))
+
+    monkeypatch.setattr(os, "link", no_links)
+    path = cache.module_dir("coll/x")
+    assert (path / cache.MODULE_NAME_FILE).read_text() == "coll/x"
+    assert cache.module_dir("coll/x") == path
+    assert [p.name for p in path.iterdir()] == [cache.MODULE_NAME_FILE]
+
+
 def test_what_a_kill_while_recording_a_name_left_is_swept(cache_dir):
     path = cache_dir / "mlp"
     dead = path / f"run-{_dead_pid()}-0123"

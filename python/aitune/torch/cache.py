@@ -143,6 +143,10 @@ def _recorded_name(recorded: Path, module_name: str) -> str:
             f"another AITUNE_CACHE_DIR") from None
 
 
+# What link() says on a file system that has no hard links (FAT, some network and FUSE ones).
+_NO_HARD_LINKS = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENOSYS, errno.EMLINK})
+
+
 def _publish_name(path: Path, recorded: Path, module_name: str) -> None:
     """``recorded`` holding ``module_name``, or left as another process made it first. The
     name is written in a run directory of this process (``staging_dir``: what a kill
@@ -155,6 +159,16 @@ def _publish_name(path: Path, recorded: Path, module_name: str) -> None:
         except FileExistsError:  # another process's, whole; or an empty one left by a crash
             if recorded.is_file() and recorded.stat().st_size == 0:
                 os.replace(tmp, recorded)
+        except OSError as error:
+            if error.errno not in _NO_HARD_LINKS:
+                raise
+            # A file system without hard links: created in place; a reader that sees it
+            # empty meanwhile takes it over with the same name (module_dir).
+            try:
+                with open(recorded, "xb") as f:
+                    f.write(module_name.encode("utf-8", "surrogatepass"))
+            except FileExistsError:
+                pass
 
 
 def tune_dir(module_name: str, graph_key: str, backend_key: str) -> Path:
