@@ -325,3 +325,34 @@ def test_the_maximum_batch_search_keeps_a_declared_batch_range(declared, top):
         assert str(spec.inputs[0]) == "TensorSpec(input_input: float32[b:1..6, 8])", spec.inputs[0]
         with pytest.raises(aitune.ShapeMismatchError):
             model(torch.randn(7, 8))
+
+
+class ValueBranch(torch.nn.Module):
+    """A branch on the input's values, not on a declared axis (transformers' dynamic rotary
+    does so: ``torch.max(position_ids) + 1 > max_seq_len_cached``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.fc(x)
+        if x.max() > 100:  # the line the refusal names
+            return -y
+        return y
+
+
+@pytest.mark.parametrize("declared", [{"x": {1: (1, 64)}}, None], ids=["declared", "recorded"])
+def test_a_branch_on_the_values_is_refused_as_data_dependent_naming_its_line(declared):
+    """Over declared ranges as over the recorded shapes: the refusal says the branch is on a
+    tensor's value (torch.cond), not that the declared ranges are too wide, and names the
+    model's line torch.export stopped at."""
+    model = ait.Module(ValueBranch().eval(), "value-branch", strategy=cpu_strategy(tune_provider_options=False),
+                       dynamic_shapes=declared)
+    with pytest.raises(ExportError) as refused:
+        ait.tune(model, [torch.randn(16, 8), torch.randn(24, 8)], ignore_failing_modules=False, progress=False)
+    message = str(refused.value)
+    assert "control flow on a tensor's value" in message and "torch.cond" in message, message
+    assert "narrow the declared ranges" not in message, message
+    assert "test_dynamic_shapes.py" in message and "in forward" in message, message
+    assert model.ait_state is ModuleState.PASSTHROUGH

@@ -171,6 +171,28 @@ def _dynamo_shapes(spec: _core.GraphSpec, declared: list | None = None) -> tuple
     return (tuple(shapes),)
 
 
+_VALUE_BRANCH_HINT = (
+    "where the cause is control flow on a tensor's value (`if x.sum() > 0:`), write it with torch.cond "
+    "or make the branch static (decided by shapes or constructor arguments); "
+    "ONNXRuntimeBackendConfig(use_dynamo=False) uses the trace exporter instead, which records only the "
+    "branch the example input takes (aitune refuses such traces unless allow_trace_warnings=True)"
+)
+
+
+def _data_dependent(error: BaseException) -> bool:
+    """Whether torch.export stopped at a guard on a tensor's value (``if x.max() > 0``,
+    transformers' dynamic rotary ``torch.max(position_ids) + 1 > max_seq_len_cached``),
+    which no range of shapes decides."""
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    seen = error
+    while seen is not None:
+        if isinstance(seen, GuardOnDataDependentSymNode):
+            return True
+        seen = seen.__cause__
+    return False
+
+
 def _program_over_declared_ranges(graph: RecordedGraph, flat: torch.nn.Module, inputs: tuple, shapes: tuple,
                                   batch_declared: bool = False):
     """torch.export's program of the graph over the declared ranges, captured here rather
@@ -190,6 +212,12 @@ def _program_over_declared_ranges(graph: RecordedGraph, flat: torch.nn.Module, i
             merged = _with_equal_dims_merged(str(error), shapes)
             if merged is None and not batch_declared:
                 merged = _with_batch_above_one(str(error), shapes)
+            if merged is None and _data_dependent(error):  # the values decide, not the declared ranges
+                raise ExportError(
+                    f"ONNX export of {graph.module_name}/{graph.key} refused: the model's code decides on a "
+                    f"tensor's value, which no graph over the declared ranges ({graph.dynamic_shapes.describe()}) "
+                    f"can: {_summary(error)}\nHint: {_VALUE_BRANCH_HINT}."
+                ) from error
             if merged is None:
                 raise ExportError(
                     f"ONNX export of {graph.module_name}/{graph.key} refused: the model's code is not valid as one "
@@ -433,12 +461,7 @@ def export_onnx(
             raise cache.io_error(f"the ONNX export of {graph.module_name}/{graph.key}", path.parent, refusal) \
                 from error
         if use_dynamo:
-            hint = (
-                "where the cause is control flow on a tensor's value (`if x.sum() > 0:`), write it with torch.cond "
-                "or make the branch static (decided by shapes or constructor arguments); "
-                "ONNXRuntimeBackendConfig(use_dynamo=False) uses the trace exporter instead, which records only the "
-                "branch the example input takes (aitune refuses such traces unless allow_trace_warnings=True)"
-            )
+            hint = _VALUE_BRANCH_HINT
         else:
             hint = "try ONNXRuntimeBackendConfig(use_dynamo=True) for the torch.export-based exporter"
         exporter = "dynamo" if use_dynamo else "trace"
@@ -453,13 +476,21 @@ def export_onnx(
 
 
 def _summary(error: BaseException, limit: int = 6) -> str:
-    """The root cause of an exporter error in a few lines: torch wraps the real reason
-    (e.g. a data-dependent guard) in pages of generic advice and colour codes."""
+    """The root cause of an exporter error in a few lines, and the model's line where torch
+    names it ("The following call raised this error"): torch wraps the real reason (e.g. a
+    data-dependent guard) in pages of generic advice and colour codes."""
     root = error
     while root.__cause__ is not None:
         root = root.__cause__
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(root)).strip()
-    lines = [line for line in text.splitlines() if line.strip()][:limit]
+    lines = [line for line in text.splitlines() if line.strip()]
+    kept = lines[:limit]
+    # torch.export names the model's line after pages of generic advice: keep it
+    for index, line in enumerate(lines[limit:-1], start=limit):
+        if line.strip().startswith("The following call raised this error"):
+            kept += lines[index:index + 2]
+            break
+    lines = kept
     prefix = f"{type(error).__name__}: " if root is not error else ""
     return f"{prefix}{type(root).__name__}: " + "\n".join(lines)
 
