@@ -40,6 +40,9 @@ def tiny_decoder(kind: str) -> torch.nn.Module:
                               bos_token_id=1, original_max_position_embeddings=4,
                               rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * 8,
                                             "long_factor": [2.0] * 8})
+    elif kind == "llama-yarn":  # yarn rotary: cos / sin scaled by its attention factor (1.14 at factor 4)
+        config = t.LlamaConfig(**common, rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                                       "original_max_position_embeddings": 32})
     elif family == "mistral":
         config = t.MistralConfig(**common, **window)
     elif family == "phi3":

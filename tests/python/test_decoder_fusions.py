@@ -52,6 +52,7 @@ def _padded(batch_size: int, static: bool = False) -> dict:
 
 @pytest.mark.parametrize("kind,rotary,static,sizes", [
     ("llama", "matmul", False, (1, 2, 3)), ("qwen2", "elementwise", False, (1, 2, 3)),
+    ("llama-yarn", "elementwise", False, (2, 3)),  # cos / sin scaled by yarn's attention factor
     ("llama", "matmul", True, (1, 2, 3)),
     ("qwen2", "matmul", True, (1,)),  # every shape static (the benchmark's prefill at batch 1)
     ("llama", "matmul", True, (2,)),  # every shape static at batch 2: inv_freq folded to [2, E, 1]
@@ -92,6 +93,7 @@ _FAMILY_FUSIONS = {
     "gemma3": ("GroupQueryAttention", 4),  # q / k norms before rotary
     "qwen3": ("GroupQueryAttention", 4),  # q / k norms before rotary
     "gpt-neox": ("MultiHeadAttention", 4),  # partial rotary, no grouped heads
+    "llama-yarn": ("GroupQueryAttention", 4),  # cos / sin scaled by yarn's attention factor
     "opt": ("Attention", 0),  # learned positions, biases on q / k / v
 }
 _ATTENTION_OPERATORS = ("GroupQueryAttention", "MultiHeadAttention", "Attention")
@@ -242,18 +244,20 @@ def test_an_fp16_model_at_a_dynamic_batch_fuses_rotary(tmp_path):
         torch.testing.assert_close(torch.from_numpy(actual)[valid], expected[valid], atol=2e-3, rtol=2e-3)
 
 
-def test_a_static_prefill_whose_rotary_angles_fold_but_not_their_cos_fuses_rotary(tmp_path):
+@pytest.mark.parametrize("rope_scaling", [None, {"rope_type": "yarn", "factor": 4.0,
+                                                  "original_max_position_embeddings": 128}], ids=["default", "yarn"])
+def test_a_static_prefill_whose_rotary_angles_fold_but_not_their_cos_fuses_rotary(rope_scaling, tmp_path):
     """Exported with every shape static (the benchmark's prefill at batch 1), the rotary
     angles fold into a constant [1, S, E]; onnxscript folds nothing with an input of more
     than 8192 elements, so at E * S > 8192 (head size 64, S = 300 here; head size 128 from
     S = 129) ``Concat -> Cos / Sin`` stay and no RotaryEmbedding fused before. Fused, the
-    graph computes what eager does."""
+    graph computes what eager does; with yarn's cos / sin scaled by its attention factor too."""
     from aitune.torch import decoder_fusions
 
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=64, max_position_embeddings=512)).eval()
+        num_key_value_heads=2, head_dim=64, max_position_embeddings=512, rope_scaling=rope_scaling)).eval()
     module = _PrefillLogits(model).eval()
     ids = torch.randint(2, VOCAB, (1, 300), generator=torch.Generator().manual_seed(0))
     mask = torch.ones(1, 300, dtype=torch.long)

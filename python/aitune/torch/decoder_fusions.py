@@ -36,16 +36,33 @@ _FUSION_DOMAIN = "ai.onnxruntime._fusion"  # onnxscript's intermediate ops (Rota
 # -- rotary: position ids per row ------------------------------------------------------
 
 
-def _rotated_by_angles(op, x, freqs, interleaved, num_heads, dtype, cast: bool):
+def _rotated_by_angles(op, x, freqs, interleaved, num_heads, dtype, cast: bool, scaled: bool = False):
     """The pattern's tail every cos / sin rule shares: rotary's ``Concat(freqs, freqs)`` ->
-    Cos / Sin (cast to the rotated tensor's dtype where ``cast``) -> onnxscript's
-    intermediate RotaryEmbedding of ``x``."""
+    Cos / Sin (times constants ``cos_scale`` / ``sin_scale`` where ``scaled``: transformers'
+    ``emb.cos() * attention_scaling``, 1 but for yarn / longrope / llama4, whose 1 the
+    optimizer folds away) (cast to the rotated tensor's dtype where ``cast``) ->
+    onnxscript's intermediate RotaryEmbedding of ``x``."""
     emb = op.Concat(freqs, freqs, axis=-1)
     cos, sin = op.Cos(emb), op.Sin(emb)
+    if scaled:
+        cos, sin = op.Mul(cos, pattern.Var("cos_scale")), op.Mul(sin, pattern.Var("sin_scale"))
     if cast:
         cos, sin = op.Cast(cos, to=dtype), op.Cast(sin, to=dtype)
     return op.RotaryEmbedding(x, op.Unsqueeze(cos, [1]), op.Unsqueeze(sin, [1]), interleaved=interleaved,
                               num_heads=num_heads, _domain=_FUSION_DOMAIN)
+
+
+def _scale(cos_scale: ir.Value | None, sin_scale: ir.Value | None) -> tuple[float | None, str | None]:
+    """The one factor of scaled cos / sin tables (``attention_scaling``): both constant
+    scalars (any shape of one element), equal; otherwise None and why."""
+    values = []
+    for value in (cos_scale, sin_scale):
+        if value is None or value.const_value is None or value.const_value.numpy().size != 1:
+            return None, "the cos / sin scale is not a constant scalar"
+        values.append(float(value.const_value.numpy().reshape(())))
+    if values[0] != values[1]:
+        return None, f"cos and sin are scaled apart ({values[0]} / {values[1]})"
+    return values[0], None
 
 
 def _frequencies(inv_freq: ir.Value) -> np.ndarray | None:
@@ -89,6 +106,12 @@ class _RowPositionsCosSinCache(cos_sin_cache.CosSinCacheFusion):
       (``Cast(Expand(inv_freq))``), which onnxscript's pattern (``Expand(inv_freq)`` into the
       MatMul) does not match, so no RotaryEmbedding fused at a dynamic batch."""
 
+    def __init__(self, name: str, *, cast: bool = False, const_freqs: bool = False, scaled: bool = False):
+        if scaled and const_freqs:
+            raise ValueError("scaled cos / sin tables: onnxscript's constant-positions rewrite does not scale")
+        super().__init__(name, cast=cast, const_freqs=const_freqs)
+        self._scaled = scaled
+
     def pattern(self, op, x, inv_freq, position_ids, interleaved, num_heads, freqs, dtype, extra_dims):
         if self._const_freqs:
             return super().pattern(op, x, inv_freq, position_ids, interleaved, num_heads, freqs, dtype, extra_dims)
@@ -97,13 +120,25 @@ class _RowPositionsCosSinCache(cos_sin_cache.CosSinCacheFusion):
                                     op.Cast(op.Expand(inv_freq, pattern.ANY_VALUE), to=ir.DataType.FLOAT),
                                     inv_freq])  # [B|1, E, 1]
         freqs = op.Transpose(op.MatMul(expanded, positions), perm=[0, 2, 1])  # [B, S, E]
-        return _rotated_by_angles(op, x, freqs, interleaved, num_heads, dtype, self._cast)
+        return _rotated_by_angles(op, x, freqs, interleaved, num_heads, dtype, self._cast, self._scaled)
 
-    def check(self, context, inv_freq, position_ids, freqs, extra_dims, **kwargs) -> pattern.MatchResult:
+    def _checked_scale(self, result: pattern.MatchResult, cos_scale, sin_scale) -> pattern.MatchResult | None:
+        """Where the rule is the scaled variant: the factor, kept for the rewrite, or the
+        failed ``result``."""
+        self._factor = None
+        if not self._scaled:
+            return None
+        self._factor, why = _scale(cos_scale, sin_scale)
+        return result.fail(why, cos_scale) if why else None
+
+    def check(self, context, inv_freq, position_ids, freqs, extra_dims, cos_scale=None, sin_scale=None,
+              **kwargs) -> pattern.MatchResult:
         if self._const_freqs:
             return super().check(context, inv_freq=inv_freq, position_ids=position_ids, freqs=freqs,
                                  extra_dims=extra_dims, **kwargs)
         result = pattern.MatchResult()
+        if failure := self._checked_scale(result, cos_scale, sin_scale):
+            return failure
         if not ((_ir_utils.has_rank(position_ids, 2) and _ir_utils.is_singleton_value(extra_dims, 1))
                 or (_ir_utils.has_rank(position_ids, 1) and _ir_utils.is_1d_value(extra_dims, [0, 1]))):
             return result.fail("position_ids is not [B, S] or [S] unsqueezed to [B|1, 1, S]", position_ids)
@@ -127,8 +162,8 @@ class _RowPositionsCosSinCache(cos_sin_cache.CosSinCacheFusion):
         tables = getattr(self, "_tables", None)
         if tables is None:
             tables = self._tables = {}
-        key = (inv_freq, position_ids)
-        if key not in tables:  # one table per positions and frequencies, shared by the layers
+        key = (inv_freq, position_ids, self._factor)
+        if key not in tables:  # one table per positions, frequencies and scale, shared by the layers
             rows = (op.Unsqueeze(position_ids, op.Constant(value_ints=[0])) if _ir_utils.has_rank(position_ids, 1)
                     else position_ids)
             shape = op.Concat(op.Shape(x, start=0, end=1), op.Shape(rows, start=1, end=2), axis=0)  # [B, S]
@@ -136,6 +171,9 @@ class _RowPositionsCosSinCache(cos_sin_cache.CosSinCacheFusion):
                                 to=ir.DataType.FLOAT)  # [B * S, 1]
             angles = op.MatMul(positions, op.Constant(value=ir.tensor(_frequencies(inv_freq))))  # [B * S, E]
             cos, sin = op.Cos(angles), op.Sin(angles)
+            if self._factor is not None:  # as the model scales them, before the cast
+                factor = op.Constant(value=ir.tensor(np.array(self._factor, dtype=np.float32)))
+                cos, sin = op.Mul(cos, factor), op.Mul(sin, factor)
             if self._cast:
                 cos, sin = op.Cast(cos, to=dtype), op.Cast(sin, to=dtype)
             tokens = op.ReduceProd(shape, keepdims=0)
@@ -155,10 +193,13 @@ class _ElementwiseCosSinCache(_RowPositionsCosSinCache):
     def pattern(self, op, x, inv_freq, position_ids, interleaved, num_heads, freqs, dtype, extra_dims):
         positions = op.Cast(op.Unsqueeze(position_ids, extra_dims), to=ir.DataType.FLOAT)  # [B, S, 1]
         freqs = pattern.OrValue([op.Mul(positions, inv_freq), op.Mul(inv_freq, positions)])  # [B, S, E]
-        return _rotated_by_angles(op, x, freqs, interleaved, num_heads, dtype, self._cast)
+        return _rotated_by_angles(op, x, freqs, interleaved, num_heads, dtype, self._cast, self._scaled)
 
-    def check(self, context, inv_freq, position_ids, extra_dims, **_) -> pattern.MatchResult:
+    def check(self, context, inv_freq, position_ids, extra_dims, cos_scale=None, sin_scale=None,
+              **_) -> pattern.MatchResult:
         result = pattern.MatchResult()
+        if failure := self._checked_scale(result, cos_scale, sin_scale):
+            return failure
         # positions [B, S] unsqueezed at the end (axes [2] or [-1]), or [S] (the constant-folded
         # ``cache_position[None]``) unsqueezed at both ends (axes [0, 2] or [0, -1])
         last = any(_ir_utils.is_singleton_value(extra_dims, axis) for axis in (2, -1))
@@ -236,30 +277,38 @@ class _ConstantAnglesCosSinCache(_FoldedCosSinCache):
     matched (no RotaryEmbedding fused). Row s of the angles is token s: the cache is their
     cos / sin in the rotated tensor's dtype, the position ids ``arange(S)`` for every row."""
 
-    def __init__(self, cast: bool):
+    def __init__(self, cast: bool, scaled: bool = False):
         # the Cos / Sin are shared by every layer's rotations: dead nodes go in the final optimize
-        pattern.RewriteRuleClassBase.__init__(self, "CosSinCacheConstantAngles" + ("_cast" if cast else ""),
-                                              remove_nodes=False)
-        self._cast = cast
+        pattern.RewriteRuleClassBase.__init__(
+            self, "CosSinCacheConstantAngles" + ("_cast" if cast else "") + ("_scaled" if scaled else ""),
+            remove_nodes=False)
+        self._cast, self._scaled = cast, scaled
 
     def pattern(self, op, x, freqs, interleaved, num_heads, dtype):
-        return _rotated_by_angles(op, x, freqs, interleaved, num_heads, dtype, self._cast)
+        return _rotated_by_angles(op, x, freqs, interleaved, num_heads, dtype, self._cast, self._scaled)
 
-    def check(self, context, x, freqs, **_) -> pattern.MatchResult:
+    def check(self, context, x, freqs, cos_scale=None, sin_scale=None, **_) -> pattern.MatchResult:
         result = pattern.MatchResult()
+        factor = 1.0
+        if self._scaled:
+            factor, why = _scale(cos_scale, sin_scale)
+            if why:
+                return result.fail(why, cos_scale)
         angles = _constant_angles(freqs)
         if angles is None:
             return result.fail("freqs is not a constant [1, S, E] (or a Transpose of [1, E, S])", freqs)
         if not _ir_utils.has_rank(x, 4) or x.shape[2] != angles.shape[0] or x.dtype is None:
             return result.fail("x is not [B, H, S, Dh] with the angles' S", x)
         dtype = x.dtype.numpy()
-        self._cos, self._sin = np.cos(angles).astype(dtype), np.sin(angles).astype(dtype)
+        scale = np.float32(factor)
+        self._cos, self._sin = (np.cos(angles) * scale).astype(dtype), (np.sin(angles) * scale).astype(dtype)
         return result
 
 
 def _cos_sin_cache_rules() -> pattern.RewriteRuleSet:
     """Every onnxscript variant (cast or not, constant angles or not) with per-row position
-    ids, the elementwise-angle variants, and folded tables (or folded angles)."""
+    ids, the elementwise-angle variants, and folded tables (or folded angles); those but
+    onnxscript's constant-positions rewrite also with cos / sin scaled by a constant."""
     rules = [_FoldedCosSinCache.rule()]
     for cast in (True, False):
         suffix = "_cast" if cast else ""
@@ -267,6 +316,10 @@ def _cos_sin_cache_rules() -> pattern.RewriteRuleSet:
         rules.append(_RowPositionsCosSinCache.rule(f"CosSinCacheRows{suffix}", cast=cast, const_freqs=False))
         rules.append(_RowPositionsCosSinCache.rule(f"CosSinCacheRows{suffix}_const", cast=cast, const_freqs=True))
         rules.append(_ElementwiseCosSinCache.rule(f"CosSinCacheElementwise{suffix}", cast=cast, const_freqs=False))
+        # cos / sin times transformers' attention_scaling (yarn, longrope): the same, scaled
+        rules.append(_ConstantAnglesCosSinCache.rule(cast=cast, scaled=True))
+        rules.append(_RowPositionsCosSinCache.rule(f"CosSinCacheRows{suffix}_scaled", cast=cast, scaled=True))
+        rules.append(_ElementwiseCosSinCache.rule(f"CosSinCacheElementwise{suffix}_scaled", cast=cast, scaled=True))
     return pattern.RewriteRuleSet(rules)
 
 
