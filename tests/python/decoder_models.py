@@ -45,6 +45,8 @@ def tiny_decoder(kind: str) -> torch.nn.Module:
                                                        "original_max_position_embeddings": 32})
     elif family == "mistral":
         config = t.MistralConfig(**common, **window)
+    elif kind == "phi3-partial":  # rotary over half of each head (Phi-4-mini's partial_rotary_factor 0.75)
+        config = t.Phi3Config(**common, pad_token_id=0, eos_token_id=1, bos_token_id=1, partial_rotary_factor=0.5)
     elif family == "phi3":
         config = t.Phi3Config(**common, pad_token_id=0, eos_token_id=1, bos_token_id=1, **window)
     elif family == "gemma":

@@ -272,3 +272,52 @@ def test_a_static_prefill_whose_rotary_angles_fold_but_not_their_cos_fuses_rotar
     with torch.no_grad():
         expected = module(ids, mask)
     torch.testing.assert_close(torch.from_numpy(actual), expected, atol=1e-4, rtol=1e-4)
+
+
+class _StepOfTensors(torch.nn.Module):
+    """DecodeStep with its caches as separate tensors (2 layers), for torch.onnx.export."""
+
+    def __init__(self, model):
+        super().__init__()
+        from aitune.torch.decode_step import DecodeStep
+
+        self.step = DecodeStep(model)
+
+    def forward(self, input_ids, attention_mask, position_ids, cache_position, k0, k1, v0, v1):
+        logits, keys, values = self.step(input_ids, attention_mask, position_ids, cache_position, (k0, k1), (v0, v1))
+        return (logits, *keys, *values)
+
+
+def test_multi_head_attention_over_partial_rotary_keeps_the_rotary_dimension(tmp_path):
+    """onnxscript's MultiHeadAttention rules take the query's and key's RotaryEmbedding into
+    the match and rebuild them without their attributes: a partial rotary's
+    ``rotary_embedding_dim`` was dropped, the whole head rotated, and a Phi3 prefill over a
+    cache (partial_rotary_factor 0.5; keys longer than the query, so MultiHeadAttention,
+    not GroupQueryAttention) differed from eager by 2.1. Refused where the rotary has such
+    attributes; the fused graph computes what eager does."""
+    from aitune.torch import decoder_fusions
+    from aitune.torch.decode_step import empty_cache
+
+    model = tiny_decoder("phi3-partial")
+    batch, length, slots = 2, 6, 10
+    ids = torch.randint(2, VOCAB, (batch, length), generator=torch.Generator().manual_seed(1))
+    prompt = torch.ones(batch, length, dtype=torch.long)
+    prompt[0, :2] = 0  # left-padded
+    mask = torch.zeros(batch, slots, dtype=torch.long)
+    mask[:, :length] = prompt
+    keys, values = empty_cache(model, batch, slots)
+    inputs = (ids, mask, (prompt.cumsum(-1) - 1).clamp(min=0), torch.arange(length), *keys, *values)
+    names = ["input_ids", "attention_mask", "position_ids", "cache_position", "k0", "k1", "v0", "v1"]
+    module = _StepOfTensors(model).eval()
+    path = tmp_path / "prefill.onnx"
+    with torch.no_grad():
+        expected = module(*inputs)[0]
+        torch.onnx.export(module, inputs, str(path), dynamo=True, input_names=names)
+    fused, counts = decoder_fusions.optimize_for_ort(onnx_ir.load(str(path)))
+    ops = collections.Counter(n.op_type for n in fused.graph if n.domain == "com.microsoft")
+    assert ops["RotaryEmbedding"] == 4, (ops, counts)
+    onnx_ir.save(fused, str(tmp_path / "fused.onnx"))
+    session = ort.InferenceSession(str(tmp_path / "fused.onnx"), providers=["CPUExecutionProvider"])
+    actual = torch.from_numpy(session.run(None, {n: t.numpy() for n, t in zip(names, inputs)})[0])
+    valid = prompt.bool()
+    torch.testing.assert_close(actual[valid], expected[valid], atol=1e-4, rtol=1e-4)

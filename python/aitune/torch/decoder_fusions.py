@@ -607,6 +607,46 @@ class CachedGroupQueryAttention(pattern.RewriteRuleClassBase):
 _cached_gqa_rules = pattern.RewriteRuleSet([CachedGroupQueryAttention.rule()])
 
 
+# -- MultiHeadAttention that keeps the rotary it takes in ----------------------------------
+
+#: RotaryEmbedding attributes onnxscript's MultiHeadAttention rewrite drops (it rebuilds the
+#: query's and key's rotary with none), at the values that make dropping them harmless.
+_ROTARY_DEFAULTS = {"interleaved": 0, "rotary_embedding_dim": 0, "is_packed_batching": 0, "scale": 1.0}
+
+
+class _RotaryKeepingMultiHeadAttention(mha.MultiHeadAttention):
+    """onnxscript's MultiHeadAttention rules, refused where the rotary they take into the
+    match has an attribute their rewrite would drop: ``rotary_embedding_dim`` (a partial
+    rotary, Phi3 / Phi-4-mini's ``partial_rotary_factor``: the whole head was rotated, a
+    Phi3 prefill over a cache off by 2.1), ``interleaved``, a scale. (``num_heads`` is
+    dropped harmlessly: without a rotary dimension ORT reads the head size from the cache.)"""
+
+    def check(self, context, **bindings) -> pattern.MatchResult:
+        result = super().check(context, **bindings)
+        if not result or not self._is_rotary:
+            return result
+        for node in context.nodes:
+            if node.op_type != "RotaryEmbedding" or node.domain != _CONTRIB:
+                continue
+            for name, attribute in node.attributes.items():
+                if name != "num_heads" and attribute.value != _ROTARY_DEFAULTS.get(name):
+                    return result.fail(f"the rotary's {name}={attribute.value} would be dropped by the rewrite",
+                                       node.outputs[0])
+        return result
+
+
+def _mha_rules(has_past_present: bool) -> pattern.RewriteRuleSet:
+    """onnxscript's ``mha._make_rule_set`` with the rotary-keeping rule."""
+    return pattern.RewriteRuleSet([
+        _RotaryKeepingMultiHeadAttention.rule(
+            f"MHA{'_Rotary' if rotary else ''}{'_Past' if has_past_present else ''}{'_CrossAttention' if cross else ''}",
+            is_rotary=rotary, has_past_present=has_past_present, is_cross_attention=cross)
+        for rotary in (False, True) for cross in ((False,) if has_past_present else (False, True))])
+
+
+_mha_rules_with_past, _mha_rules_no_past = _mha_rules(True), _mha_rules(False)
+
+
 # -- the sequence ------------------------------------------------------------------------
 
 def _apply(rules, model: ir.Model, **kwargs) -> int:
@@ -639,8 +679,8 @@ def optimize_for_ort(model: ir.Model, caches_in_place: bool = False) -> tuple[ir
     counts["masked_gqa"] = _apply(_masked_gqa_rules, model)
     if caches_in_place:
         counts["cached_gqa"] = _apply(_cached_gqa_rules, model)
-    counts["mha1"] = mha.fuse_mha1(model)
-    counts["mha2"] = mha.fuse_mha2(model)
+    counts["mha1"] = _apply(_mha_rules_with_past, model)  # onnxscript's fuse_mha1 / fuse_mha2, rotary kept
+    counts["mha2"] = _apply(_mha_rules_no_past, model)
     counts["mha_scale"] = mha_scale.fuse_mha_scale(model)
     if counts["mha1"] or counts["mha2"]:
         counts["mha_bias"] = mha_bias.fuse_mha_bias(model)
