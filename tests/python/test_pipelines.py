@@ -91,3 +91,44 @@ def test_the_seven_lines_on_a_diffusers_pipeline(tmp_path):
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "reproduced" in result.stdout
+
+
+class PromptPipeline:
+    """Takes prompts as strings (a str or a list of them, as diffusers pipelines do) and
+    tokenizes them itself: its samples hold no tensor."""
+
+    def __init__(self):
+        from torch_models import MLP
+
+        torch.manual_seed(0)
+        self.encoder = MLP(8, 16, 4).eval()
+
+    def __call__(self, prompt):
+        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        tokens = torch.tensor([[float(ord(c) % 7) for c in (p + " " * 8)[:8]] for p in prompts])
+        with torch.no_grad():
+            return self.encoder(tokens)
+
+
+def test_prompt_samples_are_batched_as_lists_of_strings():
+    """Samples that hold only strings (AITune's pipeline samples, ``[{"prompt": ...}]``)
+    make a batch of b as a list of b strings, as AITune's collator does: before, a batch
+    of 2 was the one string (non-tensor values are constants), so ait.tune ran the pipeline
+    at batch 1 under batch size 2 and tuned batch 1 only, saying nothing; a call with two
+    prompts then failed."""
+    from aitune.torch.dataset import iterate_calls
+
+    samples = [{"prompt": "a cat"}, {"prompt": "a dog"}, {"prompt": "a cow"}]
+    calls = list(iterate_calls(samples, [1, 2]))
+    assert [kwargs["prompt"] for _, _, kwargs in calls] == [["a cat"], ["a dog"], ["a cow"], ["a cat", "a dog"]]
+    # where samples hold tensors, a string stays a constant of the graph, as documented
+    mixed = list(iterate_calls([{"x": torch.zeros(2), "mode": "b"}] * 2, [2]))
+    assert mixed[0][2]["mode"] == "b" and mixed[0][2]["x"].shape == (2, 2)
+
+    pipeline = PromptPipeline()
+    expected = pipeline(["a cow", "a hen"])
+    pipeline = ait.wrap(pipeline, ait.inspect(pipeline, samples, number_of_iterations=1, warmup_iterations=0)
+                        .get_modules(), strategy=cpu_strategy())
+    ait.tune(lambda prompt: pipeline(prompt), samples)
+    assert pipeline.encoder.ait_graphs[0].graph_spec().batch_sizes == [1, 2]
+    torch.testing.assert_close(pipeline(["a cow", "a hen"]), expected, atol=1e-5, rtol=1e-5)

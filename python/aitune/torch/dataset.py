@@ -7,6 +7,9 @@ factory ``batch_size -> iterable of batches``. A sample is a tensor, a tuple
 or list (positional arguments), a dict (keyword arguments), or ``(args, kwargs)``.
 Samples have no batch axis: ``batch_size`` samples of equal shape are stacked on a new
 axis 0, so recording with several batch sizes reveals each tensor's batch axis.
+Samples that hold no tensor at all (a pipeline's prompts, ``{"prompt": "a cat"}``) are
+batched as AITune's collator batches them: each string becomes the list of the batch's
+strings (``["a cat", "a dog"]``); where samples hold tensors, strings are constants.
 """
 
 from __future__ import annotations
@@ -49,17 +52,28 @@ def _check_stackable(leaf: Any) -> None:
         )
 
 
+def _holds_tensor(leaves: list[Any]) -> bool:
+    return any(isinstance(leaf, (torch.Tensor, np.ndarray)) for leaf in leaves)
+
+
 def _stack(samples: list[Any]) -> Any:
     """One batch from ``samples``: tensors stacked on a new axis 0, other values kept
-    (they must be equal across the samples: they are constants of the graph)."""
+    (they must be equal across the samples: they are constants of the graph). Samples
+    that hold no tensor (prompts) make each string the list of the batch's strings, as
+    AITune's collator does: kept as one string, a batch of b prompts would be one prompt,
+    and the pipeline would run (and be tuned) at batch 1 under every batch size."""
     samples = [_plain(sample) for sample in samples]
     flat = [pytree.tree_flatten(sample) for sample in samples]
     spec = flat[0][1]
     if any(s != spec for _, s in flat):
         raise ValueError(f"samples of one batch differ in structure: {spec} vs {next(s for _, s in flat if s != spec)}")
+    strings_batched = not any(_holds_tensor(leaves) for leaves, _ in flat)
     leaves = []
     for column in zip(*(leaves for leaves, _ in flat)):
         first = column[0]
+        if strings_batched and all(isinstance(v, str) for v in column):
+            leaves.append(list(column))
+            continue
         if len(column) == 1 and isinstance(first, torch.Tensor) and not first.requires_grad:
             # A batch of one is a view of the sample, kept by the recording without a
             # copy (ait.tune refuses to tune when the sample changed in place meanwhile).
@@ -105,7 +119,9 @@ def _stack_key(sample: Any) -> tuple:
     """Samples with equal keys can be stacked: same structure, tensor shapes and dtypes,
     and non-tensor values."""
     leaves, spec = pytree.tree_flatten(_plain(sample))
-    return (spec, tuple((tuple(l.shape), l.dtype) if isinstance(l, (torch.Tensor, np.ndarray)) else repr(l) for l in leaves))
+    strings_batched = not _holds_tensor(leaves)  # prompts of any text batch together (_stack)
+    return (spec, tuple((tuple(l.shape), l.dtype) if isinstance(l, (torch.Tensor, np.ndarray))
+                        else "str" if strings_batched and isinstance(l, str) else repr(l) for l in leaves))
 
 
 def _sample_batches(samples: Sequence[Any], batch_size: int) -> Iterator[Any]:
