@@ -282,3 +282,27 @@ def test_a_module_also_held_inside_an_executed_one_is_not_listed_twice():
                                 number_of_iterations=1, warmup_iterations=0)
     assert [m.object_path for m in only_guidance.get_modules()] == ["guidance"]
     assert only_guidance.share(only_guidance.get_modules()[0]) <= 1.0
+
+
+def test_wrap_refuses_modules_inspected_in_another_object():
+    """ait.wrap(b, ait.inspect(a, ...).get_modules()) wrapped a's modules in a and returned
+    b untouched, saying nothing (the later ait.tune of b then said to wrap the modules);
+    it must refuse, naming the module, and change neither object."""
+
+    class Pipeline:
+        def __init__(self):
+            self.encoder, self.head = MLP().eval(), MLP(8, 16, 4).eval()
+
+        def __call__(self, x):
+            return self.head(self.encoder(x)[..., :8])
+
+    inspected, other = Pipeline(), Pipeline()
+    info = ait.inspect(inspected, [torch.randn(16)], number_of_iterations=1, warmup_iterations=0)
+    with pytest.raises(ValueError, match=r"'encoder' \(a .*MLP\) .* not held by the Pipeline given") as raised:
+        ait.wrap(other, info.get_modules(), strategy=cpu_strategy())
+    assert "inspect" in str(raised.value)
+    for pipeline in (inspected, other):
+        assert not isinstance(pipeline.encoder, ait.Module) and not isinstance(pipeline.head, ait.Module)
+    # the same object: wrapped
+    assert ait.wrap(inspected, info.get_modules(), strategy=cpu_strategy()) is inspected
+    assert isinstance(inspected.encoder, ait.Module) and isinstance(inspected.head, ait.Module)

@@ -11,7 +11,7 @@ import torch
 from aitune.torch.dynamic_shapes import DynamicShapes
 from aitune.torch.inspection import ModuleInfo
 from aitune.torch.module import Module
-from aitune.torch.object_paths import replaceable_aliases
+from aitune.torch.object_paths import MAX_DEPTH, find_modules, replaceable_aliases
 from aitune.torch.strategy import TuneStrategy
 
 logger = logging.getLogger("aitune")
@@ -43,8 +43,9 @@ def wrap(obj: Any, modules: Sequence[ModuleInfo], strategy: TuneStrategy | None 
     (``{"unet": {"sample": {2: (32, 128), 3: (32, 128)}}}``); a name of no module wrapped is
     a ValueError.
 
-    Every place is checked first (the module still there, the place assignable, not
-    wrapped already); on a refusal nothing was replaced.
+    Every place is checked first (a place of ``obj``, not of another object inspected; the
+    module still there, the place assignable, not wrapped already); on a refusal nothing
+    was replaced.
     """
     infos = list(modules)
     if not all(isinstance(info, ModuleInfo) for info in infos):
@@ -68,6 +69,17 @@ def wrap(obj: Any, modules: Sequence[ModuleInfo], strategy: TuneStrategy | None 
             logger.info("ait.wrap: %s wrapped whole", type(obj).__name__)
             name = _module_name(info, obj)
             return Module(obj, name, strategy, strategies, declared.get(name), eager_fallback=eager_fallback)
+    # every place must be one of obj's: ModuleInfos of another object (ait.inspect of an
+    # identical pipeline built twice) would wrap that object's modules, leaving obj as it was
+    places = {(id(location.parent), location.key) for _, first in find_modules(obj, max_depth=MAX_DEPTH)
+              for location in (first, *first.aliases)}
+    for info in infos:
+        if (id(info.parent), info.location.key) not in places:
+            module = type(info.module)
+            raise ValueError(
+                f"ait.wrap: '{info.object_path}' (a {module.__module__}.{module.__qualname__}) is not held by the "
+                f"{type(obj).__name__} given: its ModuleInfo comes from ait.inspect of another object; inspect this "
+                "object, then wrap its modules (nothing was wrapped)")
     plan = []
     for info in infos:
         where = f"ait.wrap: '{info.object_path}'"
