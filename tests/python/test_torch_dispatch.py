@@ -249,6 +249,28 @@ def test_routes_serve_forward_past_the_guards(monkeypatch):
         assert any("recorded for this graph" in note for note in info.value.__notes__)
 
 
+def test_calls_recorded_under_autocast_are_refused_naming_autocast():
+    """A pipeline that runs its module under torch.autocast while ait.tune records: the
+    tune runs eager again without autocast (float32 where the calls returned bfloat16), and
+    the refusal said eager PyTorch was not deterministic and its forward drew random
+    numbers. It must name autocast and what to do; the module stays eager, serving the
+    pipeline's autocast calls as the module gives them."""
+    model = ait.Module(MLP().eval(), "autocast-recorded", strategy=_strategy())
+
+    def pipeline(x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return model(x)
+
+    samples = [torch.randn(16) for _ in range(2)]
+    with pytest.raises(ait.TuningError, match=r"recorded under torch\.autocast") as raised:
+        ait.tune(pipeline, samples, ignore_failing_modules=False)
+    assert "not deterministic" not in str(raised.value) and "autocast off" in str(raised.value)
+    ait.tune(pipeline, samples)  # ignore_failing_modules: the module stays eager
+    assert model.ait_state is ait.ModuleState.PASSTHROUGH
+    with torch.no_grad():
+        assert pipeline(torch.randn(2, 16)).dtype == torch.bfloat16
+
+
 def test_a_call_under_autocast_runs_eagerly_as_autocast_asks(caplog, monkeypatch, tmp_path):
     """Graphs recorded without autocast compute in float32: served under torch.autocast they
     silently returned float32 where the module returns the autocast dtype. Such calls run

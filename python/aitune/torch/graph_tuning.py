@@ -26,7 +26,7 @@ from aitune.torch.eager_precision import allow_tf32, eager_outputs_at
 from aitune.torch.evaluation import labelled_metric, metric_number
 from aitune.torch.divergence import trace_failed_candidates
 from aitune.torch.export import same_math_as_export, same_math_differs
-from aitune.torch.graph import RecordedGraph
+from aitune.torch.graph import RecordedGraph, autocast_enabled
 from aitune.torch.interior_shapes import add_interior_sample
 from aitune.torch.options import TuneOptions
 from aitune.torch.strategy import TuneStrategy
@@ -231,7 +231,21 @@ def tune_graph(strategy: TuneStrategy, graph: RecordedGraph, options: TuneOption
         logger.info("%s: %s", name, interior)
     samples = _samples(graph, options.valid_positions)
     if samples:
-        check_eager_repeatable(graph, name, samples[0][1], tuner_options)
+        try:
+            check_eager_repeatable(graph, name, samples[0][1], tuner_options)
+        except NondeterministicModuleError as error:
+            if graph.autocast and not autocast_enabled():
+                # not randomness: the calls ran under the caller's torch.autocast, which
+                # neither this eager run nor an export reproduces
+                raise TuningError(
+                    f"{name}: its calls were recorded under torch.autocast, and the module run again without it "
+                    "(as ait.tune runs it, and as an export computes: in the module's own dtype) gives other "
+                    "outputs (dtypes or values), so no candidate can match what the calls returned. Tune with "
+                    "autocast off around this module's calls (aitune's own reduced-precision candidates are "
+                    "ONNXRuntimeBackendConfig(precision=...), docs/tuning.md), or leave it eager: a module tuned "
+                    "without autocast runs its calls under autocast eagerly anyway"
+                ) from error
+            raise
     # Calibrated acceptance: eager at a candidate's reduced precision, asked by the engine
     # once per precision (on the host the recorded outputs are the strict reference too).
     tuner_options.eager_at_precision = lambda precision: eager_outputs_at(graph, precision)
