@@ -306,3 +306,40 @@ def test_wrap_refuses_modules_inspected_in_another_object():
     # the same object: wrapped
     assert ait.wrap(inspected, info.get_modules(), strategy=cpu_strategy()) is inspected
     assert isinstance(inspected.encoder, ait.Module) and isinstance(inspected.head, ait.Module)
+
+
+def test_inspect_lists_modules_a_pipeline_runs_at_once_on_threads():
+    """A two-tower pipeline running its towers on two threads at once: inspect counted a
+    call as nested whenever any found module ran, on any thread, so the tower entered
+    second was neither counted nor listed (it could not be chosen for ait.wrap). Nesting is
+    per thread: each tower is listed with its calls."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    both_inside = threading.Barrier(2, timeout=10)
+
+    class Tower(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            both_inside.wait()  # the two towers' forwards overlap
+            return self.proj(x)
+
+    class TwoTowers:
+        def __init__(self):
+            self.text, self.image, self.pool = Tower(), Tower(), ThreadPoolExecutor(2)
+
+        def __call__(self, a, b):
+            futures = self.pool.submit(self.text, a), self.pool.submit(self.image, b)
+            return futures[0].result() @ futures[1].result().T
+
+    pipeline = TwoTowers()
+    info = ait.inspect(pipeline, [{"a": torch.randn(8), "b": torch.randn(8)}], number_of_iterations=3,
+                       warmup_iterations=0)
+    pipeline.pool.shutdown()
+    assert sorted((m.object_path, m.execution_count) for m in info.get_modules()) == [("image", 3), ("text", 3)]
+    # on one thread, a module inside another's forward is still part of that one's time
+    assert [(m.object_path, m.execution_count) for m in ait.inspect(
+        Blocks().eval(), [torch.randn(16)], number_of_iterations=2, warmup_iterations=0).get_modules()] == [("", 2)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -127,43 +128,54 @@ def _tensor_shapes(args: tuple, kwargs: dict) -> tuple:
 
 class _Timer:
     """Forward hooks on every found module: own calls counted and timed. Only calls made
-    while no other found module runs count (a module called inside another's forward is
-    part of that one's time: a child, or a module the pipeline also holds at a place of
-    its own), so ``get_modules`` never counts time twice."""
+    while no other found module runs on the same thread count (a module called inside
+    another's forward is part of that one's time: a child, or a module the pipeline also
+    holds at a place of its own), so ``get_modules`` never counts time twice. Nesting is
+    per thread: modules a pipeline runs at once on several threads (two towers) are each
+    counted."""
 
     def __init__(self, infos: list[ModuleInfo]):
         self.infos = {id(info.module): info for info in infos}
-        self.starts: dict[int, list[tuple[float, bool]]] = {}
-        self.running = 0  # found modules whose forward runs now
+        self.thread = threading.local()  # .running: found modules whose forward runs now; .starts
+        self.lock = threading.Lock()  # the infos are updated from every thread
         self.active = False
         self.handles = []
         for info in infos:
             self.handles.append(info.module.register_forward_pre_hook(self._pre, with_kwargs=True))
             self.handles.append(info.module.register_forward_hook(self._post, always_call=True))
 
+    def _state(self) -> tuple[int, dict[int, list[tuple[float, bool]]]]:
+        if not hasattr(self.thread, "starts"):
+            self.thread.running, self.thread.starts = 0, {}
+        return self.thread.running, self.thread.starts
+
     def _pre(self, module, args, kwargs):
         if self.active:
-            nested = self.running > 0
-            self.running += 1
+            running, starts = self._state()
+            nested = running > 0
+            self.thread.running = running + 1
             if not nested:
                 info = self.infos[id(module)]
                 shapes = _tensor_shapes(args, kwargs)
-                if shapes not in info.input_shapes:
-                    info.input_shapes.append(shapes)
+                with self.lock:
+                    if shapes not in info.input_shapes:
+                        info.input_shapes.append(shapes)
                 _synchronize()
-            self.starts.setdefault(id(module), []).append((time.perf_counter(), nested))
+            starts.setdefault(id(module), []).append((time.perf_counter(), nested))
         return None
 
     def _post(self, module, args, output):
-        starts = self.starts.get(id(module))
-        if self.active and starts:
-            start, nested = starts.pop()
-            self.running -= 1
+        running, starts = self._state()
+        calls = starts.get(id(module))
+        if self.active and calls:
+            start, nested = calls.pop()
+            self.thread.running = running - 1
             if not nested:
                 _synchronize()
                 info = self.infos[id(module)]
-                info.total_execution_time += time.perf_counter() - start
-                info.execution_count += 1
+                with self.lock:
+                    info.total_execution_time += time.perf_counter() - start
+                    info.execution_count += 1
         return None
 
     def remove(self) -> None:
