@@ -132,3 +132,35 @@ def test_prompt_samples_are_batched_as_lists_of_strings():
     ait.tune(lambda prompt: pipeline(prompt), samples)
     assert pipeline.encoder.ait_graphs[0].graph_spec().batch_sizes == [1, 2]
     torch.testing.assert_close(pipeline(["a cow", "a hen"]), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_modules_called_on_another_thread_while_tuning_are_named(caplog):
+    """A pipeline that calls its modules on a thread pool: ait.tune records the calls made
+    on the thread running func (its recording is a context variable, which worker threads
+    do not see), and said "func called no ait.Module: wrap the modules", though they were
+    wrapped. The refusal names the modules called on another thread and what to do; where
+    func's thread called others, the ones left untuned are named in a warning."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from torch_models import MLP
+
+    pool = ThreadPoolExecutor(1)
+    text = ait.Module(MLP(8, 16, 4).eval(), "thread-text", strategy=cpu_strategy())
+    image = ait.Module(MLP(8, 16, 4).eval(), "thread-image", strategy=cpu_strategy())
+    samples = [{"a": torch.randn(8), "b": torch.randn(8)} for _ in range(2)]
+
+    def on_the_pool(a, b):
+        return pool.submit(text, a).result() + pool.submit(image, b).result()
+
+    with pytest.raises(ValueError, match=r"called on another thread than the one running func") as raised:
+        ait.tune(on_the_pool, samples)
+    assert "'thread-text'" in str(raised.value) and "'thread-image'" in str(raised.value)
+
+    def text_here_image_on_the_pool(a, b):
+        return text(a) + pool.submit(image, b).result()
+
+    with caplog.at_level("WARNING", logger="aitune"):
+        ait.tune(text_here_image_on_the_pool, samples)
+    pool.shutdown()
+    assert text.ait_state is ait.ModuleState.TUNED and image.ait_state is not ait.ModuleState.TUNED
+    assert any("'thread-image'" in r.getMessage() and "another thread" in r.getMessage() for r in caplog.records)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import threading
 import weakref
 from collections.abc import Iterator
 
@@ -20,6 +21,9 @@ class TuneSession:
         self.batch_size = 0
         self.evaluation: int | None = None  # the labelled evaluation batch being fed (None: a tuning sample)
         self.modules: dict[int, torch.nn.Module] = {}  # id -> ait.Module, in order of first call
+        # names of the ait.Modules called on another thread while this session recorded (a
+        # pipeline's thread pool): the recording, a context variable, is not seen there
+        self.other_threads: dict[str, None] = {}
 
     def enlist(self, module: torch.nn.Module) -> bool:
         """Adds ``module``; True the first time (the module then drops older recordings)."""
@@ -42,13 +46,34 @@ eager_only = eager_var.get  # () -> bool: inside run_eagerly()
 exporters_quiet = quiet_var.get  # () -> bool: what the exporters print is swallowed (ait.tune's disable_external_logging)
 
 
+# The sessions recording now, by the thread whose context holds them: a call on another
+# thread (which sees no session) is noted in each (``note_other_thread_call``).
+recording_threads: dict[int, TuneSession] = {}
+
+
 @contextlib.contextmanager
 def recording(session: TuneSession) -> Iterator[TuneSession]:
     token = session_var.set(session)
+    thread = threading.get_ident()
+    outer = recording_threads.get(thread)
+    recording_threads[thread] = session
     try:
         yield session
     finally:
         session_var.reset(token)
+        if outer is None:
+            recording_threads.pop(thread, None)
+        else:
+            recording_threads[thread] = outer
+
+
+def note_other_thread_call(name: str) -> None:
+    """An ait.Module called with no session in its context: if an ``ait.tune`` records on
+    another thread meanwhile, that tune is told (the call is not part of its recording)."""
+    thread = threading.get_ident()
+    for owner, session in list(recording_threads.items()):
+        if owner != thread:
+            session.other_threads[name] = None
 
 
 @contextlib.contextmanager

@@ -16,7 +16,7 @@ from aitune import _core
 from aitune.torch import cache, flatten
 from aitune.torch.backend import ONNXRuntimeBackend
 from aitune.torch.backend.base import TunedGraph
-from aitune.torch.context import TuneSession, current_session, eager_only
+from aitune.torch.context import TuneSession, current_session, eager_only, note_other_thread_call, recording_threads
 from aitune.torch.dispatch import DispatchedModule, ModuleDispatch, measured_call
 from aitune.torch.dynamic_shapes import DynamicShapes
 from aitune.torch.graph import CallForm, RecordedGraph
@@ -371,6 +371,8 @@ class Module(DispatchedModule):
         session = current_session()
         if session is not None:
             return self._ait_record(session, args, kwargs)
+        if recording_threads:  # an ait.tune records on another thread: it is told of this call
+            note_other_thread_call(self._ait_name)
         state = self._ait_state
         if state is ModuleState.TUNED:
             if "_ait_inactive_calls" in self.__dict__:  # deactivate(): eager until activate()

@@ -227,10 +227,23 @@ def tune(
         raise
     for module in session.modules.values():
         module._ait_recording_ended(failed=False)
+    other_threads = ""
+    if elsewhere := [name for name in session.other_threads if name not in
+                     {module.ait_name for module in session.modules.values()}]:
+        other_threads = (
+            f"ait.Module {', '.join(map(repr, elsewhere))} called on another thread than the one running func (a "
+            "thread pool in the pipeline?): ait.tune records the calls made on func's thread only, so "
+            f"{'it is' if len(elsewhere) == 1 else 'they are'} not tuned; call the modules on func's thread while "
+            "tuning (run the pool's work inline)"
+        )
     if not session.modules:
+        if other_threads:
+            raise ValueError("func called no ait.Module on its own thread: " + other_threads)
         if bypassed.counts:
             raise ValueError("func called no ait.Module. " + bypassed.explain())
         raise ValueError("func called no ait.Module: wrap the modules to tune with ait.Module(module, name)")
+    if other_threads:
+        logger.warning("ait.tune: %s", other_threads)
     if bypassed.counts:
         logger.warning("ait.tune: %s", bypassed.explain())
     if unknown := (_unknown_output_tolerances(output_tolerances, session.modules.values())
