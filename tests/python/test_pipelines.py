@@ -121,6 +121,9 @@ def test_prompt_samples_are_batched_as_lists_of_strings():
     samples = [{"prompt": "a cat"}, {"prompt": "a dog"}, {"prompt": "a cow"}]
     calls = list(iterate_calls(samples, [1, 2]))
     assert [kwargs["prompt"] for _, _, kwargs in calls] == [["a cat"], ["a dog"], ["a cow"], ["a cat", "a dog"]]
+    # a sample that is a bare string is one argument, the list of the batch's strings
+    assert list(iterate_calls(["a cat", "a dog"], [1, 2])) == [
+        (1, (["a cat"],), {}), (1, (["a dog"],), {}), (2, (["a cat", "a dog"],), {})]
     # where samples hold tensors, a string stays a constant of the graph, as documented
     mixed = list(iterate_calls([{"x": torch.zeros(2), "mode": "b"}] * 2, [2]))
     assert mixed[0][2]["mode"] == "b" and mixed[0][2]["x"].shape == (2, 2)

@@ -89,6 +89,8 @@ def _stack(samples: list[Any]) -> Any:
             raise ValueError(
                 f"a non-tensor value differs between samples ({column!r}); it cannot be stacked into one batch"
             )
+    if strings_batched and spec.is_leaf() and isinstance(leaves[0], list):
+        return (leaves[0],)  # a sample that is a bare string: one argument, the batch's strings
     return pytree.tree_unflatten(leaves, spec)
 
 
