@@ -212,3 +212,51 @@ def test_harmless_attributes_let_a_counter_and_a_cache_be_exported():
         ait.tune(typo, samples, ignore_failing_modules=False, progress=False)
     with pytest.raises(TypeError, match="harmless_attributes must be a list"):
         ait.Module(CountsAndMemoizes(), "harmless-str", harmless_attributes="calls")
+
+
+class DropoutNormHead(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+        self.norm = torch.nn.BatchNorm1d(4)
+        self.drop = torch.nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.drop(self.norm(self.fc(x)))
+
+
+def test_a_submodule_put_in_train_mode_after_tuning_runs_eagerly_until_back_in_eval(caplog, monkeypatch):
+    """Monte Carlo dropout (the model in eval(), its Dropout layers put back in train()) and a
+    BatchNorm left to update its statistics: the wrapped module itself stays in eval(), so
+    the graph (exported in eval) kept serving, silently without dropout and with frozen
+    statistics. A call while any submodule is in another mode than at tuning runs eagerly,
+    naming the submodules once in the log, on the C++ half's routes as on the general path;
+    back in eval() the graph serves again."""
+    inner = DropoutNormHead().eval()
+    model = ait.Module(inner, "mc-dropout", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [torch.randn(4) for _ in range(2)], ignore_failing_modules=False, progress=False)
+    x = torch.ones(2, 4)
+    with torch.no_grad():
+        model(x)
+    assert model._ait_calls.direct is not None, "the C++ half serves this call form now"
+    inner.drop.train()
+    with caplog.at_level("WARNING", logger="aitune"), torch.no_grad():
+        torch.manual_seed(0)
+        sampled = model(x)
+        torch.manual_seed(0)
+        expected = inner(x)
+        again = model(x)
+    torch.testing.assert_close(sampled, expected)  # the same dropout mask: it ran eagerly
+    assert not torch.equal(sampled, again), "dropout draws a new mask per call"
+    messages = [r.getMessage() for r in caplog.records if "drop (Dropout)" in r.getMessage()]
+    assert len(messages) == 1 and "train mode" in messages[0], caplog.text
+    inner.drop.eval()
+    with torch.no_grad(), monkeypatch.context() as patch:
+        expected = inner(x)
+        patch.setattr(inner, "forward", lambda *a, **k: pytest.fail("the eager forward ran"))
+        torch.testing.assert_close(model(x), expected)
+    inner.norm.train()
+    before = inner.norm.running_mean.clone()
+    with torch.no_grad():
+        model(torch.randn(2, 4))
+    assert not torch.equal(inner.norm.running_mean, before), "BatchNorm in train() updates its statistics"

@@ -17,7 +17,7 @@ from aitune.torch import cache, flatten
 from aitune.torch.backend import ONNXRuntimeBackend
 from aitune.torch.backend.base import TunedGraph
 from aitune.torch.context import TuneSession, current_session, eager_only, note_other_thread_call, recording_threads
-from aitune.torch.dispatch import DispatchedModule, ModuleDispatch, measured_call
+from aitune.torch.dispatch import DispatchedModule, ModuleDispatch, _effect_on_tensors_only, measured_call
 from aitune.torch.dynamic_shapes import DynamicShapes
 from aitune.torch.graph import CallForm, RecordedGraph
 from aitune.torch.graph_tuning import tune_graph
@@ -54,17 +54,6 @@ _SHARED_REGISTRIES = ("_parameters", "_buffers", "_modules", "_non_persistent_bu
 # which would run them a second time. Hooks receive the proxy as their module.
 _SHARED_HOOKS = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks",
                  "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
-
-
-def _effect_on_tensors_only(hook) -> bool:
-    """transformers' output-capturing hook (installed on the layers the first time a call
-    asks ``output_hidden_states`` / ``output_attentions``, or a head such as SegFormer's
-    asks them of its base model): it only appends a layer's output tensors to a collector
-    that the decorated forward returns in its ModelOutput, an effect on tensors that the
-    exported graph keeps. The user registered nothing, so naming it would send them looking
-    for a hook of their own."""
-    return (getattr(hook, "__module__", None) == "transformers.utils.output_capturing"
-            and getattr(hook, "__name__", None) == "output_capturing_hook")
 
 
 def submodule_hooks(module: torch.nn.Module) -> list[str]:
