@@ -147,3 +147,33 @@ def test_a_submodule_hook_removed_after_tuning_is_no_longer_applied(caplog):
         torch.testing.assert_close(model(x), inner(x))
         handle.remove()
         torch.testing.assert_close(model(x), inner(x))
+
+
+def test_a_hook_elsewhere_costs_one_python_call_and_a_swapped_hook_is_seen(monkeypatch):
+    """The C++ half reads torch's hook handle counter per call: a hook registered on an
+    unrelated module sends one call to the Python path, which finds the module's own hooks
+    as they were and lets the C++ half serve again. One hook removed and another added on
+    the same submodule (same count) is a change: eager, the new hook runs."""
+    from aitune.torch.dispatch import ModuleDispatch
+
+    inner = MLP().eval()
+    first = inner.fc1.register_forward_hook(lambda module, args, output: None)
+    model = ait.Module(inner, "sub-hook-counter", strategy=_strategy(False))
+    ait.tune(model, [torch.randn(16) for _ in range(2)], ignore_failing_modules=False, progress=False)
+    x = torch.randn(2, 16)
+    unrelated = torch.nn.Linear(2, 2)
+    unrelated.register_forward_hook(lambda module, args, output: None)
+    general = []
+    real_call = ModuleDispatch.call
+    monkeypatch.setattr(ModuleDispatch, "call", lambda self, *a: general.append(1) or real_call(self, *a))
+    with torch.no_grad():
+        expected = inner(x)
+        for _ in range(3):
+            torch.testing.assert_close(model(x), expected)
+    assert len(general) == 1, "after one call on the Python path the C++ half serves again"
+    first.remove()
+    seen = []
+    inner.fc1.register_forward_hook(lambda module, args, output: seen.append(1))
+    with torch.no_grad():
+        model(x)
+    assert seen == [1]

@@ -23,6 +23,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import Tensor as _Tensor
 from torch.nn.modules import module as _nn_module
+from torch.utils.hooks import RemovableHandle
 
 from aitune import _core
 from aitune.torch import context, flatten
@@ -83,7 +84,7 @@ def new_dispatch(module: torch.nn.Module, training: bool | None, autocast: bool 
         guards["calls"] = [*guards["calls"], lambda: autocast_enabled() is not autocast]
     return _core.TorchDispatch(
         _to_dlpack, _from_dlpack, torch.Tensor, current_raw_stream, torch.nn.Module.__call__, **guards,
-        submodules=list(module.modules()), training=training,
+        submodules=list(module.modules()), training=training, hook_counter=RemovableHandle,
     )
 
 

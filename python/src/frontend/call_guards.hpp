@@ -39,31 +39,35 @@ inline bool truthy(PyObject* value) {
 // it. A graph keeps the mode it was exported in and runs no submodule, so a submodule put
 // in another mode (Monte Carlo dropout: Dropout layers back in train()) or given a hook
 // (feature extraction), or a hook the export ran removed, makes eager differ from the
-// graph: such calls go to the Python path, which runs them eagerly. Read from each
-// module's instance dict (`training`, `_forward_pre_hooks`, `_forward_hooks`): a few
-// dict reads per module, no Python call. Hook handles' ids only grow, so a dict's size and
-// its largest key tell whether its set of hooks changed.
+// graph: such calls go to the Python path, which runs them eagerly.
+// Per call (`clear`): each module's `training` from its instance dict, the sizes of its
+// hook dicts (held), and torch's hook handle counter (RemovableHandle.next_id, which
+// every registration anywhere advances): a dict read per module and two size reads, no
+// Python call. `changed` (the Python path) is exact: the hook dicts read again from the
+// instance dict, their sizes and largest handle ids (ids only grow, so these tell whether
+// the set of hooks changed).
 class SubmoduleState {
  public:
   SubmoduleState() = default;
 
   // `modules`: the module and its submodules; `training`: the mode the graphs were
-  // recorded in (None: modes not checked). The modes expected are the modules' current
-  // ones where the module is in that mode (a submodule kept in another mode while tuning
-  // stays expected so), else that mode for every module (a module just loaded, still in
-  // the mode it was built in: ait.load then puts it in the tuned mode).
-  void set(std::vector<nb::object> modules, nb::object training) {
-    static PyObject* training_name = PyUnicode_InternFromString("training");
-    static PyObject* names[2] = {PyUnicode_InternFromString("_forward_pre_hooks"),
-                                 PyUnicode_InternFromString("_forward_hooks")};
-    training_name_ = training_name;
-    hook_names_[0] = names[0];
-    hook_names_[1] = names[1];
+  // recorded in (None: modes not checked); `counter`: an object whose `next_id` is torch's
+  // hook handle counter (torch.utils.hooks.RemovableHandle; None: not read). The modes
+  // expected are the modules' current ones where the module is in that mode (a submodule
+  // kept in another mode while tuning stays expected so), else that mode for every module
+  // (a module just loaded, still in the mode it was built in: ait.load then puts it in the
+  // tuned mode).
+  void set(std::vector<nb::object> modules, nb::object training, nb::object counter) {
+    training_name_ = PyUnicode_InternFromString("training");
+    hook_names_[0] = PyUnicode_InternFromString("_forward_pre_hooks");
+    hook_names_[1] = PyUnicode_InternFromString("_forward_hooks");
+    next_id_name_ = PyUnicode_InternFromString("next_id");
+    counter_ = std::move(counter);
     modules_.clear();
     for (auto& module : modules) {
       nb::object dict = nb::steal(PyObject_GenericGetDict(module.ptr(), nullptr));
       if (!dict.is_valid()) throw nb::python_error();
-      modules_.push_back(Entry{std::move(module), std::move(dict), nullptr, {}});
+      modules_.push_back(Entry{std::move(module), std::move(dict), nullptr, {}, {}});
     }
     snapshot(training);
   }
@@ -75,7 +79,7 @@ class SubmoduleState {
       uniform = truthy(training.ptr()) ? Py_True : Py_False;
       PyObject* root = modules_.empty() ? nullptr : PyDict_GetItemWithError(modules_[0].dict.ptr(), training_name_);
       if (root == nullptr && PyErr_Occurred()) throw nb::python_error();
-      bool keep_current = root != nullptr && (root == Py_True || root == Py_False) && root == uniform;
+      bool keep_current = root != nullptr && root == uniform;
       for (auto& entry : modules_) {
         PyObject* current = PyDict_GetItemWithError(entry.dict.ptr(), training_name_);
         if (current == nullptr && PyErr_Occurred()) throw nb::python_error();
@@ -85,12 +89,31 @@ class SubmoduleState {
       for (auto& entry : modules_) entry.training = nullptr;
     }
     for (std::size_t i = 1; i < modules_.size(); ++i)
-      for (int h = 0; h < 2; ++h) modules_[i].hooks[h] = hooks_of(modules_[i].dict.ptr(), h);
+      for (int h = 0; h < 2; ++h) {
+        Entry& entry = modules_[i];
+        PyObject* hooks = PyDict_GetItemWithError(entry.dict.ptr(), hook_names_[h]);
+        if (hooks == nullptr && PyErr_Occurred()) throw nb::python_error();
+        entry.hook_dicts[h] = hooks != nullptr && PyDict_Check(hooks) ? nb::borrow(hooks) : nb::object();
+        entry.hooks[h] = hooks_of(entry.dict.ptr(), h);
+      }
+    next_id_ = counter_value();
   }
 
   bool clear() const {
-    for (std::size_t i = 0; i < modules_.size(); ++i)
-      if (changed(i) != nullptr) return false;
+    if (counter_.is_valid() && counter_value() != next_id_) return false;
+    for (std::size_t i = 0; i < modules_.size(); ++i) {
+      const Entry& entry = modules_[i];
+      if (entry.training != nullptr) {
+        PyObject* current = PyDict_GetItemWithError(entry.dict.ptr(), training_name_);
+        if (current != entry.training) {
+          if (current == nullptr && PyErr_Occurred()) throw nb::python_error();
+          return false;  // another mode, or not True / False (the Python path compares it as Python does)
+        }
+      }
+      for (int h = 0; h < 2; ++h)
+        if (entry.hook_dicts[h].is_valid() && PyDict_GET_SIZE(entry.hook_dicts[h].ptr()) != entry.hooks[h].size)
+          return false;
+    }
     return true;
   }
 
@@ -111,18 +134,28 @@ class SubmoduleState {
     return nullptr;
   }
 
+  // After `changed` found nothing for any module: the handle counter moved for hooks
+  // elsewhere (another module, other kinds of hooks); calls may skip Python again.
+  void counter_seen() { next_id_ = counter_value(); }
+
   std::size_t size() const noexcept { return modules_.size(); }
 
   // For the cycle collector (tp_traverse): visits every object held; the first non-zero
   // result is returned.
   int traverse(visitproc visit, void* arg) const {
+    Py_VISIT(counter_.ptr());
     for (const auto& entry : modules_) {
       Py_VISIT(entry.module.ptr());
       Py_VISIT(entry.dict.ptr());
+      Py_VISIT(entry.hook_dicts[0].ptr());
+      Py_VISIT(entry.hook_dicts[1].ptr());
     }
     return 0;
   }
-  void reset() noexcept { modules_.clear(); }
+  void reset() noexcept {
+    modules_.clear();
+    counter_ = nb::object();
+  }
 
  private:
   struct Hooks {
@@ -132,10 +165,20 @@ class SubmoduleState {
   };
   struct Entry {
     nb::object module;
-    nb::object dict;       // the module's instance dict
-    PyObject* training;    // Py_True / Py_False expected; nullptr: not checked
-    Hooks hooks[2];        // _forward_pre_hooks, _forward_hooks as tuning left them
+    nb::object dict;           // the module's instance dict
+    PyObject* training;        // Py_True / Py_False expected; nullptr: not checked
+    Hooks hooks[2];            // _forward_pre_hooks, _forward_hooks as tuning left them
+    nb::object hook_dicts[2];  // those dicts (none for the wrapped module: the proxy runs its hooks)
   };
+
+  long long counter_value() const {
+    if (!counter_.is_valid() || counter_.is_none()) return -1;
+    nb::object value = nb::steal(PyObject_GetAttr(counter_.ptr(), next_id_name_));
+    if (!value.is_valid()) throw nb::python_error();
+    long long id = PyLong_AsLongLong(value.ptr());
+    if (id == -1 && PyErr_Occurred()) throw nb::python_error();
+    return id;
+  }
 
   Hooks hooks_of(PyObject* dict, int which) const {
     PyObject* hooks = PyDict_GetItemWithError(dict, hook_names_[which]);
@@ -155,8 +198,11 @@ class SubmoduleState {
   }
 
   std::vector<Entry> modules_;
+  nb::object counter_;
+  long long next_id_ = -1;
   PyObject* training_name_ = nullptr;
   PyObject* hook_names_[2] = {nullptr, nullptr};
+  PyObject* next_id_name_ = nullptr;
 };
 
 // When a module call may skip its Python path: what nn.Module.__call__ checks before it

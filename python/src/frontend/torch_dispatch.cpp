@@ -407,10 +407,13 @@ class TorchDispatch {
 
   /// The wrapped module's modules (`submodules` as given) whose mode or forward hooks
   /// differ from what tuning left: (index, "mode" or "hooks").
-  std::vector<std::pair<std::size_t, std::string>> changed_submodules() const {
+  /// None changed: a move of torch's hook handle counter (a hook registered elsewhere) is
+  /// taken as seen, so routed calls skip Python again.
+  std::vector<std::pair<std::size_t, std::string>> changed_submodules() {
     std::vector<std::pair<std::size_t, std::string>> changed;
     for (std::size_t i = 0; i < guards_.submodules.size(); ++i)
       if (const char* what = guards_.submodules.changed(i)) changed.emplace_back(i, what);
+    if (changed.empty()) guards_.submodules.counter_seen();
     return changed;
   }
   /// Takes the submodules' hooks as they are now (and their modes, as the constructor).
@@ -530,17 +533,17 @@ void bind_torch_dispatch(nb::module_& m) {
           [](TorchDispatch* self, nb::object to_dlpack, nb::object from_dlpack, nb::object tensor_type,
              nb::object current_stream, nb::object fallback, std::vector<nb::object> global_dicts,
              std::vector<nb::object> context_vars, std::vector<nb::object> calls, std::vector<nb::object> attributes,
-             std::vector<nb::object> submodules, nb::object training) {
+             std::vector<nb::object> submodules, nb::object training, nb::object hook_counter) {
             CallGuards guards{std::move(global_dicts), std::move(context_vars), std::move(calls),
                               std::move(attributes), {}};
-            guards.submodules.set(std::move(submodules), training);
+            guards.submodules.set(std::move(submodules), training, hook_counter);
             new (self) TorchDispatch(std::move(to_dlpack), std::move(from_dlpack), std::move(tensor_type),
                                      std::move(current_stream), std::move(fallback), std::move(guards));
           },
           nb::arg("to_dlpack"), nb::arg("from_dlpack"), nb::arg("tensor_type"), nb::arg("current_stream"),
           nb::arg("fallback"), nb::arg("global_dicts"), nb::arg("context_vars"), nb::arg("calls"),
           nb::arg("attributes"), nb::arg("submodules") = std::vector<nb::object>{},
-          nb::arg("training").none() = nb::none(),
+          nb::arg("training").none() = nb::none(), nb::arg("hook_counter").none() = nb::none(),
           "to_dlpack/from_dlpack: torch's capsule converters; tensor_type: torch.Tensor; "
           "current_stream: device index -> torch's current cudaStream_t as an int (CUDA sessions); "
           "fallback(module, *args, **kwargs): every call no route serves. Guards, all of which must be falsy "
@@ -548,10 +551,11 @@ void bind_torch_dispatch(nb::module_& m) {
           "callables), attributes (names of attributes of the module); and submodules (the wrapped module, "
           "then its submodules) must be as they are now: each in the mode it has (where the wrapped module is "
           "in mode `training`, else all in that mode; None: modes not checked), the submodules' forward hooks "
-          "the ones registered now.")
+          "the ones registered now, hook_counter.next_id (torch's RemovableHandle: hooks registered anywhere) "
+          "as it is now.")
       .def("changed_submodules", &TorchDispatch::changed_submodules,
            "(index into submodules, 'mode' or 'hooks') for each module whose mode or forward hooks differ from "
-           "what the dispatch expects.")
+           "what the dispatch expects; when none does, hook_counter's move is taken as seen.")
       .def("snapshot_submodules", &TorchDispatch::snapshot_submodules, nb::arg("training").none(),
            "Expect the submodules' forward hooks as they are now (modes as the constructor takes them).")
       .def("add_graph", &TorchDispatch::add_graph, nb::arg("session").none(), nb::arg("order"), nb::arg("inputs"),
