@@ -260,3 +260,42 @@ def test_a_submodule_put_in_train_mode_after_tuning_runs_eagerly_until_back_in_e
     with torch.no_grad():
         model(torch.randn(2, 4))
     assert not torch.equal(inner.norm.running_mean, before), "BatchNorm in train() updates its statistics"
+
+
+def test_weights_changed_by_calls_run_eagerly_in_train_mode_deactivate_the_graphs(caplog):
+    """Fine-tuning through the tuned module (train(), optimizer steps) or a BatchNorm left in
+    train() changes the weights in place while the calls run eagerly; back in eval(), the
+    graph (holding the weights it was tuned with) computed the old model, silently. The first
+    call back in the tuned mode compares the version counters of the parameters and buffers:
+    changed, the module is deactivated (eager, its new weights), saying which."""
+    inner = DropoutNormHead().eval()
+    model = ait.Module(inner, "fine-tuned", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [torch.randn(4) for _ in range(2)], ignore_failing_modules=False, progress=False)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        model(x)
+    model.train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    for _ in range(2):
+        optimizer.zero_grad()
+        model(torch.randn(2, 4)).pow(2).sum().backward()
+        optimizer.step()
+    model.eval()
+    with caplog.at_level("WARNING", logger="aitune"), torch.no_grad():
+        torch.testing.assert_close(model(x), inner(x))  # the trained weights
+        torch.testing.assert_close(model(x), inner(x))
+    assert not model.ait_active
+    assert any("changed in place" in r.getMessage() and "fc.weight" in r.getMessage() for r in caplog.records), \
+        caplog.text
+
+    untouched = DropoutNormHead().eval()
+    model = ait.Module(untouched, "train-no-step", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [torch.randn(4) for _ in range(2)], ignore_failing_modules=False, progress=False)
+    untouched.drop.train()  # dropout only: nothing changes in place
+    with torch.no_grad():
+        model(x)
+    untouched.drop.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), untouched(x))
+        model(x)
+    assert model.ait_active and model._ait_calls.direct is not None, "the graph serves again, by the C++ half"

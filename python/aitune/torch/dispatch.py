@@ -208,6 +208,16 @@ def _forward_hooks(module: torch.nn.Module) -> dict[str, dict]:
     return found
 
 
+def _weight_versions(module: torch.nn.Module) -> list[tuple[str, torch.Tensor, int]]:
+    """(name, tensor, version counter) of each parameter and buffer that has a counter
+    (tensors made under torch.inference_mode() have none)."""
+    found = []
+    for name, tensor in (*module.named_parameters(), *module.named_buffers()):
+        if tensor is not None and not tensor.is_inference():
+            found.append((name, tensor, tensor._version))
+    return found
+
+
 def _requires_grad(args: tuple, kwargs: dict) -> bool:
     """Whether any tensor of the call requires grad (plain tensor arguments are checked
     without flattening)."""
@@ -276,6 +286,14 @@ class ModuleDispatch:
         self.grad_logged = False  # the first call run eagerly for autograd was logged
         self.autocast_logged = False  # the first call run eagerly for autocast was logged
         self.measuring = False  # made by measured_call to measure a candidate, not a module's
+        # The parameters and buffers with their version counters as tuning left them: calls
+        # run eagerly in another mode (train(): BatchNorm statistics, a training loop's
+        # optimizer steps) or for autograd may change them in place, under graphs that hold
+        # a copy of the old ones. The first call back in the tuned state compares them
+        # (then ``weights_changed(how) -> bool``, set by ait.Module, deactivates it).
+        self.weights = _weight_versions(module) if self.tuned else []
+        self.eager_since_check = False
+        self.weights_changed: Callable[[str], bool] | None = None
 
     def in_other_mode(self, training: bool) -> bool:
         """Whether a module in mode ``training`` is in the other mode than the graphs were
@@ -317,6 +335,8 @@ class ModuleDispatch:
             return self._run_changed_submodules(changed, args, kwargs)
         if self.tuned and self.autocast is not None and autocast_enabled() is not self.autocast:
             return self._run_in_other_autocast(args, kwargs)
+        if self.eager_since_check and self._weights_changed_by_eager_calls():
+            return self.module.forward(*args, **kwargs)  # deactivated: eager from now on
         if self.direct is not None:
             # Calls that reach forward past the C++ half's guards (a module with hooks,
             # JIT tracing) still match its routes: the forward itself is the graph.
@@ -433,7 +453,28 @@ class ModuleDispatch:
                             "on the module wrapped: they run around the tuned graph)")
             logger.warning("ait.Module '%s': %s; calls run eagerly in PyTorch until %s", self.name,
                            "; ".join(said), " and ".join(back))
-        return self.module.forward(*args, **kwargs)  # the hooks ran around the proxy's forward
+        return self._ran_eagerly(self.module.forward(*args, **kwargs))  # the hooks ran around the proxy's forward
+
+    def _ran_eagerly(self, outputs: Any) -> Any:
+        """After a call run eagerly for the mode, hooks or autograd: the next call back in
+        the tuned state takes the Python path (no route until then), which checks whether
+        the weights changed in place meanwhile."""
+        if self.weights:
+            self.eager_since_check = True
+            self.direct = None
+        return outputs
+
+    def _weights_changed_by_eager_calls(self) -> bool:
+        """The check ``_ran_eagerly`` asks for: True when parameters or buffers changed in
+        place since tuning and the module was deactivated for it (its graphs hold the old
+        ones)."""
+        self.eager_since_check = False
+        changed = [name for name, tensor, version in self.weights if tensor._version != version]
+        if not changed or self.weights_changed is None:
+            return False
+        shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+        return self.weights_changed(f"were changed in place ({shown}) while calls ran eagerly (train mode, "
+                                    "changed submodules or autograd)")
 
     def _run_in_other_autocast(self, args: tuple, kwargs: dict) -> Any:
         """A call with torch.autocast on where the graphs were recorded without it (or off
@@ -461,7 +502,7 @@ class ModuleDispatch:
                 "(torch.no_grad() / torch.inference_mode(), or inputs that do not require grad)",
                 self.name,
             )
-        return self.module.forward(*args, **kwargs)  # the hooks ran around the proxy's forward
+        return self._ran_eagerly(self.module.forward(*args, **kwargs))  # the hooks ran around the proxy's forward
 
     def _unrecorded(self, identity, arguments: dict, args: tuple, kwargs: dict) -> Any:
         call = describe_call(self.signature, arguments)

@@ -345,6 +345,15 @@ class Module(DispatchedModule):
             "(ait.tune) to use the new weights; ait.save refuses until then.", self._ait_name, how,
             ", ".join(holding))
 
+    def _ait_weights_changed_by_eager_calls(self, how: str) -> bool:
+        """The dispatch found weights changed in place after calls it ran eagerly (train
+        mode, autograd): where a tuned graph holds a copy of the old ones, as
+        ``_ait_weights_changed``; True when the module was deactivated."""
+        if not self._ait_graphs_hold_weights():
+            return False
+        self._ait_weights_changed(how)
+        return True
+
     def _get_name(self) -> str:
         return f"ait.Module[{self._ait_name!r}, {self._ait_state.value}]({type(self._ait_module).__name__})"
 
@@ -546,3 +555,4 @@ class Module(DispatchedModule):
         old = self._ait_calls
         self._ait_calls = ModuleDispatch(old.name, old.module, old.signature, old.eager_fallback, tuned,
                                          list(self._ait_graphs.values()))
+        self._ait_calls.weights_changed = self._ait_weights_changed_by_eager_calls
