@@ -299,3 +299,27 @@ def test_weights_changed_by_calls_run_eagerly_in_train_mode_deactivate_the_graph
         torch.testing.assert_close(model(x), untouched(x))
         model(x)
     assert model.ait_active and model._ait_calls.direct is not None, "the graph serves again, by the C++ half"
+
+
+class WritesRowsOfItsCache(torch.nn.Module):
+    """A KV-cache-like buffer written row by row and read back whole: the outputs depend on
+    what earlier calls left in it."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+        self.register_buffer("cache", torch.zeros(2, 4))
+
+    def forward(self, x):
+        self.cache[: x.shape[0]] = self.fc(x)
+        return self.cache.sum(0)
+
+
+def test_outputs_that_read_state_a_call_changed_are_refused_naming_the_state():
+    """Eager is not repeatable here (the second call reads what the first left), so the tune
+    stops before any export; the refusal said only 'depends on state that each call
+    changes'. It names the buffers the recorded calls changed."""
+    model = ait.Module(WritesRowsOfItsCache().eval(), "row-cache", strategy=cpu_strategy(tune_provider_options=False))
+    with pytest.raises(ait.TuningError, match=r"changed the module's state \(cache\)"):
+        ait.tune(model, [torch.randn(4) for _ in range(3)], ignore_failing_modules=False, progress=False)
+    assert model.ait_state is ModuleState.PASSTHROUGH
