@@ -101,3 +101,79 @@ def test_hook_on_a_submodule_is_named_in_a_warning(caplog):
     with caplog.at_level(logging.WARNING, logger="aitune"):
         ait.tune(model, [torch.randn(16) for _ in range(2)], ignore_failing_modules=False)
     assert any("count_calls" in r.getMessage() and "submodules" in r.getMessage() for r in caplog.records)
+
+
+def test_a_hook_registered_on_a_submodule_after_tuning_runs_and_the_call_is_eager(caplog, monkeypatch):
+    """A feature-extraction hook registered on a layer after tuning (Grad-CAM, embeddings):
+    the graph has no submodules, so the hook never ran and the tuned outputs ignored what it
+    returned, and nothing said so. A call while a submodule's forward hooks differ from
+    tuning's runs eagerly (hooks included), said once in the log naming the submodule; once
+    the hook is removed the graph serves again."""
+    inner = MLP().eval()
+    model = ait.Module(inner, "sub-hook-later", strategy=_strategy(False))
+    ait.tune(model, [torch.randn(16) for _ in range(2)], ignore_failing_modules=False, progress=False)
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        model(x)
+    assert model._ait_calls.direct is not None, "the C++ half serves this call form now"
+    features = []
+    handle = inner.fc1.register_forward_hook(lambda module, args, output: features.append(output))
+    zero = inner.act.register_forward_hook(lambda module, args, output: torch.zeros_like(output))
+    with caplog.at_level(logging.WARNING, logger="aitune"), torch.no_grad():
+        out = model(x)
+        model(x)
+    assert len(features) == 2, "the hook ran on every call"
+    torch.testing.assert_close(out, inner.fc2.bias.expand(2, -1))  # the zeroing hook applied, as eager
+    messages = [r.getMessage() for r in caplog.records if "hooks" in r.getMessage()]
+    assert len(messages) == 1 and "fc1" in messages[0] and "act" in messages[0], caplog.text
+    handle.remove()
+    zero.remove()
+    with torch.no_grad():
+        expected = inner(x)
+        _no_eager(model)
+        torch.testing.assert_close(model(x), expected)
+    assert len(features) == 2
+
+
+def test_a_submodule_hook_removed_after_tuning_is_no_longer_applied(caplog):
+    """A hook present while tuning is exported into the graph (its effect on tensors); removed
+    later, the graph would keep applying it: calls run eagerly instead, as the module now is."""
+    inner = MLP().eval()
+    handle = inner.act.register_forward_hook(lambda module, args, output: output * 0)
+    model = ait.Module(inner, "sub-hook-removed", strategy=_strategy(False))
+    ait.tune(model, [torch.randn(16) for _ in range(2)], ignore_failing_modules=False, progress=False)
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), inner(x))
+        handle.remove()
+        torch.testing.assert_close(model(x), inner(x))
+
+
+def test_a_hook_elsewhere_costs_one_python_call_and_a_swapped_hook_is_seen(monkeypatch):
+    """The C++ half reads torch's hook handle counter per call: a hook registered on an
+    unrelated module sends one call to the Python path, which finds the module's own hooks
+    as they were and lets the C++ half serve again. One hook removed and another added on
+    the same submodule (same count) is a change: eager, the new hook runs."""
+    from aitune.torch.dispatch import ModuleDispatch
+
+    inner = MLP().eval()
+    first = inner.fc1.register_forward_hook(lambda module, args, output: None)
+    model = ait.Module(inner, "sub-hook-counter", strategy=_strategy(False))
+    ait.tune(model, [torch.randn(16) for _ in range(2)], ignore_failing_modules=False, progress=False)
+    x = torch.randn(2, 16)
+    unrelated = torch.nn.Linear(2, 2)
+    unrelated.register_forward_hook(lambda module, args, output: None)
+    general = []
+    real_call = ModuleDispatch.call
+    monkeypatch.setattr(ModuleDispatch, "call", lambda self, *a: general.append(1) or real_call(self, *a))
+    with torch.no_grad():
+        expected = inner(x)
+        for _ in range(3):
+            torch.testing.assert_close(model(x), expected)
+    assert len(general) == 1, "after one call on the Python path the C++ half serves again"
+    first.remove()
+    seen = []
+    inner.fc1.register_forward_hook(lambda module, args, output: seen.append(1))
+    with torch.no_grad():
+        model(x)
+    assert seen == [1]

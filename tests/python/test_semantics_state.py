@@ -212,3 +212,114 @@ def test_harmless_attributes_let_a_counter_and_a_cache_be_exported():
         ait.tune(typo, samples, ignore_failing_modules=False, progress=False)
     with pytest.raises(TypeError, match="harmless_attributes must be a list"):
         ait.Module(CountsAndMemoizes(), "harmless-str", harmless_attributes="calls")
+
+
+class DropoutNormHead(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+        self.norm = torch.nn.BatchNorm1d(4)
+        self.drop = torch.nn.Dropout(0.5)
+
+    def forward(self, x):
+        return self.drop(self.norm(self.fc(x)))
+
+
+def test_a_submodule_put_in_train_mode_after_tuning_runs_eagerly_until_back_in_eval(caplog, monkeypatch):
+    """Monte Carlo dropout (the model in eval(), its Dropout layers put back in train()) and a
+    BatchNorm left to update its statistics: the wrapped module itself stays in eval(), so
+    the graph (exported in eval) kept serving, silently without dropout and with frozen
+    statistics. A call while any submodule is in another mode than at tuning runs eagerly,
+    naming the submodules once in the log, on the C++ half's routes as on the general path;
+    back in eval() the graph serves again."""
+    inner = DropoutNormHead().eval()
+    model = ait.Module(inner, "mc-dropout", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [torch.randn(4) for _ in range(2)], ignore_failing_modules=False, progress=False)
+    x = torch.ones(2, 4)
+    with torch.no_grad():
+        model(x)
+    assert model._ait_calls.direct is not None, "the C++ half serves this call form now"
+    inner.drop.train()
+    with caplog.at_level("WARNING", logger="aitune"), torch.no_grad():
+        torch.manual_seed(0)
+        sampled = model(x)
+        torch.manual_seed(0)
+        expected = inner(x)
+        again = model(x)
+    torch.testing.assert_close(sampled, expected)  # the same dropout mask: it ran eagerly
+    assert not torch.equal(sampled, again), "dropout draws a new mask per call"
+    messages = [r.getMessage() for r in caplog.records if "drop (Dropout)" in r.getMessage()]
+    assert len(messages) == 1 and "train mode" in messages[0], caplog.text
+    inner.drop.eval()
+    with torch.no_grad(), monkeypatch.context() as patch:
+        expected = inner(x)
+        patch.setattr(inner, "forward", lambda *a, **k: pytest.fail("the eager forward ran"))
+        torch.testing.assert_close(model(x), expected)
+    inner.norm.train()
+    before = inner.norm.running_mean.clone()
+    with torch.no_grad():
+        model(torch.randn(2, 4))
+    assert not torch.equal(inner.norm.running_mean, before), "BatchNorm in train() updates its statistics"
+
+
+def test_weights_changed_by_calls_run_eagerly_in_train_mode_deactivate_the_graphs(caplog):
+    """Fine-tuning through the tuned module (train(), optimizer steps) or a BatchNorm left in
+    train() changes the weights in place while the calls run eagerly; back in eval(), the
+    graph (holding the weights it was tuned with) computed the old model, silently. The first
+    call back in the tuned mode compares the version counters of the parameters and buffers:
+    changed, the module is deactivated (eager, its new weights), saying which."""
+    inner = DropoutNormHead().eval()
+    model = ait.Module(inner, "fine-tuned", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [torch.randn(4) for _ in range(2)], ignore_failing_modules=False, progress=False)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        model(x)
+    model.train()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    for _ in range(2):
+        optimizer.zero_grad()
+        model(torch.randn(2, 4)).pow(2).sum().backward()
+        optimizer.step()
+    model.eval()
+    with caplog.at_level("WARNING", logger="aitune"), torch.no_grad():
+        torch.testing.assert_close(model(x), inner(x))  # the trained weights
+        torch.testing.assert_close(model(x), inner(x))
+    assert not model.ait_active
+    assert any("changed in place" in r.getMessage() and "fc.weight" in r.getMessage() for r in caplog.records), \
+        caplog.text
+
+    untouched = DropoutNormHead().eval()
+    model = ait.Module(untouched, "train-no-step", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [torch.randn(4) for _ in range(2)], ignore_failing_modules=False, progress=False)
+    untouched.drop.train()  # dropout only: nothing changes in place
+    with torch.no_grad():
+        model(x)
+    untouched.drop.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), untouched(x))
+        model(x)
+    assert model.ait_active and model._ait_calls.direct is not None, "the graph serves again, by the C++ half"
+
+
+class WritesRowsOfItsCache(torch.nn.Module):
+    """A KV-cache-like buffer written row by row and read back whole: the outputs depend on
+    what earlier calls left in it."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+        self.register_buffer("cache", torch.zeros(2, 4))
+
+    def forward(self, x):
+        self.cache[: x.shape[0]] = self.fc(x)
+        return self.cache.sum(0)
+
+
+def test_outputs_that_read_state_a_call_changed_are_refused_naming_the_state():
+    """Eager is not repeatable here (the second call reads what the first left), so the tune
+    stops before any export; the refusal said only 'depends on state that each call
+    changes'. It names the buffers the recorded calls changed."""
+    model = ait.Module(WritesRowsOfItsCache().eval(), "row-cache", strategy=cpu_strategy(tune_provider_options=False))
+    with pytest.raises(ait.TuningError, match=r"changed the module's state \(cache\)"):
+        ait.tune(model, [torch.randn(4) for _ in range(3)], ignore_failing_modules=False, progress=False)
+    assert model.ait_state is ModuleState.PASSTHROUGH

@@ -23,6 +23,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch import Tensor as _Tensor
 from torch.nn.modules import module as _nn_module
+from torch.utils.hooks import RemovableHandle
 
 from aitune import _core
 from aitune.torch import context, flatten
@@ -71,17 +72,19 @@ _GUARDS = dict(
 def new_dispatch(module: torch.nn.Module, training: bool | None, autocast: bool | None = None) -> _core.TorchDispatch:
     """An empty C++ half for one ait.Module; calls it does not serve go to nn.Module.__call__.
     ``training``: the mode the graphs were recorded in (None: not checked). A call while the
-    wrapped ``module`` is in the other mode goes to the Python path (which runs it eagerly),
-    also when train() was called on the wrapped module itself: its ``training`` is read per
-    call (an instance attribute, ~0.1 us). ``autocast``: whether torch.autocast was on when
-    they were recorded (None: not checked); a call in the other state goes there too."""
+    wrapped ``module`` or any of its submodules is in another mode than now (where ``module``
+    is in mode ``training``; else than ``training``) goes to the Python path (which runs it
+    eagerly), also when train() was called on the wrapped module or a submodule itself: the
+    C++ half reads each module's ``training`` per call. So does a call while a submodule's
+    forward hooks differ from the ones registered now (a graph runs no submodule).
+    ``autocast``: whether torch.autocast was on when they were recorded (None: not checked);
+    a call in the other state goes there too."""
     guards = dict(_GUARDS)
-    if training is not None:
-        guards["calls"] = [*guards["calls"], lambda: module.training is not training]
     if autocast is not None:
         guards["calls"] = [*guards["calls"], lambda: autocast_enabled() is not autocast]
     return _core.TorchDispatch(
-        _to_dlpack, _from_dlpack, torch.Tensor, current_raw_stream, torch.nn.Module.__call__, **guards
+        _to_dlpack, _from_dlpack, torch.Tensor, current_raw_stream, torch.nn.Module.__call__, **guards,
+        submodules=list(module.modules()), training=training, hook_counter=RemovableHandle,
     )
 
 
@@ -185,6 +188,36 @@ def call_layout(positional: tuple[list[str], dict[str, Any], str | None] | None,
     return tuple(name for name in rest if name in keywords)
 
 
+def _effect_on_tensors_only(hook) -> bool:
+    """transformers' output-capturing hook (installed on the layers the first time a call
+    asks ``output_hidden_states`` / ``output_attentions``, or a head such as SegFormer's
+    asks them of its base model): it only appends a layer's output tensors to a collector
+    that the decorated forward returns in its ModelOutput, an effect on tensors that the
+    exported graph keeps. The user registered nothing, so naming it would send them looking
+    for a hook of their own."""
+    return (getattr(hook, "__module__", None) == "transformers.utils.output_capturing"
+            and getattr(hook, "__name__", None) == "output_capturing_hook")
+
+
+def _forward_hooks(module: torch.nn.Module) -> dict[str, dict]:
+    """path -> {handle id: hook} of the forward (pre-)hooks of each submodule that has any."""
+    found = {}
+    for name, sub in module.named_modules():
+        if name and (sub._forward_pre_hooks or sub._forward_hooks):
+            found[name] = {**sub._forward_pre_hooks, **sub._forward_hooks}
+    return found
+
+
+def _weight_versions(module: torch.nn.Module) -> list[tuple[str, torch.Tensor, int]]:
+    """(name, tensor, version counter) of each parameter and buffer that has a counter
+    (tensors made under torch.inference_mode() have none)."""
+    found = []
+    for name, tensor in (*module.named_parameters(), *module.named_buffers()):
+        if tensor is not None and not tensor.is_inference():
+            found.append((name, tensor, tensor._version))
+    return found
+
+
 def _requires_grad(args: tuple, kwargs: dict) -> bool:
     """Whether any tensor of the call requires grad (plain tensor arguments are checked
     without flattening)."""
@@ -233,6 +266,10 @@ class ModuleDispatch:
         autocasts = {getattr(graph, "autocast", None) for graph, _ in self.tuned.values()}
         self.autocast = autocasts.pop() if len(autocasts) == 1 else None
         self.cpp = new_dispatch(module, self.training, self.autocast) if self.tuned else None
+        # The names of the modules the C++ half watches (module.modules() order, "" the
+        # wrapped module) and the forward hooks of each submodule with hooks when it was made.
+        self.submodule_names = [name for name, _ in module.named_modules()] if self.tuned else []
+        self.submodule_hooks = _forward_hooks(module) if self.tuned else {}
         # identity -> the graph's index in the C++ half: graphs that run in a session, and
         # those that run in Python (torch.compile, eager), whose routed calls the C++ half
         # hands straight to their run (python_graph_run), past nn.Module.__call__ and binding
@@ -244,11 +281,19 @@ class ModuleDispatch:
             for identity, (graph, tuned) in self.tuned.items()
         }
         self.direct = None  # the C++ half, once it has a route (before: a detour for every call)
-        self.mode_logged = False  # the first call run eagerly for the other mode was logged
+        self.changes_logged: set = set()  # the changed submodules whose eager calls were logged
         self.warned: set = set()
         self.grad_logged = False  # the first call run eagerly for autograd was logged
         self.autocast_logged = False  # the first call run eagerly for autocast was logged
         self.measuring = False  # made by measured_call to measure a candidate, not a module's
+        # The parameters and buffers with their version counters as tuning left them: calls
+        # run eagerly in another mode (train(): BatchNorm statistics, a training loop's
+        # optimizer steps) or for autograd may change them in place, under graphs that hold
+        # a copy of the old ones. The first call back in the tuned state compares them
+        # (then ``weights_changed(how) -> bool``, set by ait.Module, deactivates it).
+        self.weights = _weight_versions(module) if self.tuned else []
+        self.eager_since_check = False
+        self.weights_changed: Callable[[str], bool] | None = None
 
     def in_other_mode(self, training: bool) -> bool:
         """Whether a module in mode ``training`` is in the other mode than the graphs were
@@ -286,10 +331,12 @@ class ModuleDispatch:
         """The general path of a tuned call: bind, flatten, find the graph, run it."""
         if torch.is_grad_enabled() and _requires_grad(args, kwargs):
             return self._run_with_autograd(args, kwargs)
-        if self.tuned and self.in_other_mode(self.module.training):
-            return self._run_in_other_mode(args, kwargs)
+        if self.tuned and (changed := self.changed_submodules()):
+            return self._run_changed_submodules(changed, args, kwargs)
         if self.tuned and self.autocast is not None and autocast_enabled() is not self.autocast:
             return self._run_in_other_autocast(args, kwargs)
+        if self.eager_since_check and self._weights_changed_by_eager_calls():
+            return self.module.forward(*args, **kwargs)  # deactivated: eager from now on
         if self.direct is not None:
             # Calls that reach forward past the C++ half's guards (a module with hooks,
             # JIT tracing) still match its routes: the forward itself is the graph.
@@ -343,19 +390,91 @@ class ModuleDispatch:
         self.cpp.add_route(sample, index, list(keywords))
         self.direct = self.cpp
 
-    def _run_in_other_mode(self, args: tuple, kwargs: dict) -> Any:
-        """A call while the module is in the other mode than the one its graphs were
-        recorded in (train() after tuning in eval()): the graphs would silently keep
-        the recorded mode's behaviour (no dropout, BatchNorm statistics frozen, no
-        gradients), so it runs eagerly; said once in the log."""
-        if not self.mode_logged:
-            self.mode_logged = True
-            tuned, now = ("train", "eval") if self.training else ("eval", "train")
-            logger.warning(
-                "ait.Module '%s': in %s mode, but its graphs were tuned in %s mode; calls run eagerly in PyTorch "
-                "until the module is back in %s mode (.%s())", self.name, now, tuned, tuned, tuned,
-            )
-        return self.module.forward(*args, **kwargs)  # the hooks ran around the proxy's forward
+    def changed_submodules(self) -> dict[str, list[str]]:
+        """The modules whose mode or forward hooks differ from tuning's, by kind ("mode",
+        "hooks"), each named 'path (Class)' ('<root>' the wrapped module, first), with the
+        mode it is in now for "mode"; empty when none.
+        Hooks whose only effect is on tensors that a graph keeps (transformers' output
+        capturing, installed on first use) added since are taken as expected from now on."""
+        changed = self.cpp.changed_submodules()
+        if not changed:
+            return {}
+        modules = list(self.module.modules())
+        if len(modules) != len(self.submodule_names):  # a submodule added or removed since
+            modules = [None] * len(self.submodule_names)
+        found: dict[str, list[str]] = {}
+        for index, what in changed:
+            name, sub = self.submodule_names[index], modules[index]
+            if what == "hooks" and sub is not None and self._only_tensor_hooks_added(index, sub):
+                continue
+            said = f"{name or '<root>'} ({type(sub).__name__})" if sub is not None else name or "<root>"
+            if what == "mode" and sub is not None:
+                said += f" in {'train' if sub.training else 'eval'} mode"
+            found.setdefault(what, []).append(said)
+        if not found:
+            self.cpp.snapshot_submodules(self.training)
+            self.submodule_hooks = _forward_hooks(self.module)
+        return found
+
+    def _only_tensor_hooks_added(self, index: int, sub: torch.nn.Module) -> bool:
+        """Whether submodule ``index`` only gained hooks whose only effect is on tensors
+        (``_effect_on_tensors_only``) since the dispatch was made, and lost none."""
+        before = self.submodule_hooks.get(self.submodule_names[index], {})
+        now = {**sub._forward_pre_hooks, **sub._forward_hooks}
+        return before.keys() <= now.keys() and all(
+            _effect_on_tensors_only(hook) for key, hook in now.items() if key not in before)
+
+    def _run_changed_submodules(self, changed: dict[str, list[str]], args: tuple, kwargs: dict) -> Any:
+        """A call while the module or a submodule is in another mode than its graphs were
+        recorded in (train() after tuning in eval(), Monte Carlo dropout), or while a
+        submodule's forward hooks differ from tuning's (a hook registered after tuning, one
+        the export ran removed): the graphs would silently keep the recorded mode's
+        behaviour (no dropout, BatchNorm statistics frozen, no gradients) and run no
+        submodule, so it runs eagerly; said once in the log per set of changes."""
+        key = tuple((what, tuple(names)) for what, names in changed.items())
+        if key not in self.changes_logged:
+            self.changes_logged.add(key)
+            said = []
+            if "mode" in changed:
+                tuned, now = ("train", "eval") if self.training else ("eval", "train")
+                if changed["mode"][0].startswith("<root> "):
+                    said.append(f"in {now} mode, but its graphs were tuned in {tuned} mode")
+                else:
+                    said.append(f"modules are in another mode than when its graphs were tuned in {tuned} mode: "
+                                f"{', '.join(changed['mode'])}")
+            if "hooks" in changed:
+                said.append("the forward hooks of submodules changed since tuning (a graph runs no submodule, so "
+                            f"their hooks would not run): {', '.join(changed['hooks'])}")
+            back = []
+            if "mode" in changed:
+                back.append(f"the modules are back in the mode they were tuned in (.{tuned}())")
+            if "hooks" in changed:
+                back.append("the hooks are as they were, or the module is tuned again with them (register hooks "
+                            "on the module wrapped: they run around the tuned graph)")
+            logger.warning("ait.Module '%s': %s; calls run eagerly in PyTorch until %s", self.name,
+                           "; ".join(said), " and ".join(back))
+        return self._ran_eagerly(self.module.forward(*args, **kwargs))  # the hooks ran around the proxy's forward
+
+    def _ran_eagerly(self, outputs: Any) -> Any:
+        """After a call run eagerly for the mode, hooks or autograd: the next call back in
+        the tuned state takes the Python path (no route until then), which checks whether
+        the weights changed in place meanwhile."""
+        if self.weights:
+            self.eager_since_check = True
+            self.direct = None
+        return outputs
+
+    def _weights_changed_by_eager_calls(self) -> bool:
+        """The check ``_ran_eagerly`` asks for: True when parameters or buffers changed in
+        place since tuning and the module was deactivated for it (its graphs hold the old
+        ones)."""
+        self.eager_since_check = False
+        changed = [name for name, tensor, version in self.weights if tensor._version != version]
+        if not changed or self.weights_changed is None:
+            return False
+        shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+        return self.weights_changed(f"were changed in place ({shown}) while calls ran eagerly (train mode, "
+                                    "changed submodules or autograd)")
 
     def _run_in_other_autocast(self, args: tuple, kwargs: dict) -> Any:
         """A call with torch.autocast on where the graphs were recorded without it (or off
@@ -383,7 +502,7 @@ class ModuleDispatch:
                 "(torch.no_grad() / torch.inference_mode(), or inputs that do not require grad)",
                 self.name,
             )
-        return self.module.forward(*args, **kwargs)  # the hooks ran around the proxy's forward
+        return self._ran_eagerly(self.module.forward(*args, **kwargs))  # the hooks ran around the proxy's forward
 
     def _unrecorded(self, identity, arguments: dict, args: tuple, kwargs: dict) -> Any:
         call = describe_call(self.signature, arguments)

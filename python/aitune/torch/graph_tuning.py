@@ -79,6 +79,9 @@ def check_eager_repeatable(graph: RecordedGraph, name: str, expected: list[torch
                                                       output_tolerances=tuner_options.output_tolerances)
     why = _core.eager_nondeterminism(names, expected, again, _modules_in_training(graph.module), **overrides)
     if why is not None:
+        if graph.mutated_state:  # what the outputs may read: named, as the export's refusal would
+            why += (f"; the recorded calls changed the module's state ({', '.join(graph.mutated_state)}), which a "
+                    "later call reads: keep the update out of forward, or pass that state in and return it")
         raise NondeterministicModuleError(f"{name}: {why}")
 
 

@@ -17,7 +17,7 @@ from aitune.torch import cache, flatten
 from aitune.torch.backend import ONNXRuntimeBackend
 from aitune.torch.backend.base import TunedGraph
 from aitune.torch.context import TuneSession, current_session, eager_only, note_other_thread_call, recording_threads
-from aitune.torch.dispatch import DispatchedModule, ModuleDispatch, measured_call
+from aitune.torch.dispatch import DispatchedModule, ModuleDispatch, _effect_on_tensors_only, measured_call
 from aitune.torch.dynamic_shapes import DynamicShapes
 from aitune.torch.graph import CallForm, RecordedGraph
 from aitune.torch.graph_tuning import tune_graph
@@ -54,17 +54,6 @@ _SHARED_REGISTRIES = ("_parameters", "_buffers", "_modules", "_non_persistent_bu
 # which would run them a second time. Hooks receive the proxy as their module.
 _SHARED_HOOKS = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forward_hooks",
                  "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
-
-
-def _effect_on_tensors_only(hook) -> bool:
-    """transformers' output-capturing hook (installed on the layers the first time a call
-    asks ``output_hidden_states`` / ``output_attentions``, or a head such as SegFormer's
-    asks them of its base model): it only appends a layer's output tensors to a collector
-    that the decorated forward returns in its ModelOutput, an effect on tensors that the
-    exported graph keeps. The user registered nothing, so naming it would send them looking
-    for a hook of their own."""
-    return (getattr(hook, "__module__", None) == "transformers.utils.output_capturing"
-            and getattr(hook, "__name__", None) == "output_capturing_hook")
 
 
 def submodule_hooks(module: torch.nn.Module) -> list[str]:
@@ -356,6 +345,15 @@ class Module(DispatchedModule):
             "(ait.tune) to use the new weights; ait.save refuses until then.", self._ait_name, how,
             ", ".join(holding))
 
+    def _ait_weights_changed_by_eager_calls(self, how: str) -> bool:
+        """The dispatch found weights changed in place after calls it ran eagerly (train
+        mode, autograd): where a tuned graph holds a copy of the old ones, as
+        ``_ait_weights_changed``; True when the module was deactivated."""
+        if not self._ait_graphs_hold_weights():
+            return False
+        self._ait_weights_changed(how)
+        return True
+
     def _get_name(self) -> str:
         return f"ait.Module[{self._ait_name!r}, {self._ait_state.value}]({type(self._ait_module).__name__})"
 
@@ -557,3 +555,4 @@ class Module(DispatchedModule):
         old = self._ait_calls
         self._ait_calls = ModuleDispatch(old.name, old.module, old.signature, old.eager_fallback, tuned,
                                          list(self._ait_graphs.values()))
+        self._ait_calls.weights_changed = self._ait_weights_changed_by_eager_calls

@@ -34,6 +34,177 @@ inline bool truthy(PyObject* value) {
   return result != 0;
 }
 
+// The wrapped module's modules (itself first, then its submodules) as tuning left them:
+// each one's train()/eval() mode and, for the submodules, the forward hooks registered on
+// it. A graph keeps the mode it was exported in and runs no submodule, so a submodule put
+// in another mode (Monte Carlo dropout: Dropout layers back in train()) or given a hook
+// (feature extraction), or a hook the export ran removed, makes eager differ from the
+// graph: such calls go to the Python path, which runs them eagerly.
+// Per call (`clear`): each module's `training` from its instance dict, the sizes of its
+// hook dicts (held), and torch's hook handle counter (RemovableHandle.next_id, which
+// every registration anywhere advances): a dict read per module and two size reads, no
+// Python call. `changed` (the Python path) is exact: the hook dicts read again from the
+// instance dict, their sizes and largest handle ids (ids only grow, so these tell whether
+// the set of hooks changed).
+class SubmoduleState {
+ public:
+  SubmoduleState() = default;
+
+  // `modules`: the module and its submodules; `training`: the mode the graphs were
+  // recorded in (None: modes not checked); `counter`: an object whose `next_id` is torch's
+  // hook handle counter (torch.utils.hooks.RemovableHandle; None: not read). The modes
+  // expected are the modules' current ones where the module is in that mode (a submodule
+  // kept in another mode while tuning stays expected so), else that mode for every module
+  // (a module just loaded, still in the mode it was built in: ait.load then puts it in the
+  // tuned mode).
+  void set(std::vector<nb::object> modules, nb::object training, nb::object counter) {
+    training_name_ = PyUnicode_InternFromString("training");
+    hook_names_[0] = PyUnicode_InternFromString("_forward_pre_hooks");
+    hook_names_[1] = PyUnicode_InternFromString("_forward_hooks");
+    next_id_name_ = PyUnicode_InternFromString("next_id");
+    counter_ = std::move(counter);
+    modules_.clear();
+    for (auto& module : modules) {
+      nb::object dict = nb::steal(PyObject_GenericGetDict(module.ptr(), nullptr));
+      if (!dict.is_valid()) throw nb::python_error();
+      modules_.push_back(Entry{std::move(module), std::move(dict), nullptr, {}, {}});
+    }
+    snapshot(training);
+  }
+
+  // Takes the modules' hooks as they are now as expected (and the modes, as `set` does).
+  void snapshot(nb::handle training) {
+    PyObject* uniform = nullptr;
+    if (!training.is_none()) {
+      uniform = truthy(training.ptr()) ? Py_True : Py_False;
+      PyObject* root = modules_.empty() ? nullptr : PyDict_GetItemWithError(modules_[0].dict.ptr(), training_name_);
+      if (root == nullptr && PyErr_Occurred()) throw nb::python_error();
+      bool keep_current = root != nullptr && root == uniform;
+      for (auto& entry : modules_) {
+        PyObject* current = PyDict_GetItemWithError(entry.dict.ptr(), training_name_);
+        if (current == nullptr && PyErr_Occurred()) throw nb::python_error();
+        entry.training = keep_current && (current == Py_True || current == Py_False) ? current : uniform;
+      }
+    } else {
+      for (auto& entry : modules_) entry.training = nullptr;
+    }
+    for (std::size_t i = 1; i < modules_.size(); ++i)
+      for (int h = 0; h < 2; ++h) {
+        Entry& entry = modules_[i];
+        PyObject* hooks = PyDict_GetItemWithError(entry.dict.ptr(), hook_names_[h]);
+        if (hooks == nullptr && PyErr_Occurred()) throw nb::python_error();
+        entry.hook_dicts[h] = hooks != nullptr && PyDict_Check(hooks) ? nb::borrow(hooks) : nb::object();
+        entry.hooks[h] = hooks_of(entry.dict.ptr(), h);
+      }
+    next_id_ = counter_value();
+  }
+
+  bool clear() const {
+    if (counter_.is_valid() && counter_value() != next_id_) return false;
+    for (std::size_t i = 0; i < modules_.size(); ++i) {
+      const Entry& entry = modules_[i];
+      if (entry.training != nullptr) {
+        PyObject* current = PyDict_GetItemWithError(entry.dict.ptr(), training_name_);
+        if (current != entry.training) {
+          if (current == nullptr && PyErr_Occurred()) throw nb::python_error();
+          return false;  // another mode, or not True / False (the Python path compares it as Python does)
+        }
+      }
+      for (int h = 0; h < 2; ++h)
+        if (entry.hook_dicts[h].is_valid() && PyDict_GET_SIZE(entry.hook_dicts[h].ptr()) != entry.hooks[h].size)
+          return false;
+    }
+    return true;
+  }
+
+  // "mode" or "hooks" where module i differs from what tuning left, else nullptr.
+  const char* changed(std::size_t i) const {
+    const Entry& entry = modules_[i];
+    if (entry.training != nullptr) {
+      PyObject* current = PyDict_GetItemWithError(entry.dict.ptr(), training_name_);
+      if (current == nullptr && PyErr_Occurred()) throw nb::python_error();
+      if (current != entry.training) {
+        // not the same object: True / False compared as Python compares them (training = 1)
+        if (current == nullptr || truthy(current) != (entry.training == Py_True)) return "mode";
+      }
+    }
+    if (i > 0)
+      for (int h = 0; h < 2; ++h)
+        if (hooks_of(entry.dict.ptr(), h) != entry.hooks[h]) return "hooks";
+    return nullptr;
+  }
+
+  // After `changed` found nothing for any module: the handle counter moved for hooks
+  // elsewhere (another module, other kinds of hooks); calls may skip Python again.
+  void counter_seen() { next_id_ = counter_value(); }
+
+  std::size_t size() const noexcept { return modules_.size(); }
+
+  // For the cycle collector (tp_traverse): visits every object held; the first non-zero
+  // result is returned.
+  int traverse(visitproc visit, void* arg) const {
+    Py_VISIT(counter_.ptr());
+    for (const auto& entry : modules_) {
+      Py_VISIT(entry.module.ptr());
+      Py_VISIT(entry.dict.ptr());
+      Py_VISIT(entry.hook_dicts[0].ptr());
+      Py_VISIT(entry.hook_dicts[1].ptr());
+    }
+    return 0;
+  }
+  void reset() noexcept {
+    modules_.clear();
+    counter_ = nb::object();
+  }
+
+ private:
+  struct Hooks {
+    Py_ssize_t size = 0;
+    long long largest = -1;  // the largest handle id; -2: a dict missing or not a dict
+    bool operator!=(const Hooks& other) const { return size != other.size || largest != other.largest; }
+  };
+  struct Entry {
+    nb::object module;
+    nb::object dict;           // the module's instance dict
+    PyObject* training;        // Py_True / Py_False expected; nullptr: not checked
+    Hooks hooks[2];            // _forward_pre_hooks, _forward_hooks as tuning left them
+    nb::object hook_dicts[2];  // those dicts (none for the wrapped module: the proxy runs its hooks)
+  };
+
+  long long counter_value() const {
+    if (!counter_.is_valid() || counter_.is_none()) return -1;
+    nb::object value = nb::steal(PyObject_GetAttr(counter_.ptr(), next_id_name_));
+    if (!value.is_valid()) throw nb::python_error();
+    long long id = PyLong_AsLongLong(value.ptr());
+    if (id == -1 && PyErr_Occurred()) throw nb::python_error();
+    return id;
+  }
+
+  Hooks hooks_of(PyObject* dict, int which) const {
+    PyObject* hooks = PyDict_GetItemWithError(dict, hook_names_[which]);
+    if (hooks == nullptr && PyErr_Occurred()) throw nb::python_error();
+    if (hooks == nullptr || !PyDict_Check(hooks)) return Hooks{0, -2};
+    Hooks found{PyDict_GET_SIZE(hooks), -1};
+    if (found.size == 0) return found;
+    Py_ssize_t position = 0;
+    PyObject* key = nullptr;
+    PyObject* value = nullptr;
+    while (PyDict_Next(hooks, &position, &key, &value)) {
+      long long id = PyLong_Check(key) ? PyLong_AsLongLong(key) : -1;
+      if (id == -1 && PyErr_Occurred()) PyErr_Clear();
+      if (id > found.largest) found.largest = id;
+    }
+    return found;
+  }
+
+  std::vector<Entry> modules_;
+  nb::object counter_;
+  long long next_id_ = -1;
+  PyObject* training_name_ = nullptr;
+  PyObject* hook_names_[2] = {nullptr, nullptr};
+  PyObject* next_id_name_ = nullptr;
+};
+
 // When a module call may skip its Python path: what nn.Module.__call__ checks before it
 // goes straight to forward (hooks, a compiled call, JIT tracing), and what the front end's
 // forward checks before it dispatches (no recording, not eager). All of it must be falsy.
@@ -42,6 +213,7 @@ struct CallGuards {
   std::vector<nb::object> context_vars;   // ContextVars
   std::vector<nb::object> calls;          // no-argument callables
   std::vector<nb::object> attributes;     // attribute names of the module (interned str)
+  SubmoduleState submodules;              // the wrapped module's modules' modes and hooks
 
   bool clear(PyObject* module) const {
     for (const auto& d : global_dicts)
@@ -62,7 +234,7 @@ struct CallGuards {
       if (!value.is_valid()) throw nb::python_error();
       if (truthy(value.ptr())) return false;
     }
-    return true;
+    return submodules.clear();
   }
 };
 

@@ -32,6 +32,7 @@
 #include <dlpack/dlpack.h>
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -388,6 +389,7 @@ class TorchDispatch {
       Py_VISIT(o->ptr());
     for (const auto* list : {&guards_.global_dicts, &guards_.context_vars, &guards_.calls, &guards_.attributes})
       for (const auto& o : *list) Py_VISIT(o.ptr());
+    if (int result = guards_.submodules.traverse(visit, arg)) return result;
     for (const auto& g : graphs_) {
       Py_VISIT(g->session_object.ptr());
       Py_VISIT(g->rebuild.ptr());
@@ -400,7 +402,22 @@ class TorchDispatch {
   void clear() {
     routes_.clear();
     graphs_.clear();
+    guards_.submodules.reset();
   }
+
+  /// The wrapped module's modules (`submodules` as given) whose mode or forward hooks
+  /// differ from what tuning left: (index, "mode" or "hooks").
+  /// None changed: a move of torch's hook handle counter (a hook registered elsewhere) is
+  /// taken as seen, so routed calls skip Python again.
+  std::vector<std::pair<std::size_t, std::string>> changed_submodules() {
+    std::vector<std::pair<std::size_t, std::string>> changed;
+    for (std::size_t i = 0; i < guards_.submodules.size(); ++i)
+      if (const char* what = guards_.submodules.changed(i)) changed.emplace_back(i, what);
+    if (changed.empty()) guards_.submodules.counter_seen();
+    return changed;
+  }
+  /// Takes the submodules' hooks as they are now (and their modes, as the constructor).
+  void snapshot_submodules(nb::handle training) { guards_.submodules.snapshot(training); }
 
  private:
   std::shared_ptr<const Graph> graph_at(std::size_t index, const char* who) const {
@@ -515,20 +532,32 @@ void bind_torch_dispatch(nb::module_& m) {
           "__init__",
           [](TorchDispatch* self, nb::object to_dlpack, nb::object from_dlpack, nb::object tensor_type,
              nb::object current_stream, nb::object fallback, std::vector<nb::object> global_dicts,
-             std::vector<nb::object> context_vars, std::vector<nb::object> calls, std::vector<nb::object> attributes) {
+             std::vector<nb::object> context_vars, std::vector<nb::object> calls, std::vector<nb::object> attributes,
+             std::vector<nb::object> submodules, nb::object training, nb::object hook_counter) {
+            CallGuards guards{std::move(global_dicts), std::move(context_vars), std::move(calls),
+                              std::move(attributes), {}};
+            guards.submodules.set(std::move(submodules), training, hook_counter);
             new (self) TorchDispatch(std::move(to_dlpack), std::move(from_dlpack), std::move(tensor_type),
-                                     std::move(current_stream), std::move(fallback),
-                                     CallGuards{std::move(global_dicts), std::move(context_vars), std::move(calls),
-                                                std::move(attributes)});
+                                     std::move(current_stream), std::move(fallback), std::move(guards));
           },
           nb::arg("to_dlpack"), nb::arg("from_dlpack"), nb::arg("tensor_type"), nb::arg("current_stream"),
           nb::arg("fallback"), nb::arg("global_dicts"), nb::arg("context_vars"), nb::arg("calls"),
-          nb::arg("attributes"),
+          nb::arg("attributes"), nb::arg("submodules") = std::vector<nb::object>{},
+          nb::arg("training").none() = nb::none(), nb::arg("hook_counter").none() = nb::none(),
           "to_dlpack/from_dlpack: torch's capsule converters; tensor_type: torch.Tensor; "
           "current_stream: device index -> torch's current cudaStream_t as an int (CUDA sessions); "
           "fallback(module, *args, **kwargs): every call no route serves. Guards, all of which must be falsy "
           "for a call to be served: global_dicts (dicts), context_vars (ContextVars), calls (no-argument "
-          "callables), attributes (names of attributes of the module).")
+          "callables), attributes (names of attributes of the module); and submodules (the wrapped module, "
+          "then its submodules) must be as they are now: each in the mode it has (where the wrapped module is "
+          "in mode `training`, else all in that mode; None: modes not checked), the submodules' forward hooks "
+          "the ones registered now, hook_counter.next_id (torch's RemovableHandle: hooks registered anywhere) "
+          "as it is now.")
+      .def("changed_submodules", &TorchDispatch::changed_submodules,
+           "(index into submodules, 'mode' or 'hooks') for each module whose mode or forward hooks differ from "
+           "what the dispatch expects; when none does, hook_counter's move is taken as seen.")
+      .def("snapshot_submodules", &TorchDispatch::snapshot_submodules, nb::arg("training").none(),
+           "Expect the submodules' forward hooks as they are now (modes as the constructor takes them).")
       .def("add_graph", &TorchDispatch::add_graph, nb::arg("session").none(), nb::arg("order"), nb::arg("inputs"),
            nb::arg("rebuild").none(),
            "Register a graph run by `session` on calls of `inputs` tensors (recording order): session input i "
