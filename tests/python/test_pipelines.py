@@ -167,3 +167,53 @@ def test_modules_called_on_another_thread_while_tuning_are_named(caplog):
     pool.shutdown()
     assert text.ait_state is ait.ModuleState.TUNED and image.ait_state is not ait.ModuleState.TUNED
     assert any("'thread-image'" in r.getMessage() and "another thread" in r.getMessage() for r in caplog.records)
+
+
+class StreamingPipeline:
+    """Yields one output per step, as a streaming pipeline does: calling it runs nothing
+    until the generator it returns is iterated."""
+
+    def __init__(self):
+        from torch_models import MLP
+
+        torch.manual_seed(0)
+        self.encoder = MLP(8, 16, 4).eval()
+
+    def __call__(self, x, steps=2):
+        with torch.no_grad():
+            for _ in range(steps):
+                yield self.encoder(x)
+
+
+def test_a_pipeline_returning_a_generator_is_named_and_a_consuming_function_tunes_it():
+    """ait.inspect of a pipeline that returns a generator listed no module at all (the
+    generator was never iterated, so nothing ran), silently: get_modules() was [] and
+    ait.wrap wrapped nothing; ait.tune of it, its modules wrapped, said "wrap the modules".
+    Both now say that it returned a generator and how to consume it; ait.inspect refuses an
+    empty result with the modules it found (an inference_function calling modules obj does
+    not hold)."""
+    from torch_models import MLP
+
+    pipeline = StreamingPipeline()
+    samples = [torch.randn(8) for _ in range(2)]
+    with pytest.raises(ValueError, match=r"none of the 4 nn.Modules found .* ran.*returned a generator.*list\(") as e:
+        ait.inspect(pipeline, samples, number_of_iterations=1, warmup_iterations=0)
+    assert "StreamingPipeline" in str(e.value)
+    elsewhere = MLP(8, 16, 4).eval()
+    with pytest.raises(ValueError, match=r"StreamingPipeline does not hold \(found: 'encoder', 'encoder.fc1'"):
+        ait.inspect(pipeline, samples, inference_function=elsewhere, number_of_iterations=1, warmup_iterations=0)
+
+    def consume(x):
+        return list(pipeline(x))
+
+    info = ait.inspect(pipeline, samples, inference_function=consume, number_of_iterations=1, warmup_iterations=0)
+    assert [m.object_path for m in info.get_modules()] == ["encoder"] and info.get_modules()[0].execution_count == 2
+    ait.wrap(pipeline, info.get_modules(), strategy=cpu_strategy())
+    with pytest.raises(ValueError, match=r"func called no ait.Module: func returned a generator"):
+        ait.tune(pipeline, samples)
+    assert pipeline.encoder.ait_state is ait.ModuleState.INIT
+    x = torch.stack(samples)
+    expected = [pipeline.encoder.ait_module(x)]
+    ait.tune(consume, samples)
+    assert pipeline.encoder.ait_state is ait.ModuleState.TUNED
+    torch.testing.assert_close(consume(x)[:1], expected, atol=1e-5, rtol=1e-5)

@@ -16,6 +16,7 @@ from aitune.torch.candidate_isolation import CudaContextLostError
 from aitune.torch.context import TuneSession, quiet_var, recording
 from aitune.torch.dataset import iterate_calls
 from aitune.torch.evaluation import evaluation_batches
+from aitune.torch.inspection import lazy_result, lazy_result_hint
 from aitune.torch.module import Module
 from aitune.torch.options import TuneOptions
 from aitune.torch.valid_positions import ValidPositionsOption
@@ -192,6 +193,7 @@ def tune(
 
     session = TuneSession()
     bypassed = _DirectCalls()
+    lazy = ""  # func returned a generator or coroutine: it ran nothing
     try:
         with torch.no_grad(), recording(session), bypassed:
             for batch_size, args, kwargs in iterate_calls(dataset, batch_sizes, max_num_batches_per_batch_size):
@@ -199,7 +201,7 @@ def tune(
                     args, kwargs = pytree.tree_map_only(torch.Tensor, lambda t: t.to(device), (args, kwargs))
                 session.batch_size = batch_size
                 try:
-                    func(*args, **kwargs)
+                    lazy = lazy_result(func(*args, **kwargs)) or lazy
                 except Exception as error:  # the user's own forward refused the batch
                     error.add_note(
                         f"ait.tune: raised by func called eagerly with a batch of {batch_size} samples "
@@ -241,6 +243,8 @@ def tune(
             raise ValueError("func called no ait.Module on its own thread: " + other_threads)
         if bypassed.counts:
             raise ValueError("func called no ait.Module. " + bypassed.explain())
+        if lazy:
+            raise ValueError("func called no ait.Module: " + lazy_result_hint(lazy, "func"))
         raise ValueError("func called no ait.Module: wrap the modules to tune with ait.Module(module, name)")
     if other_threads:
         logger.warning("ait.tune: %s", other_threads)
