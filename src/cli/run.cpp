@@ -205,7 +205,7 @@ Command add_run(CLI::App& app) {
   auto* sub = app.add_subcommand("run", "Run an ONNX model or a saved checkpoint and report outputs and latency");
   auto o = std::make_shared<RunOptions>();
   sub->add_option("model", o->model, "path to an .onnx file or a checkpoint directory")->required();
-  sub->add_option("--graph", o->graph, "checkpoint graph key (default: the checkpoint's only graph)");
+  sub->add_option("--graph", o->graph, "checkpoint graph key (default: the checkpoint's only ONNX Runtime graph)");
   sub->add_option("--provider", o->provider,
                   "cpu, cuda, tensorrt or auto (CUDA if available, else CPU); default: cpu for a model, "
                   "the saved provider for a checkpoint");
