@@ -64,6 +64,44 @@ class _DirectCalls:
                 "docs/decoders.md, or its decoder model.model called with use_cache=False), or call the ait.Module "
                 "itself")
 
+
+#: As many graphs as this differing only in a Python number given to the module: the
+#: number is most likely a per-call value (a timestep, a step index), not a mode.
+NUMBER_GRAPHS_WARNED = 3
+
+
+def _numbers_varying_per_call(modules) -> list[str]:
+    """Per module, the Python numbers (int, float) among its arguments that alone made
+    ``NUMBER_GRAPHS_WARNED`` or more graphs: each value is a constant of a graph of its own,
+    exported and tuned on its own, and a call with a value never recorded is not served."""
+    messages = []
+    for module in modules:
+        groups: dict = {}
+        for graph in module.ait_graphs:
+            spec, descriptors = graph.identity
+            masked = tuple(("number", d[0]) if len(d) == 2 and d[0] in (int, float) else d for d in descriptors)
+            groups.setdefault((spec, masked), []).append(descriptors)
+        for (spec, masked), members in groups.items():
+            if len(members) < NUMBER_GRAPHS_WARNED:
+                continue
+            varying = [i for i, d in enumerate(masked) if d[0] == "number" and len({m[i][1] for m in members}) > 1]
+            if not varying:
+                continue
+            paths = [path for path, _ in pytree.tree_flatten_with_path(pytree.tree_unflatten(
+                list(range(len(masked))), spec))[0]]
+            names = []
+            for i in varying:
+                values = sorted({m[i][1] for m in members})
+                shown = ", ".join(map(repr, values[:5])) + (", ..." if len(values) > 5 else "")
+                names.append(f"{pytree.keystr(paths[i][1:] or paths[i])} ({shown})")
+            messages.append(
+                f"ait.Module '{module.ait_name}': {len(members)} graphs differ only in the Python number given as "
+                f"{'; '.join(names)}: each value is a constant of a graph of its own, exported and tuned on its own, "
+                "and a call with a value not recorded is not served (GraphNotRecordedError, or eager with "
+                "eager_fallback). Where it changes from call to call (a timestep, a step index), pass it as a tensor "
+                "(torch.tensor(t)): one graph then serves every value")
+    return messages
+
 DEFAULT_BATCH_SIZES = (1, 2)
 
 
@@ -248,6 +286,8 @@ def tune(
         raise ValueError("func called no ait.Module: wrap the modules to tune with ait.Module(module, name)")
     if other_threads:
         logger.warning("ait.tune: %s", other_threads)
+    for message in _numbers_varying_per_call(session.modules.values()):
+        logger.warning("ait.tune: %s", message)
     if bypassed.counts:
         logger.warning("ait.tune: %s", bypassed.explain())
     if unknown := (_unknown_output_tolerances(output_tolerances, session.modules.values())
