@@ -556,3 +556,19 @@ def test_aitune_run_of_a_section_runs_its_onnx_runtime_graph_and_names_eager_one
     assert head.returncode == 2
     assert "holds no graph this engine runs" in head.stderr and "(eager)" in head.stderr
     assert "Python front end" in head.stderr
+
+
+def test_a_device_map_key_naming_no_module_is_refused_before_anything_loads(saved):
+    """A pipeline's device_map with an entry for every module and one more (a typo of a
+    module's name, 'haed') loaded and ignored that entry: the module the user meant to
+    place was placed by its own entry, or refused only when it had none. A key naming no
+    module of the load is refused, naming it and the modules, and nothing is loaded."""
+    path, x, outputs = saved
+    pipeline = TwoStage()
+    with pytest.raises(aitune.InvalidArgumentError, match=r"device_map names 'haed', which is no ait.Module.*"
+                                                          r"'encoder', 'head'"):
+        ait.load(pipeline, path, device_map={"encoder": "cpu", "head": "cpu", "haed": "cpu"})
+    assert not isinstance(pipeline.encoder, ait.Module) and not isinstance(pipeline.heads[0], ait.Module)
+    ait.load(pipeline, path, device_map={"encoder": "cpu", "head": "cpu"})
+    with torch.no_grad():
+        torch.testing.assert_close(pipeline(x), outputs)
