@@ -7,6 +7,7 @@
 #include <iomanip>
 #include <iostream>
 #include <map>
+#include <vector>
 #include <optional>
 #include <sstream>
 #include <random>
@@ -72,15 +73,30 @@ std::unique_ptr<OnnxSession> checkpoint_backend(const RunOptions& o,
   auto checkpoint = Checkpoint::load(o.model);
   std::string key = o.graph;
   if (key.empty()) {
-    auto keys = checkpoint.graph_keys();
-    if (keys.size() != 1) {
+    // The default is the only graph this engine runs: a section saved by ait.save may hold
+    // graphs kept eager (or compiled by torch.compile) beside its ONNX Runtime graphs, and
+    // those run only in the Python front end.
+    std::vector<std::string> runnable, others;
+    for (const auto& k : checkpoint.graph_keys())
+      (checkpoint.graph(k).backend == kOnnxRuntimeBackendName ? runnable : others).push_back(k);
+    auto join = [](const std::vector<std::string>& keys) {
       std::string names;
       for (const auto& k : keys) names += (names.empty() ? "" : ", ") + k;
-      throw Error(ErrorCode::kInvalidArgument, "checkpoint '" + checkpoint.directory() + "' has " +
-                                                   std::to_string(keys.size()) + " graphs (" + names +
-                                                   "); choose one with --graph");
-    }
-    key = keys.front();
+      return names;
+    };
+    std::string not_here;
+    for (const auto& k : others)
+      not_here += (not_here.empty() ? "" : ", ") + k + " (" + checkpoint.graph(k).backend + ")";
+    if (runnable.empty())
+      throw Error(ErrorCode::kInvalidArgument,
+                  "checkpoint '" + checkpoint.directory() + "' holds no graph this engine runs: " + not_here +
+                      " run only in the Python front end (ait.load runs them)");
+    if (runnable.size() != 1)
+      throw Error(ErrorCode::kInvalidArgument,
+                  "checkpoint '" + checkpoint.directory() + "' has " + std::to_string(runnable.size()) +
+                      " ONNX Runtime graphs (" + join(runnable) + "); choose one with --graph" +
+                      (others.empty() ? "" : "; the others run only in the Python front end: " + not_here));
+    key = runnable.front();
   }
   const auto& graph = checkpoint.graph(key);
   CheckpointBackendOverrides overrides;
@@ -189,7 +205,7 @@ Command add_run(CLI::App& app) {
   auto* sub = app.add_subcommand("run", "Run an ONNX model or a saved checkpoint and report outputs and latency");
   auto o = std::make_shared<RunOptions>();
   sub->add_option("model", o->model, "path to an .onnx file or a checkpoint directory")->required();
-  sub->add_option("--graph", o->graph, "checkpoint graph key (default: the checkpoint's only graph)");
+  sub->add_option("--graph", o->graph, "checkpoint graph key (default: the checkpoint's only ONNX Runtime graph)");
   sub->add_option("--provider", o->provider,
                   "cpu, cuda, tensorrt or auto (CUDA if available, else CPU); default: cpu for a model, "
                   "the saved provider for a checkpoint");

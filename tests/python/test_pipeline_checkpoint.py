@@ -514,3 +514,61 @@ def test_eager_fallback_is_given_through_wrap_and_load(tmp_path):
         lenient = ait.load(TwoStage(), path, eager_fallback=True)
         with pytest.warns(RuntimeWarning, match="running eagerly"):
             torch.testing.assert_close(lenient(x3), expected)
+
+
+def test_aitune_run_of_a_section_runs_its_onnx_runtime_graph_and_names_eager_ones(tmp_path, monkeypatch):
+    """A pipeline's section is a checkpoint of its own that `aitune run` runs (the docs
+    say so). A module whose calls made two graphs, one kept eager, made `aitune run
+    modules/<path>` refuse with "has 2 graphs; choose one with --graph", and a section of
+    eager graphs only said the same, though no choice could run. The default is now the
+    only ONNX Runtime graph; with none, the refusal says that its graphs run only in the
+    Python front end."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("AITUNE_CACHE_DIR", str(tmp_path / "cache"))
+
+    class Ranks:
+        def __init__(self):
+            torch.manual_seed(0)
+            self.encoder = MLP(16, 32, 16).eval()
+            self.head = MLP(16, 32, 8).eval()
+
+        def __call__(self, x):  # the encoder on [b, 16] and [b, 3, 16]: two graphs
+            return self.head(self.encoder(x) + self.encoder(x[:, None].expand(-1, 3, -1)).mean(1))
+
+    pipeline = Ranks()
+    pipeline.encoder = ait.Module(pipeline.encoder, "encoder", strategies=[
+        cpu_strategy(tune_provider_options=False), ait.OneBackendStrategy(ait.TorchEagerBackend())])
+    pipeline.head = ait.Module(pipeline.head, "head", strategy=ait.OneBackendStrategy(ait.TorchEagerBackend()))
+    ait.tune(pipeline, [torch.randn(16) for _ in range(2)], ignore_failing_modules=False)
+    path = ait.save(pipeline, tmp_path / "ranks")
+    onnx_key, eager_key = (g.key for g in pipeline.encoder.ait_graphs)
+
+    def run(section):
+        return subprocess.run([sys.executable, "-m", "aitune.cli", "run", str(path / "modules" / section),
+                               "--iterations", "1"], capture_output=True, text=True, timeout=300)
+
+    encoder = run("encoder")
+    assert encoder.returncode == 0, encoder.stderr
+    assert f"graph '{onnx_key}'" in encoder.stdout
+    head = run("head")
+    assert head.returncode == 2
+    assert "holds no graph this engine runs" in head.stderr and "(eager)" in head.stderr
+    assert "Python front end" in head.stderr
+
+
+def test_a_device_map_key_naming_no_module_is_refused_before_anything_loads(saved):
+    """A pipeline's device_map with an entry for every module and one more (a typo of a
+    module's name, 'haed') loaded and ignored that entry: the module the user meant to
+    place was placed by its own entry, or refused only when it had none. A key naming no
+    module of the load is refused, naming it and the modules, and nothing is loaded."""
+    path, x, outputs = saved
+    pipeline = TwoStage()
+    with pytest.raises(aitune.InvalidArgumentError, match=r"device_map names 'haed', which is no ait.Module.*"
+                                                          r"'encoder', 'head'"):
+        ait.load(pipeline, path, device_map={"encoder": "cpu", "head": "cpu", "haed": "cpu"})
+    assert not isinstance(pipeline.encoder, ait.Module) and not isinstance(pipeline.heads[0], ait.Module)
+    ait.load(pipeline, path, device_map={"encoder": "cpu", "head": "cpu"})
+    with torch.no_grad():
+        torch.testing.assert_close(pipeline(x), outputs)

@@ -167,3 +167,109 @@ def test_modules_called_on_another_thread_while_tuning_are_named(caplog):
     pool.shutdown()
     assert text.ait_state is ait.ModuleState.TUNED and image.ait_state is not ait.ModuleState.TUNED
     assert any("'thread-image'" in r.getMessage() and "another thread" in r.getMessage() for r in caplog.records)
+
+
+class StreamingPipeline:
+    """Yields one output per step, as a streaming pipeline does: calling it runs nothing
+    until the generator it returns is iterated."""
+
+    def __init__(self):
+        from torch_models import MLP
+
+        torch.manual_seed(0)
+        self.encoder = MLP(8, 16, 4).eval()
+
+    def __call__(self, x, steps=2):
+        with torch.no_grad():
+            for _ in range(steps):
+                yield self.encoder(x)
+
+
+def test_a_pipeline_returning_a_generator_is_named_and_a_consuming_function_tunes_it():
+    """ait.inspect of a pipeline that returns a generator listed no module at all (the
+    generator was never iterated, so nothing ran), silently: get_modules() was [] and
+    ait.wrap wrapped nothing; ait.tune of it, its modules wrapped, said "wrap the modules".
+    Both now say that it returned a generator and how to consume it; ait.inspect refuses an
+    empty result with the modules it found (an inference_function calling modules obj does
+    not hold)."""
+    from torch_models import MLP
+
+    pipeline = StreamingPipeline()
+    samples = [torch.randn(8) for _ in range(2)]
+    with pytest.raises(ValueError, match=r"none of the 4 nn.Modules found .* ran.*returned a generator.*list\(") as e:
+        ait.inspect(pipeline, samples, number_of_iterations=1, warmup_iterations=0)
+    assert "StreamingPipeline" in str(e.value)
+    elsewhere = MLP(8, 16, 4).eval()
+    with pytest.raises(ValueError, match=r"StreamingPipeline does not hold \(found: 'encoder', 'encoder.fc1'"):
+        ait.inspect(pipeline, samples, inference_function=elsewhere, number_of_iterations=1, warmup_iterations=0)
+
+    def consume(x):
+        return list(pipeline(x))
+
+    info = ait.inspect(pipeline, samples, inference_function=consume, number_of_iterations=1, warmup_iterations=0)
+    assert [m.object_path for m in info.get_modules()] == ["encoder"] and info.get_modules()[0].execution_count == 2
+    ait.wrap(pipeline, info.get_modules(), strategy=cpu_strategy())
+    with pytest.raises(ValueError, match=r"func called no ait.Module: func returned a generator"):
+        ait.tune(pipeline, samples)
+    assert pipeline.encoder.ait_state is ait.ModuleState.INIT
+    x = torch.stack(samples)
+    expected = [pipeline.encoder.ait_module(x)]
+    ait.tune(consume, samples)
+    assert pipeline.encoder.ait_state is ait.ModuleState.TUNED
+    torch.testing.assert_close(consume(x)[:1], expected, atol=1e-5, rtol=1e-5)
+
+
+class TimestepDenoiser(torch.nn.Module):
+    """A denoiser taking its timestep as a Python number or a tensor."""
+
+    def __init__(self):
+        super().__init__()
+        from torch_models import MLP
+
+        self.net = MLP(9, 16, 8)
+
+    def forward(self, sample, t):
+        t = torch.as_tensor(t, dtype=sample.dtype).reshape(1, 1).expand(sample.shape[0], 1)
+        return self.net(torch.cat([sample, t], dim=-1))
+
+
+class LoopPipeline:
+    def __init__(self, as_tensor):
+        torch.manual_seed(0)
+        self.denoiser = TimestepDenoiser().eval()
+        self.as_tensor = as_tensor
+
+    def __call__(self, sample, steps=4):
+        with torch.no_grad():
+            for step in range(steps):  # the timestep changes every step
+                t = 999.0 - 250.0 * step
+                sample = sample - 0.1 * self.denoiser(sample, torch.tensor(t) if self.as_tensor else t)
+            return sample
+
+
+def test_a_python_number_that_changes_every_call_is_named_while_recording(caplog):
+    """A pipeline's loop passing its timestep to a wrapped module as a Python float
+    recorded one graph per step (a number is a constant of the graph), each exported and
+    tuned on its own, and the tuned pipeline failed with GraphNotRecordedError at another
+    step count, with no word while tuning. ait.tune now warns when a number alone made
+    three or more graphs, naming the module, the argument and its values, and saying to
+    pass a tensor; two values (two modes) and a tensor timestep are not warned about."""
+    samples = [torch.randn(8) for _ in range(2)]
+    pipeline = LoopPipeline(as_tensor=False)
+    pipeline.denoiser = ait.Module(pipeline.denoiser, "loop-denoiser", strategy=cpu_strategy())
+    with caplog.at_level("WARNING", logger="aitune"):
+        ait.tune(pipeline, samples, dry_run=True)
+    assert len(pipeline.denoiser.ait_graphs) == 4
+    warned = [r.getMessage() for r in caplog.records if "differ only in the Python number" in r.getMessage()]
+    assert len(warned) == 1, warned
+    assert "'loop-denoiser': 4 graphs" in warned[0] and "['t'] (249.0, 499.0, 749.0, 999.0)" in warned[0]
+    assert "pass it as a tensor" in warned[0]
+
+    for as_tensor, steps, graphs in ((False, 2, 2), (True, 4, 1)):
+        caplog.clear()
+        pipeline = LoopPipeline(as_tensor=as_tensor)
+        pipeline.denoiser = ait.Module(pipeline.denoiser, f"loop-denoiser-{as_tensor}", strategy=cpu_strategy())
+        with caplog.at_level("WARNING", logger="aitune"):
+            ait.tune(lambda sample: pipeline(sample, steps=steps), samples, dry_run=True)
+        assert len(pipeline.denoiser.ait_graphs) == graphs
+        assert not [r for r in caplog.records if "differ only in the Python number" in r.getMessage()]

@@ -4,6 +4,7 @@ time every nn.Module it calls, to choose which to wrap with ``ait.wrap``."""
 from __future__ import annotations
 
 import dataclasses
+import inspect as pyinspect
 import itertools
 import threading
 import time
@@ -183,6 +184,28 @@ class _Timer:
             handle.remove()
 
 
+def lazy_result(value: Any) -> str:
+    """What a pipeline returned that runs nothing until it is iterated or awaited (a
+    generator, an async generator, a coroutine): its kind, for the message saying why no
+    module ran; '' for anything else. It is closed (never started: nothing of it runs)."""
+    for check, kind in ((pyinspect.isgenerator, "a generator"), (pyinspect.isasyncgen, "an async generator"),
+                        (pyinspect.iscoroutine, "a coroutine")):
+        if check(value):
+            close = getattr(value, "close", None) if kind != "an async generator" else None
+            if close is not None:
+                close()
+            return kind
+    return ""
+
+
+def lazy_result_hint(kind: str, what: str) -> str:
+    """Why a function that returned ``kind`` called no module, and the way out."""
+    consume = "asyncio.run(pipeline(*args, **kwargs))" if kind == "a coroutine" else "list(pipeline(*args, **kwargs))"
+    until = "awaited" if kind == "a coroutine" else "iterated"
+    return (f"{what} returned {kind}, which runs nothing until it is {until}: give a function that consumes it "
+            f"(lambda *args, **kwargs: {consume})")
+
+
 def _calls(dataset: Any, count: int) -> Iterator[tuple[tuple, dict]]:
     """``count`` calls at batch size 1, cycling through the dataset."""
     if count <= 0:
@@ -240,17 +263,19 @@ def inspect(
         raise ValueError(f"ait.inspect: {type(obj).__name__} holds no torch.nn.Module")
     timer = _Timer(infos)
     total = 0.0
+    lazy = ""
     try:
         with torch.no_grad():
             for args, kwargs in _calls(dataset, warmup_iterations):
-                function(*args, **kwargs)
+                lazy = lazy_result(function(*args, **kwargs)) or lazy
             timer.active = True
             for args, kwargs in _calls(dataset, number_of_iterations):
                 _synchronize()
                 start = time.perf_counter()
-                function(*args, **kwargs)
+                result = function(*args, **kwargs)
                 _synchronize()
                 total += time.perf_counter() - start
+                lazy = lazy_result(result) or lazy
     finally:
         timer.remove()
     # The modules that ran on their own: the timer counts a call only while no other found
@@ -261,4 +286,12 @@ def inspect(
     # and leaving it out (as a module inside an executed one) listed the model alone at a
     # third of the total, with the encoder nowhere to be found for ait.wrap.
     ran = [info for info in infos if info.execution_count]
+    if not ran:  # an empty result would leave nothing to wrap, unexplained
+        called = "obj" if inference_function is None else "inference_function"
+        why = (lazy_result_hint(lazy, called) if lazy else
+               f"{called} calls modules that {type(obj).__name__} does not hold (found: "
+               f"{', '.join(repr(info.object_path or '<the object>') for info in infos[:5])}"
+               f"{', ...' if len(infos) > 5 else ''}), or none at all")
+        raise ValueError(f"ait.inspect: none of the {len(infos)} nn.Modules found in the {type(obj).__name__} ran "
+                         f"while calling {called} {number_of_iterations} times: {why}")
     return InspectedModulesInfo(ran, total, number_of_iterations)

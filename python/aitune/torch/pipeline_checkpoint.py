@@ -30,7 +30,7 @@ import re
 import secrets
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -468,6 +468,12 @@ def _load_once(obj: Any, directory: Path, device_map: Any, identity, eager_fallb
     where = f"ait.load: checkpoint '{directory}'"
     manifest = _read_manifest(directory)
     plan = _check_structure(obj, manifest, where)
+    if isinstance(device_map, Mapping):  # a key naming no module loaded (a typo) would place nothing, unsaid
+        names = [module.ait_name if isinstance(module, Module) else entry["name"] for entry, module, _ in plan]
+        if unknown := [key for key in device_map if key not in names]:
+            raise _core.InvalidArgumentError(
+                f"ait.load: device_map names {', '.join(map(repr, unknown))}, which is no ait.Module this load "
+                f"loads; they are: {', '.join(map(repr, names))}; nothing was loaded")
     sections = [_verify_section(directory, entry, where) for entry, _, _ in plan]
     snapshots, installs = [], []
     try:

@@ -16,6 +16,7 @@ from aitune.torch.candidate_isolation import CudaContextLostError
 from aitune.torch.context import TuneSession, quiet_var, recording
 from aitune.torch.dataset import iterate_calls
 from aitune.torch.evaluation import evaluation_batches
+from aitune.torch.inspection import lazy_result, lazy_result_hint
 from aitune.torch.module import Module
 from aitune.torch.options import TuneOptions
 from aitune.torch.valid_positions import ValidPositionsOption
@@ -62,6 +63,44 @@ class _DirectCalls:
                 "Wrap the modules that method calls instead (for a transformers model's generate: a DecodeStep, "
                 "docs/decoders.md, or its decoder model.model called with use_cache=False), or call the ait.Module "
                 "itself")
+
+
+#: As many graphs as this differing only in a Python number given to the module: the
+#: number is most likely a per-call value (a timestep, a step index), not a mode.
+NUMBER_GRAPHS_WARNED = 3
+
+
+def _numbers_varying_per_call(modules) -> list[str]:
+    """Per module, the Python numbers (int, float) among its arguments that alone made
+    ``NUMBER_GRAPHS_WARNED`` or more graphs: each value is a constant of a graph of its own,
+    exported and tuned on its own, and a call with a value never recorded is not served."""
+    messages = []
+    for module in modules:
+        groups: dict = {}
+        for graph in module.ait_graphs:
+            spec, descriptors = graph.identity
+            masked = tuple(("number", d[0]) if len(d) == 2 and d[0] in (int, float) else d for d in descriptors)
+            groups.setdefault((spec, masked), []).append(descriptors)
+        for (spec, masked), members in groups.items():
+            if len(members) < NUMBER_GRAPHS_WARNED:
+                continue
+            varying = [i for i, d in enumerate(masked) if d[0] == "number" and len({m[i][1] for m in members}) > 1]
+            if not varying:
+                continue
+            paths = [path for path, _ in pytree.tree_flatten_with_path(pytree.tree_unflatten(
+                list(range(len(masked))), spec))[0]]
+            names = []
+            for i in varying:
+                values = sorted({m[i][1] for m in members})
+                shown = ", ".join(map(repr, values[:5])) + (", ..." if len(values) > 5 else "")
+                names.append(f"{pytree.keystr(paths[i][1:] or paths[i])} ({shown})")
+            messages.append(
+                f"ait.Module '{module.ait_name}': {len(members)} graphs differ only in the Python number given as "
+                f"{'; '.join(names)}: each value is a constant of a graph of its own, exported and tuned on its own, "
+                "and a call with a value not recorded is not served (GraphNotRecordedError, or eager with "
+                "eager_fallback). Where it changes from call to call (a timestep, a step index), pass it as a tensor "
+                "(torch.tensor(t)): one graph then serves every value")
+    return messages
 
 DEFAULT_BATCH_SIZES = (1, 2)
 
@@ -192,6 +231,7 @@ def tune(
 
     session = TuneSession()
     bypassed = _DirectCalls()
+    lazy = ""  # func returned a generator or coroutine: it ran nothing
     try:
         with torch.no_grad(), recording(session), bypassed:
             for batch_size, args, kwargs in iterate_calls(dataset, batch_sizes, max_num_batches_per_batch_size):
@@ -199,7 +239,7 @@ def tune(
                     args, kwargs = pytree.tree_map_only(torch.Tensor, lambda t: t.to(device), (args, kwargs))
                 session.batch_size = batch_size
                 try:
-                    func(*args, **kwargs)
+                    lazy = lazy_result(func(*args, **kwargs)) or lazy
                 except Exception as error:  # the user's own forward refused the batch
                     error.add_note(
                         f"ait.tune: raised by func called eagerly with a batch of {batch_size} samples "
@@ -241,9 +281,13 @@ def tune(
             raise ValueError("func called no ait.Module on its own thread: " + other_threads)
         if bypassed.counts:
             raise ValueError("func called no ait.Module. " + bypassed.explain())
+        if lazy:
+            raise ValueError("func called no ait.Module: " + lazy_result_hint(lazy, "func"))
         raise ValueError("func called no ait.Module: wrap the modules to tune with ait.Module(module, name)")
     if other_threads:
         logger.warning("ait.tune: %s", other_threads)
+    for message in _numbers_varying_per_call(session.modules.values()):
+        logger.warning("ait.tune: %s", message)
     if bypassed.counts:
         logger.warning("ait.tune: %s", bypassed.explain())
     if unknown := (_unknown_output_tolerances(output_tolerances, session.modules.values())
