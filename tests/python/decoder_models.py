@@ -13,9 +13,12 @@ VOCAB = 256
 #: norms, a head size apart from hidden / heads), Gemma2 (attention and logit soft-capping,
 #: alternating sliding / full layers), Gemma3 (q / k norms, local rotary), Qwen3 (q / k
 #: norms), GPT-NeoX (partial rotary, LayerNorm, no grouped heads), OPT (learned positions).
-#: "-window": a sliding window (4) shorter than the tests' sequences.
+#: "-window": a sliding window (4) shorter than the tests' sequences. Eager attention, which
+#: adds the mask to its scores: Llama with ``attn_implementation="eager"``, GPT-J (partial
+#: interleaved rotary), MPT (ALiBi over the key slots).
 FAMILIES = ("mistral", "mistral-window", "phi3", "phi3-window", "gemma", "gemma2", "gemma2-window",
-            "gemma2-softcap", "gemma3", "gemma3-window", "qwen3", "qwen3-window", "gpt-neox", "opt")
+            "gemma2-softcap", "gemma3", "gemma3-window", "qwen3", "qwen3-window", "gpt-neox", "opt",
+            "llama-eager", "gptj", "mpt")
 
 
 def tiny_decoder(kind: str) -> torch.nn.Module:
@@ -60,6 +63,16 @@ def tiny_decoder(kind: str) -> torch.nn.Module:
     elif family == "qwen3":
         config = t.Qwen3Config(**common, head_dim=16, **(dict(use_sliding_window=True, max_window_layers=1, **window)
                                                           if window else {}))
+    elif kind == "llama-eager":
+        config = t.LlamaConfig(**common)
+    elif kind == "gptj":
+        config = t.GPTJConfig(vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=128, rotary_dim=8,
+                              initializer_range=0.2, bos_token_id=1, eos_token_id=1)
+    elif kind == "mpt":
+        config = t.MptConfig(vocab_size=VOCAB, d_model=64, n_layers=2, n_heads=4, max_seq_len=128,
+                             initializer_range=0.2)
+    elif kind == "mixtral":  # mixture of experts: transformers' default grouped_mm experts (a custom op)
+        config = t.MixtralConfig(**common, num_local_experts=4, num_experts_per_tok=2)
     elif kind == "gpt-neox":
         del common["num_key_value_heads"]
         config = t.GPTNeoXConfig(**common)
@@ -68,7 +81,7 @@ def tiny_decoder(kind: str) -> torch.nn.Module:
                              max_position_embeddings=128, word_embed_proj_dim=64, init_std=0.2)
     else:
         raise ValueError(f"unknown decoder kind {kind!r}: llama, qwen2 or one of {FAMILIES}")
-    extra = {"attn_implementation": "eager"} if variant == "softcap" else {}
+    extra = {"attn_implementation": "eager"} if variant in ("softcap", "eager") else {}
     return t.AutoModelForCausalLM.from_config(config, **extra).eval()
 
 

@@ -95,6 +95,7 @@ _FAMILY_FUSIONS = {
     "gpt-neox": ("MultiHeadAttention", 4),  # partial rotary, no grouped heads
     "llama-yarn": ("GroupQueryAttention", 4),  # cos / sin scaled by yarn's attention factor
     "opt": ("Attention", 0),  # learned positions, biases on q / k / v
+    "mixtral": ("GroupQueryAttention", 4),  # experts exported as batched_mm (grouped_mm has no ONNX form)
 }
 _ATTENTION_OPERATORS = ("GroupQueryAttention", "MultiHeadAttention", "Attention")
 
@@ -123,6 +124,8 @@ def test_each_family_fuses_only_what_keeps_its_padded_prefill(kind):
         expected, actual = inner(**batch).logits, model(**batch).logits
     valid = batch["attention_mask"].bool()
     torch.testing.assert_close(actual[valid], expected[valid], atol=1e-4, rtol=1e-4)
+    if kind == "mixtral":  # the user's experts kernel, switched for the export only, is restored
+        assert inner.config._experts_implementation == "grouped_mm"
 
 
 def test_phi3_longrope_is_refused_naming_the_rotary_state():
@@ -321,3 +324,31 @@ def test_multi_head_attention_over_partial_rotary_keeps_the_rotary_dimension(tmp
     actual = torch.from_numpy(session.run(None, {n: t.numpy() for n, t in zip(names, inputs)})[0])
     valid = prompt.bool()
     torch.testing.assert_close(actual[valid], expected[valid], atol=1e-4, rtol=1e-4)
+
+
+class _ComplexRotary(torch.nn.Module):
+    """Rotary as Llama 4 writes it: pairs of features as complex numbers times unit phases."""
+
+    def __init__(self):
+        super().__init__()
+        angles = torch.arange(4, dtype=torch.float32)
+        self.register_buffer("phases", torch.polar(torch.ones_like(angles), angles), persistent=False)
+
+    def forward(self, x):
+        pairs = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+        return torch.view_as_real(pairs * self.phases.unsqueeze(0)).flatten(-2)
+
+
+def test_an_export_failing_on_an_operator_without_onnx_form_says_so():
+    """torch's ONNX exporter translates no op on complex numbers (Llama 4's rotary) and no
+    custom op: the ExportError's hint spoke of control flow on a tensor's value; it now
+    says the exporter has no ONNX translation for the named operator and what to do."""
+    from aitune.torch.export import ExportError
+
+    model = ait.Module(_ComplexRotary(), "complex-rotary", strategy=ait.OneBackendStrategy(cpu_backend()))
+    with pytest.raises(ExportError) as failed:
+        ait.tune(model, [torch.randn(2, 8) for _ in range(2)], ignore_failing_modules=False,
+                 disable_external_logging=True, progress=False)
+    message = str(failed.value)
+    assert "No ONNX function found for" in message and "no ONNX translation for the operator" in message, message
+    assert "control flow on a tensor's value" not in message, message

@@ -322,6 +322,42 @@ def test_decode_step_refuses_attention_layer_kinds_it_cannot_mask():
                           torch.tensor([0]), keys, values)
 
 
+def _refused_config(kind: str):
+    import transformers
+
+    small = dict(vocab_size=64, hidden_size=32, num_attention_heads=2)
+    if kind == "gpt-neo-local":
+        return transformers.GPTNeoConfig(**small, num_layers=2, attention_types=[[["global", "local"], 1]],
+                                         window_size=4)
+    if kind == "bloom":
+        return transformers.BloomConfig(vocab_size=64, hidden_size=32, n_layer=1, n_head=2)
+    if kind == "falcon-alibi":
+        return transformers.FalconConfig(**small, num_hidden_layers=1, alibi=True, new_decoder_architecture=False)
+    return transformers.DeepseekV3Config(**small, intermediate_size=64, num_hidden_layers=1, num_key_value_heads=2,
+                                         q_lora_rank=16, kv_lora_rank=8, qk_rope_head_dim=8, qk_nope_head_dim=8,
+                                         v_head_dim=16, head_dim=8, first_k_dense_replace=1, n_group=1,
+                                         topk_group=1)
+
+
+@pytest.mark.parametrize("kind,why", [("gpt-neo-local", r"\['local'\] attention layers"),
+                                      ("bloom", "ALiBi"), ("falcon-alibi", "ALiBi"),
+                                      ("deepseek-v3", "multi-head latent attention")])
+def test_decode_step_refuses_attention_it_cannot_mask_or_cache(kind, why):
+    """GPT-Neo's local layers (a window transformers applies to no 4-D mask it is given:
+    DecodeStep's tokens differed from generate's), ALiBi built from the 2-D padding mask
+    (Bloom, Falcon: crashed in the model, "too many values to unpack") and keys and values
+    of different head sizes (DeepSeek's latent attention: crashed in the cache write):
+    refused, naming what, both by DecodeStep and by empty_cache."""
+    import transformers
+
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(_refused_config(kind)).eval()
+    with pytest.raises(NotImplementedError, match=why):
+        DecodeStep(model)
+    with pytest.raises(NotImplementedError, match=why):
+        empty_cache(model, 1, 4)
+
+
 def test_a_decode_step_tuned_on_torch_compile_in_place_writes_the_caches_it_is_given(caplog, tmp_path):
     """TorchCompileBackendConfig(in_place_outputs=True) compiles DecodeStep's in-place
     variant (the StaticCache route: caches written where they lie, marked as static

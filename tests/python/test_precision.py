@@ -166,3 +166,32 @@ def test_a_bf16_module_on_the_cpu_provider_fails_naming_bf16_the_operator_and_wh
     ait.tune(fp32, [torch.randn(16) for _ in range(2)], disable_external_logging=True, ignore_failing_modules=False,
              performance_validation=False)
     assert fp32.ait_state is ait.ModuleState.TUNED and list(fp32.ait_backends.values()) != ["TorchEagerBackend"]
+
+
+class _CastsToBf16(torch.nn.Module):
+    """A float32 model whose own code computes one product in bfloat16 (as Falcon's ALiBi
+    does: ``slopes.bfloat16() * positions``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(16, 8)
+
+    def forward(self, x):
+        return self.linear(x) + (x[:, :8].bfloat16() * x[:, 8:].bfloat16()).float()
+
+
+def test_a_float32_model_that_casts_to_bf16_itself_is_not_told_to_call_float():
+    """A float32 model whose code casts to bfloat16 (Falcon with ALiBi) failed on the CPU
+    provider with "the model computes in bfloat16 ... tune the module in float32
+    (module.float())": advice that changes nothing. The reason now says the model's code
+    casts to bfloat16 at that node and names the ways that do help."""
+    torch.manual_seed(0)
+    model = ait.Module(_CastsToBf16().eval(), "fp32_casting_to_bf16", strategy=ait.OneBackendStrategy(cpu_backend()))
+    with pytest.raises(ait.UnsupportedDTypeTuningError) as failed:
+        ait.tune(model, [torch.randn(16) for _ in range(2)], disable_external_logging=True,
+                 ignore_failing_modules=False)
+    reasons = [line for line in str(failed.value).splitlines() if line.startswith("  - cpu")]
+    assert reasons, str(failed.value)
+    for reason in reasons:
+        assert "no bfloat16 kernel for Mul" in reason and "the model's code casts to bfloat16" in reason, reason
+        assert "module.float()) " not in reason and "TorchCompileBackend" in reason, reason

@@ -43,6 +43,26 @@ class _TensorCache:
         return self.keys[layer_idx], self.values[layer_idx]
 
 
+def _refuse_unsupported(config) -> None:
+    """NotImplementedError, naming why, for a model whose attention DecodeStep's mask and
+    cache cannot express (before this, each crashed deep in the model or silently generated
+    other tokens than ``generate``): GPT-Neo's local layers (a window of ``window_size``
+    transformers applies to no 4-D mask it is given), ALiBi biases built from the 2-D
+    padding mask (Bloom, Falcon with ``alibi``), and keys and values of different head sizes
+    (DeepSeek-V2 / V3's multi-head latent attention)."""
+    name = type(config).__name__
+    local = sorted(set(getattr(config, "attention_layers", None) or ()) - {"global"})
+    if local:
+        raise NotImplementedError(f"DecodeStep: {name}'s {local} attention layers (a window of "
+                                  f"{getattr(config, 'window_size', None)} slots) are not supported")
+    if getattr(config, "model_type", None) == "bloom" or getattr(config, "alibi", False) is True:
+        raise NotImplementedError(f"DecodeStep: {name}'s ALiBi position bias, built from a 2-D padding mask, is not "
+                                  "supported (DecodeStep passes a 4-D mask over the cache's slots)")
+    if getattr(config, "v_head_dim", None) is not None or getattr(config, "kv_lora_rank", None) is not None:
+        raise NotImplementedError(f"DecodeStep: {name}'s multi-head latent attention (keys and values of different "
+                                  "head sizes) is not supported: the cache has one head size")
+
+
 def _attention_layout(config) -> tuple[int | None, list[str] | None]:
     """The sliding window (None: every layer attends to the whole cache) and the per-layer
     attention kinds where they differ (None: one mask serves every layer). transformers
@@ -66,6 +86,25 @@ def _attention_layout(config) -> tuple[int | None, list[str] | None]:
     if types is not None and kinds == {"sliding_attention"}:
         return window, None
     return window, types
+
+
+def _for_attention(model: torch.nn.Module, mask):
+    """DecodeStep's boolean masks (True: visible) as the model's attention takes a 4-D mask
+    it is given (transformers passes such a mask on as it is): SDPA takes booleans, but
+    eager attention (GPT-J, MPT, XGLM, GPT-OSS's sinks, ``attn_implementation="eager"``)
+    adds the mask to its scores, so a boolean there added 1 to the visible slots and
+    hid nothing (prefill logits off by ~3, tokens unlike ``generate``'s). For eager the
+    mask is additive: 0 where visible, the dtype's lowest value elsewhere, as transformers
+    builds it."""
+    if getattr(model.config, "_attn_implementation", None) != "eager":
+        return mask
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), torch.float32)
+
+    def additive(visible):
+        return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill(
+            ~visible, torch.finfo(dtype).min)
+
+    return {kind: additive(m) for kind, m in mask.items()} if isinstance(mask, dict) else additive(mask)
 
 
 class DecodeStep(torch.nn.Module):
@@ -105,6 +144,7 @@ class DecodeStep(torch.nn.Module):
 
     def __init__(self, model: torch.nn.Module, write_in_place: bool = False):
         super().__init__()
+        _refuse_unsupported(model.config)
         self.model = model
         self.write_in_place = bool(write_in_place)
         self.train(model.training)  # the wrapper is in the model's mode (an eval model exports as eval)
@@ -129,6 +169,7 @@ class DecodeStep(torch.nn.Module):
             # transformers' sliding window over cache slots: slot j is seen from slot i when i - window < j <= i
             sliding = visible(earlier & (slots[None, :] > cache_position[:, None] - window))
             mask = sliding if types is None else {"full_attention": visible(earlier), "sliding_attention": sliding}
+        mask = _for_attention(self.model, mask)
         cache = _TensorCache(key_cache, value_cache, cache_position, in_place=self.write_in_place)
         out = self.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
                          past_key_values=cache, use_cache=True)
@@ -140,6 +181,7 @@ def empty_cache(model: torch.nn.Module, batch_size: int, cache_len: int, dtype: 
     """Zero key and value caches for a transformers causal LM's config: per layer one
     ``[batch, kv_heads, cache_len, head_dim]`` tensor each (DecodeStep's layout)."""
     config = model.config
+    _refuse_unsupported(config)
     kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     parameter = next(model.parameters())

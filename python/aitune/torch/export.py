@@ -99,6 +99,40 @@ def same_math_as_export(module: torch.nn.Module) -> Iterator[None]:
         torch.backends.mha.set_fastpath_enabled(enabled)
 
 
+#: transformers' experts kernels (``config._experts_implementation``) with no ONNX form,
+#: exported as ``batched_mm`` instead: the same products and weighted sum per token and
+#: chosen expert, as plain gathers and batched matmuls. ``grouped_mm`` (the default of
+#: transformers' mixture-of-experts models: Mixtral, Qwen2-MoE, OLMoE, GPT-OSS) runs the
+#: custom op ``transformers::grouped_mm_fallback`` on the CPU and ``torch._grouped_mm`` on
+#: CUDA, neither of which the exporters translate.
+_UNEXPORTABLE_EXPERTS = ("grouped_mm",)
+
+
+@contextlib.contextmanager
+def exportable_experts(module: torch.nn.Module) -> Iterator[list[str]]:
+    """Each transformers config in ``module`` whose experts implementation has no ONNX form
+    (``_UNEXPORTABLE_EXPERTS``) set to ``batched_mm`` for the duration (the export), and
+    restored afterwards; yields the switched configs' class names. The candidate is still
+    judged against the module as the user runs it."""
+    switched: list = []
+    seen: set[int] = set()
+    for sub in module.modules():
+        config = getattr(sub, "config", None)
+        if config is None or id(config) in seen:
+            continue
+        seen.add(id(config))
+        current = getattr(config, "_experts_implementation", None)
+        if isinstance(current, str) and current in _UNEXPORTABLE_EXPERTS:
+            switched.append((config, current))
+    try:
+        for config, _ in switched:
+            config._experts_implementation = "batched_mm"
+        yield [type(config).__name__ for config, _ in switched]
+    finally:
+        for config, current in reversed(switched):
+            config._experts_implementation = current
+
+
 class _FlatModule(torch.nn.Module):
     """The graph's module seen as ``forward(*tensors) -> tuple[tensors]``, so both exporters
     get plain tensor lists in recording order, named like the recording, whatever the
@@ -176,6 +210,15 @@ _VALUE_BRANCH_HINT = (
     "or make the branch static (decided by shapes or constructor arguments); "
     "ONNXRuntimeBackendConfig(use_dynamo=False) uses the trace exporter instead, which records only the "
     "branch the example input takes (aitune refuses such traces unless allow_trace_warnings=True)"
+)
+
+
+_NO_ONNX_FUNCTION_HINT = (
+    "the exporter has no ONNX translation for the operator named above (a custom op, or an op on complex "
+    "numbers such as a rotary written with torch.view_as_complex, as Llama 4's); write that part with "
+    "standard real-valued torch ops (transformers' mixture-of-experts models: aitune already exports "
+    "grouped_mm experts as batched_mm; for another kernel load the model with experts_implementation="
+    "'batched_mm'), or use TorchCompileBackend, which runs such ops"
 )
 
 
@@ -413,7 +456,12 @@ def export_onnx(
     object.__setattr__(flat, "conversions", conversions)
     try:
         with torch.no_grad(), run_eagerly(), same_math_as_export(graph.module), warnings.catch_warnings(), \
-                _exporter_output(), routed_to_aitune(), _imports_undone_on_interrupt():
+                _exporter_output(), routed_to_aitune(), _imports_undone_on_interrupt(), \
+                exportable_experts(graph.module) as switched_experts:
+            if switched_experts:
+                logger.info("%s/%s: transformers' experts (%s) exported as batched_mm: their grouped_mm kernel has no "
+                            "ONNX form (the same math; the candidate is checked against the module as it runs)",
+                            graph.module_name, graph.key, ", ".join(switched_experts))
             # Noise from inside torch about its own internals, not about the model.
             warnings.filterwarnings("ignore", message=r".*LeafSpec.*", category=FutureWarning)
             warnings.filterwarnings("ignore", message=r".*axis name: .* will not be used.*", category=UserWarning)
@@ -460,13 +508,16 @@ def export_onnx(
         if (refusal := cache.file_system_error(error, cache.WRITE_REFUSALS)) is not None:  # where, not the model
             raise cache.io_error(f"the ONNX export of {graph.module_name}/{graph.key}", path.parent, refusal) \
                 from error
-        if use_dynamo:
+        summary = _summary(error)
+        if "No ONNX function found for" in summary:  # not a value branch: an operator the exporter lacks
+            hint = _NO_ONNX_FUNCTION_HINT
+        elif use_dynamo:
             hint = _VALUE_BRANCH_HINT
         else:
             hint = "try ONNXRuntimeBackendConfig(use_dynamo=True) for the torch.export-based exporter"
         exporter = "dynamo" if use_dynamo else "trace"
         raise ExportError(
-            f"ONNX export ({exporter}) of {graph.module_name}/{graph.key} failed: {_summary(error)}\nHint: {hint}."
+            f"ONNX export ({exporter}) of {graph.module_name}/{graph.key} failed: {summary}\nHint: {hint}."
         ) from error
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <filesystem>
 #include <mutex>
+#include <set>
 #include <shared_mutex>
 
 #include "aitune/error.hpp"
@@ -177,9 +178,15 @@ std::optional<std::string> missing_kernel_for_dtype(const Ort::Exception& e, con
   const auto name_begin = name_at + std::string("node with name '").size();
   const std::string node_name = text.substr(name_begin, text.find('\'', name_begin) - name_begin);
   std::optional<DType> half;
+  // Whether a graph input or initializer (a value no node produces) is of that dtype: if
+  // none is, the model's weights and inputs are of another dtype and its own code casts to
+  // it (Falcon's ALiBi, computed in bfloat16 in a float32 model), so module.float() does
+  // not help.
+  bool half_given = false;
   try {
     const auto types = onnx_value_element_types(model_path);
-    for (const auto& node : onnx_graph_nodes(model_path)) {
+    const auto nodes = onnx_graph_nodes(model_path);
+    for (const auto& node : nodes) {
       if (node.name != node_name) continue;
       for (const auto& input : node.inputs) {
         const auto type = types.find(input);
@@ -189,20 +196,33 @@ std::optional<std::string> missing_kernel_for_dtype(const Ort::Exception& e, con
       }
       break;
     }
+    if (half) {
+      std::set<std::string> produced;
+      for (const auto& node : nodes) produced.insert(node.outputs.begin(), node.outputs.end());
+      for (const auto& [name, type] : types)
+        if (!produced.count(name) && dtype_from_onnx(type) == *half) half_given = true;
+    }
   } catch (const Error&) {
     return std::nullopt;  // the model cannot be read here: ORT's message stands
   }
   if (!half) return std::nullopt;
   const std::string dtype(dtype_name(*half));
+  const std::string prefix = "ONNX Runtime's " + std::string(execution_provider_ort_name(provider)) + " has no " +
+                             dtype + " kernel for " + op + " (opset " + opset + ", node '" + node_name + "')";
+  if (!half_given) {
+    return prefix + ": the model's code casts to " + dtype + " before this node (none of its weights or inputs is " +
+           dtype + ", so module.float() does not change it), and this provider runs " + dtype +
+           " for few operators; tune with the torch.compile backend (TorchCompileBackend), or on the CUDA provider" +
+           " (ONNX Runtime: " + text + ")";
+  }
   const std::string ways =
       *half == DType::kBFloat16
           ? "tune the module in float32 (module.float()), in float16 on the CUDA provider, or with the "
             "torch.compile backend (TorchCompileBackend), which runs bfloat16 on the CPU"
           : "tune the module in float32 (module.float()), on the CUDA provider, or with the torch.compile backend "
             "(TorchCompileBackend)";
-  return "ONNX Runtime's " + std::string(execution_provider_ort_name(provider)) + " has no " + dtype +
-         " kernel for " + op + " (opset " + opset + ", node '" + node_name + "'): the model computes in " + dtype +
-         ", which this provider runs for few operators; " + ways + " (ONNX Runtime: " + text + ")";
+  return prefix + ": the model computes in " + dtype + ", which this provider runs for few operators; " + ways +
+         " (ONNX Runtime: " + text + ")";
 }
 
 }  // namespace
