@@ -13,9 +13,21 @@ call (one call of each, ``--calls`` times) so the drift of a shared machine hits
 each reports the median of its calls.
 
     python benchmarks/compile_module_overhead.py [--models bert,gpt2] [--calls 3000] [--threads 1]
+    python benchmarks/compile_module_overhead.py --device cuda --models llama-prefill --calls 300 [--profile 200]
 
 ``--threads`` (torch.set_num_threads, default 1): on a shared machine torch's thread pool
 contending with other work swamps the microseconds measured here.
+
+``--device cuda`` (issue 28's prefill row: the module of a compile winner measured 1.48x its
+winner's tuner p50 in session 19, timed after the tune, column by column): the model in fp16
+(``.half()``), compile mode reduce-overhead (CUDA graphs, a step mark per call), every call
+followed by ``torch.cuda.synchronize()``, and two more columns taking the same turns: bare
+``torch.compile`` of the user's model as a user writes it, and ``measured call`` (the call the
+tuner measured the winner by, ``dispatch.measured_call``). ``module (stream wait)`` times the
+module waiting on an event on its stream only, as the tuner's timer does: far below
+``module``, work on another stream. ``--profile N``: cProfile of N module calls (host time
+by function) after the table. ``llama-prefill``: the Llama shape of benchmarks/decoder.py,
+batch 1, sequence 256 (``--tiny``: its tiny config, sequence 16).
 """
 
 from __future__ import annotations
@@ -33,27 +45,57 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-def interleaved_p50s(columns: dict, calls: int, warmup: int = 50) -> dict[str, float]:
-    """Per column, the median µs of ``calls`` calls, the columns taking turns call by call."""
+def interleaved_p50s(columns: dict, calls: int, warmup: int = 50, cuda: bool = False) -> dict[str, float]:
+    """Per column, the median µs of ``calls`` calls, the columns taking turns call by call
+    (with ``cuda``, each call followed by torch.cuda.synchronize(), inside its time)."""
     import time
 
+    wait = torch.cuda.synchronize if cuda else (lambda: None)
     samples = {name: [] for name in columns}
     for _ in range(warmup):
         for fn in columns.values():
             fn()
+            wait()
     clock = time.perf_counter_ns
     for _ in range(calls):
         for name, fn in columns.items():
             start = clock()
             fn()
+            wait()
             samples[name].append((clock() - start) / 1e3)
     return {name: statistics.median(v) for name, v in samples.items()}
 
 
-def build(name: str):
+def stream_wait_p50(fn, calls: int) -> float:
+    """Median µs of ``fn()`` waited for by an event on the current stream (the tuner's
+    timer), not by the whole device."""
+    import time
+
+    stop = torch.cuda.Event()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(calls):
+        start = time.perf_counter_ns()
+        fn()
+        stop.record()
+        stop.synchronize()
+        samples.append((time.perf_counter_ns() - start) / 1e3)
+    torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+def build(name: str, device: str = "cpu", tiny: bool = False):
     import transformers as tf
 
     torch.manual_seed(0)
+    if name == "llama-prefill":
+        from decoder import FULL, TINY, Prefill
+
+        model = tf.LlamaForCausalLM(tf.LlamaConfig(**(TINY if tiny else FULL["llama"]))).eval().to(device)
+        if device == "cuda":
+            model = model.half()
+        ids = torch.randint(0, model.config.vocab_size, (1, 16 if tiny else 256), device=device)
+        return Prefill(model).eval(), {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     if name == "bert":
         config = tf.BertConfig(num_hidden_layers=2, hidden_size=128, num_attention_heads=2, intermediate_size=512,
                                vocab_size=1000)
@@ -67,12 +109,15 @@ def build(name: str):
     return model.eval(), {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
-def row(name: str, calls: int) -> dict:
+def row(name: str, calls: int, device: str = "cpu", tiny: bool = False, profile: int = 0) -> dict:
     import aitune.torch as ait
     from aitune.torch.backend import TorchCompileBackend, TorchCompileBackendConfig
+    from aitune.torch.dispatch import measured_call
 
-    model, kwargs = build(name)
-    backend = TorchCompileBackend(TorchCompileBackendConfig(mode="default", precisions=("fp32",)))
+    cuda = device == "cuda"
+    model, kwargs = build(name, device, tiny)
+    mode = "reduce-overhead" if cuda else "default"
+    backend = TorchCompileBackend(TorchCompileBackendConfig(mode=mode, precisions=("fp16",) if cuda else ("fp32",)))
     tuned = ait.Module(copy.deepcopy(model), f"overhead-{name}", strategy=ait.OneBackendStrategy(backend))
     batch = kwargs["input_ids"].shape[0]
     ait.tune(tuned, [{k: v[i] for k, v in kwargs.items()} for i in range(batch)], batch_sizes=[batch],
@@ -97,14 +142,43 @@ def row(name: str, calls: int) -> dict:
         finally:
             graph._replay_plan = replay_plan
 
+    def compiled_alone():
+        if cuda:
+            torch.compiler.cudagraph_mark_step_begin()
+        return compiled._compiled(*call_args, **call_kwargs)
+
     columns = {
-        "compiled call alone": lambda: compiled._compiled(*call_args, **call_kwargs),
+        "compiled call alone": compiled_alone,
         "module": lambda: tuned(**kwargs),
         "module, general path": general_call,
     }
+    if cuda:
+        bare = torch.compile(copy.deepcopy(model), mode=mode)
+
+        def bare_call():
+            torch.compiler.cudagraph_mark_step_begin()
+            return bare(**kwargs)
+
+        columns["bare torch.compile"] = bare_call
+        columns["measured call"] = measured_call(graph, compiled)
     with torch.no_grad():
         tuned(**kwargs)  # the first call adds the route
-        p50 = interleaved_p50s(columns, calls)
+        p50 = interleaved_p50s(columns, calls, cuda=cuda)
+        if cuda:
+            p50["module (stream wait)"] = stream_wait_p50(lambda: tuned(**kwargs), calls)
+        if profile:
+            import cProfile
+            import pstats
+
+            profiler = cProfile.Profile()
+            profiler.enable()
+            for _ in range(profile):
+                tuned(**kwargs)
+                if cuda:
+                    torch.cuda.synchronize()
+            profiler.disable()
+            print(f"cProfile of {profile} module calls ({name}), by own time:", file=sys.stderr)
+            pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(25)
     return {"model": name, "winner": winner.name, "candidate_us": winner.p50_us, **{f"{c}_us": v for c, v in p50.items()},
             "module_over_candidate": p50["module"] / winner.p50_us,
             "module_minus_compiled_us": p50["module"] - p50["compiled call alone"],
@@ -116,16 +190,30 @@ def main() -> int:
     parser.add_argument("--models", default="bert,gpt2")
     parser.add_argument("--calls", type=int, default=3000)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--tiny", action="store_true", help="llama-prefill: the tiny config")
+    parser.add_argument("--profile", type=int, default=0, help="cProfile this many module calls")
+    parser.add_argument("--out", type=Path, help="write the rows as JSON here")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     os.environ.setdefault("AITUNE_CACHE_DIR", tempfile.mkdtemp(prefix="aitune-overhead-"))
     print("| model | compiled call alone | candidate (tuner) | module | module / candidate | module - compiled | "
-          "general path - compiled |\n|---|---|---|---|---|---|---|")
+          "general path - compiled |" + (" bare torch.compile | measured call | module (stream wait) |"
+                                         if args.device == "cuda" else "")
+          + "\n|---|---|---|---|---|---|---|" + ("---|---|---|" if args.device == "cuda" else ""))
+    rows = []
     for name in args.models.split(","):
-        r = row(name, args.calls)
+        r = row(name, args.calls, args.device, args.tiny, args.profile)
+        rows.append(r)
+        extra = "".join(f" {r[c]:.1f} |" for c in ("bare torch.compile_us", "measured call_us",
+                                                   "module (stream wait)_us") if c in r)
         print(f"| {name} | {r['compiled call alone_us']:.1f} | {r['candidate_us']:.1f} | {r['module_us']:.1f} | "
               f"{r['module_over_candidate']:.2f} | {r['module_minus_compiled_us']:.1f} | "
-              f"{r['general_minus_compiled_us']:.1f} |", flush=True)
+              f"{r['general_minus_compiled_us']:.1f} |{extra}", flush=True)
+        if args.out:
+            import json
+
+            args.out.write_text(json.dumps(rows, indent=1))
     return 0
 
 
