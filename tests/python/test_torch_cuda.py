@@ -52,8 +52,18 @@ def test_quick_start_with_cuda_matches_eager(make, shape):
         got = model(x)
     assert got.is_cuda
     diff = (got - expected).abs().max().item()
-    print(f"{make.__name__}: max |aitune CUDA - eager| = {diff:.3g}")
-    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    (report,) = model.ait_reports.values()
+    winner = report.candidates[report.winner]
+    judged_error = winner.max_abs_error if winner.max_abs_error is not None else 0.0
+    print(f"{make.__name__}: {winner.name} ({winner.precision_name}), max |aitune CUDA - eager| = {diff:.3g}, "
+          f"tuner's max error {judged_error:.3g}")
+    if winner.precision_name == "fp32":
+        torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    else:
+        # The Quick Start leaves precision="any": a TF32 / fp16 candidate judged accurate
+        # may win (the report names its precision). The call then differs from eager as
+        # that candidate did on the samples, not more (x is not one of them: some slack).
+        assert diff <= 4 * judged_error + 1e-4, (winner.name, diff, judged_error)
 
 
 def test_torch_work_before_and_after_forward_is_ordered():
