@@ -43,27 +43,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-
-def interleaved_p50s(columns: dict, calls: int, warmup: int = 50, cuda: bool = False) -> dict[str, float]:
-    """Per column, the median µs of ``calls`` calls, the columns taking turns call by call
-    (with ``cuda``, each call followed by torch.cuda.synchronize(), inside its time)."""
-    import time
-
-    wait = torch.cuda.synchronize if cuda else (lambda: None)
-    samples = {name: [] for name in columns}
-    for _ in range(warmup):
-        for fn in columns.values():
-            fn()
-            wait()
-    clock = time.perf_counter_ns
-    for _ in range(calls):
-        for name, fn in columns.items():
-            start = clock()
-            fn()
-            wait()
-            samples[name].append((clock() - start) / 1e3)
-    return {name: statistics.median(v) for name, v in samples.items()}
+from timing import p50s_in_turns  # noqa: E402
 
 
 def stream_wait_p50(fn, calls: int) -> float:
@@ -163,7 +143,7 @@ def row(name: str, calls: int, device: str = "cpu", tiny: bool = False, profile:
         columns["measured call"] = measured_call(graph, compiled)
     with torch.no_grad():
         tuned(**kwargs)  # the first call adds the route
-        p50 = interleaved_p50s(columns, calls, cuda=cuda)
+        p50 = p50s_in_turns(columns, calls, warmup=50, sync=cuda)
         if cuda:
             p50["module (stream wait)"] = stream_wait_p50(lambda: tuned(**kwargs), calls)
         if profile:

@@ -45,7 +45,10 @@ Rows per case (p50 us of one call + torch.cuda.synchronize() on CUDA):
                    (``dispatch.measured_call``) timed here like the module (module p50 far
                    from it: the module's path differs; both far from the winner's tuner
                    p50: the timing differs), and ``frames_compiled_after_tune`` (dynamo
-                   frames the module's calls compiled after tuning: 0 unless they recompile)
+                   frames the module's calls compiled after tuning: 0 unless they recompile);
+                   for prefill ``in_turns``: the module and the compile row's call timed
+                   again taking turns call by call (``timing.p50s_in_turns``), the fair
+                   ratio where a drift between rows timed apart moves them
 Precision on CUDA: the model in fp16 (``.half()``) on every row, as LLMs are loaded to
 serve them; decode always (the cache must have one dtype, and autocast would write fp32
 keys (rotary) and fp16 values), prefill by default (``--prefill-precision half``);
@@ -77,7 +80,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import genai_reference  # noqa: E402
 from candidate_rows import candidate_rows  # noqa: E402
-from timing import WARMUP, p50_us, winner_path_timings  # noqa: E402
+from timing import WARMUP, p50_us, p50s_in_turns, winner_path_timings  # noqa: E402
 
 import aitune.torch as ait  # noqa: E402
 from aitune import _core  # noqa: E402
@@ -195,7 +198,7 @@ def _autocast(enabled: bool):
     return torch.autocast("cuda", dtype=torch.float16) if enabled else contextlib.nullcontext()
 
 
-def aitune_row(name: str, module, inputs, *, cuda: bool, iterations: int) -> dict:
+def aitune_row(name: str, module, inputs, *, cuda: bool, iterations: int, baseline=None) -> dict:
     torch._dynamo.reset()
     # in_place_outputs: the decode step's caches are updated where they lie (the prefill has none)
     backends = [ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cuda" if cuda else "cpu",
@@ -222,6 +225,14 @@ def aitune_row(name: str, module, inputs, *, cuda: bool, iterations: int) -> dic
     # CUDA graph; recorded non-static inputs: copies into the graph's buffers)
     cudagraph_events = {key: value - inductor_before.get(key, 0) for key, value in counters["inductor"].items()
                         if "cudagraph" in key and value != inductor_before.get(key, 0)}
+    # The module and bare compile (``baseline``, compiled again here: the tune reset dynamo;
+    # after the counts above, which are the module's alone) taking turns call by call: the
+    # ratio a drift between rows cannot move.
+    if baseline is not None:
+        with torch.no_grad():
+            turns = p50s_in_turns({"module": lambda: tuned(**inputs), "compile": baseline}, iterations)
+        paths["in_turns"] = {"module_us": turns["module"], "compile_us": turns["compile"],
+                             "x_compile": turns["compile"] / turns["module"]}
     return {"p50_us": p50, "output": out, "tuning_s": tuning_s, **paths,
             "cudagraph_events_after_tune": cudagraph_events,
             "winner_p50_us": winner.p50_us if winner else None,
@@ -306,6 +317,7 @@ def bench(kind: str, workload: str, batch: int, length: int, args, emit) -> None
         return row
 
     eager_p50 = compile_p50 = None
+    prefill_baseline = None
     with torch.no_grad():
         with _autocast(autocast):
             reference = module(**inputs)
@@ -357,6 +369,7 @@ def bench(kind: str, workload: str, batch: int, length: int, args, emit) -> None
                         "cache": "transformers StaticCache", "max_error": _error(out, reference)})
             else:
                 compile_p50 = step_p50
+                prefill_baseline = call
                 finish({"row": "compile", "precision": precision, "p50_us": compile_p50, "compile_s": compile_s,
                         "max_error": _error(out, reference)})
     if args.genai:
@@ -365,7 +378,10 @@ def bench(kind: str, workload: str, batch: int, length: int, args, emit) -> None
         if row is not None:
             finish(row)
     name = f"{kind}-{workload}-b{batch}-{length}"
-    tuned = aitune_row(name, module, inputs, cuda=cuda, iterations=args.iterations)
+    # Prefill's bare compile is timed again beside the module, in turns (decode's StaticCache
+    # call has a bounded number of free slots: its rows are timed one after another only).
+    baseline = prefill_baseline if workload == "prefill" and not args.skip_compile else None
+    tuned = aitune_row(name, module, inputs, cuda=cuda, iterations=args.iterations, baseline=baseline)
     tuned_out = tuned.pop("output")
     finish({"row": "aitune", **tuned, "max_error": _error(tuned_out, reference)})
 

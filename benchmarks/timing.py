@@ -32,6 +32,32 @@ def p50_us(fn: Callable[[], object], iterations: int, warmup: int = WARMUP, sync
     return statistics.median(samples)
 
 
+def p50s_in_turns(columns: dict[str, Callable[[], object]], iterations: int, warmup: int = WARMUP,
+                  sync: bool | None = None) -> dict[str, float]:
+    """Per column, the median microseconds of ``iterations`` calls, timed like ``p50_us``
+    but with the columns taking turns call by call: a drift of the machine (clocks, other
+    work, a GPU still busy after a tune) hits every column alike. Columns timed one after
+    another are not comparable to a few percent (session 19's prefill row: a module timed
+    first after its tune at 1.38x the same module timed in turns, docs/benchmarks.md)."""
+    if sync is None:
+        import torch
+
+        sync = torch.cuda.is_available()
+    wait = _cuda_synchronize if sync else _nothing
+    for _ in range(warmup):
+        for fn in columns.values():
+            fn()
+            wait()
+    samples: dict[str, list[float]] = {name: [] for name in columns}
+    for _ in range(iterations):
+        for name, fn in columns.items():
+            start = time.perf_counter()
+            fn()
+            wait()
+            samples[name].append((time.perf_counter() - start) * 1e6)
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
 def _cuda_synchronize() -> None:
     import torch
 
