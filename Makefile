@@ -19,8 +19,13 @@ build: setup
 test-cpp: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure
 
+# pytest-xdist: one worker per core, at most 4 (each holds torch and ONNX Runtime in its own
+# process); a file's tests stay in one worker (--dist loadfile: module fixtures made once,
+# the Ray tests of test_serve.py never beside each other). PYTEST_WORKERS=0: one process.
+PYTEST_WORKERS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); echo $$(( n < 4 ? n : 4 )))
+
 test-python: build
-	$(PYTHON) -m pytest -q tests/python
+	$(PYTHON) -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --durations=15 tests/python
 
 test: test-cpp test-python
 

@@ -32,6 +32,7 @@ detect_gpu() {
 gpu=$(detect_gpu)
 torch_cuda_index=${AITUNE_TORCH_CUDA_INDEX:-https://download.pytorch.org/whl/cu130}
 common_pins=(numpy onnx==1.23.1 onnxscript==0.7.2 onnxconverter-common==1.16.0 pytest
+             pytest-xdist==3.8.0  # make test runs the suite in parallel (Makefile: PYTEST_WORKERS)
              nanobind==3.1.0 scikit-build-core==1.1.2 tqdm transformers==5.17.0 diffusers==0.36.0
              tritonclient==2.73.0 protobuf==7.36.2  # Triton's model-config protobuf (tests)
              "ray[serve]==2.60.0"  # aitune.serve (the serving extra), tested by tests/python/test_serve.py
