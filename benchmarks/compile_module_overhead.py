@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import copy
 import os
-import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -43,25 +42,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from timing import p50s_in_turns  # noqa: E402
-
-
-def stream_wait_p50(fn, calls: int) -> float:
-    """Median µs of ``fn()`` waited for by an event on the current stream (the tuner's
-    timer), not by the whole device."""
-    import time
-
-    stop = torch.cuda.Event()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(calls):
-        start = time.perf_counter_ns()
-        fn()
-        stop.record()
-        stop.synchronize()
-        samples.append((time.perf_counter_ns() - start) / 1e3)
-    torch.cuda.synchronize()
-    return statistics.median(samples)
+from timing import event_p50_us, p50s_in_turns  # noqa: E402
 
 
 def build(name: str, device: str = "cpu", tiny: bool = False):
@@ -145,7 +126,8 @@ def row(name: str, calls: int, device: str = "cpu", tiny: bool = False, profile:
         tuned(**kwargs)  # the first call adds the route
         p50 = p50s_in_turns(columns, calls, warmup=50, sync=cuda)
         if cuda:
-            p50["module (stream wait)"] = stream_wait_p50(lambda: tuned(**kwargs), calls)
+            # the host p50 of the tuner's kind of timer: an event on the stream waited for
+            p50["module (stream wait)"] = event_p50_us(lambda: tuned(**kwargs), calls)[0]
         if profile:
             import cProfile
             import pstats

@@ -380,8 +380,7 @@ def bench(kind: str, workload: str, batch: int, length: int, args, emit) -> None
     name = f"{kind}-{workload}-b{batch}-{length}"
     # Prefill's bare compile is timed again beside the module, in turns (decode's StaticCache
     # call has a bounded number of free slots: its rows are timed one after another only).
-    baseline = prefill_baseline if workload == "prefill" and not args.skip_compile else None
-    tuned = aitune_row(name, module, inputs, cuda=cuda, iterations=args.iterations, baseline=baseline)
+    tuned = aitune_row(name, module, inputs, cuda=cuda, iterations=args.iterations, baseline=prefill_baseline)
     tuned_out = tuned.pop("output")
     finish({"row": "aitune", **tuned, "max_error": _error(tuned_out, reference)})
 
