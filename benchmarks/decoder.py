@@ -198,13 +198,15 @@ def _autocast(enabled: bool):
     return torch.autocast("cuda", dtype=torch.float16) if enabled else contextlib.nullcontext()
 
 
-def aitune_row(name: str, module, inputs, *, cuda: bool, iterations: int, baseline=None) -> dict:
+def aitune_row(name: str, module, inputs, *, cuda: bool, iterations: int, baseline=None,
+               compile_modes: tuple[str, ...] | None = None, max_compile_s: float | None = None) -> dict:
     torch._dynamo.reset()
     # in_place_outputs: the decode step's caches are updated where they lie (the prefill has none)
     backends = [ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cuda" if cuda else "cpu",
                                                             in_place_outputs=True)),
                 TorchCompileBackend(TorchCompileBackendConfig(
                     precisions=("fp16",) if cuda else ("fp32",), mode="reduce-overhead" if cuda else "default",
+                    modes=compile_modes, max_compile_s=max_compile_s,
                     in_place_outputs=True))]  # the decode step's compile writes its caches where they lie
     tuned = ait.Module(copy.deepcopy(module), f"decoder-bench-{name}", strategy=ait.MaxThroughputStrategy(backends))
     start = time.perf_counter()
@@ -380,7 +382,9 @@ def bench(kind: str, workload: str, batch: int, length: int, args, emit) -> None
     name = f"{kind}-{workload}-b{batch}-{length}"
     # Prefill's bare compile is timed again beside the module, in turns (decode's StaticCache
     # call has a bounded number of free slots: its rows are timed one after another only).
-    tuned = aitune_row(name, module, inputs, cuda=cuda, iterations=args.iterations, baseline=prefill_baseline)
+    tuned = aitune_row(name, module, inputs, cuda=cuda, iterations=args.iterations, baseline=prefill_baseline,
+                       compile_modes=tuple(args.compile_modes.split(",")) if args.compile_modes else None,
+                       max_compile_s=args.max_compile_s)
     tuned_out = tuned.pop("output")
     finish({"row": "aitune", **tuned, "max_error": _error(tuned_out, reference)})
 
@@ -410,6 +414,11 @@ def main() -> int:
                              "the fp32 model under autocast for eager and compile, aitune given the fp32 model")
     parser.add_argument("--decode-batches", default="1,8")
     parser.add_argument("--cache-len", type=int, default=1024)
+    parser.add_argument("--compile-modes", help="aitune's torch.compile candidates: modes, comma-separated (e.g. "
+                        "reduce-overhead,max-autotune); default: reduce-overhead on CUDA, default on the CPU. The bare "
+                        "compile rows stay reduce-overhead, as a user configures it")
+    parser.add_argument("--max-compile-s", type=float,
+                        help="TorchCompileBackendConfig.max_compile_s: a compile candidate compiling longer fails")
     parser.add_argument("--skip-compile", action="store_true", help="no bare torch.compile row")
     parser.add_argument("--log", action="store_true", help="the tuner's steps, with timestamps, on stderr")
     parser.add_argument("--out", type=Path, help="write the rows as JSON here (after each row)")

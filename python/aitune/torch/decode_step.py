@@ -160,7 +160,14 @@ class DecodeStep(torch.nn.Module):
 
         def visible(slot_rule):
             seen = attention_mask.bool()[:, None, None, :] & slot_rule[None, None]
-            return seen | ~seen.any(dim=-1, keepdim=True)  # [B, 1, S, cache_len]
+            # A row that sees no slot sees them all (no NaN from a softmax over nothing). Found by
+            # a float sum, not `seen.any()`: ONNX Runtime's CUDA provider reduces that bool
+            # `any` (ReduceMax) through cuDNN in double, 55 us of a 950 us decode step at batch
+            # 8 on an H100 (benchmarks/winner_gap_probe.py); a float ReduceSum over the last
+            # axis is its own row kernel. Exact in any float dtype (fp16 graphs included): a
+            # sum of zeros and ones is 0 only where every one is 0.
+            none = seen.to(torch.float32).sum(dim=-1, keepdim=True) == 0
+            return seen | none  # [B, 1, S, cache_len]
 
         window, types = _attention_layout(self.model.config)
         if window is None:
