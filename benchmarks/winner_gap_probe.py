@@ -3,7 +3,7 @@ decoder case of decoder.py: after the tune, the module (the user's inputs) and t
 tuner measured (``dispatch.measured_call``: the recorded sample, copies where the candidate
 writes its inputs) take turns call by call, each timed by the wall clock with a device
 sync and by CUDA events (the tuner's timer); then ``torch.profiler`` lists the GPU work of
-one call of each (kernels and copies, µs per call). Same latency now and the gap is the
+one call of each (kernels and copies, µs per call, as profile_kernels.py lists them). Same latency now and the gap is the
 tune's conditions; a gap here and the profile says which work the module's call adds.
 
     python benchmarks/winner_gap_probe.py [--workload decode] [--batch 1] [--length 1024]
@@ -14,7 +14,6 @@ tune's conditions; a gap here and the profile says which work the module's call 
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import decoder  # noqa: E402
+from profile_kernels import kernel_profile  # noqa: E402  (the kernels of a call, as profile_kernels.py lists them)
 from timing import event_p50_us, p50s_in_turns  # noqa: E402
 
 import aitune.torch as ait  # noqa: E402
@@ -33,25 +33,6 @@ from aitune.torch.backend import (  # noqa: E402
     TorchCompileBackendConfig,
 )
 from aitune.torch.dispatch import measured_call  # noqa: E402
-
-
-def gpu_work(fn, calls: int) -> list[dict]:
-    """The GPU work of ``calls`` calls of ``fn`` by kernel / copy name: count and µs per call."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    totals: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
-    for event in prof.events():
-        if event.device_type == torch.autograd.DeviceType.CUDA:
-            entry = totals[event.name[:90]]
-            entry[0] += 1
-            entry[1] += event.device_time_total if hasattr(event, "device_time_total") else event.cuda_time_total
-    rows = [{"name": name, "per_call": count / calls, "us_per_call": us / calls}
-            for name, (count, us) in totals.items()]
-    return sorted(rows, key=lambda r: -r["us_per_call"])
 
 
 def main() -> int:
@@ -100,14 +81,14 @@ def main() -> int:
         if cuda:
             result["events_us"] = {name: dict(zip(("host", "device"), event_p50_us(fn, args.iterations)))
                                    for name, fn in (("module", module_call), ("measured_call", measured))}
-            result["gpu_work"] = {name: gpu_work(fn, args.profile_calls)
+            result["gpu_work"] = {name: kernel_profile(fn, args.profile_calls)
                                   for name, fn in (("module", module_call), ("measured_call", measured))}
     print(json.dumps({k: v for k, v in result.items() if k != "gpu_work"}, indent=1))
-    for name, rows in result.get("gpu_work", {}).items():
-        total = sum(r["us_per_call"] for r in rows)
-        print(f"\n{name}: {total:.1f} us of GPU work per call, {sum(r['per_call'] for r in rows):.0f} items")
-        for r in rows[:12]:
-            print(f"  {r['us_per_call']:8.1f} us  x{r['per_call']:5.1f}  {r['name']}")
+    for name, work in result.get("gpu_work", {}).items():
+        print(f"\n{name}: {work['device_us_per_call']:.1f} us of GPU work per call, "
+              f"{work['kernels_per_call']:.0f} kernels and copies")
+        for r in work["top"][:12]:
+            print(f"  {r['us_per_call']:8.1f} us  x{r['launches_per_call']:5.1f}  {r['name'][:90]}")
     if args.out:
         args.out.write_text(json.dumps(result, indent=1))
     return 0
