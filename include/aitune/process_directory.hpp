@@ -16,7 +16,10 @@ namespace aitune {
 /// `remove()` removes it first.
 class OwnedDirectory {
  public:
-  /// Creates and locks the directory (parents created). Error(kIo) when that fails.
+  /// Creates and locks the directory (parents created). Error(kIo) when that fails. It is
+  /// made as "<parent>/.pending-<prefix><pid>-<random>", locked, then renamed: a directory
+  /// of the swept form is locked from its first instant, so a sweep in another pid
+  /// namespace (which sees no process of this pid) never takes one being made.
   static OwnedDirectory create(const std::string& parent, const std::string& prefix);
   OwnedDirectory(OwnedDirectory&& other) noexcept;
   OwnedDirectory& operator=(OwnedDirectory&& other) noexcept;
@@ -54,7 +57,8 @@ std::uint64_t tree_bytes(const std::string& root);
 /// permission); false for pid <= 0.
 bool process_alive(long pid);
 
-/// The entries "<parent>/<prefix><pid>-..." whose pid is not a live process and whose
+/// The entries "<parent>/<prefix><pid>-..." (and "<parent>/.pending-<prefix><pid>-...",
+/// left by a maker killed before naming it) whose pid is not a live process and whose
 /// lock (see OwnedDirectory) nobody holds. Nothing is removed. A missing `parent` has none.
 std::vector<StaleDirectory> find_stale_directories(const std::string& parent, const std::string& prefix);
 

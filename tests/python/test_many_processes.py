@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
+import aitune
 import aitune.torch as ait
 from aitune import _core
 from aitune.torch import cache
@@ -147,8 +149,12 @@ def test_run_directories_of_dead_processes_are_swept(cache_dir):
     dead = parent / f"run-{_dead_pid()}-0123"
     (dead / "sub").mkdir(parents=True)
     (dead / "sub" / "model_raw.onnx").write_bytes(b"x" * 100)
+    # one its maker was killed in before naming it (OwnedDirectory.create: made pending, locked, renamed)
+    pending = parent / f".pending-run-{_dead_pid()}-4567"
+    pending.mkdir()
     mine = cache.tune_dir("m", "graph_0", "backend_0")
-    assert not dead.exists() and mine.is_dir()
+    assert not dead.exists() and not pending.exists() and mine.is_dir()
+    assert not list(parent.glob(".pending-*")), list(parent.iterdir())  # ours were named
     # Our own run directory survives the next tune's sweep, and clear_module.
     other = cache.tune_dir("m", "graph_0", "backend_0")
     cache.clear_module("m")
@@ -388,3 +394,50 @@ def test_input_names_containing_equals_signs(tmp_path):
     assert "input a=b: float32[2, 4]" in done.stdout
     unknown = subprocess.run([_cli(), "run", str(model), "--input", f"c={x}"], capture_output=True, text=True)
     assert unknown.returncode == 2 and "'a=b'" in unknown.stderr
+
+
+def test_a_sweep_in_another_pid_namespace_never_takes_a_directory_being_made(tmp_path):
+    """A cache shared by containers: a sweeper in another pid namespace sees no process of
+    the maker's pid, so only the directory's lock keeps it from the sweep. A directory of
+    the swept form must therefore be locked from the moment it has that name; made by
+    mkdir and then flock at its name, a sweep between the two removed it under its maker
+    (who then held the lock of a deleted directory, or could not lock it at all)."""
+    if not shutil.which("unshare") or subprocess.run(["unshare", "--pid", "--fork", "true"],
+                                                     capture_output=True).returncode != 0:
+        pytest.skip("unshare --pid is not available here: no second pid namespace to sweep from")
+    parent = tmp_path / "backend"
+    parent.mkdir()
+    sweeper = textwrap.dedent("""
+        import os, sys, time
+        from aitune import _core
+        parent, stop = sys.argv[1], sys.argv[2]
+        print("ready", flush=True)
+        sweeps = 0
+        while not os.path.exists(stop):
+            _core.remove_stale_directories(parent, "run-")
+            sweeps += 1
+        print(sweeps, flush=True)
+    """)
+    stop = tmp_path / "stop"
+    process = subprocess.Popen(["unshare", "--pid", "--fork", sys.executable, "-c", sweeper, str(parent), str(stop)],
+                               stdout=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline().strip() == "ready"
+        lost, made = [], 0
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline:
+            try:
+                owned = _core.OwnedDirectory.create(str(parent), "run-")
+            except aitune.AituneIOError as e:  # removed between its mkdir and its lock
+                lost.append(str(e))
+                continue
+            made += 1
+            if not os.path.isdir(owned.path):  # removed before its maker held the lock
+                lost.append(owned.path)
+            owned.remove()
+    finally:
+        stop.touch()
+        out, _ = process.communicate(timeout=60)
+    sweeps = int(out.split()[-1])
+    assert sweeps > 100 and made > 100, (sweeps, made)
+    assert not lost, f"{len(lost)} of {made + len(lost)} directories swept while being made: {lost[:3]}"

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <stdio.h>  // renameat2, RENAME_NOREPLACE (glibc >= 2.28)
 #include <unistd.h>
 
 #include <cerrno>
@@ -18,6 +19,18 @@
 namespace aitune {
 namespace fs = std::filesystem;
 namespace {
+
+// What a directory is called between its mkdir and its lock (OwnedDirectory::create): a name
+// no sweep of its prefix matches.
+const std::string kPending = ".pending-";
+
+// `from` renamed to `to`, failing (EEXIST) where `to` exists; plain rename where the file
+// system has no RENAME_NOREPLACE (a clash of two random tokens is all it would miss).
+int rename_noreplace(const fs::path& from, const fs::path& to) {
+  if (::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), RENAME_NOREPLACE) == 0) return 0;
+  if (errno != EINVAL && errno != ENOSYS) return -1;
+  return ::rename(from.c_str(), to.c_str());
+}
 
 // The pid of "<prefix><pid>-<rest>", or 0 when the name is not of that form.
 long pid_in_name(const std::string& name, const std::string& prefix) {
@@ -45,7 +58,9 @@ void each_stale(const std::string& parent, const std::string& prefix, Visit visi
   std::error_code ec;
   for (auto it = fs::directory_iterator(parent, ec); !ec && it != fs::directory_iterator(); it.increment(ec)) {
     const std::string name = it->path().filename().string();
-    const long pid = pid_in_name(name, prefix);
+    // A directory of the form, or one its maker died before naming (kPending, empty).
+    long pid = pid_in_name(name, prefix);
+    if (pid == 0) pid = pid_in_name(name, kPending + prefix);
     std::error_code type_ec;
     if (pid <= 0 || !it->is_directory(type_ec) || it->is_symlink(type_ec)) continue;
     if (process_alive(pid)) continue;  // its owner may be between mkdir and flock
@@ -63,23 +78,38 @@ OwnedDirectory OwnedDirectory::create(const std::string& parent, const std::stri
   fs::create_directories(parent, ec);
   if (ec) throw Error(ErrorCode::kIo, "cannot create the directory '" + parent + "': " + ec.message());
   for (int attempt = 0;; ++attempt) {
+    const bool retry = attempt < 8;
     std::string name = prefix;
     name += std::to_string(::getpid());
     name += "-";
     name += detail::random_token();
-    fs::path path = fs::path(parent) / name;
-    if (::mkdir(path.c_str(), 0755) == 0) {
-      int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-      if (fd < 0 || ::flock(fd, LOCK_EX) != 0) {
-        const std::string why = std::strerror(errno);
-        if (fd >= 0) ::close(fd);
-        ::rmdir(path.c_str());
-        throw Error(ErrorCode::kIo, "cannot lock the directory '" + path.string() + "': " + why);
-      }
-      return OwnedDirectory(path.string(), fd);
-    }
-    if (errno != EEXIST || attempt > 8)
+    // Made under a pending name, locked there, then named: a directory of the swept form
+    // holds its lock from the moment it has that name. Made at its name and locked after,
+    // a sweep from another pid namespace (containers sharing a cache), which sees no
+    // process of this pid, could take it between the mkdir and the flock.
+    const fs::path pending = fs::path(parent) / (kPending + name);
+    const fs::path path = fs::path(parent) / name;
+    if (::mkdir(pending.c_str(), 0755) != 0) {
+      if (errno == EEXIST && retry) continue;
       throw Error(ErrorCode::kIo, "cannot create a directory in '" + parent + "': " + std::strerror(errno));
+    }
+    const int fd = ::open(pending.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0 && errno == ENOENT && retry) continue;  // a sweep took the unlocked pending directory
+    if (fd < 0 || ::flock(fd, LOCK_EX) != 0) {
+      const std::string why = std::strerror(errno);
+      if (fd >= 0) ::close(fd);
+      ::rmdir(pending.c_str());
+      throw Error(ErrorCode::kIo, "cannot lock the directory '" + pending.string() + "': " + why);
+    }
+    if (rename_noreplace(pending, path) != 0) {
+      const int error = errno;
+      ::close(fd);
+      ::rmdir(pending.c_str());
+      // ENOENT: a sweep took the pending directory before this process held its lock
+      if ((error == ENOENT || error == EEXIST || error == ENOTEMPTY) && retry) continue;
+      throw Error(ErrorCode::kIo, "cannot name the directory '" + path.string() + "': " + std::strerror(error));
+    }
+    return OwnedDirectory(path.string(), fd);
   }
 }
 
