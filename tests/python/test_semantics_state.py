@@ -262,6 +262,55 @@ def test_a_submodule_put_in_train_mode_after_tuning_runs_eagerly_until_back_in_e
     assert not torch.equal(inner.norm.running_mean, before), "BatchNorm in train() updates its statistics"
 
 
+def test_weights_written_in_place_after_tuning_deactivate_the_graphs_at_the_next_call(caplog):
+    """A weight written in place under torch.no_grad() after tuning (an edit, a copy_ from
+    elsewhere): the ONNX graph holds the old weights, and a routed call (served in C++
+    without Python) computed the old model, silently (0.49 off). The C++ half serves routed
+    calls only while the version counters of the weights are as tuning left them: the next
+    call runs the new weights eagerly, and the module says which weight changed."""
+    inner = DropoutNormHead().eval()
+    model = ait.Module(inner, "edited", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [torch.randn(4) for _ in range(2)], ignore_failing_modules=False, progress=False)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        model(x), model(x)  # the second call is routed: the C++ half serves it
+        assert model._ait_calls.direct is not None
+        before = model(x).clone()
+        inner.fc.weight.mul_(2)
+        with caplog.at_level("WARNING", logger="aitune"):
+            after = model(x)
+        torch.testing.assert_close(after, inner(x))
+        assert not torch.allclose(after, before)
+    assert not model.ait_active
+    assert any("changed in place (fc.weight)" in r.getMessage() for r in caplog.records), caplog.text
+    model.activate()  # knowingly: the graphs run the weights they were tuned with, and stay active
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), before)
+        torch.testing.assert_close(model(x), before)
+    assert model.ait_active
+
+
+def test_loading_the_weights_a_module_has_keeps_its_graphs(caplog):
+    """load_state_dict of the values the weights hold (a checkpoint round trip), on the
+    module or on a parent, writes them in place and so moves their version counters: no
+    change of the model, so the graphs stay active and routed calls go on."""
+    inner = DropoutNormHead().eval()
+    model = ait.Module(inner, "reloaded", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [torch.randn(4) for _ in range(2)], ignore_failing_modules=False, progress=False)
+    parent = torch.nn.Sequential(model)
+    x = torch.randn(2, 4)
+    with torch.no_grad(), caplog.at_level("WARNING", logger="aitune"):
+        model(x), model(x)
+        version = inner.fc.weight._version
+        model.load_state_dict(model.state_dict())
+        parent.load_state_dict(parent.state_dict())
+        assert inner.fc.weight._version > version  # written in place, twice
+        torch.testing.assert_close(model(x), inner(x))
+        model(x)
+    assert model.ait_active and model._ait_calls.direct is not None
+    assert not [r for r in caplog.records if "changed" in r.getMessage()], caplog.text
+
+
 def test_weights_changed_by_calls_run_eagerly_in_train_mode_deactivate_the_graphs(caplog):
     """Fine-tuning through the tuned module (train(), optimizer steps) or a BatchNorm left in
     train() changes the weights in place while the calls run eagerly; back in eval(), the

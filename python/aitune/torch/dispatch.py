@@ -286,13 +286,17 @@ class ModuleDispatch:
         self.grad_logged = False  # the first call run eagerly for autograd was logged
         self.autocast_logged = False  # the first call run eagerly for autocast was logged
         self.measuring = False  # made by measured_call to measure a candidate, not a module's
-        # The parameters and buffers with their version counters as tuning left them: calls
-        # run eagerly in another mode (train(): BatchNorm statistics, a training loop's
-        # optimizer steps) or for autograd may change them in place, under graphs that hold
-        # a copy of the old ones. The first call back in the tuned state compares them
-        # (then ``weights_changed(how) -> bool``, set by ait.Module, deactivates it).
-        self.weights = _weight_versions(module) if self.tuned else []
-        self.eager_since_check = False
+        # Where a tuned graph holds a copy of the weights (an ONNX model's initializers), the
+        # parameters and buffers with their version counters as tuning left them: an
+        # optimizer step, a write under torch.no_grad(), calls run eagerly in train() mode
+        # (BatchNorm statistics) change them in place, and the graphs would compute the old
+        # model. The C++ half serves routed calls only while every counter is unchanged;
+        # the general path compares them on each call (then ``weights_changed(how) -> bool``,
+        # set by ait.Module, deactivates it). A write into ``.data`` moves no counter.
+        holding = any(tuned.holds_weights for _, tuned in self.tuned.values())
+        self.weights = _weight_versions(module) if holding else []
+        if self.weights:
+            self.cpp.watch_weights([tensor for _, tensor, _ in self.weights])
         self.weights_changed: Callable[[str], bool] | None = None
 
     def in_other_mode(self, training: bool) -> bool:
@@ -335,7 +339,7 @@ class ModuleDispatch:
             return self._run_changed_submodules(changed, args, kwargs)
         if self.tuned and self.autocast is not None and autocast_enabled() is not self.autocast:
             return self._run_in_other_autocast(args, kwargs)
-        if self.eager_since_check and self._weights_changed_by_eager_calls():
+        if self.weights and self._weights_changed_in_place():
             return self.module.forward(*args, **kwargs)  # deactivated: eager from now on
         if self.direct is not None:
             # Calls that reach forward past the C++ half's guards (a module with hooks,
@@ -457,24 +461,33 @@ class ModuleDispatch:
 
     def _ran_eagerly(self, outputs: Any) -> Any:
         """After a call run eagerly for the mode, hooks or autograd: the next call back in
-        the tuned state takes the Python path (no route until then), which checks whether
-        the weights changed in place meanwhile."""
+        the tuned state takes the Python path (no route until then)."""
         if self.weights:
-            self.eager_since_check = True
             self.direct = None
         return outputs
 
-    def _weights_changed_by_eager_calls(self) -> bool:
-        """The check ``_ran_eagerly`` asks for: True when parameters or buffers changed in
-        place since tuning and the module was deactivated for it (its graphs hold the old
-        ones)."""
-        self.eager_since_check = False
+    def watch_weights_as_they_are(self) -> None:
+        """Takes the weights' version counters as they are now as seen: the values they had
+        written again (a load_state_dict of the same state), or a knowing ``activate()``."""
+        if self.weights:
+            self.weights = _weight_versions(self.module)
+            self.cpp.watch_weights([tensor for _, tensor, _ in self.weights])
+
+    def _weights_changed_in_place(self) -> bool:
+        """True when parameters or buffers the graphs hold copies of changed in place since
+        tuning and the module was deactivated for it. Changed where nothing deactivates
+        (a measured call's dispatch, graphs no longer active): the counters as they are now
+        are taken as seen, so routed calls skip Python again."""
         changed = [name for name, tensor, version in self.weights if tensor._version != version]
-        if not changed or self.weights_changed is None:
+        if not changed:
             return False
         shown = ", ".join(changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
-        return self.weights_changed(f"were changed in place ({shown}) while calls ran eagerly (train mode, "
-                                    "changed submodules or autograd)")
+        how = (f"were changed in place ({shown}): an optimizer step, a write under torch.no_grad(), or calls run "
+               "eagerly (train mode, changed submodules, autograd)")
+        if self.weights_changed is not None and self.weights_changed(how):
+            return True
+        self.watch_weights_as_they_are()
+        return False
 
     def _run_in_other_autocast(self, args: tuple, kwargs: dict) -> Any:
         """A call with torch.autocast on where the graphs were recorded without it (or off

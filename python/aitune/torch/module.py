@@ -147,6 +147,7 @@ class Module(DispatchedModule):
         own.update({registry: getattr(module, registry) for registry in (*_SHARED_REGISTRIES, *_SHARED_HOOKS)})
         for key, value in own.items():
             object.__setattr__(self, key, value)
+        self.register_load_state_dict_post_hook(Module._ait_after_load)
         MODULE_REGISTRY.register(self._ait_name, self)
 
     # -- aitune's view ----------------------------------------------------------------
@@ -261,6 +262,9 @@ class Module(DispatchedModule):
         calls = self.__dict__.pop("_ait_inactive_calls", None)
         if calls is not None:
             self._ait_calls = calls
+            # the weights as they are now are the user's choice: changed in place meanwhile,
+            # the graphs still compute the ones they were tuned with (the warning said so)
+            calls.watch_weights_as_they_are()
 
     @property
     def ait_active(self) -> bool:
@@ -313,18 +317,31 @@ class Module(DispatchedModule):
         return self._ait_module.state_dict(*args, **kwargs)
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        changed = self._ait_graphs_hold_weights() and state_dict_changes_weights(self._ait_module, state_dict)
+        holding = self._ait_graphs_hold_weights()
+        changed = holding and state_dict_changes_weights(self._ait_module, state_dict)
         result = self._ait_module.load_state_dict(state_dict, strict=strict, assign=assign)
         if changed:
             self._ait_weights_changed("were changed by load_state_dict")
+        elif holding:  # the values they had, written again: the version counters moved, nothing else
+            self._ait_calls.watch_weights_as_they_are()
         return result
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # A parent's load_state_dict comes here first, then loads the submodules (shared
         # with the wrapped module) itself: compare the whole subtree now, before it does.
-        if self._ait_graphs_hold_weights() and state_dict_changes_weights(self._ait_module, state_dict, prefix):
-            self._ait_weights_changed("were changed by a parent's load_state_dict")
+        if self._ait_graphs_hold_weights():
+            if state_dict_changes_weights(self._ait_module, state_dict, prefix):
+                self._ait_weights_changed("were changed by a parent's load_state_dict")
+            else:  # the same values: their new version counters are taken as seen once loaded
+                self._ait_same_weights_loaded = True
         return self._ait_module._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
+    @staticmethod
+    def _ait_after_load(module: Module, incompatible_keys) -> None:
+        """After a parent's load_state_dict loaded this module's subtree with the values it
+        had: the writes moved the weights' version counters, which the dispatch watches."""
+        if module.__dict__.pop("_ait_same_weights_loaded", False):
+            module._ait_calls.watch_weights_as_they_are()
 
     # -- weights changed under the tuned graphs ----------------------------------------
 
@@ -346,9 +363,10 @@ class Module(DispatchedModule):
             ", ".join(holding))
 
     def _ait_weights_changed_by_eager_calls(self, how: str) -> bool:
-        """The dispatch found weights changed in place after calls it ran eagerly (train
-        mode, autograd): where a tuned graph holds a copy of the old ones, as
-        ``_ait_weights_changed``; True when the module was deactivated."""
+        """The dispatch found weights changed in place since tuning (an optimizer step, a
+        write under torch.no_grad(), calls run eagerly in train mode or for autograd):
+        where a tuned graph holds a copy of the old ones, as ``_ait_weights_changed``; True
+        when the module was deactivated."""
         if not self._ait_graphs_hold_weights():
             return False
         self._ait_weights_changed(how)

@@ -205,6 +205,62 @@ class SubmoduleState {
   PyObject* next_id_name_ = nullptr;
 };
 
+// The parameters and buffers of the wrapped module that tuned graphs hold copies of (an
+// ONNX model's initializers), with their autograd version counters as tuning left them.
+// An in-place write (an optimizer step, `with torch.no_grad(): w.mul_(2)`, copy_) moves a
+// tensor's counter; the graphs would then compute the old model, so such a call goes to
+// the Python path, which says so and runs the module eagerly. Per call: one read of
+// `_version` per tensor (tens of ns each). A write into `.data` moves no counter: not seen.
+class WeightVersions {
+ public:
+  void set(std::vector<nb::object> tensors) {
+    if (version_name_ == nullptr) version_name_ = PyUnicode_InternFromString("_version");
+    entries_.clear();
+    for (auto& t : tensors) {
+      Entry entry{std::move(t), nullptr, nullptr, 0};
+      // torch's `_version` is a getset descriptor of its tensor base type: its getter is
+      // called directly (a few ns; PyObject_GetAttr's lookup made the check of BERT's 201
+      // tensors cost 20-50 us a call on a 2-core host). Anything else: PyObject_GetAttr.
+      PyObject* descr = _PyType_Lookup(Py_TYPE(entry.tensor.ptr()), version_name_);
+      if (descr != nullptr && Py_IS_TYPE(descr, &PyGetSetDescr_Type)) {
+        PyGetSetDef* def = reinterpret_cast<PyGetSetDescrObject*>(descr)->d_getset;
+        entry.get = def->get;
+        entry.closure = def->closure;
+      }
+      entry.version = version_of(entry);
+      entries_.push_back(std::move(entry));
+    }
+  }
+  bool clear() const {
+    for (const auto& entry : entries_)
+      if (version_of(entry) != entry.version) return false;
+    return true;
+  }
+  int traverse(visitproc visit, void* arg) const {
+    for (const auto& entry : entries_) Py_VISIT(entry.tensor.ptr());
+    return 0;
+  }
+  void reset() { entries_.clear(); }
+
+ private:
+  struct Entry {
+    nb::object tensor;
+    getter get;      // the `_version` getter of the tensor's type, or nullptr
+    void* closure;
+    long long version;
+  };
+  long long version_of(const Entry& entry) const {
+    nb::object version = nb::steal(entry.get != nullptr ? entry.get(entry.tensor.ptr(), entry.closure)
+                                                        : PyObject_GetAttr(entry.tensor.ptr(), version_name_));
+    if (!version.is_valid()) throw nb::python_error();
+    const long long value = PyLong_AsLongLong(version.ptr());
+    if (value == -1 && PyErr_Occurred()) throw nb::python_error();
+    return value;
+  }
+  std::vector<Entry> entries_;
+  PyObject* version_name_ = nullptr;
+};
+
 // When a module call may skip its Python path: what nn.Module.__call__ checks before it
 // goes straight to forward (hooks, a compiled call, JIT tracing), and what the front end's
 // forward checks before it dispatches (no recording, not eager). All of it must be falsy.
@@ -214,6 +270,7 @@ struct CallGuards {
   std::vector<nb::object> calls;          // no-argument callables
   std::vector<nb::object> attributes;     // attribute names of the module (interned str)
   SubmoduleState submodules;              // the wrapped module's modules' modes and hooks
+  WeightVersions weights;                 // the weights tuned graphs hold copies of, unchanged
 
   bool clear(PyObject* module) const {
     for (const auto& d : global_dicts)
@@ -234,7 +291,7 @@ struct CallGuards {
       if (!value.is_valid()) throw nb::python_error();
       if (truthy(value.ptr())) return false;
     }
-    return submodules.clear();
+    return submodules.clear() && weights.clear();
   }
 };
 

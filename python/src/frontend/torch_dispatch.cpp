@@ -390,6 +390,7 @@ class TorchDispatch {
     for (const auto* list : {&guards_.global_dicts, &guards_.context_vars, &guards_.calls, &guards_.attributes})
       for (const auto& o : *list) Py_VISIT(o.ptr());
     if (int result = guards_.submodules.traverse(visit, arg)) return result;
+    if (int result = guards_.weights.traverse(visit, arg)) return result;
     for (const auto& g : graphs_) {
       Py_VISIT(g->session_object.ptr());
       Py_VISIT(g->rebuild.ptr());
@@ -403,6 +404,7 @@ class TorchDispatch {
     routes_.clear();
     graphs_.clear();
     guards_.submodules.reset();
+    guards_.weights.reset();
   }
 
   /// The wrapped module's modules (`submodules` as given) whose mode or forward hooks
@@ -418,6 +420,8 @@ class TorchDispatch {
   }
   /// Takes the submodules' hooks as they are now (and their modes, as the constructor).
   void snapshot_submodules(nb::handle training) { guards_.submodules.snapshot(training); }
+  /// Routed calls need `tensors`' version counters as they are now (empty: none checked).
+  void watch_weights(std::vector<nb::object> tensors) { guards_.weights.set(std::move(tensors)); }
 
  private:
   std::shared_ptr<const Graph> graph_at(std::size_t index, const char* who) const {
@@ -558,6 +562,9 @@ void bind_torch_dispatch(nb::module_& m) {
            "what the dispatch expects; when none does, hook_counter's move is taken as seen.")
       .def("snapshot_submodules", &TorchDispatch::snapshot_submodules, nb::arg("training").none(),
            "Expect the submodules' forward hooks as they are now (modes as the constructor takes them).")
+      .def("watch_weights", &TorchDispatch::watch_weights, nb::arg("tensors"),
+           "Serve routed calls only while each of `tensors` (parameters and buffers tuned graphs hold copies "
+           "of) has the version counter it has now; a call after an in-place write goes to `fallback`.")
       .def("add_graph", &TorchDispatch::add_graph, nb::arg("session").none(), nb::arg("order"), nb::arg("inputs"),
            nb::arg("rebuild").none(),
            "Register a graph run by `session` on calls of `inputs` tensors (recording order): session input i "
