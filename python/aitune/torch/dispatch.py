@@ -293,10 +293,9 @@ class ModuleDispatch:
         # model. The C++ half serves routed calls only while every counter is unchanged;
         # the general path compares them on each call (then ``weights_changed(how) -> bool``,
         # set by ait.Module, deactivates it). A write into ``.data`` moves no counter.
-        holding = any(tuned.holds_weights for _, tuned in self.tuned.values())
-        self.weights = _weight_versions(module) if holding else []
-        if self.weights:
-            self.cpp.watch_weights([tensor for _, tensor, _ in self.weights])
+        self.holding = any(tuned.holds_weights for _, tuned in self.tuned.values())
+        self.weights: list[tuple[str, torch.Tensor, int]] = []
+        self.watch_weights_as_they_are()
         self.weights_changed: Callable[[str], bool] | None = None
 
     def in_other_mode(self, training: bool) -> bool:
@@ -467,11 +466,20 @@ class ModuleDispatch:
         return outputs
 
     def watch_weights_as_they_are(self) -> None:
-        """Takes the weights' version counters as they are now as seen: the values they had
-        written again (a load_state_dict of the same state), or a knowing ``activate()``."""
-        if self.weights:
+        """Takes the weights' version counters as they are now as seen (at tuning, after a
+        load_state_dict of the values they had, on a knowing ``activate()``). The C++ half
+        reads them through detached tensors, which share each weight's counter: reading a
+        plain tensor's is half the cost of a Parameter's (~160 against ~320 ns on a 2-core
+        host; torch looks up a subclass's ``__torch_function__`` on every read)."""
+        if self.holding:
             self.weights = _weight_versions(self.module)
-            self.cpp.watch_weights([tensor for _, tensor, _ in self.weights])
+            self.cpp.watch_weights([tensor.detach() for _, tensor, _ in self.weights])
+
+    def unwatch_weights(self) -> None:
+        """Stops watching (a deactivated module: its calls run eagerly), letting go of the
+        detached tensors (they hold the storage of weights a .to() replaced)."""
+        self.weights = []
+        self.cpp.watch_weights([])
 
     def _weights_changed_in_place(self) -> bool:
         """True when parameters or buffers the graphs hold copies of changed in place since

@@ -255,6 +255,7 @@ class Module(DispatchedModule):
             # a dispatch without graphs, so the C++ half no longer serves calls either
             self._ait_calls = ModuleDispatch(calls.name, calls.module, calls.signature, calls.eager_fallback)
             self._ait_inactive_calls = calls
+            calls.unwatch_weights()  # activate() watches them again, as they are then
             logger.info("ait.Module '%s' deactivated: its calls run eagerly until activate()", self._ait_name)
 
     def activate(self) -> None:
