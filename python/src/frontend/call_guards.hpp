@@ -210,7 +210,9 @@ class SubmoduleState {
 // An in-place write (an optimizer step, `with torch.no_grad(): w.mul_(2)`, copy_) moves a
 // tensor's counter; the graphs would then compute the old model, so such a call goes to
 // the Python path, which says so and runs the module eagerly. Per call: one read of
-// `_version` per tensor (tens of ns each). A write into `.data` moves no counter: not seen.
+// `_version` per tensor, ~160 ns each on a 2-core host (through detached tensors; a
+// Parameter's read cost twice that, docs/onnxruntime-backend.md). A write into `.data`
+// moves no counter: not seen.
 class WeightVersions {
  public:
   void set(std::vector<nb::object> tensors) {
@@ -219,8 +221,8 @@ class WeightVersions {
     for (auto& t : tensors) {
       Entry entry{std::move(t), nullptr, nullptr, 0};
       // torch's `_version` is a getset descriptor of its tensor base type: its getter is
-      // called directly (a few ns; PyObject_GetAttr's lookup made the check of BERT's 201
-      // tensors cost 20-50 us a call on a 2-core host). Anything else: PyObject_GetAttr.
+      // called directly, skipping the attribute lookup per read (its saving alone was not
+      // measured: most of a read is torch's getter itself). Anything else: PyObject_GetAttr.
       PyObject* descr = _PyType_Lookup(Py_TYPE(entry.tensor.ptr()), version_name_);
       if (descr != nullptr && Py_IS_TYPE(descr, &PyGetSetDescr_Type)) {
         PyGetSetDef* def = reinterpret_cast<PyGetSetDescrObject*>(descr)->d_getset;
