@@ -247,14 +247,21 @@ def test_an_fp16_model_at_a_dynamic_batch_fuses_rotary(tmp_path):
         torch.testing.assert_close(torch.from_numpy(actual)[valid], expected[valid], atol=2e-3, rtol=2e-3)
 
 
-@pytest.mark.parametrize("rope_scaling", [None, {"rope_type": "yarn", "factor": 4.0,
-                                                  "original_max_position_embeddings": 128}], ids=["default", "yarn"])
-def test_a_static_prefill_whose_rotary_angles_fold_but_not_their_cos_fuses_rotary(rope_scaling, tmp_path):
+_YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128}
+
+
+@pytest.mark.parametrize("rope_scaling,length", [(None, 300), (_YARN, 300), (None, 200), (_YARN, 200), (None, 100)],
+                         ids=["default-300", "yarn-300", "default-200", "yarn-200", "default-100"])
+def test_a_static_prefill_whose_rotary_angles_fold_but_not_their_cos_fuses_rotary(rope_scaling, length, tmp_path):
     """Exported with every shape static (the benchmark's prefill at batch 1), the rotary
-    angles fold into a constant [1, S, E]; onnxscript folds nothing with an input of more
-    than 8192 elements, so at E * S > 8192 (head size 64, S = 300 here; head size 128 from
-    S = 129) ``Concat -> Cos / Sin`` stay and no RotaryEmbedding fused before. Fused, the
-    graph computes what eager does; with yarn's cos / sin scaled by its attention factor too."""
+    angles fold into a constant [1, S, E]; onnxscript folds no node with an input of more
+    than 8192 elements. Head size 64 (E = 32) here, so three regimes: S = 100 (E * S = 3200)
+    folds Cos / Sin too (constant tables); S = 300 (9600) folds nothing after the angles
+    (``Concat -> Cos / Sin`` stay); S = 200 (6400, like decoder.py's prefill at S = 256)
+    folds ``Concat(freqs, freqs)`` into a constant [1, S, 2E] but not its Cos / Sin, which no
+    rule matched (no RotaryEmbedding: the rotation stayed as Slice / Neg / Concat / Mul).
+    Fused in each, the graph computes what eager does; with yarn's cos / sin scaled by its
+    attention factor too."""
     from aitune.torch import decoder_fusions
 
     torch.manual_seed(0)
@@ -262,8 +269,8 @@ def test_a_static_prefill_whose_rotary_angles_fold_but_not_their_cos_fuses_rotar
         vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=64, max_position_embeddings=512, rope_scaling=rope_scaling)).eval()
     module = _PrefillLogits(model).eval()
-    ids = torch.randint(2, VOCAB, (1, 300), generator=torch.Generator().manual_seed(0))
-    mask = torch.ones(1, 300, dtype=torch.long)
+    ids = torch.randint(2, VOCAB, (1, length), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones(1, length, dtype=torch.long)
     path = tmp_path / "prefill.onnx"
     torch.onnx.export(module, (ids, mask), str(path), dynamo=True, input_names=["input_ids", "attention_mask"])
     fused, counts = decoder_fusions.optimize_for_ort(onnx_ir.load(str(path)))

@@ -42,7 +42,11 @@ def _rotated_by_angles(op, x, freqs, interleaved, num_heads, dtype, cast: bool, 
     ``emb.cos() * attention_scaling``, 1 but for yarn / longrope / llama4, whose 1 the
     optimizer folds away) (cast to the rotated tensor's dtype where ``cast``) ->
     onnxscript's intermediate RotaryEmbedding of ``x``."""
-    emb = op.Concat(freqs, freqs, axis=-1)
+    return _rotated_by_table(op, x, op.Concat(freqs, freqs, axis=-1), interleaved, num_heads, dtype, cast, scaled)
+
+
+def _rotated_by_table(op, x, emb, interleaved, num_heads, dtype, cast: bool, scaled: bool = False):
+    """``_rotated_by_angles`` from the angle table ``emb`` ([.., S, 2E]) on."""
     cos, sin = op.Cos(emb), op.Sin(emb)
     if scaled:
         cos, sin = op.Mul(cos, pattern.Var("cos_scale")), op.Mul(sin, pattern.Var("sin_scale"))
@@ -254,6 +258,20 @@ class _FoldedCosSinCache(pattern.RewriteRuleClassBase):
                                   interleaved=interleaved, num_heads=num_heads, _domain=_CONTRIB)
 
 
+def _constant_table_angles(emb: ir.Value) -> np.ndarray | None:
+    """The rotary angles [S, E] of a constant table ``emb`` [1, S, 2E] whose halves are
+    equal (``Concat(freqs, freqs)`` folded); None for anything else."""
+    if emb.const_value is None:
+        return None
+    values = emb.const_value.numpy()
+    if values.ndim != 3 or values.shape[0] != 1 or values.shape[2] % 2:
+        return None
+    half = values.shape[2] // 2
+    if not np.array_equal(values[0, :, :half], values[0, :, half:]):
+        return None
+    return values[0, :, :half].astype(np.float32)
+
+
 def _constant_angles(freqs: ir.Value) -> np.ndarray | None:
     """The rotary angles [S, E] of a constant ``freqs`` [1, S, E], or of the Transpose
     ([0, 2, 1]) of a constant [1, E, S]; None for anything else."""
@@ -272,19 +290,24 @@ def _constant_angles(freqs: ir.Value) -> np.ndarray | None:
 class _ConstantAnglesCosSinCache(_FoldedCosSinCache):
     """A static sequence length folds the rotary angles into a constant [1, S, E] (positions
     ``arange(S)``), but the constant folding stops at inputs of more than 8192 elements
-    (onnxscript's limit): where E * S is larger (head size 128 and S > 128, head size 64
-    and S > 256) the ``Concat(freqs, freqs) -> Cos / Sin`` stay, which no rule above
-    matched (no RotaryEmbedding fused). Row s of the angles is token s: the cache is their
-    cos / sin in the rotated tensor's dtype, the position ids ``arange(S)`` for every row."""
+    (onnxscript's limit), so two forms stay that no rule above matched (no RotaryEmbedding
+    fused): where E * S > 8192 (head size 128 and S > 128, head size 64 and S > 256) the
+    ``Concat(freqs, freqs) -> Cos / Sin``; where 4096 < E * S <= 8192 (head size 128 and
+    64 < S <= 128, head size 64 and 128 < S <= 256: decoder.py's prefill at S = 256) the
+    Concat folds into a constant [1, S, 2E] (``table``) but its Cos / Sin do not. Row s of
+    the angles is token s: the cache is their cos / sin in the rotated tensor's dtype, the
+    position ids ``arange(S)`` for every row."""
 
-    def __init__(self, cast: bool, scaled: bool = False):
+    def __init__(self, cast: bool, scaled: bool = False, table: bool = False):
         # the Cos / Sin are shared by every layer's rotations: dead nodes go in the final optimize
         pattern.RewriteRuleClassBase.__init__(
-            self, "CosSinCacheConstantAngles" + ("_cast" if cast else "") + ("_scaled" if scaled else ""),
-            remove_nodes=False)
-        self._cast, self._scaled = cast, scaled
+            self, "CosSinCacheConstant" + ("Table" if table else "Angles") + ("_cast" if cast else "")
+            + ("_scaled" if scaled else ""), remove_nodes=False)
+        self._cast, self._scaled, self._table = cast, scaled, table
 
     def pattern(self, op, x, freqs, interleaved, num_heads, dtype):
+        if self._table:  # ``freqs`` is the folded Concat(freqs, freqs) here
+            return _rotated_by_table(op, x, freqs, interleaved, num_heads, dtype, self._cast, self._scaled)
         return _rotated_by_angles(op, x, freqs, interleaved, num_heads, dtype, self._cast, self._scaled)
 
     def check(self, context, x, freqs, cos_scale=None, sin_scale=None, **_) -> pattern.MatchResult:
@@ -294,9 +317,10 @@ class _ConstantAnglesCosSinCache(_FoldedCosSinCache):
             factor, why = _scale(cos_scale, sin_scale)
             if why:
                 return result.fail(why, cos_scale)
-        angles = _constant_angles(freqs)
+        angles = _constant_table_angles(freqs) if self._table else _constant_angles(freqs)
         if angles is None:
-            return result.fail("freqs is not a constant [1, S, E] (or a Transpose of [1, E, S])", freqs)
+            return result.fail("the angle table is not a constant [1, S, 2E] of equal halves" if self._table else
+                               "freqs is not a constant [1, S, E] (or a Transpose of [1, E, S])", freqs)
         if not _ir_utils.has_rank(x, 4) or x.shape[2] != angles.shape[0] or x.dtype is None:
             return result.fail("x is not [B, H, S, Dh] with the angles' S", x)
         dtype = x.dtype.numpy()
@@ -313,11 +337,13 @@ def _cos_sin_cache_rules() -> pattern.RewriteRuleSet:
     for cast in (True, False):
         suffix = "_cast" if cast else ""
         rules.append(_ConstantAnglesCosSinCache.rule(cast=cast))
+        rules.append(_ConstantAnglesCosSinCache.rule(cast=cast, table=True))
         rules.append(_RowPositionsCosSinCache.rule(f"CosSinCacheRows{suffix}", cast=cast, const_freqs=False))
         rules.append(_RowPositionsCosSinCache.rule(f"CosSinCacheRows{suffix}_const", cast=cast, const_freqs=True))
         rules.append(_ElementwiseCosSinCache.rule(f"CosSinCacheElementwise{suffix}", cast=cast, const_freqs=False))
         # cos / sin times transformers' attention_scaling (yarn, longrope): the same, scaled
         rules.append(_ConstantAnglesCosSinCache.rule(cast=cast, scaled=True))
+        rules.append(_ConstantAnglesCosSinCache.rule(cast=cast, scaled=True, table=True))
         rules.append(_RowPositionsCosSinCache.rule(f"CosSinCacheRows{suffix}_scaled", cast=cast, scaled=True))
         rules.append(_ElementwiseCosSinCache.rule(f"CosSinCacheElementwise{suffix}_scaled", cast=cast, scaled=True))
     return pattern.RewriteRuleSet(rules)
