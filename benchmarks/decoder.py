@@ -198,16 +198,22 @@ def _autocast(enabled: bool):
     return torch.autocast("cuda", dtype=torch.float16) if enabled else contextlib.nullcontext()
 
 
+def tune_backends(cuda: bool, compile_modes: tuple[str, ...] | None = None,
+                  max_compile_s: float | None = None) -> list:
+    """The backends every decoder row tunes over (winner_gap_probe.py too): ONNX Runtime on
+    the device's provider and torch.compile (fp16 reduce-overhead on CUDA), each writing the
+    decode step's caches where they lie (``in_place_outputs``; the prefill has none)."""
+    return [ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cuda" if cuda else "cpu",
+                                                        in_place_outputs=True)),
+            TorchCompileBackend(TorchCompileBackendConfig(
+                precisions=("fp16",) if cuda else ("fp32",), mode="reduce-overhead" if cuda else "default",
+                modes=compile_modes, max_compile_s=max_compile_s, in_place_outputs=True))]
+
+
 def aitune_row(name: str, module, inputs, *, cuda: bool, iterations: int, baseline=None,
                compile_modes: tuple[str, ...] | None = None, max_compile_s: float | None = None) -> dict:
     torch._dynamo.reset()
-    # in_place_outputs: the decode step's caches are updated where they lie (the prefill has none)
-    backends = [ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cuda" if cuda else "cpu",
-                                                            in_place_outputs=True)),
-                TorchCompileBackend(TorchCompileBackendConfig(
-                    precisions=("fp16",) if cuda else ("fp32",), mode="reduce-overhead" if cuda else "default",
-                    modes=compile_modes, max_compile_s=max_compile_s,
-                    in_place_outputs=True))]  # the decode step's compile writes its caches where they lie
+    backends = tune_backends(cuda, compile_modes, max_compile_s)
     tuned = ait.Module(copy.deepcopy(module), f"decoder-bench-{name}", strategy=ait.MaxThroughputStrategy(backends))
     start = time.perf_counter()
     ait.tune(tuned, lambda size: [inputs], batch_sizes=[1], progress=False, disable_external_logging=True)

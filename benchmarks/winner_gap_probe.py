@@ -26,12 +26,6 @@ from profile_kernels import kernel_profile  # noqa: E402  (the kernels of a call
 from timing import event_p50_us, p50s_in_turns  # noqa: E402
 
 import aitune.torch as ait  # noqa: E402
-from aitune.torch.backend import (  # noqa: E402
-    ONNXRuntimeBackend,
-    ONNXRuntimeBackendConfig,
-    TorchCompileBackend,
-    TorchCompileBackendConfig,
-)
 from aitune.torch.dispatch import measured_call  # noqa: E402
 
 
@@ -58,12 +52,7 @@ def main() -> int:
         module, inputs = decoder.decode_case(model, args.device, args.batch, length)
     else:
         module, inputs = decoder.prefill_case(model, args.device, args.batch, length)
-    backends = [ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cuda" if cuda else "cpu",
-                                                            in_place_outputs=True)),
-                TorchCompileBackend(TorchCompileBackendConfig(
-                    precisions=("fp16",) if cuda else ("fp32",), mode="reduce-overhead" if cuda else "default",
-                    in_place_outputs=True))]
-    tuned = ait.Module(module, "winner-gap-probe", strategy=ait.MaxThroughputStrategy(backends))
+    tuned = ait.Module(module, "winner-gap-probe", strategy=ait.MaxThroughputStrategy(decoder.tune_backends(cuda)))
     ait.tune(tuned, lambda size: [inputs], batch_sizes=[1], progress=False, disable_external_logging=True)
     (report,) = tuned.ait_reports.values()
     winner = report.candidates[report.winner]

@@ -1,0 +1,160 @@
+"""Why ONNX Runtime's prefill graph of a decoder LLM is slower than torch.compile (issue 30):
+the Llama shape of decoder.py in fp16, exported as aitune exports it, in graph variants each
+run in the engine's own ``OnnxSession`` on the CUDA provider (with and without a CUDA graph)
+beside bare ``torch.compile(mode="reduce-overhead")``, with the kernels of each side.
+
+    python benchmarks/prefill_graph_probe.py --shapes 1x256,8x512 --out probe.json
+
+Variants of one export (``--variants``, comma-separated):
+  plain       the dynamo export as it is
+  fused       aitune's ``ort_fusions`` (decoder_fusions.optimize_for_ort: GroupQueryAttention
+              with the model's mask as ``attention_bias``)
+  fused_nobias  the same with ``attention_bias`` cut off: right only for an unpadded batch
+              (this probe's all-ones mask), to see what the mask costs GroupQueryAttention
+
+Per variant and shape: p50 µs (each call followed by a synchronize, as decoder.py times),
+the kernels of 10 calls by family and the top ones (profile_kernels.kernel_profile), the
+node count per op type, and the max error of the logits against eager fp16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import onnx
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from decoder import decoder_model, prefill_case  # noqa: E402  (the same model and inputs)
+from profile_kernels import kernel_profile  # noqa: E402
+from timing import p50_us  # noqa: E402
+
+from aitune import _core  # noqa: E402
+from aitune.torch import transforms  # noqa: E402
+
+
+def _op_counts(path: Path) -> dict[str, int]:
+    model = onnx.load(str(path), load_external_data=False)
+    return dict(collections.Counter(n.op_type for n in model.graph.node).most_common())
+
+
+def _without_attention_bias(source: Path, target: Path) -> int:
+    model = onnx.load(str(source))
+    cut = 0
+    for node in model.graph.node:
+        if node.op_type == "GroupQueryAttention" and len(node.input) > 10 and node.input[10]:
+            node.input[10] = ""
+            cut += 1
+    onnx.save(model, str(target), save_as_external_data=True, location=target.name + ".data")
+    return cut
+
+
+def _session(path: Path, cuda_graph: bool):
+    config = _core.OnnxSessionConfig(provider=_core.ExecutionProvider.CUDA)
+    config.provider_options = {"enable_cuda_graph": "1"} if cuda_graph else {}
+    return _core.OnnxSession.create(str(path), config)
+
+
+def probe_shape(batch: int, seq: int, args, work: Path) -> dict:
+    model = decoder_model("llama", args.tiny).half().cuda()
+    prefill, inputs = prefill_case(model, "cuda", batch, seq)
+    row: dict = {"batch": batch, "sequence": seq, "variants": {}}
+    with torch.no_grad():
+        reference = prefill(**inputs).float()
+        compiled = torch.compile(prefill, mode="reduce-overhead")
+
+        def compile_call():
+            torch.compiler.cudagraph_mark_step_begin()
+            return compiled(**inputs)
+
+        row["compile"] = {"p50_us": p50_us(compile_call, args.iterations),
+                          "error": (compile_call().float() - reference).abs().max().item(),
+                          "kernels": kernel_profile(compile_call, args.calls)}
+        torch._dynamo.reset()
+        plain = work / f"plain_{batch}x{seq}.onnx"
+        torch.onnx.export(prefill, (), str(plain), kwargs=inputs, dynamo=True, optimize=True,
+                          external_data=True, verbose=False)
+        paths = {"plain": plain}
+        fused = transforms.fuse_for_ort(plain, work / f"fused_{batch}x{seq}.onnx", use_dynamo=True)
+        if fused is not None:
+            paths["fused"] = fused.path
+            row["fused_operators"] = fused.fused_operators
+            nobias = work / f"fused_nobias_{batch}x{seq}.onnx"
+            if _without_attention_bias(fused.path, nobias):
+                paths["fused_nobias"] = nobias
+        feeds_by_name = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"]}
+        for name in args.variants.split(","):
+            if name not in paths:
+                row["variants"][name] = {"skipped": "not produced for this export"}
+                continue
+            entry = {"ops": _op_counts(paths[name])}
+            for cuda_graph in (False, True):
+                key = "cuda_graph" if cuda_graph else "no_cuda_graph"
+                try:
+                    session = _session(paths[name], cuda_graph)
+                    feeds = [feeds_by_name[i.name].contiguous() for i in session.inputs]
+
+                    def call(session=session, feeds=feeds):
+                        return session.infer(feeds)[0]
+
+                    out = call().float()
+                    entry[key] = {"p50_us": p50_us(call, args.iterations),
+                                  "error": (out - reference).abs().max().item(),
+                                  "kernels": kernel_profile(call, args.calls)}
+                    del session
+                except Exception as error:  # noqa: BLE001  (a variant that fails is a finding, not the end)
+                    entry[key] = {"failed": f"{type(error).__name__}: {str(error)[:300]}"}
+            row["variants"][name] = entry
+    return row
+
+
+def _print(row: dict) -> None:
+    print(f"\n=== prefill b{row['batch']} s{row['sequence']} (fp16; fused: {row.get('fused_operators')})")
+    sides = [("compile reduce-overhead", row["compile"])]
+    for name, entry in row["variants"].items():
+        for key in ("no_cuda_graph", "cuda_graph"):
+            if key in entry:
+                sides.append((f"{name} {key}", entry[key]))
+    for label, side in sides:
+        if "failed" in side:
+            print(f"{label:32s} FAILED {side['failed']}")
+            continue
+        k = side["kernels"]
+        print(f"{label:32s} p50 {side['p50_us']:8.0f} us  kernels {k['device_us_per_call']:8.0f} us "
+              f"x{k['kernels_per_call']:.0f}  err {side['error']:.3g}")
+        for family, us in k["families_us_per_call"].items():
+            print(f"      {family:28s} {us:8.1f}")
+        for top in k["top"][:8]:
+            print(f"        {top['us_per_call']:8.1f} x{top['launches_per_call']:<4.0f} {top['name'][:100]}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", default="1x256,8x512", help="BATCHxSEQUENCE, comma-separated")
+    parser.add_argument("--variants", default="plain,fused,fused_nobias")
+    parser.add_argument("--iterations", type=int, default=30)
+    parser.add_argument("--calls", type=int, default=10, help="calls profiled for the kernel tables")
+    parser.add_argument("--tiny", action="store_true", help="decoder.py's tiny model (smoke test)")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args()
+    if not torch.cuda.is_available():
+        print("no CUDA device: this probe needs the GPU", file=sys.stderr)
+        return 2
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="prefill-probe-") as tmp:
+        for shape in args.shapes.split(","):
+            batch, seq = (int(v) for v in shape.split("x"))
+            rows.append(probe_shape(batch, seq, args, Path(tmp)))
+            _print(rows[-1])
+            args.out.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
