@@ -456,14 +456,7 @@ class ModuleDispatch:
                             "on the module wrapped: they run around the tuned graph)")
             logger.warning("ait.Module '%s': %s; calls run eagerly in PyTorch until %s", self.name,
                            "; ".join(said), " and ".join(back))
-        return self._ran_eagerly(self.module.forward(*args, **kwargs))  # the hooks ran around the proxy's forward
-
-    def _ran_eagerly(self, outputs: Any) -> Any:
-        """After a call run eagerly for the mode, hooks or autograd: the next call back in
-        the tuned state takes the Python path (no route until then)."""
-        if self.weights:
-            self.direct = None
-        return outputs
+        return self.module.forward(*args, **kwargs)  # the hooks ran around the proxy's forward
 
     def watch_weights_as_they_are(self) -> None:
         """Takes the weights' version counters as they are now as seen (at tuning, after a
@@ -523,7 +516,7 @@ class ModuleDispatch:
                 "(torch.no_grad() / torch.inference_mode(), or inputs that do not require grad)",
                 self.name,
             )
-        return self._ran_eagerly(self.module.forward(*args, **kwargs))  # the hooks ran around the proxy's forward
+        return self.module.forward(*args, **kwargs)  # the hooks ran around the proxy's forward
 
     def _unrecorded(self, identity, arguments: dict, args: tuple, kwargs: dict) -> Any:
         call = describe_call(self.signature, arguments)
