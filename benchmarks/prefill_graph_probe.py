@@ -11,6 +11,12 @@ Variants of one export (``--variants``, comma-separated):
               with the model's mask as ``attention_bias``)
   fused_nobias  the same with ``attention_bias`` cut off: right only for an unpadded batch
               (this probe's all-ones mask), to see what the mask costs GroupQueryAttention
+  gqa_rotary  fused, with the rotary inside GroupQueryAttention (``do_rotary``) and no
+              Transpose around it, as ONNX Runtime GenAI's graph has it (right here: positions
+              0..S-1 in every row)
+  gqa_rotary_nobias  the same without ``attention_bias``
+With ``--sdpa-kernels``, each variant with a mask also runs with the CUDA provider's ``sdpa_kernel`` option
+(the attention kernels ONNX Runtime may pick) at those values.
 
 Per variant and shape: p50 µs (each call followed by a synchronize, as decoder.py times),
 the kernels of 10 calls by family and the top ones (profile_kernels.kernel_profile), the
@@ -44,6 +50,17 @@ def _op_counts(path: Path) -> dict[str, int]:
     return dict(collections.Counter(n.op_type for n in model.graph.node).most_common())
 
 
+def _pruned(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Without the nodes whose outputs nothing reads (what a cut input left behind)."""
+    while True:
+        read = {i for n in model.graph.node for i in n.input} | {o.name for o in model.graph.output}
+        dead = [n for n in model.graph.node if not any(o in read for o in n.output if o)]
+        if not dead:
+            return model
+        for node in dead:
+            model.graph.node.remove(node)
+
+
 def _without_attention_bias(source: Path, target: Path) -> int:
     model = onnx.load(str(source))
     cut = 0
@@ -51,13 +68,50 @@ def _without_attention_bias(source: Path, target: Path) -> int:
         if node.op_type == "GroupQueryAttention" and len(node.input) > 10 and node.input[10]:
             node.input[10] = ""
             cut += 1
-    onnx.save(model, str(target), save_as_external_data=True, location=target.name + ".data")
+    onnx.save(_pruned(model), str(target), save_as_external_data=True, location=target.name + ".data")
     return cut
 
 
-def _session(path: Path, cuda_graph: bool):
+def _rotary_in_attention(source: Path, target: Path, keep_bias: bool) -> int:
+    """GroupQueryAttention taking the projections' [B, S, H*Dh] outputs as they come and
+    rotating query and key itself (``do_rotary=1`` with the RotaryEmbedding's cos / sin
+    caches), as ONNX Runtime GenAI's graph does: no RotaryEmbedding nor Transpose around it.
+    GQA rotates a prompt at positions 0..S-1 of every row: right here (an all-ones mask, no
+    position ids), not in general. Returns the GroupQueryAttention nodes rewritten."""
+    model = onnx.load(str(source))
+    producer = {o: n for n in model.graph.node for o in n.output}
+
+    def through_layout(name: str) -> str:  # up through Reshape / Transpose to what the projection gave
+        while name in producer and producer[name].op_type in ("Reshape", "Transpose"):
+            name = producer[name].input[0]
+        return name
+
+    rewritten = 0
+    for node in model.graph.node:
+        if node.op_type != "GroupQueryAttention":
+            continue
+        rotaries = [producer.get(through_layout(node.input[i])) for i in (0, 1)]
+        if any(r is None or r.op_type != "RotaryEmbedding" for r in rotaries):
+            continue
+        node.input[0], node.input[1] = (through_layout(r.input[0]) for r in rotaries)
+        node.input[2] = through_layout(node.input[2])
+        while len(node.input) < 9:
+            node.input.append("")
+        node.input[7], node.input[8] = rotaries[0].input[2], rotaries[0].input[3]  # cos / sin caches
+        if not keep_bias and len(node.input) > 10:
+            node.input[10] = ""
+        node.attribute.append(onnx.helper.make_attribute("do_rotary", 1))
+        rewritten += 1
+    onnx.save(_pruned(model), str(target), save_as_external_data=True, location=target.name + ".data")
+    return rewritten
+
+
+def _session(path: Path, cuda_graph: bool, sdpa_kernel: str | None = None):
     config = _core.OnnxSessionConfig(provider=_core.ExecutionProvider.CUDA)
-    config.provider_options = {"enable_cuda_graph": "1"} if cuda_graph else {}
+    options = {"enable_cuda_graph": "1"} if cuda_graph else {}
+    if sdpa_kernel:
+        options["sdpa_kernel"] = sdpa_kernel
+    config.provider_options = options
     return _core.OnnxSession.create(str(path), config)
 
 
@@ -88,16 +142,25 @@ def probe_shape(batch: int, seq: int, args, work: Path) -> dict:
             nobias = work / f"fused_nobias_{batch}x{seq}.onnx"
             if _without_attention_bias(fused.path, nobias):
                 paths["fused_nobias"] = nobias
+            for keep_bias, name in ((True, "gqa_rotary"), (False, "gqa_rotary_nobias")):
+                if name in args.variants.split(","):
+                    path = work / f"{name}_{batch}x{seq}.onnx"
+                    if _rotary_in_attention(fused.path, path, keep_bias):
+                        paths[name] = path
         feeds_by_name = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"]}
         for name in args.variants.split(","):
             if name not in paths:
                 row["variants"][name] = {"skipped": "not produced for this export"}
                 continue
             entry = {"ops": _op_counts(paths[name])}
-            for cuda_graph in (False, True):
-                key = "cuda_graph" if cuda_graph else "no_cuda_graph"
+            runs = ([] if args.cuda_graph_only else [(False, None)]) + [(True, None)]
+            if "nobias" not in name:  # the attention kernel choices matter where there is a bias
+                runs += [(True, k) for k in args.sdpa_kernels.split(",") if k]
+            for cuda_graph, sdpa_kernel in runs:
+                key = ("cuda_graph" if cuda_graph else "no_cuda_graph") + (f" sdpa_kernel={sdpa_kernel}"
+                                                                            if sdpa_kernel else "")
                 try:
-                    session = _session(paths[name], cuda_graph)
+                    session = _session(paths[name], cuda_graph, sdpa_kernel)
                     feeds = [feeds_by_name[i.name].contiguous() for i in session.inputs]
 
                     def call(session=session, feeds=feeds):
@@ -118,9 +181,9 @@ def _print(row: dict) -> None:
     print(f"\n=== prefill b{row['batch']} s{row['sequence']} (fp16; fused: {row.get('fused_operators')})")
     sides = [("compile reduce-overhead", row["compile"])]
     for name, entry in row["variants"].items():
-        for key in ("no_cuda_graph", "cuda_graph"):
-            if key in entry:
-                sides.append((f"{name} {key}", entry[key]))
+        for key, side in entry.items():
+            if key != "ops":
+                sides.append((f"{name} {key}", side))
     for label, side in sides:
         if "failed" in side:
             print(f"{label:32s} FAILED {side['failed']}")
@@ -138,6 +201,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="1x256,8x512", help="BATCHxSEQUENCE, comma-separated")
     parser.add_argument("--variants", default="plain,fused,fused_nobias")
+    parser.add_argument("--sdpa-kernels", default="", help="CUDA provider option sdpa_kernel values, each also run "
+                        "with a CUDA graph (ONNX Runtime's AttentionBackend bits: 1 flash, 2 memory-efficient, "
+                        "8 cuDNN flash, 16 math)")
+    parser.add_argument("--cuda-graph-only", action="store_true", help="no run without a CUDA graph")
     parser.add_argument("--iterations", type=int, default=30)
     parser.add_argument("--calls", type=int, default=10, help="calls profiled for the kernel tables")
     parser.add_argument("--tiny", action="store_true", help="decoder.py's tiny model (smoke test)")
