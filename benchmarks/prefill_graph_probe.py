@@ -15,6 +15,8 @@ Variants of one export (``--variants``, comma-separated):
               Transpose around it, as ONNX Runtime GenAI's graph has it (right here: positions
               0..S-1 in every row)
   gqa_rotary_nobias  the same without ``attention_bias``
+  mha_bias    fused, each GroupQueryAttention as MultiHeadAttention over keys / values expanded
+              to every head, the mask kept as its ``attention_bias`` (right for any mask)
 With ``--sdpa-kernels``, each variant with a mask also runs with the CUDA provider's ``sdpa_kernel`` option
 (the attention kernels ONNX Runtime may pick) at those values.
 
@@ -106,6 +108,45 @@ def _rotary_in_attention(source: Path, target: Path, keep_bias: bool) -> int:
     return rewritten
 
 
+def _multi_head_over_expanded_kv(source: Path, target: Path) -> int:
+    """Each GroupQueryAttention (with its ``attention_bias``) as MultiHeadAttention over keys
+    and values expanded to every query head (repeat_kv), the bias kept: correct for any
+    mask, and ONNX Runtime's MultiHeadAttention may pick kernels that take a bias (cuDNN
+    flash, ``sdpa_kernel=8``) where GroupQueryAttention falls back to an unfused softmax.
+    Returns the nodes rewritten."""
+    from onnx import helper
+
+    model = onnx.load(str(source))
+    nodes, rewritten = [], 0
+    for node in model.graph.node:
+        if node.op_type != "GroupQueryAttention" or len(node.input) < 11 or not node.input[10]:
+            nodes.append(node)
+            continue
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        heads, kv_heads = attrs["num_heads"], attrs["kv_num_heads"]
+        tag = f"mha{rewritten}"
+        expanded = []
+        for which, name in (("k", node.input[1]), ("v", node.input[2])):
+            # [B, S, Hkv*Dh] -> [B, S, Hkv, 1, Dh] -> [B, S, Hkv, G, Dh] -> [B, S, H*Dh]
+            split = helper.make_tensor(f"{tag}_{which}_split", onnx.TensorProto.INT64, [5], [0, 0, kv_heads, 1, -1])
+            grown = helper.make_tensor(f"{tag}_{which}_grown", onnx.TensorProto.INT64, [5],
+                                       [1, 1, 1, heads // kv_heads, 1])
+            flat = helper.make_tensor(f"{tag}_{which}_flat", onnx.TensorProto.INT64, [3], [0, 0, -1])
+            model.graph.initializer.extend([split, grown, flat])
+            nodes += [helper.make_node("Reshape", [name, split.name], [f"{tag}_{which}5"]),
+                      helper.make_node("Expand", [f"{tag}_{which}5", grown.name], [f"{tag}_{which}x"]),
+                      helper.make_node("Reshape", [f"{tag}_{which}x", flat.name], [f"{tag}_{which}_full"])]
+            expanded.append(f"{tag}_{which}_full")
+        extra = {"scale": attrs["scale"]} if "scale" in attrs else {}
+        nodes.append(helper.make_node("MultiHeadAttention", [node.input[0], *expanded, "", "", node.input[10]],
+                                      [node.output[0]], domain="com.microsoft", num_heads=heads, **extra))
+        rewritten += 1
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    onnx.save(_pruned(model), str(target), save_as_external_data=True, location=target.name + ".data")
+    return rewritten
+
+
 def _session(path: Path, cuda_graph: bool, sdpa_kernel: str | None = None):
     config = _core.OnnxSessionConfig(provider=_core.ExecutionProvider.CUDA)
     options = {"enable_cuda_graph": "1"} if cuda_graph else {}
@@ -142,6 +183,10 @@ def probe_shape(batch: int, seq: int, args, work: Path) -> dict:
             nobias = work / f"fused_nobias_{batch}x{seq}.onnx"
             if _without_attention_bias(fused.path, nobias):
                 paths["fused_nobias"] = nobias
+            if "mha_bias" in args.variants.split(","):
+                path = work / f"mha_bias_{batch}x{seq}.onnx"
+                if _multi_head_over_expanded_kv(fused.path, path):
+                    paths["mha_bias"] = path
             for keep_bias, name in ((True, "gqa_rotary"), (False, "gqa_rotary_nobias")):
                 if name in args.variants.split(","):
                     path = work / f"{name}_{batch}x{seq}.onnx"
