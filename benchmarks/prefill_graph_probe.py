@@ -40,7 +40,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 from decoder import decoder_model, prefill_case  # noqa: E402  (the same model and inputs)
-from profile_kernels import kernel_profile  # noqa: E402
+from profile_kernels import kernel_profile, print_kernels  # noqa: E402
 from timing import p50_us  # noqa: E402
 
 from aitune import _core  # noqa: E402
@@ -236,10 +236,7 @@ def _print(row: dict) -> None:
         k = side["kernels"]
         print(f"{label:32s} p50 {side['p50_us']:8.0f} us  kernels {k['device_us_per_call']:8.0f} us "
               f"x{k['kernels_per_call']:.0f}  err {side['error']:.3g}")
-        for family, us in k["families_us_per_call"].items():
-            print(f"      {family:28s} {us:8.1f}")
-        for top in k["top"][:8]:
-            print(f"        {top['us_per_call']:8.1f} x{top['launches_per_call']:<4.0f} {top['name'][:100]}")
+        print_kernels(k, top=8)
 
 
 def main() -> int:

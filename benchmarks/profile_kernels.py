@@ -36,7 +36,7 @@ FAMILIES = [  # first match wins; names of cuDNN, cuBLAS(Lt), CUTLASS, Triton an
     ("attention", r"attention|fmha|flash|softmax"),
     ("layout transpose/reorder", r"transpose|nchwtonhwc|nhwctonchw|nchw2nhwc|nhwc2nchw|reorder|permute|convert_?layout"),
     ("convolution", r"conv|implicit_?gemm|cudnn|xmma_fprop|fprop|dgrad|wgrad|winograd|sm\d+_xmma"),
-    ("gemm", r"gemm|cublas|cutlass|matmul|\bmm\b|splitk|sgemm|hgemm"),
+    ("gemm", r"gemm|cublas|cutlass|matmul|\bmm\b|splitk|sgemm|hgemm|nvjet"),  # nvjet: cuBLAS's sm90 kernels
     ("normalization", r"norm|batchnorm|layernorm|bn_"),
     ("reduction/pooling", r"pool|reduce|mean|sum_kernel"),
     ("copy/cast", r"copy|cast|memcpy|memset|convert"),
@@ -78,6 +78,14 @@ def kernel_profile(fn, calls: int) -> dict:
     }
 
 
+def print_kernels(profile: dict, top: int = 10) -> None:
+    """A kernel_profile's families, then its ``top`` kernels, indented under a heading line."""
+    for name, us in profile["families_us_per_call"].items():
+        print(f"  {name:28s} {us:8.1f} us")
+    for k in profile["top"][:top]:
+        print(f"    {k['us_per_call']:8.1f} us x{k['launches_per_call']:<4.0f} [{k['family']}] {k['name'][:100]}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="resnet50_b16", choices=list(MODELS))
@@ -117,10 +125,7 @@ def main() -> int:
         r = result[side]
         print(f"\n== {side} ({result.get('aitune_candidate') if side == 'aitune' else 'reduce-overhead'}): "
               f"{r['device_us_per_call']:.0f} us of kernels per call, {r['kernels_per_call']:.0f} launches")
-        for name, us in r["families_us_per_call"].items():
-            print(f"  {name:28s} {us:8.1f} us")
-        for k in r["top"][:10]:
-            print(f"    {k['us_per_call']:8.1f} us x{k['launches_per_call']:.0f}  [{k['family']}] {k['name'][:110]}")
+        print_kernels(r)
     with open(args.out, "w") as f:
         json.dump(result, f, indent=2)
     return 0
