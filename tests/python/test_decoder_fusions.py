@@ -11,6 +11,7 @@ import json
 import os
 from pathlib import Path
 
+import onnx
 import pytest
 import torch
 from decoder_models import VOCAB, data_fed_host_inputs, tiny_decoder
@@ -75,6 +76,10 @@ def test_fused_decoder_candidate_matches_eager_on_padded_batches(kind, rotary, s
     assert len(correctness["samples"]) == len(sizes)  # a batch per size, each padded
     (fused_file,) = Path(os.environ["AITUNE_CACHE_DIR"]).glob(f"{name}/**/model_fused.onnx")
     assert data_fed_host_inputs(fused_file) == []
+    # the query and key rotated in GroupQueryAttention's [B, S, H * Dh]: no Transpose into and
+    # out of the model's [B, H, S, Dh] around the rotary (two kernels per tensor and layer)
+    graph = onnx.load(str(fused_file), load_external_data=False).graph
+    assert [n.name for n in graph.node if n.op_type == "Transpose"] == []
     # and the tuned module (whichever candidate won) agrees at valid positions
     batch = _padded(max(sizes), static)
     with torch.no_grad():
