@@ -217,6 +217,13 @@ class _ElementwiseCosSinCache(_RowPositionsCosSinCache):
         return result
 
 
+def _first_of_equal_halves(table: np.ndarray) -> np.ndarray | None:
+    """[S, E] of a [S, 2E] table ``Concat(t, t, axis=-1)`` made (rotate_half's layout); None
+    where its halves differ."""
+    half = table.shape[-1] // 2
+    return table[:, :half] if np.array_equal(table[:, :half], table[:, half:]) else None
+
+
 class _FoldedCosSinCache(pattern.RewriteRuleClassBase):
     """A graph exported with a static sequence length has its cos / sin tables folded into
     constants ``[1, 1, S, Dh]`` (no Cos, no Sin left for the rules above). Row i of such a
@@ -238,11 +245,10 @@ class _FoldedCosSinCache(pattern.RewriteRuleClassBase):
             values = table.const_value.numpy()
             if values.ndim < 2 or any(d != 1 for d in values.shape[:-2]) or values.shape[-1] % 2:
                 return result.fail(f"cos / sin shape {values.shape} is not [1, 1, S, Dh]", table)
-            values = values.reshape(values.shape[-2:])
-            half = values.shape[-1] // 2
-            if not np.array_equal(values[:, :half], values[:, half:]):  # Concat(freqs, freqs) only
+            first = _first_of_equal_halves(values.reshape(values.shape[-2:]))  # Concat(freqs, freqs) only
+            if first is None:
                 return result.fail("cos / sin halves differ (not rotate_half's table)", table)
-            tables.append(values[:, :half])
+            tables.append(first)
         if not _ir_utils.has_rank(x, 4) or x.shape[2] != tables[0].shape[0]:
             return result.fail("x is not [B, H, S, Dh] with the table's S", x)
         self._cos, self._sin = tables
@@ -266,10 +272,8 @@ def _constant_table_angles(emb: ir.Value) -> np.ndarray | None:
     values = emb.const_value.numpy()
     if values.ndim != 3 or values.shape[0] != 1 or values.shape[2] % 2:
         return None
-    half = values.shape[2] // 2
-    if not np.array_equal(values[0, :, :half], values[0, :, half:]):
-        return None
-    return values[0, :, :half].astype(np.float32)
+    first = _first_of_equal_halves(values[0])
+    return None if first is None else first.astype(np.float32)
 
 
 def _constant_angles(freqs: ir.Value) -> np.ndarray | None:
