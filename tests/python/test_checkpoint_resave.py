@@ -173,6 +173,9 @@ def test_expected_sha256_is_checked_on_the_bytes_copied(saved, tmp_path):
         save(wrong)
     assert _manifest(target) == before
     save({"graphs/nope/x.onnx": "0" * 64})  # a path it does not write is not checked
+    # That save succeeded and wrote a new manifest (its 'created' second may differ):
+    # the refused save below must leave *this* one in place.
+    before = _manifest(target)
     with pytest.raises(aitune.InvalidArgumentError, match="not a sha256"):
         save({graph.model: "ABC"})
     assert _manifest(target) == before
