@@ -290,6 +290,37 @@ def test_weights_written_in_place_after_tuning_deactivate_the_graphs_at_the_next
     assert model.ait_active
 
 
+@pytest.mark.parametrize("how", ["parameter", "buffer"])
+def test_weights_replaced_on_the_wrapped_module_deactivate_the_graphs(how, caplog):
+    """A weight replaced by assignment on the wrapped module (``fc.weight = nn.Parameter(w)``,
+    ``register_buffer`` again) moves no version counter: the graph held the old tensor's
+    values and routed calls computed the old model, silently. The C++ half watches the
+    objects in the weights' slots: the next call runs eagerly and the module says which."""
+    inner = DropoutNormHead().eval()
+    inner.register_buffer("offset", torch.zeros(4))
+    forward = type(inner).forward
+    inner.forward = lambda x: forward(inner, x) + inner.offset
+    model = ait.Module(inner, "replaced", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [torch.randn(4) for _ in range(2)], ignore_failing_modules=False, progress=False)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        model(x), model(x)
+        assert model._ait_calls.direct is not None
+        before = model(x).clone()
+        if how == "parameter":
+            inner.fc.weight = torch.nn.Parameter(inner.fc.weight * 2)
+            named = "fc.weight"
+        else:
+            inner.register_buffer("offset", torch.ones(4))
+            named = "offset"
+        with caplog.at_level("WARNING", logger="aitune"):
+            after = model(x)
+        torch.testing.assert_close(after, inner.forward(x))
+        assert not torch.allclose(after, before)
+    assert not model.ait_active
+    assert any(f"replaced by other tensors ({named})" in r.getMessage() for r in caplog.records), caplog.text
+
+
 def test_loading_the_weights_a_module_has_keeps_its_graphs(caplog):
     """load_state_dict of the values the weights hold (a checkpoint round trip), on the
     module or on a parent, writes them in place and so moves their version counters: no

@@ -43,6 +43,7 @@ from aitune.torch.checkpoint_structure import (
 )
 from aitune.torch.graph import SavedGraph
 from aitune.torch.module import Module, ModuleState
+from aitune.torch.baked_attributes import describe_changes
 from aitune.torch.weight_changes import digest_differences, weight_values_digest
 
 logger = logging.getLogger("aitune")
@@ -176,6 +177,10 @@ def save(
             "tuning_s": sum(SavedReport(r).tuning_s for r in out.reports.values()),
             # what ait.load compares the module loaded into with (weight_changes.digest_differences)
             "weights": weight_values_digest(module.ait_module),
+            # the plain Python values the ONNX Runtime graphs hold as constants, which
+            # ait.load expects of the module loaded into (baked_attributes.py)
+            **({"attributes": module._ait_calls.attributes.snapshot()}
+               if module._ait_calls.attributes is not None else {}),
         }
     }
     graphs, files, reports = out.native_graphs, out.files, out.reports
@@ -348,6 +353,20 @@ def _warn_if_weights_differ(module, meta: dict, directory) -> None:
         "".join(f"its {label} graphs and " for label in own))
 
 
+def _warn_if_attributes_differ(module, directory) -> None:
+    """Tells the user at load when plain Python values of the module loaded into (a
+    temperature, a config flag) differ from those the checkpoint's ONNX Runtime graphs
+    hold as constants: its calls then run eagerly until they match (dispatch.py)."""
+    watch = module._ait_calls.attributes
+    changed = watch.changed() if watch is not None else []
+    if changed:
+        module._ait_calls.attributes_logged.add(tuple(changed))  # said here: not again on the first call
+        logger.warning(
+            "ait.load: plain Python attributes of ait.Module '%s' differ from the values the ONNX Runtime graphs of "
+            "checkpoint '%s' were exported with and hold as constants (%s); its calls run eagerly in PyTorch until "
+            "they match, or it is tuned again.", module.ait_name, directory, describe_changes(changed))
+
+
 def _weights_shape_differences(saved: Any, module: torch.nn.Module) -> str:
     """'' when ``module``'s state dict has the tensor names and shapes of the saved weights
     digest (``weight_values_digest``: [dtype, shape, ...] per name); else the first
@@ -461,8 +480,10 @@ def load(module, path: str | os.PathLike, device_map: DeviceLike | Mapping[str, 
                 "it was being loaded; load it when the saves are done"
             )
         logger.info("ait.load: '%s' was replaced by another save while loading; loading it again", os.fspath(path))
-    module._ait_restore(restored)
+    saved_attributes = meta.get("attributes")
+    module._ait_restore(restored, saved_attributes if isinstance(saved_attributes, dict) else None)
     _warn_if_weights_differ(module, meta, checkpoint.directory)
+    _warn_if_attributes_differ(module, checkpoint.directory)
     tuned_mode = module._ait_calls.training
     if tuned_mode is not None and module.training is not tuned_mode:
         # A freshly built module is in train() mode; the graphs serve the mode they were

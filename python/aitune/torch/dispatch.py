@@ -28,6 +28,8 @@ from torch.utils.hooks import RemovableHandle
 from aitune import _core
 from aitune.torch import context, flatten
 from aitune.torch.backend.base import TunedGraph
+from aitune.torch.baked_attributes import AttributeWatch, describe_changes
+from aitune.torch.weight_changes import weight_slots
 from aitune.torch.graph import autocast_enabled, describe_call
 
 logger = logging.getLogger("aitune")
@@ -116,7 +118,8 @@ class _MeasuredModule(DispatchedModule):
         return self._ait_calls.call(args, kwargs)
 
 
-def measured_call(graph, tuned: TunedGraph, inputs: list | None = None) -> Callable[[], Any]:
+def measured_call(graph, tuned: TunedGraph, inputs: list | None = None,
+                  harmless: tuple[str, ...] = ()) -> Callable[[], Any]:
     """The call a candidate is measured by: ``graph``'s largest recorded sample (or
     ``inputs``, tensors in its recording order: a candidate that writes its inputs is
     measured on copies), in the form the user called it (positional, keywords), through a dispatch whose one graph
@@ -125,7 +128,7 @@ def measured_call(graph, tuned: TunedGraph, inputs: list | None = None) -> Calla
     latency the tuner chooses by is the latency of the module it hands back (issue 28).
     The first call (the general path, which adds the route) is made here."""
     calls = ModuleDispatch(graph.module_name, graph.module, graph.signature, eager_fallback=False,
-                           tuned={graph.identity: (graph, tuned)}, recorded=[graph])
+                           tuned={graph.identity: (graph, tuned)}, recorded=[graph], harmless=harmless)
     calls.measuring = True
     if inputs is None:
         inputs = max(graph.samples, key=lambda sample: sample.batch_size).inputs
@@ -247,10 +250,15 @@ class ModuleDispatch:
         eager_fallback: run calls no graph covers eagerly with a warning instead of raising.
         tuned: identity -> (graph, TunedGraph); empty for a module that is not tuned.
         recorded: the recorded graphs, named in the error for an unrecorded call.
+        harmless: attributes declared harmless (``ait.Module(..., harmless_attributes=)``):
+            not watched.
+        saved_attributes: path -> repr of the plain values the graphs were exported with, as
+            a checkpoint stores them (None: the module's values now are the graphs').
     """
 
     def __init__(self, name: str, module: torch.nn.Module, signature: inspect.Signature, eager_fallback: bool,
-                 tuned: dict[Any, tuple[Any, TunedGraph]] | None = None, recorded: list | None = None):
+                 tuned: dict[Any, tuple[Any, TunedGraph]] | None = None, recorded: list | None = None,
+                 harmless: tuple[str, ...] = (), saved_attributes: dict[str, str] | None = None):
         self.name = name
         self.module = module
         self.signature = signature
@@ -297,6 +305,17 @@ class ModuleDispatch:
         self.weights: list[tuple[str, torch.Tensor, int]] = []
         self.watch_weights_as_they_are()
         self.weights_changed: Callable[[str], bool] | None = None
+        # Where a graph runs in ONNX Runtime, the plain Python values (``self.temperature``,
+        # a config's flags) it holds as constants: a call while one was reassigned to
+        # another value runs eagerly (baked_attributes.py). torch.compile guards its own.
+        self.attributes = (AttributeWatch(module, harmless, saved_attributes)
+                           if any(tuned.session is not None for _, tuned in self.tuned.values()) else None)
+        self.attributes_logged: set = set()
+        # Where a graph holds a copy of the weights, the objects in their slots: one replaced
+        # by assignment (``fc.weight = nn.Parameter(w)``, on the wrapped module) moves no
+        # version counter, but is another object there (weight_changes.weight_slots).
+        self.slots = weight_slots(module) if self.holding else []
+        self.watch_values_as_they_are()
 
     def in_other_mode(self, training: bool) -> bool:
         """Whether a module in mode ``training`` is in the other mode than the graphs were
@@ -338,6 +357,11 @@ class ModuleDispatch:
             return self._run_changed_submodules(changed, args, kwargs)
         if self.tuned and self.autocast is not None and autocast_enabled() is not self.autocast:
             return self._run_in_other_autocast(args, kwargs)
+        if (self.attributes is not None or self.slots) and not self.cpp.attributes_clear():
+            if self.slots and self._weights_replaced():
+                return self.module.forward(*args, **kwargs)  # deactivated: eager from now on
+            if self.attributes is not None and (changed := self.changed_attributes()):
+                return self._run_changed_attributes(changed, args, kwargs)
         if self.weights and self._weights_changed_in_place():
             return self.module.forward(*args, **kwargs)  # deactivated: eager from now on
         if self.direct is not None:
@@ -456,6 +480,54 @@ class ModuleDispatch:
                             "on the module wrapped: they run around the tuned graph)")
             logger.warning("ait.Module '%s': %s; calls run eagerly in PyTorch until %s", self.name,
                            "; ".join(said), " and ".join(back))
+        return self.module.forward(*args, **kwargs)  # the hooks ran around the proxy's forward
+
+    def changed_attributes(self) -> list[tuple[str, str, str]]:
+        """(path, value the graphs hold, value now) of each watched plain value that differs
+        (``AttributeWatch.changed``); when none does, routed calls skip Python again."""
+        changed = self.attributes.changed()
+        if not changed:
+            self.watch_values_as_they_are()
+        return changed
+
+    def watch_values_as_they_are(self) -> None:
+        """Hands the C++ half what it compares by identity per call: the plain values the
+        graphs hold (as expected) and the weights' slots (as they are now)."""
+        if self.cpp is None:
+            return
+        self.slots = [(name, registry, key, registry.get(key)) for name, registry, key, _ in self.slots]
+        watched = self.attributes.watched() if self.attributes is not None else []
+        self.cpp.watch_attributes(watched + [(registry, key, tensor) for _, registry, key, tensor in self.slots])
+
+    def _weights_replaced(self) -> bool:
+        """True when a parameter or buffer the graphs hold a copy of was replaced by another
+        object since tuning (``fc.weight = nn.Parameter(w)``) and the module was deactivated
+        for it (as ``_weights_changed_in_place``); otherwise the objects as they are now are
+        taken as seen."""
+        replaced = [name for name, registry, key, tensor in self.slots if registry.get(key) is not tensor]
+        if not replaced:
+            return False
+        shown = ", ".join(replaced[:5]) + (f" and {len(replaced) - 5} more" if len(replaced) > 5 else "")
+        how = f"were replaced by other tensors ({shown}), assigned on the module"
+        if self.weights_changed is not None and self.weights_changed(how):
+            return True
+        self.watch_values_as_they_are()
+        self.watch_weights_as_they_are()
+        return False
+
+    def _run_changed_attributes(self, changed: list[tuple[str, str, str]], args: tuple, kwargs: dict) -> Any:
+        """A call while plain Python values the ONNX Runtime graphs hold as constants differ
+        from the graphs' (``model.temperature = 0.1`` after tuning, a config flag turned
+        on): a graph would compute the old model, so the call runs eagerly; said once per
+        set of changes."""
+        key = tuple(changed)
+        if key not in self.attributes_logged:
+            self.attributes_logged.add(key)
+            logger.warning(
+                "ait.Module '%s': plain Python attributes differ from the values its ONNX Runtime graphs were "
+                "exported with and hold as constants (%s); calls run eagerly in PyTorch until they are back, or the "
+                "module is tuned again (ait.tune). An attribute forward never reads can be declared with "
+                "ait.Module(..., harmless_attributes=[...]).", self.name, describe_changes(changed))
         return self.module.forward(*args, **kwargs)  # the hooks ran around the proxy's forward
 
     def watch_weights_as_they_are(self) -> None:

@@ -4,6 +4,7 @@ tuned, hands them to its dispatch (dispatch.py), which runs them on the graphs t
 from __future__ import annotations
 
 import enum
+import functools
 import inspect
 import logging
 from collections.abc import Iterable
@@ -266,6 +267,7 @@ class Module(DispatchedModule):
             # the weights as they are now are the user's choice: changed in place meanwhile,
             # the graphs still compute the ones they were tuned with (the warning said so)
             calls.watch_weights_as_they_are()
+            calls.watch_values_as_they_are()
 
     @property
     def ait_active(self) -> bool:
@@ -531,11 +533,12 @@ class Module(DispatchedModule):
             strategies = ([strategy] * len(graphs) if strategy is not None
                           else self._ait_strategies.for_graphs(self._ait_name, graphs))
             tuned: dict[Any, tuple[RecordedGraph, TunedGraph]] = {}
+            measured = functools.partial(measured_call, harmless=self._ait_harmless_attributes)
             # the state the recorded calls changed, as they left it: tuning's own calls do not keep theirs
             state = StateSnapshot(self._ait_module, [name for graph in graphs for name in graph.mutated_state])
             try:
                 for (identity, graph), graph_strategy in zip(self._ait_graphs.items(), strategies, strict=True):
-                    tuned[identity] = (graph, tune_graph(graph_strategy, graph, options, measured_call))
+                    tuned[identity] = (graph, tune_graph(graph_strategy, graph, options, measured))
                     logger.info("ait.Module '%s' %s: %s", self._ait_name, graph.key, tuned[identity][1].describe())
             finally:
                 state.restore()
@@ -549,16 +552,18 @@ class Module(DispatchedModule):
         self._ait_state = ModuleState.TUNED
         self._ait_failure = None
 
-    def _ait_restore(self, tuned: dict[Any, tuple[Any, TunedGraph]]) -> None:
+    def _ait_restore(self, tuned: dict[Any, tuple[Any, TunedGraph]], saved_attributes: dict[str, str] | None = None) -> None:
         """Takes over graphs restored from a checkpoint (``ait.load``): identity ->
         (graph, tuned graph). Replaces the recordings and tuned graphs in one step and
-        makes the module TUNED; called only once everything was loaded."""
+        makes the module TUNED; called only once everything was loaded.
+        ``saved_attributes``: the plain values the graphs hold, as the checkpoint stores
+        them (``baked_attributes``; None: a checkpoint written before they were stored)."""
         if not tuned:
             raise ValueError(f"ait.Module '{self._ait_name}': nothing to restore")
         self._ait_graphs = {identity: graph for identity, (graph, _) in tuned.items()}
         self.__dict__.pop("_ait_call_session", None)
         self.__dict__.pop("_ait_inactive_calls", None)
-        self._ait_set_tuned(dict(tuned))
+        self._ait_set_tuned(dict(tuned), saved_attributes)
         self._ait_record_errors = []
         self._ait_state = ModuleState.TUNED
 
@@ -567,11 +572,13 @@ class Module(DispatchedModule):
         """identity -> (graph, TunedGraph) of the graphs tuned (or loaded)."""
         return self._ait_calls.tuned
 
-    def _ait_set_tuned(self, tuned: dict[Any, tuple[Any, TunedGraph]]) -> None:
+    def _ait_set_tuned(self, tuned: dict[Any, tuple[Any, TunedGraph]],
+                       saved_attributes: dict[str, str] | None = None) -> None:
         """Replaces the tuned graphs, and with them the whole dispatch: its C++ half and
         that half's routes are made anew from these graphs, so nothing that answered
         "which graph" for the old ones survives."""
         old = self._ait_calls
         self._ait_calls = ModuleDispatch(old.name, old.module, old.signature, old.eager_fallback, tuned,
-                                         list(self._ait_graphs.values()))
+                                         list(self._ait_graphs.values()), self._ait_harmless_attributes,
+                                         saved_attributes)
         self._ait_calls.weights_changed = self._ait_weights_changed_by_eager_calls

@@ -21,6 +21,20 @@ def weights_fingerprint(module: torch.nn.Module) -> tuple:
     )
 
 
+def weight_slots(module: torch.nn.Module) -> list[tuple[str, dict, str, torch.Tensor]]:
+    """(name, the owning module's ``_parameters`` or ``_buffers`` dict, key, tensor) of each
+    parameter and buffer: a weight replaced by assignment (``fc.weight = nn.Parameter(w)``,
+    ``register_buffer`` again, on the wrapped module or a submodule) is another object in
+    that slot, which the dispatch's C++ half sees per call (``TorchDispatch.watch_attributes``)."""
+    slots = []
+    for prefix, sub in module.named_modules(remove_duplicate=True):
+        for registry in (sub._parameters, sub._buffers):
+            for key, tensor in registry.items():
+                if tensor is not None:
+                    slots.append((f"{prefix}.{key}" if prefix else key, registry, key, tensor))
+    return slots
+
+
 def state_dict_changes_weights(module: torch.nn.Module, incoming: Mapping, prefix: str = "") -> bool:
     """True when loading ``incoming`` (a state dict, its keys under ``prefix``) into
     ``module`` would change a value: a tensor of another shape, or other values once cast

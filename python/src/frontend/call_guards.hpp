@@ -4,6 +4,7 @@
 
 #include <nanobind/nanobind.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -263,6 +264,108 @@ class WeightVersions {
   PyObject* version_name_ = nullptr;
 };
 
+// The plain Python values (numbers, strings, flags, tuples of them) that the wrapped
+// module, its submodules and the plain objects they hold (a transformers config) keep in
+// their instance dicts, as the tuned graphs were exported with them: an ONNX graph holds
+// such a value as a constant (`x / self.temperature`), so once one is reassigned the graph
+// computes another model than forward would. A call is clear while each entry's dict holds
+// the very object expected (an unchanged attribute is the same object); anything else goes
+// to the Python path, which compares the values themselves (a value assigned again, equal,
+// is taken as seen) and runs a call whose values differ eagerly (baked_attributes.py).
+// Per call, where CPython keeps a version tag per dict (3.11, 3.12: changed by every write
+// to the dict), one read per dict: a Llama's ~110 dicts instead of its ~430 values, which
+// cost ~20 us per call looked up one by one. Where a dict's tag moved, the values are
+// compared in C++ and, all the same objects, the new tags are taken. Later Pythons have
+// no tag: every value is looked up on every call.
+#if PY_VERSION_HEX < 0x030D0000
+#define AITUNE_DICT_VERSION_TAGS 1
+#else
+#define AITUNE_DICT_VERSION_TAGS 0
+#endif
+
+class AttributeValues {
+ public:
+  // `entries`: (instance dict, attribute name, the value expected) each.
+  void set(const std::vector<nb::tuple>& entries) {
+    std::vector<Entry> fresh;
+    fresh.reserve(entries.size());
+    std::vector<Tagged> dicts;
+    for (const auto& entry : entries) {
+      if (entry.size() != 3 || !PyDict_Check(entry[0].ptr()) || !PyUnicode_Check(entry[1].ptr()))
+        throw nb::type_error("watch_attributes: entries must be (dict, str, value) tuples");
+      fresh.push_back(Entry{nb::borrow(entry[0]), interned(nb::borrow(entry[1])), nb::borrow(entry[2])});
+      bool known = false;
+      for (const auto& d : dicts) known = known || d.dict.is(entry[0]);
+      if (!known) dicts.push_back(Tagged{nb::borrow(entry[0]), 0});
+    }
+    entries_ = std::move(fresh);
+    dicts_ = std::move(dicts);
+    tags_taken_ = false;  // the first call compares the values: some may differ already (a checkpoint's)
+  }
+  bool clear() const {
+#if AITUNE_DICT_VERSION_TAGS
+    bool moved = !tags_taken_;
+    for (const auto& d : dicts_) moved = moved || tag_of(d.dict.ptr()) != d.tag;
+    if (!moved) return true;
+#endif
+    for (const auto& entry : entries_) {
+      PyObject* now = PyDict_GetItemWithError(entry.dict.ptr(), entry.name.ptr());
+      if (now != entry.value.ptr()) {
+        if (now == nullptr && PyErr_Occurred()) throw nb::python_error();
+        return false;
+      }
+    }
+    take_tags();  // written, but every value is the object it was: the dicts as they are now
+    return true;
+  }
+  std::size_t size() const noexcept { return entries_.size(); }
+  int traverse(visitproc visit, void* arg) const {
+    for (const auto& entry : entries_) {
+      Py_VISIT(entry.dict.ptr());
+      Py_VISIT(entry.value.ptr());
+    }
+    return 0;
+  }
+  void reset() noexcept {
+    entries_.clear();
+    dicts_.clear();
+    tags_taken_ = false;
+  }
+
+ private:
+  struct Entry {
+    nb::object dict;   // the instance dict (a module's, or a plain object's it holds)
+    nb::object name;   // interned str
+    nb::object value;  // the object expected there
+  };
+  struct Tagged {
+    nb::object dict;
+    std::uint64_t tag;
+  };
+  static std::uint64_t tag_of(PyObject* dict) noexcept {
+#if AITUNE_DICT_VERSION_TAGS
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#endif
+    return reinterpret_cast<PyDictObject*>(dict)->ma_version_tag;  // deprecated in 3.12, still kept there
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
+#else
+    (void)dict;
+    return 0;
+#endif
+  }
+  void take_tags() const {
+    for (auto& d : dicts_) d.tag = tag_of(d.dict.ptr());
+    tags_taken_ = true;
+  }
+  std::vector<Entry> entries_;
+  mutable std::vector<Tagged> dicts_;  // each dict of entries_ once, with its tag when last clear
+  mutable bool tags_taken_ = false;    // the tags are those of dicts whose every value was expected
+};
+
 // When a module call may skip its Python path: what nn.Module.__call__ checks before it
 // goes straight to forward (hooks, a compiled call, JIT tracing), and what the front end's
 // forward checks before it dispatches (no recording, not eager). All of it must be falsy.
@@ -273,6 +376,7 @@ struct CallGuards {
   std::vector<nb::object> attributes;     // attribute names of the module (interned str)
   SubmoduleState submodules;              // the wrapped module's modules' modes and hooks
   WeightVersions weights;                 // the weights tuned graphs hold copies of, unchanged
+  AttributeValues values;                 // the plain Python values tuned graphs hold as constants, unchanged
 
   bool clear(PyObject* module) const {
     for (const auto& d : global_dicts)
@@ -293,7 +397,7 @@ struct CallGuards {
       if (!value.is_valid()) throw nb::python_error();
       if (truthy(value.ptr())) return false;
     }
-    return submodules.clear() && weights.clear();
+    return submodules.clear() && weights.clear() && values.clear();
   }
 };
 

@@ -391,6 +391,7 @@ class TorchDispatch {
       for (const auto& o : *list) Py_VISIT(o.ptr());
     if (int result = guards_.submodules.traverse(visit, arg)) return result;
     if (int result = guards_.weights.traverse(visit, arg)) return result;
+    if (int result = guards_.values.traverse(visit, arg)) return result;
     for (const auto& g : graphs_) {
       Py_VISIT(g->session_object.ptr());
       Py_VISIT(g->rebuild.ptr());
@@ -405,6 +406,7 @@ class TorchDispatch {
     graphs_.clear();
     guards_.submodules.reset();
     guards_.weights.reset();
+    guards_.values.reset();
   }
 
   /// The wrapped module's modules (`submodules` as given) whose mode or forward hooks
@@ -422,6 +424,10 @@ class TorchDispatch {
   void snapshot_submodules(nb::handle training) { guards_.submodules.snapshot(training); }
   /// Routed calls need `tensors`' version counters as they are now (empty: none checked).
   void watch_weights(std::vector<nb::object> tensors) { guards_.weights.set(std::move(tensors)); }
+  /// Routed calls need each (dict, name, value) entry's dict to hold that very value.
+  void watch_attributes(const std::vector<nb::tuple>& entries) { guards_.values.set(entries); }
+  /// Whether the watched attributes hold the values expected (the routed calls' guard).
+  bool attributes_clear() const { return guards_.values.clear(); }
 
  private:
   std::shared_ptr<const Graph> graph_at(std::size_t index, const char* who) const {
@@ -565,6 +571,11 @@ void bind_torch_dispatch(nb::module_& m) {
       .def("watch_weights", &TorchDispatch::watch_weights, nb::arg("tensors"),
            "Serve routed calls only while each of `tensors` (parameters and buffers tuned graphs hold copies "
            "of) has the version counter it has now; a call after an in-place write goes to `fallback`.")
+      .def("watch_attributes", &TorchDispatch::watch_attributes, nb::arg("entries"),
+           "Serve routed calls only while each (instance dict, attribute name, value) entry's dict holds that "
+           "very object under that name (plain values tuned graphs hold as constants); else `fallback`.")
+      .def("attributes_clear", &TorchDispatch::attributes_clear,
+           "Whether every attribute watch_attributes was given holds its value (compared by identity).")
       .def("add_graph", &TorchDispatch::add_graph, nb::arg("session").none(), nb::arg("order"), nb::arg("inputs"),
            nb::arg("rebuild").none(),
            "Register a graph run by `session` on calls of `inputs` tensors (recording order): session input i "

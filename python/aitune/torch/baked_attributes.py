@@ -1,0 +1,153 @@
+"""The plain Python values a tuned ONNX Runtime graph holds as constants, watched after
+tuning: a tuned module never computes another model than its forward without saying so.
+
+An export runs forward's Python once: ``x / self.temperature`` becomes a division by the
+constant 1.0, ``if self.config.output_hidden_states`` a graph without hidden states. Once
+the user reassigns such an attribute (``model.temperature = 0.1``), eager PyTorch computes
+another model than the graph. The values watched are the plain ones (None, bool, int,
+float, complex, str, bytes, enum members, torch dtypes and devices, tuples of them) that
+the wrapped module and each submodule keep in their instance dicts, and the public ones of
+plain objects they hold (a transformers config, shared by many modules, watched once).
+Lists, dicts and other objects are left out: they change in place, unseen by identity.
+
+The C++ half of the dispatch (``TorchDispatch.watch_attributes``) compares each by
+identity per routed call; a call where one is another object comes to the Python path,
+where ``AttributeWatch.changed`` compares their ``repr`` (exact for these types, and NaN
+equal to NaN): an equal value assigned again is taken as seen; a different one makes the
+call run eagerly (dispatch.py) until the value is back or the module is tuned again.
+A checkpoint stores the values (``snapshot``), and ``ait.load`` expects those, so a module
+loaded with other values runs such calls eagerly too, and is told so.
+"""
+
+from __future__ import annotations
+
+import enum
+import types
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from aitune.torch.state_changes import _MODULE_INTERNALS, is_harmless
+
+_PLAIN = (type(None), bool, int, float, complex, str, bytes, enum.Enum, torch.dtype, torch.device)
+#: Objects held by a module that are not "plain objects" whose values are watched.
+_NOT_PLAIN_OBJECTS = (torch.nn.Module, torch.Tensor, type, types.ModuleType, types.FunctionType,
+                      types.MethodType, types.BuiltinFunctionType)
+#: Stands for "the value expected is not this module's" (a checkpoint's other value, or an
+#: attribute the module no longer has): never the object found, so such calls come to Python.
+_OTHER = object()
+
+
+def is_plain_value(value: Any) -> bool:
+    """A value an export keeps as a constant and that cannot change in place."""
+    if isinstance(value, tuple):  # torch.Size and named tuples too
+        return all(is_plain_value(item) for item in value)
+    return isinstance(value, _PLAIN)
+
+
+@dataclass
+class BakedAttribute:
+    path: str  # 'blocks.0.attn.scale', 'config.output_hidden_states'
+    owner: dict  # the instance dict holding it
+    key: str
+    expected: Any  # the object expected there (_OTHER: not the one the module holds)
+    shown: str  # repr of the value the graphs hold
+
+
+def _plain_objects(value: Any) -> bool:
+    return (hasattr(value, "__dict__") and not isinstance(value, _NOT_PLAIN_OBJECTS) and not callable(value)
+            and type(value).__module__ != "builtins")
+
+
+def _found(module: torch.nn.Module, harmless: tuple[str, ...]) -> Iterator[tuple[str, dict, str, Any]]:
+    """(path, instance dict, key, value) of each watched value, in a fixed order."""
+    seen_objects: set[int] = set()
+    for prefix, sub in module.named_modules(remove_duplicate=True):
+        held = vars(sub)
+        for key in sorted(held):
+            if key in _MODULE_INTERNALS or key.startswith("_ait"):
+                continue
+            value = held[key]
+            path = f"{prefix}.{key}" if prefix else key
+            if is_harmless(path, harmless):
+                continue
+            if is_plain_value(value):
+                yield path, held, key, value
+            elif _plain_objects(value) and id(value) not in seen_objects:
+                seen_objects.add(id(value))
+                inner = vars(value)
+                for name in sorted(inner):
+                    if not name.startswith("_") and is_plain_value(inner[name]):
+                        inner_path = f"{path}.{name}"
+                        if not is_harmless(inner_path, harmless):
+                            yield inner_path, inner, name, inner[name]
+
+
+class AttributeWatch:
+    """The watched values of ``module`` (harmless ones left out), expected as they are now
+    or, from a checkpoint, as ``saved`` (path -> repr) says the graphs hold them."""
+
+    def __init__(self, module: torch.nn.Module, harmless: tuple[str, ...] = (), saved: dict[str, str] | None = None):
+        self.module = module
+        self.harmless = harmless
+        self.entries = [BakedAttribute(path, owner, key, value, repr(value))
+                        for path, owner, key, value in _found(module, harmless)]
+        if saved is not None:
+            self._expect(saved)
+
+    def _expect(self, saved: dict[str, str]) -> None:
+        """Expect the checkpoint's values: those that differ, and those the module lacks,
+        make calls come to Python (which then finds them changed)."""
+        for entry in self.entries:
+            shown = saved.get(entry.path)
+            if shown is not None and shown != entry.shown:
+                entry.expected, entry.shown = _OTHER, shown
+        have = {entry.path for entry in self.entries}
+        for path, shown in saved.items():
+            if path not in have:
+                owner, key = self._owner(path)
+                if owner is not None:
+                    self.entries.append(BakedAttribute(path, owner, key, _OTHER, shown))
+
+    def _owner(self, path: str) -> tuple[dict | None, str]:
+        """The instance dict that would hold ``path`` (a module's or a plain object's), or None."""
+        parent, _, key = path.rpartition(".")
+        for prefix, sub in self.module.named_modules(remove_duplicate=True):
+            if prefix == parent:
+                return vars(sub), key
+            held = vars(sub)
+            head, _, name = parent.rpartition(".")
+            if head == prefix and _plain_objects(held.get(name)):
+                return vars(held[name]), key
+        return None, key
+
+    def watched(self) -> list[tuple[dict, str, Any]]:
+        """What the C++ half compares per call."""
+        return [(entry.owner, entry.key, entry.expected) for entry in self.entries]
+
+    def changed(self) -> list[tuple[str, str, str]]:
+        """(path, value the graphs hold, value now or '<deleted>') of each value that differs;
+        an equal one assigned again is taken as expected from now on."""
+        found = []
+        for entry in self.entries:
+            now = entry.owner.get(entry.key, _OTHER)
+            if now is entry.expected:
+                continue
+            shown = repr(now) if now is not _OTHER else "<deleted>"
+            if now is not _OTHER and is_plain_value(now) and shown == entry.shown:
+                entry.expected = now
+            else:
+                found.append((entry.path, entry.shown, shown))
+        return found
+
+    def snapshot(self) -> dict[str, str]:
+        """path -> repr of each value the graphs hold (what a checkpoint stores)."""
+        return {entry.path: entry.shown for entry in self.entries}
+
+
+def describe_changes(changed: list[tuple[str, str, str]], most: int = 5) -> str:
+    """'temperature: 1.0 -> 0.1, ...' for a message."""
+    said = ", ".join(f"{path}: {was} -> {now}" for path, was, now in changed[:most])
+    return said + (f" and {len(changed) - most} more" if len(changed) > most else "")

@@ -1,0 +1,115 @@
+"""A plain Python value an ONNX graph holds as a constant (``x / self.temperature``, a
+config flag) reassigned after tuning: the tuned module runs such calls eagerly and says
+so, instead of computing the old model (baked_attributes.py)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch_models import cpu_strategy
+
+import aitune.torch as ait
+from aitune.torch import ModuleState
+
+
+class Settings:
+    """A plain object of settings, as a transformers config is, shared by the modules."""
+
+    def __init__(self):
+        self.shift = 0.0
+        self.note = "tuned"
+
+
+class Scaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.temperature = 1.0
+        self.settings = Settings()
+        self.calls = 0  # declared harmless where a test changes it
+
+    def forward(self, x):
+        return (self.linear(x) / self.temperature + self.settings.shift).softmax(-1)
+
+
+def _tuned(harmless=()):
+    inner = Scaled().eval()
+    model = ait.Module(inner, "scaled", strategy=cpu_strategy(use_dynamo=False, tune_provider_options=False),
+                       harmless_attributes=harmless)
+    ait.tune(model, [torch.randn(4) for _ in range(2)], ignore_failing_modules=False)
+    assert model.ait_state is ModuleState.TUNED
+    eager_calls = []
+    forward = inner.forward
+    inner.forward = lambda *a, **k: (eager_calls.append(1), forward(*a, **k))[1]  # counts the eager calls
+    return inner, model, eager_calls
+
+
+def _close(model, inner, x) -> bool:
+    """The tuned module's output is eager PyTorch's as the module is now (uncounted)."""
+    with torch.no_grad():
+        return torch.allclose(model(x), type(inner).forward(inner, x), atol=1e-6)
+
+
+def test_a_reassigned_value_runs_eagerly_until_it_is_back(caplog):
+    inner, model, eager_calls = _tuned()
+    x = torch.randn(2, 4)
+    assert _close(model, inner, x) and eager_calls == []  # the graph serves
+    inner.temperature = 0.1
+    with caplog.at_level(logging.WARNING, logger="aitune"):
+        assert _close(model, inner, x) and _close(model, inner, x)  # eager's outputs, not the graph's
+    assert len(eager_calls) == 2
+    said = [r.getMessage() for r in caplog.records if "plain Python attributes" in r.getMessage()]
+    assert len(said) == 1 and "temperature: 1.0 -> 0.1" in said[0], said  # said once
+    model.temperature = 1.0  # through the proxy, a new float object equal to the graph's
+    assert _close(model, inner, x) and _close(model, inner, x)
+    assert len(eager_calls) == 2  # the graph serves again
+    assert model._ait_calls.cpp.attributes_clear()  # and the C++ half's guard takes the new object
+
+
+def test_a_value_of_a_plain_object_the_module_holds_is_watched():
+    inner, model, eager_calls = _tuned()
+    x = torch.randn(2, 4)
+    inner.settings.shift = 5.0
+    assert _close(model, inner, x) and eager_calls == [1]
+    inner.settings.shift = 0.0
+    inner.settings.note = "read by nothing"  # watched too: forward's reads are not known
+    assert _close(model, inner, x) and eager_calls == [1, 1]
+
+
+def test_new_attributes_and_harmless_ones_leave_the_graph_serving():
+    inner, model, eager_calls = _tuned(harmless=("calls",))
+    x = torch.randn(2, 4)
+    inner.calls = 7  # declared harmless
+    inner.added_later = 3.5  # not there when the graphs were exported: nothing they hold
+    inner.linear.extra = "x"
+    assert _close(model, inner, x) and eager_calls == []
+    assert model._ait_calls.cpp.attributes_clear()
+
+
+def test_a_nan_value_is_equal_to_itself():
+    inner = Scaled().eval()
+    inner.settings.note = float("nan")
+    model = ait.Module(inner, "nan", strategy=cpu_strategy(use_dynamo=False, tune_provider_options=False))
+    ait.tune(model, [torch.randn(4) for _ in range(2)], ignore_failing_modules=False)
+    inner.settings.note = float("nan")  # another NaN object (NaN != NaN): the same value
+    assert not model._ait_calls.cpp.attributes_clear()
+    assert not model._ait_calls.changed_attributes() and model._ait_calls.cpp.attributes_clear()
+
+
+def test_a_checkpoint_expects_the_values_its_graphs_hold(tmp_path, caplog):
+    inner, model, _ = _tuned()
+    ait.save(model, tmp_path / "ckpt")
+    other = Scaled().eval()
+    other.linear.load_state_dict(inner.linear.state_dict())
+    other.temperature = 0.5
+    x = torch.randn(2, 4)
+    with caplog.at_level(logging.WARNING, logger="aitune"):
+        loaded = ait.load(ait.Module(other, "scaled"), tmp_path / "ckpt")
+        assert _close(loaded, other, x)  # eager: the graph holds 1.0
+    said = [r.getMessage() for r in caplog.records if "plain Python attributes" in r.getMessage()]
+    assert len(said) == 1 and "ait.load" in said[0] and "temperature: 1.0 -> 0.5" in said[0], said
+    assert not loaded._ait_calls.cpp.attributes_clear()
+    other.temperature = 1.0
+    assert _close(loaded, other, x) and loaded._ait_calls.cpp.attributes_clear()  # the graph serves
