@@ -272,11 +272,12 @@ class WeightVersions {
 // the very object expected (an unchanged attribute is the same object); anything else goes
 // to the Python path, which compares the values themselves (a value assigned again, equal,
 // is taken as seen) and runs a call whose values differ eagerly (baked_attributes.py).
-// Per call, where CPython keeps a version tag per dict (3.11, 3.12: changed by every write
-// to the dict), one read per dict: a Llama's ~110 dicts instead of its ~430 values, which
-// cost ~20 us per call looked up one by one. Where a dict's tag moved, the values are
-// compared in C++ and, all the same objects, the new tags are taken. Later Pythons have
-// no tag: every value is looked up on every call.
+// Per call, where CPython keeps a version tag per dict (3.11, 3.12: moved by every write
+// that changes the dict), one read per dict: a Llama's ~110 dicts instead of its ~430
+// values, which cost ~11 us per call looked up one by one (benchmarks/
+// attribute_guard_cost.py). Where a dict's tag moved, the values are compared in C++ and,
+// all the same objects, the new tags are taken. Later Pythons are not given the tags (3.14
+// has none): every value is looked up on every call.
 #if PY_VERSION_HEX < 0x030D0000
 #define AITUNE_DICT_VERSION_TAGS 1
 #else
