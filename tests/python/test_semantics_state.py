@@ -290,12 +290,14 @@ def test_weights_written_in_place_after_tuning_deactivate_the_graphs_at_the_next
     assert model.ait_active
 
 
-@pytest.mark.parametrize("how", ["parameter", "buffer"])
+@pytest.mark.parametrize("how", ["parameter", "buffer", "submodule"])
 def test_weights_replaced_on_the_wrapped_module_deactivate_the_graphs(how, caplog):
     """A weight replaced by assignment on the wrapped module (``fc.weight = nn.Parameter(w)``,
-    ``register_buffer`` again) moves no version counter: the graph held the old tensor's
-    values and routed calls computed the old model, silently. The C++ half watches the
-    objects in the weights' slots: the next call runs eagerly and the module says which."""
+    ``register_buffer`` again, or with its submodule: ``model.fc = nn.Linear(...)``, as
+    timm's reset_classifier and transformers' resize_token_embeddings do) moves no version
+    counter: the graph held the old tensors' values and routed calls computed the old
+    model, silently. The C++ half watches the objects in the weights' and submodules'
+    slots: the next call runs eagerly and the module says which."""
     inner = DropoutNormHead().eval()
     inner.register_buffer("offset", torch.zeros(4))
     forward = type(inner).forward
@@ -310,15 +312,20 @@ def test_weights_replaced_on_the_wrapped_module_deactivate_the_graphs(how, caplo
         if how == "parameter":
             inner.fc.weight = torch.nn.Parameter(inner.fc.weight * 2)
             named = "fc.weight"
-        else:
+        elif how == "buffer":
             inner.register_buffer("offset", torch.ones(4))
             named = "offset"
+        else:
+            inner.fc = torch.nn.Linear(4, 4)
+            named = "fc"
         with caplog.at_level("WARNING", logger="aitune"):
             after = model(x)
         torch.testing.assert_close(after, inner.forward(x))
         assert not torch.allclose(after, before)
     assert not model.ait_active
-    assert any(f"replaced by other tensors ({named})" in r.getMessage() for r in caplog.records), caplog.text
+    said = ("replaced with the submodules holding them (fc)" if how == "submodule"
+            else f"replaced by other tensors ({named})")
+    assert any(said in r.getMessage() for r in caplog.records), caplog.text
 
 
 def test_loading_the_weights_a_module_has_keeps_its_graphs(caplog):

@@ -311,9 +311,10 @@ class ModuleDispatch:
         self.attributes = (AttributeWatch(module, harmless, saved_attributes)
                            if any(tuned.session is not None for _, tuned in self.tuned.values()) else None)
         self.attributes_logged: set = set()
-        # Where a graph holds a copy of the weights, the objects in their slots: one replaced
-        # by assignment (``fc.weight = nn.Parameter(w)``, on the wrapped module) moves no
-        # version counter, but is another object there (weight_changes.weight_slots).
+        # Where a graph holds a copy of the weights, the objects in their slots and those of
+        # the submodules: one replaced by assignment (``fc.weight = nn.Parameter(w)``,
+        # ``model.fc = nn.Linear(...)``, on the wrapped module) moves no version counter, but
+        # is another object there (weight_changes.weight_slots).
         self.slots = weight_slots(module) if self.holding else []
         self.watch_values_as_they_are()
 
@@ -492,23 +493,32 @@ class ModuleDispatch:
 
     def watch_values_as_they_are(self) -> None:
         """Hands the C++ half what it compares by identity per call: the plain values the
-        graphs hold (as expected) and the weights' slots (as they are now)."""
+        graphs hold (as expected) and the weights' and submodules' slots (as they are now)."""
         if self.cpp is None:
             return
-        self.slots = [(name, registry, key, registry.get(key)) for name, registry, key, _ in self.slots]
+        if self.slots:
+            self.slots = weight_slots(self.module)
         watched = self.attributes.watched() if self.attributes is not None else []
         self.cpp.watch_attributes(watched + [(registry, key, tensor) for _, registry, key, tensor in self.slots])
 
     def _weights_replaced(self) -> bool:
-        """True when a parameter or buffer the graphs hold a copy of was replaced by another
-        object since tuning (``fc.weight = nn.Parameter(w)``) and the module was deactivated
-        for it (as ``_weights_changed_in_place``); otherwise the objects as they are now are
-        taken as seen."""
-        replaced = [name for name, registry, key, tensor in self.slots if registry.get(key) is not tensor]
+        """True when a parameter, buffer or submodule the graphs hold a copy of was replaced by
+        another object since tuning (``fc.weight = nn.Parameter(w)``, ``model.fc =
+        nn.Linear(...)``) and the module was deactivated for it (as
+        ``_weights_changed_in_place``); otherwise the objects as they are now are taken as seen."""
+        replaced = [(name, tensor) for name, registry, key, tensor in self.slots if registry.get(key) is not tensor]
         if not replaced:
             return False
-        shown = ", ".join(replaced[:5]) + (f" and {len(replaced) - 5} more" if len(replaced) > 5 else "")
-        how = f"were replaced by other tensors ({shown}), assigned on the module"
+        modules = [name for name, old in replaced if isinstance(old, torch.nn.Module)]
+        tensors = [name for name, old in replaced if not isinstance(old, torch.nn.Module)
+                   and not any(name.startswith(m + ".") for m in modules)]
+
+        def shown(names: list[str]) -> str:
+            return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+
+        how = " and ".join(
+            [f"were replaced with the submodules holding them ({shown(modules)})"] * bool(modules)
+            + [f"were replaced by other tensors ({shown(tensors)})"] * bool(tensors)) + ", assigned on the module"
         if self.weights_changed is not None and self.weights_changed(how):
             return True
         self.watch_values_as_they_are()

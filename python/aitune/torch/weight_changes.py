@@ -21,17 +21,19 @@ def weights_fingerprint(module: torch.nn.Module) -> tuple:
     )
 
 
-def weight_slots(module: torch.nn.Module) -> list[tuple[str, dict, str, torch.Tensor]]:
-    """(name, the owning module's ``_parameters`` or ``_buffers`` dict, key, tensor) of each
-    parameter and buffer: a weight replaced by assignment (``fc.weight = nn.Parameter(w)``,
-    ``register_buffer`` again, on the wrapped module or a submodule) is another object in
+def weight_slots(module: torch.nn.Module) -> list[tuple[str, dict, str, object]]:
+    """(path, the owning module's ``_parameters``, ``_buffers`` or ``_modules`` dict, key,
+    object there) of each parameter, buffer and submodule: a weight replaced by assignment
+    (``fc.weight = nn.Parameter(w)``, ``register_buffer`` again) or with the submodule that
+    holds it (``model.fc = nn.Linear(...)``, timm's ``reset_classifier``, transformers'
+    ``resize_token_embeddings``), on the wrapped module or a submodule, is another object in
     that slot, which the dispatch's C++ half sees per call (``TorchDispatch.watch_attributes``)."""
     slots = []
     for prefix, sub in module.named_modules(remove_duplicate=True):
-        for registry in (sub._parameters, sub._buffers):
-            for key, tensor in registry.items():
-                if tensor is not None:
-                    slots.append((f"{prefix}.{key}" if prefix else key, registry, key, tensor))
+        for registry in (sub._parameters, sub._buffers, sub._modules):
+            for key, value in registry.items():
+                if value is not None:
+                    slots.append((f"{prefix}.{key}" if prefix else key, registry, key, value))
     return slots
 
 
