@@ -24,6 +24,7 @@ import torch
 from aitune import _core
 from aitune.torch import cache
 from aitune.torch.backend.base import TunedGraph
+from aitune.torch.baked_attributes import describe_changes
 from aitune.torch.checkpoint_sections import (
     LEGACY_SECTION_KEYS,
     REPORT_FILE,
@@ -43,7 +44,6 @@ from aitune.torch.checkpoint_structure import (
 )
 from aitune.torch.graph import SavedGraph
 from aitune.torch.module import Module, ModuleState
-from aitune.torch.baked_attributes import describe_changes
 from aitune.torch.weight_changes import digest_differences, weight_values_digest
 
 logger = logging.getLogger("aitune")

@@ -29,8 +29,8 @@ from aitune import _core
 from aitune.torch import context, flatten
 from aitune.torch.backend.base import TunedGraph
 from aitune.torch.baked_attributes import AttributeWatch, describe_changes
-from aitune.torch.weight_changes import weight_slots
 from aitune.torch.graph import autocast_enabled, describe_call
+from aitune.torch.weight_changes import weight_slots
 
 logger = logging.getLogger("aitune")
 
