@@ -296,8 +296,8 @@ class AttributeValues {
         throw nb::type_error("watch_attributes: entries must be (dict, str, value) tuples");
       fresh.push_back(Entry{nb::borrow(entry[0]), interned(nb::borrow(entry[1])), nb::borrow(entry[2])});
       bool known = false;
-      for (const auto& d : dicts) known = known || d.dict.is(entry[0]);
-      if (!known) dicts.push_back(Tagged{nb::borrow(entry[0]), 0});
+      for (const auto& d : dicts) known = known || d.dict == entry[0].ptr();
+      if (!known) dicts.push_back(Tagged{entry[0].ptr(), 0});
     }
     entries_ = std::move(fresh);
     dicts_ = std::move(dicts);
@@ -306,7 +306,7 @@ class AttributeValues {
   bool clear() const {
 #if AITUNE_DICT_VERSION_TAGS
     bool moved = !tags_taken_;
-    for (const auto& d : dicts_) moved = moved || tag_of(d.dict.ptr()) != d.tag;
+    for (const auto& d : dicts_) moved = moved || tag_of(d.dict) != d.tag;
     if (!moved) return true;
 #endif
     for (const auto& entry : entries_) {
@@ -340,7 +340,8 @@ class AttributeValues {
     nb::object value;  // the object expected there
   };
   struct Tagged {
-    nb::object dict;
+    PyObject* dict;  // borrowed: entries_ hold it (one strong reference each, all visited by traverse:
+                     // an unvisited one would keep a cycle through the dict alive)
     std::uint64_t tag;
   };
   static std::uint64_t tag_of(PyObject* dict) noexcept {
@@ -359,7 +360,7 @@ class AttributeValues {
 #endif
   }
   void take_tags() const {
-    for (auto& d : dicts_) d.tag = tag_of(d.dict.ptr());
+    for (auto& d : dicts_) d.tag = tag_of(d.dict);
     tags_taken_ = true;
   }
   std::vector<Entry> entries_;
