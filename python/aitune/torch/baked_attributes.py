@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from aitune.torch.state_changes import _MODULE_INTERNALS, is_harmless
+from aitune.torch.state_changes import is_harmless, user_attributes
 
 _PLAIN = (type(None), bool, int, float, complex, str, bytes, enum.Enum, torch.dtype, torch.device)
 #: Objects held by a module that are not "plain objects" whose values are watched.
@@ -64,25 +64,17 @@ def _plain_objects(value: Any) -> bool:
 def _found(module: torch.nn.Module, harmless: tuple[str, ...]) -> Iterator[tuple[str, dict, str, Any]]:
     """(path, instance dict, key, value) of each watched value, in a fixed order."""
     seen_objects: set[int] = set()
-    for prefix, sub in module.named_modules(remove_duplicate=True):
-        held = vars(sub)
-        for key in sorted(held):
-            if key in _MODULE_INTERNALS or key.startswith("_ait"):
-                continue
-            value = held[key]
-            path = f"{prefix}.{key}" if prefix else key
-            if is_harmless(path, harmless):
-                continue
-            if is_plain_value(value):
-                yield path, held, key, value
-            elif _plain_objects(value) and id(value) not in seen_objects:
-                seen_objects.add(id(value))
-                inner = vars(value)
-                for name in sorted(inner):
-                    if not name.startswith("_") and is_plain_value(inner[name]):
-                        inner_path = f"{path}.{name}"
-                        if not is_harmless(inner_path, harmless):
-                            yield inner_path, inner, name, inner[name]
+    for path, held, key, value in user_attributes(module, harmless):
+        if is_plain_value(value):
+            yield path, held, key, value
+        elif _plain_objects(value) and id(value) not in seen_objects:
+            seen_objects.add(id(value))
+            inner = vars(value)
+            for name in sorted(inner):
+                if not name.startswith("_") and is_plain_value(inner[name]):
+                    inner_path = f"{path}.{name}"
+                    if not is_harmless(inner_path, harmless):
+                        yield inner_path, inner, name, inner[name]
 
 
 class AttributeWatch:
@@ -91,7 +83,6 @@ class AttributeWatch:
 
     def __init__(self, module: torch.nn.Module, harmless: tuple[str, ...] = (), saved: dict[str, str] | None = None):
         self.module = module
-        self.harmless = harmless
         self.entries = [BakedAttribute(path, owner, key, value, repr(value))
                         for path, owner, key, value in _found(module, harmless)]
         if saved is not None:

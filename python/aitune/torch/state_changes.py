@@ -74,20 +74,27 @@ def check_harmless_attributes(value) -> tuple[str, ...]:
     return tuple(value)
 
 
+def user_attributes(module: torch.nn.Module, harmless: tuple[str, ...]):
+    """(path, instance dict, key, value) of each plain Python attribute of ``module`` and its
+    submodules (``inner.calls``): not nn.Module's own (parameters, hooks, ``training``), not
+    aitune's (``_ait…``, a nested ``ait.Module``'s), not submodules, not those declared
+    harmless. Modules in ``named_modules`` order, each one's in its dict's order."""
+    for prefix, sub in module.named_modules(remove_duplicate=True):
+        held = vars(sub)
+        for key, value in held.items():
+            if key in _MODULE_INTERNALS or key.startswith("_ait") or isinstance(value, torch.nn.Module):
+                continue
+            path = f"{prefix}.{key}" if prefix else key
+            if not is_harmless(path, harmless):
+                yield path, held, key, value
+
+
 def _attributes(module: torch.nn.Module, harmless: tuple[str, ...]) -> dict[str, tuple]:
     """A token per plain Python attribute of ``module`` and its submodules, by path
     (``inner.calls``), that differs when the attribute is reassigned or, for a list, tuple,
     dict or set, when an item is replaced, added or removed, or for a tensor when it is
     changed in place. aitune's own attributes (``_ait…``, a nested ``ait.Module``'s) are left out."""
-    tokens = {}
-    for prefix, sub in module.named_modules(remove_duplicate=True):
-        for key, value in vars(sub).items():
-            if key in _MODULE_INTERNALS or key.startswith("_ait") or isinstance(value, torch.nn.Module):
-                continue
-            path = f"{prefix}.{key}" if prefix else key
-            if not is_harmless(path, harmless):
-                tokens[path] = _token(value)
-    return tokens
+    return {path: _token(value) for path, _, _, value in user_attributes(module, harmless)}
 
 
 def _token(value) -> tuple:
