@@ -113,3 +113,45 @@ def test_a_checkpoint_expects_the_values_its_graphs_hold(tmp_path, caplog):
     assert not loaded._ait_calls.cpp.attributes_clear()
     other.temperature = 1.0
     assert _close(loaded, other, x) and loaded._ait_calls.cpp.attributes_clear()  # the graph serves
+
+
+class FlaggedSettings:
+    """A flag behind a property, kept in a private attribute, as transformers 5 keeps
+    ``config.output_attentions`` in ``config._output_attentions``."""
+
+    def __init__(self):
+        self._negate = False
+
+    @property
+    def negate(self):
+        return self._negate
+
+    @negate.setter
+    def negate(self, value):
+        self._negate = value
+
+
+class Flagged(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.settings = FlaggedSettings()
+
+    def forward(self, x):
+        y = self.linear(x)
+        return -y if self.settings.negate else y
+
+
+def test_a_value_behind_a_property_of_a_plain_object_is_watched():
+    """transformers 5: ``config.output_attentions = True`` after tuning went unseen (the
+    value lives in ``config._output_attentions``, and private values were not watched):
+    the graph returned no attentions, silently."""
+    inner = Flagged().eval()
+    model = ait.Module(inner, "flagged", strategy=cpu_strategy(use_dynamo=False, tune_provider_options=False))
+    ait.tune(model, [torch.randn(4) for _ in range(2)], ignore_failing_modules=False)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), inner.linear(x))
+        inner.settings.negate = True
+        torch.testing.assert_close(model(x), -inner.linear(x))
+    assert "settings._negate" in model._ait_calls.attributes.snapshot()

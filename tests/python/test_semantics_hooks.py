@@ -177,3 +177,47 @@ def test_a_hook_elsewhere_costs_one_python_call_and_a_swapped_hook_is_seen(monke
     with torch.no_grad():
         model(x)
     assert seen == [1]
+
+
+def _doubles_linear_outputs(module, args, output):
+    return output * 2 if isinstance(module, torch.nn.Linear) else None
+
+
+def test_global_forward_hooks_registered_after_tuning_run_the_call_eagerly(caplog):
+    """A hook for every module's forward (``register_module_forward_hook``) registered after
+    tuning ran on no submodule of the graph, silently (a doubled Linear output left the
+    module 1.4 off). Now such calls run eagerly, hooks and all, with one warning, and the
+    graph serves again once the hook is removed."""
+    inner = MLP().eval()
+    model = ait.Module(inner, "global-hooked", strategy=_strategy(True))
+    ait.tune(model, [torch.randn(16) for _ in range(2)], ignore_failing_modules=False, progress=False)
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        plain = model(x).clone()
+        handle = torch.nn.modules.module.register_module_forward_hook(_doubles_linear_outputs)
+        try:
+            with caplog.at_level(logging.WARNING, logger="aitune"):
+                hooked, again = model(x), model(x)
+            expected = MLP.forward(inner, x)  # with the hook on each Linear
+        finally:
+            handle.remove()
+        assert not torch.allclose(expected, plain)
+        torch.testing.assert_close(hooked, expected)
+        torch.testing.assert_close(again, expected)
+        said = [r.getMessage() for r in caplog.records if "forward hooks for every module" in r.getMessage()]
+        assert len(said) == 1 and "_doubles_linear_outputs" in said[0], said
+        _no_eager(model)
+        torch.testing.assert_close(model(x), plain)  # the graph again
+
+
+def test_tuning_under_global_forward_hooks_is_refused_naming_them():
+    """Registered while the graphs are exported, a global hook's effect on every submodule
+    would stay in the graphs after it is removed: ait.tune refuses, naming it."""
+    model = ait.Module(MLP().eval(), "tuned-under-global-hook", strategy=_strategy(True))
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(lambda module, args: None)
+    try:
+        with pytest.raises(ait.GlobalHooksTuningError, match="lambda"):
+            ait.tune(model, [torch.randn(16) for _ in range(2)], ignore_failing_modules=False, progress=False)
+    finally:
+        handle.remove()
+    assert model.ait_state is not ModuleState.TUNED

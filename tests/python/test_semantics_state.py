@@ -410,3 +410,64 @@ def test_outputs_that_read_state_a_call_changed_are_refused_naming_the_state():
     with pytest.raises(ait.TuningError, match=r"changed the module's state \(cache\)"):
         ait.tune(model, [torch.randn(4) for _ in range(3)], ignore_failing_modules=False, progress=False)
     assert model.ait_state is ModuleState.PASSTHROUGH
+
+
+class ScaledByAPlainTensor(torch.nn.Module):
+    """Keeps a tensor as a plain attribute (not ``register_buffer``): the export holds it
+    as a constant all the same."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+        self.scale = torch.ones(4)
+
+    def forward(self, x):
+        return self.fc(x) * self.scale
+
+
+@pytest.mark.parametrize("how", ["in-place", "assigned"])
+def test_a_tensor_kept_as_a_plain_attribute_is_watched_like_a_buffer(how, caplog):
+    """``self.scale.mul_(3)`` or ``self.scale = other`` after tuning: the graph held the old
+    values and computed the old model, silently. Now the tensor's counter and slot are
+    watched with the weights'."""
+    inner = ScaledByAPlainTensor().eval()
+    model = ait.Module(inner, "plain-tensor", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [torch.randn(4) for _ in range(2)], ignore_failing_modules=False, progress=False)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        model(x), model(x)
+        assert model._ait_calls.direct is not None
+        if how == "in-place":
+            inner.scale.mul_(3)
+        else:
+            inner.scale = torch.full((4,), 3.0)
+        with caplog.at_level("WARNING", logger="aitune"):
+            after = model(x)
+        torch.testing.assert_close(after, ScaledByAPlainTensor.forward(inner, x))
+    assert not model.ait_active
+    said = "changed in place (scale)" if how == "in-place" else "replaced by other tensors (scale)"
+    assert any(said in r.getMessage() for r in caplog.records), caplog.text
+
+
+@pytest.mark.parametrize("how", ["append", "add_module"])
+def test_a_submodule_added_to_a_sequential_after_tuning_deactivates_the_graphs(how, caplog):
+    """``Sequential.append`` (or ``add_module``) after tuning: forward runs the new layer,
+    the graph did not, silently (0.9 off). A key added to a watched ``_modules`` dict now
+    counts as a change, named."""
+    inner = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval()
+    model = ait.Module(inner, "appended", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [torch.randn(4) for _ in range(2)], ignore_failing_modules=False, progress=False)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        model(x), model(x)
+        assert model._ait_calls.direct is not None
+        if how == "append":
+            inner.append(torch.nn.Softmax(-1))
+        else:
+            inner.add_module("act", torch.nn.Tanh())
+        with caplog.at_level("WARNING", logger="aitune"):
+            after = model(x)
+        torch.testing.assert_close(after, torch.nn.Sequential.forward(inner, x))
+    assert not model.ait_active
+    named = "2" if how == "append" else "act"
+    assert any(f"added since tuning ({named})" in r.getMessage() for r in caplog.records), caplog.text

@@ -124,3 +124,45 @@ def test_dtype_rank_and_non_tensor_values_make_distinct_graphs():
 def test_tune_without_wrapped_modules_is_an_error():
     with pytest.raises(ValueError, match="no ait.Module"):
         ait.tune(MLP(), torch.randn(16))
+
+
+def test_a_tuned_module_refuses_deepcopy_and_pickling_saying_what_to_do_instead(tmp_path):
+    """copy.deepcopy of a tuned module (or of a model holding one) and torch.save of the
+    model failed inside pickling ("cannot pickle 'OnnxSession' object", "Can't pickle local
+    object ..."): now a TypeError names the module and ait.save / ait.load. An untuned one
+    still copies."""
+    import copy
+
+    untuned = ait.Module(MLP().eval(), "copied", strategy=cpu_strategy(tune_provider_options=False))
+    copy.deepcopy(untuned)
+    model = ait.Module(MLP().eval(), "copied", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [torch.randn(16) for _ in range(2)], ignore_failing_modules=False, progress=False)
+    parent = torch.nn.Sequential(model)
+    for attempt in (lambda: copy.deepcopy(model), lambda: copy.deepcopy(parent),
+                    lambda: torch.save(parent, tmp_path / "model.pt")):
+        with pytest.raises(TypeError, match="ait.Module 'copied' is tuned.*ait.save"):
+            attempt()
+
+
+class Flagged(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x, use_cache=None, scale=1.0):
+        return self.fc(x) * scale if use_cache is None else self.fc(x) * -scale
+
+
+def test_an_unrecorded_call_names_the_non_tensor_values_that_differ():
+    """GraphNotRecordedError listed the recorded graph's non-tensor values without names
+    ("[False, 2.0]") and left out a call's None: the user could not see which argument
+    differed. Now each value is named, and the values that differ from the closest
+    recorded graph are listed, None included."""
+    model = ait.Module(Flagged().eval(), "flagged-call", strategy=cpu_strategy(tune_provider_options=False))
+    samples = [((torch.randn(4),), {"use_cache": False, "scale": 2.0}) for _ in range(2)]
+    ait.tune(model, samples, ignore_failing_modules=False, progress=False)
+    with pytest.raises(ait.GraphNotRecordedError) as raised, torch.no_grad():
+        model(torch.randn(2, 4), scale=2.0)  # use_cache left at its default, None
+    message = str(raised.value)
+    assert "non-tensor values: use_cache=False, scale=2.0" in message, message
+    assert "use_cache: None here, False recorded" in message, message

@@ -28,7 +28,8 @@ from aitune.torch.dataloader_factory import DataLoaderFactory
 from aitune.torch.dispatch import GraphNotRecordedError
 from aitune.torch.export import ExportError
 from aitune.torch.graph import RecordedGraph
-from aitune.torch.graph_tuning import NondeterministicModuleError, TuningError, UnsupportedDTypeTuningError
+from aitune.torch.graph_tuning import (GlobalHooksTuningError, NondeterministicModuleError, TuningError,
+                                       UnsupportedDTypeTuningError)
 from aitune.torch.inspection import InspectedModulesInfo, ModuleInfo, inspect
 from aitune.torch.module import Module, ModuleState
 from aitune.torch.module_registry import MODULE_REGISTRY
@@ -82,6 +83,7 @@ __all__ = [
     "TuneOptions",
     "TuneStrategy",
     "TuningError",
+    "GlobalHooksTuningError",
     "UnsupportedDTypeTuningError",
     "cache_root",
     "enable_find_max_batch_size",

@@ -7,7 +7,9 @@ the user reassigns such an attribute (``model.temperature = 0.1``), eager PyTorc
 another model than the graph. The values watched are the plain ones (None, bool, int,
 float, complex, str, bytes, enum members, torch dtypes and devices, tuples of them) that
 the wrapped module and each submodule keep in their instance dicts, and the public ones of
-plain objects they hold (a transformers config, shared by many modules, watched once).
+plain objects they hold (a transformers config, shared by many modules, watched once), with
+the private ones behind a public property (transformers 5 keeps ``output_attentions`` in
+``config._output_attentions``).
 Lists, dicts and other objects are left out: they change in place, unseen by identity.
 
 The C++ half of the dispatch (``TorchDispatch.watch_attributes``) compares each by
@@ -61,6 +63,14 @@ def _plain_objects(value: Any) -> bool:
             and type(value).__module__ != "builtins")
 
 
+def _behind_property(value: Any, name: str) -> bool:
+    """Whether the private ``_name`` holds what the public property ``name`` of its class
+    reads: transformers 5's ``config.output_attentions`` is such a property over
+    ``config._output_attentions``."""
+    return name.startswith("_") and not name.startswith("__") and isinstance(
+        getattr(type(value), name[1:], None), property)
+
+
 def _found(module: torch.nn.Module, harmless: tuple[str, ...]) -> Iterator[tuple[str, dict, str, Any]]:
     """(path, instance dict, key, value) of each watched value, in a fixed order."""
     seen_objects: set[int] = set()
@@ -71,7 +81,7 @@ def _found(module: torch.nn.Module, harmless: tuple[str, ...]) -> Iterator[tuple
             seen_objects.add(id(value))
             inner = vars(value)
             for name in sorted(inner):
-                if not name.startswith("_") and is_plain_value(inner[name]):
+                if (not name.startswith("_") or _behind_property(value, name)) and is_plain_value(inner[name]):
                     inner_path = f"{path}.{name}"
                     if not is_harmless(inner_path, harmless):
                         yield inner_path, inner, name, inner[name]

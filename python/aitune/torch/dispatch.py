@@ -29,8 +29,8 @@ from aitune import _core
 from aitune.torch import context, flatten
 from aitune.torch.backend.base import TunedGraph
 from aitune.torch.baked_attributes import AttributeWatch, describe_changes
-from aitune.torch.graph import autocast_enabled, describe_call
-from aitune.torch.weight_changes import weight_slots
+from aitune.torch.graph import autocast_enabled, describe_call, differing_values
+from aitune.torch.weight_changes import added_to_registries, registry_keys, tensor_attributes, weight_slots
 
 logger = logging.getLogger("aitune")
 
@@ -202,6 +202,15 @@ def _effect_on_tensors_only(hook) -> bool:
             and getattr(hook, "__name__", None) == "output_capturing_hook")
 
 
+def global_forward_hooks() -> list[str]:
+    """The hooks registered for every module's forward (``torch.nn.modules.module.
+    register_module_forward_hook`` / ``_pre_hook``; profilers' module trackers), by name: a
+    tuned graph runs no submodule, so it can neither run them on its submodules nor, where
+    they ran while it was exported, leave their effect out."""
+    hooks = [*_nn_module._global_forward_pre_hooks.values(), *_nn_module._global_forward_hooks.values()]
+    return [getattr(hook, "__qualname__", None) or type(hook).__name__ for hook in hooks]
+
+
 def _forward_hooks(module: torch.nn.Module) -> dict[str, dict]:
     """path -> {handle id: hook} of the forward (pre-)hooks of each submodule that has any."""
     found = {}
@@ -211,11 +220,13 @@ def _forward_hooks(module: torch.nn.Module) -> dict[str, dict]:
     return found
 
 
-def _weight_versions(module: torch.nn.Module) -> list[tuple[str, torch.Tensor, int]]:
+def _weight_versions(module: torch.nn.Module, harmless: tuple[str, ...] = ()) -> list[tuple[str, torch.Tensor, int]]:
     """(name, tensor, version counter) of each parameter and buffer that has a counter
-    (tensors made under torch.inference_mode() have none)."""
+    (tensors made under torch.inference_mode() have none), and of each tensor a module
+    keeps as a plain attribute (``self.scale = torch.ones(8)``, not registered: an export
+    holds it as a constant all the same), harmless ones left out."""
     found = []
-    for name, tensor in (*module.named_parameters(), *module.named_buffers()):
+    for name, tensor in (*module.named_parameters(), *module.named_buffers(), *tensor_attributes(module, harmless)):
         if tensor is not None and not tensor.is_inference():
             found.append((name, tensor, tensor._version))
     return found
@@ -293,6 +304,7 @@ class ModuleDispatch:
         self.warned: set = set()
         self.grad_logged = False  # the first call run eagerly for autograd was logged
         self.autocast_logged = False  # the first call run eagerly for autocast was logged
+        self.global_hooks_logged: set = set()  # the sets of global forward hooks whose eager calls were logged
         self.measuring = False  # made by measured_call to measure a candidate, not a module's
         # Where a tuned graph holds a copy of the weights (an ONNX model's initializers), the
         # parameters and buffers with their version counters as tuning left them: an
@@ -302,6 +314,7 @@ class ModuleDispatch:
         # the general path compares them on each call (then ``weights_changed(how) -> bool``,
         # set by ait.Module, deactivates it). A write into ``.data`` moves no counter.
         self.holding = any(tuned.holds_weights for _, tuned in self.tuned.values())
+        self.harmless = harmless
         self.weights: list[tuple[str, torch.Tensor, int]] = []
         self.watch_weights_as_they_are()
         self.weights_changed: Callable[[str], bool] | None = None
@@ -315,7 +328,8 @@ class ModuleDispatch:
         # the submodules: one replaced by assignment (``fc.weight = nn.Parameter(w)``,
         # ``model.fc = nn.Linear(...)``, on the wrapped module) moves no version counter, but
         # is another object there (weight_changes.weight_slots).
-        self.slots = weight_slots(module) if self.holding else []
+        self.slots = weight_slots(module, harmless) if self.holding else []
+        self.registries = registry_keys(module) if self.holding else []
         self.watch_values_as_they_are()
 
     def in_other_mode(self, training: bool) -> bool:
@@ -356,6 +370,8 @@ class ModuleDispatch:
             return self._run_with_autograd(args, kwargs)
         if self.tuned and (changed := self.changed_submodules()):
             return self._run_changed_submodules(changed, args, kwargs)
+        if self.tuned and (_nn_module._global_forward_pre_hooks or _nn_module._global_forward_hooks):
+            return self._run_with_global_hooks(args, kwargs)
         if self.tuned and self.autocast is not None and autocast_enabled() is not self.autocast:
             return self._run_in_other_autocast(args, kwargs)
         if (self.attributes is not None or self.slots) and not self.cpp.attributes_clear():
@@ -497,7 +513,8 @@ class ModuleDispatch:
         if self.cpp is None:
             return
         if self.slots:
-            self.slots = weight_slots(self.module)
+            self.slots = weight_slots(self.module, self.harmless)
+            self.registries = registry_keys(self.module)
         watched = self.attributes.watched() if self.attributes is not None else []
         self.cpp.watch_attributes(watched + [(registry, key, tensor) for _, registry, key, tensor in self.slots])
 
@@ -507,7 +524,8 @@ class ModuleDispatch:
         nn.Linear(...)``) and the module was deactivated for it (as
         ``_weights_changed_in_place``); otherwise the objects as they are now are taken as seen."""
         replaced = [(name, tensor) for name, registry, key, tensor in self.slots if registry.get(key) is not tensor]
-        if not replaced:
+        added = added_to_registries(self.registries)
+        if not replaced and not added:
             return False
         modules = [name for name, old in replaced if isinstance(old, torch.nn.Module)]
         tensors = [name for name, old in replaced if not isinstance(old, torch.nn.Module)
@@ -516,9 +534,13 @@ class ModuleDispatch:
         def shown(names: list[str]) -> str:
             return ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
+        # A submodule appended to a Sequential or ModuleList (or a parameter registered)
+        # after tuning is one forward may run; the graphs were exported without it.
         how = " and ".join(
             [f"were replaced with the submodules holding them ({shown(modules)})"] * bool(modules)
-            + [f"were replaced by other tensors ({shown(tensors)})"] * bool(tensors)) + ", assigned on the module"
+            + [f"were replaced by other tensors ({shown(tensors)})"] * bool(tensors)
+            + [f"were extended by submodules, parameters or buffers added since tuning ({shown(added)})"] * bool(added)
+        ) + ", assigned on the module"
         if self.weights_changed is not None and self.weights_changed(how):
             return True
         self.watch_values_as_they_are()
@@ -547,7 +569,7 @@ class ModuleDispatch:
         plain tensor's is half the cost of a Parameter's (~160 against ~320 ns on a 2-core
         host; torch looks up a subclass's ``__torch_function__`` on every read)."""
         if self.holding:
-            self.weights = _weight_versions(self.module)
+            self.weights = _weight_versions(self.module, self.harmless)
             self.cpp.watch_weights([tensor.detach() for _, tensor, _ in self.weights])
 
     def unwatch_weights(self) -> None:
@@ -571,6 +593,19 @@ class ModuleDispatch:
             return True
         self.watch_weights_as_they_are()
         return False
+
+    def _run_with_global_hooks(self, args: tuple, kwargs: dict) -> Any:
+        """A call while hooks for every module's forward are registered (registered after
+        tuning: ait.tune refuses to tune under them): a graph runs no submodule, so the
+        hooks would not run on them; the call runs eagerly, said once per set of hooks."""
+        hooks = tuple(global_forward_hooks())
+        if hooks not in self.global_hooks_logged:
+            self.global_hooks_logged.add(hooks)
+            logger.warning(
+                "ait.Module '%s': forward hooks for every module are registered (%s, torch.nn.modules.module."
+                "register_module_forward_hook or _pre_hook); a tuned graph runs no submodule, so calls run eagerly "
+                "in PyTorch while they are registered", self.name, ", ".join(hooks))
+        return self.module.forward(*args, **kwargs)  # the hooks ran around the proxy's forward
 
     def _run_in_other_autocast(self, args: tuple, kwargs: dict) -> Any:
         """A call with torch.autocast on where the graphs were recorded without it (or off
@@ -606,9 +641,10 @@ class ModuleDispatch:
             self._warn_once(identity, f"no recorded graph matches this call ({call}); running eagerly")
             return self.module.forward(*args, **kwargs)  # the hooks ran around the proxy's forward
         recorded = "\n".join(f"  {i + 1}. {g.describe()}" for i, g in enumerate(self.recorded))
+        differ = differing_values(self.signature, arguments, self.recorded)
         raise GraphNotRecordedError(
             f"ait.Module '{self.name}' was tuned for other inputs than this call.\n"
-            f"This call: {call}\nRecorded graphs:\n{recorded}\n"
+            f"This call: {call}\nRecorded graphs:\n{recorded}\n" + (f"{differ}\n" if differ else "") +
             f"Add such samples to the data given to ait.tune, or {_FALLBACK_ADVICE}."
         )
 

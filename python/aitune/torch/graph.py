@@ -248,6 +248,21 @@ def _argument_path(signature: inspect.Signature, path: tuple) -> tuple:
     return path[1:] if parameter is not None and parameter.kind is parameter.VAR_KEYWORD else path
 
 
+def _path_name(path: tuple) -> str:
+    """A bound argument's key path as a user writes it: ``use_cache``, ``past.0``."""
+    return ".".join(str(getattr(key, "key", getattr(key, "idx", key))) for key in path)
+
+
+def non_tensor_values(signature: inspect.Signature, paths_leaves: list) -> dict[str, Any]:
+    """name -> value of each non-tensor leaf of a bound call (None included)."""
+    return {_path_name(_argument_path(signature, path)): leaf for path, leaf in paths_leaves
+            if not isinstance(leaf, torch.Tensor)}
+
+
+def _shown_values(values: dict[str, Any]) -> str:
+    return ", ".join(f"{name}={value!r}" for name, value in values.items() if value is not None)
+
+
 def _tensor_records(names: list[str], tensors: list[torch.Tensor]) -> list[tuple[str, str, list[int]]]:
     return [(n, flatten.dtype_name(t.dtype), list(t.shape)) for n, t in zip(names, tensors, strict=True)]
 
@@ -414,6 +429,7 @@ class RecordedGraph(_GraphCalls):
         self.identity = flatten.identity(in_spec, in_leaves)
         self.key = f"graph_{flatten.stable_digest(in_spec, in_leaves)}"
         self._inputs = _Tree(in_spec, in_leaves)
+        self.non_tensor_values = non_tensor_values(signature, in_paths_leaves)
         self.input_names = flatten.leaf_names(
             "input", [_argument_path(signature, p) for p, leaf in in_paths_leaves if isinstance(leaf, torch.Tensor)]
         )
@@ -568,9 +584,8 @@ class RecordedGraph(_GraphCalls):
             kind = f"{flatten.dtype_name(first.dtype)} rank {first.dim()}" if first is not None else "?"
             seen = f"{list(shapes[0])}" if len(shapes) == 1 else f"{list(shapes[0])} .. {list(shapes[-1])}"
             lines.append(f"{name}: {kind} (shapes {seen})")
-        constants = [leaf for leaf in self._inputs.template if leaf is not None]
-        if constants:
-            lines.append(f"non-tensor values: {constants!r}")
+        if constants := _shown_values(self.non_tensor_values):
+            lines.append(f"non-tensor values: {constants}")
         return "; ".join(lines)
 
 
@@ -633,13 +648,34 @@ def describe_call(signature: inspect.Signature, arguments: dict[str, Any]) -> st
     """A call described like ``RecordedGraph.describe`` does, for error messages."""
     paths_leaves, _ = pytree.tree_flatten_with_path(arguments)
     parts = []
-    constants = []
     for path, leaf in paths_leaves:
         if isinstance(leaf, torch.Tensor):
             name = flatten.leaf_names("input", [_argument_path(signature, path)])[0]
             parts.append(f"{name}: {flatten.dtype_name(leaf.dtype)} rank {leaf.dim()} (shape {list(leaf.shape)})")
-        elif leaf is not None:
-            constants.append(leaf)
-    if constants:
-        parts.append(f"non-tensor values: {constants!r}")
+    if constants := _shown_values(non_tensor_values(signature, paths_leaves)):
+        parts.append(f"non-tensor values: {constants}")
     return "; ".join(parts) or "no tensors"
+
+
+def differing_values(signature: inspect.Signature, arguments: dict[str, Any], graphs: list) -> str:
+    """For an unrecorded call: where its non-tensor values (None included) differ from the
+    recorded graph closest to it (``use_cache: None here, False recorded (graph 2)``), or ''."""
+    now = non_tensor_values(signature, pytree.tree_flatten_with_path(arguments)[0])
+    best = None
+    for index, graph in enumerate(graphs):
+        recorded = getattr(graph, "non_tensor_values", None)
+        if recorded is None:
+            continue
+        differ = [name for name in {**recorded, **now} if name not in recorded or name not in now
+                  or type(recorded[name]) is not type(now[name]) or recorded[name] != now[name]]
+        if not differ:
+            return ""  # a graph with these values: the tensors differ, which the call's line shows
+        if best is None or len(differ) < len(best[1]):
+            best = (index, differ, recorded)
+    if best is None:
+        return ""
+    index, differ, recorded = best
+    missing = object()
+    shown = [f"{name}: {now.get(name, missing)!r} here, {recorded.get(name, missing)!r} recorded"
+             .replace(repr(missing), "absent") for name in sorted(differ)]
+    return f"non-tensor values that differ from recorded graph {index + 1}: " + "; ".join(shown)

@@ -50,6 +50,13 @@ class NondeterministicModuleError(TuningError):
     The message names the modules in training mode, where there are."""
 
 
+class GlobalHooksTuningError(TuningError):
+    """Hooks for every module's forward were registered when ``ait.tune`` was called
+    (``torch.nn.modules.module.register_module_forward_hook`` / ``_pre_hook``, a profiler's
+    module tracker): the export would run them on every submodule and the graphs keep their
+    effect after they are removed. Remove them (``handle.remove()``) and tune again."""
+
+
 class UnsupportedDTypeTuningError(TuningError, _core.UnsupportedDTypeError):
     """No candidate could be built because the execution provider has no kernel for an
     operator at the model's dtype (a bfloat16 module on ONNX Runtime's CPU provider); each

@@ -18,10 +18,11 @@ from aitune.torch import cache, flatten
 from aitune.torch.backend import ONNXRuntimeBackend
 from aitune.torch.backend.base import TunedGraph
 from aitune.torch.context import TuneSession, current_session, eager_only, note_other_thread_call, recording_threads
-from aitune.torch.dispatch import DispatchedModule, ModuleDispatch, _effect_on_tensors_only, measured_call
+from aitune.torch.dispatch import (DispatchedModule, ModuleDispatch, _effect_on_tensors_only, global_forward_hooks,
+                                   measured_call)
 from aitune.torch.dynamic_shapes import DynamicShapes
 from aitune.torch.graph import CallForm, RecordedGraph
-from aitune.torch.graph_tuning import tune_graph
+from aitune.torch.graph_tuning import GlobalHooksTuningError, tune_graph
 from aitune.torch.state_changes import (StateSnapshot, StateWatch, attribute_paths, changed_containers,
                                         changed_inputs, check_harmless_attributes, is_harmless, tensor_version)
 from aitune.torch.module_registry import MODULE_REGISTRY
@@ -304,6 +305,18 @@ class Module(DispatchedModule):
     def __dir__(self) -> list[str]:
         return sorted(set(super().__dir__()) | set(dir(self._ait_module)))
 
+    def __reduce_ex__(self, protocol: int):
+        # copy.deepcopy and pickle (torch.save of a whole model) both come here. A tuned
+        # module's graphs are ONNX Runtime sessions and compiled code bound to this
+        # module's weights: nothing that copies or pickles; say what does instead.
+        if self._ait_tuned:
+            raise TypeError(
+                f"ait.Module '{self._ait_name}' is tuned: its graphs (ONNX Runtime sessions, compiled code bound to "
+                "its weights) cannot be copied or pickled (copy.deepcopy, torch.save of the model). Save it with "
+                "ait.save(model, path) and load it into a copy with ait.load(copy, path), save the weights alone "
+                "(torch.save(model.state_dict(), ...)), or copy the module before wrapping it")
+        return super().__reduce_ex__(protocol)
+
     def train(self, mode: bool = True) -> Module:
         self._ait_module.train(mode)
         self.training = mode
@@ -509,6 +522,13 @@ class Module(DispatchedModule):
             raise ValueError(f"ait.Module '{self._ait_name}': harmless_attributes names {unknown}, which no "
                              f"attribute of the module or its submodules is (attributes: "
                              f"{sorted(attribute_paths(self._ait_module))})")
+        if global_hooks := global_forward_hooks():
+            raise GlobalHooksTuningError(
+                f"ait.Module '{self._ait_name}': forward hooks for every module are registered ({', '.join(global_hooks)}"
+                ", torch.nn.modules.module.register_module_forward_hook or _pre_hook): the export would run them on "
+                "every submodule, and the tuned graphs would keep their effect after they are removed. Remove them "
+                "(handle.remove()) and tune again; register hooks on the module wrapped instead (they run around "
+                "the tuned graph)")
         hooks = submodule_hooks(self._ait_module)
         if hooks:
             logger.warning(

@@ -10,6 +10,8 @@ from collections.abc import Mapping
 
 import torch
 
+from aitune.torch.state_changes import user_attributes
+
 
 def weights_fingerprint(module: torch.nn.Module) -> tuple:
     """What changes when ``_apply`` (``.to()``, ``.cuda()``, ``.half()``, ...) replaces or
@@ -21,20 +23,55 @@ def weights_fingerprint(module: torch.nn.Module) -> tuple:
     )
 
 
-def weight_slots(module: torch.nn.Module) -> list[tuple[str, dict, str, object]]:
+def tensor_attributes(module: torch.nn.Module, harmless: tuple[str, ...] = ()) -> list[tuple[str, torch.Tensor]]:
+    """(path, tensor) of each tensor ``module`` or a submodule keeps as a plain attribute
+    (``self.scale = torch.ones(8)``, not ``register_buffer``): an export holds it as a
+    constant like a buffer. Harmless ones (``ait.Module(..., harmless_attributes=)``) are
+    left out."""
+    return [(path, value) for path, _, _, value in user_attributes(module, harmless) if isinstance(value, torch.Tensor)]
+
+
+def weight_slots(module: torch.nn.Module, harmless: tuple[str, ...] = ()) -> list[tuple[str, dict, str, object]]:
     """(path, the owning module's ``_parameters``, ``_buffers`` or ``_modules`` dict, key,
-    object there) of each parameter, buffer and submodule: a weight replaced by assignment
-    (``fc.weight = nn.Parameter(w)``, ``register_buffer`` again) or with the submodule that
-    holds it (``model.fc = nn.Linear(...)``, timm's ``reset_classifier``, transformers'
-    ``resize_token_embeddings``), on the wrapped module or a submodule, is another object in
-    that slot, which the dispatch's C++ half sees per call (``TorchDispatch.watch_attributes``)."""
+    object there) of each parameter, buffer and submodule, and (path, instance dict, key,
+    tensor) of each tensor kept as a plain attribute (``tensor_attributes``): a weight
+    replaced by assignment (``fc.weight = nn.Parameter(w)``, ``register_buffer`` again,
+    ``self.scale = other``) or with the submodule that holds it (``model.fc =
+    nn.Linear(...)``, timm's ``reset_classifier``, transformers' ``resize_token_embeddings``),
+    on the wrapped module or a submodule, is another object in that slot, which the
+    dispatch's C++ half sees per call (``TorchDispatch.watch_attributes``)."""
     slots = []
     for prefix, sub in module.named_modules(remove_duplicate=True):
         for registry in (sub._parameters, sub._buffers, sub._modules):
             for key, value in registry.items():
                 if value is not None:
                     slots.append((f"{prefix}.{key}" if prefix else key, registry, key, value))
+    slots += [(path, held, key, value) for path, held, key, value in user_attributes(module, harmless)
+              if isinstance(value, torch.Tensor)]
     return slots
+
+
+def registry_keys(module: torch.nn.Module) -> list[tuple[str, dict, frozenset]]:
+    """(path prefix, dict, its keys) of each ``_parameters``, ``_buffers`` and ``_modules``
+    dict of ``module`` and its submodules that holds anything (the dicts ``weight_slots``
+    watches)."""
+    found = []
+    for prefix, sub in module.named_modules(remove_duplicate=True):
+        for registry in (sub._parameters, sub._buffers, sub._modules):
+            keys = frozenset(key for key, value in registry.items() if value is not None)
+            if keys:
+                found.append((f"{prefix}." if prefix else "", registry, keys))
+    return found
+
+
+def added_to_registries(registries: list[tuple[str, dict, frozenset]]) -> list[str]:
+    """The paths of the parameters, buffers and submodules in ``registries``
+    (``registry_keys``, as tuning left them) added since: a submodule appended to a
+    Sequential or ModuleList (``append``, ``add_module``), a parameter registered. Forward
+    may run it; the graphs were exported without it. (Plain attributes added to a module
+    are not counted: forward did not read them when the graphs were exported.)"""
+    return [prefix + key for prefix, registry, keys in registries
+            for key, value in registry.items() if value is not None and key not in keys]
 
 
 def state_dict_changes_weights(module: torch.nn.Module, incoming: Mapping, prefix: str = "") -> bool:

@@ -297,7 +297,7 @@ class AttributeValues {
       fresh.push_back(Entry{nb::borrow(entry[0]), interned(nb::borrow(entry[1])), nb::borrow(entry[2])});
       bool known = false;
       for (const auto& d : dicts) known = known || d.dict == entry[0].ptr();
-      if (!known) dicts.push_back(Tagged{entry[0].ptr(), 0});
+      if (!known) dicts.push_back(Tagged{entry[0].ptr(), 0, PyDict_GET_SIZE(entry[0].ptr())});
     }
     entries_ = std::move(fresh);
     dicts_ = std::move(dicts);
@@ -316,6 +316,10 @@ class AttributeValues {
         return false;
       }
     }
+    // A key added (a submodule appended to a Sequential's `_modules`) leaves every watched
+    // value as it was: the Python path decides whether it matters (and calls set() again).
+    for (const auto& d : dicts_)
+      if (PyDict_GET_SIZE(d.dict) != d.size) return false;
     take_tags();  // written, but every value is the object it was: the dicts as they are now
     return true;
   }
@@ -343,6 +347,7 @@ class AttributeValues {
     PyObject* dict;  // borrowed: entries_ hold it (one strong reference each, all visited by traverse:
                      // an unvisited one would keep a cycle through the dict alive)
     std::uint64_t tag;
+    Py_ssize_t size;  // its number of keys when set()
   };
   static std::uint64_t tag_of(PyObject* dict) noexcept {
 #if AITUNE_DICT_VERSION_TAGS
