@@ -29,6 +29,8 @@ inline constexpr std::string_view kCheckpointManifestFile = "manifest.json";
 /// ait.Modules): each module is a checkpoint of its own in a directory under `modules/`.
 /// `Checkpoint::load` of the pipeline's directory names those (kInvalidArgument).
 inline constexpr std::string_view kPipelineManifestFile = "pipeline.json";
+/// Value of a pipeline manifest's "format" field.
+inline constexpr std::string_view kPipelineFormatName = "aitune-pipeline-checkpoint";
 /// Value of the manifest's "format" field, which marks a directory as an aitune checkpoint.
 inline constexpr std::string_view kCheckpointFormatName = "aitune-checkpoint";
 /// The backend name a graph run by OnnxSession is saved under.

@@ -1,8 +1,12 @@
 // `aitune report tune_report.json -o page.html`: a tune report as an HTML page.
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "aitune/error.hpp"
 #include "aitune/tune_report_html.hpp"
@@ -10,13 +14,40 @@
 
 namespace aitune::cli {
 
+namespace {
+
+// The report a directory names: its own tune_report.json (a tune's output directory), or a
+// checkpoint's only graphs/<graph>/tune_report.json; several are refused, each named, so
+// that a checkpoint directory is not read as a JSON file ("not valid JSON").
+std::string report_in(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return path;
+  if (fs::is_regular_file(fs::path(path) / "tune_report.json", ec)) return (fs::path(path) / "tune_report.json").string();
+  std::vector<std::string> found;
+  for (const auto& graph : fs::directory_iterator(fs::path(path) / "graphs", ec))
+    if (fs::is_regular_file(graph.path() / "tune_report.json", ec)) found.push_back((graph.path() / "tune_report.json").string());
+  std::sort(found.begin(), found.end());
+  if (found.size() == 1) return found.front();
+  if (found.empty())
+    throw Error(ErrorCode::kInvalidArgument, "'" + path + "' is a directory without a tune_report.json (nor a checkpoint's "
+                                             "graphs/<graph>/tune_report.json); pass the report file");
+  std::string names;
+  for (const auto& f : found) names += "\n  " + f;
+  throw Error(ErrorCode::kInvalidArgument, "'" + path + "' holds the reports of " + std::to_string(found.size()) +
+                                               " graphs; pass one of them:" + names);
+}
+
+}  // namespace
+
 Command add_report(CLI::App& app) {
   auto* sub = app.add_subcommand("report", "Render a tune report (tune_report.json) as a self-contained HTML page");
   auto report = std::make_shared<std::string>();
   auto output = std::make_shared<std::string>();
-  sub->add_option("report", *report, "the tune_report.json a tune wrote")->required();
+  sub->add_option("report", *report, "the tune_report.json a tune wrote, or a directory holding one (a checkpoint with one graph)")->required();
   sub->add_option("-o,--output", *output, "the page to write (default: the report's path with .html)");
   return {sub, [report, output] {
+            *report = report_in(*report);
             std::ifstream in(*report);
             if (!in) throw Error(ErrorCode::kIo, "cannot read the report '" + *report + "'");
             std::stringstream text;

@@ -572,3 +572,20 @@ def test_a_device_map_key_naming_no_module_is_refused_before_anything_loads(save
     ait.load(pipeline, path, device_map={"encoder": "cpu", "head": "cpu"})
     with torch.no_grad():
         torch.testing.assert_close(pipeline(x), outputs)
+
+
+def test_a_module_saved_over_a_pipeline_checkpoint_replaces_it_as_the_reverse_does(saved, tmp_path):
+    """A pipeline saved over a single-module checkpoint replaced it, but a single module
+    saved over a pipeline checkpoint was refused as "a non-empty directory without
+    manifest.json, so not an aitune checkpoint": both are aitune's, each replaces the other."""
+    target = copy_of(saved, tmp_path)
+    pipeline = TwoStage()
+    ait.load(pipeline, target)
+    ait.save(pipeline.encoder, target)
+    assert (target / "manifest.json").is_file() and not (target / "pipeline.json").exists()
+    loaded = ait.load(MLP(16, 32, 16).eval(), target)
+    assert loaded.ait_state is ait.ModuleState.TUNED and loaded.ait_name == "encoder"
+    other = TwoStage()
+    ait.load(other, saved[0])  # (not `pipeline`: it reads its graphs from the checkpoint just replaced)
+    ait.save(other, target)  # and back
+    assert (target / "pipeline.json").is_file() and not (target / "manifest.json").exists()

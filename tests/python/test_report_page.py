@@ -100,6 +100,18 @@ def test_aitune_report_writes_the_page_that_chromium_renders(tmp_path):
     (tmp_path / "bad.json").write_text("[]")
     bad = subprocess.run([_cli(), "report", str(tmp_path / "bad.json")], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "bad.json" in bad.stderr
+    # A checkpoint directory with one graph: its report (was "the tune report is not valid JSON")
+    graph = tmp_path / "checkpoint" / "graphs" / "graph_a"
+    graph.mkdir(parents=True)
+    (graph / "tune_report.json").write_text(report.read_text())
+    one = subprocess.run([_cli(), "report", str(tmp_path / "checkpoint"), "-o", str(tmp_path / "one.html")],
+                         capture_output=True, text=True, timeout=60)
+    assert one.returncode == 0, one.stderr
+    assert (tmp_path / "one.html").read_text() == page.read_text()
+    (tmp_path / "checkpoint" / "graphs" / "graph_b").mkdir()
+    (tmp_path / "checkpoint" / "graphs" / "graph_b" / "tune_report.json").write_text(report.read_text())
+    two = subprocess.run([_cli(), "report", str(tmp_path / "checkpoint")], capture_output=True, text=True, timeout=60)
+    assert two.returncode == 2 and "holds the reports of 2 graphs" in two.stderr and "graph_b" in two.stderr, two.stderr
 
     if CHROMIUM is None:
         pytest.skip("chromium is not installed (scripts/setup.sh installs it): the page was not opened")

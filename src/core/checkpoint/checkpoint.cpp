@@ -119,18 +119,25 @@ Target inspect_target(const fs::path& target) {
     fail(ErrorCode::kInvalidArgument, refuse + "is a symbolic link; save to the directory it points to");
   if (!fs::is_directory(st)) fail(ErrorCode::kInvalidArgument, refuse + "exists and is not a directory");
   if (fs::is_empty(target, ec)) return Target::kEmptyDir;
-  const fs::path manifest = target / kCheckpointManifestFile;
-  if (!fs::is_regular_file(fs::symlink_status(manifest, ec)))
+  // Whether `name` in the directory is a manifest whose "format" is `format`.
+  auto manifest_of = [&](std::string_view name, std::string_view format) {
+    const fs::path manifest = target / name;
+    if (!fs::is_regular_file(fs::symlink_status(manifest, ec))) return false;
+    try {
+      auto j = detail::parse_bounded_json<Json>(read_text_file(manifest, "manifest"), ErrorCode::kInvalidArgument,
+                                                "manifest");
+      return j.is_object() && j.contains("format") && j.at("format") == format;
+    } catch (const std::exception&) {
+      return false;
+    }
+  };
+  // A pipeline checkpoint (the front end's pipeline.json) is aitune's too: replaced like a
+  // module's, as a pipeline save replaces a module's checkpoint.
+  if (manifest_of(kPipelineManifestFile, kPipelineFormatName)) return Target::kCheckpoint;
+  if (!fs::is_regular_file(fs::symlink_status(target / kCheckpointManifestFile, ec)))
     fail(ErrorCode::kInvalidArgument, refuse + "is a non-empty directory without " +
                                           std::string(kCheckpointManifestFile) + ", so not an aitune checkpoint");
-  bool ours = false;
-  try {
-    auto j = detail::parse_bounded_json<Json>(read_text_file(manifest, "manifest"), ErrorCode::kInvalidArgument,
-                                              "manifest");
-    ours = j.is_object() && j.contains("format") && j.at("format") == kCheckpointFormatName;
-  } catch (const std::exception&) {
-  }
-  if (!ours)
+  if (!manifest_of(kCheckpointManifestFile, kCheckpointFormatName))
     fail(ErrorCode::kInvalidArgument, refuse + "holds a manifest.json that is not an aitune checkpoint manifest "
                                                "(no \"format\": \"aitune-checkpoint\")");
   return Target::kCheckpoint;
