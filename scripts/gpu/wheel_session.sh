@@ -4,6 +4,8 @@
 #   scripts/gpu/wheel_session.sh build     # install aitune into the image's Python, doctor, C++ tests
 #   scripts/gpu/wheel_session.sh install   # the same without the C++ tests
 #   scripts/gpu/wheel_session.sh pytest [ARGS]   # the Python suite (CUDA tests included)
+#   scripts/gpu/wheel_session.sh suite 1|2       # half of the suite's files (each half fits the
+#                                                # device's 10-minute call; run both, back to back)
 #   scripts/gpu/wheel_session.sh python SCRIPT [ARGS]  # a benchmark script with the same environment
 # Logs go to $OUT (the device tool's output folder) or /tmp/aitune-gpu.
 set -uo pipefail
@@ -47,6 +49,11 @@ case "$step" in
     ctest --test-dir build/gpu-tests --output-on-failure -j4 2>&1 | tee "$out/ctest.log" | tail -60 ;;
   pytest)
     python3 -m pytest -q -rs "$@" 2>&1 | tee "$out/pytest.log" | tail -80 ;;
+  suite)  # the test files alternately in two halves, -n 12: the whole suite in two calls
+    half=${1:?1 or 2}; shift
+    files=$(ls tests/python/test_*.py | awk -v h="$half" 'NR % 2 == h % 2')
+    python3 -m pytest -q -rs -n 12 --dist loadfile --timeout 300 -p no:randomly "$@" $files 2>&1 \
+      | tee "$out/pytest-$half.log" | tail -80 ;;
   python)
     python3 "$@" 2>&1 | tee "$out/python.log" | tail -120 ;;
 esac
