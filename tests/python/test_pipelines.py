@@ -273,3 +273,38 @@ def test_a_python_number_that_changes_every_call_is_named_while_recording(caplog
             ait.tune(lambda sample: pipeline(sample, steps=steps), samples, dry_run=True)
         assert len(pipeline.denoiser.ait_graphs) == graphs
         assert not [r for r in caplog.records if "differ only in the Python number" in r.getMessage()]
+
+
+class CountingHead(torch.nn.Module):
+    """Counts its calls in a plain attribute: state an export cannot keep, unless declared harmless."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 4)
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        return self.fc(x)
+
+
+class CountingPipeline:
+    def __init__(self):
+        self.head = CountingHead().eval()
+
+    def __call__(self, x):
+        return self.head(x)
+
+
+def test_wrap_gives_each_module_its_harmless_attributes_by_name():
+    """ait.wrap had no harmless_attributes, so a pipeline module counting its calls could
+    not be tuned through ait.wrap (its ait.Module had to be built by hand)."""
+    pipeline = CountingPipeline()
+    samples = [torch.randn(8) for _ in range(2)]
+    modules = ait.inspect(pipeline, samples, number_of_iterations=1, warmup_iterations=0).get_modules()
+    with pytest.raises(ValueError, match="harmless_attributes names 'tail'"):
+        ait.wrap(pipeline, modules, strategy=cpu_strategy(), harmless_attributes={"tail": ["calls"]})
+    assert not isinstance(pipeline.head, ait.Module)  # nothing wrapped on a refusal
+    ait.wrap(pipeline, modules, strategy=cpu_strategy(), harmless_attributes={"head": ["calls"]})
+    ait.tune(pipeline, samples, ignore_failing_modules=False)
+    assert pipeline.head.ait_state is ait.ModuleState.TUNED

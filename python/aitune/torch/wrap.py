@@ -24,7 +24,8 @@ def _module_name(info: ModuleInfo, obj: Any) -> str:
 
 
 def wrap(obj: Any, modules: Sequence[ModuleInfo], strategy: TuneStrategy | None = None, strategies=None,
-         eager_fallback: bool = False, dynamic_shapes: Mapping[str, Mapping] | None = None) -> Any:
+         eager_fallback: bool = False, dynamic_shapes: Mapping[str, Mapping] | None = None,
+         harmless_attributes: Mapping[str, Sequence[str]] | None = None) -> Any:
     """Replaces each module of ``modules`` (from ``ait.inspect(...).get_modules()``) with an
     ``ait.Module`` at its place in ``obj``: the attribute of its parent module or plain
     object, the item of its ModuleList / ModuleDict / list / dict. Each is named after its
@@ -41,7 +42,8 @@ def wrap(obj: Any, modules: Sequence[ModuleInfo], strategy: TuneStrategy | None 
     ``dynamic_shapes``: per wrapped module, by its name (the object path, or the class name
     of ``obj`` wrapped whole), the ``dynamic_shapes`` of its ``ait.Module``
     (``{"unet": {"sample": {2: (32, 128), 3: (32, 128)}}}``); a name of no module wrapped is
-    a ValueError.
+    a ValueError. ``harmless_attributes``: the same, per wrapped module by name, the
+    ``harmless_attributes`` of its ``ait.Module`` (``{"text_encoder": ["calls"]}``).
 
     Every place is checked first (a place of ``obj``, not of another object inspected; the
     module still there, the place assignable, not wrapped already); on a refusal nothing
@@ -53,9 +55,11 @@ def wrap(obj: Any, modules: Sequence[ModuleInfo], strategy: TuneStrategy | None 
     declared = dict(dynamic_shapes or {})
     whole = next((info for info in infos if info.parent is None), None)
     names = [_module_name(whole, obj)] if whole is not None else [_module_name(info, obj) for info in infos]
-    if unknown := sorted(set(map(str, declared)) - set(names)):
-        raise ValueError(f"ait.wrap: dynamic_shapes names {', '.join(map(repr, unknown))}, which is not a module "
-                         f"wrapped here; the modules are: {', '.join(map(repr, names))}")
+    harmless = dict(harmless_attributes or {})
+    for option, given in (("dynamic_shapes", declared), ("harmless_attributes", harmless)):
+        if unknown := sorted(set(map(str, given)) - set(names)):
+            raise ValueError(f"ait.wrap: {option} names {', '.join(map(repr, unknown))}, which is not a module "
+                             f"wrapped here; the modules are: {', '.join(map(repr, names))}")
     for name, shapes in declared.items():  # malformed: refused before any module is wrapped
         DynamicShapes(shapes)
     for info in infos:
@@ -68,7 +72,8 @@ def wrap(obj: Any, modules: Sequence[ModuleInfo], strategy: TuneStrategy | None 
                                  "object path ''); wrap one of them")
             logger.info("ait.wrap: %s wrapped whole", type(obj).__name__)
             name = _module_name(info, obj)
-            return Module(obj, name, strategy, strategies, declared.get(name), eager_fallback=eager_fallback)
+            return Module(obj, name, strategy, strategies, declared.get(name), eager_fallback=eager_fallback,
+                          harmless_attributes=harmless.get(name, ()))
     # every place must be one of obj's: ModuleInfos of another object (ait.inspect of an
     # identical pipeline built twice) would wrap that object's modules, leaving obj as it was
     places = {(id(location.parent), location.key) for _, first in find_modules(obj, max_depth=MAX_DEPTH)
@@ -94,7 +99,8 @@ def wrap(obj: Any, modules: Sequence[ModuleInfo], strategy: TuneStrategy | None 
             raise ValueError(f"{where} is inside another module being wrapped; wrap one of them")
         plan.append(info)
     wrappers = [Module(info.module, _module_name(info, obj), strategy, strategies,
-                       declared.get(_module_name(info, obj)), eager_fallback=eager_fallback) for info in plan]
+                       declared.get(_module_name(info, obj)), eager_fallback=eager_fallback,
+                       harmless_attributes=harmless.get(_module_name(info, obj), ())) for info in plan]
     inner = [info.module for info in plan]
     for info, wrapped in zip(plan, wrappers):
         info.location.replace(wrapped)
