@@ -412,6 +412,18 @@ def test_outputs_that_read_state_a_call_changed_are_refused_naming_the_state():
     assert model.ait_state is ModuleState.PASSTHROUGH
 
 
+def _tuned_and_routed(inner: torch.nn.Module, name: str):
+    """``inner`` (4 features in) tuned on the CPU and called until the C++ half routes its
+    calls: (the ait.Module, an input)."""
+    model = ait.Module(inner, name, strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [torch.randn(4) for _ in range(2)], ignore_failing_modules=False, progress=False)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        model(x), model(x)
+    assert model._ait_calls.direct is not None
+    return model, x
+
+
 class ScaledByAPlainTensor(torch.nn.Module):
     """Keeps a tensor as a plain attribute (not ``register_buffer``): the export holds it
     as a constant all the same."""
@@ -431,12 +443,8 @@ def test_a_tensor_kept_as_a_plain_attribute_is_watched_like_a_buffer(how, caplog
     values and computed the old model, silently. Now the tensor's counter and slot are
     watched with the weights'."""
     inner = ScaledByAPlainTensor().eval()
-    model = ait.Module(inner, "plain-tensor", strategy=cpu_strategy(tune_provider_options=False))
-    ait.tune(model, [torch.randn(4) for _ in range(2)], ignore_failing_modules=False, progress=False)
-    x = torch.randn(2, 4)
+    model, x = _tuned_and_routed(inner, "plain-tensor")
     with torch.no_grad():
-        model(x), model(x)
-        assert model._ait_calls.direct is not None
         if how == "in-place":
             inner.scale.mul_(3)
         else:
@@ -455,12 +463,8 @@ def test_a_submodule_added_to_a_sequential_after_tuning_deactivates_the_graphs(h
     the graph did not, silently (0.9 off). A key added to a watched ``_modules`` dict now
     counts as a change, named."""
     inner = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval()
-    model = ait.Module(inner, "appended", strategy=cpu_strategy(tune_provider_options=False))
-    ait.tune(model, [torch.randn(4) for _ in range(2)], ignore_failing_modules=False, progress=False)
-    x = torch.randn(2, 4)
+    model, x = _tuned_and_routed(inner, "appended")
     with torch.no_grad():
-        model(x), model(x)
-        assert model._ait_calls.direct is not None
         if how == "append":
             inner.append(torch.nn.Softmax(-1))
         else:
