@@ -643,8 +643,23 @@ def test_a_model_file_replaced_since_tuning_is_not_saved(tmp_path):
     model = Path(tuned.session.model_path)
     os.replace(tmp_path / "second" / "graphs" / next((tmp_path / "second" / "graphs").iterdir()).name / model.name,
                model)  # something else rewrote this tune's file
-    with pytest.raises(aitune.StateError, match=r"was replaced since the session was created"):
+    with pytest.raises(aitune.StateError, match=r"was replaced or written since the session was created"):
         ait.save(first, tmp_path / "ckpt")
+    assert not (tmp_path / "ckpt").exists()
+
+
+def test_weights_written_into_the_model_files_external_data_since_tuning_are_not_saved(tmp_path):
+    """Only the graph file's identity was checked: the weights' file beside it
+    (``model_raw.onnx.data``), rewritten at the same size, was copied into the checkpoint,
+    which then loaded TUNED and computed another model (5.2 off), silently."""
+    tuned_module, _ = _tune(MLP().eval(), "mlp", [torch.randn(16) for _ in range(2)])
+    ((_, tuned),) = tuned_module._ait_tuned.values()
+    data = Path(tuned.session.model_path + ".data")
+    assert data.is_file()  # the exporter keeps the weights beside the graph
+    weights = np.fromfile(data, dtype=np.float32)
+    (weights * -3).tofile(data)
+    with pytest.raises(aitune.StateError, match=r"external data \(the weights\) was replaced or written"):
+        ait.save(tuned_module, tmp_path / "ckpt")
     assert not (tmp_path / "ckpt").exists()
 
 

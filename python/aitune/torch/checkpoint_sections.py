@@ -156,7 +156,8 @@ class OnnxRuntimeSection(CheckpointSection):
         # tuned graph's model is its own tune's cache file, known by identity.
         loaded_from = getattr(tuned, "files_sha256", None)
         if now is None or (now != tuned.model_file and not loaded_from):
-            why = "no longer exists" if now is None else "was replaced since the session was created"
+            why = ("no longer exists (or its external data)" if now is None
+                   else "or its external data (the weights) was replaced or written since the session was created")
             raise _core.StateError(
                 f"ait.save: the ONNX model of graph '{graph.key}', {session.model_path}, {why} (each tune has a "
                 f"directory of its own in the cache, held until its process exits, and a loaded module reads the "

@@ -10,7 +10,9 @@ import logging
 import os
 from pathlib import Path
 
+import onnx
 import torch
+from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
 from aitune import _core
 from aitune.torch import cache, candidate_isolation, export, transforms
@@ -203,15 +205,43 @@ class NumericMismatchError(_core.AituneError):
     message has the first failure and the tuning summary table."""
 
 
+def _tensors(graph: onnx.GraphProto):
+    """The initializers and tensor attributes of ``graph`` and of the subgraphs its nodes hold."""
+    yield from graph.initializer
+    for node in graph.node:
+        for attribute in node.attribute:
+            if attribute.type == onnx.AttributeProto.TENSOR:
+                yield attribute.t
+            yield from attribute.tensors
+            if attribute.type == onnx.AttributeProto.GRAPH:
+                yield from _tensors(attribute.g)
+            for sub in attribute.graphs:
+                yield from _tensors(sub)
+
+
 def model_file_identity(path: str) -> tuple | None:
-    """(device, inode, size, mtime) of a model file, None if it is gone: tells whether the
-    file a session was created from was replaced since (a later tune of a module with
-    the same name and graph rewrites the cache file)."""
+    """(device, inode, size, mtime) of a model file and of each external-data file it
+    names (``model_raw.onnx.data``: the weights), None if one is gone: tells whether the
+    files a session was created from were replaced or written since (a later tune of a
+    module with the same name and graph rewrites the cache files). The weights' file
+    counts as much as the graph's: a checkpoint copies both, and a changed one would be
+    saved as the model's weights."""
+    files = [path]
     try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        model = onnx.load_model(path, load_external_data=False)
+        base = os.path.dirname(path)
+        files += sorted({os.path.join(base, ExternalDataInfo(tensor).location)
+                         for tensor in _tensors(model.graph) if uses_external_data(tensor)})
+    except Exception:  # noqa: BLE001  (unreadable now: stat below says whether it is gone)
+        pass
+    identity = []
+    for file in files:
+        try:
+            st = os.stat(file)
+        except OSError:
+            return None
+        identity.append((st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+    return tuple(identity)
 
 
 class OnnxRuntimeTunedGraph(TunedGraph):
