@@ -103,11 +103,17 @@ int cache_list(const CacheOptions& o) {
     std::error_code e;
     if (!it->is_directory(e) || it->is_symlink(e)) continue;
     std::string name = it->path().filename().string();
+    const auto bytes = tree_bytes(it->path().string());
+    total += bytes;
+    // Every module's directory records its name; one without (the build's ORT header
+    // downloads share the default root) is listed as what it is, not as a module.
+    if (!fs::exists(fs::symlink_status(it->path() / kModuleNameFile, e))) {
+      std::cout << "not a module's directory: " << name << "  " << human_bytes(bytes) << "\n";
+      continue;
+    }
     std::ifstream recorded;  // a .module_name that is no file (a directory) leaves the directory's name
     if (fs::is_regular_file(it->path() / kModuleNameFile, e)) recorded.open(it->path() / kModuleNameFile, std::ios::binary);
     if (recorded.is_open() && recorded) name.assign(std::istreambuf_iterator<char>(recorded), std::istreambuf_iterator<char>());
-    const auto bytes = tree_bytes(it->path().string());
-    total += bytes;
     std::cout << "module '" << name << "': " << human_bytes(bytes) << "  " << it->path().filename().string() << "\n";
   }
   auto stale = sweep(root, [](const std::string& parent, const std::string& prefix) {

@@ -79,6 +79,14 @@ TEST(CliValidation, CacheDirectoryThatIsNotOneIsNamedNotListedAsClean) {
   auto r = cli("cache list --dir " + tmp.file("cache"));
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("module 'm1'"), std::string::npos) << r.output;
+  // A directory without a .module_name (the build's ORT header downloads share the default
+  // root) was listed as "module 'downloads'".
+  fs::create_directories(tmp.path() / "cache" / "downloads");
+  write_file_bytes((tmp.path() / "cache" / "downloads" / "headers.tgz").string(), "x");
+  r = cli("cache list --dir " + tmp.file("cache"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("module 'downloads'"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("not a module's directory: downloads"), std::string::npos) << r.output;
 }
 
 TEST(CliValidation, TuneNumbersAndNamesOutOfRange) {

@@ -122,6 +122,40 @@ def test_requests_are_grouped_by_shape_off_the_batch_axis(tmp_path):
         server.check({names[0]: np.zeros((2, 4, 8), np.float32), names[1]: np.zeros((1, 4), np.float32)})
 
 
+class _Embedded(torch.nn.Module):
+    """Token ids in: a request's values (an id past the vocabulary) fail only when run."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(10, 4)
+
+    def forward(self, ids):
+        return self.embed(ids).sum(1)
+
+
+def test_a_request_that_fails_when_run_fails_alone_and_its_batch_is_answered(tmp_path):
+    """The checks before a batch see shapes and dtypes, not values: a token id past the
+    vocabulary passed them, joined a batch, and every request of it got HTTP 500 (8 of 9 in
+    a probe). Now a call that fails is run again request by request: the bad one gets a
+    422 naming the engine's error, the others their answers."""
+    from aitune.serve.graph_server import RunFailed
+
+    inner = _Embedded().eval()
+    model = ait.Module(inner, "embedded_serve", strategy=cpu_strategy())
+    ait.tune(model, [torch.randint(0, 10, (5,)) for _ in range(4)], batch_sizes=[1, 4], disable_external_logging=True,
+             ignore_failing_modules=False, performance_validation=False, progress=False)
+    ait.save(model, tmp_path / "embedded.ait")
+    server = GraphServer(str(tmp_path / "embedded.ait"), device="cpu")
+    (name,) = server.input_names(next(iter(server.specs)))
+    feeds = [np.array([[1, 2, 3, 4, 5]]), np.array([[1, 2, 3, 4, 99]]), np.array([[9, 8, 7, 6, 5], [0, 0, 0, 0, 0]])]
+    outputs = server.run_batch([server.check({name: f}) for f in feeds])
+    assert isinstance(outputs[1], RunFailed) and outputs[1].status == 422, outputs[1]
+    for i in (0, 2):
+        (y,) = outputs[i].values()
+        with torch.no_grad():
+            np.testing.assert_allclose(y, inner(torch.from_numpy(feeds[i])).numpy(), rtol=1e-5, atol=1e-6)
+
+
 class _Scaled(torch.nn.Module):
     """A batched input and a scalar without a batch axis (as a diffusion timestep)."""
 

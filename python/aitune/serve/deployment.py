@@ -14,7 +14,7 @@ from starlette.responses import Response
 
 from . import codec
 from .codec import BadRequest
-from .graph_server import GraphServer, Request
+from .graph_server import GraphServer, Request, RunFailed
 
 logger = logging.getLogger("ray.serve")
 
@@ -61,6 +61,8 @@ class AituneModel:
         """For deployment handles (composition): named arrays in, named arrays out;
         BadRequest for inputs the graph refuses."""
         outputs, _ = await self._batched(self.server.check(inputs, graph))
+        if isinstance(outputs, RunFailed):
+            raise BadRequest(outputs.message, status=outputs.status)
         return outputs
 
     def info(self) -> dict[str, Any]:
@@ -93,6 +95,9 @@ class AituneModel:
             return Response(json.dumps({"error": str(error)}), status_code=error.status, media_type=codec.JSON,
                             headers=headers)
         outputs, batch = await self._batched(request)
+        if isinstance(outputs, RunFailed):  # this request alone: the others of its batch were answered
+            return Response(json.dumps({"error": outputs.message}), status_code=outputs.status,
+                            media_type=codec.JSON, headers=headers)
         payload, media = codec.encode(outputs, http.headers.get("accept", codec.JSON))
         headers.update({"X-Aitune-Batch": str(batch), "X-Aitune-Server-Ms": f"{(time.perf_counter() - started) * 1e3:.3f}"})
         return Response(payload, media_type=media, headers=headers)

@@ -38,6 +38,22 @@ def unserved_graphs(manifest) -> dict[str, str]:
 
 
 @dataclass
+class RunFailed:
+    """A request the checks let through but the model refused when run (``run_batch``'s
+    answer for it): 422 for what the engine calls an invalid argument (a token id out of
+    the vocabulary, inputs whose lengths disagree), 500 for anything else."""
+
+    message: str
+    status: int
+
+    @classmethod
+    def of(cls, error: Exception) -> RunFailed:
+        status = 422 if isinstance(error, _core.InvalidArgumentError) else 500
+        logger.warning("a request failed when run (%d): %s: %s", status, type(error).__name__, error)
+        return cls(f"{type(error).__name__}: {error}", status)
+
+
+@dataclass
 class Request:
     """One checked request: its graph and its inputs in the graph's input order."""
 
@@ -116,9 +132,11 @@ class GraphServer:
         return Request(key, [np.asarray(values[i], dtype=values[i].dtype.newbyteorder("="), order="C")
                              for i in order])
 
-    def run_batch(self, requests: list[Request]) -> list[dict[str, np.ndarray]]:
-        """Outputs per request, by output name. Requests of one graph whose shapes agree
-        off the batch axes run in one call (grouped by the engine, within the batch limit)."""
+    def run_batch(self, requests: list[Request]) -> list[dict[str, np.ndarray] | RunFailed]:
+        """Outputs per request, by output name, or ``RunFailed`` for a request the model
+        refused when run. Requests of one graph whose shapes agree off the batch axes run in
+        one call (grouped by the engine, within the batch limit); a call that fails is run
+        again request by request, so that one bad request never fails the others."""
         results: list[dict[str, np.ndarray] | None] = [None] * len(requests)
         by_graph: dict[str, list[int]] = {}
         for i, r in enumerate(requests):
@@ -132,7 +150,22 @@ class GraphServer:
             values = [b"".join(requests[i].arrays[u].tobytes() for u in unbatched) for i in members]
             for call in _core.group_requests(spec, shapes, values):
                 indices = [members[c] for c in call]
-                for i, outputs in zip(indices, self._run(key, [requests[i].arrays for i in indices])):
+                try:
+                    ran = self._run(key, [requests[i].arrays for i in indices])
+                except Exception as error:  # noqa: BLE001  (a request's values the model refuses, found by running it)
+                    if len(indices) == 1:
+                        results[indices[0]] = RunFailed.of(error)
+                        continue
+                    # The checks before a batch see shapes and dtypes, not values (a token id past
+                    # the vocabulary) nor how inputs relate: a call that fails is run again one
+                    # request at a time, so the bad request fails alone and the others are answered.
+                    for i in indices:
+                        try:
+                            (results[i],) = self._run(key, [requests[i].arrays])
+                        except Exception as alone:  # noqa: BLE001
+                            results[i] = RunFailed.of(alone)
+                    continue
+                for i, outputs in zip(indices, ran):
                     results[i] = outputs
         return results  # type: ignore[return-value]
 
