@@ -365,10 +365,16 @@ def test_json_numbers_out_of_range_and_bare_nan_are_refused_naming_the_input():
                                  ("[Infinity]", "int64", "bare Infinity"),
                                  ("[1e39]", None, "out of range for float32"),
                                  ("[1e39]", "float32", "out of range for float32"),
-                                 ("[70000]", "float16", "out of range for float16")]:
+                                 ("[70000]", "float16", "out of range for float16"),
+                                 # were "input 'x' is float32; the graph takes int64" (from the check)
+                                 ("[9223372036854775808]", None, "integers are out of range for int64"),
+                                 ("[-1, 9223372036854775808]", None, "integers are out of range for int64")]:
         with pytest.raises(BadRequest, match=message) as refused:
             decode(text, dtype)
         assert refused.value.status == 400 and "input 'x'" in str(refused.value), text
+    with pytest.raises(BadRequest, match=r"input 'x' is an empty array \(shape \[0\]\)") as refused:
+        decode("[]")  # was named float32 by the dtype check
+    assert refused.value.status == 422
     # the strings answers write stay accepted, as do tiny numbers (rounded to 0, as JSON's
     # decimals always are) and the largest finite values of the dtype
     got = decode('["NaN", "-Infinity", 1e-400, 3e38, 1.7e308]', "float64")

@@ -65,6 +65,14 @@ def _float_cast(name: str, array: np.ndarray, target: np.dtype) -> np.ndarray:
     return cast
 
 
+def _int_beyond_int64(value) -> bool:
+    """Whether the JSON value holds an integer (a Python int as json reads one, not a float
+    such as 1e39) beyond int64's range."""
+    if isinstance(value, list):
+        return any(_int_beyond_int64(item) for item in value)
+    return type(value) is int and not -(2**63) <= value < 2**63
+
+
 def _json_array(name: str, value, dtype: str | None) -> np.ndarray:
     value = _non_finite_read(name, value)
     try:
@@ -75,6 +83,15 @@ def _json_array(name: str, value, dtype: str | None) -> np.ndarray:
         # an integer beyond 64 bits also makes an object array
         raise BadRequest(f"input '{name}' is not a rectangular array of numbers within 64 bits")
     if dtype is None:
+        if array.size == 0:  # numpy reads [] as float64: the dtype check would name that, not the emptiness
+            raise BadRequest(f"input '{name}' is an empty array (shape {list(array.shape)}): it holds no values",
+                             status=422)
+        # Integers past int64 come as uint64 (all >= 0) or float64 (mixed with negative ones):
+        # the dtype check would name those dtypes, not the range the client overstepped.
+        if array.dtype == np.uint64 or (array.dtype == np.float64 and np.abs(array).max() >= 2.0**63
+                                        and _int_beyond_int64(value)):
+            info = np.iinfo(np.int64)
+            raise BadRequest(f"input '{name}': integers are out of range for int64 ({info.min}..{info.max})")
         # JSON has one number type; a float input the client did not type is float32, what
         # models take. Integers stay int64 (token ids).
         return _float_cast(name, array, np.dtype(np.float32)) if array.dtype == np.float64 else array
