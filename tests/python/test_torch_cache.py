@@ -130,3 +130,25 @@ def test_a_cache_read_only_for_a_second_user_is_an_io_error_saying_what_to_do():
             if path.is_dir():
                 path.chmod(0o755)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_the_cache_removed_while_the_export_writes_is_an_io_error_not_the_models_control_flow(cache_dir, monkeypatch):
+    """Something removing the cache mid-tune made the exporter's write fail with
+    FileNotFoundError, reported as an ExportError whose hint blamed control flow on a
+    tensor's value. A file of the export's own directory gone is the cache's problem."""
+    import torch
+
+    import aitune
+
+    ait, module, samples = _tuned("removed-mid-export", 8)
+
+    def export_into_a_removed_directory(model, args, f, *rest, **options):
+        shutil.rmtree(os.path.dirname(f))
+        with open(f, "wb"):
+            pass
+
+    monkeypatch.setattr(torch.onnx, "export", export_into_a_removed_directory)
+    with pytest.raises(aitune.AituneIOError, match="removed while it was written") as raised:
+        ait.tune(module, samples, batch_sizes=[1], ignore_failing_modules=False)
+    assert "control flow" not in str(raised.value)
+    assert str(cache_dir / "removed-mid-export") in str(raised.value)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import linecache
 import logging
@@ -508,6 +509,12 @@ def export_onnx(
         if (refusal := cache.file_system_error(error, cache.WRITE_REFUSALS)) is not None:  # where, not the model
             raise cache.io_error(f"the ONNX export of {graph.module_name}/{graph.key}", path.parent, refusal) \
                 from error
+        missing = cache.file_system_error(error, frozenset({errno.ENOENT}))
+        if missing is not None and os.fsdecode(missing.filename or "").startswith(os.fspath(path.parent)):
+            # A file of the export's own directory gone: the cache was removed under the tune
+            # (not the model's control flow, which the hint below would blame).
+            raise cache.io_error(f"the ONNX export of {graph.module_name}/{graph.key} (its directory was removed "
+                                 "while it was written)", path.parent, missing) from error
         summary = _summary(error)
         if "No ONNX function found for" in summary:  # not a value branch: an operator the exporter lacks
             hint = _NO_ONNX_FUNCTION_HINT
