@@ -152,3 +152,20 @@ def test_the_cache_removed_while_the_export_writes_is_an_io_error_not_the_models
         ait.tune(module, samples, batch_sizes=[1], ignore_failing_modules=False)
     assert "control flow" not in str(raised.value)
     assert str(cache_dir / "removed-mid-export") in str(raised.value)
+
+
+def test_a_directory_where_the_tune_report_belongs_is_an_io_error_naming_it(cache_dir):
+    """A directory at <cache>/<module>/<graph>/tune_report.json failed the tune, after every
+    candidate was measured, with a raw IsADirectoryError."""
+    import aitune
+
+    ait, module, samples = _tuned("report-blocked", 8)
+    ait.tune(module, samples, batch_sizes=[1], ignore_failing_modules=False)
+    (report,) = (cache_dir / "report-blocked").glob("graph_*/tune_report.json")
+    report.unlink()
+    report.mkdir()
+    (report / "keep").write_text("x")
+    ait2, again, _ = _tuned("report-blocked", 8)
+    with pytest.raises(aitune.AituneIOError, match="the tuning report") as raised:
+        ait2.tune(again, samples, batch_sizes=[1], ignore_failing_modules=False)
+    assert "tune_report.json" in str(raised.value) and "AITUNE_CACHE_DIR" in str(raised.value)

@@ -40,8 +40,12 @@ def _release_held() -> None:
 
 # What a file system says when it cannot take what is written: the cache's location is the
 # problem (full, over quota, read-only, a file where a directory belongs), not the model.
+# ENOENT and EISDIR: a directory of the cache removed while a tune wrote into it, or a
+# directory where one of its files belongs (both seen as raw FileNotFoundError /
+# IsADirectoryError from a tune).
 _FILE_SYSTEM_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM,
-                                 errno.EIO, errno.ENOTDIR, errno.EEXIST, errno.ENAMETOOLONG})
+                                 errno.EIO, errno.ENOTDIR, errno.EEXIST, errno.ENAMETOOLONG, errno.ENOENT,
+                                 errno.EISDIR})
 
 
 # Those that say where a write went, not what was written: the only ones looked for in the
