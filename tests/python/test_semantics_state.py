@@ -437,24 +437,28 @@ class ScaledByAPlainTensor(torch.nn.Module):
         return self.fc(x) * self.scale
 
 
-@pytest.mark.parametrize("how", ["in-place", "assigned"])
+@pytest.mark.parametrize("how", ["in-place", "assigned", "equal-copy-then-in-place"])
 def test_a_tensor_kept_as_a_plain_attribute_is_watched_like_a_buffer(how, caplog):
     """``self.scale.mul_(3)`` or ``self.scale = other`` after tuning: the graph held the old
     values and computed the old model, silently. Now the tensor's counter and slot are
-    watched with the weights'."""
+    watched with the weights'. An equal copy assigned is no change, and is watched from then on."""
     inner = ScaledByAPlainTensor().eval()
     model, x = _tuned_and_routed(inner, "plain-tensor")
     with torch.no_grad():
-        if how == "in-place":
-            inner.scale.mul_(3)
-        else:
+        if how == "assigned":
             inner.scale = torch.full((4,), 3.0)
+        else:
+            if how == "equal-copy-then-in-place":
+                inner.scale = inner.scale.clone()  # the same values again: the graph still holds them
+                torch.testing.assert_close(model(x), ScaledByAPlainTensor.forward(inner, x))
+                assert model.ait_active and model._ait_calls.cpp.attributes_clear()
+            inner.scale.mul_(3)
         with caplog.at_level("WARNING", logger="aitune"):
             after = model(x)
         torch.testing.assert_close(after, ScaledByAPlainTensor.forward(inner, x))
     assert not model.ait_active
-    said = "changed in place (scale)" if how == "in-place" else "replaced by other tensors (scale)"
-    assert any(said in r.getMessage() for r in caplog.records), caplog.text
+    named = "replaced by other tensors (scale)" if how == "assigned" else "changed in place (scale)"
+    assert any(named in r.getMessage() for r in caplog.records), caplog.text
 
 
 @pytest.mark.parametrize("how", ["append", "add_module"])

@@ -232,6 +232,13 @@ def _weight_versions(module: torch.nn.Module, harmless: tuple[str, ...] = ()) ->
     return found
 
 
+def _equal_tensors(old: Any, new: Any) -> bool:
+    """Whether a tensor replaced by ``new`` was replaced by the same values (a cache or a
+    weight assigned again as an equal copy: the graphs hold those values still)."""
+    return (isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor) and old.dtype == new.dtype
+            and old.shape == new.shape and old.device == new.device and bool(torch.equal(old, new)))
+
+
 def _requires_grad(args: tuple, kwargs: dict) -> bool:
     """Whether any tensor of the call requires grad (plain tensor arguments are checked
     without flattening)."""
@@ -523,9 +530,13 @@ class ModuleDispatch:
         another object since tuning (``fc.weight = nn.Parameter(w)``, ``model.fc =
         nn.Linear(...)``) and the module was deactivated for it (as
         ``_weights_changed_in_place``); otherwise the objects as they are now are taken as seen."""
-        replaced = [(name, tensor) for name, registry, key, tensor in self.slots if registry.get(key) is not tensor]
+        replaced = [(name, tensor) for name, registry, key, tensor in self.slots
+                    if registry.get(key) is not tensor and not _equal_tensors(tensor, registry.get(key))]
         added = added_to_registries(self.registries)
         if not replaced and not added:
+            if any(registry.get(key) is not tensor for _, registry, key, tensor in self.slots):
+                self.watch_values_as_they_are()  # equal copies: watched from now on, counters too
+                self.watch_weights_as_they_are()
             return False
         modules = [name for name, old in replaced if isinstance(old, torch.nn.Module)]
         tensors = [name for name, old in replaced if not isinstance(old, torch.nn.Module)
