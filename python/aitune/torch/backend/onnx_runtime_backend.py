@@ -249,12 +249,15 @@ class OnnxRuntimeTunedGraph(TunedGraph):
     runs it (``_core.TorchDispatch``, the one path of tensors into and out of a session);
     this holds what that needs and what a checkpoint stores."""
 
-    def __init__(self, session, order: list[int], input_names: list[str], describe: str):
+    def __init__(self, session, order: list[int], input_names: list[str], describe: str, savable: bool = True):
         self.session = session
         self.order = list(order)  # session input i <- graph tensor input order[i]
         self.input_names = list(input_names)
         self._describe = describe
-        self.model_file = model_file_identity(session.model_path)  # ait.save checks it is still this file
+        # ait.save checks the files are still these. A graph made only to measure a candidate
+        # is never saved: it skips reading the model (the identity parses it for its
+        # external-data files), once per candidate of every tune.
+        self.model_file = model_file_identity(session.model_path) if savable else None
 
     @property
     def updated_in_place(self) -> dict[str, str]:
@@ -374,7 +377,8 @@ class ONNXRuntimeBackend(Backend):
         # Each candidate's latency is the module's: measured through the module's own
         # dispatch with the candidate's session as its graph (issue 28).
         session_call = None if module_call is None else (
-            lambda session: module_call(OnnxRuntimeTunedGraph(session, order, graph.input_names, "measured")))
+            lambda session: module_call(OnnxRuntimeTunedGraph(session, order, graph.input_names, "measured",
+                                                               savable=False)))
         for planned in plan:
             if planned.model_transform == transforms.FP16_SEARCH:
                 self._search_fp16(planned, models, tuner, group, order, graph, directory)
