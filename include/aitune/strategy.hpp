@@ -32,6 +32,10 @@ struct StrategyConfig {
   double latency_budget_ms = 0;         ///< kLatencyBudget: p50 latency limit
   bool performance_validation = true;   ///< the winner must beat eager by min_speedup
   double min_speedup = 1.01;            ///< eager p50 / winner p50, as the reference requires
+  /// Eager is one of the competitors (TorchEagerBackend listed in a strategy where every
+  /// backend competes): the winner must be at least as fast as eager even without
+  /// performance validation (with it, by max(min_speedup, 1)).
+  bool eager_competes = false;
 
   /// Throws Error(kInvalidArgument) naming the bad field.
   void validate() const;

@@ -195,3 +195,20 @@ def test_a_float32_model_that_casts_to_bf16_itself_is_not_told_to_call_float():
     for reason in reasons:
         assert "no bfloat16 kernel for Mul" in reason and "the model's code casts to bfloat16" in reason, reason
         assert "module.float()) " not in reason and "TorchCompileBackend" in reason, reason
+
+
+def test_a_float64_module_on_the_cpu_provider_fails_naming_float64_the_operator_and_what_to_do():
+    """ONNX Runtime's CPU provider has no float64 Erf: a float64 GELU failed every candidate
+    with ORT's bare "Could not find an implementation for Erf(13) node" and the tune with a
+    plain TuningError, where bfloat16 got the typed error and the ways out."""
+    torch.manual_seed(0)
+    inner = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU()).to(torch.float64).eval()
+    model = ait.Module(inner, "f64_gelu_on_cpu", strategy=ait.OneBackendStrategy(cpu_backend()))
+    with pytest.raises(ait.UnsupportedDTypeTuningError) as failed:
+        ait.tune(model, [torch.randn(16, dtype=torch.float64) for _ in range(2)], disable_external_logging=True,
+                 ignore_failing_modules=False)
+    reasons = [line for line in str(failed.value).splitlines() if line.startswith("  - cpu")]
+    assert reasons, str(failed.value)
+    for reason in reasons:
+        assert "CPUExecutionProvider has no float64 kernel for Erf" in reason, reason
+        assert "module.float()" in reason and "TorchCompileBackend" in reason, reason

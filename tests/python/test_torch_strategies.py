@@ -333,3 +333,43 @@ def test_tensorrt_variants_get_their_own_engine_and_timing_caches(tmp_path):
         paths.add(options["trt_engine_cache_path"])
     assert len(paths) == 3
     assert candidates[1].precision == _core.Precision.FP16
+
+
+@pytest.mark.parametrize("strategy_type", [ait.MaxThroughputStrategy, ait.MinLatencyStrategy])
+def test_eager_listed_first_in_a_competing_strategy_competes_and_stops_no_backend(strategy_type):
+    """Every backend of MaxThroughput / MinLatency competes; TorchEagerBackend listed first
+    stopped the driver there before ("no candidates": the ONNX Runtime backend never ran).
+    Now eager competes wherever it is listed: a candidate wins only at least as fast as eager
+    (performance validation off), otherwise eager is kept and the reason says why."""
+    torch.manual_seed(0)
+    model = ait.Module(torch.nn.Linear(16, 4).eval(), f"eager_first_{strategy_type.__name__}",
+                       strategy=strategy_type([TorchEagerBackend(), cpu_backend()]))
+    ait.tune(model, [torch.randn(16) for _ in range(2)], performance_validation=False, disable_external_logging=True)
+    report = _report(model)
+    assert len(report.candidates) >= 2 and all(c.name.startswith("cpu") for c in report.candidates)
+    assert "eager competing" in json.loads(report.to_json())["strategy"]
+    if report.winner is None:  # eager was faster: kept, by the strategy's own terms
+        (first,) = [c for c in report.candidates if c.status == "slower than eager"]
+        assert "eager competes: the strategy lists TorchEagerBackend" in first.reason and "< required 1" in first.reason
+        assert list(model.ait_backends.values())[0].startswith("TorchEagerBackend")
+    else:
+        assert report.candidates[report.winner].speedup_vs_eager >= 1.0
+
+
+def test_the_report_names_one_winner_when_two_backends_make_candidates_of_the_same_names():
+    """A dynamo and a trace ONNX Runtime backend make candidates of the same names: the page
+    badged both as the winner, and the JSON named only the (ambiguous) name."""
+    torch.manual_seed(0)
+    backends = [cpu_backend(), cpu_backend(use_dynamo=False)]
+    model = ait.Module(torch.nn.Linear(16, 4).eval(), "two_of_each_name", strategy=ait.MaxThroughputStrategy(backends))
+    ait.tune(model, [torch.randn(16) for _ in range(2)], performance_validation=False, disable_external_logging=True)
+    report = _report(model)
+    j = json.loads(report.to_json())
+    names = [c["name"] for c in j["candidates"]]
+    assert len(names) > len(set(names))  # the premise: names repeat
+    assert j["winner_index"] == report.winner and j["candidates"][j["winner_index"]]["status"] == "selected"
+    assert j["winner"] == names[report.winner] and j["winner_backend"] == j["candidates"][report.winner]["backend"]
+    page = report.to_html()
+    assert page.count('class="status winner"') == 1
+    assert f'id="candidate-{report.winner}"><h3>{report.winner + 1}. ' in page
+    assert f'href="#candidate-{report.winner}"' in page  # the summary links to it

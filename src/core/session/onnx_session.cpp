@@ -159,8 +159,8 @@ namespace {
 
 // ORT's refusal of a node it has no kernel for ("Could not find an implementation for
 // Gemm(13) node with name 'node_linear'", ORT_NOT_IMPLEMENTED) says neither the dtype nor
-// what to do. Where the node takes a 16-bit float (the model runs in bfloat16 or float16)
-// this is the message of Error(kUnsupportedDType): the provider, the operator, the dtype
+// what to do. Where the node takes a float that is not float32 (the model runs in bfloat16,
+// float16 or float64: the CPU provider has no double Erf, so a float64 GELU fails) this is the message of Error(kUnsupportedDType): the provider, the operator, the dtype
 // (read from the model's declared value types) and the user's ways out; nullopt otherwise
 // (ORT's own message stands).
 std::optional<std::string> missing_kernel_for_dtype(const Ort::Exception& e, const std::string& model_path,
@@ -177,48 +177,63 @@ std::optional<std::string> missing_kernel_for_dtype(const Ort::Exception& e, con
   const std::string opset = text.substr(open + 1, text.find(')', open) - open - 1);
   const auto name_begin = name_at + std::string("node with name '").size();
   const std::string node_name = text.substr(name_begin, text.find('\'', name_begin) - name_begin);
-  std::optional<DType> half;
+  std::optional<DType> odd_float;
   // Whether a graph input or initializer (a value no node produces) is of that dtype: if
   // none is, the model's weights and inputs are of another dtype and its own code casts to
   // it (Falcon's ALiBi, computed in bfloat16 in a float32 model), so module.float() does
   // not help.
-  bool half_given = false;
+  bool dtype_given = false;
   try {
     const auto types = onnx_value_element_types(model_path);
     const auto nodes = onnx_graph_nodes(model_path);
+    // The node ORT names; an unnamed one (the tracer leaves some unnamed: "node with name ''")
+    // is each unnamed node of that operator.
     for (const auto& node : nodes) {
-      if (node.name != node_name) continue;
+      if (node.name != node_name || (node_name.empty() && node.op_type != op)) continue;
       for (const auto& input : node.inputs) {
         const auto type = types.find(input);
         if (type == types.end()) continue;
         const auto dtype = dtype_from_onnx(type->second);
-        if (dtype == DType::kBFloat16 || dtype == DType::kFloat16) half = dtype;
+        if (dtype == DType::kBFloat16 || dtype == DType::kFloat16 || dtype == DType::kFloat64) odd_float = dtype;
       }
-      break;
+      if (odd_float || !node_name.empty()) break;
     }
-    if (half) {
-      std::set<std::string> produced;
-      for (const auto& node : nodes) produced.insert(node.outputs.begin(), node.outputs.end());
+    std::set<std::string> produced;
+    for (const auto& node : nodes) produced.insert(node.outputs.begin(), node.outputs.end());
+    if (!odd_float && node_name.empty()) {
+      // Not in the file: a node ORT made expanding a function (Gelu into Erf). The model's
+      // own floats say the dtype when they are all of one that is not float32.
+      std::set<DType> given;
+      for (const auto& [name, type] : types) {
+        const auto dtype = dtype_from_onnx(type);
+        if (!produced.count(name) && dtype && dtype_is_floating(*dtype)) given.insert(*dtype);
+      }
+      if (given.size() == 1 && *given.begin() != DType::kFloat32) odd_float = *given.begin();
+    }
+    if (odd_float)
       for (const auto& [name, type] : types)
-        if (!produced.count(name) && dtype_from_onnx(type) == *half) half_given = true;
-    }
+        if (!produced.count(name) && dtype_from_onnx(type) == *odd_float) dtype_given = true;
   } catch (const Error&) {
     return std::nullopt;  // the model cannot be read here: ORT's message stands
   }
-  if (!half) return std::nullopt;
-  const std::string dtype(dtype_name(*half));
+  if (!odd_float) return std::nullopt;
+  const std::string dtype(dtype_name(*odd_float));
   const std::string prefix = "ONNX Runtime's " + std::string(execution_provider_ort_name(provider)) + " has no " +
-                             dtype + " kernel for " + op + " (opset " + opset + ", node '" + node_name + "')";
-  if (!half_given) {
+                             dtype + " kernel for " + op + " (opset " + opset + ", " +
+                             (node_name.empty() ? std::string("an unnamed node") : "node '" + node_name + "'") + ")";
+  if (!dtype_given) {
     return prefix + ": the model's code casts to " + dtype + " before this node (none of its weights or inputs is " +
            dtype + ", so module.float() does not change it), and this provider runs " + dtype +
            " for few operators; tune with the torch.compile backend (TorchCompileBackend), or on the CUDA provider" +
            " (ONNX Runtime: " + text + ")";
   }
   const std::string ways =
-      *half == DType::kBFloat16
+      *odd_float == DType::kBFloat16
           ? "tune the module in float32 (module.float()), in float16 on the CUDA provider, or with the "
             "torch.compile backend (TorchCompileBackend), which runs bfloat16 on the CPU"
+      : *odd_float == DType::kFloat64
+          ? "tune the module in float32 (module.float()) or with the torch.compile backend (TorchCompileBackend), "
+            "which runs float64"
           : "tune the module in float32 (module.float()), on the CUDA provider, or with the torch.compile backend "
             "(TorchCompileBackend)";
   return prefix + ": the model computes in " + dtype + ", which this provider runs for few operators; " + ways +

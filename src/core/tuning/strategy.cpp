@@ -61,6 +61,7 @@ std::string StrategyConfig::describe() const {
   std::ostringstream out;  // (not string concatenation: GCC 12 warns falsely on it here)
   out << strategy_kind_name(kind);
   if (kind == StrategyKind::kLatencyBudget) out << "(" << fmt(latency_budget_ms) << " ms)";
+  if (eager_competes) out << ", eager competing";
   return out.str();
 }
 
@@ -137,9 +138,14 @@ std::optional<std::size_t> select_candidate(const StrategyConfig& strategy, std:
       candidates[i].status = CandidateStatus::kNotChosen;
       candidates[i].reason = "ranked below " + best.name;
     }
-  if (strategy.performance_validation && eager && best.speedup_vs_eager < strategy.min_speedup) {
+  const bool validate = strategy.performance_validation || strategy.eager_competes;
+  const double required = !strategy.eager_competes          ? strategy.min_speedup
+                          : strategy.performance_validation ? std::max(strategy.min_speedup, 1.0)
+                                                            : 1.0;
+  if (validate && eager && best.speedup_vs_eager < required) {
     best.status = CandidateStatus::kSlowerThanEager;
-    best.reason = "speed-up vs eager " + fmt(best.speedup_vs_eager) + "x < required " + fmt(strategy.min_speedup) + "x";
+    best.reason = "speed-up vs eager " + fmt(best.speedup_vs_eager) + "x < required " + fmt(required) + "x" +
+                  (strategy.eager_competes ? " (eager competes: the strategy lists TorchEagerBackend)" : "");
     decision = best.name + " ranked first but " + best.reason + "; eager kept";
     return std::nullopt;
   }

@@ -14,12 +14,19 @@ TuneOutcome drive_tune(GraphTuner& tuner, const DriverStrategy& strategy, TuneFr
                           reference_label);
 
   bool eager_fallback = false;
+  StrategyConfig choice = strategy.choice;
   for (std::size_t i = 0; i < strategy.backends.size(); ++i) {
     const DriverBackend& backend = strategy.backends[i];
     const int group = static_cast<int>(i);
-    if (backend.eager) {  // eager wins unless an earlier backend already has
+    if (backend.eager) {
       eager_fallback = true;
-      break;
+      // First wins: eager from here on, unless an earlier backend already has a winner.
+      if (strategy.stop_at_first_success) break;
+      // A strategy where every backend competes: eager competes too, wherever it is listed
+      // (it stopped the backends after it before, whose candidates then never ran). Its p50
+      // is the reference's, measured anyway (strategy.hpp: eager_competes).
+      choice.eager_competes = true;
+      continue;
     }
     try {
       front_end.add_candidates(i, tuner, group);
@@ -33,7 +40,7 @@ TuneOutcome drive_tune(GraphTuner& tuner, const DriverStrategy& strategy, TuneFr
     }
     if (strategy.stop_at_first_success && group_succeeded(tuner.report(), group)) break;  // first wins
   }
-  tuner.select(strategy.choice);
+  tuner.select(choice);
   front_end.explain_failures(tuner);
   TuneOutcome outcome = decide_outcome(tuner.report(), eager_fallback, strategy.propagate_errors);
   if (outcome.is_failure()) outcome.message = failure_message(outcome.kind, tuner.report());

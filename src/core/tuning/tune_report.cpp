@@ -64,6 +64,10 @@ std::string TuneReport::to_json(int indent) const {
       {"eager_first_profile", eager_first_profile ? parse_or_null(eager_first_profile->to_json(-1)) : nlohmann::json(nullptr)},
       {"candidates", cands},
       {"winner", winner ? nlohmann::json(candidates[*winner].name) : nlohmann::json(nullptr)},
+      // Names repeat across backends (two ONNX Runtime backends, one exporting with dynamo and
+      // one with the tracer): the index into "candidates" and the backend say which one won.
+      {"winner_index", winner ? nlohmann::json(*winner) : nlohmann::json(nullptr)},
+      {"winner_backend", winner ? nlohmann::json(candidates[*winner].backend) : nlohmann::json(nullptr)},
       {"decision", decision},
       {"tuning_s", tuning_s},
       {"accuracy_factor", accuracy_factor},

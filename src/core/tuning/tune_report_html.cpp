@@ -299,6 +299,20 @@ std::string tune_report_html(const std::string& report_json) {
     throw Error(ErrorCode::kInvalidArgument, "not a tune report: no \"candidates\" array");
   const json& candidates = r["candidates"];
   const std::string winner = str_of(r, "winner");
+  // Which candidate won: by its index where the report has one (names repeat across
+  // backends), by name in a report written before it was (one badge either way).
+  std::optional<std::size_t> winner_index;
+  if (r.contains("winner_index") && r["winner_index"].is_number_unsigned() &&
+      r["winner_index"].get<std::size_t>() < candidates.size())
+    winner_index = r["winner_index"].get<std::size_t>();
+  // A report without the index: the candidate of that name whose status is "selected", else
+  // the first of that name.
+  for (int selected = 1; !winner_index && !winner.empty() && selected >= 0; --selected)
+    for (std::size_t i = 0; !winner_index && i < candidates.size(); ++i)
+      if (str_of(candidates[i], "name") == winner && (!selected || str_of(candidates[i], "status") == "selected"))
+        winner_index = i;
+  const std::optional<std::size_t> winner_at = winner_index;
+  const auto is_the_winner = [&](std::size_t i) { return winner_at && i == *winner_at; };
   const std::string eager_label = str_of(r, "eager_label").empty() ? "eager" : str_of(r, "eager_label");
   const auto eager = latency_of(r.value("eager", json()));
   const std::optional<double> eager_p50 = eager ? std::optional<double>(eager->p50) : std::nullopt;
@@ -314,8 +328,14 @@ std::string tune_report_html(const std::string& report_json) {
   h << "<h1>Tune report: " << esc(str_of(r, "graph")) << "</h1>";
   h << "<section id=\"summary\"><table class=\"kv\">";
   h << "<tr><th>strategy</th><td>" << esc(str_of(r, "strategy")) << "</td></tr>";
-  h << "<tr><th>winner</th><td id=\"winner\">" << (winner.empty() ? "none (" + esc(eager_label) + " kept)" : esc(winner))
-    << "</td></tr>";
+  h << "<tr><th>winner</th><td id=\"winner\">";
+  if (winner.empty())
+    h << "none (" << esc(eager_label) << " kept)";
+  else if (winner_at)  // its number and a link: another backend's candidate may have the same name
+    h << "<a href=\"#candidate-" << *winner_at << "\">" << *winner_at + 1 << ". " << esc(winner) << "</a>";
+  else
+    h << esc(winner);
+  h << "</td></tr>";
   h << "<tr><th>decision</th><td>" << esc(str_of(r, "decision")) << "</td></tr>";
   if (eager)
     h << "<tr><th>" << esc(eager_label) << " p50</th><td>" << num(eager->p50) << " &#181;s</td></tr>";
@@ -324,10 +344,11 @@ std::string tune_report_html(const std::string& report_json) {
 
   // The frontier: every candidate with both a latency and an error.
   std::vector<Point> points;
-  for (const auto& c : candidates) {
+  for (std::size_t i = 0; i < candidates.size(); ++i) {
+    const auto& c = candidates[i];
     auto l = latency_of(c.value("profile", json()));
     auto ratio = error_ratio(c);
-    if (l && ratio) points.push_back({str_of(c, "name"), l->p50, *ratio, str_of(c, "name") == winner});
+    if (l && ratio) points.push_back({str_of(c, "name"), l->p50, *ratio, is_the_winner(i)});
   }
   h << "<section id=\"frontier\"><h2>Accuracy versus latency</h2>";
   if (points.empty()) {
@@ -349,7 +370,7 @@ std::string tune_report_html(const std::string& report_json) {
   for (std::size_t i = 0; i < candidates.size(); ++i) {
     const auto& c = candidates[i];
     const std::string name = str_of(c, "name"), status = str_of(c, "status");
-    const bool is_winner = !winner.empty() && name == winner;
+    const bool is_winner = is_the_winner(i);
     const std::string css = is_winner ? "winner" : status == "passed" ? "passed" : status == "incorrect" ? "incorrect"
                                                  : status == "failed" ? "failed" : "other";
     h << "<div class=\"candidate\" id=\"candidate-" << i << "\"><h3>" << i + 1 << ". " << esc(name)
