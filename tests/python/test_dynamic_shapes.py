@@ -172,6 +172,35 @@ def test_a_declaration_that_names_no_input_or_leaves_out_a_recorded_extent_is_a_
         ait.tune(lambda **kw: narrow(**kw), [_tokens(16)], progress=False)
 
 
+def test_two_batch_ranges_that_differ_are_refused_not_merged():
+    """input_ids' batch declared 1..4 and attention_mask's 1..8: one axis of the graph, so
+    the two ranges were merged into 1..8 and the declared 4 dropped without a word."""
+    both = ait.Module(Encoder().eval(), "two_batches", strategy=cpu_strategy(tune_provider_options=False),
+                      dynamic_shapes={"input_ids": {0: (1, 4)}, "attention_mask": {0: (1, 8)}})
+    with pytest.raises(ValueError, match=r"batch axis is declared 1\.\.4 on input 'input_input_ids' and 1\.\.8 on "
+                                         r"input 'input_attention_mask'.*declare one range"):
+        ait.tune(lambda **kw: both(**kw), [_tokens(16)], batch_sizes=[1, 2], progress=False)
+    assert both.ait_state is ModuleState.INIT
+
+
+def test_an_axis_equal_to_a_declared_one_in_every_call_but_left_out_is_warned(caplog):
+    """Only input_ids' sequence declared 1..64: attention_mask's, the same length in every
+    call, kept 8..16, and a call at 40 was refused on the mask without any hint at tune."""
+    model = ait.Module(Encoder().eval(), "one_of_two", strategy=cpu_strategy(tune_provider_options=False),
+                       dynamic_shapes={"input_ids": {1: (1, 64)}})
+    with caplog.at_level("WARNING", logger="aitune"):
+        ait.tune(lambda **kw: model(**kw), [_tokens(8), _tokens(16)], progress=False, performance_validation=False)
+    (line,) = [r.getMessage() for r in caplog.records if "had the same extent" in r.getMessage()]
+    assert "declares input_input_ids[1] 1..64, but input_attention_mask[1]" in line and "8..16" in line, line
+    # declared on both: no such warning
+    caplog.clear()
+    both = ait.Module(Encoder().eval(), "both_of_two", strategy=cpu_strategy(tune_provider_options=False),
+                      dynamic_shapes={"input_ids": {1: (1, 64)}, "attention_mask": {1: (1, 64)}})
+    with caplog.at_level("WARNING", logger="aitune"):
+        ait.tune(lambda **kw: both(**kw), [_tokens(8), _tokens(16)], progress=False, performance_validation=False)
+    assert not [r for r in caplog.records if "had the same extent" in r.getMessage()]
+
+
 @pytest.mark.parametrize("declared, error, words", [
     ([1, 2], TypeError, "is a dict"),
     ({"x": (1, 64)}, TypeError, r"dynamic_shapes\['x'\] is a dict"),

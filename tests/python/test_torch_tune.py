@@ -260,6 +260,18 @@ def test_input_on_the_wrong_device_is_a_clear_error():
         model(torch.empty(2, 16, device="meta"))
 
 
+def test_a_sample_on_the_meta_device_is_refused_naming_it_and_the_module_stays_as_it_was():
+    """A meta-device sample failed deep in Tensor.to ("Cannot copy out of meta tensor; no
+    data!"), through ignore_failing_modules too, naming neither the sample nor what to do."""
+    inner = MLP().eval()
+    model = ait.Module(inner, "mlp_meta", strategy=cpu_strategy())
+    with pytest.raises(aitune.InvalidArgumentError, match=r"meta device.*no values.*give samples with values"):
+        ait.tune(model, [{"x": torch.randn(16, device="meta")}])
+    assert model.ait_state is ModuleState.INIT
+    x = torch.randn(2, 16)
+    torch.testing.assert_close(model(x), inner(x))
+
+
 def _cuda_available_in_engine() -> bool:
     from aitune import _core
 

@@ -133,6 +133,37 @@ class DynamicShapes:
                 f"inputs are: {', '.join(repr(n) for n in names)} (an argument path such as 'input_ids' or a tensor "
                 "name such as 'input_input_ids')")
 
+    def tied_but_left_out(self, spec, shapes: list[list[tuple[int, ...]]]) -> list[str]:
+        """Axes that had the extent of a declared axis in every recorded call, varied with it,
+        and were not declared themselves (``attention_mask[1]`` beside a declared
+        ``input_ids[1]``): if the model ties them, calls past the undeclared axis's recorded
+        range are refused although the declared one accepts them. One line per such axis, to
+        warn with (whether the code ties them only the user knows: two image sides may be
+        equal in every sample by chance). ``spec``: the graph spec with the declared ranges;
+        ``shapes``: per recorded call, each input's shape, in ``spec.inputs``' order."""
+        names = [t.name for t in spec.inputs]
+        declared = {(name, axis.axis): axis for name, axis in self.for_inputs(names)}
+        lines = []
+        for (name, index), axis in declared.items():
+            i = names.index(name)
+            if index == spec.inputs[i].batch_axis or index >= len(shapes[0][i]):
+                continue  # one range for every batch axis already
+            extents = [call[i][index] for call in shapes]
+            if len(set(extents)) < 2:
+                continue
+            for j, other in enumerate(spec.inputs):
+                for k in range(len(shapes[0][j])):
+                    if (j == i or k == other.batch_axis or (other.name, k) in declared
+                            or [call[j][k] for call in shapes] != extents):
+                        continue
+                    high = "" if axis.max == UNBOUNDED else axis.max
+                    lines.append(
+                        f"dynamic_shapes declares {name}[{index}] {axis.min}..{high}, but {other.name}[{k}] had the "
+                        f"same extent in every recorded call and keeps its recorded range {other.min_shape[k]}.."
+                        f"{other.max_shape[k]}: if the model ties them (a mask beside its ids), declare the same "
+                        "range for it too (or the same torch.export.Dim), or calls past that range are refused")
+        return lines
+
     def describe(self) -> str:
         return ", ".join(f"{a.key}[{a.axis}] {a.min}..{'' if a.max == UNBOUNDED else a.max}"
                          + (f" step {a.step}" if a.step > 1 else "") for a in self.axes)

@@ -235,6 +235,7 @@ def tune(
     try:
         with torch.no_grad(), recording(session), bypassed:
             for batch_size, args, kwargs in iterate_calls(dataset, batch_sizes, max_num_batches_per_batch_size):
+                _refuse_meta_tensors(args, kwargs, batch_size)
                 if device is not None:
                     args, kwargs = pytree.tree_map_only(torch.Tensor, lambda t: t.to(device), (args, kwargs))
                 session.batch_size = batch_size
@@ -295,6 +296,8 @@ def tune(
         for module in session.modules.values():  # tuned as they were before, not left recorded
             module._ait_tuning_interrupted()
         raise ValueError(unknown)
+    for message in _tied_axes_left_out(session.modules.values()):
+        logger.warning("ait.tune: %s", message)
     if dry_run:
         return
 
@@ -319,6 +322,20 @@ def tune(
             for module in pending:
                 module._ait_tuning_interrupted()
         raise
+
+
+def _tied_axes_left_out(modules) -> list[str]:
+    """DynamicShapes.tied_but_left_out for each recorded graph of each module."""
+    lines = []
+    for module in modules:
+        if not module._ait_dynamic_shapes:
+            continue
+        for graph in module._ait_graphs.values():
+            shapes = [[tuple(t.shape) for t in sample.inputs] for sample in graph.samples]
+            if shapes:
+                lines += [f"ait.Module '{module.ait_name}' {graph.key}: {line}"
+                          for line in module._ait_dynamic_shapes.tied_but_left_out(graph.graph_spec(), shapes)]
+    return lines
 
 
 def _unknown_dynamic_shapes(modules) -> str | None:
@@ -353,3 +370,17 @@ def _unknown_output_tolerances(output_tolerances, modules) -> str | None:
         return None
     return (f"output_tolerances names {', '.join(repr(str(name)) for name in unknown)}, which no recorded graph "
             f"outputs; the outputs are: {', '.join(repr(name) for name in names)}")
+
+
+def _refuse_meta_tensors(args, kwargs, batch_size: int) -> None:
+    """A sample on the meta device has no values to record, check or time against: refused
+    naming it (it failed inside ``Tensor.to`` with "Cannot copy out of meta tensor")."""
+    flat, _ = pytree.tree_flatten_with_path((args, kwargs))
+    for path, value in flat:
+        if isinstance(value, torch.Tensor) and value.is_meta:
+            where = pytree.keystr(path)
+            raise _core.InvalidArgumentError(
+                f"ait.tune: a sample tensor is on the meta device ({where}, batch of {batch_size}, shape "
+                f"{tuple(value.shape)}): it has a shape but no values, and tuning runs, checks and times real ones; "
+                "give samples with values (torch.randn(..., device='cpu' or 'cuda'), or real inputs)")
+

@@ -115,6 +115,14 @@ void GraphSpecBuilder::record(const std::vector<TensorRecord>& inputs, const std
   ++num_samples_;
 }
 
+namespace {
+
+std::string range_text(int64_t min, int64_t max) {
+  return std::to_string(min) + ".." + (max == kUnbounded ? std::string() : std::to_string(max));
+}
+
+}  // namespace
+
 GraphSpec GraphSpecBuilder::build() const {
   if (num_samples_ == 0) throw Error(ErrorCode::kState, "no calls were recorded; nothing to build a graph spec from");
   // A batch axis can only be told apart from a fixed extent once the batch size varied.
@@ -134,15 +142,27 @@ GraphSpec GraphSpecBuilder::build() const {
     return specs;
   };
   GraphSpec spec{convert(inputs_), convert(outputs_), batch_sizes_};
+  // Every input's batch axis is one axis of the graph: two different ranges declared for it
+  // (input_ids 1..4, attention_mask 1..8) cannot both hold, and taking their union would
+  // silently drop the narrower one.
+  const DeclaredRange* batch_range = nullptr;
+  for (const auto& range : declared_) {
+    const auto index = spec.find_input(range.input);
+    if (!index || spec.inputs[*index].batch_axis != range.axis) continue;
+    if (batch_range && (batch_range->min != range.min || batch_range->max != range.max || batch_range->step != range.step))
+      throw Error(ErrorCode::kInvalidArgument,
+                  "dynamic_shapes: the batch axis is declared " + range_text(batch_range->min, batch_range->max) +
+                      " on input '" + batch_range->input + "' and " + range_text(range.min, range.max) + " on input '" +
+                      range.input + "'" + (range.step != batch_range->step ? " (different steps)" : "") +
+                      ": every input's batch axis is one axis of the graph; declare one range (the same on each input, "
+                      "or on one of them)");
+    batch_range = &range;
+  }
   for (const auto& range : declared_) apply(range, spec);
   return spec;
 }
 
 namespace {
-
-std::string range_text(int64_t min, int64_t max) {
-  return std::to_string(min) + ".." + (max == kUnbounded ? std::string() : std::to_string(max));
-}
 
 // Widens `axis` of `s` to hold [min, max] in steps of `step` as well as what it held
 // (every recorded extent is min plus a multiple of step: checked by apply).
