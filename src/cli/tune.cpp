@@ -293,10 +293,13 @@ Command add_tune(CLI::App& app) {
                   "one-backend, first-wins, max-throughput, min-latency or latency-budget")->capture_default_str();
   sub->add_option("--latency-budget-ms", o->latency_budget_ms, "p50 budget of the latency-budget strategy")
       ->check(finite_in(0, 1e9));
-  sub->add_option("--samples", o->samples, "directory of NAME.npy files (one sample) or of sample subdirectories");
+  auto* samples =
+      sub->add_option("--samples", o->samples, "directory of NAME.npy files (one sample) or of sample subdirectories");
+  // Both shape random samples only: given with --samples they were ignored without a word.
   sub->add_option("--batch-sizes", o->batch_sizes, "random samples: extents of symbolic first axes")
-      ->delimiter(',')->capture_default_str()->check(CLI::Range(int64_t{1}, kMaxBatchSize));
-  sub->add_option("--dim", o->dims, "SYMBOL=VALUE for other symbolic extents of random samples, VALUE in [1, 2^31-1] (default 1)");
+      ->delimiter(',')->capture_default_str()->check(CLI::Range(int64_t{1}, kMaxBatchSize))->excludes(samples);
+  sub->add_option("--dim", o->dims, "SYMBOL=VALUE for other symbolic extents of random samples, VALUE in [1, 2^31-1] (default 1)")
+      ->excludes(samples);
   sub->add_option("--provider-option", o->provider_options, "KEY=VALUE fixed in every candidate (repeatable)");
   sub->add_option("--atol", o->atol, "absolute tolerance for every output (default: by dtype and precision)")
       ->check(finite_in(0, 1e30));

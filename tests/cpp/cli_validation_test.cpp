@@ -102,6 +102,9 @@ TEST(CliValidation, TuneNumbersAndNamesOutOfRange) {
   expect_exit(mlp + " --rtol inf", 2, "--rtol");
   expect_exit(mlp + " --atol -1", 2, "--atol");
   expect_exit(mlp + " --device-id -7", 2, "--device-id");
+  // They shape random samples only; with --samples they were ignored without a word.
+  expect_exit(mlp + " --samples " + fixture("") + " --batch-sizes 4", 2, "--samples excludes --batch-sizes");
+  expect_exit(mlp + " --samples " + fixture("") + " --dim seq=4", 2, "--samples excludes --dim");
   expect_exit(mlp + " --strategy latency-budget --latency-budget-ms nan", 2, "--latency-budget-ms");
   expect_exit("tune " + fixture("mlp.onnx") + " --time-cap nan", 2, "--time-cap");
   expect_exit("tune " + fixture("mlp.onnx") + " --time-cap -1", 2, "--time-cap");
