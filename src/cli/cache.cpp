@@ -154,7 +154,14 @@ Command add_cache(CLI::App& app) {
                                     "remove stale directories: runs, checkpoint staging and scratch directories whose "
                                     "process is gone and whose lock nobody holds");
   for (auto* s : {list, clean})
-    s->add_option("--dir", o->dir, "cache directory (default: $AITUNE_CACHE_DIR, $XDG_CACHE_HOME/aitune, ~/.cache/aitune)");
+    s->add_option("--dir", o->dir, "cache directory (default: $AITUNE_CACHE_DIR, $XDG_CACHE_HOME/aitune, ~/.cache/aitune)")
+        ->check(CLI::Validator(
+            [](std::string& v) {  // an unset variable (--dir "$X") meant the default cache before
+              return v.empty() ? std::string("is empty (an unset variable?): name the cache directory, or leave --dir "
+                                             "out for the default one")
+                               : std::string();
+            },
+            "DIR"));
   return {sub, [o, list] { return list->parsed() ? cache_list(*o) : cache_clean(*o); }};
 }
 

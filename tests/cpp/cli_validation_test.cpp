@@ -73,6 +73,9 @@ TEST(CliValidation, CacheDirectoryThatIsNotOneIsNamedNotListedAsClean) {
   write_file_bytes(tmp.file("a-file"), "x");
   expect_exit("cache list --dir " + tmp.file("a-file"), 2, "not a directory");
   expect_exit("cache clean --dir " + tmp.file("a-file"), 2, "not a directory");
+  // --dir "$UNSET" (empty) listed and cleaned the default cache.
+  expect_exit("cache list --dir ''", 2, "is empty");
+  expect_exit("cache clean --dir ''", 2, "is empty");
   // A module directory whose .module_name is not a file: listed under its directory name
   // (the stream threw an untyped "basic_filebuf::underflow" before: "internal error").
   fs::create_directories(tmp.path() / "cache" / "m1" / ".module_name");
