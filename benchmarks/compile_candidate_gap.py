@@ -67,6 +67,10 @@ def main() -> int:
     parser.add_argument("--iterations", type=int, default=100)
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--beside-ort", action="store_true",
+                        help="also tune with ONNX Runtime's CUDA backend listed before / after the compile backend "
+                             "(session 24's lead: the compile candidate compiled while ONNX Runtime's sessions hold "
+                             "their arenas is slower than bare compile on ResNet-50 and Swin-T)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("no CUDA device: this comparison needs the GPU", file=sys.stderr)
@@ -97,11 +101,21 @@ def main() -> int:
         torch.set_float32_matmul_precision("highest")
         variants = {"aitune module": {"half_weights": False}, "aitune half weights": {"half_weights": True},
                     "aitune fp16 outputs": {"half_weights": True, "output_dtype": "compute"}}
+        if args.beside_ort:
+            variants["aitune after ORT"] = {"half_weights": False, "ort": "before"}
+            variants["aitune before ORT"] = {"half_weights": False, "ort": "after"}
         for label, options in variants.items():
             torch._dynamo.reset()
+            options = dict(options)
+            ort = options.pop("ort", None)
             backend = TorchCompileBackend(TorchCompileBackendConfig(precisions=("fp16",), **options))
-            module = ait.Module(copy.deepcopy(model), f"gap-{args.model}-{len(rows)}",
-                                strategy=ait.OneBackendStrategy(backend))
+            strategy = ait.OneBackendStrategy(backend)
+            if ort is not None:
+                from aitune.torch.backend import ONNXRuntimeBackend, ONNXRuntimeBackendConfig
+
+                onnx = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cuda"))
+                strategy = ait.MaxThroughputStrategy([onnx, backend] if ort == "before" else [backend, onnx])
+            module = ait.Module(copy.deepcopy(model), f"gap-{args.model}-{len(rows)}", strategy=strategy)
             ait.tune(module, [x[i] for i in range(x.shape[0])], batch_sizes=[x.shape[0]], progress=False)
             (report,) = module.ait_reports.values()
             print(report.summary_table())
