@@ -152,9 +152,15 @@ def test_run_directories_of_dead_processes_are_swept(cache_dir):
     # one its maker was killed in before naming it (OwnedDirectory.create: made pending, locked, renamed)
     pending = parent / f".pending-run-{_dead_pid()}-4567"
     pending.mkdir()
+    os.utime(pending, (time.time() - 120, time.time() - 120))  # older than any maker takes to name it
+    # A fresh one may be a maker's between its mkdir and its lock (in another pid namespace):
+    # kept until it is a minute old.
+    fresh = parent / f".pending-run-{_dead_pid()}-8901"
+    fresh.mkdir()
     mine = cache.tune_dir("m", "graph_0", "backend_0")
     assert not dead.exists() and not pending.exists() and mine.is_dir()
-    assert not list(parent.glob(".pending-*")), list(parent.iterdir())  # ours were named
+    assert fresh.is_dir()
+    assert list(parent.glob(".pending-*")) == [fresh], list(parent.iterdir())  # ours were named
     # Our own run directory survives the next tune's sweep, and clear_module.
     other = cache.tune_dir("m", "graph_0", "backend_0")
     cache.clear_module("m")
