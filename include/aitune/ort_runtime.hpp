@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -118,6 +119,15 @@ class OrtRuntime {
   /// Probes one provider (loading its library once and caching the answer). Never throws
   /// for an unavailable provider: the reason is in the result.
   ProviderStatus provider_status(ExecutionProvider provider);
+
+  /// The library the process's ONNX Runtime provider bridge comes from, when it is not
+  /// `shared_library` (a libonnxruntime_providers_shared.so); nullopt when it is, or when
+  /// there is none yet. The CUDA and TensorRT providers bind its Provider_GetHost by name,
+  /// to the first such library loaded RTLD_GLOBAL: another ONNX Runtime's (the onnxruntime
+  /// Python package of another install, imported first) hands them a host of another
+  /// layout, and they crash in a kernel (a call through a null slot). Loads
+  /// `shared_library` RTLD_GLOBAL, as ONNX Runtime does before loading a provider.
+  static std::optional<std::string> foreign_provider_bridge(const std::string& shared_library);
 
   ~OrtRuntime();
   OrtRuntime(const OrtRuntime&) = delete;

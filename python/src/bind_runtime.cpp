@@ -1,4 +1,5 @@
 // OrtRuntime, OrtWheel and ProviderStatus.
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
@@ -58,6 +59,8 @@ void bind_runtime(nb::module_& m) {
           "search_paths",
           [](const std::string& library_path) { return OrtRuntime::search_paths(OrtRuntimeOptions{library_path}); },
           nb::arg("library_path") = "")
+      .def_static("foreign_provider_bridge", &OrtRuntime::foreign_provider_bridge, nb::arg("shared_library"),
+                  "The library the process's provider bridge comes from when it is not shared_library, else None.")
       .def_static("live_sessions", &OrtRuntime::live_sessions,
                   "ORT sessions the engine created that are still alive (backends and the tensors they handed out).")
       .def_prop_ro("library_path", &OrtRuntime::library_path)

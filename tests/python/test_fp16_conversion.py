@@ -6,11 +6,19 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from aitune.torch import export
+
+
+def _ort():
+    """The onnxruntime Python package, imported when a test runs: imported at collection, it
+    loaded another install's ONNX Runtime provider bridge before aitune's in every worker
+    of the GPU host's suite (docs/gpu.md, session 25)."""
+    import onnxruntime
+
+    return onnxruntime
 
 
 def _pooler_shaped(path):
@@ -40,8 +48,8 @@ def test_an_output_other_nodes_read_converts_to_a_loadable_fp16_model(tmp_path):
     source, target = tmp_path / "model.onnx", tmp_path / "model_fp16.onnx"
     _pooler_shaped(source)
     export.convert_to_fp16(source, target)
-    session = ort.InferenceSession(str(target), providers=["CPUExecutionProvider"])  # raised the type error
-    reference = ort.InferenceSession(str(source), providers=["CPUExecutionProvider"])
+    session = _ort().InferenceSession(str(target), providers=["CPUExecutionProvider"])  # raised the type error
+    reference = _ort().InferenceSession(str(source), providers=["CPUExecutionProvider"])
     x = np.random.default_rng(1).standard_normal((2, 5, 8)).astype(np.float32)
     got, expected = session.run(None, {"x": x}), reference.run(None, {"x": x})
     assert [o.name for o in session.get_outputs()] == ["hidden", "pooled"]
@@ -81,6 +89,6 @@ def test_a_weight_read_by_two_kept_norms_and_an_fp16_node_loads_in_the_mixed_mod
     names = [n.name for n in onnx.load(str(target)).graph.node]
     assert len(names) == len(set(names)), names
     x = np.random.default_rng(1).standard_normal((2, 8)).astype(np.float32)
-    expected = ort.InferenceSession(str(source), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    (got,) = ort.InferenceSession(str(target), providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    expected = _ort().InferenceSession(str(source), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    (got,) = _ort().InferenceSession(str(target), providers=["CPUExecutionProvider"]).run(None, {"x": x})
     np.testing.assert_allclose(got, expected, atol=1e-2)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import onnx
-import onnxruntime
 import pytest
 import torch
 
@@ -15,6 +14,15 @@ import aitune.torch as ait
 from aitune import _core
 from aitune.torch import transforms
 from torch_models import cpu_backend
+
+
+def _ort():
+    """The onnxruntime Python package, imported when a test runs: imported at collection, it
+    loaded another install's ONNX Runtime provider bridge before aitune's in every worker
+    of the GPU host's suite (docs/gpu.md, session 25)."""
+    import onnxruntime
+
+    return onnxruntime
 
 transformers = pytest.importorskip("transformers")
 
@@ -143,7 +151,7 @@ def test_fp16_copy_of_a_fused_model_keeps_operators_and_interface(tmp_path):
     assert half.fused_operators == DYNAMO_FUSED
     weights = [i for i in onnx.load(str(half.path)).graph.initializer if i.data_type in (1, 10)]
     assert weights and all(i.data_type == onnx.TensorProto.FLOAT16 for i in weights)
-    session = onnxruntime.InferenceSession(str(half.path), providers=["CPUExecutionProvider"])
+    session = _ort().InferenceSession(str(half.path), providers=["CPUExecutionProvider"])
     assert [i.type for i in session.get_inputs()] == ["tensor(int64)"]
     (out,) = session.run(None, {"ids": ids.numpy()})
     assert out.dtype.name == "float32"
@@ -176,7 +184,7 @@ def test_gpt2_attention_fusion_keeps_the_2d_projection_input(tmp_path):
     assert fused.fused_operators.get("MultiHeadAttention") == 2, fused.fused_operators
     restored = [n for n in onnx.load(str(fused.path)).graph.node if n.op_type == "Flatten"]
     assert len(restored) == 2, [n.name for n in restored]
-    session = onnxruntime.InferenceSession(str(fused.path), providers=["CPUExecutionProvider"])
+    session = _ort().InferenceSession(str(fused.path), providers=["CPUExecutionProvider"])
     (out,) = session.run(None, {"ids": ids.numpy()})
     torch.testing.assert_close(torch.from_numpy(out), gpt2(ids).detach(), atol=1e-4, rtol=1e-4)
 

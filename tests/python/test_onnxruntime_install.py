@@ -293,3 +293,45 @@ def test_cuda_libraries_come_from_the_pip_packages_on_gpu_machines():
         folders = [os.path.realpath(d) for d in rt.cuda_library_dirs]
         for soname in ("libcudart.so.13", "libcudnn.so.9"):
             assert os.path.dirname(resolved[soname]) in folders, (soname, resolved[soname], folders)
+
+
+
+_BRIDGES = textwrap.dedent("""
+    import ctypes, os, shutil, sys, tempfile
+    from aitune import _core
+    bridge, first = sys.argv[1], sys.argv[2]
+    root = tempfile.mkdtemp()
+    paths = {d: os.path.join(root, d, os.path.basename(bridge)) for d in ("other", "ours")}
+    for path in paths.values():
+        os.makedirs(os.path.dirname(path))
+        shutil.copy(bridge, path)
+    if first == "other":  # another install's bridge, loaded RTLD_GLOBAL before aitune's
+        ctypes.CDLL(paths["other"], mode=ctypes.RTLD_GLOBAL)
+    print(_core.OrtRuntime.foreign_provider_bridge(paths["ours"]))
+    ctypes.CDLL(paths["other"], mode=ctypes.RTLD_GLOBAL)  # after ours: providers still bind to ours
+    print(_core.OrtRuntime.foreign_provider_bridge(paths["ours"]))
+    print(_core.OrtRuntime.foreign_provider_bridge(os.path.join(root, "none", "missing.so")))
+""")
+
+
+@pytest.mark.parametrize("first", ["ours", "other"])
+def test_another_onnx_runtimes_provider_bridge_loaded_first_is_named(first):
+    """The GPU host's crash (sessions 24-25): the onnxruntime Python package of another install
+    (the image's 1.30), imported first, loads its provider bridge RTLD_GLOBAL; aitune's 1.31.1
+    CUDA provider then bound Provider_GetHost to it and jumped through a null slot in its
+    Attention kernel (a segmentation fault). The engine finds the bridge a provider would bind
+    to (and the CUDA and TensorRT providers are refused naming it); its own is no conflict.
+    A fresh process each: the first bridge loaded RTLD_GLOBAL is the one providers bind to."""
+    bridge = Path(_core.OrtRuntime.load().providers_dir) / "libonnxruntime_providers_shared.so"
+    if not bridge.exists():
+        pytest.skip(f"no provider bridge beside this ONNX Runtime ({bridge.parent})")
+    done = subprocess.run([sys.executable, "-c", _BRIDGES, str(bridge), first], capture_output=True, text=True,
+                          timeout=120, env=_env())
+    assert done.returncode == 0, done.stderr
+    at_first, after_other, missing = done.stdout.splitlines()
+    if first == "ours":
+        assert at_first == "None" and after_other == "None", done.stdout
+    else:
+        assert at_first.endswith("/other/libonnxruntime_providers_shared.so"), done.stdout
+        assert after_other == at_first
+    assert missing == "None"

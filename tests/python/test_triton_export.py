@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 import torch
 from google.protobuf import text_format
@@ -21,6 +20,15 @@ from torch_models import MLP, MaskedModel, SmallCNN, cpu_strategy
 import aitune.torch as ait
 from aitune import _core
 from aitune.torch import ModuleState
+
+
+def _ort():
+    """The onnxruntime Python package, imported when a test runs: imported at collection, it
+    loaded another install's ONNX Runtime provider bridge before aitune's in every worker
+    of the GPU host's suite (docs/gpu.md, session 25)."""
+    import onnxruntime
+
+    return onnxruntime
 
 TOL = dict(rtol=1e-4, atol=1e-5)
 
@@ -60,7 +68,7 @@ def _session_of(model):
 def _run_exported(model_dir: Path, config, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Runs 1/model.onnx as Triton's ONNX Runtime backend would: inputs and outputs by the
     names config.pbtxt declares, with the dtypes it declares."""
-    session = ort.InferenceSession(str(model_dir / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
+    session = _ort().InferenceSession(str(model_dir / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
     to_numpy = {PB2.TYPE_FP32: np.float32, PB2.TYPE_INT64: np.int64, PB2.TYPE_BOOL: np.bool_}
     assert [i.name for i in config.input] == [i.name for i in session.get_inputs()]
     assert [o.name for o in config.output] == [o.name for o in session.get_outputs()]

@@ -86,6 +86,15 @@ std::string last_dlerror() {
   return e ? std::string(e) : std::string("unknown dlopen error");
 }
 
+// Why a provider cannot load beside another ONNX Runtime's provider bridge (`other`).
+std::string bridge_conflict(const std::string& other) {
+  return "another ONNX Runtime's provider bridge is loaded in this process first (" + other +
+         ", from the onnxruntime Python package of another install, imported before aitune first used this "
+         "provider); aitune's provider would bind to it and crash. Use one ONNX Runtime: install the onnxruntime-gpu "
+         "wheel whose libraries aitune loads (pip install 'onnxruntime-gpu==1.31.1'), or let aitune use this "
+         "provider (ait.tune / OrtRuntime.provider_status) before anything imports onnxruntime";
+}
+
 std::string joined(const std::vector<std::string>& items) {
   std::string out;
   for (const auto& item : items) out += (out.empty() ? "" : ", ") + item;
@@ -145,6 +154,17 @@ std::string try_open(const std::string& path, void*& handle, const OrtApiBase*& 
 }
 
 }  // namespace
+
+std::optional<std::string> OrtRuntime::foreign_provider_bridge(const std::string& shared_library) {
+  if (!fs::exists(shared_library)) return std::nullopt;  // the provider's own load says what is missing
+  void* ours = dlopen(shared_library.c_str(), RTLD_NOW | RTLD_GLOBAL);  // kept, as ONNX Runtime keeps it
+  if (!ours) return std::nullopt;
+  void* mine = dlsym(ours, "Provider_GetHost");
+  void* first = dlsym(RTLD_DEFAULT, "Provider_GetHost");  // what a provider's reference binds to
+  if (!mine || !first || mine == first) return std::nullopt;
+  Dl_info info{};
+  return dladdr(first, &info) && info.dli_fname ? canonical_or_same(info.dli_fname) : std::string("unknown library");
+}
 
 void OrtRuntime::use_python_packages(const OrtPythonPackages& packages) {
   std::lock_guard lock(g_python_mutex);
@@ -292,6 +312,8 @@ const std::vector<Ort::ConstEpDevice>& OrtRuntime::Impl::cuda_ep_devices() {
                 "CUDA execution provider unavailable: " + lib + " not found (ONNX Runtime " +
                     api_base->GetVersionString() + " here is a CPU build); " + kGpuPackageHint);
   preload_cuda_libraries_locked();
+  if (auto other = foreign_provider_bridge((fs::path(providers_dir) / kSharedProvider).string()))
+    throw Error(ErrorCode::kProviderUnavailable, "CUDA execution provider unavailable: " + bridge_conflict(*other));
   try {
     env->RegisterExecutionProviderLibrary("aitune_cuda", lib);
   } catch (const Ort::Exception& e) {
@@ -351,6 +373,10 @@ ProviderStatus OrtRuntime::Impl::probe_tensorrt() {
     preload_cuda_libraries_locked();
   }
   s.cuda_libraries = detail::loaded_cuda_libraries();
+  if (auto other = foreign_provider_bridge((dir / kSharedProvider).string())) {
+    s.reason = "TensorRT execution provider unavailable: " + bridge_conflict(*other);
+    return s;
+  }
   // The provider links TensorRT itself; probing those libraries names the missing one
   // without loading the provider outside ORT.
   for (const char* trt_lib : {"libnvinfer.so.10", "libnvonnxparser.so.10"}) {
