@@ -155,3 +155,44 @@ def test_a_value_behind_a_property_of_a_plain_object_is_watched():
         inner.settings.negate = True
         torch.testing.assert_close(model(x), -inner.linear(x))
     assert "settings._negate" in model._ait_calls.attributes.snapshot()
+
+
+class _Shaped(torch.nn.Module):
+    """A flag that changes what forward returns: a dict, or a tuple in another order."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 4)
+        self.as_dict = True
+
+    def forward(self, x):
+        h = self.fc(x)
+        if self.as_dict:
+            return {"logits": h.softmax(-1), "feats": h}
+        return h, h.softmax(-1)
+
+
+def test_a_flag_that_changes_the_output_structure_of_a_compile_winner_runs_eagerly(caplog):
+    """torch.compile recompiles on the flag, but the module rebuilt the compiled outputs in the
+    structure recorded with the old value: the tuple came back as the recorded dict, eager's
+    features under "logits", with no warning."""
+    torch.manual_seed(0)
+    inner = _Shaped().eval()
+    backend = ait.TorchCompileBackend(ait.TorchCompileBackendConfig(mode="default"))
+    model = ait.Module(inner, "compile_structure_flag", strategy=ait.OneBackendStrategy(backend))
+    ait.tune(model, [torch.randn(8) for _ in range(2)], batch_sizes=[2], progress=False,
+             performance_validation=False)
+    assert list(model.ait_backends.values())[0].startswith("TorchCompileBackend")
+    x = torch.randn(2, 8)
+    inner.as_dict = False
+    with caplog.at_level(logging.WARNING, logger="aitune"):
+        out = model(x)
+    assert isinstance(out, tuple)
+    torch.testing.assert_close(out, inner.forward(x))
+    assert any("as_dict: True -> False" in r.getMessage() for r in caplog.records), caplog.text
+    inner.as_dict = True  # back: the recorded structure holds again
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="aitune"):
+        out = model(x)
+    assert set(out) == {"logits", "feats"} and not caplog.records
+    torch.testing.assert_close(out, inner.forward(x))

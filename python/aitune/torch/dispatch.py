@@ -325,11 +325,15 @@ class ModuleDispatch:
         self.weights: list[tuple[str, torch.Tensor, int]] = []
         self.watch_weights_as_they_are()
         self.weights_changed: Callable[[str], bool] | None = None
-        # Where a graph runs in ONNX Runtime, the plain Python values (``self.temperature``,
-        # a config's flags) it holds as constants: a call while one was reassigned to
-        # another value runs eagerly (baked_attributes.py). torch.compile guards its own.
+        # The plain Python values (``self.temperature``, a config's flags) the graphs were
+        # recorded with: an ONNX Runtime graph holds them as constants, and every graph's
+        # outputs are rebuilt in the structure recorded with them (torch.compile recompiles
+        # on a changed flag, but a flag that makes forward return a tuple, or one more
+        # output, came back under the recorded dict's names). A call while one was
+        # reassigned to another value runs eagerly (baked_attributes.py).
         self.attributes = (AttributeWatch(module, harmless, saved_attributes)
-                           if any(tuned.session is not None for _, tuned in self.tuned.values()) else None)
+                           if any(getattr(tuned, "records_attributes", True) for _, tuned in self.tuned.values())
+                           else None)
         self.attributes_logged: set = set()
         # Where a graph holds a copy of the weights, the objects in their slots and those of
         # the submodules: one replaced by assignment (``fc.weight = nn.Parameter(w)``,
@@ -567,8 +571,9 @@ class ModuleDispatch:
         if key not in self.attributes_logged:
             self.attributes_logged.add(key)
             logger.warning(
-                "ait.Module '%s': plain Python attributes differ from the values its ONNX Runtime graphs were "
-                "exported with and hold as constants (%s); calls run eagerly in PyTorch until they are back, or the "
+                "ait.Module '%s': plain Python attributes differ from the values its tuned graphs were recorded "
+                "with (%s): an ONNX Runtime graph holds them as constants, and every tuned graph returns its outputs "
+                "in the structure recorded with them; calls run eagerly in PyTorch until they are back, or the "
                 "module is tuned again (ait.tune). An attribute forward never reads can be declared with "
                 "ait.Module(..., harmless_attributes=[...]).", self.name, describe_changes(changed))
         return self.module.forward(*args, **kwargs)  # the hooks ran around the proxy's forward

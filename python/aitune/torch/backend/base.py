@@ -64,10 +64,16 @@ class TunedGraph:
     ONNX model's initializers, a half-precision copy), so it no longer computes the
     module once the module's weights change; a graph that reads the module's own
     parameters on every call (eager, torch.compile of the module) sets it False.
+    ``records_attributes``: the graph depends on the module's plain Python values as they
+    were recorded, so a call while one differs runs eagerly (baked_attributes.py). An ONNX
+    graph holds them as constants; a torch.compile graph recompiles on them, but its
+    outputs are rebuilt in the structure recorded with them (a flag that makes forward
+    return a tuple instead of a dict, or one more output). Only eager sets it False.
     """
 
     backend_name: str = "?"
     holds_weights: bool = True
+    records_attributes: bool = True
     report = None
     session = None
     order: tuple[int, ...] = ()

@@ -16,6 +16,7 @@ from aitune.torch.graph import RecordedGraph
 class EagerGraph(TunedGraph):
     backend_name = "TorchEagerBackend"
     holds_weights = False  # the module itself
+    records_attributes = False  # its outputs are the module's own, whatever its attributes
 
     def __init__(self, graph: RecordedGraph, note: str | None = None):
         self.graph = graph
