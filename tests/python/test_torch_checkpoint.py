@@ -835,3 +835,36 @@ def test_the_weights_digest_sees_permutations_and_holds_non_finite_values():
         permuted.fc1.weight.copy_(permuted.fc1.weight.flip(0))  # same sums, other values
     assert digest_differences(digest, weight_values_digest(permuted)) == ["fc1.weight"]
     assert digest_differences(digest, weight_values_digest(MLP().double())) != []
+
+
+class _Activated(torch.nn.Module):
+    """Its activation chosen by a constructor argument: no weight tells the two apart."""
+
+    def __init__(self, act: str = "tanh"):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 16)
+        self.act = torch.nn.Tanh() if act == "tanh" else torch.nn.ReLU()
+
+    def forward(self, x):
+        return self.act(self.fc(x))
+
+
+def test_loading_into_a_module_built_with_another_weightless_submodule_is_refused(tmp_path):
+    """Saved with Tanh, loaded into the same class built with ReLU and the same weights: the
+    class at the saved path and every weight shape matched, so it loaded, and the ONNX graph
+    went on computing Tanh (0.87 off the ReLU model), silently."""
+    torch.manual_seed(0)
+    saved = _Activated("tanh").eval()
+    model = ait.Module(saved, "activated", strategy=cpu_strategy())
+    ait.tune(model, [torch.randn(16) for _ in range(2)], disable_external_logging=True, performance_validation=False)
+    ait.save(model, tmp_path / "ckpt")
+    other = _Activated("relu").eval()
+    other.load_state_dict(saved.state_dict())
+    with pytest.raises(aitune.InvalidArgumentError, match=r"other submodules.*act: torch\.nn\.modules\.activation\."
+                                                          r"Tanh saved, torch\.nn\.modules\.activation\.ReLU here"):
+        ait.load(ait.Module(other, "activated"), tmp_path / "ckpt")
+    same = _Activated("tanh").eval()
+    same.load_state_dict(saved.state_dict())
+    loaded = ait.load(ait.Module(same, "activated"), tmp_path / "ckpt")
+    x = torch.randn(2, 16)
+    torch.testing.assert_close(loaded(x), saved(x), atol=1e-5, rtol=1e-5)

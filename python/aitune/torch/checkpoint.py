@@ -173,6 +173,9 @@ def save(
         METADATA_KEY: {
             "format_version": MANIFEST_SECTIONS_FORMAT_VERSION,
             "module_class": class_name(type(module.ait_module)),
+            # the class of every submodule by its path: one without weights (an activation
+            # chosen by a constructor argument) changes the model where no shape does
+            "submodule_classes": _submodule_classes(module.ait_module),
             "torch_version": torch.__version__,
             "tuning_s": sum(SavedReport(r).tuning_s for r in out.reports.values()),
             # what ait.load compares the module loaded into with (weight_changes.digest_differences)
@@ -400,6 +403,12 @@ def _restore_graphs(module, path, device, seen: list):
             f"config): {other_shapes}; ait.Module '{module.ait_name}' wraps one its graphs do not compute (build "
             "the module with the config it was tuned with)"
         )
+    if other_classes := _submodule_class_differences(meta.get("submodule_classes"), module.ait_module):
+        raise _core.InvalidArgumentError(
+            f"{where} was saved from a {saved_class} with other submodules (built with another config): "
+            f"{other_classes}; ait.Module '{module.ait_name}' wraps one its graphs do not compute (build the module "
+            "with the config it was tuned with)"
+        )
     restored: dict[Any, tuple[SavedGraph, TunedGraph]] = {}
 
     def add(graph: SavedGraph, tuned: TunedGraph, report: Any, graph_where: str) -> None:
@@ -499,3 +508,25 @@ def load(module, path: str | os.PathLike, device_map: DeviceLike | Mapping[str, 
         module.ait_name, len(restored), checkpoint.directory, elapsed, versus,
     )
     return module
+
+
+def _submodule_classes(module: torch.nn.Module) -> dict[str, str]:
+    """The class of each submodule of ``module`` by its path ("" is the module itself)."""
+    return {path: class_name(type(sub)) for path, sub in module.named_modules() if path}
+
+
+def _submodule_class_differences(saved: Any, module: torch.nn.Module, shown: int = 4) -> str:
+    """How the submodules of ``module`` differ from those a checkpoint was saved with
+    (a path whose class differs, one added or missing), or "" (also for a checkpoint saved
+    before the classes were kept)."""
+    if not isinstance(saved, dict):
+        return ""
+    now = _submodule_classes(module)
+    lines = [f"{path}: {saved[path]} saved, {now[path]} here" for path in saved if path in now and saved[path] != now[path]]
+    lines += [f"{path}: {saved[path]} saved, none here" for path in saved if path not in now]
+    lines += [f"{path}: none saved, {now[path]} here" for path in now if path not in saved]
+    if not lines:
+        return ""
+    more = f" (and {len(lines) - shown} more)" if len(lines) > shown else ""
+    return "; ".join(lines[:shown]) + more
+
