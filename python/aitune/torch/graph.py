@@ -512,23 +512,40 @@ class RecordedGraph(_GraphCalls):
         self.mutated_state += [name for name in names if name not in self.mutated_state]
 
     def _warn_aliased(self, input_tensors: list[torch.Tensor], out_tensors: list[torch.Tensor]) -> None:
-        """An eager output that is an input itself, or a view of it, is said once per output:
-        a graph returns a new tensor with its values, so the tuned module's output no longer
-        shares memory with what it was given (a change to one stops showing in the other)."""
+        """An eager output that is an input itself, or a view of it, or that shares memory with
+        an earlier output, is said once per output: a graph returns a new tensor with its
+        values, so the tuned module's output no longer shares memory with what it was given,
+        or with the other output (a change to one stops showing in the other)."""
         storages = {}
         for name, tensor in zip(self.input_names, input_tensors, strict=True):
             if tensor.numel() > 0:
                 storages.setdefault((tensor.device, tensor.untyped_storage().data_ptr()), name)
+        returned = {}  # storage -> the first output on it
         for name, tensor in zip(self.output_names, out_tensors, strict=True):
-            if name in self._alias_warned or tensor.numel() == 0:
+            if tensor.numel() == 0:
                 continue
-            given = storages.get((tensor.device, tensor.untyped_storage().data_ptr()))
+            storage = (tensor.device, tensor.untyped_storage().data_ptr())
+            earlier = returned.setdefault(storage, name)
+            if name in self._alias_warned:
+                continue
+            given = storages.get(storage)
             if given is not None:
                 self._alias_warned.add(name)
                 warnings.warn(
                     f"ait.Module '{self.module_name}' {self.key}: eager output {name} is input {given} itself (or a "
                     "view of it); a tuned graph returns a new tensor with its values instead, so a change to the "
                     "output no longer changes the input, nor the other way round",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            elif earlier != name:
+                # Two outputs on one memory (`return h, h[:, :4]`, or h twice): a graph returns
+                # each as its own tensor, so an in-place change to one stops showing in the other.
+                self._alias_warned.add(name)
+                warnings.warn(
+                    f"ait.Module '{self.module_name}' {self.key}: eager outputs {earlier} and {name} share memory "
+                    "(one is the other, or a view of it); a tuned graph returns each as a tensor of its own, so a "
+                    "change made in place to one of them no longer shows in the other",
                     RuntimeWarning,
                     stacklevel=2,
                 )
