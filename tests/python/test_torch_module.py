@@ -166,3 +166,29 @@ def test_an_unrecorded_call_names_the_non_tensor_values_that_differ():
     message = str(raised.value)
     assert "non-tensor values: use_cache=False, scale=2.0" in message, message
     assert "use_cache: None here, False recorded" in message, message
+
+
+class Masked(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 3)
+
+    def forward(self, x, mask=None, labels=None):
+        y = self.fc(x) if mask is None else self.fc(x) * mask
+        return y if labels is None else (torch.nn.functional.cross_entropy(y, labels), y)
+
+
+def test_an_unrecorded_call_names_a_tensor_a_tensor_not_absent():
+    """labels= given as a tensor where None was recorded read "labels: absent here, None
+    recorded", and a mask tensor recorded but left out "mask: None here, absent recorded":
+    "absent" stood for "a tensor"."""
+    model = ait.Module(Masked().eval(), "masked-call", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [((torch.randn(8),), {"mask": torch.ones(3)}) for _ in range(2)], progress=False,
+             ignore_failing_modules=False)
+    x = torch.randn(2, 8)
+    with pytest.raises(ait.GraphNotRecordedError) as raised, torch.no_grad():
+        model(x, mask=torch.ones(2, 3), labels=torch.tensor([0, 1]))
+    assert "labels: a tensor here, None recorded" in str(raised.value), str(raised.value)
+    with pytest.raises(ait.GraphNotRecordedError) as raised, torch.no_grad():
+        model(x)
+    assert "mask: None here, a tensor recorded" in str(raised.value), str(raised.value)

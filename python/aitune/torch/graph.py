@@ -677,7 +677,12 @@ def describe_call(signature: inspect.Signature, arguments: dict[str, Any]) -> st
 def differing_values(signature: inspect.Signature, arguments: dict[str, Any], graphs: list) -> str:
     """For an unrecorded call: where its non-tensor values (None included) differ from the
     recorded graph closest to it (``use_cache: None here, False recorded (graph 2)``), or ''."""
-    now = non_tensor_values(signature, pytree.tree_flatten_with_path(arguments)[0])
+    paths_leaves = pytree.tree_flatten_with_path(arguments)[0]
+    now = non_tensor_values(signature, paths_leaves)
+    # A value that is not among the non-tensor ones may be a tensor (labels=tensor here, a
+    # mask tensor recorded): named so, not "absent".
+    now_tensors = {_path_name(_argument_path(signature, path)) for path, leaf in paths_leaves
+                   if isinstance(leaf, torch.Tensor)}
     best = None
     for index, graph in enumerate(graphs):
         recorded = getattr(graph, "non_tensor_values", None)
@@ -692,7 +697,16 @@ def differing_values(signature: inspect.Signature, arguments: dict[str, Any], gr
     if best is None:
         return ""
     index, differ, recorded = best
-    missing = object()
-    shown = [f"{name}: {now.get(name, missing)!r} here, {recorded.get(name, missing)!r} recorded"
-             .replace(repr(missing), "absent") for name in sorted(differ)]
+    recorded_tensors = set(getattr(graphs[index], "input_names", ()))
+
+    def shown_now(name: str) -> str:
+        return repr(now[name]) if name in now else "a tensor" if name in now_tensors else "absent"
+
+    def shown_recorded(name: str) -> str:
+        if name in recorded:
+            return repr(recorded[name])
+        tensor = flatten.leaf_names("input", [tuple(name.split("."))])[0]
+        return "a tensor" if tensor in recorded_tensors else "absent"
+
+    shown = [f"{name}: {shown_now(name)} here, {shown_recorded(name)} recorded" for name in sorted(differ)]
     return f"non-tensor values that differ from recorded graph {index + 1}: " + "; ".join(shown)
