@@ -37,6 +37,7 @@ from aitune.torch.checkpoint_structure import (
     STRUCTURE_FORMAT_VERSION,
     class_name,
     corrupt,
+    dict_differences,
     field,
     graph_structure,
     script_class_hint,
@@ -382,6 +383,26 @@ def _weights_shape_differences(saved: Any, module: torch.nn.Module) -> str:
     return shape_differences(was, now)
 
 
+def _submodule_classes(module: torch.nn.Module) -> dict[str, str]:
+    """The class of each submodule of ``module`` by its path (the module itself left out)."""
+    return {path: class_name(type(sub)) for path, sub in module.named_modules() if path}
+
+
+def _submodule_class_differences(saved: Any, module: torch.nn.Module, shown: int = 4) -> str:
+    """How the submodules of ``module`` differ from those a checkpoint was saved with
+    (a path whose class differs, one added or missing), or "" (also for a checkpoint saved
+    before the classes were kept)."""
+    if not isinstance(saved, dict):
+        return ""
+    now = _submodule_classes(module)
+    changed, missing, new = dict_differences(saved, now)
+    lines = [f"{path}: {saved[path]} saved, {now[path]} here" for path in changed]
+    lines += [f"{path}: {saved[path]} saved, none here" for path in missing]
+    lines += [f"{path}: none saved, {now[path]} here" for path in new]
+    more = f" (and {len(lines) - shown} more)" if len(lines) > shown else ""
+    return "; ".join(lines[:shown]) + more
+
+
 def _restore_graphs(module, path, device, seen: list):
     """The checkpoint (appended to ``seen`` as soon as it is verified), its aitune.torch
     metadata and the graphs restored from it, sessions created; the module untouched."""
@@ -508,25 +529,3 @@ def load(module, path: str | os.PathLike, device_map: DeviceLike | Mapping[str, 
         module.ait_name, len(restored), checkpoint.directory, elapsed, versus,
     )
     return module
-
-
-def _submodule_classes(module: torch.nn.Module) -> dict[str, str]:
-    """The class of each submodule of ``module`` by its path ("" is the module itself)."""
-    return {path: class_name(type(sub)) for path, sub in module.named_modules() if path}
-
-
-def _submodule_class_differences(saved: Any, module: torch.nn.Module, shown: int = 4) -> str:
-    """How the submodules of ``module`` differ from those a checkpoint was saved with
-    (a path whose class differs, one added or missing), or "" (also for a checkpoint saved
-    before the classes were kept)."""
-    if not isinstance(saved, dict):
-        return ""
-    now = _submodule_classes(module)
-    lines = [f"{path}: {saved[path]} saved, {now[path]} here" for path in saved if path in now and saved[path] != now[path]]
-    lines += [f"{path}: {saved[path]} saved, none here" for path in saved if path not in now]
-    lines += [f"{path}: none saved, {now[path]} here" for path in now if path not in saved]
-    if not lines:
-        return ""
-    more = f" (and {len(lines) - shown} more)" if len(lines) > shown else ""
-    return "; ".join(lines[:shown]) + more
-

@@ -52,14 +52,21 @@ def script_class_hint(saved: str, now: str) -> str:
     return ""
 
 
+def dict_differences(saved: dict[str, Any], now: dict[str, Any]) -> tuple[list[str], list[str], list[str]]:
+    """The names whose value in ``now`` differs from ``saved``, those of ``saved`` missing from
+    ``now`` and those new in ``now``, each in the dicts' order: what a checkpoint recorded of a
+    module against the module loaded into."""
+    changed = [name for name, value in saved.items() if name in now and now[name] != value]
+    return changed, [name for name in saved if name not in now], [name for name in now if name not in saved]
+
+
 def shape_differences(saved: dict[str, list[int]], now: dict[str, list[int]]) -> str:
     """'' when ``now`` has the tensor names and shapes of ``saved`` (name -> shape); else the
     first three differences, named, in the dicts' order (a module built with another config
     differs here, not in its class)."""
-    differences = [f"'{name}' was {shape}, is {now[name]}" for name, shape in saved.items()
-                   if name in now and now[name] != shape]
-    differences += [f"'{name}' is missing" for name in saved if name not in now]
-    differences += [f"'{name}' is new" for name in now if name not in saved]
+    changed, missing, new = dict_differences(saved, now)
+    differences = [f"'{name}' was {saved[name]}, is {now[name]}" for name in changed]
+    differences += [f"'{name}' is missing" for name in missing] + [f"'{name}' is new" for name in new]
     more = f" and {len(differences) - 3} more" if len(differences) > 3 else ""
     return ", ".join(differences[:3]) + more
 

@@ -332,8 +332,7 @@ class ModuleDispatch:
         # output, came back under the recorded dict's names). A call while one was
         # reassigned to another value runs eagerly (baked_attributes.py).
         self.attributes = (AttributeWatch(module, harmless, saved_attributes)
-                           if any(getattr(tuned, "records_attributes", True) for _, tuned in self.tuned.values())
-                           else None)
+                           if any(tuned.records_attributes for _, tuned in self.tuned.values()) else None)
         self.attributes_logged: set = set()
         # Where a graph holds a copy of the weights, the objects in their slots and those of
         # the submodules: one replaced by assignment (``fc.weight = nn.Parameter(w)``,

@@ -291,12 +291,12 @@ def tune(
         logger.warning("ait.tune: %s", message)
     if bypassed.counts:
         logger.warning("ait.tune: %s", bypassed.explain())
-    if unknown := (_unknown_output_tolerances(output_tolerances, session.modules.values())
-                   or _unknown_dynamic_shapes(session.modules.values())):
+    declared_problem, tied = _check_dynamic_shapes(session.modules.values())
+    if unknown := (_unknown_output_tolerances(output_tolerances, session.modules.values()) or declared_problem):
         for module in session.modules.values():  # tuned as they were before, not left recorded
             module._ait_tuning_interrupted()
         raise ValueError(unknown)
-    for message in _tied_axes_left_out(session.modules.values()):
+    for message in tied:
         logger.warning("ait.tune: %s", message)
     if dry_run:
         return
@@ -324,35 +324,29 @@ def tune(
         raise
 
 
-def _tied_axes_left_out(modules) -> list[str]:
-    """DynamicShapes.tied_but_left_out for each recorded graph of each module."""
-    lines = []
+def _check_dynamic_shapes(modules) -> tuple[str | None, list[str]]:
+    """Each module's ``dynamic_shapes`` against its recorded graphs, one graph spec built per
+    graph: why a declaration names an input none of the graphs takes, or leaves out a
+    recorded extent (None when none does), and the lines to warn with for the axes that
+    had a declared axis's extent in every call without being declared
+    (``DynamicShapes.tied_but_left_out``)."""
+    tied = []
     for module in modules:
-        if not module._ait_dynamic_shapes:
-            continue
-        for graph in module._ait_graphs.values():
-            shapes = [[tuple(t.shape) for t in sample.inputs] for sample in graph.samples]
-            if shapes:
-                lines += [f"ait.Module '{module.ait_name}' {graph.key}: {line}"
-                          for line in module._ait_dynamic_shapes.tied_but_left_out(graph.graph_spec(), shapes)]
-    return lines
-
-
-def _unknown_dynamic_shapes(modules) -> str | None:
-    """Why a module's ``dynamic_shapes`` names an input none of its recorded graphs takes, or
-    declares a range that leaves out a recorded extent, or None."""
-    for module in modules:
-        if not module._ait_dynamic_shapes:
+        declared = module._ait_dynamic_shapes
+        if not declared:
             continue
         inputs = [graph.input_names for graph in module._ait_graphs.values()]
-        if why := module._ait_dynamic_shapes.unknown(inputs):
-            return f"ait.Module '{module.ait_name}': {why}"
+        if why := declared.unknown(inputs):
+            return f"ait.Module '{module.ait_name}': {why}", tied
         for graph in module._ait_graphs.values():
             try:  # a declared range must hold the recorded extents (the C++ builder says which)
-                graph.graph_spec()
+                spec = graph.graph_spec()
             except _core.InvalidArgumentError as error:
-                return f"ait.Module '{module.ait_name}' {graph.key}: {error}"
-    return None
+                return f"ait.Module '{module.ait_name}' {graph.key}: {error}", tied
+            if shapes := [[tuple(t.shape) for t in sample.inputs] for sample in graph.samples]:
+                tied += [f"ait.Module '{module.ait_name}' {graph.key}: {line}"
+                         for line in declared.tied_but_left_out(spec, shapes)]
+    return None, tied
 
 
 def _unknown_output_tolerances(output_tolerances, modules) -> str | None:

@@ -160,9 +160,10 @@ namespace {
 // ORT's refusal of a node it has no kernel for ("Could not find an implementation for
 // Gemm(13) node with name 'node_linear'", ORT_NOT_IMPLEMENTED) says neither the dtype nor
 // what to do. Where the node takes a float that is not float32 (the model runs in bfloat16,
-// float16 or float64: the CPU provider has no double Erf, so a float64 GELU fails) this is the message of Error(kUnsupportedDType): the provider, the operator, the dtype
-// (read from the model's declared value types) and the user's ways out; nullopt otherwise
-// (ORT's own message stands).
+// float16 or float64: the CPU provider has no double Erf, so a float64 GELU fails) this is
+// the message of Error(kUnsupportedDType): the provider, the operator, the dtype (read from
+// the model's declared value types) and the user's ways out; nullopt otherwise (ORT's own
+// message stands).
 std::optional<std::string> missing_kernel_for_dtype(const Ort::Exception& e, const std::string& model_path,
                                                     ExecutionProvider provider) {
   if (e.GetOrtErrorCode() != ORT_NOT_IMPLEMENTED) return std::nullopt;
