@@ -112,3 +112,65 @@ def test_derived_mask_covers_only_outputs_with_more_dims():
     assert all(m is not None for m in declared)  # a declared mask covers outputs of its shape
     with pytest.raises(ValueError, match="no tensor argument 'padding'"):
         masks_for("padding", {"attention_mask": mask}, [logits], "test")
+
+
+@pytest.mark.parametrize("mask, expected", [
+    (torch.tensor([[0.0, -1e4, 0.0]]), [[1, 0, 1]]),              # additive: 0 attends
+    (torch.tensor([[0.0, float("-inf"), 0.0]]), [[1, 0, 1]]),
+    (torch.tensor([[1.0, 0.0, 1.0]]), [[1, 0, 1]]),               # a 0/1 mask as float
+    (torch.zeros(1, 3), None),                                     # additive, no padding: all compared
+    (torch.zeros(1, 3, dtype=torch.long), None),                   # pads every position: no real batch
+    (torch.tensor([[0.5, -1.0, 0.0]]), None),                      # neither: nothing left out on a guess
+])
+def test_derived_mask_is_read_by_its_values(mask, expected):
+    """An attention_mask is a 0/1 mask or an additive one (0 attends, negative pads); read as
+    0/1, an additive mask without padding left every position out and the check compared
+    nothing."""
+    from aitune.torch.valid_positions import masks_for
+
+    found = masks_for(None, {"attention_mask": mask}, [torch.zeros(1, 3, 2)], "test")
+    if expected is None:
+        assert found is None
+    else:
+        assert found[0][0].tolist() == expected
+
+
+def test_declared_mask_that_leaves_everything_out_is_refused():
+    from aitune.torch.valid_positions import masks_for
+
+    with pytest.raises(ValueError, match="marks no position as defined"):
+        masks_for("pad", {"pad": torch.zeros(2, 3)}, [torch.zeros(2, 3, 4)], "test")
+    with pytest.raises(ValueError, match="marks no position as defined"):
+        masks_for(lambda arguments, outputs: torch.zeros(2, 3), {}, [torch.zeros(2, 3, 4)], "test")
+
+
+class _AdditiveMaskBranch(torch.nn.Module):
+    """An additive attention_mask ([B, S], 0 attends) and a branch on the data, which the
+    trace exporter bakes in."""
+
+    def __init__(self):
+        super().__init__()
+        self.o = torch.nn.Linear(8, 8)
+
+    def forward(self, x, attention_mask):
+        h = torch.softmax(x @ x.transpose(1, 2) + attention_mask[:, None, :], -1) @ x
+        return self.o(h) if x.sum() > 0 else -self.o(h)
+
+
+def test_an_additive_attention_mask_without_padding_still_checks_every_position():
+    """Read as a 0/1 mask, an all-zero additive mask left every position out: a trace that
+    baked the other branch passed the check (2.3 off eager on the samples it was tuned on)."""
+    from aitune.torch.backend import ONNXRuntimeBackend, ONNXRuntimeBackendConfig
+
+    torch.manual_seed(0)
+    trace = ONNXRuntimeBackend(ONNXRuntimeBackendConfig(execution_provider="cpu", use_dynamo=False,
+                                                       allow_trace_warnings=True))
+    model = ait.Module(_AdditiveMaskBranch().eval(), "additive-mask",
+                       strategy=ait.FirstWinsStrategy([trace, ait.TorchEagerBackend()]))
+    samples = [{"x": sign * torch.ones(5, 8) + 0.1 * torch.randn(5, 8), "attention_mask": torch.zeros(5)}
+               for sign in (1.0, 1.0, -1.0, -1.0)]
+    ait.tune(lambda **kw: model(**kw), samples, disable_external_logging=True, progress=False,
+             performance_validation=False)
+    (report,) = model.ait_reports.values()
+    assert {c.status for c in report.candidates} == {"incorrect"}, report.summary_table()
+    assert "undefined by attention_mask" not in report.summary_table()

@@ -70,11 +70,41 @@ def _prefixes(mask: torch.Tensor, output: torch.Tensor, derived: bool) -> bool:
     return mask.dim() > 0 and longer and tuple(mask.shape) == tuple(output.shape[: mask.dim()])
 
 
+def _derived_defined(host: torch.Tensor) -> torch.Tensor | None:
+    """The defined positions by a mask found by its name (``attention_mask``), or None where
+    its values do not say which positions are padding, so every position is compared:
+    - integers or bools: non-zero is defined (transformers' 0/1 mask);
+    - floats of 0 and 1 only: the same, a 0/1 mask cast to float;
+    - floats of 0 and negatives only: an *additive* mask (0 attends, -1e4 or -inf pads), as
+      many custom and older models take it: 0 is defined. Read as a 0/1 mask it left out
+      exactly the valid positions, and without padding every one: the check compared
+      nothing and passed a wrong graph;
+    - anything else (other values, all zeros of a float: an additive mask without padding or
+      a mask padding every position, which no real batch is) and a mask that leaves every
+      position out: None. Nothing is left out on a guess."""
+    if host.is_floating_point():
+        if bool(((host == 0) | (host == 1)).all()) and bool((host == 1).any()):
+            host = (host == 1).to(torch.uint8)
+        elif bool(((host == 0) | (host < 0)).all()) and bool((host < 0).any()):
+            host = (host == 0).to(torch.uint8)
+        else:
+            return None
+    elif host.dtype not in (torch.bool, torch.uint8, torch.int8, torch.int32, torch.int64, torch.int16):
+        return None  # complex: not a mask
+    return host if bool((host != 0).any()) else None
+
+
 def _per_output(mask: torch.Tensor, outputs: list[torch.Tensor], derived: bool = False) -> list[torch.Tensor | None]:
     """The mask for every output whose leading dims it matches (logits, hidden states),
-    None for the others (a pooled output is defined everywhere)."""
+    None for the others (a pooled output is defined everywhere). A ``derived`` mask (found by
+    its name) is read by its values (``_derived_defined``); a declared one is non-zero where
+    defined."""
     host = mask.detach().to("cpu").contiguous()
-    if host.dtype not in (torch.bool, torch.uint8, torch.int8, torch.int32, torch.int64, torch.int16):
+    if derived:
+        host = _derived_defined(host)
+        if host is None:
+            return [None] * len(outputs)
+    elif host.dtype not in (torch.bool, torch.uint8, torch.int8, torch.int32, torch.int64, torch.int16):
         host = (host != 0).to(torch.uint8)
     return [host if _prefixes(host, out, derived) else None for out in outputs]
 
@@ -139,7 +169,7 @@ def masks_for(option: ValidPositionsOption, arguments: dict[str, Any], outputs: 
                 f"{where}: the valid_positions mask {list(mask.shape)} prefixes no output's shape "
                 f"({[list(o.shape) for o in outputs]})"
             )
-        return masks, "valid_positions"
+        return _checked_not_vacuous(masks, where, "valid_positions"), "valid_positions"
     name = AUTO_INPUT if option in (None, True) else option
     if (option in (None, True) and output_names is not None
             and any(isinstance(_argument(arguments, d), torch.Tensor) for d in DECODER_INPUTS)):
@@ -157,4 +187,13 @@ def masks_for(option: ValidPositionsOption, arguments: dict[str, Any], outputs: 
     masks = _per_output(mask, outputs, derived=option in (None, True))
     if all(m is None for m in masks):
         return None
-    return masks, name
+    return _checked_not_vacuous(masks, where, f"valid_positions={name!r}"), name
+
+
+def _checked_not_vacuous(masks: list[torch.Tensor | None], where: str, said: str) -> list[torch.Tensor | None]:
+    """A declared mask that leaves every position out would let the check compare nothing
+    (and pass any graph): refused."""
+    if not any(bool((m != 0).any()) for m in masks if m is not None):
+        raise ValueError(f"{where}: the mask of {said} marks no position as defined (all zero), so the check "
+                         "would compare nothing; pass a mask that is non-zero where the outputs are defined")
+    return masks
