@@ -157,6 +157,43 @@ def test_a_value_behind_a_property_of_a_plain_object_is_watched():
     assert "settings._negate" in model._ait_calls.attributes.snapshot()
 
 
+class ImplementationSettings:
+    """transformers 5's form: the private property ``_attn_implementation`` over
+    ``_attn_implementation_internal`` (``model.set_attn_implementation`` writes the latter)."""
+
+    def __init__(self):
+        self._attn_implementation_internal = "sdpa"
+
+    @property
+    def _attn_implementation(self):
+        return self._attn_implementation_internal
+
+
+class Implemented(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.config = ImplementationSettings()
+
+    def forward(self, x):
+        y = self.linear(x)
+        return torch.tanh(y) if self.config._attn_implementation == "eager" else y
+
+
+def test_a_value_behind_a_private_property_is_watched():
+    """Gemma2 tuned under sdpa attention, then ``set_attn_implementation("eager")`` (which
+    soft-caps the scores): the graph kept serving, 0.345 off eager, silently."""
+    inner = Implemented().eval()
+    model = ait.Module(inner, "implemented", strategy=cpu_strategy(use_dynamo=False, tune_provider_options=False))
+    ait.tune(model, [torch.randn(4) for _ in range(2)], ignore_failing_modules=False)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), inner.linear(x))
+        inner.config._attn_implementation_internal = "eager"
+        torch.testing.assert_close(model(x), torch.tanh(inner.linear(x)))
+    assert "config._attn_implementation_internal" in model._ait_calls.attributes.snapshot()
+
+
 class _Shaped(torch.nn.Module):
     """A flag that changes what forward returns: a dict, or a tuple in another order."""
 

@@ -64,11 +64,18 @@ def _plain_objects(value: Any) -> bool:
 
 
 def _behind_property(value: Any, name: str) -> bool:
-    """Whether the private ``_name`` holds what the public property ``name`` of its class
-    reads: transformers 5's ``config.output_attentions`` is such a property over
-    ``config._output_attentions``."""
-    return name.startswith("_") and not name.startswith("__") and isinstance(
-        getattr(type(value), name[1:], None), property)
+    """Whether the private ``_name`` holds what a property of its class reads: the public
+    ``name`` (transformers 5's ``config.output_attentions`` over ``config._output_attentions``)
+    or, for ``_name_internal``, ``_name`` or ``name`` (transformers 5's
+    ``config._attn_implementation`` over ``config._attn_implementation_internal``, which
+    ``model.set_attn_implementation("eager")`` changes: eager attention soft-caps Gemma2's
+    scores where the sdpa graph did not)."""
+    if not name.startswith("_") or name.startswith("__"):
+        return False
+    readers = [name[1:]]
+    if name.endswith("_internal"):
+        readers += [name[: -len("_internal")], name[1: -len("_internal")]]
+    return any(isinstance(getattr(type(value), reader, None), property) for reader in readers)
 
 
 def _found(module: torch.nn.Module, harmless: tuple[str, ...]) -> Iterator[tuple[str, dict, str, Any]]:
