@@ -332,6 +332,33 @@ def test_a_guard_on_the_undeclared_batch_is_not_the_declared_axes_refusal():
                                        atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("batch_sizes", [[1, 2], [2]])
+def test_a_declared_batch_from_one_is_captured_from_two_where_batch_one_is_checked(batch_sizes):
+    """A declared batch range 1..8 with per-row positions (a prefill given position_ids) was
+    refused for torch.export's `batch != 1` guard, though the same graph with the batch left
+    undeclared tuned. It is captured from 2 where a recorded sample of batch 1 checks the
+    graph there against eager; without one the refusal stands and says to record one."""
+    inner = PerRowRotary().eval()
+    batch, seq = Dim("batch", min=1, max=8), Dim("seq", min=1, max=64)
+    model = ait.Module(inner, "rotary-batch", strategy=cpu_strategy(tune_provider_options=False),
+                       dynamic_shapes={"x": {0: batch, 1: seq}, "position_ids": {0: batch, 1: seq}})
+    samples = [{"x": torch.randn(6, 8), "position_ids": torch.arange(6) + start} for start in range(4)]
+    if 1 not in batch_sizes:
+        with pytest.raises(ExportError, match="record a sample of batch 1"):
+            ait.tune(lambda **kw: model(**kw), samples, batch_sizes=batch_sizes, ignore_failing_modules=False,
+                     progress=False)
+        return
+    ait.tune(lambda **kw: model(**kw), samples, batch_sizes=batch_sizes, ignore_failing_modules=False,
+             progress=False)
+    assert str(model.graph_specs[0].inputs[0]) == "TensorSpec(input_x: float32[b:1..8, 1..64, 8])"
+    model.ait_module.forward = lambda *a, **k: pytest.fail("eager forward ran on a tuned module")
+    for rows in (1, 5, 8):
+        x, positions = torch.randn(rows, 40, 8), torch.arange(40 * rows).view(rows, 40)
+        with torch.no_grad():
+            torch.testing.assert_close(model(x=x, position_ids=positions), PerRowRotary.forward(inner, x, positions),
+                                       atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("declared, top", [((1, 6), 6), (Dim.DYNAMIC, None)])
 def test_the_maximum_batch_search_keeps_a_declared_batch_range(declared, top):
     """find_max_batch_size widens the batch range to the largest batch worth running: never

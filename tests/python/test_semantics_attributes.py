@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pytest
 import torch
 from torch_models import cpu_strategy
@@ -233,3 +234,61 @@ def test_a_flag_that_changes_the_output_structure_of_a_compile_winner_runs_eager
         out = model(x)
     assert set(out) == {"logits", "feats"} and not caplog.records
     torch.testing.assert_close(out, inner.forward(x))
+
+
+class _Kinds(torch.nn.Module):
+    """Values an export bakes that are neither numbers nor strings: a numpy scalar, a
+    function called through an attribute, a slice."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+        self.scale = np.float32(1.0)
+        self.act = torch.relu
+        self.keep = slice(0, 8)
+
+    def forward(self, x):
+        return self.act(self.linear(x) * float(self.scale))[..., self.keep]
+
+
+@pytest.mark.parametrize("change", ["scale", "act", "keep", "lambda"])
+def test_numpy_scalars_functions_and_slices_are_watched(change):
+    """Each was unwatched: a changed numpy scalar ran the old graph 3.2 off eager, a function
+    swapped for another 0.8 off, a slice returned the recorded width, silently."""
+    inner = _Kinds().eval()
+    if change == "lambda":
+        inner.act = lambda t: t.relu()  # two lambdas of one line share their qualified name
+    model = ait.Module(inner, "kinds", strategy=cpu_strategy(use_dynamo=False, tune_provider_options=False))
+    ait.tune(model, [torch.randn(8) for _ in range(2)], ignore_failing_modules=False)
+    x = torch.randn(2, 8)
+    inner.act = inner.act  # the same object assigned again is the same model
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), inner(x))
+        assert model._ait_calls.cpp.attributes_clear()
+        if change == "scale":
+            inner.scale = np.float32(3.0)
+        elif change == "act":
+            inner.act = torch.tanh
+        elif change == "keep":
+            inner.keep = slice(0, 4)
+        else:
+            inner.act = [lambda t: t.tanh() for _ in range(1)][0]
+        torch.testing.assert_close(model(x), inner(x))
+    assert {"scale", "act", "keep"} <= set(model._ait_calls.attributes.snapshot())
+
+
+def test_a_function_attribute_round_trips_a_checkpoint(tmp_path):
+    """A checkpoint names a function by its qualified name (its repr's address differs from
+    process to process): loaded into a module holding the same function, the graph serves."""
+    inner = _Kinds().eval()
+    model = ait.Module(inner, "kinds-saved", strategy=cpu_strategy(use_dynamo=False, tune_provider_options=False))
+    ait.tune(model, [torch.randn(8) for _ in range(2)], ignore_failing_modules=False)
+    assert model._ait_calls.attributes.snapshot()["act"] == "<function torch._VariableFunctionsClass.relu>"
+    ait.save(model, tmp_path / "kinds")
+    other = _Kinds().eval()
+    other.load_state_dict(inner.state_dict())
+    loaded = ait.load(ait.Module(other, "kinds-saved"), tmp_path / "kinds")
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), inner(x))
+    assert loaded._ait_calls.cpp.attributes_clear()

@@ -5,7 +5,8 @@ An export runs forward's Python once: ``x / self.temperature`` becomes a divisio
 constant 1.0, ``if self.config.output_hidden_states`` a graph without hidden states. Once
 the user reassigns such an attribute (``model.temperature = 0.1``), eager PyTorch computes
 another model than the graph. The values watched are the plain ones (None, bool, int,
-float, complex, str, bytes, enum members, torch dtypes and devices, tuples of them) that
+float, complex, str, bytes, enum members, torch dtypes and devices, numpy scalars, slices,
+functions called through an attribute such as ``self.act = torch.relu``, tuples of them) that
 the wrapped module and each submodule keep in their instance dicts, and the public ones of
 plain objects they hold (a transformers config, shared by many modules, watched once), with
 the private ones behind a public property (transformers 5 keeps ``output_attentions`` in
@@ -15,7 +16,7 @@ Lists, dicts and other objects are left out: they change in place, unseen by ide
 The C++ half of the dispatch (``TorchDispatch.watch_attributes``) compares each by
 identity per routed call; a call where one is another object comes to the Python path,
 where ``AttributeWatch.changed`` compares their ``repr`` (exact for these types, and NaN
-equal to NaN): an equal value assigned again is taken as seen; a different one makes the
+equal to NaN; a function by identity alone, named by its qualified name): an equal value assigned again is taken as seen; a different one makes the
 call run eagerly (dispatch.py) until the value is back or the module is tuned again.
 A checkpoint stores the values (``snapshot``), and ``ait.load`` expects those, so a module
 loaded with other values runs such calls eagerly too, and is told so.
@@ -24,16 +25,21 @@ loaded with other values runs such calls eagerly too, and is told so.
 from __future__ import annotations
 
 import enum
+import functools
 import types
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from aitune.torch.state_changes import is_harmless, user_attributes
 
-_PLAIN = (type(None), bool, int, float, complex, str, bytes, enum.Enum, torch.dtype, torch.device)
+_PLAIN = (type(None), bool, int, float, complex, str, bytes, enum.Enum, torch.dtype, torch.device, slice, np.generic)
+#: Functions a forward calls through an attribute (``self.act = torch.relu``): the graph holds
+#: the one called at export. Compared by identity only: two lambdas of one line share a name.
+_FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, functools.partial)
 #: Objects held by a module that are not "plain objects" whose values are watched.
 _NOT_PLAIN_OBJECTS = (torch.nn.Module, torch.Tensor, type, types.ModuleType, types.FunctionType,
                       types.MethodType, types.BuiltinFunctionType)
@@ -43,10 +49,32 @@ _OTHER = object()
 
 
 def is_plain_value(value: Any) -> bool:
-    """A value an export keeps as a constant and that cannot change in place."""
+    """A value an export keeps as a constant and that cannot change in place (a function a
+    forward calls through an attribute too: the graph holds what it computed at export)."""
     if isinstance(value, tuple):  # torch.Size and named tuples too
         return all(is_plain_value(item) for item in value)
-    return isinstance(value, _PLAIN)
+    return isinstance(value, _PLAIN) or _is_function(value)
+
+
+def _is_function(value: Any) -> bool:
+    return isinstance(value, _FUNCTIONS)
+
+
+def shown(value: Any) -> str:
+    """How a value is named in messages and checkpoints: its ``repr``, a function by its
+    module and qualified name (a repr's address differs from process to process)."""
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        inner = ", ".join(shown(item) for item in value)
+        return f"({inner},)" if len(value) == 1 else f"({inner})"
+    if _is_function(value):
+        target = value.func if isinstance(value, functools.partial) else value
+        name = f"{getattr(target, '__module__', None) or ''}.{getattr(target, '__qualname__', type(target).__name__)}"
+        return f"<function {name.lstrip('.')}>" if not isinstance(value, functools.partial) else f"<partial {name}>"
+    return repr(value)
+
+
+def _has_function(value: Any) -> bool:
+    return _is_function(value) or (isinstance(value, tuple) and any(_has_function(item) for item in value))
 
 
 @dataclass
@@ -100,7 +128,7 @@ class AttributeWatch:
 
     def __init__(self, module: torch.nn.Module, harmless: tuple[str, ...] = (), saved: dict[str, str] | None = None):
         self.module = module
-        self.entries = [BakedAttribute(path, owner, key, value, repr(value))
+        self.entries = [BakedAttribute(path, owner, key, value, shown(value))
                         for path, owner, key, value in _found(module, harmless)]
         if saved is not None:
             self._expect(saved)
@@ -143,11 +171,12 @@ class AttributeWatch:
             now = entry.owner.get(entry.key, _OTHER)
             if now is entry.expected:
                 continue
-            shown = repr(now) if now is not _OTHER else "<deleted>"
-            if now is not _OTHER and is_plain_value(now) and shown == entry.shown:
+            said = shown(now) if now is not _OTHER else "<deleted>"
+            # an equal value assigned again is the same constant; a function only by identity
+            if now is not _OTHER and is_plain_value(now) and said == entry.shown and not _has_function(now):
                 entry.expected = now
             else:
-                found.append((entry.path, entry.shown, shown))
+                found.append((entry.path, entry.shown, said))
         return found
 
     def snapshot(self) -> dict[str, str]:

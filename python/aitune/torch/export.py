@@ -238,7 +238,7 @@ def _data_dependent(error: BaseException) -> bool:
 
 
 def _program_over_declared_ranges(graph: RecordedGraph, flat: torch.nn.Module, inputs: tuple, shapes: tuple,
-                                  batch_declared: bool = False):
+                                  batch_ours: bool = True):
     """torch.export's program of the graph over the declared ranges, captured here rather
     than by ``torch.onnx.export``: its fallback capture (draft export) turns a guard the
     code puts on a declared axis (``if x.shape[1] > 32``) into a specialisation and goes
@@ -254,7 +254,14 @@ def _program_over_declared_ranges(graph: RecordedGraph, flat: torch.nn.Module, i
                 return torch.export.export(flat, inputs, dynamic_shapes=shapes, strict=False)
         except Exception as error:
             merged = _with_equal_dims_merged(str(error), shapes)
-            if merged is None and not batch_declared:
+            # A batch range from 1 is captured from 2 where torch.export's only refusal is its
+            # `batch != 1` guard (a matmul decomposed another way at batch 1: a prefill with
+            # per-row position_ids): aitune's own batch Dim (the recorded range), or a declared
+            # one (a Dim the user named "batch") where a recorded sample has batch 1, so the
+            # graph is checked there against eager like every sample; without one the refusal
+            # stands and says to record one.
+            batch_one_checked = batch_ours or any(s.batch_size == 1 for s in graph.samples)
+            if merged is None and batch_one_checked:
                 merged = _with_batch_above_one(str(error), shapes)
             if merged is None and _data_dependent(error):  # the values decide, not the declared ranges
                 raise ExportError(
@@ -263,10 +270,14 @@ def _program_over_declared_ranges(graph: RecordedGraph, flat: torch.nn.Module, i
                     f"can: {_summary(error)}\nHint: {_VALUE_BRANCH_HINT}."
                 ) from error
             if merged is None:
+                batch_one = ("record a sample of batch 1 (ait.tune(..., batch_sizes=[1, ...])): a declared batch "
+                             "from 1 is then captured from 2 and checked at 1 against eager, or "
+                             if not batch_one_checked and _with_batch_above_one(str(error), shapes) is not None
+                             else "")
                 raise ExportError(
                     f"ONNX export of {graph.module_name}/{graph.key} refused: the model's code is not valid as one "
                     f"graph over the ranges declared in dynamic_shapes ({graph.dynamic_shapes.describe()}): "
-                    f"{_summary(error, limit=10)}\nHint: narrow the declared ranges to the extents the code treats "
+                    f"{_summary(error, limit=10)}\nHint: {batch_one}narrow the declared ranges to the extents the code treats "
                     "alike, or declare an axis the code needs a multiple of as one (`2 * Dim('h', min=4, max=64)` "
                     "for the `% 2 == 0` guard torch.export names), or leave the axis undeclared: the graph then "
                     "accepts the recorded range only."
@@ -473,7 +484,8 @@ def export_onnx(
                 shapes = _dynamo_shapes(spec, declared)
                 batch_declared = any(t.name == name and t.batch_axis == axis.axis
                                      for name, axis in declared for t in spec.inputs)
-                model = (_program_over_declared_ranges(graph, flat, inputs, shapes, batch_declared)
+                batch_ours = not batch_declared and any(t.batch_axis is not None for t in spec.inputs)
+                model = (_program_over_declared_ranges(graph, flat, inputs, shapes, batch_ours)
                          if declared else flat)
                 torch.onnx.export(model, inputs, str(target), dynamo=True,
                                   dynamic_shapes=None if declared else shapes, verbose=False, **common)
