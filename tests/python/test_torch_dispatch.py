@@ -4,6 +4,7 @@ or raise exactly as that path does."""
 
 from __future__ import annotations
 
+import logging
 import warnings
 
 import pytest
@@ -297,3 +298,27 @@ def test_a_call_under_autocast_runs_eagerly_as_autocast_asks(caplog, monkeypatch
         monkeypatch.setattr(inner, "forward", lambda *a, **k: pytest.fail("the eager forward ran"))
         torch.testing.assert_close(model(x), expected, atol=1e-5, rtol=1e-5)
         assert model(x).dtype == torch.float32
+
+
+def test_calls_under_torch_func_transforms_and_fake_tensors_run_eagerly(caplog):
+    """A tuned module under torch.vmap raised GraphNotRecordedError for the per-sample rank
+    (or, with a graph of that rank, 'tensor is on cpu but the cpu session runs on cpu'); under
+    FakeTensorMode 'null data pointer'. Eager computes both: so does the tuned module."""
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    from torch_models import cpu_strategy
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).eval()
+    model = ait.Module(net, "no-data", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(lambda x: model(x[0]), [torch.randn(16) for _ in range(3)], batch_sizes=[1], progress=False,
+             ignore_failing_modules=False)  # rank-1 calls recorded: vmap's per-sample view has that rank
+    x = torch.randn(5, 16)
+    with torch.no_grad(), caplog.at_level(logging.INFO, logger="aitune"):
+        torch.testing.assert_close(torch.vmap(model)(x), torch.vmap(net)(x))
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            out = model(mode.from_tensor(x))
+        assert isinstance(out, FakeTensor) and out.shape == (5, 4)
+        torch.testing.assert_close(model(x[0]), net(x[0]))  # the graph serves plain calls still
+    said = [r.getMessage() for r in caplog.records if "runs eagerly in PyTorch: a tuned graph reads" in r.getMessage()]
+    assert len(said) == 2 and "torch.func transform" in said[0] and "FakeTensorMode" in said[1], said

@@ -22,6 +22,8 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 from torch import Tensor as _Tensor
+from torch._C import _functorch
+from torch._subclasses.fake_tensor import is_fake as _is_fake
 from torch.nn.modules import module as _nn_module
 from torch.utils.hooks import RemovableHandle
 
@@ -251,6 +253,24 @@ def _requires_grad(args: tuple, kwargs: dict) -> bool:
     return False
 
 
+def _without_data(args: tuple, kwargs: dict) -> str | None:
+    """What makes a tensor of the call one no graph can read, or None: a torch.func
+    transform's wrapper (``torch.vmap``, ``grad``, ``jacrev``: a plain ``torch.Tensor`` to
+    Python, with no storage of its own) or a FakeTensor (shape propagation under
+    ``FakeTensorMode``). Eager PyTorch computes such calls; a graph would read a null pointer
+    or the unbatched per-sample view. (A meta tensor is refused as any tensor on another
+    device is: the module's weights are not on it.)"""
+    for value in (*args, *kwargs.values()):
+        for leaf in ((value,) if isinstance(value, torch.Tensor) else pytree.tree_leaves(value)):
+            if not isinstance(leaf, torch.Tensor):
+                continue
+            if _functorch.is_functorch_wrapped_tensor(leaf):
+                return "a torch.func transform (torch.vmap, grad, jacrev, ...)"
+            if _is_fake(leaf):
+                return "FakeTensorMode (fake tensors)"
+    return None
+
+
 #: How to have calls outside the recorded graphs run eagerly, wherever the module was wrapped.
 _FALLBACK_ADVICE = ("wrap the module with ait.Module(..., eager_fallback=True) (ait.wrap(..., eager_fallback=True), "
                     "ait.load(..., eager_fallback=True) for the modules they wrap) to run such calls eagerly")
@@ -310,6 +330,7 @@ class ModuleDispatch:
         self.changes_logged: set = set()  # the changed submodules whose eager calls were logged
         self.warned: set = set()
         self.grad_logged = False  # the first call run eagerly for autograd was logged
+        self.without_data_logged: set[str] = set()  # causes of calls without data, said once each
         self.autocast_logged = False  # the first call run eagerly for autocast was logged
         self.global_hooks_logged: set = set()  # the sets of global forward hooks whose eager calls were logged
         self.measuring = False  # made by measured_call to measure a candidate, not a module's
@@ -378,6 +399,8 @@ class ModuleDispatch:
         """The general path of a tuned call: bind, flatten, find the graph, run it."""
         if torch.is_grad_enabled() and _requires_grad(args, kwargs):
             return self._run_with_autograd(args, kwargs)
+        if (why := _without_data(args, kwargs)) is not None:
+            return self._run_without_data(why, args, kwargs)
         if self.tuned and (changed := self.changed_submodules()):
             return self._run_changed_submodules(changed, args, kwargs)
         if self.tuned and (_nn_module._global_forward_pre_hooks or _nn_module._global_forward_hooks):
@@ -620,6 +643,16 @@ class ModuleDispatch:
                 "ait.Module '%s': forward hooks for every module are registered (%s, torch.nn.modules.module."
                 "register_module_forward_hook or _pre_hook); a tuned graph runs no submodule, so calls run eagerly "
                 "in PyTorch while they are registered", self.name, ", ".join(hooks))
+        return self.module.forward(*args, **kwargs)  # the hooks ran around the proxy's forward
+
+    def _run_without_data(self, why: str, args: tuple, kwargs: dict) -> Any:
+        """A call whose tensors no graph can read (``_without_data``) runs eagerly, said once
+        per cause (an error before: a graph not recorded for vmap's per-sample rank, or a null
+        data pointer)."""
+        if why not in self.without_data_logged:
+            self.without_data_logged.add(why)
+            logger.info("ait.Module '%s': a call under %s runs eagerly in PyTorch: a tuned graph reads the "
+                        "tensors' data, which these have none of", self.name, why)
         return self.module.forward(*args, **kwargs)  # the hooks ran around the proxy's forward
 
     def _run_in_other_autocast(self, args: tuple, kwargs: dict) -> Any:
