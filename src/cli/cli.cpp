@@ -1,6 +1,7 @@
 // Subcommand dispatch and the translation of aitune::Error into exit codes.
 #include "cli.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <map>
@@ -42,6 +43,28 @@ std::string human_bytes(std::uintmax_t bytes) {
   return buf;
 }
 
+// The first word that names no subcommand where one is expected (`aitune bogus`, `aitune
+// cache bogus`), or empty: CLI11 answers those with "A subcommand is required", which does
+// not say that the word given was not one.
+std::string unknown_subcommand(const CLI::App& app, const std::vector<std::string>& args) {
+  const CLI::App* current = &app;
+  for (std::size_t i = 1; i < args.size(); ++i) {
+    const std::string& word = args[i];
+    if (word.empty() || word[0] == '-') return {};
+    auto subs = current->get_subcommands([](const CLI::App*) { return true; });
+    if (subs.empty()) return {};
+    auto found = std::find_if(subs.begin(), subs.end(), [&](const CLI::App* s) { return s->check_name(word); });
+    if (found == subs.end()) {
+      std::string names;
+      for (const auto* s : subs) names += (names.empty() ? "" : ", ") + s->get_name();
+      std::string where = current == &app ? "aitune" : "aitune " + current->get_name();
+      return "unknown command '" + word + "' for " + where + " (commands: " + names + ")";
+    }
+    current = *found;
+  }
+  return {};
+}
+
 int run(const std::vector<std::string>& args) {
   CLI::App app{"aitune: tune and run ONNX models with ONNX Runtime", args.empty() ? "aitune" : args[0]};
   app.set_version_flag("--version", std::string(version()));
@@ -62,6 +85,10 @@ int run(const std::vector<std::string>& args) {
   {  // cache list|clean
     Command command = add_cache(app);
     actions[command.sub] = std::move(command.action);
+  }
+  if (std::string unknown = unknown_subcommand(app, args); !unknown.empty()) {
+    std::cerr << "aitune: error: " << unknown << "\nRun with --help for more information.\n";
+    return 2;
   }
   try {
     std::vector<std::string> reversed(args.rbegin(), args.rend() - (args.empty() ? 0 : 1));

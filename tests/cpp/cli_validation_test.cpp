@@ -64,6 +64,17 @@ TEST(CliValidation, RunNumbersAndNamesOutOfRange) {
   EXPECT_EQ(cli("--version").exit_code, 0);
 }
 
+// Words that are not what they were taken for (a session-26 probe): an unknown command was
+// answered "A subcommand is required", a non-number "not in range", /dev/null "not found".
+TEST(CliValidation, UnknownCommandsNonNumbersAndNonFilesAreNamed) {
+  expect_exit("bogus", 2, "unknown command 'bogus' for aitune (commands: doctor");
+  expect_exit("cache bogus", 2, "unknown command 'bogus' for aitune cache");
+  expect_exit("run " + fixture("mlp.onnx") + " --iterations abc", 2, "Failed parsing abc as a");
+  expect_exit("run " + fixture("mlp.onnx") + " --iterations 0", 2, "not in range");
+  expect_exit("run /dev/null --iterations 1", 4, "not a regular file");
+  EXPECT_NE(cli("doctor").exit_code, 2);  // a known command still parses
+}
+
 TEST(CliValidation, CacheDirectoryThatIsNotOneIsNamedNotListedAsClean) {
   ScopedTempDir tmp;
   // A mistyped --dir was listed as an empty cache with "0 stale directories" (exit 0):

@@ -324,8 +324,11 @@ std::unique_ptr<OnnxSession> OnnxSession::create(const std::string& model_path,
   std::error_code ec;
   if (fs::is_directory(model_path, ec))
     throw Error(ErrorCode::kModelInvalid, "model path '" + model_path + "' is a directory, not an .onnx file");
-  if (!fs::is_regular_file(model_path, ec))
+  if (!fs::exists(model_path, ec))
     throw Error(ErrorCode::kModelInvalid, "model file not found: '" + model_path + "'");
+  if (!fs::is_regular_file(model_path, ec))  // /dev/null, a FIFO: no model to read, and it exists
+    throw Error(ErrorCode::kModelInvalid,
+                "model path '" + model_path + "' is not a regular file (a device, FIFO or socket): not an .onnx file");
   // ORT calls an empty file an invalid argument; it is a model that is not one.
   if (fs::file_size(model_path, ec) == 0 && !ec)
     throw Error(ErrorCode::kModelInvalid, "model file '" + model_path + "' is empty (0 bytes): not an ONNX model");
