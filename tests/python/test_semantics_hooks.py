@@ -221,3 +221,39 @@ def test_tuning_under_global_forward_hooks_is_refused_naming_them():
     finally:
         handle.remove()
     assert model.ait_state is not ModuleState.TUNED
+
+
+class _Doubling(torch.nn.Linear):
+    def forward(self, x):
+        return 2 * super().forward(x)
+
+
+@pytest.mark.parametrize("patch", ["forward", "class"])
+def test_a_forward_or_class_replaced_on_an_instance_runs_eagerly(patch, caplog):
+    """Adapter libraries patch ``module.forward = ...`` on an instance; ``__class__ = Other``
+    swaps every method. The graphs kept serving the old model (7.3 and 0.59 off eager in a
+    session-25 probe); now such calls run eagerly, said once, and the graph serves again
+    once the patch is undone."""
+    torch.manual_seed(0)
+    inner = MLP().eval()
+    model = ait.Module(inner, "patched", strategy=cpu_strategy(use_dynamo=False, tune_provider_options=False))
+    ait.tune(model, [torch.randn(16) for _ in range(2)], ignore_failing_modules=False)
+    x = torch.randn(2, 16)
+    first = next(m for m in inner.modules() if isinstance(m, torch.nn.Linear))
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="aitune"):
+        torch.testing.assert_close(model(x), inner(x))
+        if patch == "forward":
+            original = first.forward
+            first.forward = lambda t: original(t) + 1.0
+        else:
+            first.__class__ = _Doubling
+        expected = inner(x)
+        torch.testing.assert_close(model(x), expected)
+        said = [r.getMessage() for r in caplog.records if "calls run eagerly in PyTorch" in r.getMessage()]
+        assert len(said) == 1 and ("forward was replaced" in said[0] or "class was changed" in said[0]), said
+        if patch == "class":
+            first.__class__ = torch.nn.Linear
+        else:
+            del first.forward
+        inner.forward = lambda *a, **k: pytest.fail("eager forward ran after the patch was undone")
+        torch.testing.assert_close(model(x), MLP.forward(inner, x))

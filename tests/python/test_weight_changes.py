@@ -77,3 +77,35 @@ def test_graphs_that_read_the_module_weights_stay(tmp_path, monkeypatch, caplog)
         model.load_state_dict(_zeroed(model))
     assert model.ait_active and "after tuning" not in caplog.text
     assert torch.count_nonzero(model(x)) == 0
+
+
+def test_weights_swapped_for_one_call_and_back_serve_the_graphs_again(caplog):
+    """torch.func.functional_call swaps the parameters for one call and puts the very
+    objects back: the call ran eagerly (right), but the module stayed deactivated for good,
+    every later call eager, the warning asking to tune again."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).eval()
+    model = ait.Module(net, "swapped", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [torch.randn(16) for _ in range(3)], ignore_failing_modules=False, progress=False)
+    x = torch.randn(2, 16)
+    doubled = {k: v * 2 for k, v in net.state_dict().items()}
+    with torch.no_grad(), caplog.at_level(logging.INFO, logger="aitune"):
+        torch.testing.assert_close(torch.func.functional_call(model, doubled, (x,)),
+                                   torch.func.functional_call(net, doubled, (x,)))
+        assert not model.ait_active
+        plain = type(net).forward
+        net.forward = lambda *a, **k: pytest.fail("eager forward ran with the tuned weights back")
+        torch.testing.assert_close(model(x), plain(net, x))
+    assert model.ait_active
+    assert any("are back as tuned" in r.getMessage() for r in caplog.records)
+    # replaced for good: eager, and still eager after an in-place change of the originals put back
+    del net.forward
+    original = net[0].weight
+    net[0].weight = torch.nn.Parameter(original.detach() * 3)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), net(x))
+        assert not model.ait_active
+        original.mul_(2)
+        net[0].weight = original
+        torch.testing.assert_close(model(x), net(x))
+    assert not model.ait_active

@@ -343,6 +343,9 @@ class ModuleDispatch:
         # set by ait.Module, deactivates it). A write into ``.data`` moves no counter.
         self.holding = any(tuned.holds_weights for _, tuned in self.tuned.values())
         self.harmless = harmless
+        # The weights' slots and versions as tuned, kept when replaced weights deactivated
+        # the module (``originals_back``); None otherwise.
+        self.originals: tuple[list, list] | None = None
         self.weights: list[tuple[str, torch.Tensor, int]] = []
         self.watch_weights_as_they_are()
         self.weights_changed: Callable[[str], bool] | None = None
@@ -468,9 +471,10 @@ class ModuleDispatch:
         self.direct = self.cpp
 
     def changed_submodules(self) -> dict[str, list[str]]:
-        """The modules whose mode or forward hooks differ from tuning's, by kind ("mode",
-        "hooks"), each named 'path (Class)' ('<root>' the wrapped module, first), with the
-        mode it is in now for "mode"; empty when none.
+        """The modules whose mode, forward hooks, instance ``forward`` or class differ from
+        tuning's, by kind ("mode", "hooks", "forward", "class"), each named 'path (Class)'
+        ('<root>' the wrapped module, first), with the mode it is in now for "mode"; empty
+        when none.
         Hooks whose only effect is on tensors that a graph keeps (transformers' output
         capturing, installed on first use) added since are taken as expected from now on."""
         changed = self.cpp.changed_submodules()
@@ -522,12 +526,20 @@ class ModuleDispatch:
             if "hooks" in changed:
                 said.append("the forward hooks of submodules changed since tuning (a graph runs no submodule, so "
                             f"their hooks would not run): {', '.join(changed['hooks'])}")
+            if "forward" in changed:
+                said.append("modules' forward was replaced on the instance since tuning (module.forward = ...: the "
+                            f"graphs compute the forward they were exported from): {', '.join(changed['forward'])}")
+            if "class" in changed:
+                said.append("modules' class was changed since tuning (module.__class__ = ...: the graphs compute the "
+                            f"methods they were exported from): {', '.join(changed['class'])}")
             back = []
             if "mode" in changed:
                 back.append(f"the modules are back in the mode they were tuned in (.{tuned}())")
             if "hooks" in changed:
                 back.append("the hooks are as they were, or the module is tuned again with them (register hooks "
                             "on the module wrapped: they run around the tuned graph)")
+            if "forward" in changed or "class" in changed:
+                back.append("the forward and class are back (del module.forward), or the module is tuned again")
             logger.warning("ait.Module '%s': %s; calls run eagerly in PyTorch until %s", self.name,
                            "; ".join(said), " and ".join(back))
         return self.module.forward(*args, **kwargs)  # the hooks ran around the proxy's forward
@@ -578,11 +590,27 @@ class ModuleDispatch:
             + [f"were replaced by other tensors ({shown(tensors)})"] * bool(tensors)
             + [f"were extended by submodules, parameters or buffers added since tuning ({shown(added)})"] * bool(added)
         ) + ", assigned on the module"
+        if not added:
+            # Swapped, not extended: the graphs serve again once the very objects are back
+            # unchanged (torch.func.functional_call swaps the weights for one call and back).
+            self.originals = ([(registry, key, tensor) for _, registry, key, tensor in self.slots],
+                              [(tensor, version) for _, tensor, version in self.weights])
+            how += " (put the very tensors back, unchanged, and the graphs serve again)"
         if self.weights_changed is not None and self.weights_changed(how):
             return True
         self.watch_values_as_they_are()
         self.watch_weights_as_they_are()
         return False
+
+    def originals_back(self) -> bool:
+        """After the module was deactivated for replaced weights (``_weights_replaced``):
+        whether every parameter, buffer and submodule slot holds the object it held when the
+        graphs were tuned again, each tensor unchanged since (its version counter)."""
+        if self.originals is None:
+            return False
+        slots, versions = self.originals
+        return (all(registry.get(key) is held for registry, key, held in slots)
+                and all(tensor._version == version for tensor, version in versions))
 
     def _run_changed_attributes(self, changed: list[tuple[str, str, str]], args: tuple, kwargs: dict) -> Any:
         """A call while plain Python values the ONNX Runtime graphs hold as constants differ

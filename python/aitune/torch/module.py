@@ -408,7 +408,14 @@ class Module(DispatchedModule):
         state = self._ait_state
         if state is ModuleState.TUNED:
             if "_ait_inactive_calls" in self.__dict__:  # deactivate(): eager until activate()
-                return self._ait_module.forward(*args, **kwargs)
+                if not self._ait_inactive_calls.originals_back():
+                    return self._ait_module.forward(*args, **kwargs)
+                # the weights replaced were swapped back (torch.func.functional_call's swap):
+                # the graphs compute this model again
+                self._ait_inactive_calls.originals = None
+                self.activate()
+                logger.info("ait.Module '%s': the weights replaced after tuning are back as tuned: its graphs serve "
+                            "the calls again", self._ait_name)
             return self._ait_calls.call(args, kwargs)
         if state is ModuleState.INIT or (state is ModuleState.RECORDING and "_ait_call_session" in self.__dict__):
             return self._ait_record_by_calling(args, kwargs)

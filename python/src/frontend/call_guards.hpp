@@ -46,7 +46,8 @@ inline bool truthy(PyObject* value) {
 // every registration anywhere advances): a dict read per module and two size reads, no
 // Python call. `changed` (the Python path) is exact: the hook dicts read again from the
 // instance dict, their sizes and largest handle ids (ids only grow, so these tell whether
-// the set of hooks changed).
+// the set of hooks changed). Each module's class and instance `forward` are compared by
+// identity too (a pointer compare and one more dict read per module).
 class SubmoduleState {
  public:
   SubmoduleState() = default;
@@ -60,6 +61,7 @@ class SubmoduleState {
   // tuned mode).
   void set(std::vector<nb::object> modules, nb::object training, nb::object counter) {
     training_name_ = PyUnicode_InternFromString("training");
+    forward_name_ = PyUnicode_InternFromString("forward");
     hook_names_[0] = PyUnicode_InternFromString("_forward_pre_hooks");
     hook_names_[1] = PyUnicode_InternFromString("_forward_hooks");
     next_id_name_ = PyUnicode_InternFromString("next_id");
@@ -68,7 +70,7 @@ class SubmoduleState {
     for (auto& module : modules) {
       nb::object dict = nb::steal(PyObject_GenericGetDict(module.ptr(), nullptr));
       if (!dict.is_valid()) throw nb::python_error();
-      modules_.push_back(Entry{std::move(module), std::move(dict), nullptr, {}, {}});
+      modules_.push_back(Entry{std::move(module), std::move(dict), nullptr, {}, {}, nullptr, {}});
     }
     snapshot(training);
   }
@@ -88,6 +90,12 @@ class SubmoduleState {
       }
     } else {
       for (auto& entry : modules_) entry.training = nullptr;
+    }
+    for (auto& entry : modules_) {
+      entry.type = Py_TYPE(entry.module.ptr());
+      PyObject* forward = PyDict_GetItemWithError(entry.dict.ptr(), forward_name_);
+      if (forward == nullptr && PyErr_Occurred()) throw nb::python_error();
+      entry.forward = forward != nullptr ? nb::borrow(forward) : nb::object();
     }
     for (std::size_t i = 1; i < modules_.size(); ++i)
       for (int h = 0; h < 2; ++h) {
@@ -111,6 +119,8 @@ class SubmoduleState {
           return false;  // another mode, or not True / False (the Python path compares it as Python does)
         }
       }
+      if (Py_TYPE(entry.module.ptr()) != entry.type || (i > 0 && forward_of(entry) != entry.forward.ptr()))
+        return false;
       for (int h = 0; h < 2; ++h)
         if (entry.hook_dicts[h].is_valid() && PyDict_GET_SIZE(entry.hook_dicts[h].ptr()) != entry.hooks[h].size)
           return false;
@@ -129,6 +139,8 @@ class SubmoduleState {
         if (current == nullptr || truthy(current) != (entry.training == Py_True)) return "mode";
       }
     }
+    if (Py_TYPE(entry.module.ptr()) != entry.type) return "class";
+    if (i > 0 && forward_of(entry) != entry.forward.ptr()) return "forward";
     if (i > 0)
       for (int h = 0; h < 2; ++h)
         if (hooks_of(entry.dict.ptr(), h) != entry.hooks[h]) return "hooks";
@@ -150,6 +162,7 @@ class SubmoduleState {
       Py_VISIT(entry.dict.ptr());
       Py_VISIT(entry.hook_dicts[0].ptr());
       Py_VISIT(entry.hook_dicts[1].ptr());
+      Py_VISIT(entry.forward.ptr());
     }
     return 0;
   }
@@ -170,7 +183,20 @@ class SubmoduleState {
     PyObject* training;        // Py_True / Py_False expected; nullptr: not checked
     Hooks hooks[2];            // _forward_pre_hooks, _forward_hooks as tuning left them
     nb::object hook_dicts[2];  // those dicts (none for the wrapped module: the proxy runs its hooks)
+    // The class and (submodules) the `forward` kept in the instance dict (none: the
+    // class's) as tuning left them: adapter libraries patch `module.forward = ...` on a
+    // submodule's instance, and `module.__class__ = Other` swaps every method; forward then
+    // computes another model. (The wrapped module's own `forward` is what a call that runs
+    // eagerly runs, replaced or not: tests replace it to see that the graph serves.)
+    PyTypeObject* type;
+    nb::object forward;
   };
+
+  PyObject* forward_of(const Entry& entry) const {
+    PyObject* forward = PyDict_GetItemWithError(entry.dict.ptr(), forward_name_);
+    if (forward == nullptr && PyErr_Occurred()) throw nb::python_error();
+    return forward;
+  }
 
   long long counter_value() const {
     if (!counter_.is_valid() || counter_.is_none()) return -1;
@@ -202,6 +228,7 @@ class SubmoduleState {
   nb::object counter_;
   long long next_id_ = -1;
   PyObject* training_name_ = nullptr;
+  PyObject* forward_name_ = nullptr;
   PyObject* hook_names_[2] = {nullptr, nullptr};
   PyObject* next_id_name_ = nullptr;
 };
