@@ -15,6 +15,11 @@ Variants of one export (``--variants``, comma-separated):
               Transpose around it, as ONNX Runtime GenAI's graph has it (right here: positions
               0..S-1 in every row)
   gqa_rotary_nobias  the same without ``attention_bias``
+  gqa_rotary_rolled  the same with each row rolled so its valid tokens come first, as a
+              right-padded row, and GroupQueryAttention's output rolled back: right for left-
+              and right-padded rows too (``_rolled_rows``); what the rolls cost
+Each variant is also run with a left-padded first row (a quarter of it) and a right-padded
+second one: ``padded rows err`` is its error against eager at the valid positions.
   mha_bias    fused, each GroupQueryAttention as MultiHeadAttention over keys / values expanded
               to every head, the mask kept as its ``attention_bias`` (right for any mask)
 With ``--sdpa-kernels``, each variant with a mask also runs with the CUDA provider's ``sdpa_kernel`` option
@@ -108,6 +113,88 @@ def _rotary_in_attention(source: Path, target: Path, keep_bias: bool) -> int:
     return rewritten
 
 
+def _rolled_rows(source: Path, target: Path) -> int:
+    """``gqa_rotary_nobias`` made right for left-padded rows too: each row is rolled so that
+    its valid tokens come first (``attention_mask``'s first 1 at position 0), GroupQueryAttention
+    runs as for a right-padded batch (``seqlens_k`` = the row's valid length - 1, no bias),
+    and its output is rolled back. The rotary inside GroupQueryAttention then rotates a row's
+    valid tokens at positions 0..L-1 where the model rotates them at p..p+L-1: attention
+    scores depend on position differences only, so the result is the same (up to rounding)
+    wherever a row's valid tokens are contiguous and its positions consecutive (any
+    left- or right-padded row, positions from ``arange`` or the mask's cumsum). Each
+    roll is one Gather over the flattened [B*S, D] tensor (identity for an unpadded batch:
+    this probe measures what the rolls cost). Returns the GroupQueryAttention nodes rewritten."""
+    from onnx import TensorProto, helper
+
+    model = onnx.load(str(source))
+    graph = model.graph
+    if not any(i.name == "attention_mask" for i in graph.input):
+        return 0
+
+    def const(name, values, dtype=TensorProto.INT64):
+        graph.initializer.append(helper.make_tensor(name, dtype, [len(values)], values))
+        return name
+
+    const("roll_zero", [0]), const("roll_one", [1]), const("roll_minus_one", [-1])
+    head = [
+        helper.make_node("Cast", ["attention_mask"], ["roll_mask_f"], to=TensorProto.FLOAT),
+        helper.make_node("ReduceSum", ["roll_mask_f", "roll_one"], ["roll_lengths"], keepdims=0),
+        helper.make_node("ArgMax", ["roll_mask_f"], ["roll_first"], axis=1, keepdims=0),  # first 1 of a row
+        helper.make_node("Shape", ["attention_mask"], ["roll_shape"]),
+        helper.make_node("Slice", ["roll_shape", "roll_zero", "roll_one"], ["roll_b1"]),
+        helper.make_node("Slice", ["roll_shape", "roll_one", const("roll_two", [2])], ["roll_s1"]),
+    ]
+    head += [
+        helper.make_node("Squeeze", ["roll_b1"], ["roll_b"]),
+        helper.make_node("Squeeze", ["roll_s1"], ["roll_s"]),
+        helper.make_node("Range", ["roll_zero_s", "roll_s", "roll_one_s"], ["roll_positions"]),  # [S]
+        helper.make_node("Range", ["roll_zero_s", "roll_b", "roll_one_s"], ["roll_rows"]),  # [B]
+        helper.make_node("Unsqueeze", ["roll_positions", "roll_zero"], ["roll_positions_1s"]),  # [1, S]
+        helper.make_node("Unsqueeze", ["roll_first", "roll_one"], ["roll_first_b1"]),  # [B, 1]
+        helper.make_node("Unsqueeze", ["roll_rows", "roll_one"], ["roll_rows_b1"]),
+        helper.make_node("Mul", ["roll_rows_b1", "roll_s"], ["roll_base"]),  # b * S
+        helper.make_node("Add", ["roll_positions_1s", "roll_first_b1"], ["roll_fwd_raw"]),
+        helper.make_node("Mod", ["roll_fwd_raw", "roll_s"], ["roll_fwd"]),
+        helper.make_node("Add", ["roll_fwd", "roll_base"], ["roll_fwd_flat_2d"]),
+        helper.make_node("Reshape", ["roll_fwd_flat_2d", "roll_minus_one"], ["roll_in"]),  # [B*S]
+        helper.make_node("Add", ["roll_positions_1s", "roll_s"], ["roll_back_raw0"]),
+        helper.make_node("Sub", ["roll_back_raw0", "roll_first_b1"], ["roll_back_raw"]),
+        helper.make_node("Mod", ["roll_back_raw", "roll_s"], ["roll_back"]),
+        helper.make_node("Add", ["roll_back", "roll_base"], ["roll_back_flat_2d"]),
+        helper.make_node("Reshape", ["roll_back_flat_2d", "roll_minus_one"], ["roll_out"]),  # [B*S]
+        helper.make_node("Max", ["roll_lengths", "roll_one_f"], ["roll_lengths_1"]),  # a fully padded row: 1
+        helper.make_node("Sub", ["roll_lengths_1", "roll_one_f"], ["roll_last"]),
+        helper.make_node("Cast", ["roll_last"], ["roll_seqlens_k"], to=TensorProto.INT32),
+        helper.make_node("Concat", ["roll_b1", "roll_s1", "roll_minus_one"], ["roll_bs_shape"], axis=0),
+    ]
+    graph.initializer.extend([helper.make_tensor("roll_zero_s", TensorProto.INT64, [], [0]),
+                              helper.make_tensor("roll_one_s", TensorProto.INT64, [], [1]),
+                              helper.make_tensor("roll_one_f", TensorProto.FLOAT, [], [1.0])])
+    nodes, rewritten = [], 0
+    for node in graph.node:
+        if node.op_type != "GroupQueryAttention" or (len(node.input) > 10 and node.input[10]):
+            nodes.append(node)
+            continue
+        tag = f"roll{rewritten}"
+        for i in (0, 1, 2):
+            nodes += [helper.make_node("Flatten", [node.input[i]], [f"{tag}_{i}_flat"], axis=2),
+                      helper.make_node("Gather", [f"{tag}_{i}_flat", "roll_in"], [f"{tag}_{i}_rolled"], axis=0),
+                      helper.make_node("Reshape", [f"{tag}_{i}_rolled", "roll_bs_shape"], [f"{tag}_{i}"])]
+            node.input[i] = f"{tag}_{i}"
+        node.input[5] = "roll_seqlens_k"
+        output = node.output[0]
+        node.output[0] = f"{tag}_out"
+        nodes += [node,
+                  helper.make_node("Flatten", [f"{tag}_out"], [f"{tag}_out_flat"], axis=2),
+                  helper.make_node("Gather", [f"{tag}_out_flat", "roll_out"], [f"{tag}_out_rolled"], axis=0),
+                  helper.make_node("Reshape", [f"{tag}_out_rolled", "roll_bs_shape"], [output])]
+        rewritten += 1
+    del graph.node[:]
+    graph.node.extend(head + nodes)
+    onnx.save(_pruned(model), str(target), save_as_external_data=True, location=target.name + ".data")
+    return rewritten
+
+
 def _multi_head_over_expanded_kv(source: Path, target: Path) -> int:
     """Each GroupQueryAttention (with its ``attention_bias``) as MultiHeadAttention over keys
     and values expanded to every query head (repeat_kv), the bias kept: correct for any
@@ -188,10 +275,22 @@ def probe_shape(batch: int, seq: int, args, work: Path) -> dict:
                 if _multi_head_over_expanded_kv(fused.path, path):
                     paths["mha_bias"] = path
             for keep_bias, name in ((True, "gqa_rotary"), (False, "gqa_rotary_nobias")):
-                if name in args.variants.split(","):
+                if name in args.variants.split(",") or (name == "gqa_rotary_nobias"
+                                                        and "gqa_rotary_rolled" in args.variants.split(",")):
                     path = work / f"{name}_{batch}x{seq}.onnx"
                     if _rotary_in_attention(fused.path, path, keep_bias):
                         paths[name] = path
+            if "gqa_rotary_rolled" in args.variants.split(",") and "gqa_rotary_nobias" in paths:
+                path = work / f"gqa_rotary_rolled_{batch}x{seq}.onnx"
+                if _rolled_rows(paths["gqa_rotary_nobias"], path):
+                    paths["gqa_rotary_rolled"] = path
+        # a left-padded first row (and a right-padded second): the error at valid positions
+        padded_mask = inputs["attention_mask"].clone()
+        padded_mask[0, : seq // 4] = 0
+        if batch > 1:
+            padded_mask[1, seq - seq // 8:] = 0
+        padded_reference = prefill(inputs["input_ids"], padded_mask).float()
+        valid = padded_mask.bool()
         feeds_by_name = {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"]}
         for name in args.variants.split(","):
             if name not in paths:
@@ -215,6 +314,10 @@ def probe_shape(batch: int, seq: int, args, work: Path) -> dict:
                     entry[key] = {"p50_us": p50_us(call, args.iterations),
                                   "error": (out - reference).abs().max().item(),
                                   "kernels": kernel_profile(call, args.calls)}
+                    padded_feeds = [padded_mask if i.name == "attention_mask" else feeds_by_name[i.name].contiguous()
+                                    for i in session.inputs]
+                    padded = session.infer(padded_feeds)[0].float()
+                    entry[key]["padded_error"] = (padded - padded_reference).abs()[valid].max().item()
                     del session
                 except Exception as error:  # noqa: BLE001  (a variant that fails is a finding, not the end)
                     entry[key] = {"failed": f"{type(error).__name__}: {str(error)[:300]}"}
@@ -235,7 +338,7 @@ def _print(row: dict) -> None:
             continue
         k = side["kernels"]
         print(f"{label:32s} p50 {side['p50_us']:8.0f} us  kernels {k['device_us_per_call']:8.0f} us "
-              f"x{k['kernels_per_call']:.0f}  err {side['error']:.3g}")
+              f"x{k['kernels_per_call']:.0f}  err {side['error']:.3g}  padded rows err {side.get('padded_error', -1):.3g}")
         print_kernels(k, top=8)
 
 
