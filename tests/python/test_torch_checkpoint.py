@@ -868,3 +868,39 @@ def test_loading_into_a_module_built_with_another_weightless_submodule_is_refuse
     loaded = ait.load(ait.Module(same, "activated"), tmp_path / "ckpt")
     x = torch.randn(2, 16)
     torch.testing.assert_close(loaded(x), saved(x), atol=1e-5, rtol=1e-5)
+
+
+def test_a_checkpoint_records_the_weights_its_graphs_were_tuned_with(tmp_path, caplog):
+    """Weights written where ait.Module does not look (``p.data.copy_``), then ait.save: the
+    checkpoint recorded the module's weights at save time, so ait.load warned a module
+    holding the weights the graphs compute and not one holding the new weights (0.54 off
+    eager, silently). It records the tuned weights and says so at save; a load and save
+    again keeps them."""
+    import logging
+
+    torch.manual_seed(0)
+    inner = MLP().eval()
+    tuned_weights = {k: v.clone() for k, v in inner.state_dict().items()}
+    model = ait.Module(inner, "weights-after", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [torch.randn(16) for _ in range(2)], disable_external_logging=True, performance_validation=False)
+    with torch.no_grad():
+        for p in inner.parameters():
+            p.data.copy_(torch.randn_like(p))
+    new_weights = {k: v.clone() for k, v in inner.state_dict().items()}
+    with caplog.at_level(logging.WARNING, logger="aitune"):
+        path = ait.save(model, tmp_path / "ckpt")
+    assert any("changed since its graphs were tuned (4 of 4 tensors" in r.getMessage() for r in caplog.records)
+
+    def warnings_loading(weights, source=path):
+        fresh = MLP().eval()
+        fresh.load_state_dict(weights)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="aitune"):
+            loaded = ait.load(ait.Module(fresh, "weights-after"), source)
+        return loaded, [r.getMessage() for r in caplog.records if "differ from those checkpoint" in r.getMessage()]
+
+    assert len(warnings_loading(new_weights)[1]) == 1  # the graphs compute other weights: told
+    loaded, said = warnings_loading(tuned_weights)
+    assert said == []
+    again = ait.save(loaded, tmp_path / "again")
+    assert len(warnings_loading(new_weights, again)[1]) == 1 and warnings_loading(tuned_weights, again)[1] == []

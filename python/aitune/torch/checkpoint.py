@@ -170,6 +170,7 @@ def save(
             f"({'; '.join(n or 'TorchEagerBackend' for n in notes)}); a checkpoint needs at least one graph "
             "in ONNX Runtime or torch.compile, so there is nothing to save"
         )
+    tuned_weights = _weights_tuned_with(module)
     metadata = {
         METADATA_KEY: {
             "format_version": MANIFEST_SECTIONS_FORMAT_VERSION,
@@ -179,8 +180,10 @@ def save(
             "submodule_classes": _submodule_classes(module.ait_module),
             "torch_version": torch.__version__,
             "tuning_s": sum(SavedReport(r).tuning_s for r in out.reports.values()),
-            # what ait.load compares the module loaded into with (weight_changes.digest_differences)
-            "weights": weight_values_digest(module.ait_module),
+            # what ait.load compares the module loaded into with (weight_changes.digest_differences):
+            # the weights the graphs were tuned with, not the module's now (changed since by a
+            # write ait.Module does not see, `p.data.copy_(...)`, or after a knowing activate())
+            "weights": tuned_weights,
             # the plain Python values the ONNX Runtime graphs hold as constants, which
             # ait.load expects of the module loaded into (baked_attributes.py)
             **({"attributes": module._ait_calls.attributes.snapshot()}
@@ -318,6 +321,23 @@ def _sections(meta: dict, where: str) -> list[tuple[str, list]]:
 #: How many times a load starts again when a concurrent save replaced the checkpoint
 #: under it (this module's and the pipeline checkpoint's loads).
 LOAD_ATTEMPTS = 10
+
+
+def _weights_tuned_with(module) -> dict:
+    """The digest of the weights ``module``'s graphs were tuned (or, loaded, saved) with; a
+    warning where the module holds other weights now: the checkpoint records the graphs'."""
+    tuned = module.__dict__.get("_ait_tuned_weights")
+    current = weight_values_digest(module.ait_module)
+    if not isinstance(tuned, dict):
+        return current  # graphs restored from a checkpoint written before the digest was stored
+    if differ := digest_differences(tuned, current):
+        names = ", ".join(differ[:5]) + (f" and {len(differ) - 5} more" if len(differ) > 5 else "")
+        logger.warning(
+            "ait.save: the weights of ait.Module '%s' changed since its graphs were tuned (%d of %d tensors: %s), by a "
+            "write it does not watch (p.data) or after activate(); the checkpoint records the weights the graphs "
+            "were tuned with, so ait.load warns a module holding the current ones. Tune it again to save graphs of "
+            "the current weights.", module.ait_name, len(differ), len(tuned), names)
+    return tuned
 
 
 def _warn_if_weights_differ(module, meta: dict, directory) -> None:
@@ -512,6 +532,8 @@ def load(module, path: str | os.PathLike, device_map: DeviceLike | Mapping[str, 
         logger.info("ait.load: '%s' was replaced by another save while loading; loading it again", os.fspath(path))
     saved_attributes = meta.get("attributes")
     module._ait_restore(restored, saved_attributes if isinstance(saved_attributes, dict) else None)
+    if isinstance(meta.get("weights"), dict):
+        module._ait_tuned_weights = meta["weights"]  # a save of the loaded module records them again
     _warn_if_weights_differ(module, meta, checkpoint.directory)
     _warn_if_attributes_differ(module, checkpoint.directory)
     tuned_mode = module._ait_calls.training

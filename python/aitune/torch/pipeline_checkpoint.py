@@ -171,7 +171,10 @@ def _shape_differences(saved: Any, module: torch.nn.Module) -> str:
 
 def _check_saveable(module: Module, where: str) -> None:
     if not module.ait_active:
-        raise _core.StateError(f"ait.save: {where} is deactivated; activate() it before saving")
+        raise _core.StateError(
+            f"ait.save: {where} is deactivated (its weights changed after tuning, or deactivate() was called): its "
+            "graphs would compute the weights they were tuned with. Tune it again (ait.tune) to save graphs of the "
+            "current weights; activate() only where the graphs' weights are the ones wanted")
     if module.ait_state is ModuleState.PASSTHROUGH:
         failure = module_checkpoint.tune_failure(module)
         if len(failure) > 600:
