@@ -55,8 +55,8 @@ int debug_precision_command(const DebugPrecisionOptions& o) {
   OnnxSessionConfig cpu;
   cpu.provider = ExecutionProvider::kCPU;
   const auto probe = OnnxSession::create(o.model, cpu);
-  const auto dims = parse_dims(o.dims, probe->inputs());
   const std::map<std::string, Tensor> given = load_input_files(o.inputs, probe->inputs());  // as `aitune run`
+  const auto dims = dims_with_given(parse_dims(o.dims, probe->inputs()), given, probe->inputs());
   std::mt19937 rng(0);
   std::map<std::string, Tensor> tensors;
   for (const auto& io : probe->inputs()) {

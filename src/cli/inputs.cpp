@@ -146,6 +146,33 @@ std::map<std::string, int64_t> parse_dims(const std::vector<std::string>& dims, 
   return out;
 }
 
+std::map<std::string, int64_t> dims_with_given(std::map<std::string, int64_t> dims,
+                                               const std::map<std::string, Tensor>& given,
+                                               const std::vector<IoInfo>& inputs) {
+  std::map<std::string, std::string> fixed_by;  // symbol -> the input that fixed it
+  for (const auto& io : inputs) {
+    auto it = given.find(io.name);
+    if (it == given.end() || it->second.shape().size() != io.shape.size()) continue;  // a rank error comes later
+    for (std::size_t i = 0; i < io.shape.size() && i < io.symbolic_dims.size(); ++i) {
+      const std::string& symbol = io.symbolic_dims[i];
+      if (io.shape[i] >= 0 || symbol.empty()) continue;
+      const int64_t extent = it->second.shape()[i];
+      auto known = dims.find(symbol);
+      if (known != dims.end() && known->second != extent) {
+        auto by = fixed_by.find(symbol);
+        throw Error(ErrorCode::kInvalidArgument,
+                    "--input " + io.name + " has " + std::to_string(extent) + " on the model's symbolic dimension '" +
+                        symbol + "', but " +
+                        (by != fixed_by.end() ? "--input " + by->second : std::string("--dim ") + symbol) + " gives " +
+                        std::to_string(known->second) + ": inputs sharing a dimension must agree on it");
+      }
+      if (known == dims.end()) fixed_by[symbol] = io.name;
+      dims[symbol] = extent;
+    }
+  }
+  return dims;
+}
+
 std::vector<std::map<std::string, Tensor>> load_sample_dir(const std::string& dir,
                                                             const std::vector<IoInfo>& inputs) {
   namespace fs = std::filesystem;

@@ -38,6 +38,14 @@ std::map<std::string, Tensor> load_input_files(const std::vector<std::string>& s
 /// symbolic dimension of `inputs` or a VALUE that is not an integer in [1, kMaxExtent].
 std::map<std::string, int64_t> parse_dims(const std::vector<std::string>& dims, const std::vector<IoInfo>& inputs);
 
+/// `dims` with each symbolic extent that a `given` input fixes (a file of batch 3 fixes
+/// its model input's `b` to 3), so random inputs sharing the symbol match it (they were made
+/// at the smallest extent, and the run failed inside ONNX Runtime). Error(kInvalidArgument)
+/// where two given inputs, or a given input and a --dim, disagree on a symbol.
+std::map<std::string, int64_t> dims_with_given(std::map<std::string, int64_t> dims,
+                                               const std::map<std::string, Tensor>& given,
+                                               const std::vector<IoInfo>& inputs);
+
 /// A host tensor with reproducible values every dtype can hold. A symbolic extent takes
 /// its `dims` value, else the smallest `spec` accepts (1 without a spec).
 /// Error(kInvalidArgument) when it would exceed kMaxRandomInputBytes.

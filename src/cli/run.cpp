@@ -146,8 +146,8 @@ int run_model(const RunOptions& o) {
                                                      "' is bfloat16, which a .npy file cannot hold (numpy has no "
                                                      "bfloat16); run without --save-outputs");
 
-  const auto dims = parse_dims(o.dims, backend->inputs());
   const std::map<std::string, Tensor> given = load_input_files(o.inputs, backend->inputs());
+  const auto dims = dims_with_given(parse_dims(o.dims, backend->inputs()), given, backend->inputs());
   for (const auto& [name, t] : given)
     if (!backend->graph_spec().find_input(name)) {
       std::string names;

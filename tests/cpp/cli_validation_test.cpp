@@ -2,6 +2,7 @@
 // number outside its range, every unknown name and every parse error exits with the
 // documented code (2 usage, 3 provider unavailable, 6 I/O) and one readable line, and
 // output files never leave --save-outputs DIR (issue 17).
+#include <cstring>
 #include <filesystem>
 
 #include <gtest/gtest.h>
@@ -73,6 +74,27 @@ TEST(CliValidation, UnknownCommandsNonNumbersAndNonFilesAreNamed) {
   expect_exit("run " + fixture("mlp.onnx") + " --iterations 0", 2, "not in range");
   expect_exit("run /dev/null --iterations 1", 4, "not a regular file");
   EXPECT_NE(cli("doctor").exit_code, 2);  // a known command still parses
+}
+
+// One input given at batch 3, the other random: the random one was made at batch 1 and the
+// run failed inside ONNX Runtime; it now takes the given input's extent of the shared symbol,
+// and two given inputs that disagree are refused naming both (a session-26 probe).
+TEST(CliValidation, RandomInputsFollowTheSymbolsGivenInputsFix) {
+  ScopedTempDir tmp;
+  Tensor three = Tensor::empty_host(DType::kFloat32, Shape{3, 4});
+  Tensor one = Tensor::empty_host(DType::kFloat32, Shape{1, 4});
+  std::memset(three.data(), 0, 3 * 4 * sizeof(float));
+  std::memset(one.data(), 0, 4 * sizeof(float));
+  save_npy(tmp.file("x3.npy"), three);
+  save_npy(tmp.file("y1.npy"), one);
+  auto r = cli("run " + fixture("add.onnx") + " --iterations 1 --warmup 0 --input x=" + tmp.file("x3.npy"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(contains_icase(r.output, "input y: float32[3, 4] random")) << r.output;
+  expect_exit("run " + fixture("add.onnx") + " --iterations 1 --input x=" + tmp.file("x3.npy") + " --input y=" +
+                  tmp.file("y1.npy"),
+              2, "--input y has 1 on the model's symbolic dimension 'batch', but --input x gives 3");
+  expect_exit("run " + fixture("add.onnx") + " --iterations 1 --dim batch=2 --input x=" + tmp.file("x3.npy"), 2,
+              "but --dim batch gives 2");
 }
 
 TEST(CliValidation, CacheDirectoryThatIsNotOneIsNamedNotListedAsClean) {
