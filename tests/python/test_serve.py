@@ -347,6 +347,10 @@ def test_json_values_that_the_stated_dtype_cannot_hold_are_refused_not_changed()
     assert decode([[1, 2]], "int8").dtype == np.int8 and decode([1.0, 2.0], "int64").tolist() == [1, 2]
     assert decode([0, 1], "bool").tolist() == [False, True] and decode([0.1], "float16").dtype == np.float16
     assert decode(2.5, "float32").shape == ()  # a scalar stays 0-d
+    # a "dtypes" key naming no input (a typo) left the dtype meant unapplied, silently
+    with pytest.raises(BadRequest, match="'y', which \"inputs\" does not hold") as refused:
+        codec.decode(json.dumps({"inputs": {"x": [1]}, "dtypes": {"y": "float32"}}).encode(), codec.JSON, {}, "x")
+    assert refused.value.status == 400
 
 
 def test_json_numbers_out_of_range_and_bare_nan_are_refused_naming_the_input():

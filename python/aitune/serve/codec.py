@@ -156,6 +156,10 @@ def decode(body: bytes, content_type: str, query: Mapping[str, str], single_inpu
         dtypes = payload.get("dtypes") or {}
         if not isinstance(dtypes, dict):
             raise BadRequest('"dtypes" must map input names to dtype names')
+        if unknown := sorted(set(dtypes) - set(payload["inputs"])):
+            # a typo (`input_inptu`) left the dtype it meant unapplied, silently
+            raise BadRequest(f'"dtypes" names {", ".join(map(repr, unknown))}, which "inputs" does not hold '
+                             f"(it holds {', '.join(map(repr, payload['inputs']))})")
         out = {}
         for name, value in payload["inputs"].items():
             dtype = dtypes.get(name)

@@ -119,7 +119,9 @@ class GraphServer:
         try:
             order = _core.check_request(self.specs[key], tensors)
         except _core.DTypeMismatchError as error:
-            raise BadRequest(str(error), status=422) from None
+            # JSON has no dtypes: whole numbers read as int64 (JavaScript writes 1.0 as 1)
+            raise BadRequest(f'{error} (a JSON body states it: "dtypes": {{"<input>": "float32"}})',
+                             status=422) from None
         except _core.ShapeMismatchError as error:
             raise BadRequest(str(error), status=422) from None
         except _core.InvalidArgumentError as error:
