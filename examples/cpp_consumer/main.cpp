@@ -89,7 +89,14 @@ int run(const Args& args) {
   auto t0 = clock::now();
   const auto checkpoint = aitune::Checkpoint::load(args.checkpoint);
   const auto& m = checkpoint.manifest();
-  const std::string key = args.graph.empty() ? checkpoint.graph_keys().front() : args.graph;
+  // The first graph this engine runs (an ONNX Runtime graph: a torch.compile or eager graph
+  // of the same checkpoint runs only in the Python front end), unless --graph names one.
+  std::string key = args.graph;
+  if (key.empty()) {
+    const auto keys = checkpoint.graph_keys();
+    auto runnable = std::find_if(keys.begin(), keys.end(), [&](const auto& k) { return checkpoint.runs_in_engine(k); });
+    key = runnable != keys.end() ? *runnable : keys.front();  // none: create_session says why
+  }
   auto backend = checkpoint.create_session(key, args.overrides);
   const double load_ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
   std::cout << "checkpoint " << checkpoint.directory() << ": module '" << m.module_name << "', format version "
@@ -104,6 +111,13 @@ int run(const Args& args) {
   std::vector<aitune::Tensor> inputs;
   std::vector<aitune::TensorView> views;
   const auto& graph_spec = backend->graph_spec();
+  for (const auto& [name, file] : args.inputs)  // a misspelt name would leave that input zeros, silently
+    if (!graph_spec.find_input(name)) {
+      std::string names;
+      for (const auto& io : backend->inputs()) names += (names.empty() ? "" : ", ") + io.name;
+      throw aitune::Error(aitune::ErrorCode::kInvalidArgument,
+                          "--input names unknown input '" + name + "'; graph " + key + " takes: " + names);
+    }
   for (const auto& io : backend->inputs()) {  // infer takes them in the model's order
     const auto& spec = graph_spec.inputs[graph_spec.find_input(io.name).value()];
     aitune::Tensor host;

@@ -91,6 +91,14 @@ expect_output("loaded from ${WORK_DIR}/ort/libonnxruntime.so.1\n")
 expect_output("input x: float32\\[1, 64\\] zeros")  # the saved spec's smallest batch
 expect_output("output y: float32\\[1, 16\\]")
 
+# A misspelt --input name is refused naming the inputs (it was ignored: zeros, exit 0).
+execute_process(COMMAND "${example}" "${WORK_DIR}/ckpt" --input "xx=${MODELS_DIR}/mlp_x.npy"
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+if(rc EQUAL 0 OR NOT out MATCHES "unknown input 'xx'; graph mlp takes: x")
+  message(FATAL_ERROR "cpp_consumer_example: a misspelt --input gave exit ${rc}:\n${out}")
+endif()
+message(STATUS "misspelt input refused: ok")
+
 # A damaged checkpoint is refused by the example too (exit 5, the file named).
 step(corrupt "${PYTHON}" -c "import sys\nwith open(sys.argv[1], 'r+b') as f:\n    b = f.read(1)\n    f.seek(0)\n    f.write(bytes([b[0] ^ 1]))"
      "${WORK_DIR}/ckpt/graphs/mlp/mlp_ext.onnx.data")
