@@ -31,6 +31,9 @@ struct TritonExportOptions {
   /// Replace existing entries of the repository with the same names. Without it an
   /// existing non-empty entry is refused.
   bool overwrite = false;
+  /// What each model's README.md names as its source. Empty: the checkpoint's directory
+  /// (ait.export_triton saves to a scratch checkpoint first, which it names instead).
+  std::string source;
 };
 
 /// One model written into the repository. Value type.

@@ -24,7 +24,8 @@ void bind_triton(nb::module_& m) {
       .def_rw("model_name", &TritonExportOptions::model_name)
       .def_rw("max_batch_size", &TritonExportOptions::max_batch_size)
       .def_rw("instances", &TritonExportOptions::instances)
-      .def_rw("overwrite", &TritonExportOptions::overwrite);
+      .def_rw("overwrite", &TritonExportOptions::overwrite)
+      .def_rw("source", &TritonExportOptions::source);
 
   nb::class_<TritonModelExport>(m, "TritonModelExport", "One model written into a Triton repository.")
       .def_ro("name", &TritonModelExport::name)

@@ -231,6 +231,21 @@ TEST(TritonExport, MaxBatchSizeChoices) {
                      {"instances"});
 }
 
+// A dynamic axis other than the batch is -1 in dims, where the graph was tuned over a range
+// only: the README says so (it said "Nothing" for such a model, a session-26 probe).
+TEST(TritonExport, BoundedDynamicAxesAreNamedAsNotExpressed) {
+  ScopedTempDir tmp;
+  auto checkpoint = make_checkpoint(tmp.path() / "ckpt", {{"g", "mlp.onnx", cpu_config()}});
+  CheckpointGraph graph = checkpoint.graph("g");
+  EXPECT_TRUE(triton_model_config(graph, "m", std::nullopt, 1).not_expressed.empty());
+  graph.graph_spec.inputs[0].min_shape[1] = 8;
+  graph.graph_spec.inputs[0].max_shape[1] = 64;
+  auto config = triton_model_config(graph, "m", std::nullopt, 1);
+  ASSERT_EQ(config.not_expressed.size(), 1u);
+  EXPECT_TRUE(contains(config.not_expressed[0], "input 'x' axis 1 was tuned and checked over 8..64"))
+      << config.not_expressed[0];
+}
+
 TEST(TritonExport, TwoInputsWithSeveralDtypes) {
   ScopedTempDir tmp;
   auto checkpoint = make_checkpoint(tmp.path() / "ckpt", {{"g", "multi_dtype.onnx", cpu_config()}});

@@ -129,7 +129,10 @@ def test_mlp_with_dynamic_batch(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(torch.from_numpy(out[y.name]), model(batch), **TOL)
         torch.testing.assert_close(torch.from_numpy(out[y.name]), inner(batch), **TOL)
-    assert "Nothing: every setting" in (model_dir / "README.md").read_text()
+    readme = (model_dir / "README.md").read_text()
+    assert "Nothing: every setting" in readme
+    # the module exported, not the scratch checkpoint deleted after the export
+    assert "ait.Module 'mlp' (ait.export_triton)" in readme and "aitune-triton-" not in readme
 
 
 def session_names(model):
@@ -155,6 +158,9 @@ def test_cnn_with_dynamic_batch_and_spatial_dims(tmp_path):
     out = _run_exported(tmp_path / "repo" / "resnet_like", config, {image.name: x.numpy()})
     with torch.no_grad():
         torch.testing.assert_close(torch.from_numpy(out[logits.name]), model(x), **TOL)
+    # -1 in dims accepts any size; the graph was tuned and checked over 16..24 only
+    readme = (tmp_path / "repo" / "resnet_like" / "README.md").read_text()
+    assert "axis 2 was tuned and checked over 16..24" in readme and "axis 3 was tuned" in readme, readme
 
 
 class TinyTransformer(torch.nn.Module):

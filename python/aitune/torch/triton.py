@@ -56,6 +56,8 @@ def export_triton(
         instances=instances,
         overwrite=overwrite,
     )
+    # the README names the module exported, not the scratch checkpoint deleted after the export
+    options.source = f"ait.Module '{module.ait_name}' (ait.export_triton)"
     with cache.scratch_dir("aitune-triton-") as scratch:
         checkpoint_dir = Path(scratch) / "checkpoint"
         save(module, checkpoint_dir)

@@ -56,11 +56,12 @@ struct Staged {
 
 // The README.md of one graph model: where it came from and what config.pbtxt lacks.
 std::string model_readme(const std::string& name, const CheckpointGraph& graph, const Checkpoint& checkpoint,
-                         const TritonModelConfig& config) {
+                         const TritonModelConfig& config, const std::string& source) {
   std::ostringstream out;
   out << "# " << name << "\n\n"
-      << "Exported by aitune from graph `" << graph.key << "` of the checkpoint `" << checkpoint.directory()
-      << "` (module `" << checkpoint.manifest().module_name << "`).\n\n"
+      << "Exported by aitune from graph `" << graph.key << "` of "
+      << (source.empty() ? "the checkpoint `" + checkpoint.directory() + "`" : source) << " (module `"
+      << checkpoint.manifest().module_name << "`).\n\n"
       << "- `1/model.onnx` is the ONNX model that won tuning (`" << graph.model << "`), byte for byte, with its "
       << "external data beside it.\n"
       << "- Tuned on the " << execution_provider_name(graph.backend_config.provider) << " execution provider; "
@@ -381,7 +382,7 @@ TritonExportResult export_triton(const Checkpoint& checkpoint, const std::string
           fs::copy(source, tmp / "1" / dir, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
       }
       write_text(tmp / "config.pbtxt", configs[i].text);
-      write_text(tmp / "README.md", model_readme(names[i], g, checkpoint, configs[i]));
+      write_text(tmp / "README.md", model_readme(names[i], g, checkpoint, configs[i], options.source));
       result.models.push_back({names[i], g.key, (repo / names[i]).string(), configs[i].max_batch_size,
                                configs[i].not_expressed});
     }

@@ -119,6 +119,20 @@ TritonModelConfig triton_model_config(const CheckpointGraph& graph, const std::s
   }
   const bool batching = mbs > 0;
   result.max_batch_size = mbs;
+  // A dynamic axis other than the batch is -1 in dims: Triton then sends any extent, where
+  // the graph was tuned and checked over a range only (a session-26 probe found the README
+  // saying "Nothing" for such a model).
+  for (auto [kind, list] : {std::pair{"input", &spec.inputs}, std::pair{"output", &spec.outputs}})
+    for (const auto& t : *list)
+      for (std::size_t i = 0; i < t.rank(); ++i) {
+        if (t.batch_axis && static_cast<std::size_t>(*t.batch_axis) == i) continue;
+        const int64_t lo = t.min_shape[i], hi = t.max_shape[i];
+        if (lo == hi || (lo <= 1 && hi == kUnbounded)) continue;  // static, or any extent
+        notes.push_back(std::string(kind) + " '" + t.name + "' axis " + std::to_string(i) +
+                        " was tuned and checked over " + std::to_string(lo) + ".." +
+                        (hi == kUnbounded ? std::string("unbounded") : std::to_string(hi)) +
+                        "; config.pbtxt's dims have -1 there, so Triton accepts any extent");
+      }
 
   // -- what the backend configuration becomes -----------------------------------------
   std::map<std::string, std::string> accelerator;  // gpu_execution_accelerator parameters
