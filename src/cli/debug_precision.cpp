@@ -107,7 +107,8 @@ Command add_debug_precision(CLI::App& app) {
                   "a transformed copy of the model that keeps its value names (e.g. its fp16 conversion) to run "
                   "as the candidate (default: the model itself)");
   sub->add_option("--provider", o->provider, "the candidate's provider: cpu, cuda, tensorrt or auto")->capture_default_str();
-  sub->add_option("--device-id", o->device_id, "CUDA device index")->check(CLI::TypeValidator<int>())->check(CLI::Range(0, kMaxDeviceId));
+  sub->add_option("--device-id", o->device_id, "CUDA device index")
+      ->check(CLI::TypeValidator<int>())->check(CLI::Range(0, kMaxDeviceId));
   sub->add_option("--precision", o->precision,
                   "the candidate's precision: fp32, tf32, fp16 or bf16; sets the tolerance (as `aitune tune`'s "
                   "defaults) and turns on trt_fp16_enable (tensorrt, fp16) or use_tf32 (cuda, tf32)")

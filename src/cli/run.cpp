@@ -215,8 +215,10 @@ Command add_run(CLI::App& app) {
   sub->add_option("--dim", o->dims, "SYMBOL=VALUE for symbolic dims of random inputs, VALUE in [1, 2^31-1] (default: the smallest extent the graph spec accepts, 1 for a model)");
   sub->add_option("--provider-option", o->provider_options,
                   "KEY=VALUE passed to the provider (repeatable; over a checkpoint's saved options)");
-  sub->add_option("--iterations", o->iterations, "timed runs")->capture_default_str()->check(CLI::TypeValidator<int>())->check(CLI::Range(1, kMaxIterations));
-  sub->add_option("--warmup", o->warmup, "untimed runs before timing")->capture_default_str()->check(CLI::TypeValidator<int>())->check(CLI::Range(0, kMaxIterations));
+  sub->add_option("--iterations", o->iterations, "timed runs")->capture_default_str()
+      ->check(CLI::TypeValidator<int>())->check(CLI::Range(1, kMaxIterations));
+  sub->add_option("--warmup", o->warmup, "untimed runs before timing")->capture_default_str()
+      ->check(CLI::TypeValidator<int>())->check(CLI::Range(0, kMaxIterations));
   sub->add_option("--save-outputs", o->save_outputs,
                   "directory to write each output as NAME.npy (bytes other than A-Z a-z 0-9 _ - . in NAME become %XX)");
   return {sub, [o] { return run_model(*o); }};

@@ -288,7 +288,8 @@ Command add_tune(CLI::App& app) {
   sub->add_option("model", o->model, "path to an .onnx file")->required();
   sub->add_option("--provider", o->provider, "cpu, cuda, tensorrt or auto (CUDA if available, else CPU)")
       ->capture_default_str();
-  sub->add_option("--device-id", o->device_id, "CUDA device index")->capture_default_str()->check(CLI::TypeValidator<int>())->check(CLI::Range(0, kMaxDeviceId));
+  sub->add_option("--device-id", o->device_id, "CUDA device index")->capture_default_str()
+      ->check(CLI::TypeValidator<int>())->check(CLI::Range(0, kMaxDeviceId));
   sub->add_option("--strategy", o->strategy,
                   "one-backend, first-wins, max-throughput, min-latency or latency-budget")->capture_default_str();
   sub->add_option("--latency-budget-ms", o->latency_budget_ms, "p50 budget of the latency-budget strategy")
@@ -297,7 +298,8 @@ Command add_tune(CLI::App& app) {
       sub->add_option("--samples", o->samples, "directory of NAME.npy files (one sample) or of sample subdirectories");
   // Both shape random samples only: given with --samples they were ignored without a word.
   sub->add_option("--batch-sizes", o->batch_sizes, "random samples: extents of symbolic first axes")
-      ->delimiter(',')->capture_default_str()->check(CLI::TypeValidator<int64_t>())->check(CLI::Range(int64_t{1}, kMaxBatchSize))->excludes(samples);
+      ->delimiter(',')->capture_default_str()
+      ->check(CLI::TypeValidator<int64_t>())->check(CLI::Range(int64_t{1}, kMaxBatchSize))->excludes(samples);
   sub->add_option("--dim", o->dims, "SYMBOL=VALUE for other symbolic extents of random samples, VALUE in [1, 2^31-1] (default 1)")
       ->excludes(samples);
   sub->add_option("--provider-option", o->provider_options, "KEY=VALUE fixed in every candidate (repeatable)");

@@ -16,8 +16,9 @@ Lists, dicts and other objects are left out: they change in place, unseen by ide
 The C++ half of the dispatch (``TorchDispatch.watch_attributes``) compares each by
 identity per routed call; a call where one is another object comes to the Python path,
 where ``AttributeWatch.changed`` compares their ``repr`` (exact for these types, and NaN
-equal to NaN; a function by identity alone, named by its qualified name): an equal value assigned again is taken as seen; a different one makes the
-call run eagerly (dispatch.py) until the value is back or the module is tuned again.
+equal to NaN; a function by identity alone, named by its qualified name): an equal value
+assigned again is taken as seen; a different one makes the call run eagerly (dispatch.py)
+until the value is back or the module is tuned again.
 A checkpoint stores the values (``snapshot``), and ``ait.load`` expects those, so a module
 loaded with other values runs such calls eagerly too, and is told so.
 """
