@@ -109,3 +109,23 @@ def test_weights_swapped_for_one_call_and_back_serve_the_graphs_again(caplog):
         net[0].weight = original
         torch.testing.assert_close(model(x), net(x))
     assert not model.ait_active
+
+
+def test_gradients_through_functional_call_of_a_tuned_module_are_eager_ones():
+    """torch.func.grad over functional_call with the module's own values (the per-sample
+    gradient recipe): the swapped-in weights were equal copies to the guard, so the graph
+    served the call and every gradient was 0 (or, on the first call, a RuntimeError)."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 16)).eval()
+    model = ait.Module(net, "per-sample-grads", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [torch.randn(32) for _ in range(2)], ignore_failing_modules=False, progress=False)
+    x = torch.randn(2, 32)
+    params = {k: v.detach() for k, v in net.named_parameters()}
+    for _ in range(2):  # first call, and after the graph served one
+        tuned = torch.func.grad(lambda p: torch.func.functional_call(model, p, (x,)).sum())(params)
+        eager = torch.func.grad(lambda p: torch.func.functional_call(net, p, (x,)).sum())(params)
+        for name in eager:
+            torch.testing.assert_close(tuned[name], eager[name])
+        with torch.no_grad():
+            model(x)
+    assert model.ait_active

@@ -237,8 +237,14 @@ def _weight_versions(module: torch.nn.Module, harmless: tuple[str, ...] = ()) ->
 def _equal_tensors(old: Any, new: Any) -> bool:
     """Whether a tensor replaced by ``new`` was replaced by the same values (a cache or a
     weight assigned again as an equal copy: the graphs hold those values still)."""
-    return (isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor) and old.dtype == new.dtype
-            and old.shape == new.shape and old.device == new.device and bool(torch.equal(old, new)))
+    return (isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor) and not _is_without_data(new)
+            and old.dtype == new.dtype and old.shape == new.shape and old.device == new.device
+            and bool(torch.equal(old, new)))
+
+
+def _is_without_data(tensor: torch.Tensor) -> bool:
+    """A torch.func transform's wrapper or a FakeTensor: no data a graph could read."""
+    return _functorch.is_functorch_wrapped_tensor(tensor) or _is_fake(tensor)
 
 
 def _requires_grad(args: tuple, kwargs: dict) -> bool:
@@ -269,6 +275,10 @@ def _without_data(args: tuple, kwargs: dict) -> str | None:
             if _is_fake(leaf):
                 return "FakeTensorMode (fake tensors)"
     return None
+
+
+_SWAPPED_UNDER_TRANSFORM = ("a torch.func transform over the module's weights (torch.func.grad over "
+                            "functional_call: weights swapped in for the call)")
 
 
 #: How to have calls outside the recorded graphs run eagerly, wherever the module was wrapped.
@@ -411,6 +421,11 @@ class ModuleDispatch:
         if self.tuned and self.autocast is not None and autocast_enabled() is not self.autocast:
             return self._run_in_other_autocast(args, kwargs)
         if (self.attributes is not None or self.slots) and not self.cpp.attributes_clear():
+            # weights swapped in for this call by a torch.func transform (grad over functional_call):
+            # equal in value, but the gradient flows through them, which a graph cuts (it gave zeros)
+            if any(registry.get(key) is not held and isinstance(now := registry.get(key), torch.Tensor)
+                   and _is_without_data(now) for _, registry, key, held in self.slots):
+                return self._run_without_data(_SWAPPED_UNDER_TRANSFORM, args, kwargs)
             if self.slots and self._weights_replaced():
                 return self.module.forward(*args, **kwargs)  # deactivated: eager from now on
             if self.attributes is not None and (changed := self.changed_attributes()):

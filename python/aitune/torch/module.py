@@ -372,6 +372,10 @@ class Module(DispatchedModule):
         says so, until it is tuned again (or the user, knowingly, calls ``activate()``)."""
         holding = sorted(graph.key for graph, tuned in self._ait_tuned.values() if tuned.holds_weights)
         self.deactivate()
+        said = self.__dict__.setdefault("_ait_weights_said", set())
+        if how in said:  # said once per kind of change (torch.func.functional_call swaps on every call)
+            return
+        said.add(how)
         logger.warning(
             "ait.Module '%s': its weights %s after tuning; the tuned graphs %s hold a copy of the weights they "
             "were tuned with and would compute the old model, so the module now runs eagerly. Tune it again "
@@ -607,6 +611,7 @@ class Module(DispatchedModule):
         """Replaces the tuned graphs, and with them the whole dispatch: its C++ half and
         that half's routes are made anew from these graphs, so nothing that answered
         "which graph" for the old ones survives."""
+        self.__dict__.pop("_ait_weights_said", None)  # new graphs: weight changes are said again
         old = self._ait_calls
         self._ait_calls = ModuleDispatch(old.name, old.module, old.signature, old.eager_fallback, tuned,
                                          list(self._ait_graphs.values()), self._ait_harmless_attributes,
