@@ -7,8 +7,9 @@ beside bare ``torch.compile(mode="reduce-overhead")``, with the kernels of each 
 
 Variants of one export (``--variants``, comma-separated):
   plain       the dynamo export as it is
-  fused       aitune's ``ort_fusions`` (decoder_fusions.optimize_for_ort: GroupQueryAttention
-              with the model's mask as ``attention_bias``)
+  fused_sorted_rows  aitune's ``ort_fusions`` candidate as it is made: GroupQueryAttention
+              without a bias over rows sorted valid tokens first (unbiased_attention.py)
+  fused       the same fusions with the model's mask as GroupQueryAttention's ``attention_bias``
   fused_nobias  the same with ``attention_bias`` cut off: right only for an unpadded batch
               (this probe's all-ones mask), to see what the mask costs GroupQueryAttention
   gqa_rotary  fused, with the rotary inside GroupQueryAttention (``do_rotary``) and no
@@ -263,7 +264,13 @@ def probe_shape(batch: int, seq: int, args, work: Path) -> dict:
         torch.onnx.export(prefill, (), str(plain), kwargs=inputs, dynamo=True, optimize=True,
                           external_data=True, verbose=False)
         paths = {"plain": plain}
-        fused = transforms.fuse_for_ort(plain, work / f"fused_{batch}x{seq}.onnx", use_dynamo=True)
+        # the fused graph as aitune makes it (GroupQueryAttention over sorted rows, no bias:
+        # unbiased_attention.py), and with the mask as its bias, the base of the variants below
+        sorted_rows = transforms.fuse_for_ort(plain, work / f"fused_sorted_{batch}x{seq}.onnx", use_dynamo=True)
+        if sorted_rows is not None:
+            paths["fused_sorted_rows"] = sorted_rows.path
+        fused = transforms.fuse_for_ort(plain, work / f"fused_{batch}x{seq}.onnx", use_dynamo=True,
+                                        sort_padded_rows=False)
         if fused is not None:
             paths["fused"] = fused.path
             row["fused_operators"] = fused.fused_operators

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +16,8 @@ import onnx
 
 from aitune import _core
 from aitune.torch.library_logs import routed_to_aitune
+
+logger = logging.getLogger("aitune")
 
 #: The transform names candidates and reports carry.
 ORT_FUSIONS = "ort_fusions"  # decoder_fusions.optimize_for_ort: onnxscript's fusions + ours (dynamo exports)
@@ -64,14 +67,18 @@ def _save(model: onnx.ModelProto, target: Path) -> None:
 
 
 def fuse_for_ort(source: Path, target: Path, *, use_dynamo: bool, model_type: str = "bert",
-                 caches_in_place: bool = False) -> FusedModel | None:
+                 caches_in_place: bool = False, input_ranges: dict | None = None,
+                 sort_padded_rows: bool = True) -> FusedModel | None:
     """Writes ``target``: ``source`` with ONNX Runtime's transformer fusions applied.
     A dynamo export goes through onnxscript's ``optimize_for_ort`` sequence with our decoder
     rules (``decoder_fusions.py``); a trace export through ``onnxruntime.transformers.optimizer``
     (``model_type`` picks its fusion set: "bert", "gpt2", ...; its attention patterns do not
     match today's transformers, so it fuses normalisations and GELUs only). Returns None
     and writes nothing when no fused operator results (the transform does not apply to
-    this graph). Raises ImportError when the transform's package is missing."""
+    this graph). Raises ImportError when the transform's package is missing.
+    ``input_ranges``: ONNX input name -> (smallest, largest shape) the graph accepts, by which
+    a prefill's GroupQueryAttention may drop its mask (``unbiased_attention``; not with
+    ``sort_padded_rows=False``, which benchmarks/prefill_graph_probe.py compares)."""
     if use_dynamo:
         import onnx_ir as ir
 
@@ -85,6 +92,12 @@ def fuse_for_ort(source: Path, target: Path, *, use_dynamo: bool, model_type: st
             fused, _ = decoder_fusions.optimize_for_ort(model, caches_in_place=caches_in_place)
         _restore_flat_attention_outputs(fused, ranks)
         proto = ir.serde.serialize_model(fused)
+        if sort_padded_rows and not caches_in_place:  # a prefill: GQA over rows sorted valid tokens first, no bias
+            from aitune.torch import unbiased_attention
+
+            rewritten, why_not = unbiased_attention.sort_padded_rows(proto, input_ranges, source.parent)
+            logger.info("%s: %s", source.name, f"{rewritten} GroupQueryAttention without the mask as a bias, over "
+                        "rows sorted valid tokens first" if rewritten else f"GroupQueryAttention keeps its bias: {why_not}")
         transform = ORT_FUSIONS
     else:
         from onnxruntime.transformers import optimizer
@@ -155,10 +168,14 @@ def fused_to_fp16(fused: FusedModel, target: Path) -> FusedModel:
 
     from aitune.torch import export
 
+    from aitune.torch.unbiased_attention import INDEX_NODE_PREFIX
+
     proto = onnx.load(str(fused.path))
     export.separate_consumed_outputs(proto)  # the same converter bug (see there)
     model = OnnxModel(proto)
-    model.convert_float_to_float16(keep_io_types=True)
+    # the rows' order of unbiased_attention stays fp32 (its positions exact past 2048)
+    model.convert_float_to_float16(keep_io_types=True, node_block_list=[
+        n.name for n in proto.graph.node if n.name.startswith(INDEX_NODE_PREFIX)])
     _save(model.model, target)
     return dataclasses.replace(
         fused, path=target, fused_operators=fused_operator_counts(model.model), nodes_after=len(model.model.graph.node)
@@ -192,6 +209,9 @@ class TransformContext:
     #: The export prepared once for fp16 conversions keeping nodes in fp32 (the mixed model,
     #: the fp32-node search); TransformedModels sets it to its own.
     fp16_keeping: Callable[[], Fp16Keeping] | None = None
+    #: ONNX input name -> (smallest shape, largest shape) the graph accepts (its GraphSpec):
+    #: the sequence lengths over which a fusion proves what it assumes (unbiased_attention).
+    input_ranges: dict | None = None
 
 
 def _to_fp16(source, context: TransformContext):
@@ -328,7 +348,8 @@ def _fusion(use_dynamo: bool):
     def fuse(source, context: TransformContext):
         # fuse_for_ort is looked up when called, so tests can substitute it.
         return fuse_for_ort(source.path, context.directory / "model_fused.onnx", use_dynamo=use_dynamo,
-                            model_type=context.model_type, caches_in_place=context.caches_in_place)
+                            model_type=context.model_type, caches_in_place=context.caches_in_place,
+                            input_ranges=context.input_ranges)
 
     return fuse
 

@@ -373,7 +373,8 @@ class ONNXRuntimeBackend(Backend):
         order = [graph.input_names.index(name) for name in model_inputs]
         model_type = getattr(getattr(graph.module, "config", None), "model_type", None) or "bert"
         models = transforms.TransformedModels(model_path, transforms.TransformContext(
-            directory, model_type, caches_in_place=self.config.in_place_outputs))
+            directory, model_type, caches_in_place=self.config.in_place_outputs,
+            input_ranges={t.name: (list(t.min_shape), list(t.max_shape)) for t in spec.inputs}))
         # Each candidate's latency is the module's: measured through the module's own
         # dispatch with the candidate's session as its graph (issue 28).
         session_call = None if module_call is None else (
