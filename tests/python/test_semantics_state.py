@@ -479,3 +479,26 @@ def test_a_submodule_added_to_a_sequential_after_tuning_deactivates_the_graphs(h
     assert not model.ait_active
     named = "2" if how == "append" else "act"
     assert any(f"added since tuning ({named})" in r.getMessage() for r in caplog.records), caplog.text
+
+
+def test_torchs_containers_in_another_mode_are_no_change(caplog, monkeypatch):
+    """weight_norm added after model.eval() creates its parametrization containers in train
+    mode; a later .eval() put them in eval mode and every call ran eagerly (their code never
+    reads `training`). A Dropout in another mode still runs the call eagerly."""
+    import logging
+
+    net = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Dropout(0.5), torch.nn.Linear(64, 16)).eval()
+    torch.nn.utils.parametrizations.weight_norm(net[0])
+    model = ait.Module(net, "weight-norm", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [torch.randn(32) for _ in range(2)], ignore_failing_modules=False, progress=False)
+    x = torch.randn(2, 32)
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="aitune"):
+        expected = net(x)
+        model.eval()
+        monkeypatch.setattr(torch.nn.Sequential, "forward", lambda *a, **k: pytest.fail("ran eagerly"))
+        torch.testing.assert_close(model(x), expected)
+        monkeypatch.undo()
+        net[1].train()  # Monte Carlo dropout: the graph has none
+        model(x)
+    said = [r.getMessage() for r in caplog.records if "another mode" in r.getMessage()]
+    assert len(said) == 1 and "1 (Dropout)" in said[0] and "parametriz" not in said[0], said

@@ -322,3 +322,17 @@ def test_calls_under_torch_func_transforms_and_fake_tensors_run_eagerly(caplog):
         torch.testing.assert_close(model(x[0]), net(x[0]))  # the graph serves plain calls still
     said = [r.getMessage() for r in caplog.records if "runs eagerly in PyTorch: a tuned graph reads" in r.getMessage()]
     assert len(said) == 2 and "torch.func transform" in said[0] and "FakeTensorMode" in said[1], said
+
+
+def test_jacrev_of_a_tuned_module_is_said_as_a_torch_func_call(caplog):
+    """jacrev's inputs require grad, so its calls were said as autograd calls (a WARNING
+    about inputs requiring grad): they are said as torch.func calls, the result eager's."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh()).eval()
+    model = ait.Module(net, "jacrev", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [torch.randn(8) for _ in range(2)], progress=False, ignore_failing_modules=False)
+    x = torch.randn(8)
+    with caplog.at_level(logging.INFO, logger="aitune"):
+        torch.testing.assert_close(torch.func.jacrev(model)(x), torch.func.jacrev(net)(x))
+    said = [r for r in caplog.records if r.name == "aitune"]
+    assert said and all("torch.func transform" in r.getMessage() for r in said), [r.getMessage() for r in said]

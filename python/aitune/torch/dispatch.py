@@ -281,6 +281,20 @@ _SWAPPED_UNDER_TRANSFORM = ("a torch.func transform over the module's weights (t
                             "functional_call: weights swapped in for the call)")
 
 
+def _mode_free_containers() -> tuple[type, ...]:
+    from torch.nn.utils.parametrize import ParametrizationList
+
+    return (torch.nn.ModuleDict, torch.nn.ModuleList, torch.nn.ParameterDict, torch.nn.ParameterList,
+            torch.nn.Sequential, ParametrizationList)
+
+
+#: torch's containers, whose code never reads ``training`` (their children's modes are
+#: checked one by one): one in another mode than at tuning is no change. A parametrization
+#: added after ``model.eval()`` creates its containers in train mode, and a later ``.eval()``
+#: made every call run eagerly.
+_MODE_FREE_CONTAINERS = _mode_free_containers()
+
+
 #: How to have calls outside the recorded graphs run eagerly, wherever the module was wrapped.
 _FALLBACK_ADVICE = ("wrap the module with ait.Module(..., eager_fallback=True) (ait.wrap(..., eager_fallback=True), "
                     "ait.load(..., eager_fallback=True) for the modules they wrap) to run such calls eagerly")
@@ -410,10 +424,11 @@ class ModuleDispatch:
 
     def call(self, args: tuple, kwargs: dict) -> Any:
         """The general path of a tuned call: bind, flatten, find the graph, run it."""
-        if torch.is_grad_enabled() and _requires_grad(args, kwargs):
-            return self._run_with_autograd(args, kwargs)
+        # torch.func first: jacrev's inputs require grad too, and are said as its own
         if (why := _without_data(args, kwargs)) is not None:
             return self._run_without_data(why, args, kwargs)
+        if torch.is_grad_enabled() and _requires_grad(args, kwargs):
+            return self._run_with_autograd(args, kwargs)
         if self.tuned and (changed := self.changed_submodules()):
             return self._run_changed_submodules(changed, args, kwargs)
         if self.tuned and (_nn_module._global_forward_pre_hooks or _nn_module._global_forward_hooks):
@@ -503,6 +518,8 @@ class ModuleDispatch:
             name, sub = self.submodule_names[index], modules[index]
             if what == "hooks" and sub is not None and self._only_tensor_hooks_added(index, sub):
                 continue
+            if what == "mode" and type(sub) in _MODE_FREE_CONTAINERS:
+                continue  # its own code never reads `training`; its children's modes are checked
             said = f"{name or '<root>'} ({type(sub).__name__})" if sub is not None else name or "<root>"
             if what == "mode" and sub is not None:
                 said += f" in {'train' if sub.training else 'eval'} mode"
