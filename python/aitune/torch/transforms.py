@@ -95,7 +95,7 @@ def fuse_for_ort(source: Path, target: Path, *, use_dynamo: bool, model_type: st
         if sort_padded_rows and not caches_in_place:  # a prefill: GQA over rows sorted valid tokens first, no bias
             from aitune.torch import unbiased_attention
 
-            rewritten, why_not = unbiased_attention.sort_padded_rows(proto, input_ranges, source.parent)
+            rewritten, why_not = unbiased_attention.sort_padded_rows(proto, input_ranges, Path(source).parent)
             logger.info("%s: %s", source.name, f"{rewritten} GroupQueryAttention without the mask as a bias, over "
                         "rows sorted valid tokens first" if rewritten else f"GroupQueryAttention keeps its bias: {why_not}")
         transform = ORT_FUSIONS
