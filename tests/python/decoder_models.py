@@ -118,3 +118,18 @@ def data_fed_host_inputs(path) -> list[str]:
     return [f"{node.name or node.op_type}:{index}" for node in graph.node
             for index in HOST_INPUTS.get(node.op_type, ()) if index < len(node.input) and node.input[index]
             and from_data(node.input[index])]
+
+
+def padded_prefill_batches(batch_size: int) -> list[dict]:
+    """One keyword prefill batch per size (``ait.tune``'s samples callable): its rows
+    left-padded, right-padded and unpadded in turn, length 8."""
+    generator = torch.Generator().manual_seed(batch_size)
+    length = 8
+    ids = torch.randint(0, VOCAB, (batch_size, length), generator=generator)
+    mask = torch.ones(batch_size, length, dtype=torch.long)
+    for row in range(batch_size):
+        if row % 3 == 0:
+            mask[row, :3] = 0  # left padding
+        elif row % 3 == 1:
+            mask[row, -2:] = 0  # right padding
+    return [{"input_ids": ids, "attention_mask": mask, "use_cache": False}]

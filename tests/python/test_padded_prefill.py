@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from decoder_models import VOCAB, tiny_decoder
+from decoder_models import padded_prefill_batches, tiny_decoder
 from torch_models import cpu_strategy
 
 import aitune.torch as ait
@@ -15,23 +15,9 @@ from aitune.torch import ModuleState
 transformers = pytest.importorskip("transformers")
 
 
-def _padded_batches(batch_size: int):
-    """One batch per size, its rows left-padded, right-padded and unpadded in turn."""
-    generator = torch.Generator().manual_seed(batch_size)
-    length = 8
-    ids = torch.randint(0, VOCAB, (batch_size, length), generator=generator)
-    mask = torch.ones(batch_size, length, dtype=torch.long)
-    for row in range(batch_size):
-        if row % 3 == 0:
-            mask[row, :3] = 0  # left padding
-        elif row % 3 == 1:
-            mask[row, -2:] = 0  # right padding
-    return [{"input_ids": ids, "attention_mask": mask, "use_cache": False}]
-
-
 def _tune(inner, name, **kwargs) -> ait.Module:
     model = ait.Module(inner, name, strategy=cpu_strategy(use_dynamo=True, tune_provider_options=False))
-    ait.tune(model, _padded_batches, batch_sizes=[2, 3], ignore_failing_modules=False,
+    ait.tune(model, padded_prefill_batches, batch_sizes=[2, 3], ignore_failing_modules=False,
              disable_external_logging=True, progress=False, **kwargs)
     return model
 
@@ -46,7 +32,7 @@ def test_padded_prefill_tunes_with_padded_positions_left_out(kind):
     # the report names how many positions the check left out, per sample
     assert "positions undefined by attention_mask" in report.to_json()
     # valid positions match eager; the padded ones are whatever the graph computes
-    batch = _padded_batches(3)[0]
+    batch = padded_prefill_batches(3)[0]
     with torch.no_grad():
         expected = inner(**batch).logits
         actual = model(**batch).logits
@@ -87,7 +73,7 @@ def test_fused_candidate_is_judged_on_the_padded_batch():
     import json
 
     model = ait.Module(tiny_decoder("llama"), "padded-llama-fused", strategy=cpu_strategy(use_dynamo=True))
-    ait.tune(model, _padded_batches, batch_sizes=[2, 3], ignore_failing_modules=False,
+    ait.tune(model, padded_prefill_batches, batch_sizes=[2, 3], ignore_failing_modules=False,
              disable_external_logging=True, progress=False)
     (report,) = model.ait_reports.values()
     (fused,) = [c for c in json.loads(report.to_json())["candidates"] if c.get("transform") == "ort_fusions"]

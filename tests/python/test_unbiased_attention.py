@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from decoder_models import VOCAB, tiny_decoder
+from decoder_models import VOCAB, padded_prefill_batches, tiny_decoder
 from onnx import TensorProto, helper
 from torch_models import cpu_strategy
 
@@ -81,25 +81,13 @@ def test_a_bias_read_from_other_inputs_is_kept(tmp_path):
     assert "position_ids" in why
 
 
-def _padded(batch_size: int):
-    generator = torch.Generator().manual_seed(batch_size)
-    ids = torch.randint(0, VOCAB, (batch_size, 8), generator=generator)
-    mask = torch.ones(batch_size, 8, dtype=torch.long)
-    for row in range(batch_size):
-        if row % 3 == 0:
-            mask[row, :3] = 0  # left padding
-        elif row % 3 == 1:
-            mask[row, -2:] = 0  # right padding
-    return [{"input_ids": ids, "attention_mask": mask, "use_cache": False}]
-
-
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 def test_the_fused_prefill_candidate_attends_sorted_rows_without_a_bias(kind, caplog):
     """Tuned with left- and right-padded samples, the fused candidate's GroupQueryAttention
     runs without the mask as a bias, over sorted rows, and passes the check."""
     model = ait.Module(tiny_decoder(kind), f"unbiased-{kind}", strategy=cpu_strategy(use_dynamo=True))
     with caplog.at_level(logging.INFO, logger="aitune"):
-        ait.tune(model, _padded, batch_sizes=[2, 3], ignore_failing_modules=False, disable_external_logging=True,
+        ait.tune(model, padded_prefill_batches, batch_sizes=[2, 3], ignore_failing_modules=False, disable_external_logging=True,
                  progress=False)
     assert any("2 GroupQueryAttention without the mask as a bias" in r.getMessage() for r in caplog.records)
     (report,) = model.ait_reports.values()
