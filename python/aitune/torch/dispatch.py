@@ -237,14 +237,19 @@ def _weight_versions(module: torch.nn.Module, harmless: tuple[str, ...] = ()) ->
 def _equal_tensors(old: Any, new: Any) -> bool:
     """Whether a tensor replaced by ``new`` was replaced by the same values (a cache or a
     weight assigned again as an equal copy: the graphs hold those values still)."""
-    return (isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor) and not _is_without_data(new)
-            and old.dtype == new.dtype and old.shape == new.shape and old.device == new.device
-            and bool(torch.equal(old, new)))
+    return (isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor) and old.dtype == new.dtype
+            and old.shape == new.shape and old.device == new.device and bool(torch.equal(old, new)))
 
 
-def _is_without_data(tensor: torch.Tensor) -> bool:
-    """A torch.func transform's wrapper or a FakeTensor: no data a graph could read."""
-    return _functorch.is_functorch_wrapped_tensor(tensor) or _is_fake(tensor)
+def _no_data_cause(tensor: torch.Tensor) -> str | None:
+    """Why ``tensor`` has no data a graph could read, or None: a torch.func transform's
+    wrapper (``torch.vmap``, ``grad``, ``jacrev``: a plain ``torch.Tensor`` to Python, with no
+    storage of its own) or a FakeTensor (shape propagation under ``FakeTensorMode``)."""
+    if _functorch.is_functorch_wrapped_tensor(tensor):
+        return "a torch.func transform (torch.vmap, grad, jacrev, ...)"
+    if _is_fake(tensor):
+        return "FakeTensorMode (fake tensors)"
+    return None
 
 
 def _requires_grad(args: tuple, kwargs: dict) -> bool:
@@ -260,20 +265,14 @@ def _requires_grad(args: tuple, kwargs: dict) -> bool:
 
 
 def _without_data(args: tuple, kwargs: dict) -> str | None:
-    """What makes a tensor of the call one no graph can read, or None: a torch.func
-    transform's wrapper (``torch.vmap``, ``grad``, ``jacrev``: a plain ``torch.Tensor`` to
-    Python, with no storage of its own) or a FakeTensor (shape propagation under
-    ``FakeTensorMode``). Eager PyTorch computes such calls; a graph would read a null pointer
-    or the unbatched per-sample view. (A meta tensor is refused as any tensor on another
-    device is: the module's weights are not on it.)"""
+    """What makes a tensor of the call one no graph can read (``_no_data_cause``), or None.
+    Eager PyTorch computes such calls; a graph would read a null pointer or the unbatched
+    per-sample view. (A meta tensor is refused as any tensor on another device is: the
+    module's weights are not on it.)"""
     for value in (*args, *kwargs.values()):
         for leaf in ((value,) if isinstance(value, torch.Tensor) else pytree.tree_leaves(value)):
-            if not isinstance(leaf, torch.Tensor):
-                continue
-            if _functorch.is_functorch_wrapped_tensor(leaf):
-                return "a torch.func transform (torch.vmap, grad, jacrev, ...)"
-            if _is_fake(leaf):
-                return "FakeTensorMode (fake tensors)"
+            if isinstance(leaf, torch.Tensor) and (cause := _no_data_cause(leaf)) is not None:
+                return cause
     return None
 
 
@@ -438,8 +437,8 @@ class ModuleDispatch:
         if (self.attributes is not None or self.slots) and not self.cpp.attributes_clear():
             # weights swapped in for this call by a torch.func transform (grad over functional_call):
             # equal in value, but the gradient flows through them, which a graph cuts (it gave zeros)
-            if any(registry.get(key) is not held and isinstance(now := registry.get(key), torch.Tensor)
-                   and _is_without_data(now) for _, registry, key, held in self.slots):
+            if any((now := registry.get(key)) is not held and isinstance(now, torch.Tensor)
+                   and _no_data_cause(now) is not None for _, registry, key, held in self.slots):
                 return self._run_without_data(_SWAPPED_UNDER_TRANSFORM, args, kwargs)
             if self.slots and self._weights_replaced():
                 return self.module.forward(*args, **kwargs)  # deactivated: eager from now on
@@ -622,13 +621,16 @@ class ModuleDispatch:
             + [f"were replaced by other tensors ({shown(tensors)})"] * bool(tensors)
             + [f"were extended by submodules, parameters or buffers added since tuning ({shown(added)})"] * bool(added)
         ) + ", assigned on the module"
+        originals = None
         if not added:
             # Swapped, not extended: the graphs serve again once the very objects are back
-            # unchanged (torch.func.functional_call swaps the weights for one call and back).
-            self.originals = ([(registry, key, tensor) for _, registry, key, tensor in self.slots],
-                              [(tensor, version) for _, tensor, version in self.weights])
+            # unchanged (torch.func.functional_call swaps the weights for one call and back);
+            # taken before deactivating, which lets go of the versions
+            originals = ([(registry, key, tensor) for _, registry, key, tensor in self.slots],
+                         [(tensor, version) for _, tensor, version in self.weights])
             how += " (put the very tensors back, unchanged, and the graphs serve again)"
         if self.weights_changed is not None and self.weights_changed(how):
+            self.originals = originals
             return True
         self.watch_values_as_they_are()
         self.watch_weights_as_they_are()

@@ -96,8 +96,11 @@ def fuse_for_ort(source: Path, target: Path, *, use_dynamo: bool, model_type: st
             from aitune.torch import unbiased_attention
 
             rewritten, why_not = unbiased_attention.sort_padded_rows(proto, input_ranges, Path(source).parent)
-            logger.info("%s: %s", source.name, f"{rewritten} GroupQueryAttention without the mask as a bias, over "
-                        "rows sorted valid tokens first" if rewritten else f"GroupQueryAttention keeps its bias: {why_not}")
+            if rewritten:
+                logger.info("%s: %d GroupQueryAttention without the mask as a bias, over rows sorted valid tokens "
+                            "first", Path(source).name, rewritten)
+            else:
+                logger.info("%s: GroupQueryAttention keeps its bias: %s", Path(source).name, why_not)
         transform = ORT_FUSIONS
     else:
         from onnxruntime.transformers import optimizer
@@ -167,7 +170,6 @@ def fused_to_fp16(fused: FusedModel, target: Path) -> FusedModel:
     from onnxruntime.transformers.onnx_model import OnnxModel
 
     from aitune.torch import export
-
     from aitune.torch.unbiased_attention import INDEX_NODE_PREFIX
 
     proto = onnx.load(str(fused.path))

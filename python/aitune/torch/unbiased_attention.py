@@ -83,7 +83,7 @@ def _subgraph(model: onnx.ModelProto, output: str, base_dir: Path) -> tuple[onnx
     producer = {o: n for n in graph.node for o in n.output if o}
     initializers = {t.name: t for t in graph.initializer}
     inputs = {v.name: v for v in graph.input}
-    needed, seen, stack, used_inputs, used_inits = [], set(), [output], [], []
+    needed, needed_ids, seen, stack, used_inputs, used_inits = [], set(), set(), [output], [], []
     while stack:
         name = stack.pop()
         if not name or name in seen:
@@ -97,7 +97,8 @@ def _subgraph(model: onnx.ModelProto, output: str, base_dir: Path) -> tuple[onnx
             node = producer[name]
             if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
                 return None
-            if id(node) not in {id(n) for n in needed}:
+            if id(node) not in needed_ids:
+                needed_ids.add(id(node))
                 needed.append(node)
                 stack.extend(node.input)
     order = {id(n): i for i, n in enumerate(graph.node)}
@@ -244,9 +245,10 @@ def sort_padded_rows(model: onnx.ModelProto, ranges: dict | None, base_dir: Path
     ]
     for i, node in enumerate(head):
         node.name = f"{INDEX_NODE_PREFIX}{i}"
+    rewritten = {id(node) for node in nodes}
     body = []
     for index, node in enumerate(graph.node):
-        if not any(node is a for a in nodes):
+        if id(node) not in rewritten:
             body.append(node)
             continue
         tag = f"{p}gqa{index}_"

@@ -70,6 +70,10 @@ def _prefixes(mask: torch.Tensor, output: torch.Tensor, derived: bool) -> bool:
     return mask.dim() > 0 and longer and tuple(mask.shape) == tuple(output.shape[: mask.dim()])
 
 
+#: The dtypes a mask is handed to the engine in as it is (non-zero: defined).
+_MASK_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int32, torch.int64, torch.int16)
+
+
 def _derived_defined(host: torch.Tensor) -> torch.Tensor | None:
     """The defined positions by a mask found by its name (``attention_mask``), or None where
     its values do not say which positions are padding, so every position is compared:
@@ -89,7 +93,7 @@ def _derived_defined(host: torch.Tensor) -> torch.Tensor | None:
             host = (host == 0).to(torch.uint8)
         else:
             return None
-    elif host.dtype not in (torch.bool, torch.uint8, torch.int8, torch.int32, torch.int64, torch.int16):
+    elif host.dtype not in _MASK_DTYPES:
         return None  # complex: not a mask
     return host if bool((host != 0).any()) else None
 
@@ -104,7 +108,7 @@ def _per_output(mask: torch.Tensor, outputs: list[torch.Tensor], derived: bool =
         host = _derived_defined(host)
         if host is None:
             return [None] * len(outputs)
-    elif host.dtype not in (torch.bool, torch.uint8, torch.int8, torch.int32, torch.int64, torch.int16):
+    elif host.dtype not in _MASK_DTYPES:
         host = (host != 0).to(torch.uint8)
     return [host if _prefixes(host, out, derived) else None for out in outputs]
 

@@ -119,8 +119,7 @@ class SubmoduleState {
           return false;  // another mode, or not True / False (the Python path compares it as Python does)
         }
       }
-      if (Py_TYPE(entry.module.ptr()) != entry.type || (i > 0 && forward_of(entry) != entry.forward.ptr()))
-        return false;
+      if (patched(i)) return false;
       for (int h = 0; h < 2; ++h)
         if (entry.hook_dicts[h].is_valid() && PyDict_GET_SIZE(entry.hook_dicts[h].ptr()) != entry.hooks[h].size)
           return false;
@@ -139,8 +138,7 @@ class SubmoduleState {
         if (current == nullptr || truthy(current) != (entry.training == Py_True)) return "mode";
       }
     }
-    if (Py_TYPE(entry.module.ptr()) != entry.type) return "class";
-    if (i > 0 && forward_of(entry) != entry.forward.ptr()) return "forward";
+    if (const char* what = patched(i)) return what;
     if (i > 0)
       for (int h = 0; h < 2; ++h)
         if (hooks_of(entry.dict.ptr(), h) != entry.hooks[h]) return "hooks";
@@ -192,10 +190,15 @@ class SubmoduleState {
     nb::object forward;
   };
 
-  PyObject* forward_of(const Entry& entry) const {
+  // "class" or "forward" where module i's class or (a submodule's) instance `forward` is
+  // not the one tuning left, else nullptr: what `clear` and `changed` both ask.
+  const char* patched(std::size_t i) const {
+    const Entry& entry = modules_[i];
+    if (Py_TYPE(entry.module.ptr()) != entry.type) return "class";
+    if (i == 0) return nullptr;
     PyObject* forward = PyDict_GetItemWithError(entry.dict.ptr(), forward_name_);
     if (forward == nullptr && PyErr_Occurred()) throw nb::python_error();
-    return forward;
+    return forward != entry.forward.ptr() ? "forward" : nullptr;
   }
 
   long long counter_value() const {
