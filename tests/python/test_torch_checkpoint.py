@@ -798,6 +798,52 @@ def test_loading_into_a_module_with_other_weights_says_so(tmp_path, monkeypatch,
     assert load_into(None) == []
 
 
+class _HeldTensors(torch.nn.Module):
+    """Tensors forward reads that the state dict leaves out, built from constructor
+    arguments: a non-persistent buffer (a rotary inv_freq) and a tensor attribute."""
+
+    def __init__(self, base: float = 10000.0, shift: float = 0.0):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+        self.register_buffer("inv_freq", 1.0 / (torch.tensor(base) ** (torch.arange(4) / 4)), persistent=False)
+        self.shift = torch.full((4,), shift)
+
+    def forward(self, x):
+        return torch.sin(self.fc(x) * self.inv_freq) + self.shift
+
+
+def test_loading_into_a_module_with_other_tensors_outside_its_state_dict_says_so(tmp_path, monkeypatch, caplog):
+    """A non-persistent buffer or a tensor attribute is not in the state dict, so the
+    weights digest did not see it: a module built with another base loaded silently and
+    computed another model (its ONNX graph holds the saved inv_freq; 0.1 off eager).
+    ait.load now warns, naming the tensor; the same module: nothing said."""
+    import logging
+
+    monkeypatch.setenv("AITUNE_CACHE_DIR", str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    inner = _HeldTensors().eval()
+    model = ait.Module(inner, "held-tensors", strategy=cpu_strategy())
+    ait.tune(model, [torch.randn(4) for _ in range(2)], disable_external_logging=True, performance_validation=False)
+    path = ait.save(model, tmp_path / "ckpt")
+
+    def load_into(fresh) -> list[str]:
+        fresh.load_state_dict(inner.state_dict())
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="aitune"):
+            ait.load(ait.Module(fresh, "held-tensors"), path)
+        return [r.getMessage() for r in caplog.records if "outside its state dict" in r.getMessage()]
+
+    assert load_into(_HeldTensors().eval()) == []
+    (warning,) = load_into(_HeldTensors(base=500.0).eval())
+    assert "ait.Module 'held-tensors'" in warning and "(inv_freq)" in warning and "tune it again" in warning
+    (warning,) = load_into(_HeldTensors(shift=1.0).eval())
+    assert "(shift)" in warning
+    manifest = _manifest(path)
+    del manifest["metadata"]["aitune.torch"]["held_tensors"]  # written before they were stored
+    _write_manifest(path, manifest)
+    assert load_into(_HeldTensors(base=500.0).eval()) == []
+
+
 def test_loading_compiled_graphs_into_other_weights_says_what_they_run(tmp_path, monkeypatch, caplog):
     """Without ONNX Runtime graphs nothing computes with the checkpoint's weights: the
     warning says the loaded module runs its own (one model) and that the tune chose and

@@ -45,7 +45,7 @@ from aitune.torch.checkpoint_structure import (
 )
 from aitune.torch.graph import SavedGraph
 from aitune.torch.module import Module, ModuleState
-from aitune.torch.weight_changes import digest_differences, weight_values_digest
+from aitune.torch.weight_changes import digest_differences, held_values_digest, weight_values_digest
 
 logger = logging.getLogger("aitune")
 
@@ -171,6 +171,7 @@ def save(
             "in ONNX Runtime or torch.compile, so there is nothing to save"
         )
     tuned_weights = _weights_tuned_with(module)
+    tuned_held = _held_tuned_with(module)
     metadata = {
         METADATA_KEY: {
             "format_version": MANIFEST_SECTIONS_FORMAT_VERSION,
@@ -184,6 +185,10 @@ def save(
             # the weights the graphs were tuned with, not the module's now (changed since by a
             # write ait.Module does not see, `p.data.copy_(...)`, or after a knowing activate())
             "weights": tuned_weights,
+            # the same of the tensors forward reads that the state dict leaves out
+            # (non-persistent buffers, tensor attributes): a module built with other
+            # constructor arguments holds other ones, the ONNX Runtime graphs the saved ones
+            "held_tensors": tuned_held,
             # the plain Python values the ONNX Runtime graphs hold as constants, which
             # ait.load expects of the module loaded into (baked_attributes.py)
             **({"attributes": module._ait_calls.attributes.snapshot()}
@@ -338,6 +343,46 @@ def _weights_tuned_with(module) -> dict:
             "were tuned with, so ait.load warns a module holding the current ones. Tune it again to save graphs of "
             "the current weights.", module.ait_name, len(differ), len(tuned), names)
     return tuned
+
+
+def _held_tuned_with(module) -> dict:
+    """``held_values_digest`` of the tensors ``module``'s graphs were tuned with, outside
+    the state dict (non-persistent buffers, tensor attributes); a warning where the module
+    holds other ones now."""
+    harmless = module.__dict__.get("_ait_harmless_attributes", ())
+    tuned = module.__dict__.get("_ait_tuned_held")
+    current = held_values_digest(module.ait_module, harmless)
+    if not isinstance(tuned, dict):
+        return current  # graphs restored from a checkpoint written before these were stored
+    if differ := digest_differences(tuned, current):
+        logger.warning(
+            "ait.save: tensors ait.Module '%s' holds outside its state dict (non-persistent buffers, tensor "
+            "attributes) changed since its graphs were tuned (%s); the checkpoint records those the graphs were "
+            "tuned with. Tune it again to save graphs of the current ones.", module.ait_name, _names(differ))
+    return tuned
+
+
+def _names(differ: list[str]) -> str:
+    return ", ".join(differ[:5]) + (f" and {len(differ) - 5} more" if len(differ) > 5 else "")
+
+
+def _warn_if_held_differ(module, meta: dict, directory) -> None:
+    """Tells the user when the module loaded into holds other tensors outside its state
+    dict than the module the checkpoint was tuned from (a rotary ``inv_freq`` of another
+    base, ``self.scale = torch.ones(4)`` built from another argument): a load_state_dict does
+    not set them, and the ONNX Runtime graphs hold the saved ones as constants. Checkpoints
+    written before they were stored are not checked."""
+    saved = meta.get("held_tensors")
+    if not isinstance(saved, dict):
+        return
+    current = held_values_digest(module.ait_module, module.__dict__.get("_ait_harmless_attributes", ()))
+    if differ := digest_differences(saved, current):
+        logger.warning(
+            "ait.load: ait.Module '%s' holds other tensors outside its state dict (non-persistent buffers, tensor "
+            "attributes) than the module checkpoint '%s' was tuned from (%s): a load_state_dict does not set them, "
+            "and the checkpoint's ONNX Runtime graphs hold the saved ones as constants, so the loaded module may "
+            "compute another model. Build the module with the arguments it was tuned with, or tune it again.",
+            module.ait_name, directory, _names(differ))
 
 
 def _warn_if_weights_differ(module, meta: dict, directory) -> None:
@@ -534,7 +579,10 @@ def load(module, path: str | os.PathLike, device_map: DeviceLike | Mapping[str, 
     module._ait_restore(restored, saved_attributes if isinstance(saved_attributes, dict) else None)
     if isinstance(meta.get("weights"), dict):
         module._ait_tuned_weights = meta["weights"]  # a save of the loaded module records them again
+    if isinstance(meta.get("held_tensors"), dict):
+        module._ait_tuned_held = meta["held_tensors"]
     _warn_if_weights_differ(module, meta, checkpoint.directory)
+    _warn_if_held_differ(module, meta, checkpoint.directory)
     _warn_if_attributes_differ(module, checkpoint.directory)
     tuned_mode = module._ait_calls.training
     if tuned_mode is not None and module.training is not tuned_mode:

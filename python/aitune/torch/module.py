@@ -29,7 +29,8 @@ from aitune.torch.module_registry import MODULE_REGISTRY
 from aitune.torch.options import TuneOptions
 from aitune.torch.strategy import OneBackendStrategy, TuneStrategy
 from aitune.torch.strategy_selection import StrategySelection
-from aitune.torch.weight_changes import state_dict_changes_weights, weight_values_digest, weights_fingerprint
+from aitune.torch.weight_changes import (held_values_digest, state_dict_changes_weights, weight_values_digest,
+                                         weights_fingerprint)
 
 logger = logging.getLogger("aitune")
 
@@ -583,6 +584,7 @@ class Module(DispatchedModule):
         # the weights the graphs were tuned and checked with (ONNX Runtime's hold a copy):
         # what a checkpoint records, whatever the module holds when it is saved
         self._ait_tuned_weights = weight_values_digest(self._ait_module)
+        self._ait_tuned_held = held_values_digest(self._ait_module, self._ait_harmless_attributes)
         self._ait_state = ModuleState.TUNED
         self._ait_failure = None
 

@@ -115,8 +115,29 @@ def weight_values_digest(module: torch.nn.Module) -> dict[str, list]:
     dtype, shape, float64 sum, float64 sum of absolute values and a few of its values
     (``ait.save`` stores it, ``ait.load`` compares it with the module loaded into). One
     reduction per tensor on its own device, one transfer for them all."""
+    return _values_digest(module.state_dict(keep_vars=False).items())
+
+
+def held_tensors(module: torch.nn.Module, harmless: tuple[str, ...] = ()) -> list[tuple[str, torch.Tensor]]:
+    """(path, tensor) of each tensor forward may read that the state dict leaves out: the
+    non-persistent buffers (``register_buffer(..., persistent=False)``, a rotary embedding's
+    ``inv_freq`` built from a constructor argument) and the tensors kept as plain
+    attributes (``tensor_attributes``). A load_state_dict does not set them, so a module
+    built with other arguments holds other ones, while an export holds them as constants."""
+    persistent = set(module.state_dict(keep_vars=True))
+    found = [(name, buffer) for name, buffer in module.named_buffers() if name not in persistent]
+    return found + tensor_attributes(module, harmless)
+
+
+def held_values_digest(module: torch.nn.Module, harmless: tuple[str, ...] = ()) -> dict[str, list]:
+    """``weight_values_digest`` of ``held_tensors``: what ``ait.save`` records beside the
+    weights, and ``ait.load`` compares with the module loaded into."""
+    return _values_digest(held_tensors(module, harmless))
+
+
+def _values_digest(named) -> dict[str, list]:
     names, dtypes, shapes, parts = [], [], [], []
-    for name, tensor in module.state_dict(keep_vars=False).items():
+    for name, tensor in named:
         if not isinstance(tensor, torch.Tensor):
             continue
         t = tensor.detach()
