@@ -13,7 +13,9 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <string>
+#include <system_error>
 #include <vector>
 
 namespace {
@@ -107,7 +109,18 @@ int run(const Args& args) {
   std::cout << "graph " << key << " on " << aitune::execution_provider_name(backend->config().provider)
             << ", loaded and verified in " << load_ms << " ms\n";
 
-  // Inputs: from .npy files, else zeros of the smallest shape the saved spec accepts.
+  // Where outputs go is checked before anything runs (a path under a file fails here).
+  if (!args.save_outputs.empty()) {
+    std::error_code error;
+    std::filesystem::create_directories(args.save_outputs, error);
+    if (error || !std::filesystem::is_directory(args.save_outputs))
+      throw aitune::Error(aitune::ErrorCode::kIo, "--save-outputs '" + args.save_outputs +
+                                                      "' is not a directory that can be written: " +
+                                                      (error ? error.message() : "it is a file"));
+  }
+
+  // Inputs: from .npy files, else zeros of the smallest shape the saved spec accepts, at
+  // the batch of the inputs given (the graph takes one batch on all its batch axes).
   std::vector<aitune::Tensor> inputs;
   std::vector<aitune::TensorView> views;
   const auto& graph_spec = backend->graph_spec();
@@ -118,14 +131,24 @@ int run(const Args& args) {
       throw aitune::Error(aitune::ErrorCode::kInvalidArgument,
                           "--input names unknown input '" + name + "'; graph " + key + " takes: " + names);
     }
+  std::map<std::string, aitune::Tensor> given;
+  std::optional<int64_t> batch;
+  for (const auto& [name, file] : args.inputs) {
+    given[name] = aitune::load_npy(file);
+    const auto& spec = graph_spec.inputs[graph_spec.find_input(name).value()];
+    const auto& shape = given[name].shape();
+    if (!batch && spec.batch_axis && static_cast<std::size_t>(*spec.batch_axis) < shape.size())
+      batch = shape[static_cast<std::size_t>(*spec.batch_axis)];
+  }
   for (const auto& io : backend->inputs()) {  // infer takes them in the model's order
     const auto& spec = graph_spec.inputs[graph_spec.find_input(io.name).value()];
     aitune::Tensor host;
-    if (auto it = args.inputs.find(spec.name); it != args.inputs.end()) {
-      host = aitune::load_npy(it->second);
+    if (auto it = given.find(spec.name); it != given.end()) {
+      host = it->second;
     } else {
       aitune::Shape shape = spec.min_shape;
       for (auto& d : shape) d = std::max<int64_t>(d, 1);
+      if (batch && spec.batch_axis) shape[static_cast<std::size_t>(*spec.batch_axis)] = *batch;
       host = aitune::Tensor::empty_host(spec.dtype, shape);
     }
     std::cout << "input " << spec.name << ": " << aitune::dtype_name(host.dtype())
@@ -150,7 +173,6 @@ int run(const Args& args) {
       if (name.find('/') != std::string::npos || !aitune::is_safe_relative_path(name))
         throw aitune::Error(aitune::ErrorCode::kInvalidArgument,
                             "output '" + name + "' is not a plain file name; --save-outputs cannot write it");
-      std::filesystem::create_directories(args.save_outputs);
       aitune::save_npy((std::filesystem::path(args.save_outputs) / (name + ".npy")).string(), host);
     }
   }

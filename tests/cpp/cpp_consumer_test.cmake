@@ -99,6 +99,22 @@ if(rc EQUAL 0 OR NOT out MATCHES "unknown input 'xx'; graph mlp takes: x")
 endif()
 message(STATUS "misspelt input refused: ok")
 
+# Inputs not given are zeros at the batch of those given (they were zeros at the smallest
+# batch: x of 3 rows plus y of 1, broadcast by Add, printed as if right, exit 0).
+step(make_add_checkpoint "${MAKE_CHECKPOINT}" "${WORK_DIR}/add_ckpt" "${MODELS_DIR}/add.onnx" add)
+step(write_x3 "${PYTHON}" -c "import sys, numpy as np\nnp.save(sys.argv[1], np.ones((3, 4), np.float32))"
+     "${WORK_DIR}/x3.npy")
+step(run_batch_of_given "${example}" "${WORK_DIR}/add_ckpt" --input "x=${WORK_DIR}/x3.npy")
+expect_output("input y: float32\\[3, 4\\] zeros")
+expect_output("output z: float32\\[3, 4\\]")
+# --save-outputs that cannot be a directory is refused before any inference runs.
+execute_process(COMMAND "${example}" "${WORK_DIR}/add_ckpt" --save-outputs "${WORK_DIR}/x3.npy/out"
+                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+if(NOT rc EQUAL 1 OR NOT out MATCHES "io: --save-outputs .* is not a directory" OR out MATCHES "inferences")
+  message(FATAL_ERROR "cpp_consumer_example: --save-outputs under a file gave exit ${rc}:\n${out}")
+endif()
+message(STATUS "unwritable --save-outputs refused first: ok")
+
 # A damaged checkpoint is refused by the example too (exit 5, the file named).
 step(corrupt "${PYTHON}" -c "import sys\nwith open(sys.argv[1], 'r+b') as f:\n    b = f.read(1)\n    f.seek(0)\n    f.write(bytes([b[0] ^ 1]))"
      "${WORK_DIR}/ckpt/graphs/mlp/mlp_ext.onnx.data")

@@ -510,6 +510,28 @@ TEST(OnnxSessionErrors, ShapeOutsideTheSpec) {
   EXPECT_EQ(out8[0].shape(), (Shape{8, 16}));
 }
 
+TEST(OnnxSessionErrors, InputsDisagreeingOnTheBatchAreRefused) {
+  // Both inputs' axis 0 followed the batch in every recorded call: one batch to the graph.
+  // ONNX Runtime's Add would broadcast a batch of 1 against 3 and answer another model.
+  auto b0 = cpu_backend("add.onnx");
+  GraphSpec spec = b0->graph_spec();
+  for (auto* tensors : {&spec.inputs, &spec.outputs})
+    for (auto& t : *tensors) {
+      t.min_shape = {1, 4};
+      t.max_shape = {8, 4};
+      t.batch_axis = 0;
+    }
+  auto b = cpu_backend("add.onnx", spec);
+  const Tensor x3 = test::make_pattern_f32({3, 4}, 1);
+  const Tensor y1 = test::make_pattern_f32({1, 4}, 2);
+  const Tensor y3 = test::make_pattern_f32({3, 4}, 3);
+  expect_error([&] { b->infer({x3.view(), y1.view()}); }, ErrorCode::kShapeMismatch,
+               {"'x'", "'y'", "disagree on the batch", "3 and 1"});
+  EXPECT_EQ(b->infer({x3.view(), y3.view()})[0].shape(), (Shape{3, 4}));
+  // Without batch axes (a spec derived from the model) nothing ties them.
+  EXPECT_EQ(b0->infer({x3.view(), y1.view()})[0].shape(), (Shape{3, 4}));
+}
+
 TEST(OnnxSessionErrors, SpecNotMatchingTheModelThrowsInvalidArgument) {
   // The header: "Error(kInvalidArgument) for a spec that does not match the model's inputs".
   GraphSpec wrong_name = mlp_spec_up_to_batch_4();

@@ -336,3 +336,32 @@ def test_jacrev_of_a_tuned_module_is_said_as_a_torch_func_call(caplog):
         torch.testing.assert_close(torch.func.jacrev(model)(x), torch.func.jacrev(net)(x))
     said = [r for r in caplog.records if r.name == "aitune"]
     assert said and all("torch.func transform" in r.getMessage() for r in said), [r.getMessage() for r in said]
+
+
+class _ScaledRows(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x, t):
+        return self.fc(x) * t
+
+
+def test_inputs_that_disagree_on_the_batch_are_refused_or_run_eagerly():
+    """Both inputs followed the batch in every recorded call, and the export made them one
+    dimension. A call with 3 rows of x and 1 of t (CLIP's 3 prompts with 1 image) ran the
+    graph: ONNX Runtime broadcast t here, and failed inside a Concat on CLIPModel. It is
+    now refused naming both inputs, and runs eagerly with eager_fallback."""
+    inner = _ScaledRows().eval()
+    samples = [{"x": torch.randn(4), "t": torch.randn(1)} for _ in range(4)]
+    model = ait.Module(inner, "scaled-rows", strategy=_strategy())
+    ait.tune(model, samples, batch_sizes=[1, 2, 4])
+    x, t = torch.randn(3, 4), torch.randn(1, 1)
+    with pytest.raises(aitune.ShapeMismatchError, match="'input_x' .* and 'input_t' .* disagree on the batch: 3 and 1"):
+        model(x, t)
+    torch.testing.assert_close(model(x, torch.randn(3, 1).fill_(2.0)), inner(x, torch.full((3, 1), 2.0)))
+    fallback = ait.Module(inner, "scaled-rows-fallback", strategy=_strategy(), eager_fallback=True)
+    ait.tune(fallback, samples, batch_sizes=[1, 2, 4])
+    with pytest.warns(RuntimeWarning, match="disagree on the batch.*running eagerly"):
+        out = fallback(x, t)
+    torch.testing.assert_close(out, inner(x, t))

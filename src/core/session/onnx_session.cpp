@@ -59,6 +59,7 @@ struct OnnxSession::Impl {
   void release_session();
   void check_inputs(const std::vector<TensorView>& inputs) const;
   void check_in_place_inputs(const std::vector<TensorView>& inputs) const;
+  void check_batch_agrees(const std::vector<TensorView>& inputs) const;
   const std::string& model_path() const { return ctx.model_path; }
 };
 
@@ -441,7 +442,34 @@ void OnnxSession::Impl::check_inputs(const std::vector<TensorView>& views) const
                                                    " session runs on " + device.to_string());
     if (v.data == nullptr) throw Error(ErrorCode::kInvalidArgument, who() + ": null data pointer");
   }
+  check_batch_agrees(views);
   if (ctx.has_aliases) check_in_place_inputs(views);
+}
+
+void OnnxSession::Impl::check_batch_agrees(const std::vector<TensorView>& views) const {
+  // Every batch axis had the call's batch size in every recorded call, and the export made
+  // them one dimension (dynamo's shared Dim, the trace's one example): inputs whose batch
+  // extents disagree (3 prompts with 1 image) are outside what the graph computes, which
+  // ONNX Runtime may answer with another model's numbers (broadcasting a batch of 1) or an
+  // error from deep inside a node.
+  std::optional<std::size_t> first;
+  for (std::size_t i = 0; i < views.size(); ++i) {
+    const auto& axis = spec.inputs[i].batch_axis;
+    if (!axis) continue;
+    if (!first) {
+      first = i;
+      continue;
+    }
+    const auto& f = spec.inputs[*first];
+    const int64_t a = views[*first].shape[static_cast<std::size_t>(*f.batch_axis)];
+    const int64_t b = views[i].shape[static_cast<std::size_t>(*axis)];
+    if (a != b)
+      throw Error(ErrorCode::kShapeMismatch,
+                  "inputs '" + f.name + "' " + shape_to_string(views[*first].shape) + " and '" + spec.inputs[i].name +
+                      "' " + shape_to_string(views[i].shape) + " disagree on the batch: " + std::to_string(a) +
+                      " and " + std::to_string(b) + "; the graph was recorded and exported with one batch size for "
+                      "both (axis " + std::to_string(*f.batch_axis) + " and axis " + std::to_string(*axis) + ")");
+  }
 }
 
 void OnnxSession::Impl::check_in_place_inputs(const std::vector<TensorView>& views) const {
