@@ -40,6 +40,39 @@ def test_trace_export_with_a_value_branch_is_refused_naming_the_line():
     torch.testing.assert_close(model(x), model.ait_module(x))
 
 
+class CountBranch(torch.nn.Module):
+    """Branches on the size of what the values select: a shape of a value-shaped result."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.how = how
+
+    def forward(self, x):
+        if self.how == "len":
+            count = len(torch.nonzero(x > 0))
+        elif self.how == "mask":
+            count = x[x > 0].shape[0]
+        else:
+            count = torch.unique(torch.sign(x)).numel()
+        if count > 2:  # the line the refusal names (or the len() above it)
+            return self.linear(x)
+        return -self.linear(x)
+
+
+@pytest.mark.parametrize("how", ["len", "mask", "unique"])
+def test_trace_export_of_a_branch_on_a_value_shaped_size_is_refused(how):
+    """``len(nonzero(x > 0))`` and ``x[x > 0].shape[0]`` were taken for shapes, which the
+    samples' check covers: the trace kept the positive samples' branch and returned every
+    sign flipped (or 100x off) for negative inputs, silently. They are values."""
+    model = ait.Module(CountBranch(how).eval(), f"count-{how}",
+                       strategy=cpu_strategy(use_dynamo=False, tune_provider_options=False))
+    with pytest.raises(TraceWarningError, match=r"test_semantics_control_flow.py:\d+: (count = len|if count > 2:)"):
+        ait.tune(model, _positive(), ignore_failing_modules=False)
+    x = -torch.rand(2, 4) - 0.1
+    torch.testing.assert_close(model(x), model.ait_module(x))
+
+
 def test_trace_export_refused_also_when_external_logging_is_disabled():
     model = ait.Module(SignBranch().eval(), "sign", strategy=cpu_strategy(use_dynamo=False, tune_provider_options=False))
     with pytest.raises(TraceWarningError, match=r"if x.sum\(\) > 0:"):

@@ -11,6 +11,11 @@ import torch
 _CONVERSIONS = ("__bool__", "__int__", "__float__", "__index__", "item", "tolist", "__len__")
 #: Operators whose result depends on the shape of their input only, never its values.
 _SHAPE_OPERATORS = {"aten::size", "aten::sym_size", "prim::shape", "aten::dim", "aten::numel", "onnx::Shape"}
+#: Operators whose result's shape depends on their input's values (``nonzero(x > 0)``,
+#: ``x[x > 0]``): the size of what they return is a value of the input, not a shape.
+_VALUE_SHAPED_OPERATORS = {"aten::nonzero", "aten::nonzero_numpy", "aten::argwhere", "aten::masked_select",
+                           "aten::unique", "aten::_unique", "aten::_unique2", "aten::unique_dim",
+                           "aten::unique_consecutive", "aten::repeat_interleave", "aten::bincount"}
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 
 
@@ -60,10 +65,9 @@ class ValueConversions:
     def _watched(self, name: str, original):
         def converted(tensor, *args, **kwargs):
             if self.inputs and torch._C._get_tracing_state() is not None:
-                source = self._source(tensor)
-                if name == "__len__" and source is not None:  # len(t) is t's first extent: a shape
-                    self.shape_sites.setdefault(_caller(), name)
-                elif source == "values":
+                # len(t) is t's first extent: a shape, unless t's shape follows values (nonzero)
+                source = self._source(tensor, through_shape=name == "__len__")
+                if source == "values":
                     self.sites.setdefault(_caller(), name)
                 elif source == "shapes":
                     self.shape_sites.setdefault(_caller(), name)
@@ -71,15 +75,17 @@ class ValueConversions:
 
         return converted
 
-    def _source(self, tensor: torch.Tensor) -> str | None:
+    def _source(self, tensor: torch.Tensor, through_shape: bool = False) -> str | None:
         """"values" where ``tensor`` was computed from the inputs' values, "shapes" where from
-        their shapes only, None where from neither (a constant, a weight)."""
+        their shapes only, None where from neither (a constant, a weight). A shape taken of
+        what a value-shaped operator returned (``len(nonzero(x > 0))``, ``x[x > 0].shape[0]``)
+        is a value. ``through_shape``: only ``tensor``'s shape is used (``len``)."""
         try:
             value = torch._C._get_value_trace(tensor)
         except RuntimeError:  # not traced: a constant
             return None
         seen: set[int] = set()
-        pending = [(value, False)]
+        pending = [(value, through_shape)]
         shapes = False
         while pending:
             value, through_shape = pending.pop()
@@ -92,8 +98,30 @@ class ValueConversions:
                 shapes = True
                 continue
             node = value.node()
+            if through_shape and _shape_follows_values(node):
+                through_shape = False  # the shape taken is what the inputs' values made it
             pending.extend((v, through_shape or node.kind() in _SHAPE_OPERATORS) for v in node.inputs())
         return "shapes" if shapes else None
+
+
+def _shape_follows_values(node) -> bool:
+    """True where ``node``'s output shape depends on the values of its inputs: a value-shaped
+    operator, or indexing by a boolean mask (``x[x > 0]``, traced as ``aten::index``)."""
+    kind = node.kind()
+    if kind in _VALUE_SHAPED_OPERATORS:
+        return True
+    if kind != "aten::index":
+        return False
+    for listed in node.inputs():
+        producer = listed.node()
+        indices = list(producer.inputs()) if producer.kind() == "prim::ListConstruct" else [listed]
+        for index in indices:
+            try:
+                if index.type().scalarType() in ("Bool", "Byte"):
+                    return True
+            except (AttributeError, RuntimeError):
+                continue
+    return False
 
 
 def _caller() -> tuple[str, int]:
