@@ -75,6 +75,13 @@ struct TunerOptions {
   /// the candidate's precision.
   Precision reference_precision = Precision::kStrict;
   BatchSearchConfig batch_search;
+  /// The reference's outputs (host memory, output order) for other inputs (host memory,
+  /// graph input order), or nullopt with `reason` set where it cannot run them: the batch
+  /// search checks a widened batch against it, so a forward that branches on the batch size
+  /// is caught (the tiled sample's outputs would pass it). Unset (a graph that is its own
+  /// reference, `aitune tune` of an ONNX model): the tiled sample's outputs.
+  std::function<std::optional<std::vector<Tensor>>(const std::vector<TensorView>& inputs, std::string& reason)>
+      reference_at;
   /// Calibrated acceptance (calibration.hpp): a candidate computing in a reduced precision
   /// P passes an output the table fails when its error is within accuracy_factor x eager
   /// PyTorch's own error at P. `eager_at_precision(P, reason)` gives eager's outputs at P

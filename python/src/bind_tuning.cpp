@@ -492,6 +492,33 @@ void bind_tuning(nb::module_& m) {
           "A callable(Precision) -> [[host arrays per output] per sample] of eager PyTorch at that precision, or a "
           "str saying why eager cannot run at it here. Asked once per precision (the GIL taken).")
       .def_prop_rw(
+          "reference_at", [](const TunerOptions&) { return nb::none(); },
+          [](TunerOptions& o, nb::object fn) {
+            if (fn.is_none()) {
+              o.reference_at = nullptr;
+              return;
+            }
+            nb::callable callable = nb::borrow<nb::callable>(fn);
+            o.reference_at = [callable](const std::vector<TensorView>& inputs,
+                                        std::string& reason) -> std::optional<std::vector<Tensor>> {
+              nb::gil_scoped_acquire gil;
+              nb::list py_inputs;
+              // Borrowed for the call only: the callable copies what it keeps.
+              for (const auto& v : inputs) py_inputs.append(to_dlpack_capsule(Tensor::adopt(v, std::make_shared<int>(0))));
+              nb::object result = callable(py_inputs);
+              if (nb::isinstance<nb::str>(result)) {
+                reason = nb::cast<std::string>(result);
+                return std::nullopt;
+              }
+              std::vector<Tensor> outputs;
+              for (nb::handle item : result)
+                outputs.push_back(host_copy(item, "reference output " + std::to_string(outputs.size())));
+              return outputs;
+            };
+          },
+          "A callable([DLPack capsules of host inputs, graph order]) -> [host arrays per output] of the reference "
+          "run on them, or a str saying why it cannot: the batch search checks a widened batch against it.")
+      .def_prop_rw(
           "accuracy_metric", [](const TunerOptions&) { return nb::none(); },
           [](TunerOptions& o, nb::object fn) {
             if (fn.is_none()) {

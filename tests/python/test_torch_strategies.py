@@ -169,6 +169,37 @@ def test_find_max_batch_size_widens_the_batch_range():
     assert json.loads(report.to_json())["batch_search"]["correctness"] == "passed"
 
 
+class _LargeBatchPath(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 16)
+
+    def forward(self, x):
+        y = self.fc(x)
+        if x.shape[0] > 2:  # a large-batch code path
+            y = y * 10
+        return y
+
+
+def test_find_max_batch_size_checks_the_widened_batch_against_eager_run_at_it():
+    """Recorded at batches 1 and 2, the search widened the range to 4..16 after checking
+    the graph against the batch-2 sample's outputs repeated: a forward that computes
+    otherwise above batch 2 returned the small-batch branch there, silently (10x off).
+    The widened batch is now checked against eager run at it, so the range stays as
+    recorded, the report says why, and batch 3 is refused."""
+    inner = _LargeBatchPath().eval()
+    model = ait.Module(inner, "large-batch-path", strategy=ait.OneBackendStrategy(cpu_backend()))
+    ait.tune(model, torch.randn(16), batch_sizes=[1, 2], find_max_batch_size=True, max_batch_size=16)
+    report = _report(model)
+    assert report.max_batch_size == 2
+    correctness = json.loads(report.to_json())["batch_search"]["correctness"]
+    assert correctness not in ("passed", "not needed", "not run") and "max abs" in correctness.lower()
+    x = torch.randn(2, 16)
+    torch.testing.assert_close(model(x), inner(x), **TOL)
+    with pytest.raises(_core.ShapeMismatchError):
+        model(torch.randn(3, 16))
+
+
 def test_the_switches_are_per_call_tune_options_with_process_defaults():
     """ait.tune(performance_validation=, min_speedup=, find_max_batch_size=, max_batch_size=)
     decide for one call; left out, the defaults set by ait.enable_* apply (conftest turns

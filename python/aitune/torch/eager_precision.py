@@ -73,6 +73,22 @@ def eager_outputs_at(graph: RecordedGraph, precision: _core.Precision) -> list[l
     return outputs
 
 
+def eager_outputs_for(graph: RecordedGraph, capsules) -> list[torch.Tensor] | str:
+    """Eager's outputs for inputs the engine made (DLPack capsules of host tensors, graph
+    input order; the batch search's sample tiled to a wider batch), moved to where the
+    recorded inputs live, in host memory at the recorded outputs' dtypes; or a str saying
+    why eager could not run them (out of memory at that batch)."""
+    first = graph.samples[0]
+    try:
+        inputs = [torch.from_dlpack(capsule).to(device=recorded.device, copy=True)
+                  for capsule, recorded in zip(capsules, first.inputs, strict=True)]
+        with torch.no_grad():
+            got = graph.run_eager(inputs)
+        return [t.detach().to(ref.dtype).cpu().contiguous() for t, ref in zip(got, first.outputs, strict=True)]
+    except Exception as error:
+        return f"eager raised {type(error).__name__}: {error}"
+
+
 def module_float_dtype(module: torch.nn.Module) -> torch.dtype | None:
     """The floating dtype holding most of ``module``'s parameter elements (None: none)."""
     counts: dict[torch.dtype, int] = {}

@@ -22,7 +22,7 @@ from aitune.torch.backend.onnx_runtime_backend import NumericMismatchError
 from aitune.torch.backend.torch_eager import EagerGraph, TorchEagerBackend
 from aitune.torch.candidate_isolation import CudaContextLostError
 from aitune.torch.context import eager_var
-from aitune.torch.eager_precision import allow_tf32, eager_outputs_at
+from aitune.torch.eager_precision import allow_tf32, eager_outputs_at, eager_outputs_for
 from aitune.torch.evaluation import labelled_metric, metric_number
 from aitune.torch.divergence import trace_failed_candidates
 from aitune.torch.export import same_math_as_export, same_math_differs
@@ -259,6 +259,9 @@ def tune_graph(strategy: TuneStrategy, graph: RecordedGraph, options: TuneOption
     # Calibrated acceptance: eager at a candidate's reduced precision, asked by the engine
     # once per precision (on the host the recorded outputs are the strict reference too).
     tuner_options.eager_at_precision = lambda precision: eager_outputs_at(graph, precision)
+    # The batch search checks a widened batch against eager run at it (a forward may branch
+    # on the batch size), not against a recorded sample's outputs repeated.
+    tuner_options.reference_at = lambda inputs: eager_outputs_for(graph, inputs)
     metric = None if options.accuracy is None else (
         _user_metric(graph, samples, options.accuracy) if options.evaluation_labels is None
         else labelled_metric(graph, samples, options.accuracy, options.evaluation_labels))

@@ -134,7 +134,8 @@ void GraphTuner::Impl::search_batch(std::size_t index) {
   }
 
   // The widened range is only handed out once outputs at its maximum are right: the
-  // profile sample tiled to max_batch against its expected outputs tiled the same way.
+  // profile sample tiled to max_batch against the reference run on it (reference_at), or
+  // without one against its expected outputs tiled the same way.
   result.correctness = "not needed";
   if (result.max_batch > sample.batch_size) {
     try {
@@ -142,9 +143,30 @@ void GraphTuner::Impl::search_batch(std::size_t index) {
       auto inputs = tiled_inputs(factor);
       auto outputs = host_outputs(*wide, wide->infer(views_of(inputs)));
       std::vector<Tensor> expected;
-      for (std::size_t o = 0; o < spec.outputs.size(); ++o) {
-        const auto& axis = spec.outputs[o].batch_axis;
-        expected.push_back(axis ? tile_along_axis(sample.expected[o], *axis, factor) : borrowed(sample.expected[o]));
+      if (options.reference_at) {
+        // The reference itself at the widened batch: a forward that branches on the batch
+        // size (`if x.shape[0] > 2`) computes otherwise there, which tiling would not show.
+        std::vector<Tensor> graph_inputs;
+        for (std::size_t i = 0; i < spec.inputs.size(); ++i) {
+          const auto& axis = spec.inputs[i].batch_axis;
+          Tensor host = original.to_host(borrowed(sample.inputs[i]));
+          graph_inputs.push_back(axis ? tile_along_axis(host.view(), *axis, factor) : host);
+        }
+        std::string reason;
+        auto reference = options.reference_at(views_of(graph_inputs), reason);
+        if (!reference)
+          throw Error(ErrorCode::kInvalidArgument, "the reference could not run batch " +
+                                                       std::to_string(result.max_batch) + " to check it: " + reason);
+        if (reference->size() != spec.outputs.size())
+          throw Error(ErrorCode::kInvalidArgument, "the reference gave " + std::to_string(reference->size()) +
+                                                       " outputs at batch " + std::to_string(result.max_batch) +
+                                                       ", the graph " + std::to_string(spec.outputs.size()));
+        expected = std::move(*reference);
+      } else {
+        for (std::size_t o = 0; o < spec.outputs.size(); ++o) {
+          const auto& axis = spec.outputs[o].batch_axis;
+          expected.push_back(axis ? tile_along_axis(sample.expected[o], *axis, factor) : borrowed(sample.expected[o]));
+        }
       }
       CorrectnessReport tiled;
       tiled.samples.push_back(compare_sample("batch " + std::to_string(result.max_batch), output_names,
