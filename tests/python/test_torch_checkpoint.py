@@ -950,3 +950,20 @@ def test_a_checkpoint_records_the_weights_its_graphs_were_tuned_with(tmp_path, c
     assert said == []
     again = ait.save(loaded, tmp_path / "again")
     assert len(warnings_loading(new_weights, again)[1]) == 1 and warnings_loading(tuned_weights, again)[1] == []
+
+
+def test_the_weights_digest_takes_tensors_above_two_to_the_24_elements():
+    """A float32 linspace rounded the last index of a 32000 x 2048 embedding up to its
+    size: an IndexError on the CPU, a device-side assert that poisoned the CUDA context on
+    the GPU (a Llama prefill's tune failed so on an H100). The picks are integers now, the
+    last element included."""
+    from aitune.torch.weight_changes import weight_values_digest
+
+    module = torch.nn.Module()
+    values = torch.zeros(32000 * 2048, dtype=torch.int8)
+    values[-1] = 7
+    module.register_buffer("table", values.view(32000, 2048))
+    (entry,) = weight_values_digest(module).values()
+    dtype, shape, total, magnitude, *picks = entry
+    assert (dtype, shape, total, magnitude) == ("int8", [32000, 2048], 7.0, 7.0)
+    assert len(picks) == 16 and picks[0] == 0 and picks[-1] == 7

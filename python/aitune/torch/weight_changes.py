@@ -145,7 +145,7 @@ def _values_digest(named) -> dict[str, list]:
             t = torch.view_as_real(t)
         flat = t.reshape(-1)
         n = flat.numel()
-        picks = flat[torch.linspace(0, n - 1, min(n, _DIGEST_SAMPLES), device=flat.device).long()] if n else flat
+        picks = flat[_spread(n, flat.device)] if n else flat
         magnitude = flat.abs() if flat.dtype != torch.bool else flat
         parts.append(torch.cat([torch.sum(flat, dtype=torch.float64).reshape(1),
                                 torch.sum(magnitude, dtype=torch.float64).reshape(1),
@@ -155,6 +155,14 @@ def _values_digest(named) -> dict[str, list]:
         shapes.append(list(tensor.shape))
     return {name: [dtype, shape, *map(_json_number, part.tolist())]
             for name, dtype, shape, part in zip(names, dtypes, shapes, parts)}
+
+
+def _spread(n: int, device) -> torch.Tensor:
+    """Up to ``_DIGEST_SAMPLES`` indices evenly spaced over 0..n-1, first and last included,
+    in integers: a float32 linspace rounds n - 1 up to n above 2**24 elements (a 32000 x
+    2048 embedding), an index out of bounds (a device-side assert on CUDA)."""
+    k = min(n, _DIGEST_SAMPLES)
+    return torch.arange(k, device=device, dtype=torch.int64) * (n - 1) // max(k - 1, 1)
 
 
 def _json_number(value: float) -> float | str:
