@@ -44,3 +44,53 @@ def test_inference_mode_sample_changed_after_its_call_is_recorded_as_called():
     (graph,) = model.ait_graphs
     recorded = sorted(float(s.inputs[0].sum()) for s in graph.samples)
     assert recorded == [4.0, 8.0], recorded
+
+
+class _ModeBranch(torch.nn.Module):
+    """A forward that computes otherwise with gradients on, or in inference mode."""
+
+    def __init__(self, on: str):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+        self.on = on
+
+    def forward(self, x):
+        y = self.fc(x)
+        if self.on == "grad" and torch.is_grad_enabled():
+            return y * 2
+        if self.on == "inference" and torch.is_inference_mode_enabled():
+            return y - 1
+        return y
+
+
+def test_a_forward_that_branches_on_the_grad_mode_runs_eagerly_in_the_other_mode(tmp_path, monkeypatch, caplog):
+    """The graphs are exported with gradients off: a forward branching on
+    torch.is_grad_enabled() returned the no-grad branch to a user calling with gradients
+    on (the default), 2x off, silently; the same for torch.is_inference_mode_enabled().
+    The tune sees the difference; such calls run eagerly, said once, also after ait.load.
+    A forward that does not branch keeps the graphs in every mode."""
+    import logging
+
+    monkeypatch.setenv("AITUNE_CACHE_DIR", str(tmp_path / "cache"))
+    for on, mode in (("grad", torch.enable_grad), ("inference", torch.inference_mode)):
+        inner = _ModeBranch(on).eval()
+        model = ait.Module(inner, f"branch-{on}", strategy=cpu_strategy(tune_provider_options=False))
+        ait.tune(model, [torch.randn(4) for _ in range(2)], ignore_failing_modules=False)
+        assert model.ait_state is ModuleState.TUNED
+        x = torch.randn(2, 4)
+        with torch.no_grad():
+            torch.testing.assert_close(model(x), inner(x))  # the graphs' mode
+        fresh = _ModeBranch(on).eval()
+        fresh.load_state_dict(inner.state_dict())
+        loaded = ait.load(ait.Module(fresh, f"branch-{on}"), ait.save(model, tmp_path / on))
+        assert loaded._ait_calls.grad_modes == (on,)
+        for target in (model, loaded):
+            caplog.clear()
+            with caplog.at_level(logging.WARNING, logger="aitune"), mode():
+                torch.testing.assert_close(target(x), inner(x))
+                torch.testing.assert_close(target(x), inner(x))
+            said = [r.getMessage() for r in caplog.records if "computes otherwise than its graphs" in r.getMessage()]
+            assert len(said) == 1
+    plain = ait.Module(_ModeBranch("none").eval(), "branch-none", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(plain, [torch.randn(4) for _ in range(2)], ignore_failing_modules=False)
+    assert plain._ait_calls.grad_modes == ()

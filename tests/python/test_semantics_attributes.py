@@ -292,3 +292,51 @@ def test_a_function_attribute_round_trips_a_checkpoint(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(loaded(x), inner(x))
     assert loaded._ait_calls.cpp.attributes_clear()
+
+
+class _ClassTemperature(torch.nn.Module):
+    temperature = 1.0  # a default in the class body: read through self
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.linear(x) / self.temperature
+
+
+def test_a_class_default_shadowed_on_the_instance_runs_eagerly(tmp_path, monkeypatch, caplog):
+    """``model.temperature = 0.1`` where ``temperature = 1.0`` is defined in the class body
+    made an instance attribute that was not watched (added after tuning): the graph kept
+    dividing by 1.0, 10x off, silently. The class attribute is watched as read through the
+    instance: shadowed by another value, the calls run eagerly and say so; an equal value or
+    the attribute deleted again serve the graph; a checkpoint loaded where the class's
+    default differs runs eagerly too. Unchanged, the routed calls stay in C++."""
+    monkeypatch.setenv("AITUNE_CACHE_DIR", str(tmp_path / "cache"))
+    inner = _ClassTemperature().eval()
+    model = ait.Module(inner, "class-temperature", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [torch.randn(4) for _ in range(2)], ignore_failing_modules=False)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        model(x)
+        assert model._ait_calls.cpp.attributes_clear()
+        inner.temperature = 0.1
+        assert not model._ait_calls.cpp.attributes_clear()
+        with caplog.at_level(logging.WARNING, logger="aitune"):
+            torch.testing.assert_close(model(x), inner(x))
+        assert any("temperature: 1.0 -> 0.1" in r.getMessage() for r in caplog.records)
+        inner.temperature = 1.0  # equal: the graph serves again
+        assert model._ait_calls.changed_attributes() == []
+        del inner.temperature
+        assert model._ait_calls.changed_attributes() == []
+        torch.testing.assert_close(model(x), inner(x))
+        path = ait.save(model, tmp_path / "ckpt")
+
+    monkeypatch.setattr(_ClassTemperature, "temperature", 2.0)  # the class as another version defines it
+    other = _ClassTemperature().eval()
+    other.load_state_dict(inner.state_dict())
+    with caplog.at_level(logging.WARNING, logger="aitune"):
+        loaded = ait.load(ait.Module(other, "class-temperature"), path)
+    assert any("temperature: 1.0 -> 2.0" in r.getMessage() for r in caplog.records)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), other(x))

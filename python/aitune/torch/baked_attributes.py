@@ -78,13 +78,20 @@ def _has_function(value: Any) -> bool:
     return _is_function(value) or (isinstance(value, tuple) and any(_has_function(item) for item in value))
 
 
+#: Stands for "nothing expected in the instance dict": a class attribute forward reads
+#: through the instance (``temperature = 1.0`` in the class body), which a value assigned to
+#: the instance (``model.temperature = 0.1``) would shadow.
+_ABSENT = object()
+
+
 @dataclass
 class BakedAttribute:
     path: str  # 'blocks.0.attn.scale', 'config.output_hidden_states'
     owner: dict  # the instance dict holding it
     key: str
-    expected: Any  # the object expected there (_OTHER: not the one the module holds)
+    expected: Any  # the object expected there (_OTHER: not the one the module holds; _ABSENT: none)
     shown: str  # repr of the value the graphs hold
+    default_of: type | None = None  # for a class attribute: the class it is read through
 
 
 def _plain_objects(value: Any) -> bool:
@@ -123,6 +130,28 @@ def _found(module: torch.nn.Module, harmless: tuple[str, ...]) -> Iterator[tuple
                         yield inner_path, inner, name, inner[name]
 
 
+def _class_defaults(module: torch.nn.Module, harmless: tuple[str, ...]) -> Iterator[tuple[str, dict, str, Any, type]]:
+    """(path, instance dict, key, value, class) of each public plain value a module's class
+    (or a base below ``torch.nn.Module``) defines and its instance does not shadow: forward
+    reads it through ``self`` like an instance attribute, and a value assigned to the
+    instance after tuning shadows it."""
+    for prefix, sub in module.named_modules(remove_duplicate=True):
+        held = vars(sub)
+        seen: set[str] = set()
+        for cls in type(sub).__mro__:
+            if cls is torch.nn.Module or not issubclass(cls, torch.nn.Module):
+                break
+            for key, value in vars(cls).items():
+                if key.startswith("_") or key in seen or key in held:
+                    continue
+                seen.add(key)
+                # a function in a class body is a method, not a value forward calls through
+                if is_plain_value(value) and not _has_function(value):
+                    path = f"{prefix}.{key}" if prefix else key
+                    if not is_harmless(path, harmless):
+                        yield path, held, key, value, type(sub)
+
+
 class AttributeWatch:
     """The watched values of ``module`` (harmless ones left out), expected as they are now
     or, from a checkpoint, as ``saved`` (path -> repr) says the graphs hold them."""
@@ -131,6 +160,8 @@ class AttributeWatch:
         self.module = module
         self.entries = [BakedAttribute(path, owner, key, value, shown(value))
                         for path, owner, key, value in _found(module, harmless)]
+        self.entries += [BakedAttribute(path, owner, key, _ABSENT, shown(value), cls)
+                         for path, owner, key, value, cls in _class_defaults(module, harmless)]
         if saved is not None:
             self._expect(saved)
 
@@ -162,7 +193,8 @@ class AttributeWatch:
 
     def watched(self) -> list[tuple[dict, str, Any]]:
         """What the C++ half compares per call."""
-        return [(entry.owner, entry.key, entry.expected) for entry in self.entries]
+        return [(entry.owner, entry.key, None, True) if entry.expected is _ABSENT
+                else (entry.owner, entry.key, entry.expected) for entry in self.entries]
 
     def changed(self) -> list[tuple[str, str, str]]:
         """(path, value the graphs hold, value now or '<deleted>') of each value that differs;
@@ -170,7 +202,14 @@ class AttributeWatch:
         found = []
         for entry in self.entries:
             now = entry.owner.get(entry.key, _OTHER)
-            if now is entry.expected:
+            if now is _OTHER and entry.default_of is not None:
+                # none on the instance: the class's value is read (changed on the class, or
+                # another class default than the checkpoint's graphs hold)
+                now = getattr(entry.default_of, entry.key, _OTHER)
+                if now is not _OTHER and shown(now) == entry.shown:
+                    entry.expected = _ABSENT
+                    continue
+            elif now is entry.expected:
                 continue
             said = shown(now) if now is not _OTHER else "<deleted>"
             # an equal value assigned again is the same constant; a function only by identity

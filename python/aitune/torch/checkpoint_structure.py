@@ -22,6 +22,7 @@ import torch.utils._pytree as pytree
 
 from aitune import _core
 from aitune.torch import flatten
+from aitune.torch.grad_modes import GRAD, INFERENCE
 from aitune.torch.graph import CallForm, SavedGraph, _Tree
 
 #: Version of the JSON aitune.torch writes into ``metadata`` and each graph's ``structure``.
@@ -406,6 +407,8 @@ def graph_structure(graph, module_name: str) -> dict:
         "training": graph.training,
         # Whether torch.autocast was on when recorded: calls in the other state run eagerly.
         "autocast": getattr(graph, "autocast", None),
+        # The autograd modes forward computes otherwise in (grad_modes.py): calls in them run eagerly.
+        "grad_modes": list(getattr(graph, "grad_modes", ())),
     }
 
 
@@ -472,6 +475,9 @@ def saved_graph(module, structure: Any, key: str, where: str, spec: _core.GraphS
     autocast = structure.get("autocast")  # absent from checkpoints written before the state was kept
     if autocast is not None and not isinstance(autocast, bool):
         raise corrupt(where, f"field 'autocast' must be true, false or null, got {autocast!r:.40}")
+    grad_modes = structure.get("grad_modes", [])  # absent from checkpoints written before they were kept
+    if not isinstance(grad_modes, list) or not set(grad_modes) <= {GRAD, INFERENCE}:
+        raise corrupt(where, f"field 'grad_modes' must be a list of {GRAD!r} and {INFERENCE!r}, got {grad_modes!r:.60}")
     return SavedGraph(
         module.ait_name,
         module.ait_module,
@@ -487,6 +493,7 @@ def saved_graph(module, structure: Any, key: str, where: str, spec: _core.GraphS
         call_form,
         training,
         autocast,
+        tuple(grad_modes),
     )
 
 

@@ -31,6 +31,8 @@ from aitune import _core
 from aitune.torch import context, flatten
 from aitune.torch.backend.base import TunedGraph
 from aitune.torch.baked_attributes import AttributeWatch, describe_changes
+from aitune.torch.grad_modes import describe as describe_mode
+from aitune.torch.grad_modes import mode_of_call
 from aitune.torch.graph import autocast_enabled, describe_call, differing_values
 from aitune.torch.weight_changes import added_to_registries, registry_keys, tensor_attributes, weight_slots
 
@@ -73,7 +75,8 @@ _GUARDS = dict(
 )
 
 
-def new_dispatch(module: torch.nn.Module, training: bool | None, autocast: bool | None = None) -> _core.TorchDispatch:
+def new_dispatch(module: torch.nn.Module, training: bool | None, autocast: bool | None = None,
+                 grad_modes: tuple[str, ...] = ()) -> _core.TorchDispatch:
     """An empty C++ half for one ait.Module; calls it does not serve go to nn.Module.__call__.
     ``training``: the mode the graphs were recorded in (None: not checked). A call while the
     wrapped ``module`` or any of its submodules is in another mode than now (where ``module``
@@ -82,10 +85,13 @@ def new_dispatch(module: torch.nn.Module, training: bool | None, autocast: bool 
     C++ half reads each module's ``training`` per call. So does a call while a submodule's
     forward hooks differ from the ones registered now (a graph runs no submodule).
     ``autocast``: whether torch.autocast was on when they were recorded (None: not checked);
-    a call in the other state goes there too."""
+    a call in the other state goes there too. ``grad_modes``: the autograd modes forward
+    computes otherwise in (grad_modes.py); a call in one goes there too."""
     guards = dict(_GUARDS)
     if autocast is not None:
         guards["calls"] = [*guards["calls"], lambda: autocast_enabled() is not autocast]
+    if grad_modes:
+        guards["calls"] = [*guards["calls"], lambda: mode_of_call(grad_modes) is not None]
     return _core.TorchDispatch(
         _to_dlpack, _from_dlpack, torch.Tensor, current_raw_stream, torch.nn.Module.__call__, **guards,
         submodules=list(module.modules()), training=training, hook_counter=RemovableHandle,
@@ -334,7 +340,11 @@ class ModuleDispatch:
         # Whether torch.autocast was on when they were recorded; None: not known or mixed.
         autocasts = {getattr(graph, "autocast", None) for graph, _ in self.tuned.values()}
         self.autocast = autocasts.pop() if len(autocasts) == 1 else None
-        self.cpp = new_dispatch(module, self.training, self.autocast) if self.tuned else None
+        # The autograd modes some graph's forward computes otherwise in: such calls run eagerly.
+        self.grad_modes = tuple(sorted({mode for graph, _ in self.tuned.values()
+                                        for mode in getattr(graph, "grad_modes", ())}))
+        self.grad_modes_logged: set[str] = set()
+        self.cpp = new_dispatch(module, self.training, self.autocast, self.grad_modes) if self.tuned else None
         # The names of the modules the C++ half watches (module.modules() order, "" the
         # wrapped module) and the forward hooks of each submodule with hooks when it was made.
         self.submodule_names = [name for name, _ in module.named_modules()] if self.tuned else []
@@ -434,6 +444,8 @@ class ModuleDispatch:
             return self._run_with_global_hooks(args, kwargs)
         if self.tuned and self.autocast is not None and autocast_enabled() is not self.autocast:
             return self._run_in_other_autocast(args, kwargs)
+        if self.tuned and self.grad_modes and (mode := mode_of_call(self.grad_modes)) is not None:
+            return self._run_in_other_grad_mode(mode, args, kwargs)
         if (self.attributes is not None or self.slots) and not self.cpp.attributes_clear():
             # weights swapped in for this call by a torch.func transform (grad over functional_call):
             # equal in value, but the gradient flows through them, which a graph cuts (it gave zeros)
@@ -729,6 +741,17 @@ class ModuleDispatch:
                 "as they were recorded; such calls run eagerly in PyTorch (autocast as asked). Tune with autocast "
                 "as the calls will use it.", self.name, now, then,
             )
+        return self.module.forward(*args, **kwargs)  # the hooks ran around the proxy's forward
+
+    def _run_in_other_grad_mode(self, mode: str, args: tuple, kwargs: dict) -> Any:
+        """A call in an autograd mode forward computes otherwise in (``torch.is_grad_enabled()``
+        branches) than the graphs, exported with gradients off: run eagerly; said once a mode."""
+        if mode not in self.grad_modes_logged:
+            self.grad_modes_logged.add(mode)
+            logger.warning(
+                "ait.Module '%s': called with %s, in which its forward computes otherwise than its graphs (exported "
+                "with gradients off; seen when it was tuned); such calls run eagerly in PyTorch. Call it under "
+                "torch.no_grad() to run the graphs.", self.name, describe_mode(mode))
         return self.module.forward(*args, **kwargs)  # the hooks ran around the proxy's forward
 
     def _run_with_autograd(self, args: tuple, kwargs: dict) -> Any:

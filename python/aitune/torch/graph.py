@@ -464,6 +464,8 @@ class RecordedGraph(_GraphCalls):
         # Whether torch.autocast was on: the export computes as the calls did (float32
         # without it), so the dispatch serves only calls with autocast in the same state.
         self.autocast: bool | None = autocast_enabled()
+        # The autograd modes forward computes otherwise in (grad_modes.py), set by the tune.
+        self.grad_modes: tuple[str, ...] = ()
         if not self.input_names:
             raise ValueError(f"ait.Module '{module_name}': a call without tensor inputs cannot be tuned")
         if not self.output_names:
@@ -628,6 +630,7 @@ class SavedGraph(_GraphCalls):
         call_form: CallForm | None = None,
         training: bool | None = None,
         autocast: bool | None = None,
+        grad_modes: tuple[str, ...] = (),
     ):
         self.module_name = module_name
         self.module = module
@@ -635,6 +638,7 @@ class SavedGraph(_GraphCalls):
         self.call_form = call_form
         self.training = training  # None: saved before the mode was kept (not checked)
         self.autocast = autocast  # None: saved before the autocast state was kept (not checked)
+        self.grad_modes = tuple(grad_modes)  # (): none, or saved before they were kept
         self.key = key
         self.identity = identity
         self._inputs = inputs

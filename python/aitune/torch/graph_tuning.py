@@ -23,6 +23,8 @@ from aitune.torch.backend.torch_eager import EagerGraph, TorchEagerBackend
 from aitune.torch.candidate_isolation import CudaContextLostError
 from aitune.torch.context import eager_var
 from aitune.torch.eager_precision import allow_tf32, eager_outputs_at, eager_outputs_for
+from aitune.torch.grad_modes import describe as describe_mode
+from aitune.torch.grad_modes import modes_that_change_outputs
 from aitune.torch.evaluation import labelled_metric, metric_number
 from aitune.torch.divergence import trace_failed_candidates
 from aitune.torch.export import same_math_as_export, same_math_differs
@@ -90,6 +92,30 @@ def check_eager_repeatable(graph: RecordedGraph, name: str, expected: list[torch
             why += (f"; the recorded calls changed the module's state ({', '.join(graph.mutated_state)}), which a "
                     "later call reads: keep the update out of forward, or pass that state in and return it")
         raise NondeterministicModuleError(f"{name}: {why}")
+
+
+def note_grad_modes(graph: RecordedGraph, name: str, expected: list[torch.Tensor],
+                    tuner_options: _core.TunerOptions | None = None) -> None:
+    """Sets ``graph.grad_modes``: the modes (gradients enabled, inference mode) under which
+    forward computes otherwise than the reference (grad_modes.py); calls in them run
+    eagerly. Said in the log where there are any."""
+    devices = [graph.device] if graph.device.type == "cuda" else []
+    names = [o.name for o in graph.graph_spec().outputs]
+    overrides = {} if tuner_options is None else dict(tolerance=tuner_options.tolerance,
+                                                      output_tolerances=tuner_options.output_tolerances)
+
+    def run(context):
+        with torch.random.fork_rng(devices=devices), context, exact_float32(), same_math_as_export(graph.module):
+            return [t.detach().cpu().contiguous() for t in graph.run_eager(graph.samples[0].inputs)]
+
+    def compare(names, expected, outputs):
+        return _core.eager_nondeterminism(names, expected, outputs, _modules_in_training(graph.module), **overrides)
+
+    graph.grad_modes = modes_that_change_outputs(graph, expected, names, run, compare)
+    if graph.grad_modes:
+        logger.warning("%s: forward computes otherwise with %s than with gradients off, as the graphs are exported; "
+                       "calls made so run eagerly in PyTorch", name,
+                       " or ".join(describe_mode(mode) for mode in graph.grad_modes))
 
 
 def _progress_bar(total: int, description: str, enabled: bool):
@@ -256,6 +282,7 @@ def tune_graph(strategy: TuneStrategy, graph: RecordedGraph, options: TuneOption
                     "without autocast runs its calls under autocast eagerly anyway"
                 ) from error
             raise
+        note_grad_modes(graph, name, samples[0][1], tuner_options)
     # Calibrated acceptance: eager at a candidate's reduced precision, asked by the engine
     # once per precision (on the host the recorded outputs are the strict reference too).
     tuner_options.eager_at_precision = lambda precision: eager_outputs_at(graph, precision)

@@ -316,15 +316,19 @@ class WeightVersions {
 
 class AttributeValues {
  public:
-  // `entries`: (instance dict, attribute name, the value expected) each.
+  // `entries`: (instance dict, attribute name, the value expected) each, or (dict, name,
+  // None, True) where the name is expected absent from the dict (a class attribute the
+  // instance reads: `temperature = 1.0` in the class body; an instance value shadows it).
   void set(const std::vector<nb::tuple>& entries) {
     std::vector<Entry> fresh;
     fresh.reserve(entries.size());
     std::vector<Tagged> dicts;
     for (const auto& entry : entries) {
-      if (entry.size() != 3 || !PyDict_Check(entry[0].ptr()) || !PyUnicode_Check(entry[1].ptr()))
-        throw nb::type_error("watch_attributes: entries must be (dict, str, value) tuples");
-      fresh.push_back(Entry{nb::borrow(entry[0]), interned(nb::borrow(entry[1])), nb::borrow(entry[2])});
+      if ((entry.size() != 3 && entry.size() != 4) || !PyDict_Check(entry[0].ptr()) || !PyUnicode_Check(entry[1].ptr()))
+        throw nb::type_error("watch_attributes: entries must be (dict, str, value) or (dict, str, None, True) tuples");
+      const bool absent = entry.size() == 4 && PyObject_IsTrue(entry[3].ptr()) == 1;
+      fresh.push_back(Entry{nb::borrow(entry[0]), interned(nb::borrow(entry[1])),
+                            absent ? nb::object() : nb::borrow(entry[2])});
       bool known = false;
       for (const auto& d : dicts) known = known || d.dict == entry[0].ptr();
       if (!known) dicts.push_back(Tagged{entry[0].ptr(), 0, PyDict_GET_SIZE(entry[0].ptr())});
@@ -341,7 +345,7 @@ class AttributeValues {
 #endif
     for (const auto& entry : entries_) {
       PyObject* now = PyDict_GetItemWithError(entry.dict.ptr(), entry.name.ptr());
-      if (now != entry.value.ptr()) {
+      if (now != entry.value.ptr()) {  // an absent one's value is null
         if (now == nullptr && PyErr_Occurred()) throw nb::python_error();
         return false;
       }
@@ -357,7 +361,7 @@ class AttributeValues {
   int traverse(visitproc visit, void* arg) const {
     for (const auto& entry : entries_) {
       Py_VISIT(entry.dict.ptr());
-      Py_VISIT(entry.value.ptr());
+      if (entry.value.is_valid()) Py_VISIT(entry.value.ptr());
     }
     return 0;
   }
@@ -371,7 +375,7 @@ class AttributeValues {
   struct Entry {
     nb::object dict;   // the instance dict (a module's, or a plain object's it holds)
     nb::object name;   // interned str
-    nb::object value;  // the object expected there
+    nb::object value;  // the object expected there; null: the name expected absent
   };
   struct Tagged {
     PyObject* dict;  // borrowed: entries_ hold it (one strong reference each, all visited by traverse:

@@ -573,7 +573,9 @@ void bind_torch_dispatch(nb::module_& m) {
            "of) has the version counter it has now; a call after an in-place write goes to `fallback`.")
       .def("watch_attributes", &TorchDispatch::watch_attributes, nb::arg("entries"),
            "Serve routed calls only while each (instance dict, attribute name, value) entry's dict holds that "
-           "very object under that name (plain values tuned graphs hold as constants); else `fallback`.")
+           "very object under that name (plain values tuned graphs hold as constants), and each (dict, name, "
+           "None, True) entry's dict holds nothing under it (a class attribute read through the instance); "
+           "else `fallback`.")
       .def("attributes_clear", &TorchDispatch::attributes_clear,
            "Whether every attribute watch_attributes was given holds its value (compared by identity).")
       .def("add_graph", &TorchDispatch::add_graph, nb::arg("session").none(), nb::arg("order"), nb::arg("inputs"),

@@ -1,0 +1,66 @@
+"""Whether a module's forward computes otherwise under autograd's global modes.
+
+A forward may branch on ``torch.is_grad_enabled()`` (a memory-saving path for training) or
+``torch.is_inference_mode_enabled()``. A graph is exported with gradients off and inference
+mode off, and computes that branch for every call: a user who calls the tuned module with
+gradients on (the default, no ``torch.no_grad()``) would get the other branch's numbers.
+The tune runs forward once in each mode on the first sample; where the outputs differ from
+the reference, calls in that mode run eagerly (dispatch.py), said once."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+#: The modes a call may be in that the graphs were not computed in: "grad" (gradients
+#: enabled) and "inference" (torch.inference_mode()).
+GRAD = "grad"
+INFERENCE = "inference"
+
+
+@contextlib.contextmanager
+def _without_parameter_grads(module: torch.nn.Module):
+    """Gradients stay enabled, but no parameter asks for one: forward sees
+    is_grad_enabled() true without autograd keeping its activations (a large model's
+    memory)."""
+    asking = [p for p in module.parameters() if p.requires_grad]
+    for parameter in asking:
+        parameter.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for parameter in asking:
+            parameter.requires_grad_(True)
+
+
+def modes_that_change_outputs(graph, expected: list[torch.Tensor], names: list[str], run, compare) -> tuple[str, ...]:
+    """The modes (``GRAD``, ``INFERENCE``) under which forward's outputs on the first sample
+    differ from ``expected`` (the reference, computed with gradients off). ``run(context)``
+    runs eager on that sample inside ``context``; ``compare(names, expected, outputs)``
+    says why they differ, or None."""
+    found = []
+    with _without_parameter_grads(graph.module):
+        for mode, context in ((GRAD, torch.enable_grad), (INFERENCE, torch.inference_mode)):
+            try:
+                outputs = run(context())
+            except Exception:  # the module refuses the mode (an in-place op on an inference tensor)
+                found.append(mode)
+                continue
+            if compare(names, expected, outputs) is not None:
+                found.append(mode)
+    return tuple(found)
+
+
+def mode_of_call(modes: tuple[str, ...]) -> str | None:
+    """Which of ``modes`` this call is in, or None (the mode the graphs computed)."""
+    if INFERENCE in modes and torch.is_inference_mode_enabled():
+        return INFERENCE
+    if GRAD in modes and torch.is_grad_enabled() and not torch.is_inference_mode_enabled():
+        return GRAD
+    return None
+
+
+def describe(mode: str) -> str:
+    return {GRAD: "gradients enabled (no torch.no_grad())", INFERENCE: "torch.inference_mode()"}[mode]
+
