@@ -105,7 +105,15 @@ Tensor random_input(const IoInfo& io, const TensorSpec* spec, const std::map<std
 }
 
 ExecutionProvider resolve_provider(const std::string& text) {
-  if (text != "auto") return parse_execution_provider(text);
+  if (text != "auto") {
+    try {
+      return parse_execution_provider(text);
+    } catch (const Error& e) {
+      // the command line takes "auto" too (its default), which the engine's names lack
+      if (e.code() != ErrorCode::kInvalidArgument) throw;
+      throw Error(ErrorCode::kInvalidArgument, std::string(e.what()) + ", auto");
+    }
+  }
   // Best available here: CUDA where its provider loads, else the CPU.
   bool cuda = OrtRuntime::load()->provider_status(ExecutionProvider::kCUDA).available;
   auto provider = cuda ? ExecutionProvider::kCUDA : ExecutionProvider::kCPU;

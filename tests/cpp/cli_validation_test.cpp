@@ -213,5 +213,13 @@ TEST(CliValidation, SaveOutputsStaysInsideItsDirectory) {
               "not a directory");
 }
 
+// --provider takes "auto" (its default) besides the engine's providers: an unknown one was
+// answered with "valid values: cpu, cuda, tensorrt", leaving auto out (a session-27 probe).
+TEST(CliValidation, AnUnknownProviderListsAutoToo) {
+  expect_exit("run " + fixture("add.onnx") + " --iterations 1 --provider bogus", 2,
+              "unknown execution provider 'bogus'; valid values: cpu, cuda, tensorrt, auto");
+}
+
 }  // namespace
 }  // namespace aitune
+

@@ -182,6 +182,34 @@ def test_a_newer_or_foreign_manifest_is_corrupt(saved, tmp_path):
         ait.load(TwoStage(), path)
 
 
+def test_what_is_not_a_pipeline_checkpoint_is_named_as_what_it_is(saved, tmp_path):
+    """A probe's messages: format_version 1.0 blamed a newer aitune; a pipeline checkpoint
+    missing pipeline.json, and a plain file, were "not a pipeline checkpoint, and a
+    single-module checkpoint loads into an nn.Module"; a symbolic link to a checkpoint was
+    "not an aitune checkpoint"; an empty path meant the current directory."""
+    path = copy_of(saved, tmp_path)
+    manifest = json.loads((path / "pipeline.json").read_text())
+    (path / "pipeline.json").write_text(json.dumps({**manifest, "format_version": 1.0}))
+    with pytest.raises(aitune.CheckpointCorruptError, match=r"format_version must be an integer, got 1\.0"):
+        ait.load(TwoStage(), path)
+    (path / "pipeline.json").unlink()
+    with pytest.raises(aitune.CheckpointCorruptError, match="has no pipeline.json"):
+        ait.load(TwoStage(), path)
+    plain = tmp_path / "plain.txt"
+    plain.write_text("x")
+    with pytest.raises(aitune.InvalidArgumentError, match="is a file, not a checkpoint directory"):
+        ait.load(TwoStage(), plain)
+    with pytest.raises(aitune.InvalidArgumentError, match="the path is empty"):
+        ait.load(TwoStage(), "")
+    pipeline = ait.load(TwoStage(), saved[0])
+    link = tmp_path / "link.ait"
+    link.symlink_to(saved[0], target_is_directory=True)
+    with pytest.raises(aitune.InvalidArgumentError, match="is a symbolic link .*save to the directory it points to"):
+        ait.save(pipeline, link)
+    with pytest.raises(aitune.InvalidArgumentError, match="the path is empty"):
+        ait.save(pipeline, "")
+
+
 def test_save_is_atomic_and_refuses_what_it_cannot_save(saved, tmp_path):
     path = copy_of(saved, tmp_path)
     before = {p.relative_to(path): p.read_bytes() for p in path.rglob("*") if p.is_file()}

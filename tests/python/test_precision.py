@@ -212,3 +212,21 @@ def test_a_float64_module_on_the_cpu_provider_fails_naming_float64_the_operator_
     for reason in reasons:
         assert "CPUExecutionProvider has no float64 kernel for Erf" in reason, reason
         assert "module.float()" in reason and "TorchCompileBackend" in reason, reason
+
+
+def test_a_bfloat16_conv_on_the_cpu_provider_fails_with_the_typed_error_and_the_ways_out():
+    """ONNX's Conv takes no bfloat16, which ONNX Runtime says at load as a type error of the
+    graph ("Type Error: Type (tensor(bfloat16)) of input parameter ... of operator (Conv)"),
+    not as a missing kernel: a bfloat16 Conv2d failed with a plain TuningError and ORT's
+    message, where a bfloat16 Linear got the typed error and the ways out."""
+    torch.manual_seed(0)
+    inner = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten()).to(torch.bfloat16).eval()
+    model = ait.Module(inner, "bf16_conv_on_cpu", strategy=ait.OneBackendStrategy(cpu_backend()))
+    with pytest.raises(ait.UnsupportedDTypeTuningError) as failed:
+        ait.tune(model, [torch.randn(3, 8, 8, dtype=torch.bfloat16) for _ in range(2)], disable_external_logging=True,
+                 ignore_failing_modules=False)
+    reasons = [line for line in str(failed.value).splitlines() if line.startswith("  - cpu")]
+    assert reasons, str(failed.value)
+    for reason in reasons:
+        assert "CPUExecutionProvider has no bfloat16 kernel for Conv" in reason, reason
+        assert "module.float()" in reason and "TorchCompileBackend" in reason, reason

@@ -228,12 +228,13 @@ class _Doubling(torch.nn.Linear):
         return 2 * super().forward(x)
 
 
-@pytest.mark.parametrize("patch", ["forward", "class"])
-def test_a_forward_or_class_replaced_on_an_instance_runs_eagerly(patch, caplog):
+@pytest.mark.parametrize("patch", ["forward", "class", "class forward"])
+def test_a_forward_or_class_replaced_on_an_instance_runs_eagerly(patch, caplog, monkeypatch):
     """Adapter libraries patch ``module.forward = ...`` on an instance; ``__class__ = Other``
-    swaps every method. The graphs kept serving the old model (7.3 and 0.59 off eager in a
-    session-25 probe); now such calls run eagerly, said once, and the graph serves again
-    once the patch is undone."""
+    swaps every method; a global patch replaces a class's forward (``torch.nn.Linear.forward
+    = ...``, every instance at once). The graphs kept serving the old model (7.3 and 0.59 off
+    eager in a session-25 probe; the class patch until session 27); now such calls run
+    eagerly, said once, and the graph serves again once the patch is undone."""
     torch.manual_seed(0)
     inner = MLP().eval()
     model = ait.Module(inner, "patched", strategy=cpu_strategy(use_dynamo=False, tune_provider_options=False))
@@ -245,14 +246,20 @@ def test_a_forward_or_class_replaced_on_an_instance_runs_eagerly(patch, caplog):
         if patch == "forward":
             original = first.forward
             first.forward = lambda t: original(t) + 1.0
+        elif patch == "class forward":
+            class_forward = torch.nn.Linear.forward
+            monkeypatch.setattr(torch.nn.Linear, "forward", lambda self, t: class_forward(self, t) * 3.0)
         else:
             first.__class__ = _Doubling
         expected = inner(x)
         torch.testing.assert_close(model(x), expected)
         said = [r.getMessage() for r in caplog.records if "calls run eagerly in PyTorch" in r.getMessage()]
-        assert len(said) == 1 and ("forward was replaced" in said[0] or "class was changed" in said[0]), said
+        assert len(said) == 1 and ("forward was replaced" in said[0] or "class was changed" in said[0]
+                                   or "forward of modules' class was replaced" in said[0]), said
         if patch == "class":
             first.__class__ = torch.nn.Linear
+        elif patch == "class forward":
+            monkeypatch.undo()
         else:
             del first.forward
         inner.forward = lambda *a, **k: pytest.fail("eager forward ran after the patch was undone")

@@ -513,7 +513,7 @@ class ModuleDispatch:
 
     def changed_submodules(self) -> dict[str, list[str]]:
         """The modules whose mode, forward hooks, instance ``forward`` or class differ from
-        tuning's, by kind ("mode", "hooks", "forward", "class"), each named 'path (Class)'
+        tuning's, by kind ("mode", "hooks", "forward", "class", "class forward"), each named 'path (Class)'
         ('<root>' the wrapped module, first), with the mode it is in now for "mode"; empty
         when none.
         Hooks whose only effect is on tensors that a graph keeps (transformers' output
@@ -575,13 +575,16 @@ class ModuleDispatch:
             if "class" in changed:
                 said.append("modules' class was changed since tuning (module.__class__ = ...: the graphs compute the "
                             f"methods they were exported from): {', '.join(changed['class'])}")
+            if "class forward" in changed:
+                said.append("the forward of modules' class was replaced since tuning (Class.forward = ...: the graphs "
+                            f"compute the forward they were exported from): {', '.join(changed['class forward'])}")
             back = []
             if "mode" in changed:
                 back.append(f"the modules are back in the mode they were tuned in (.{tuned}())")
             if "hooks" in changed:
                 back.append("the hooks are as they were, or the module is tuned again with them (register hooks "
                             "on the module wrapped: they run around the tuned graph)")
-            if "forward" in changed or "class" in changed:
+            if "forward" in changed or "class" in changed or "class forward" in changed:
                 back.append("the forward and class are back (del module.forward), or the module is tuned again")
             logger.warning("ait.Module '%s': %s; calls run eagerly in PyTorch until %s", self.name,
                            "; ".join(said), " and ".join(back))

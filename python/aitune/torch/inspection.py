@@ -260,7 +260,8 @@ def inspect(
         raise TypeError(f"ait.inspect calls obj or inference_function; {type(obj).__name__} is not callable")
     infos = [ModuleInfo(module, location) for module, location in find_modules(obj, max_depth=max_depth)]
     if not infos:
-        raise ValueError(f"ait.inspect: {type(obj).__name__} holds no torch.nn.Module")
+        within = f" within max_depth={max_depth}" if max_depth < MAX_DEPTH else ""
+        raise ValueError(f"ait.inspect: {type(obj).__name__} holds no torch.nn.Module{within}")
     timer = _Timer(infos)
     total = 0.0
     lazy = ""

@@ -17,7 +17,10 @@ logger = logging.getLogger("aitune.torch")
 #: torchvision ops on every export and, where torchvision is not installed, warns
 #: "torchvision is not installed. Skipping torchvision::nms" (four lines an export) through
 #: torch's own handler: a model that uses no torchvision op has no use for it.
-ROUTED = ("onnxscript", "torch.onnx._internal.exporter._registration")
+#: onnxruntime.transformers' optimizer warns "Unsupported model type: roberta for optimization,
+#: directly return model." where it has no fusions for a model (the candidate then simply
+#: has none, which its report says).
+ROUTED = ("onnxscript", "torch.onnx._internal.exporter._registration", "onnxruntime.transformers")
 
 
 class _ToAitune(logging.Handler):

@@ -211,6 +211,8 @@ def save(obj: Any, path: str | os.PathLike, *, overwrite: bool = True,
     a checkpoint),
     and what the single-module save raises (``CheckpointStructureError``...).
     """
+    if not os.fspath(path):
+        raise _core.InvalidArgumentError("ait.save: the path is empty; name the checkpoint directory to write")
     if isinstance(obj, Module):
         _check_saveable(obj, f"ait.Module '{obj.ait_name}'")
         return module_checkpoint.save(obj, path, overwrite=overwrite, on_file_written=on_file_written)
@@ -236,6 +238,10 @@ def save(obj: Any, path: str | os.PathLike, *, overwrite: bool = True,
             f"save over that one replaces its directory whole, removing this one; save it outside '{outer}' (beside it)"
         )
     if target.exists() or target.is_symlink():
+        if target.is_symlink():
+            raise _core.InvalidArgumentError(
+                f"ait.save: '{target}' is a symbolic link (to '{os.readlink(target)}'); a save replaces its path "
+                "whole, so save to the directory it points to instead")
         if not _is_ours(target):
             raise _core.InvalidArgumentError(
                 f"ait.save: '{target}' exists and is not an aitune checkpoint; refusing to replace it"
@@ -319,9 +325,11 @@ def _read_manifest(directory: Path) -> dict:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise _corrupt(where, f"{MANIFEST} is not an aitune pipeline checkpoint manifest")
     version = data.get("format_version")
-    if type(version) is not int or not 1 <= version <= FORMAT_VERSION:
-        raise _corrupt(where, f"format_version {version!r} is not supported (this aitune reads 1..{FORMAT_VERSION}); "
-                              "it was written by a newer aitune")
+    if type(version) is not int:
+        raise _corrupt(where, f"format_version must be an integer, got {version!r:.40}")
+    if not 1 <= version <= FORMAT_VERSION:
+        raise _corrupt(where, f"format_version {version!r} is not supported (this aitune reads 1..{FORMAT_VERSION})"
+                              + ("; it was written by a newer aitune" if version > FORMAT_VERSION else ""))
     modules = data.get("modules")
     if not isinstance(modules, list) or not modules:
         raise _corrupt(where, "'modules' must be a non-empty list")
@@ -533,6 +541,8 @@ def load(obj: Any, path: str | os.PathLike, device_map: Any = None, disable_exte
     loading exports nothing, so there is nothing to silence.
     """
     del disable_external_logging  # nothing external runs while loading
+    if not os.fspath(path):
+        raise _core.InvalidArgumentError("ait.load: the path is empty; name the checkpoint directory to read")
     directory = Path(path)
     if not (directory / MANIFEST).is_file():
         if isinstance(obj, Module):
@@ -542,9 +552,15 @@ def load(obj: Any, path: str | os.PathLike, device_map: Any = None, disable_exte
             return module_checkpoint.load(wrapper, directory, device_map)
         if not directory.exists():
             raise _core.AituneIOError(f"ait.load: checkpoint '{directory}' does not exist")
-        raise _core.InvalidArgumentError(
-            f"ait.load: '{directory}' is not a pipeline checkpoint ({MANIFEST}), and a single-module checkpoint loads "
-            f"into an nn.Module, not a {type(obj).__name__}"
+        if not directory.is_dir():
+            raise _core.InvalidArgumentError(f"ait.load: '{directory}' is a file, not a checkpoint directory")
+        if (directory / MODULE_MANIFEST).is_file():
+            raise _core.InvalidArgumentError(
+                f"ait.load: '{directory}' holds one module: a single-module checkpoint loads into an nn.Module "
+                f"(or an ait.Module), not a {type(obj).__name__}")
+        raise _core.CheckpointCorruptError(
+            f"ait.load: '{directory}' has no {MANIFEST}: it is not a pipeline checkpoint (or one missing its "
+            f"manifest), and a single-module checkpoint loads into an nn.Module, not a {type(obj).__name__}"
         )
     start = time.perf_counter()
     for attempt in range(1, module_checkpoint.LOAD_ATTEMPTS + 1):

@@ -108,9 +108,10 @@ def fuse_for_ort(source: Path, target: Path, *, use_dynamo: bool, model_type: st
         # opt_level=0: only the Python fusions, no ORT session here (the candidate's own
         # session applies ORT's graph optimisations, on its provider). num_heads=0 and
         # hidden_size=0: read from the graph.
-        optimized = optimizer.optimize_model(
-            str(source), model_type=model_type, num_heads=0, hidden_size=0, opt_level=0, use_gpu=False
-        )
+        with routed_to_aitune():  # "Unsupported model type ...": its notes, not the user's business
+            optimized = optimizer.optimize_model(
+                str(source), model_type=model_type, num_heads=0, hidden_size=0, opt_level=0, use_gpu=False
+            )
         proto = optimized.model
         transform = ORT_TRANSFORMERS_OPTIMIZER
     counts = fused_operator_counts(proto)

@@ -93,6 +93,8 @@ class SubmoduleState {
     }
     for (auto& entry : modules_) {
       entry.type = Py_TYPE(entry.module.ptr());
+      PyObject* class_forward = _PyType_Lookup(entry.type, forward_name_);  // borrowed, through the MRO
+      entry.class_forward = class_forward != nullptr ? nb::borrow(class_forward) : nb::object();
       PyObject* forward = PyDict_GetItemWithError(entry.dict.ptr(), forward_name_);
       if (forward == nullptr && PyErr_Occurred()) throw nb::python_error();
       entry.forward = forward != nullptr ? nb::borrow(forward) : nb::object();
@@ -161,6 +163,7 @@ class SubmoduleState {
       Py_VISIT(entry.hook_dicts[0].ptr());
       Py_VISIT(entry.hook_dicts[1].ptr());
       Py_VISIT(entry.forward.ptr());
+      Py_VISIT(entry.class_forward.ptr());
     }
     return 0;
   }
@@ -188,6 +191,9 @@ class SubmoduleState {
     // eagerly runs, replaced or not: tests replace it to see that the graph serves.)
     PyTypeObject* type;
     nb::object forward;
+    // The `forward` the class gives (through its MRO) as tuning left it: a patch of the
+    // class (`torch.nn.GELU.forward = ...`) changes every instance's computation.
+    nb::object class_forward;
   };
 
   // "class" or "forward" where module i's class or (a submodule's) instance `forward` is
@@ -195,6 +201,7 @@ class SubmoduleState {
   const char* patched(std::size_t i) const {
     const Entry& entry = modules_[i];
     if (Py_TYPE(entry.module.ptr()) != entry.type) return "class";
+    if (_PyType_Lookup(entry.type, forward_name_) != entry.class_forward.ptr()) return "class forward";
     if (i == 0) return nullptr;
     PyObject* forward = PyDict_GetItemWithError(entry.dict.ptr(), forward_name_);
     if (forward == nullptr && PyErr_Occurred()) throw nb::python_error();

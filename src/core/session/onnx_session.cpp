@@ -167,18 +167,32 @@ namespace {
 // message stands).
 std::optional<std::string> missing_kernel_for_dtype(const Ort::Exception& e, const std::string& model_path,
                                                     ExecutionProvider provider) {
-  if (e.GetOrtErrorCode() != ORT_NOT_IMPLEMENTED) return std::nullopt;
   const std::string text = e.what();
+  std::string op, opset, node_name;
   const std::string lead = "Could not find an implementation for ";
-  const auto at = text.find(lead);
-  if (at == std::string::npos) return std::nullopt;
-  const auto open = text.find('(', at + lead.size());
-  const auto name_at = text.find("node with name '", at);
-  if (open == std::string::npos || name_at == std::string::npos) return std::nullopt;
-  const std::string op = text.substr(at + lead.size(), open - at - lead.size());
-  const std::string opset = text.substr(open + 1, text.find(')', open) - open - 1);
-  const auto name_begin = name_at + std::string("node with name '").size();
-  const std::string node_name = text.substr(name_begin, text.find('\'', name_begin) - name_begin);
+  // The other form, at load: the operator's schema takes no such type ("Type Error: Type
+  // 'tensor(bfloat16)' of input parameter (x) of operator (Conv) in node (node_conv2d) is
+  // invalid": ONNX's Conv has no bfloat16).
+  const std::string type_error = "Type Error: Type ";
+  if (const auto at = text.find(lead); e.GetOrtErrorCode() == ORT_NOT_IMPLEMENTED && at != std::string::npos) {
+    const auto open = text.find('(', at + lead.size());
+    const auto name_at = text.find("node with name '", at);
+    if (open == std::string::npos || name_at == std::string::npos) return std::nullopt;
+    op = text.substr(at + lead.size(), open - at - lead.size());
+    opset = text.substr(open + 1, text.find(')', open) - open - 1);
+    const auto name_begin = name_at + std::string("node with name '").size();
+    node_name = text.substr(name_begin, text.find('\'', name_begin) - name_begin);
+  } else if (const auto typed = text.find(type_error); typed != std::string::npos) {
+    const auto op_at = text.find("of operator (", typed);
+    const auto node_at = text.find("in node (", typed);
+    if (op_at == std::string::npos || node_at == std::string::npos) return std::nullopt;
+    const auto op_begin = op_at + std::string("of operator (").size();
+    const auto node_begin = node_at + std::string("in node (").size();
+    op = text.substr(op_begin, text.find(')', op_begin) - op_begin);
+    node_name = text.substr(node_begin, text.find(')', node_begin) - node_begin);
+  } else {
+    return std::nullopt;
+  }
   std::optional<DType> odd_float;
   // Whether a graph input or initializer (a value no node produces) is of that dtype: if
   // none is, the model's weights and inputs are of another dtype and its own code casts to
@@ -221,7 +235,7 @@ std::optional<std::string> missing_kernel_for_dtype(const Ort::Exception& e, con
   if (!odd_float) return std::nullopt;
   const std::string dtype(dtype_name(*odd_float));
   const std::string prefix = "ONNX Runtime's " + std::string(execution_provider_ort_name(provider)) + " has no " +
-                             dtype + " kernel for " + op + " (opset " + opset + ", " +
+                             dtype + " kernel for " + op + " (" + (opset.empty() ? "" : "opset " + opset + ", ") +
                              (node_name.empty() ? std::string("an unnamed node") : "node '" + node_name + "'") + ")";
   if (!dtype_given) {
     return prefix + ": the model's code casts to " + dtype + " before this node (none of its weights or inputs is " +
