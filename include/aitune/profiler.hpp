@@ -27,7 +27,8 @@ struct ProfileConfig {
   double final_round_margin = 0.10;
   /// ...in this many rounds of one window each (after one warm-up window each); 0: no final round...
   int final_round_windows = 5;
-  /// ...the fastest this many of them by their first p50; below 2: no final round.
+  /// ...the fastest this many of them by their first p50 (one alone is measured again too,
+  /// beside the reference); 0: no final round.
   int final_round_max = 4;
 
   /// Throws Error(kInvalidArgument) naming the field that is out of range.

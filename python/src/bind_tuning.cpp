@@ -221,7 +221,7 @@ void bind_tuning(nb::module_& m) {
       .def_rw("final_round_windows", &ProfileConfig::final_round_windows,
               "Rounds of the final round, one window per finalist each (default 5; 0: no final round).")
       .def_rw("final_round_max", &ProfileConfig::final_round_max,
-              "At most this many finalists, the fastest by their first p50 (default 4; below 2: no final round).")
+              "At most this many finalists, the fastest by their first p50 (default 4; one alone is measured again too; 0: no final round).")
       .def("validate", &ProfileConfig::validate);
 
   nb::enum_<StrategyKind>(m, "StrategyKind")
