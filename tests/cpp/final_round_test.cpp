@@ -255,9 +255,10 @@ TEST(FinalRound, ALoneFinalistIsMeasuredAgainAtTheEnd) {
 TEST(FinalRound, TheTimeCapStopsAtARoundBoundary) {
   Bench b;
   b.cost = {{"A", 10}, {"B", 10}};
-  TunerOptions options = b.options(5);
-  // The cap counts from the end of the final round's warm-up; a round takes 100 us:
-  // rounds start at 0, 100, 200, 300 us, not at 400 (past the 350 us cap).
+  TunerOptions options = b.options(10);
+  // The windows shrink to fit the cap (at least 3 calls: 350 us over 11 windows of 20 us a
+  // call pair gives 1, so 3), a round then takes 60 us; the cap counts from the end of the
+  // final round's warm-up: rounds start at 0, 60, ..., 300 us, not at 360 (past the cap).
   options.profile.time_cap_s = 350e-6;
   GraphTuner tuner("g", b.g.spec(), b.g.samples(), options);
   auto a = tuner.evaluate_external(b.candidate("A"), "X", 0);
@@ -267,8 +268,41 @@ TEST(FinalRound, TheTimeCapStopsAtARoundBoundary) {
   for (auto i : {a, bb}) {
     const auto& p = report.candidates[i].profile;
     EXPECT_EQ(p->stop_reason, "final round");
-    EXPECT_EQ(p->windows, 4);
-    EXPECT_EQ(p->measured_calls, 20);
+    EXPECT_EQ(p->windows, 6);
+    EXPECT_EQ(p->measured_calls, 18);
+  }
+}
+
+// A large model (calls of ~50 ms) got one round of 25 calls per run within the cap: each run
+// timed once, in back-to-back blocks, and that single window replaced the first profile
+// (eager's came out 7x its first on a busy host). The windows now shrink so the rounds fit,
+// and where fewer than 2 rounds fit the first measurements stand.
+TEST(FinalRound, WindowsShrinkToFitTheCapAndOneRoundIsNoFinalRound) {
+  {
+    Bench b;
+    b.cost = {{"A", 1000}, {"B", 1000}};
+    TunerOptions options = b.options(5);
+    options.profile.time_cap_s = 0.03;  // 30 ms: 6 windows of 2 runs fit 2 calls each: 3 calls a window
+    GraphTuner tuner("g", b.g.spec(), b.g.samples(), options);
+    auto a = tuner.evaluate_external(b.candidate("A"), "X", 0);
+    tuner.evaluate_external(b.candidate("B"), "X", 0);
+    const auto& report = tuner.select(max_throughput());
+    const auto& p = report.candidates[a].profile;
+    EXPECT_EQ(p->stop_reason, "final round");
+    EXPECT_GE(p->windows, 2);
+    EXPECT_EQ(p->measured_calls, p->windows * 3);
+  }
+  {
+    Bench b;
+    b.cost = {{"A", 1000}, {"B", 1000}};
+    TunerOptions options = b.options(5);
+    options.profile.time_cap_s = 0.004;  // one round of 3 calls each (6 ms) passes the 4 ms cap
+    GraphTuner tuner("g", b.g.spec(), b.g.samples(), options);
+    auto a = tuner.evaluate_external(b.candidate("A"), "X", 0);
+    tuner.evaluate_external(b.candidate("B"), "X", 0);
+    const auto& report = tuner.select(max_throughput());
+    EXPECT_NE(report.candidates[a].profile->stop_reason, "final round");
+    EXPECT_FALSE(report.candidates[a].first_profile.has_value());
   }
 }
 

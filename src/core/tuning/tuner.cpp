@@ -338,12 +338,25 @@ std::size_t GraphTuner::Impl::final_round() {
   // same moment as theirs.
   constexpr std::size_t kReference = static_cast<std::size_t>(-1);
   if (reference.call && report.eager) runs.push_back({kReference, &reference, {}, {}, {}, false});
+  // Windows short enough that the warm-up and every round fit in the time cap: a large
+  // model (50 ms a call) would otherwise get one round of 25 calls per run, timed in
+  // back-to-back blocks, which is no interleaving (a busy host made eager's one window 7x
+  // its first profile). At least 3 calls a window.
+  double per_round_us = 0;
+  for (const auto& f : runs) {
+    const std::optional<Profile>& first = f.index == kReference ? report.eager : report.candidates[f.index].profile;
+    if (first) per_round_us += std::max(first->host_us.p50, 1.0);
+  }
+  std::size_t window = static_cast<std::size_t>(config.window_calls);
+  if (per_round_us > 0) {
+    const double fits = config.time_cap_s * 1e6 / (per_round_us * (config.final_round_windows + 1));
+    window = std::clamp<std::size_t>(static_cast<std::size_t>(fits), std::min<std::size_t>(3, window), window);
+  }
   log("final round: " + std::to_string(runs.size()) + " finalists (within " + detail::pct(config.final_round_margin) +
       " of the best p50), " + std::to_string(config.final_round_windows) + " interleaved windows of " +
-      std::to_string(config.window_calls) + " calls each");
+      std::to_string(window) + " calls each");
 
   Clock& clk = clock();
-  const std::size_t window = static_cast<std::size_t>(config.window_calls);
   // One window of `f`: each call timed as profile_calls times one. A call that throws fails
   // the finalist (it passed before; a candidate that cannot be called again cannot win).
   auto run_window = [&](Finalist& f, bool measure) {
@@ -380,9 +393,11 @@ std::size_t GraphTuner::Impl::final_round() {
       if (!f.failed) run_window(f, true);
   }
   const double total_s = (clk.now_us() - begin) / 1e6;
-  if (rounds == 0) {
-    log("final round: the time cap (" + std::to_string(config.time_cap_s) +
-        " s) was reached before a round; the first measurements stand");
+  if (rounds < 2) {
+    // One round is each run timed once, one after another: no more of one moment than the
+    // first profiles, whose own windows were checked for stability.
+    log("final round: the time cap (" + std::to_string(config.time_cap_s) + " s) was reached after " +
+        std::to_string(rounds) + " round(s); the first measurements stand");
     return 0;
   }
   std::size_t measured_again = 0;
@@ -392,7 +407,7 @@ std::size_t GraphTuner::Impl::final_round() {
     Profile p;
     p.batch_size = profile->batch_size;
     set_latencies(p, f.host, f.measured->timer ? &f.device : nullptr);
-    p.warmup_calls = config.window_calls;
+    p.warmup_calls = static_cast<int>(window);
     p.windows = rounds;
     p.measured_calls = static_cast<int>(f.host.size());
     auto [lo, hi] = std::minmax_element(f.window_means.begin(), f.window_means.end());
