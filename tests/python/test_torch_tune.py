@@ -466,3 +466,23 @@ def test_a_recording_that_raises_leaves_the_module_as_it_was(tuned_before, cache
         if tuned_before:
             monkeypatch.setattr(inner, "forward", lambda *a, **k: pytest.fail("the eager forward ran"))
         torch.testing.assert_close(model(x), expected, atol=1e-5, rtol=1e-5)
+
+
+class _Embedder(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(16, 4)
+
+    def forward(self, input_ids):
+        return self.embed(input_ids)
+
+
+def test_samples_of_python_lists_are_named_when_forward_refuses_them():
+    """Tokenizer output without return_tensors gives lists of ints, which ait.tune passes to
+    forward as they are: the model failed deep inside (an embedding given a list) and the
+    note spoke of stacking only. It now names the lists and says to give tensors."""
+    model = ait.Module(_Embedder().eval(), "lists", strategy=ait.OneBackendStrategy(cpu_backend()))
+    with pytest.raises(TypeError) as failed:
+        ait.tune(model, [{"input_ids": [1, 2, 3]}], batch_sizes=[1], ignore_failing_modules=False)
+    notes = " ".join(getattr(failed.value, "__notes__", []))
+    assert "Python lists of numbers (input_ids)" in notes and "torch.tensor(ids)" in notes, notes

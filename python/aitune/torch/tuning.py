@@ -242,11 +242,15 @@ def tune(
                 try:
                     lazy = lazy_result(func(*args, **kwargs)) or lazy
                 except Exception as error:  # the user's own forward refused the batch
+                    lists = _number_lists(args, kwargs)
                     error.add_note(
                         f"ait.tune: raised by func called eagerly with a batch of {batch_size} samples "
                         f"({describe_batch(args, kwargs)}); ait.tune stacks samples on a new axis 0, so samples "
                         "carry no batch axis (a tokenizer's return_tensors='pt' output has one: take [0] of each "
                         "tensor, or give batches through a DataLoader or a factory)"
+                        + (f". The batch holds Python lists of numbers ({', '.join(lists)}), which ait.tune passes "
+                           "to forward as they are, not as tensors: give tensors (torch.tensor(ids), a tokenizer's "
+                           "return_tensors='pt' output)" if lists else "")
                     )
                     raise
             for index, batch in enumerate(evaluated):  # recorded after the tuning samples, each marked
@@ -364,6 +368,25 @@ def _unknown_output_tolerances(output_tolerances, modules) -> str | None:
         return None
     return (f"output_tolerances names {', '.join(repr(str(name)) for name in unknown)}, which no recorded graph "
             f"outputs; the outputs are: {', '.join(repr(name) for name in names)}")
+
+
+def _number_lists(args: tuple, kwargs: dict) -> list[str]:
+    """Where a batch holds a Python list or tuple of numbers (tokenizer output without
+    return_tensors): argument names, one level into dicts, at most five."""
+    found = []
+
+    def numbers(value) -> bool:
+        return (isinstance(value, (list, tuple)) and len(value) > 1
+                and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)) or (
+            isinstance(value, (list, tuple)) and bool(value) and all(numbers(v) for v in value))
+
+    named = [(f"argument {i}", v) for i, v in enumerate(args)] + list(kwargs.items())
+    for name, value in named:
+        if isinstance(value, dict):
+            found += [f"{name}[{key!r}]" for key, inner in value.items() if numbers(inner)]
+        elif numbers(value):
+            found.append(str(name))
+    return found[:5]
 
 
 def _refuse_meta_tensors(args, kwargs, batch_size: int) -> None:
