@@ -192,6 +192,19 @@ TEST(VacuousOutputs, AllNaNAndConstantOutputsAreNamed) {
   EXPECT_EQ(found[1].why, "all NaN/Inf");
 }
 
+TEST(VacuousOutputs, AnOutputBelowTheAbsoluteToleranceIsNamed) {
+  // Every value below 1e-4: a graph returning twice them (or zeros) passed the check, which
+  // allows 1e-4 absolute at least; said now. A larger output, or one element above, is not.
+  auto tiny = make_host(DType::kFloat32, {2, 2}, std::vector<float>{1e-6f, -3e-6f, 2e-6f, 0});
+  auto fine = make_host(DType::kFloat32, {2, 2}, std::vector<float>{1e-6f, -3e-6f, 2e-6f, 0.5f});
+  auto ids = make_host(DType::kInt64, {2}, std::vector<int64_t>{0, 1});
+  auto found = vacuous_outputs({"tiny", "fine", "ids"}, {{tiny.view(), fine.view(), ids.view()}});
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_EQ(found[0].name, "tiny");
+  EXPECT_NE(found[0].why.find("every element is below 0.0001 in magnitude (largest 3e-06)"), std::string::npos)
+      << found[0].why;
+}
+
 TEST(VacuousOutputs, AConstantMaskIsSaidAsABool) {
   // A bool output (y > 0) that is False everywhere was "constant (every element is 0)".
   auto mask = make_host(DType::kBool, {2, 2}, std::vector<uint8_t>{0, 0, 0, 0});
