@@ -46,6 +46,18 @@ TEST(Correctness, AnElementFailsOnlyWhenBeyondBothAtolAndRtol) {
   EXPECT_NE(beyond.failure.find("1 of 1 elements beyond atol=0.1 and rtol=0.01"), std::string::npos) << beyond.failure;
 }
 
+// An index output compared exactly was told "would pass with atol=48 or rtol=8" (topk
+// indices over ties, a session-27 probe): advice that would make the check meaningless.
+TEST(Correctness, AnExactOutputsFailureSaysItIsComparedExactly) {
+  auto got = make_host(DType::kInt64, {3}, std::vector<int64_t>{0, 5, 2});
+  auto want = make_host(DType::kInt64, {3}, std::vector<int64_t>{0, 1, 2});
+  auto c = compare_output("ids", got.view(), want.view(), default_tolerance(DType::kInt64, Precision::kStrict));
+  EXPECT_FALSE(c.passed);
+  EXPECT_NE(c.failure.find("1 of 3 elements differ (max abs error 4; int64 outputs are compared exactly"),
+            std::string::npos) << c.failure;
+  EXPECT_EQ(c.failure.find("would pass with"), std::string::npos) << c.failure;
+}
+
 TEST(Correctness, ExactlyAtTheBoundaryPasses) {
   auto c = compare_output("y", f64({1.5}).view(), f64({1.0}).view(), {0.5, 0});
   EXPECT_TRUE(c.passed) << c.failure;

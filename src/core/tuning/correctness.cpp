@@ -289,7 +289,15 @@ OutputCheck compare_output(const std::string& name, const TensorView& actual, co
       bound += "; the output's values are of different sizes along axis " + axis + " (" + sizes +
                "), each part judged as an output of its own";
     }
-    check.failure = std::to_string(check.mismatched) + " of " + std::to_string(n) + " elements beyond " + bound +
+    // An index, count or mask is compared exactly: a tolerance that would pass it says
+    // nothing (topk indices over ties "would pass with atol=48" is no advice).
+    const bool exact = !dtype_is_floating(expected.dtype) && tolerance.atol == 0 && tolerance.rtol == 0;
+    check.failure =
+        exact ? std::to_string(check.mismatched) + " of " + std::to_string(n) + " elements differ (max abs error " +
+                    fmt(check.max_abs_error) + "; " + std::string(dtype_name(expected.dtype)) +
+                    " outputs are compared exactly: an index, count or mask is right or wrong; indices over ties "
+                    "may differ legitimately: return the values, or give this output output_tolerances)"
+              : std::to_string(check.mismatched) + " of " + std::to_string(n) + " elements beyond " + bound +
                     " and rtol=" + fmt(tolerance.rtol) + " (max abs error " + fmt(check.max_abs_error) +
                     ", max rel error " + fmt(check.max_rel_error) + "; would pass with atol=" + fmt(required_atol) +
                     " or rtol=" + fmt(required_rtol) + ")";
