@@ -45,6 +45,14 @@ Tensor host_copy(nb::handle item, const std::string& what) {
   return host;
 }
 
+// Host copies of a Python sequence of arrays (a sample's outputs), each named `what` and
+// its index in errors.
+std::vector<Tensor> host_copies(nb::handle items, const std::string& what) {
+  std::vector<Tensor> out;
+  for (nb::handle item : items) out.push_back(host_copy(item, what + " " + std::to_string(out.size())));
+  return out;
+}
+
 // A Python object that the engine holds while the GIL is released: taken and dropped
 // with the GIL held, whichever thread lets it go.
 std::shared_ptr<nb::object> gil_held(nb::object object) {
@@ -480,12 +488,7 @@ void bind_tuning(nb::module_& m) {
                 return std::nullopt;
               }
               std::vector<std::vector<Tensor>> samples;
-              for (nb::handle sample : result) {
-                std::vector<Tensor> outputs;
-                for (nb::handle item : sample)
-                  outputs.push_back(host_copy(item, "eager output " + std::to_string(outputs.size())));
-                samples.push_back(std::move(outputs));
-              }
+              for (nb::handle sample : result) samples.push_back(host_copies(sample, "eager output"));
               return samples;
             };
           },
@@ -510,10 +513,7 @@ void bind_tuning(nb::module_& m) {
                 reason = nb::cast<std::string>(result);
                 return std::nullopt;
               }
-              std::vector<Tensor> outputs;
-              for (nb::handle item : result)
-                outputs.push_back(host_copy(item, "reference output " + std::to_string(outputs.size())));
-              return outputs;
+              return host_copies(result, "reference output");
             };
           },
           "A callable([DLPack capsules of host inputs, graph order]) -> [host arrays per output] of the reference "

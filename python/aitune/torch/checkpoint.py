@@ -328,38 +328,39 @@ def _sections(meta: dict, where: str) -> list[tuple[str, list]]:
 LOAD_ATTEMPTS = 10
 
 
-def _weights_tuned_with(module) -> dict:
-    """The digest of the weights ``module``'s graphs were tuned (or, loaded, saved) with; a
-    warning where the module holds other weights now: the checkpoint records the graphs'."""
-    tuned = module.__dict__.get("_ait_tuned_weights")
-    current = weight_values_digest(module.ait_module)
+def _tuned_with(module, attribute: str, current: dict, what: str, tail: str) -> dict:
+    """The digest (``weight_changes``) ``module``'s graphs were tuned (or, loaded, saved) with,
+    kept in ``attribute``; ``current``: the module's now. A warning naming ``what`` changed
+    where they differ: the checkpoint records the graphs'."""
+    tuned = module.__dict__.get(attribute)
     if not isinstance(tuned, dict):
         return current  # graphs restored from a checkpoint written before the digest was stored
     if differ := digest_differences(tuned, current):
-        names = ", ".join(differ[:5]) + (f" and {len(differ) - 5} more" if len(differ) > 5 else "")
-        logger.warning(
-            "ait.save: the weights of ait.Module '%s' changed since its graphs were tuned (%d of %d tensors: %s), by a "
-            "write it does not watch (p.data) or after activate(); the checkpoint records the weights the graphs "
-            "were tuned with, so ait.load warns a module holding the current ones. Tune it again to save graphs of "
-            "the current weights.", module.ait_name, len(differ), len(tuned), names)
+        logger.warning("ait.save: %s of ait.Module '%s' changed since its graphs were tuned (%d of %d tensors: %s)%s",
+                       what, module.ait_name, len(differ), len(tuned), _names(differ), tail)
     return tuned
+
+
+def _weights_tuned_with(module) -> dict:
+    """The digest of the weights ``module``'s graphs were tuned with (``_tuned_with``)."""
+    return _tuned_with(
+        module, "_ait_tuned_weights", weight_values_digest(module.ait_module), "the weights",
+        ", by a write it does not watch (p.data) or after activate(); the checkpoint records the weights the graphs "
+        "were tuned with, so ait.load warns a module holding the current ones. Tune it again to save graphs of the "
+        "current weights.")
 
 
 def _held_tuned_with(module) -> dict:
-    """``held_values_digest`` of the tensors ``module``'s graphs were tuned with, outside
-    the state dict (non-persistent buffers, tensor attributes); a warning where the module
-    holds other ones now."""
-    harmless = module.__dict__.get("_ait_harmless_attributes", ())
-    tuned = module.__dict__.get("_ait_tuned_held")
-    current = held_values_digest(module.ait_module, harmless)
-    if not isinstance(tuned, dict):
-        return current  # graphs restored from a checkpoint written before these were stored
-    if differ := digest_differences(tuned, current):
-        logger.warning(
-            "ait.save: tensors ait.Module '%s' holds outside its state dict (non-persistent buffers, tensor "
-            "attributes) changed since its graphs were tuned (%s); the checkpoint records those the graphs were "
-            "tuned with. Tune it again to save graphs of the current ones.", module.ait_name, _names(differ))
-    return tuned
+    """``held_values_digest`` of the tensors ``module``'s graphs were tuned with, outside the
+    state dict (non-persistent buffers, tensor attributes; ``_tuned_with``)."""
+    return _tuned_with(
+        module, "_ait_tuned_held", held_values_digest(module.ait_module, _harmless(module)),
+        "the tensors held outside the state dict (non-persistent buffers, tensor attributes)",
+        "; the checkpoint records those the graphs were tuned with. Tune it again to save graphs of the current ones.")
+
+
+def _harmless(module) -> tuple[str, ...]:
+    return module.__dict__.get("_ait_harmless_attributes", ())
 
 
 def _names(differ: list[str]) -> str:
@@ -375,7 +376,7 @@ def _warn_if_held_differ(module, meta: dict, directory) -> None:
     saved = meta.get("held_tensors")
     if not isinstance(saved, dict):
         return
-    current = held_values_digest(module.ait_module, module.__dict__.get("_ait_harmless_attributes", ()))
+    current = held_values_digest(module.ait_module, _harmless(module))
     if differ := digest_differences(saved, current):
         logger.warning(
             "ait.load: ait.Module '%s' holds other tensors outside its state dict (non-persistent buffers, tensor "

@@ -584,7 +584,7 @@ class ModuleDispatch:
             if "hooks" in changed:
                 back.append("the hooks are as they were, or the module is tuned again with them (register hooks "
                             "on the module wrapped: they run around the tuned graph)")
-            if "forward" in changed or "class" in changed or "class forward" in changed:
+            if changed.keys() & {"forward", "class", "class forward"}:
                 back.append("the forward and class are back (del module.forward), or the module is tuned again")
             logger.warning("ait.Module '%s': %s; calls run eagerly in PyTorch until %s", self.name,
                            "; ".join(said), " and ".join(back))

@@ -43,6 +43,11 @@ def _precision_context(device_type: str, precision: _core.Precision):
     return torch.autocast(device_type, dtype=dtype)
 
 
+def _as_recorded(got, recorded) -> list[torch.Tensor]:
+    """Eager's outputs in host memory at the recorded outputs' dtypes (what the engine compares)."""
+    return [t.detach().to(ref.dtype).cpu().contiguous() for t, ref in zip(got, recorded, strict=True)]
+
+
 def eager_outputs_at(graph: RecordedGraph, precision: _core.Precision) -> list[list[torch.Tensor]] | str:
     """Per sample, eager's outputs at ``precision`` in host memory, cast to the reference's
     dtypes (what the engine compares); or a str saying why eager cannot run at it here.
@@ -67,7 +72,7 @@ def eager_outputs_at(graph: RecordedGraph, precision: _core.Precision) -> list[l
         with torch.no_grad(), context:
             for sample in graph.samples:
                 got = graph.run_eager(sample.inputs)
-                outputs.append([t.detach().to(ref.dtype).cpu().contiguous() for t, ref in zip(got, sample.outputs, strict=True)])
+                outputs.append(_as_recorded(got, sample.outputs))
     except Exception as error:  # the module refuses this precision (an op without a kernel at it)
         return f"eager at {name} raised {type(error).__name__}: {error}"
     return outputs
@@ -84,7 +89,7 @@ def eager_outputs_for(graph: RecordedGraph, capsules) -> list[torch.Tensor] | st
                   for capsule, recorded in zip(capsules, first.inputs, strict=True)]
         with torch.no_grad():
             got = graph.run_eager(inputs)
-        return [t.detach().to(ref.dtype).cpu().contiguous() for t, ref in zip(got, first.outputs, strict=True)]
+        return _as_recorded(got, first.outputs)
     except Exception as error:
         return f"eager raised {type(error).__name__}: {error}"
 
@@ -111,7 +116,7 @@ def _upcast_outputs(graph: RecordedGraph, dtype: torch.dtype) -> list[list[torch
             for sample in graph.samples:
                 inputs = [t.float() if isinstance(t, torch.Tensor) and t.dtype == dtype else t for t in sample.inputs]
                 got = graph.run_eager(inputs)
-                outputs.append([t.detach().to(ref.dtype).cpu().contiguous() for t, ref in zip(got, sample.outputs, strict=True)])
+                outputs.append(_as_recorded(got, sample.outputs))
     except Exception as error:  # an op without a float32 kernel, or out of memory for the copy
         return (f"the module computes in {str(dtype).removeprefix('torch.')}; running it in float32 to measure "
                 f"what that costs raised {type(error).__name__}: {error}")

@@ -34,21 +34,18 @@ def _without_parameter_grads(module: torch.nn.Module):
             parameter.requires_grad_(True)
 
 
-def modes_that_change_outputs(graph, expected: list[torch.Tensor], names: list[str], run, compare) -> tuple[str, ...]:
-    """The modes (``GRAD``, ``INFERENCE``) under which forward's outputs on the first sample
-    differ from ``expected`` (the reference, computed with gradients off). ``run(context)``
-    runs eager on that sample inside ``context``; ``compare(names, expected, outputs)``
-    says why they differ, or None."""
+def modes_that_change_outputs(module: torch.nn.Module, differs) -> tuple[str, ...]:
+    """The modes (``GRAD``, ``INFERENCE``) under which ``module``'s forward computes
+    otherwise than the reference (computed with gradients off): ``differs(mode)`` runs eager
+    on the first sample inside ``mode()`` and says how its outputs differ, or None."""
     found = []
-    with _without_parameter_grads(graph.module):
-        for mode, context in ((GRAD, torch.enable_grad), (INFERENCE, torch.inference_mode)):
+    with _without_parameter_grads(module):
+        for name, mode in ((GRAD, torch.enable_grad), (INFERENCE, torch.inference_mode)):
             try:
-                outputs = run(context())
+                if differs(mode) is not None:
+                    found.append(name)
             except Exception:  # the module refuses the mode (an in-place op on an inference tensor)
-                found.append(mode)
-                continue
-            if compare(names, expected, outputs) is not None:
-                found.append(mode)
+                found.append(name)
     return tuple(found)
 
 

@@ -74,19 +74,28 @@ def _modules_in_training(module: torch.nn.Module) -> list[str]:
     return [f"{name} ({type(m).__name__})" for name, m in named]
 
 
-def check_eager_repeatable(graph: RecordedGraph, name: str, expected: list[torch.Tensor],
-                           tuner_options: _core.TunerOptions | None = None) -> None:
-    """Runs eager once more on the first sample, as the reference was computed, and raises
-    ``NondeterministicModuleError`` where the engine finds its outputs differ
-    (``eager_nondeterminism``). The random generators are put back after the call."""
+def _eager_again_differs(graph: RecordedGraph, expected: list[torch.Tensor],
+                         tuner_options: _core.TunerOptions | None, mode=torch.no_grad) -> str | None:
+    """Runs eager once more on the first sample inside ``mode()`` (gradients off, as the
+    reference was computed, unless another mode is asked), the random generators put back
+    after the call, and says how its outputs differ from ``expected``
+    (``eager_nondeterminism``), or None."""
     devices = [graph.device] if graph.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices), torch.no_grad(), exact_float32(), same_math_as_export(graph.module):
+    with torch.random.fork_rng(devices=devices), mode(), exact_float32(), same_math_as_export(graph.module):
         again = [t.detach().cpu().contiguous() for t in graph.run_eager(graph.samples[0].inputs)]
     names = [o.name for o in graph.graph_spec().outputs]
     # the user's tolerances hold as in the check: a deviation declared acceptable is no refusal
     overrides = {} if tuner_options is None else dict(tolerance=tuner_options.tolerance,
                                                       output_tolerances=tuner_options.output_tolerances)
-    why = _core.eager_nondeterminism(names, expected, again, _modules_in_training(graph.module), **overrides)
+    return _core.eager_nondeterminism(names, expected, again, _modules_in_training(graph.module), **overrides)
+
+
+def check_eager_repeatable(graph: RecordedGraph, name: str, expected: list[torch.Tensor],
+                           tuner_options: _core.TunerOptions | None = None) -> None:
+    """Runs eager once more on the first sample, as the reference was computed, and raises
+    ``NondeterministicModuleError`` where the engine finds its outputs differ
+    (``eager_nondeterminism``). The random generators are put back after the call."""
+    why = _eager_again_differs(graph, expected, tuner_options)
     if why is not None:
         if graph.mutated_state:  # what the outputs may read: named, as the export's refusal would
             why += (f"; the recorded calls changed the module's state ({', '.join(graph.mutated_state)}), which a "
@@ -99,19 +108,8 @@ def note_grad_modes(graph: RecordedGraph, name: str, expected: list[torch.Tensor
     """Sets ``graph.grad_modes``: the modes (gradients enabled, inference mode) under which
     forward computes otherwise than the reference (grad_modes.py); calls in them run
     eagerly. Said in the log where there are any."""
-    devices = [graph.device] if graph.device.type == "cuda" else []
-    names = [o.name for o in graph.graph_spec().outputs]
-    overrides = {} if tuner_options is None else dict(tolerance=tuner_options.tolerance,
-                                                      output_tolerances=tuner_options.output_tolerances)
-
-    def run(context):
-        with torch.random.fork_rng(devices=devices), context, exact_float32(), same_math_as_export(graph.module):
-            return [t.detach().cpu().contiguous() for t in graph.run_eager(graph.samples[0].inputs)]
-
-    def compare(names, expected, outputs):
-        return _core.eager_nondeterminism(names, expected, outputs, _modules_in_training(graph.module), **overrides)
-
-    graph.grad_modes = modes_that_change_outputs(graph, expected, names, run, compare)
+    graph.grad_modes = modes_that_change_outputs(
+        graph.module, lambda mode: _eager_again_differs(graph, expected, tuner_options, mode))
     if graph.grad_modes:
         logger.warning("%s: forward computes otherwise with %s than with gradients off, as the graphs are exported; "
                        "calls made so run eagerly in PyTorch", name,

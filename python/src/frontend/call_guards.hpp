@@ -196,8 +196,9 @@ class SubmoduleState {
     nb::object class_forward;
   };
 
-  // "class" or "forward" where module i's class or (a submodule's) instance `forward` is
-  // not the one tuning left, else nullptr: what `clear` and `changed` both ask.
+  // "class", "class forward" or "forward" where module i's class, its class's `forward` or
+  // (a submodule's) instance `forward` is not the one tuning left, else nullptr: what
+  // `clear` and `changed` both ask.
   const char* patched(std::size_t i) const {
     const Entry& entry = modules_[i];
     if (Py_TYPE(entry.module.ptr()) != entry.type) return "class";

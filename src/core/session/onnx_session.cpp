@@ -168,31 +168,31 @@ namespace {
 std::optional<std::string> missing_kernel_for_dtype(const Ort::Exception& e, const std::string& model_path,
                                                     ExecutionProvider provider) {
   const std::string text = e.what();
-  std::string op, opset, node_name;
+  // The text after `opening` (searched from `from`) up to the next `close`, or nullopt.
+  auto between = [&](const std::string& opening, char close, std::size_t from) -> std::optional<std::string> {
+    const auto at = text.find(opening, from);
+    if (at == std::string::npos) return std::nullopt;
+    const auto begin = at + opening.size();
+    return text.substr(begin, text.find(close, begin) - begin);
+  };
+  std::optional<std::string> found_op, found_opset, found_node;
   const std::string lead = "Could not find an implementation for ";
-  // The other form, at load: the operator's schema takes no such type ("Type Error: Type
-  // 'tensor(bfloat16)' of input parameter (x) of operator (Conv) in node (node_conv2d) is
-  // invalid": ONNX's Conv has no bfloat16).
-  const std::string type_error = "Type Error: Type ";
   if (const auto at = text.find(lead); e.GetOrtErrorCode() == ORT_NOT_IMPLEMENTED && at != std::string::npos) {
-    const auto open = text.find('(', at + lead.size());
-    const auto name_at = text.find("node with name '", at);
-    if (open == std::string::npos || name_at == std::string::npos) return std::nullopt;
-    op = text.substr(at + lead.size(), open - at - lead.size());
-    opset = text.substr(open + 1, text.find(')', open) - open - 1);
-    const auto name_begin = name_at + std::string("node with name '").size();
-    node_name = text.substr(name_begin, text.find('\'', name_begin) - name_begin);
-  } else if (const auto typed = text.find(type_error); typed != std::string::npos) {
-    const auto op_at = text.find("of operator (", typed);
-    const auto node_at = text.find("in node (", typed);
-    if (op_at == std::string::npos || node_at == std::string::npos) return std::nullopt;
-    const auto op_begin = op_at + std::string("of operator (").size();
-    const auto node_begin = node_at + std::string("in node (").size();
-    op = text.substr(op_begin, text.find(')', op_begin) - op_begin);
-    node_name = text.substr(node_begin, text.find(')', node_begin) - node_begin);
+    found_op = between(lead, '(', at);
+    found_opset = between(*found_op + "(", ')', at);
+    found_node = between("node with name '", '\'', at);
+    if (!found_opset || !found_node) return std::nullopt;
+  } else if (const auto typed = text.find("Type Error: Type "); typed != std::string::npos) {
+    // The other form, at load: the operator's schema takes no such type ("Type Error: Type
+    // 'tensor(bfloat16)' of input parameter (x) of operator (Conv) in node (node_conv2d) is
+    // invalid": ONNX's Conv has no bfloat16).
+    found_op = between("of operator (", ')', typed);
+    found_node = between("in node (", ')', typed);
+    if (!found_op || !found_node) return std::nullopt;
   } else {
     return std::nullopt;
   }
+  const std::string op = *found_op, opset = found_opset.value_or(""), node_name = *found_node;
   std::optional<DType> odd_float;
   // Whether a graph input or initializer (a value no node produces) is of that dtype: if
   // none is, the model's weights and inputs are of another dtype and its own code casts to

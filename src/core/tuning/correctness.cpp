@@ -501,15 +501,12 @@ SampleCheck compare_sample(const std::string& sample, const std::vector<std::str
   return check;
 }
 
-namespace {
-/// The strict table's absolute tolerance: a floating output whose every value is smaller
-/// cannot tell a candidate's values from the reference's.
-constexpr double kSmallestJudged = 1e-4;
-}  // namespace
-
 std::vector<VacuousOutput> vacuous_outputs(const std::vector<std::string>& output_names,
                                            const std::vector<std::vector<TensorView>>& expected) {
   std::vector<VacuousOutput> out;
+  // The strict table's absolute tolerance: a floating output whose every value is smaller
+  // cannot tell a candidate's values from the reference's.
+  const double smallest_judged = default_tolerance(DType::kFloat32).atol;
   for (std::size_t o = 0; o < output_names.size(); ++o) {
     std::size_t total = 0, finite = 0;
     bool constant = true, have_first = false, floating = false;
@@ -543,11 +540,11 @@ std::vector<VacuousOutput> vacuous_outputs(const std::vector<std::string>& outpu
       out.push_back({output_names[o],
                      "constant (every element is " + (is_bool ? std::string(first != 0 ? "true" : "false") : fmt(first)) +
                          ")"});
-    } else if (floating && largest < kSmallestJudged) {
+    } else if (floating && largest < smallest_judged) {
       // The check's absolute tolerance is at least 1e-4 (x the output's RMS, floored at 1):
       // values all below it pass whatever they are (a graph returning twice them, or zeros,
       // passed silently in a session-27 probe).
-      out.push_back({output_names[o], "every element is below " + fmt(kSmallestJudged) + " in magnitude (largest " +
+      out.push_back({output_names[o], "every element is below " + fmt(smallest_judged) + " in magnitude (largest " +
                                           fmt(largest) + "), under the check's absolute tolerance: values this small "
                                           "pass whatever they are; scale the output, or give it output_tolerances"});
     }

@@ -342,11 +342,12 @@ std::size_t GraphTuner::Impl::final_round() {
   // model (50 ms a call) would otherwise get one round of 25 calls per run, timed in
   // back-to-back blocks, which is no interleaving (a busy host made eager's one window 7x
   // its first profile). At least 3 calls a window.
+  auto profile_of = [&](const Finalist& f) -> std::optional<Profile>& {
+    return f.index == kReference ? report.eager : report.candidates[f.index].profile;
+  };
   double per_round_us = 0;
-  for (const auto& f : runs) {
-    const std::optional<Profile>& first = f.index == kReference ? report.eager : report.candidates[f.index].profile;
-    if (first) per_round_us += std::max(first->host_us.p50, 1.0);
-  }
+  for (const auto& f : runs)
+    if (const auto& first = profile_of(f)) per_round_us += std::max(first->host_us.p50, 1.0);
   std::size_t window = static_cast<std::size_t>(config.window_calls);
   if (per_round_us > 0) {
     const double fits = config.time_cap_s * 1e6 / (per_round_us * (config.final_round_windows + 1));
@@ -403,7 +404,7 @@ std::size_t GraphTuner::Impl::final_round() {
   std::size_t measured_again = 0;
   for (auto& f : runs) {
     if (f.failed) continue;
-    std::optional<Profile>& profile = f.index == kReference ? report.eager : report.candidates[f.index].profile;
+    std::optional<Profile>& profile = profile_of(f);
     Profile p;
     p.batch_size = profile->batch_size;
     set_latencies(p, f.host, f.measured->timer ? &f.device : nullptr);
