@@ -33,8 +33,15 @@ struct Tolerance {
 };
 
 /// The factor a scaled atol is multiplied by for this expected output: max(1, RMS of its
-/// finite elements); 1 for integer and bool outputs. `expected` must be in host memory
-/// and contiguous.
+/// finite elements), leaving out a few outliers (at most the largest 5 % of the elements,
+/// each at least 100x the RMS of the values below it: a 1e6 diagonal over values near 1,
+/// whose RMS would excuse any error of the rest; the rtol judges them); 1 for integer and
+/// bool outputs. `expected` must be in host memory and contiguous.
+struct AtolScale {
+  double scale = 1;
+  int64_t outliers = 0;  ///< finite elements left out of the RMS
+};
+AtolScale measure_atol_scale(const TensorView& expected);
 double atol_scale(const TensorView& expected);
 
 /// Numeric precision a candidate computes in, which sets its default tolerance for
@@ -103,6 +110,7 @@ struct OutputCheck {
   double atol_applied = 0;  ///< the atol applied: tolerance.atol, times atol_scale when scaled
                             ///< (split into magnitude groups: the smallest group's)
   double scale = 1;         ///< atol_scale(expected) (computed for every floating output)
+  int64_t scale_outliers = 0;  ///< elements the scale left out (measure_atol_scale)
   /// Where the expected output splits into magnitude groups (magnitude_groups.hpp): the
   /// axis (-1: no split) and each group's check. A scaled atol is then each group's own,
   /// and the calibrated rule judges each group that fails the table on its own errors.

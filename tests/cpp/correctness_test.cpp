@@ -221,6 +221,43 @@ TEST(Correctness, ScaledAtolFollowsTheOutputsMagnitude) {
   EXPECT_FALSE(spec.for_output("logits", DType::kFloat32).scaled);
 }
 
+// A 1e6 diagonal over values near 1: the RMS of the whole (1.25e5) made an fp32 atol of 12.5
+// that passed a graph doubling every off-diagonal value. The diagonal is left out of the
+// scale (the rtol judges it); a float32-sized error still passes.
+TEST(Correctness, AFewHugeElementsDoNotSetTheAtolOfTheRest) {
+  const int64_t n = 64;
+  std::vector<float> reference, doubled, noisy;
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t c = 0; c < n; ++c) {
+      const float e = r == c ? 1e6f : static_cast<float>(std::sin(0.7 * static_cast<double>(r * n + c)));
+      reference.push_back(e);
+      doubled.push_back(r == c ? e : 2 * e);
+      noisy.push_back(e + (r == c ? 0.5f : 1e-6f) * static_cast<float>(std::cos(static_cast<double>(r + c))));
+    }
+  auto matrix = [&](const std::vector<float>& v) { return make_host(DType::kFloat32, {n, n}, v); };
+  const auto expected = matrix(reference);
+  const Tolerance fp32 = default_tolerance(DType::kFloat32, Precision::kStrict);
+  const AtolScale scale = measure_atol_scale(expected.view());
+  EXPECT_EQ(scale.outliers, n);
+  EXPECT_DOUBLE_EQ(scale.scale, 1.0);  // the sines' RMS is below 1
+  auto wrong = compare_output("out", matrix(doubled).view(), expected.view(), fp32);
+  EXPECT_FALSE(wrong.passed);
+  EXPECT_EQ(wrong.scale_outliers, n);
+  EXPECT_NE(wrong.failure.find("all but its 64 elements over 100x larger"), std::string::npos) << wrong.failure;
+  auto fine = compare_output("out", matrix(noisy).view(), expected.view(), fp32);
+  EXPECT_TRUE(fine.passed) << fine.failure;
+  // Outliers are a few: a third of the elements large is a scale, not outliers.
+  std::vector<float> thirds;
+  for (int i = 0; i < 300; ++i) thirds.push_back(i % 3 == 0 ? 1e6f : 1.0f);
+  EXPECT_EQ(measure_atol_scale(make_host(DType::kFloat32, {300}, thirds).view()).outliers, 0);
+  // Sparse values of a ReLU (most zeros, the rest spread up to 100) keep the whole RMS.
+  std::vector<float> sparse;
+  for (int i = 0; i < 1000; ++i) sparse.push_back(i % 20 == 0 ? static_cast<float>(i % 100 + 1) : 0.0f);
+  const AtolScale relu = measure_atol_scale(make_host(DType::kFloat32, {1000}, sparse).view());
+  EXPECT_EQ(relu.outliers, 0);
+  EXPECT_GT(relu.scale, 10.0);
+}
+
 TEST(Correctness, PerOutputOverrideWinsOverAllWhichWinsOverDefaults) {
   ToleranceSpec spec;
   EXPECT_EQ(spec.for_output("a", DType::kFloat32), (Tolerance{1e-4, 1e-4, true}));
