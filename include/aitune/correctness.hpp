@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -33,13 +34,14 @@ struct Tolerance {
 };
 
 /// The factor a scaled atol is multiplied by for this expected output: max(1, RMS of its
-/// finite elements), leaving out a few outliers (at most the largest 5 % of the elements,
-/// each at least 100x the RMS of the values below it: a 1e6 diagonal over values near 1,
-/// whose RMS would excuse any error of the rest; the rtol judges them); 1 for integer and
-/// bool outputs. `expected` must be in host memory and contiguous.
+/// finite elements), leaving out outliers and mask sentinels (the largest elements where
+/// each is at least 100x the RMS of the values below it, for up to 5 % of the elements, or
+/// 1e4x, for up to half: a 1e6 diagonal over values near 1, masked_fill(-1e9), whose RMS
+/// would excuse any error of the rest; the rtol judges them); 1 for integer and bool outputs. `expected` must be in host memory and contiguous.
 struct AtolScale {
   double scale = 1;
   int64_t outliers = 0;  ///< finite elements left out of the RMS
+  double cut = std::numeric_limits<double>::infinity();  ///< |value| from which an element is one
 };
 AtolScale measure_atol_scale(const TensorView& expected);
 double atol_scale(const TensorView& expected);
@@ -111,6 +113,11 @@ struct OutputCheck {
                             ///< (split into magnitude groups: the smallest group's)
   double scale = 1;         ///< atol_scale(expected) (computed for every floating output)
   int64_t scale_outliers = 0;  ///< elements the scale left out (measure_atol_scale)
+  /// With scale_outliers: the errors over the other elements alone. The calibrated rule
+  /// judges them on their own too: eager's errors on a few huge values would otherwise
+  /// excuse any error of the rest.
+  std::optional<double> rest_max_abs_error;
+  std::optional<double> rest_rel_l2_error;
   /// Where the expected output splits into magnitude groups (magnitude_groups.hpp): the
   /// axis (-1: no split) and each group's check. A scaled atol is then each group's own,
   /// and the calibrated rule judges each group that fails the table on its own errors.

@@ -105,6 +105,41 @@ TEST(Calibration, AValueFailureWithinFactorTimesEagersErrorPasses) {
   EXPECT_THROW(apply_calibration(looser, eager_fp16(0.1), 0.5), Error);
 }
 
+// A hidden state with a few massive activations (3000 among values near 0.5): eager fp16
+// errs by ~1 on those, and that error excused a candidate 50x worse than eager on all the
+// other elements. The rest is judged against eager's error on the rest.
+TEST(Calibration, AFewHugeElementsDoNotExcuseErrorsOfTheRest) {
+  constexpr int64_t rows = 8, width = 64;
+  auto state = [&](double huge_error, double rest_error) {
+    std::vector<float> v;
+    for (int64_t i = 0; i < rows * width; ++i) {
+      const double sign = i % 3 == 0 ? 1.0 : -1.0;
+      v.push_back(i % 128 == 5 ? static_cast<float>(3000 + huge_error * sign)
+                               : static_cast<float>(0.5 * std::sin(0.3 * static_cast<double>(i)) + rest_error * sign));
+    }
+    return make_host(DType::kFloat32, {rows, width}, v);
+  };
+  const auto expected = state(0, 0);
+  const ToleranceSpec fp16{.precision = Precision::kFP16};
+  EagerAtPrecision eager;
+  eager.precision = Precision::kFP16;
+  eager.available = true;
+  eager.samples.push_back(compare_sample("sample 0", {"h"}, {state(1.0, 1e-3).view()}, {expected.view()}, fp16));
+  auto judged = [&](double rest_error) {
+    CorrectnessReport r;
+    r.samples.push_back(compare_sample("sample 0", {"h"}, {state(1.0, rest_error).view()}, {expected.view()}, fp16));
+    apply_calibration(r, eager, 2.0);
+    return r;
+  };
+  const auto wrong = judged(0.05);  // 50x eager's error on the rest, below its error on the huge ones
+  EXPECT_FALSE(wrong.passed());
+  EXPECT_EQ(wrong.samples[0].outputs[0].scale_outliers, 4);
+  EXPECT_NE(wrong.first_failure().find("on the 508 elements below its 4 huge ones"), std::string::npos)
+      << wrong.first_failure();
+  const auto fine = judged(1.5e-3);  // as eager fp16 on the rest
+  EXPECT_TRUE(fine.passed()) << fine.first_failure();
+}
+
 TEST(Calibration, TheTableIsAFloorAndNaNIsNeverExcused) {
   auto tiny = candidate_report(1e-4, true);  // passes the table even though eager's error is 0
   apply_calibration(tiny, eager_fp16(0), 2.0);

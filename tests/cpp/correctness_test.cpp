@@ -243,13 +243,23 @@ TEST(Correctness, AFewHugeElementsDoNotSetTheAtolOfTheRest) {
   auto wrong = compare_output("out", matrix(doubled).view(), expected.view(), fp32);
   EXPECT_FALSE(wrong.passed);
   EXPECT_EQ(wrong.scale_outliers, n);
-  EXPECT_NE(wrong.failure.find("all but its 64 elements over 100x larger"), std::string::npos) << wrong.failure;
+  EXPECT_NE(wrong.failure.find("all but its 64 elements far above the rest"), std::string::npos) << wrong.failure;
   auto fine = compare_output("out", matrix(noisy).view(), expected.view(), fp32);
   EXPECT_TRUE(fine.passed) << fine.failure;
-  // Outliers are a few: a third of the elements large is a scale, not outliers.
-  std::vector<float> thirds;
-  for (int i = 0; i < 300; ++i) thirds.push_back(i % 3 == 0 ? 1e6f : 1.0f);
+  // A third of the elements 100x larger is a scale, not outliers; masked to -1e9, sentinels.
+  std::vector<float> thirds, masked;
+  for (int i = 0; i < 300; ++i) {
+    thirds.push_back(i % 3 == 0 ? 100.0f : 1.0f);
+    masked.push_back(i % 3 == 0 ? -1e9f : static_cast<float>(std::sin(i)));
+  }
   EXPECT_EQ(measure_atol_scale(make_host(DType::kFloat32, {300}, thirds).view()).outliers, 0);
+  const AtolScale sentinels = measure_atol_scale(make_host(DType::kFloat32, {300}, masked).view());
+  EXPECT_EQ(sentinels.outliers, 100);
+  EXPECT_DOUBLE_EQ(sentinels.scale, 1.0);
+  // Values all of one size (1e9 give or take) have no outliers: the RMS is theirs.
+  std::vector<float> large;
+  for (int i = 0; i < 300; ++i) large.push_back(static_cast<float>(1e9 * (1 + 0.5 * std::sin(i))));
+  EXPECT_EQ(measure_atol_scale(make_host(DType::kFloat32, {300}, large).view()).outliers, 0);
   // Sparse values of a ReLU (most zeros, the rest spread up to 100) keep the whole RMS.
   std::vector<float> sparse;
   for (int i = 0; i < 1000; ++i) sparse.push_back(i % 20 == 0 ? static_cast<float>(i % 100 + 1) : 0.0f);

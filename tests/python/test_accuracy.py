@@ -317,6 +317,27 @@ def test_a_non_deterministic_eager_module_is_refused_naming_the_modules_in_train
     assert evaluated.ait_state is ait.ModuleState.TUNED
 
 
+class _MaskedDropoutHead(_DropoutHead):
+    """Dropout left in training mode under a -1e9 mask in every row: the sentinels' RMS
+    (~5e8) made an atol of ~5e4 that hid the dropout, and the check's wrong graphs too."""
+
+    def __init__(self, sentinel: float):
+        super().__init__()
+        self.sentinel = sentinel
+        self.register_buffer("mask", torch.arange(8) % 4 == 0)  # two of the eight outputs masked
+
+    def forward(self, x):
+        return self.drop(self.fc(x)).masked_fill(self.mask, self.sentinel)
+
+
+@pytest.mark.parametrize("sentinel", [-1e9, torch.finfo(torch.float32).min])
+def test_mask_sentinels_do_not_hide_a_non_deterministic_module(sentinel):
+    torch.manual_seed(0)
+    model = ait.Module(_MaskedDropoutHead(sentinel), "masked_dropout", strategy=_one_candidate())
+    with pytest.raises(ait.NondeterministicModuleError, match="elements far above the rest"):
+        ait.tune(model, [torch.randn(16) for _ in range(2)], ignore_failing_modules=False)
+
+
 class DetectionHead(torch.nn.Module):
     """A YOLO-style head [batch, 4 + classes, anchors]: box coordinates in pixels beside
     class scores in (0, 1), in one output. ``score_shift`` adds to the scores' logits (a

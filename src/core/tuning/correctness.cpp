@@ -111,13 +111,15 @@ Tolerance default_tolerance(DType dtype, Precision precision) noexcept {
 }
 
 // A few elements two orders of magnitude above all the rest (a diagonal of 1e6 over values
-// near 1, a sentinel, a masked-out score) would set an RMS that hides any error of the rest:
-// a 64 x 64 output with a 1e6 diagonal has RMS 1.25e5, an fp32 atol of 12.5, and passed a
-// graph that doubled every off-diagonal value. The largest kOutlierShare of the finite
-// elements are left out of the scale when each is at least kOutlierGap times the RMS of the
-// values below it (at least 1); they are judged by the rtol, as the values they are.
-constexpr double kOutlierShare = 0.05;
-constexpr double kOutlierGap = 100;
+// near 1), or mask sentinels far above them (masked_fill with -1e9 or finfo.min), would set
+// an RMS that hides any error of the rest: a 64 x 64 output with a 1e6 diagonal has RMS
+// 1.25e5, an fp32 atol of 12.5, and passed a graph doubling every off-diagonal value; -1e9
+// in every row hid a baked branch 0.77 off and a Dropout left in training mode. The largest
+// elements are left out of the scale (the rtol judges them, as the values they are) where
+// they stand far above the RMS of the values below them (at least 1): 100x for up to 5 % of
+// the elements, 1e4x for up to half of them.
+constexpr double kOutlierShare = 0.05, kOutlierGap = 100;
+constexpr double kSentinelShare = 0.5, kSentinelGap = 1e4;
 // Enough magnitudes, picked evenly, to find the cut without sorting a 200 MB output.
 constexpr std::size_t kScaleSampleSize = std::size_t{1} << 16;
 
@@ -137,10 +139,15 @@ AtolScale measure_atol_scale(const TensorView& expected) {
   double cut = kInf;
   const auto m = picked.size();
   double below = 0;  // sum of squares of picked[0..c)
-  const auto first = static_cast<std::size_t>(std::ceil((1 - kOutlierShare) * static_cast<double>(m)));
+  const auto share_from = [m](double share) {
+    return static_cast<std::size_t>(std::ceil((1 - share) * static_cast<double>(m)));
+  };
+  const std::size_t outliers_from = share_from(kOutlierShare), sentinels_from = share_from(kSentinelShare);
   for (std::size_t c = 0; c < m; ++c) {
-    if (c >= first && c > 0 && picked[c] >= kOutlierGap * std::max(1.0, std::sqrt(below / static_cast<double>(c)))) {
+    const double gap = c >= outliers_from ? kOutlierGap : kSentinelGap;
+    if (c >= sentinels_from && c > 0 && picked[c] >= gap * std::max(1.0, std::sqrt(below / static_cast<double>(c)))) {
       cut = picked[c];
+      out.cut = cut;
       break;
     }
     below += picked[c] * picked[c];
@@ -219,6 +226,7 @@ OutputCheck compare_output(const std::string& name, const TensorView& actual, co
   // required_rtol: the largest relative error among elements the atol alone does not cover.
   double required_atol = 0, required_rtol = 0;
   double err2 = 0, exp2 = 0, act2 = 0, dot = 0;  // relative L2 and cosine over finite elements
+  double rest_max = 0, rest_err2 = 0, rest_exp2 = 0;  // the same over the elements below the outliers
   const bool integers = !dtype_is_floating(actual.dtype);
   for (std::size_t i = 0; i < n; ++i) {
     double a = element(actual, i), e = element(expected, i);
@@ -235,6 +243,11 @@ OutputCheck compare_output(const std::string& name, const TensorView& actual, co
     double diff = integers ? integer_distance(integer_element(actual, i), integer_element(expected, i)) : std::abs(a - e);
     err2 += diff * diff;
     exp2 += e * e;
+    if (std::abs(e) < scale.cut) {
+      rest_max = std::max(rest_max, diff);
+      rest_err2 += diff * diff;
+      rest_exp2 += e * e;
+    }
     act2 += a * a;
     dot += a * e;
     double scale = std::abs(e);
@@ -266,6 +279,10 @@ OutputCheck compare_output(const std::string& name, const TensorView& actual, co
   check.required_atol = required_atol;
   check.required_rtol = required_rtol;
   check.rel_l2_error = exp2 > 0 ? std::sqrt(err2 / exp2) : (err2 > 0 ? kInf : 0);
+  if (check.scale_outliers) {
+    check.rest_max_abs_error = rest_max;
+    check.rest_rel_l2_error = rest_exp2 > 0 ? std::sqrt(rest_err2 / rest_exp2) : (rest_err2 > 0 ? kInf : 0);
+  }
   check.cosine_similarity = exp2 > 0 && act2 > 0 ? dot / std::sqrt(exp2 * act2) : (exp2 == act2 ? 1 : 0);
   // Top-1 agreement where the last dimension reads as classes or vocabulary.
   if (dtype_is_floating(actual.dtype) && actual.shape.size() >= 2 && actual.shape.back() >= 2 && n > 0) {
@@ -314,7 +331,7 @@ OutputCheck compare_output(const std::string& name, const TensorView& actual, co
               (tolerance.scaled
                    ? " (" + fmt(tolerance.atol) + " x output RMS " + fmt(check.scale) +
                          (check.scale_outliers ? ", the RMS of all but its " + std::to_string(check.scale_outliers) +
-                                                     " elements over 100x larger, which the rtol judges"
+                                                     " elements far above the rest (outliers or mask sentinels), which the rtol judges"
                                                : std::string()) +
                          ")"
                    : "");
