@@ -3,6 +3,7 @@ graph that silently stops updating it."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from torch_models import cpu_strategy
@@ -459,6 +460,34 @@ def test_a_tensor_kept_as_a_plain_attribute_is_watched_like_a_buffer(how, caplog
     assert not model.ait_active
     named = "replaced by other tensors (scale)" if how == "assigned" else "changed in place (scale)"
     assert any(named in r.getMessage() for r in caplog.records), caplog.text
+
+
+class ScaledByAnArray(torch.nn.Module):
+    """Keeps a numpy array and reads it through ``torch.from_numpy``: a constant to the export."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+        self.table = np.ones(4, dtype=np.float32)
+
+    def forward(self, x):
+        return self.fc(x) * torch.from_numpy(self.table)
+
+
+@pytest.mark.parametrize("how", ["assigned", "equal-copy"])
+def test_a_numpy_array_attribute_reassigned_is_watched_like_a_tensor(how, caplog):
+    """``model.table = np.full(4, 3.0)`` after tuning: the graph held the old array (3.17 off
+    eager in a probe), silently. The array's slot is watched as a tensor attribute's; an equal
+    copy is no change."""
+    inner = ScaledByAnArray().eval()
+    model, x = _tuned_and_routed(inner, "numpy-table")
+    inner.table = np.full(4, 3.0 if how == "assigned" else 1.0, dtype=np.float32)
+    with torch.no_grad(), caplog.at_level("WARNING", logger="aitune"):
+        after = model(x)
+    torch.testing.assert_close(after, ScaledByAnArray.forward(inner, x))
+    assert model.ait_active is (how == "equal-copy")
+    if how == "assigned":
+        assert any("replaced by other tensors (table)" in r.getMessage() for r in caplog.records), caplog.text
 
 
 @pytest.mark.parametrize("how", ["append", "add_module"])

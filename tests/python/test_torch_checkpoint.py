@@ -800,16 +800,17 @@ def test_loading_into_a_module_with_other_weights_says_so(tmp_path, monkeypatch,
 
 class _HeldTensors(torch.nn.Module):
     """Tensors forward reads that the state dict leaves out, built from constructor
-    arguments: a non-persistent buffer (a rotary inv_freq) and a tensor attribute."""
+    arguments: a non-persistent buffer (a rotary inv_freq), a tensor attribute and a numpy array."""
 
-    def __init__(self, base: float = 10000.0, shift: float = 0.0):
+    def __init__(self, base: float = 10000.0, shift: float = 0.0, gain: float = 1.0):
         super().__init__()
         self.fc = torch.nn.Linear(4, 4)
         self.register_buffer("inv_freq", 1.0 / (torch.tensor(base) ** (torch.arange(4) / 4)), persistent=False)
         self.shift = torch.full((4,), shift)
+        self.gain = np.full(4, gain, dtype=np.float32)
 
     def forward(self, x):
-        return torch.sin(self.fc(x) * self.inv_freq) + self.shift
+        return torch.sin(self.fc(x) * self.inv_freq) * torch.from_numpy(self.gain) + self.shift
 
 
 def test_loading_into_a_module_with_other_tensors_outside_its_state_dict_says_so(tmp_path, monkeypatch, caplog):
@@ -838,6 +839,8 @@ def test_loading_into_a_module_with_other_tensors_outside_its_state_dict_says_so
     assert "ait.Module 'held-tensors'" in warning and "(inv_freq)" in warning and "tune it again" in warning
     (warning,) = load_into(_HeldTensors(shift=1.0).eval())
     assert "(shift)" in warning
+    (warning,) = load_into(_HeldTensors(gain=2.0).eval())  # was silent: 2.15 off eager
+    assert "(gain)" in warning
     manifest = _manifest(path)
     del manifest["metadata"]["aitune.torch"]["held_tensors"]  # written before they were stored
     _write_manifest(path, manifest)

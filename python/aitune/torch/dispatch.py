@@ -19,6 +19,7 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 import torch.utils._pytree as pytree
 from torch import Tensor as _Tensor
@@ -243,6 +244,8 @@ def _weight_versions(module: torch.nn.Module, harmless: tuple[str, ...] = ()) ->
 def _equal_tensors(old: Any, new: Any) -> bool:
     """Whether a tensor replaced by ``new`` was replaced by the same values (a cache or a
     weight assigned again as an equal copy: the graphs hold those values still)."""
+    if isinstance(old, np.ndarray) and isinstance(new, np.ndarray):  # weight_changes.is_numeric_array
+        return old.dtype == new.dtype and old.shape == new.shape and bool(np.array_equal(old, new, equal_nan=True))
     return (isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor) and old.dtype == new.dtype
             and old.shape == new.shape and old.device == new.device and bool(torch.equal(old, new)))
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+import numpy as np
 import torch
 
 from aitune.torch.state_changes import user_attributes
@@ -47,8 +48,15 @@ def weight_slots(module: torch.nn.Module, harmless: tuple[str, ...] = ()) -> lis
                 if value is not None:
                     slots.append((f"{prefix}.{key}" if prefix else key, registry, key, value))
     slots += [(path, held, key, value) for path, held, key, value in user_attributes(module, harmless)
-              if isinstance(value, torch.Tensor)]
+              if isinstance(value, torch.Tensor) or is_numeric_array(value)]
     return slots
+
+
+def is_numeric_array(value: object) -> bool:
+    """A numpy array of numbers or bools: forward's ``torch.from_numpy(self.table)`` is a
+    constant to an export, as a tensor attribute is. Watched when reassigned (``weight_slots``)
+    and digested at save (``held_tensors``); a change in place has no version counter to see."""
+    return isinstance(value, np.ndarray) and value.dtype.kind in "biufc"
 
 
 def registry_keys(module: torch.nn.Module) -> list[tuple[str, dict, frozenset]]:
@@ -122,11 +130,13 @@ def held_tensors(module: torch.nn.Module, harmless: tuple[str, ...] = ()) -> lis
     """(path, tensor) of each tensor forward may read that the state dict leaves out: the
     non-persistent buffers (``register_buffer(..., persistent=False)``, a rotary embedding's
     ``inv_freq`` built from a constructor argument) and the tensors kept as plain
-    attributes (``tensor_attributes``). A load_state_dict does not set them, so a module
+    attributes (``tensor_attributes``) or numpy arrays (``is_numeric_array``). A load_state_dict does not set them, so a module
     built with other arguments holds other ones, while an export holds them as constants."""
     persistent = set(module.state_dict(keep_vars=True))
     found = [(name, buffer) for name, buffer in module.named_buffers() if name not in persistent]
-    return found + tensor_attributes(module, harmless)
+    arrays = [(path, torch.as_tensor(value)) for path, _, _, value in user_attributes(module, harmless)
+              if is_numeric_array(value)]
+    return found + tensor_attributes(module, harmless) + arrays
 
 
 def held_values_digest(module: torch.nn.Module, harmless: tuple[str, ...] = ()) -> dict[str, list]:
