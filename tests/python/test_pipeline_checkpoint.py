@@ -71,6 +71,45 @@ def test_load_restores_every_module_at_its_object_path(saved):
         torch.testing.assert_close(fresh(x), outputs)
 
 
+class _EncoderDecoder(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.encoder = MLP(16, 32, 16)
+        self.decoder = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.Dropout(0.5))
+
+    def forward(self, x):
+        return self.decoder(self.encoder(x))
+
+
+def test_loading_a_pipeline_into_modules_in_training_mode_says_so(tmp_path, monkeypatch, caplog):
+    """A model built fresh is in training mode; ait.load put the tuned encoder in eval but
+    the decoder's Dropout ran around it, silently (a T5 generated other tokens). Now named."""
+    import logging
+
+    monkeypatch.setenv("AITUNE_CACHE_DIR", str(tmp_path / "cache"))
+    model = _EncoderDecoder().eval()
+    model.encoder = ait.Module(model.encoder, "encoder", strategy=cpu_strategy())
+    ait.tune(model, [torch.randn(16)], ignore_failing_modules=False, performance_validation=False)
+    path = ait.save(model, tmp_path / "encoder-decoder")
+
+    def warnings_of(fresh) -> list[str]:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="aitune"):
+            ait.load(fresh, path)
+        return [r.getMessage() for r in caplog.records if "training mode" in r.getMessage()]
+
+    (warning,) = warnings_of(_EncoderDecoder())
+    assert "but _EncoderDecoder is in training mode" in warning and ".eval() on it" in warning
+    assert not warnings_of(_EncoderDecoder().eval())
+    fresh = _EncoderDecoder()
+    fresh.encoder.eval()
+    fresh.training = False
+    (warning,) = warnings_of(fresh)  # only the decoder trains
+    assert warning.startswith("ait.load: the loaded ait.Modules run in the mode they were tuned in, but "
+                              "_EncoderDecoder.decoder is in training mode")
+
+
 def test_an_existing_ait_module_at_a_saved_path_is_loaded_into(saved):
     fresh = TwoStage()
     wrapper = ait.Module(fresh.encoder, "encoder", strategy=cpu_strategy())

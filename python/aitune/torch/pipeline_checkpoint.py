@@ -583,4 +583,26 @@ def load(obj: Any, path: str | os.PathLike, device_map: Any = None, disable_exte
         logger.info("ait.load: '%s' was replaced by another save while loading; loading it again", directory)
     logger.info("ait.load: %d ait.Modules of %s loaded from %s in %.3f s", len(plan), type(obj).__name__, directory,
                 time.perf_counter() - start)
+    _warn_training_modules(obj, directory)
     return obj
+
+
+def _warn_training_modules(obj: Any, directory: Path) -> None:
+    """Names the modules of a loaded pipeline left in training mode: each loaded ait.Module
+    is put in the mode it was tuned in, but the code around them runs as the object is, and a
+    freshly built model is in training mode (a T5 with its encoder tuned generated other
+    tokens after the load: its decoder's Dropout ran). Said, not changed: the modes of the
+    user's own modules are theirs to set."""
+    inside = {id(m) for wrapper, _ in find_modules(obj, MAX_DEPTH) if isinstance(wrapper, Module)
+              for m in wrapper.modules()}
+    owner = type(obj).__name__
+    training = [(m, f"{owner}.{location.path}" if location.path else owner) for m, location in find_modules(obj, MAX_DEPTH)
+                if m.training and id(m) not in inside and any(not isinstance(c, Module) for c in m.modules())]
+    below = {id(c) for m, _ in training for c in m.modules() if c is not m}
+    top = [path for m, path in training if id(m) not in below]
+    if top:
+        logger.warning("ait.load: the loaded ait.Modules run in the mode they were tuned in, but %s %s in training "
+                       "mode (a freshly built model is): Dropout and the like run there around them; call .eval() on "
+                       "%s as before tuning (checkpoint %s)", ", ".join(top[:5]) +
+                       (f" and {len(top) - 5} more" if len(top) > 5 else ""),
+                       "is" if len(top) == 1 else "are", "it" if len(top) == 1 else "them", directory)
