@@ -473,19 +473,21 @@ class _Scaled(torch.nn.Module):
         super().__init__()
         self.fc = torch.nn.Linear(8, 4)
 
-    def forward(self, x, scale: float = 1.0, *, offset: int = 0):
-        return self.fc(x) * scale + offset
+    def forward(self, x, scale: float = 1.0, *, offset: int = 0, mask=None):
+        y = self.fc(x) * scale + offset
+        return y if mask is None else y * mask
 
 
 def test_non_tensor_arguments_fixed_in_the_graph_are_named_in_the_readme(tmp_path):
     """scale=2.0 is baked into the ONNX graph: a Triton client cannot send another value,
     and the README said 'Nothing: every setting ... is in config.pbtxt'."""
-    model = _tune(_Scaled().eval(), "scaled", [((torch.randn(8), 2.0), {"offset": 3}) for _ in range(2)],
+    model = _tune(_Scaled().eval(), "scaled", [((torch.randn(8), 2.0), {"offset": 3, "mask": None}) for _ in range(2)],
                   batch_sizes=[1, 2])
     result = ait.export_triton(model, tmp_path / "repo")
     (exported,) = result.models
     (note,) = [n for n in exported.not_expressed if "constants of the exported graph" in n]
     assert "scale = 2.0 (float)" in note and "offset = 3 (int)" in note, note
+    assert "mask = None" in note and "?" not in note, note  # was "mask = ? (none)"
     readme = (tmp_path / "repo" / "scaled" / "README.md").read_text()
     assert "scale = 2.0 (float)" in readme and "Nothing: every setting" not in readme
     assert [i.name for i in parse_config(tmp_path / "repo" / "scaled").input] == ["input_x"]

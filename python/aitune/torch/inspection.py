@@ -261,7 +261,12 @@ def inspect(
     infos = [ModuleInfo(module, location) for module, location in find_modules(obj, max_depth=max_depth)]
     if not infos:
         within = f" within max_depth={max_depth}" if max_depth < MAX_DEPTH else ""
-        raise ValueError(f"ait.inspect: {type(obj).__name__} holds no torch.nn.Module{within}")
+        hint = ""
+        if inference_function is None and callable(obj) and not isinstance(obj, torch.nn.Module):
+            # a function reaches its modules through globals or a closure, which are not searched
+            hint = ("; a function's globals are not searched: give the object holding the modules and call it "
+                    "through the function, ait.inspect(model, data, inference_function=fn)")
+        raise ValueError(f"ait.inspect: {type(obj).__name__} holds no torch.nn.Module{within}{hint}")
     timer = _Timer(infos)
     total = 0.0
     lazy = ""

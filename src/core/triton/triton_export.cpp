@@ -234,8 +234,14 @@ std::string constant_arguments(const std::string& structure_json) {
     const auto& leaf = leaves[i];
     if (!leaf.is_object() || leaf.contains("tensor") || !leaf.contains("type")) continue;
     const std::string name = names[i].empty() ? "input leaf " + std::to_string(i) : names[i];
-    listed += (listed.empty() ? "" : ", ") + name + " = " + (leaf.contains("value") ? leaf["value"].dump() : "?") +
-              " (" + (leaf["type"].is_string() ? leaf["type"].get<std::string>() : leaf["type"].dump()) + ")";
+    const std::string type = leaf["type"].is_string() ? leaf["type"].get<std::string>() : leaf["type"].dump();
+    // None has no value recorded: its type says it all ("? (none)" read as a formatting fault)
+    if (type == "none") {
+      listed += (listed.empty() ? "" : ", ") + name + " = None";
+      continue;
+    }
+    listed += (listed.empty() ? "" : ", ") + name + " = " +
+              (leaf.contains("value") ? leaf["value"].dump() : std::string("(value not recorded)")) + " (" + type + ")";
   }
   return listed;
 }
