@@ -847,6 +847,52 @@ def test_loading_into_a_module_with_other_tensors_outside_its_state_dict_says_so
     assert load_into(_HeldTensors(base=500.0).eval()) == []
 
 
+def _head_class(body: str) -> type:
+    """A class ``Head`` of module ``edited_head`` whose forward returns ``body``: the same
+    name, parameters and submodules, the code as edited between a save and a load."""
+    namespace = {"torch": torch, "__name__": "edited_head"}
+    exec(f"class Head(torch.nn.Module):\n"
+         f"    def __init__(self):\n        super().__init__()\n        self.fc = torch.nn.Linear(4, 4)\n"
+         f"    def forward(self, x):\n        return {body}\n", namespace)
+    return namespace["Head"]
+
+
+def test_loading_into_a_class_whose_forward_was_edited_says_so(tmp_path, monkeypatch, caplog):
+    """A forward edited from relu to 2 * tanh, loaded into: names, weights and shapes all
+    matched, and the module computed two models silently (1.88 off eager). ait.load warns."""
+    import logging
+
+    monkeypatch.setenv("AITUNE_CACHE_DIR", str(tmp_path / "cache"))
+    first, edited = _head_class("torch.relu(self.fc(x))"), _head_class("2 * torch.tanh(self.fc(x))")
+    torch.manual_seed(0)
+    inner = first().eval()
+    model = ait.Module(inner, "edited-head", strategy=cpu_strategy())
+    ait.tune(model, [torch.randn(4) for _ in range(2)], disable_external_logging=True, performance_validation=False)
+    path = ait.save(model, tmp_path / "ckpt")
+    assert _manifest(path)["metadata"]["aitune.torch"]["forward_code"]["edited_head.Head"].startswith("bytecode:")
+
+    def load_into(cls) -> list[str]:
+        fresh = cls().eval()
+        fresh.load_state_dict(inner.state_dict())
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="aitune"):
+            ait.load(ait.Module(fresh, "edited-head"), path)
+        return [r.getMessage() for r in caplog.records if "code of" in r.getMessage()]
+
+    assert load_into(_head_class("torch.relu(self.fc(x))")) == []  # the same code, another class object
+    (warning,) = load_into(edited)
+    assert "the code of edited_head.Head differs" in warning and "Tune it again" in warning
+    # a class with source (this file's): digested from it; torch's own classes are left out
+    assert set(ait_forward_code(_HeldTensors())) == {f"{__name__}._HeldTensors"}
+    assert ait_forward_code(_HeldTensors())[f"{__name__}._HeldTensors"].startswith("source:")
+
+
+def ait_forward_code(module):
+    from aitune.torch.forward_code import forward_code_digest
+
+    return forward_code_digest(module)
+
+
 def test_loading_compiled_graphs_into_other_weights_says_what_they_run(tmp_path, monkeypatch, caplog):
     """Without ONNX Runtime graphs nothing computes with the checkpoint's weights: the
     warning says the loaded module runs its own (one model) and that the tune chose and

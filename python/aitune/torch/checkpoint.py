@@ -43,6 +43,7 @@ from aitune.torch.checkpoint_structure import (
     script_class_hint,
     shape_differences,
 )
+from aitune.torch.forward_code import code_differences, forward_code_digest
 from aitune.torch.graph import SavedGraph
 from aitune.torch.module import Module, ModuleState
 from aitune.torch.weight_changes import digest_differences, held_values_digest, weight_values_digest
@@ -189,6 +190,8 @@ def save(
             # (non-persistent buffers, tensor attributes): a module built with other
             # constructor arguments holds other ones, the ONNX Runtime graphs the saved ones
             "held_tensors": tuned_held,
+            # the code of the module's classes its graphs were exported from (forward_code.py)
+            "forward_code": getattr(module, "_ait_tuned_code", None) or forward_code_digest(module.ait_module),
             # the plain Python values the ONNX Runtime graphs hold as constants, which
             # ait.load expects of the module loaded into (baked_attributes.py)
             **({"attributes": module._ait_calls.attributes.snapshot()}
@@ -384,6 +387,18 @@ def _warn_if_held_differ(module, meta: dict, directory) -> None:
             "and the checkpoint's ONNX Runtime graphs hold the saved ones as constants, so the loaded module may "
             "compute another model. Build the module with the arguments it was tuned with, or tune it again.",
             module.ait_name, directory, _names(differ))
+
+
+def _warn_if_code_differs(module, meta: dict, directory) -> None:
+    """Tells the user when classes of the module loaded into run other code than those the
+    checkpoint's graphs were exported from (forward_code.py). Checkpoints written before
+    the digests were stored are not checked."""
+    if differ := code_differences(meta.get("forward_code"), forward_code_digest(module.ait_module)):
+        logger.warning(
+            "ait.load: the code of %s differs from the code checkpoint '%s' was exported from (ait.Module '%s'): "
+            "its graphs compute the forward as it was then, while calls that run eagerly run the code as it is "
+            "now, so the loaded module may be two models. Tune it again with the code as it is.",
+            _names(differ), directory, module.ait_name)
 
 
 def _warn_if_weights_differ(module, meta: dict, directory) -> None:
@@ -582,8 +597,11 @@ def load(module, path: str | os.PathLike, device_map: DeviceLike | Mapping[str, 
         module._ait_tuned_weights = meta["weights"]  # a save of the loaded module records them again
     if isinstance(meta.get("held_tensors"), dict):
         module._ait_tuned_held = meta["held_tensors"]
+    if isinstance(meta.get("forward_code"), dict):
+        module._ait_tuned_code = meta["forward_code"]
     _warn_if_weights_differ(module, meta, checkpoint.directory)
     _warn_if_held_differ(module, meta, checkpoint.directory)
+    _warn_if_code_differs(module, meta, checkpoint.directory)
     _warn_if_attributes_differ(module, checkpoint.directory)
     tuned_mode = module._ait_calls.training
     if tuned_mode is not None and module.training is not tuned_mode:
