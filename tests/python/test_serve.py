@@ -259,6 +259,11 @@ def test_bad_serve_and_loadtest_arguments_exit_2_before_ray_starts(checkpoint, t
         with pytest.raises(SystemExit) as exited:
             serve_cli.loadtest_main(["http://127.0.0.1:1/", "--checkpoint", path, *argv])
         assert exited.value.code == 2, argv
+    # nothing listening: every request fails, which fails the load test (was exit 0, "p50 nan")
+    assert serve_cli.loadtest_main(["http://127.0.0.1:1/", "--checkpoint", path, "--concurrency", "1",
+                                    "--requests-per-client", "2"]) == 1
+    err = capsys.readouterr().err
+    assert "2 of 2 requests at concurrency 1 got no answer; the first: no answer: ConnectionRefusedError" in err, err
 
 
 def test_bad_bodies_are_refused_with_a_reason(checkpoint):

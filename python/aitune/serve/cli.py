@@ -206,4 +206,13 @@ def loadtest_main(argv: list[str]) -> int:
     if args.json_out:
         with open(args.json_out, "w", encoding="utf-8") as f:
             json.dump(rows, f, indent=2)
-    return 1 if any(r["wrong"] for r in rows) else 0
+    # a request without an answer fails the load test as a wrong answer does: against a server
+    # that is down every request failed, and the sweep exited 0 with "p50 nan"
+    for r in rows:
+        if r["errors"]:
+            print(f"aitune loadtest: {r['errors']} of {r['requests']} requests at concurrency {r['concurrency']} got "
+                  f"no answer; the first: {r['first_error']}", file=sys.stderr)
+        if r["wrong"]:
+            print(f"aitune loadtest: {r['wrong']} answers at concurrency {r['concurrency']} differ from the "
+                  "checkpoint's own", file=sys.stderr)
+    return 1 if any(r["wrong"] or r["errors"] for r in rows) else 0

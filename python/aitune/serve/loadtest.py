@@ -51,6 +51,8 @@ class LevelResult:
             "throughput": len(ok) / self.wall_s if self.wall_s else 0.0,
             "mean_batch": float(np.mean([a.batch for a in ok])) if ok else 0.0,
             "replicas": len({a.replica for a in ok}),
+            # why the first request that got no answer failed (a refused connection, a 500's body)
+            "first_error": next((f"{a.status or 'no answer'}: {a.error}" for a in self.answers if a.status != 200), ""),
         }
 
 
