@@ -62,9 +62,17 @@ bool process_alive(long pid);
 /// lock (see OwnedDirectory) nobody holds. Nothing is removed. A missing `parent` has none.
 std::vector<StaleDirectory> find_stale_directories(const std::string& parent, const std::string& prefix);
 
+/// A stale directory that could not be removed, and why (a read-only file system).
+struct StaleRemovalFailure {
+  std::string path;
+  std::string reason;
+};
+
 /// `find_stale_directories`, each removed while its lock is held (so an owner that
-/// appears meanwhile is never swept). Returns those removed; removal errors are skipped.
-std::vector<StaleDirectory> remove_stale_directories(const std::string& parent, const std::string& prefix);
+/// appears meanwhile is never swept). Returns those removed; those that could not be are
+/// skipped, and added to `failures` where given.
+std::vector<StaleDirectory> remove_stale_directories(const std::string& parent, const std::string& prefix,
+                                                     std::vector<StaleRemovalFailure>* failures = nullptr);
 
 /// Where the torch front end caches its tuning artefacts: $AITUNE_CACHE_DIR, else
 /// $XDG_CACHE_HOME/aitune, else $HOME/.cache/aitune ("~" at the start expanded).

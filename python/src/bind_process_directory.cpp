@@ -29,7 +29,9 @@ void bind_process_directory(nb::module_& m) {
   m.def("process_alive", &process_alive, nb::arg("pid"));
   m.def("find_stale_directories", &find_stale_directories, nb::arg("parent"), nb::arg("prefix"),
         "Entries '<parent>/<prefix><pid>-...' whose process is gone and whose lock nobody holds.");
-  m.def("remove_stale_directories", &remove_stale_directories, nb::arg("parent"), nb::arg("prefix"),
+  m.def("remove_stale_directories",
+        [](const std::string& parent, const std::string& prefix) { return remove_stale_directories(parent, prefix); },
+        nb::arg("parent"), nb::arg("prefix"),
         "find_stale_directories, each removed; returns those removed.");
   m.def("default_cache_root", &default_cache_root,
         "$AITUNE_CACHE_DIR, else $XDG_CACHE_HOME/aitune, else ~/.cache/aitune.");

@@ -131,8 +131,9 @@ int cache_list(const CacheOptions& o) {
 
 int cache_clean(const CacheOptions& o) {
   const fs::path root = cache_root(o);
-  auto removed = sweep(root, [](const std::string& parent, const std::string& prefix) {
-    return remove_stale_directories(parent, prefix);
+  std::vector<StaleRemovalFailure> failures;
+  auto removed = sweep(root, [&failures](const std::string& parent, const std::string& prefix) {
+    return remove_stale_directories(parent, prefix, &failures);
   });
   std::uintmax_t bytes = 0;
   for (const auto& s : removed) {
@@ -140,7 +141,11 @@ int cache_clean(const CacheOptions& o) {
     std::cout << "removed " << s.path << "  " << human_bytes(s.bytes) << "\n";
   }
   std::cout << "removed " << removed.size() << " stale directories, " << human_bytes(bytes) << "\n";
-  return 0;
+  // One that stays (a read-only cache) is said, with the file system's reason, and fails the
+  // command: "removed 0" and exit 0 read as a clean cache that was not.
+  for (const auto& f : failures)
+    std::cerr << "aitune cache clean: could not remove " << f.path << ": " << f.reason << "\n";
+  return failures.empty() ? 0 : 1;
 }
 
 }  // namespace

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -313,6 +314,25 @@ def test_save_scratch_of_a_dead_process_is_removed_and_the_cli_lists_and_cleans(
     ait.save(model, tmp_path / "ck")
     assert not dead.exists()
     assert not list(scratch_root.glob("aitune-save-*"))
+
+
+def test_cache_clean_on_a_read_only_cache_names_what_it_could_not_remove(tmp_path):
+    """A read-only cache (a bind mount, in a user and mount namespace of its own): clean
+    printed "removed 0 stale directories" and exited 0, the stale directory still there."""
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare(1) to mount a read-only cache")
+    root = tmp_path / "cache"
+    stale = root / "m" / "g" / "b" / f"run-{_dead_pid()}-abc"
+    stale.mkdir(parents=True)
+    (stale / "model.onnx").write_bytes(b"x" * 100)
+    script = (f"mount --bind {root} {root} && mount -o remount,bind,ro {root} && "
+              f"exec {shlex.quote(_cli())} cache clean --dir {root}")
+    done = subprocess.run(["unshare", "-Urm", "sh", "-c", script], capture_output=True, text=True, timeout=120)
+    if "mount" in done.stderr and done.returncode != 0 and "could not remove" not in done.stderr:
+        pytest.skip(f"cannot mount in a namespace here: {done.stderr.strip()[:200]}")
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    assert f"aitune cache clean: could not remove {stale}: Read-only file system" in done.stderr, done.stderr
+    assert stale.exists()
 
 
 # -- 5: the console script takes any bytes -------------------------------------------------

@@ -180,12 +180,14 @@ std::vector<StaleDirectory> find_stale_directories(const std::string& parent, co
   return out;
 }
 
-std::vector<StaleDirectory> remove_stale_directories(const std::string& parent, const std::string& prefix) {
+std::vector<StaleDirectory> remove_stale_directories(const std::string& parent, const std::string& prefix,
+                                                     std::vector<StaleRemovalFailure>* failures) {
   std::vector<StaleDirectory> out;
   each_stale(parent, prefix, [&](StaleDirectory found, const fs::path& path) {
     std::error_code ec;
     fs::remove_all(path, ec);
     if (!ec) out.push_back(std::move(found));
+    else if (failures) failures->push_back({found.path, ec.message()});
   });
   return out;
 }
