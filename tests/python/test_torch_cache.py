@@ -169,3 +169,25 @@ def test_a_directory_where_the_tune_report_belongs_is_an_io_error_naming_it(cach
     with pytest.raises(aitune.AituneIOError, match="the tuning report") as raised:
         ait2.tune(again, samples, batch_sizes=[1], ignore_failing_modules=False)
     assert "tune_report.json" in str(raised.value) and "AITUNE_CACHE_DIR" in str(raised.value)
+
+
+def test_a_disk_filling_while_the_report_is_written_leaves_no_page_of_the_failed_tune(cache_dir, monkeypatch):
+    """The page was put in place before the report was written: a disk that filled on the
+    report left tune_report.html, claiming a winner, for a tune that failed, with no JSON."""
+    import errno
+
+    import aitune
+
+    ait, module, samples = _tuned("report-full", 8)
+    real = Path.write_text
+
+    def full_on_the_report(self, text, *args, **kwargs):
+        if self.name == "tune_report.json":
+            raise OSError(errno.ENOSPC, "No space left on device", str(self))
+        return real(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", full_on_the_report)
+    with pytest.raises(aitune.AituneIOError, match="No space left on device"):
+        ait.tune(module, samples, batch_sizes=[1], ignore_failing_modules=False)
+    graphs = list((cache_dir / "report-full").glob("graph_*"))
+    assert graphs and not [p for g in graphs for p in g.glob("tune_report.*")]

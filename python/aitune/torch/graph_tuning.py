@@ -134,9 +134,13 @@ def _write_report(graph: RecordedGraph, report: _core.TuneReport) -> Path:
     directory = cache.module_dir(graph.module_name) / graph.key
     path = directory / REPORT_FILE
     with cache.writing("the tuning report", directory), cache.staging_dir(directory) as staging:
-        # The page first: a report file never names a page older than itself.
-        for name, text in ((REPORT_PAGE, report.to_html()), (REPORT_FILE, report.to_json())):
+        # Both written before either is put in place: a disk that fills on the second left
+        # the page of a failed tune, claiming its winner, with no report beside it. Then the
+        # page first: a report file never names a page older than itself.
+        written = ((REPORT_PAGE, report.to_html()), (REPORT_FILE, report.to_json()))
+        for name, text in written:
             (staging / name).write_text(text)
+        for name, _ in written:
             os.replace(staging / name, directory / name)
     return path
 
