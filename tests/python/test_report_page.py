@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -129,4 +130,25 @@ def test_aitune_report_writes_the_page_that_chromium_renders(tmp_path):
     assert candidates.count('class="accuracy"') == 4 and "calibrated_ratio" in candidates
     assert "model.layers.1.self_attn.o_proj" in divergence and "node_linear_11" in divergence
     png = screenshot(page, tmp_path / "profile", tmp_path / "page.png")
+    assert png.stat().st_size > 10_000
+
+
+def test_one_stalled_call_does_not_flatten_every_latency_chart(tmp_path):
+    """One candidate's max of 12 ms beside p50s near 8 us set the shared scale to 12 ms:
+    every p50-p90 box and eager's dashed line became a pixel. The scale now ends at the
+    largest p99 (at most 4x the largest p90), and the cut whisker ends in an arrowhead."""
+    report = _report()
+    report["eager"] = _profile(9, 2)
+    for candidate, p50 in zip(report["candidates"][:3], (8, 7, 6), strict=True):
+        candidate["profile"] = _profile(p50, 2)
+        candidate.pop("first_profile", None)
+    report["candidates"][0]["profile"]["host_us"]["max"] = 12080.0
+    page = _core.tune_report_html(json.dumps(report))
+    boxes = [float(w) for w in re.findall(r'<rect x="[^"]+" y="10" width="([^"]+)" height="20"', page)]
+    assert len(boxes) == 3 and min(boxes) > 10, boxes  # were 1.5 px each
+    assert page.count('class="beyond"') == 1 and "max 1.21e+04 us, beyond the scale" in page
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (scripts/setup.sh installs it): the page was not opened")
+    (tmp_path / "stalled.html").write_text(page)
+    png = screenshot(tmp_path / "stalled.html", tmp_path / "profile", tmp_path / "stalled.png")
     assert png.stat().st_size > 10_000

@@ -183,7 +183,11 @@ std::string latency_svg(const Latency& l, std::optional<double> eager_p50, doubl
     << " 56\" role=\"img\"><title>latency p50 " << num(l.p50) << " us</title>";
   s << "<line x1=\"" << x(l.min) << "\" x2=\"" << x(l.max) << "\" y1=\"20\" y2=\"20\" stroke=\"#555\"/>";
   s << "<line x1=\"" << x(l.min) << "\" x2=\"" << x(l.min) << "\" y1=\"14\" y2=\"26\" stroke=\"#555\"/>";
-  s << "<line x1=\"" << x(l.max) << "\" x2=\"" << x(l.max) << "\" y1=\"14\" y2=\"26\" stroke=\"#555\"/>";
+  if (l.max <= scale_max)
+    s << "<line x1=\"" << x(l.max) << "\" x2=\"" << x(l.max) << "\" y1=\"14\" y2=\"26\" stroke=\"#555\"/>";
+  else  // cut at the edge: an arrowhead says it goes on (its max is in the text below)
+    s << "<path class=\"beyond\" d=\"M" << right << " 14 L" << right + 8 << " 20 L" << right << " 26 Z\" fill=\"#555\">"
+      << "<title>max " << num(l.max) << " us, beyond the scale</title></path>";
   s << "<rect x=\"" << x(l.p50) << "\" y=\"10\" width=\"" << std::max(1.5, x(l.p90) - x(l.p50))
     << "\" height=\"20\" fill=\"#9cc3e6\" stroke=\"#2b6cb0\"/>";
   s << "<line x1=\"" << x(l.p50) << "\" x2=\"" << x(l.p50) << "\" y1=\"8\" y2=\"32\" stroke=\"#1a365d\" stroke-width=\"2\"/>";
@@ -317,10 +321,17 @@ std::string tune_report_html(const std::string& report_json) {
   const auto eager = latency_of(r.value("eager", json()));
   const std::optional<double> eager_p50 = eager ? std::optional<double>(eager->p50) : std::nullopt;
 
-  double scale_max = eager ? eager->max : 0;
+  // One scale for all: up to the largest p99, but at most 4x the largest p90. One stalled
+  // call (a max of 12 ms beside p50s of 8 us) set the scale to its max and flattened every
+  // box and eager's line into a pixel; a whisker past the edge is cut, its max in the text.
+  double largest_p99 = eager ? eager->p99 : 0, largest_p90 = eager ? eager->p90 : 0;
   for (const auto& c : candidates)
-    if (auto l = latency_of(c.value("profile", json()))) scale_max = std::max(scale_max, l->max);
-  scale_max = scale_max > 0 ? scale_max * 1.05 : 1;
+    if (auto l = latency_of(c.value("profile", json()))) {
+      largest_p99 = std::max(largest_p99, l->p99);
+      largest_p90 = std::max(largest_p90, l->p90);
+    }
+  double scale_max = std::min(largest_p99, 4 * largest_p90);
+  scale_max = scale_max > 0 ? scale_max * 1.1 : 1;
 
   std::ostringstream h;
   h << "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>aitune tune report: "
@@ -363,7 +374,7 @@ std::string tune_report_html(const std::string& report_json) {
 
   h << "<section id=\"candidates\"><h2>Candidates</h2><p class=\"muted\">Left: latency distribution (whisker min&#8211;max, "
        "box p50&#8211;p90, orange tick p99, dashed line "
-    << esc(eager_label) << "'s p50; one scale for all). Right: accuracy against " << esc(eager_label)
+    << esc(eager_label) << "'s p50; one scale for all, to the largest p99 or 4x the largest p90: a whisker cut at the edge ends in an arrowhead). Right: accuracy against " << esc(eager_label)
     << " per output, on the sample where it came out worst.</p>";
   static const std::set<std::string> shown = {"name", "backend", "status", "precision", "reason", "profile",
                                               "correctness", "divergence", "speedup_vs_eager", "config"};
