@@ -288,6 +288,19 @@ def test_bad_bodies_are_refused_with_a_reason(checkpoint):
         with pytest.raises(BadRequest, match=message) as refused:
             server.check(inputs)
         assert refused.value.status == status
+    # the JSON dtype hint only for a JSON body (an .npy or a handle carries its dtype)
+    wrong = {name: np.zeros((1, 16), np.float64)}
+    with pytest.raises(BadRequest) as not_json:
+        server.check(wrong)
+    assert "JSON body" not in str(not_json.value)
+    with pytest.raises(BadRequest, match='a JSON body states it: "dtypes"'):
+        server.check(wrong, from_json=True)
+    # an .npy body sent as .npz: named so (was "'numpy.ndarray' object does not support the
+    # context manager protocol")
+    one = io.BytesIO()
+    np.save(one, np.zeros((1, 16), np.float32))
+    with pytest.raises(BadRequest, match=r"not an .npz archive: it is one .npy array; send it as application/x-npy"):
+        codec.decode(one.getvalue(), codec.NPZ, {}, name)
 
 
 def test_bodies_that_expand_or_overflow_are_refused_typed():
@@ -534,6 +547,11 @@ def test_bad_requests_get_4xx_and_the_replicas_keep_serving(served):
         got, _, payload = _post(url, body, content_type, query)
         assert got == status, (message, got, payload)
         assert message in json.loads(payload)["error"]
+    # a PUT is no inference call (was 400 "body is not JSON")
+    put = urllib.request.Request(url, data=b"", method="PUT")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(put, timeout=30)
+    assert refused.value.code == 405 and refused.value.headers["Allow"] == "GET, POST"
     good = loadtest.run_level(url, pool, concurrency=4, requests=8)
     assert [a.status for a in good.answers] == [200] * 8 and all(a.correct for a in good.answers)
 

@@ -138,12 +138,21 @@ def _within_limit(declared: list[tuple[str, tuple[int, ...], np.dtype]]) -> None
                              f"limit of {MAX_BODY_BYTES}", status=413)
 
 
+def content_kind(content_type: str | None) -> str:
+    """The media type of a Content-Type header, lower case, without its parameters."""
+    return (content_type or JSON).split(";")[0].strip().lower()
+
+
+def is_json(content_type: str | None) -> bool:
+    return content_kind(content_type) in (JSON, "text/json", "")
+
+
 def decode(body: bytes, content_type: str, query: Mapping[str, str], single_input: str | None) -> dict[str, np.ndarray]:
     """The named input arrays of a request body. `single_input` names the graph's input
     when it has exactly one (a .npy or raw body carries one unnamed array)."""
     if len(body) > MAX_BODY_BYTES:
         raise BadRequest(f"body of {len(body)} bytes exceeds the limit of {MAX_BODY_BYTES}", status=413)
-    kind = (content_type or JSON).split(";")[0].strip().lower()
+    kind = content_kind(content_type)
     if kind in (JSON, "text/json", ""):
         try:
             payload = json.loads(body, parse_constant=_BareConstant)
@@ -175,9 +184,10 @@ def decode(body: bytes, content_type: str, query: Mapping[str, str], single_inpu
         return out
     if kind == NPZ:
         try:
-            with np.load(io.BytesIO(body), allow_pickle=False) as archive:
-                if not isinstance(archive, np.lib.npyio.NpzFile):
-                    raise ValueError("it is one .npy array")
+            loaded = np.load(io.BytesIO(body), allow_pickle=False)
+            if not isinstance(loaded, np.lib.npyio.NpzFile):  # an .npy array is no context manager
+                raise BadRequest(f"body is not an .npz archive: it is one .npy array; send it as {NPY}")
+            with loaded as archive:
                 declared = []
                 for info in archive.zip.infolist():  # the headers first: a member's size is known only from them
                     name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename

@@ -85,12 +85,16 @@ class AituneModel:
         headers = {"X-Aitune-Replica": self.replica}
         if http.method == "GET":
             return Response(json.dumps(self.info()), media_type=codec.JSON, headers=headers)
+        if http.method != "POST":  # a PUT or DELETE is no inference call ("body is not JSON" said it was)
+            return Response(json.dumps({"error": f"method {http.method} is not allowed: POST a request, GET the "
+                                                 "graphs"}),
+                            status_code=405, media_type=codec.JSON, headers={**headers, "Allow": "GET, POST"})
         started = time.perf_counter()
         try:
             body = await http.body()
-            inputs = codec.decode(body, http.headers.get("content-type", codec.JSON), http.query_params,
-                                  self.server.single_input())
-            request = self.server.check(inputs, http.query_params.get("graph"))
+            content_type = http.headers.get("content-type", codec.JSON)
+            inputs = codec.decode(body, content_type, http.query_params, self.server.single_input())
+            request = self.server.check(inputs, http.query_params.get("graph"), from_json=codec.is_json(content_type))
         except BadRequest as error:
             return Response(json.dumps({"error": str(error)}), status_code=error.status, media_type=codec.JSON,
                             headers=headers)

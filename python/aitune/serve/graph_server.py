@@ -101,9 +101,10 @@ class GraphServer:
         names = {tuple(self.input_names(k)) for k in self.specs}
         return next(iter(names))[0] if len(names) == 1 and len(next(iter(names))) == 1 else None
 
-    def check(self, inputs: dict[str, np.ndarray], graph: str | None = None) -> Request:
+    def check(self, inputs: dict[str, np.ndarray], graph: str | None = None, from_json: bool = False) -> Request:
         """The request checked against a graph's spec (the one named, else the one whose
-        inputs it names); BadRequest (422 for a tensor the graph refuses) otherwise."""
+        inputs it names); BadRequest (422 for a tensor the graph refuses) otherwise.
+        ``from_json``: the arrays came from a JSON body, whose dtypes a wrong one may be fixed by."""
         keys = [graph] if graph is not None else list(self.specs)
         if graph is not None and graph not in self.specs:
             raise BadRequest(f"no graph '{graph}' in the checkpoint; it has: {', '.join(self.specs)}", status=404)
@@ -119,9 +120,10 @@ class GraphServer:
         try:
             order = _core.check_request(self.specs[key], tensors)
         except _core.DTypeMismatchError as error:
-            # JSON has no dtypes: whole numbers read as int64 (JavaScript writes 1.0 as 1)
-            raise BadRequest(f'{error} (a JSON body states it: "dtypes": {{"<input>": "float32"}})',
-                             status=422) from None
+            # JSON has no dtypes: whole numbers read as int64 (JavaScript writes 1.0 as 1); an
+            # .npy, raw or handle request carries its dtype, and the hint would mislead it
+            hint = ' (a JSON body states it: "dtypes": {"<input>": "float32"})' if from_json else ""
+            raise BadRequest(f"{error}{hint}", status=422) from None
         except _core.ShapeMismatchError as error:
             raise BadRequest(str(error), status=422) from None
         except _core.InvalidArgumentError as error:
