@@ -29,6 +29,16 @@ TEST(ServingPlan, ChoosesTheLargestBatchWhoseWorstCaseFitsTheObjective) {
   std::string why = plan.explain();
   EXPECT_NE(why.find("batch 16 would need 13.0 ms > 10.0 ms"), std::string::npos) << why;
   EXPECT_NE(why.find("<- chosen"), std::string::npos) << why;
+  // Each row names how it was measured, and rows measured two ways are said to be: the
+  // winner's profile (through the module's call) read batch 2 2.5x slower than batch 4.
+  EXPECT_NE(why.find("1.000      1.500      1000.0  winner profile"), std::string::npos) << why;
+  EXPECT_NE(why.find("1666.7  batch search"), std::string::npos) << why;
+  EXPECT_NE(why.find("the rows were measured two ways"), std::string::npos) << why;
+  EXPECT_NE(why.find("from the graph's own latency (HTTP, decoding and batching not counted"), std::string::npos)
+      << why;
+  const auto all = measured();
+  const std::vector<BatchLatency> one_way(all.begin() + 1, all.end());
+  EXPECT_EQ(plan_serving(one_way, {10.0, 1.0, 0}).explain().find("two ways"), std::string::npos);
 }
 
 TEST(ServingPlan, WaitIsCappedAtOneBatchsP50) {
