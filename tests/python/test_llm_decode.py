@@ -470,3 +470,36 @@ def test_an_in_place_compiled_decode_step_replays_cuda_graphs_on_the_caches_it_i
         reference = model.generate(**batch, max_new_tokens=example.NEW_TOKENS, do_sample=False, pad_token_id=0)
     assert torch.equal(ours, reference[:, example.PROMPT_LEN:]), (ours, reference)
     assert counters["inductor"]["cudagraph_skips"] == skips
+
+
+def test_steps_tuned_with_step_dynamic_shapes_generate_at_unrecorded_batches_and_lengths():
+    """Tuned as the example tunes them, the steps took only the recorded shapes: a batch of
+    3 or a prompt of 9 raised ShapeMismatchError, and the caches' names (input_key_cache_0,
+    axes 0 and 2) were for the user to find. step_dynamic_shapes declares them."""
+    from aitune.torch.backend import ONNXExecutionProvider, ONNXRuntimeBackend, ONNXRuntimeBackendConfig
+    from aitune.torch.decode_step import step_dynamic_shapes
+
+    example = _example()
+    model = example.tiny_llama()
+    batch = torch.export.Dim("batch", min=1, max=4)
+    sequence = torch.export.Dim("sequence", min=2, max=32)
+    cache = torch.export.Dim("cache", min=4, max=64)
+    strategy = ait.OneBackendStrategy(ONNXRuntimeBackend(ONNXRuntimeBackendConfig(
+        execution_provider=ONNXExecutionProvider.CPU, use_dynamo=True, in_place_outputs=True,
+        tune_provider_options=False)))
+    prefill = ait.Module(DecodeStep(model), "dyn-prefill", strategy=strategy,
+                         dynamic_shapes=step_dynamic_shapes(model, batch, cache, sequence))
+    decode = ait.Module(DecodeStep(model), "dyn-decode", strategy=strategy,
+                        dynamic_shapes=step_dynamic_shapes(model, batch, cache))
+
+    def generate(input_ids, attention_mask):
+        return greedy_generate(prefill, decode, model, input_ids, attention_mask, 4)
+
+    ait.tune(generate, lambda size: [_family_prompts(size, 6), _family_prompts(size, 9)], batch_sizes=[1, 2],
+             ignore_failing_modules=False, performance_validation=False, progress=False)
+    for size, length, new_tokens in ((3, 6, 4), (4, 11, 7), (1, 20, 5)):
+        prompts = _family_prompts(size, length)
+        with torch.no_grad():
+            ours = greedy_generate(prefill, decode, model, prompts["input_ids"], prompts["attention_mask"], new_tokens)
+        assert torch.equal(ours, _generate(model, prompts, new_tokens)), (size, length)
+    assert prefill.ait_state is ModuleState.TUNED and decode.ait_state is ModuleState.TUNED

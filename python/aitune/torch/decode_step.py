@@ -201,6 +201,24 @@ def empty_cache(model: torch.nn.Module, batch_size: int, cache_len: int, dtype: 
     return zeros(), zeros()
 
 
+def step_dynamic_shapes(model: torch.nn.Module, batch, cache, sequence=None) -> dict[str, dict[int, object]]:
+    """``dynamic_shapes`` for ``ait.Module(DecodeStep(model), ..., dynamic_shapes=...)``, so that a
+    tuned step takes other batch sizes and cache lengths than the recorded ones (and, for a
+    prefill, other prompt lengths): ``batch``, ``cache`` and ``sequence`` are
+    ``torch.export.Dim``s (or ints where fixed). With ``sequence``: the prefill's (S prompt
+    tokens at slots ``cache_position``); without: the decode step's (one token). The caches
+    are named per layer as the graph flattens them (``input_key_cache_0``, ...): axis 0 the
+    batch, axis 2 the cache length; ``attention_mask`` spans the cache."""
+    _refuse_unsupported(model.config)
+    caches = {f"input_{kind}_cache_{i}": {0: batch, 2: cache}
+              for kind in ("key", "value") for i in range(model.config.num_hidden_layers)}
+    if sequence is None:
+        return {"input_ids": {0: batch}, "attention_mask": {0: batch, 1: cache}, "position_ids": {0: batch},
+                **caches}
+    return {"input_ids": {0: batch, 1: sequence}, "attention_mask": {0: batch, 1: cache},
+            "position_ids": {0: batch, 1: sequence}, "cache_position": {0: sequence}, **caches}
+
+
 def greedy_generate(prefill: Callable, decode: Callable, model: torch.nn.Module, input_ids: torch.Tensor,
                     attention_mask: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
     """Greedy tokens [B, max_new_tokens] for a (left-padded) prompt through ``prefill`` and
