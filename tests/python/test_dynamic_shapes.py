@@ -64,6 +64,12 @@ def test_declared_sequence_range_runs_beyond_the_recorded_lengths_and_survives_a
         torch.testing.assert_close(out["hidden"], expected["hidden"], atol=1e-5, rtol=1e-5)
     with pytest.raises(aitune.ShapeMismatchError, match=r"1\.\.64"):
         _call(model, 1, 65)
+    # a call refused for its dtype lists the range the graph accepts, not the shapes recorded
+    # (it read "shapes [1, 16] .. [2, 24]", as if the length were the reason)
+    with pytest.raises(ait.GraphNotRecordedError,
+                       match=r"input_input_ids: int64 rank 2 \(accepts \[1, 1\] \.\. \[2, 64\], declared\)"):
+        with torch.no_grad():
+            model(input_ids=torch.randint(0, 50, (1, 5)), attention_mask=torch.ones(1, 5, dtype=torch.bool))
     path = tmp_path / "encoder.ait"
     ait.save(model, path)
     loaded = ait.Module(Encoder().eval(), "encoder")  # no declaration: the saved spec carries the ranges

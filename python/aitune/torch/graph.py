@@ -597,12 +597,20 @@ class RecordedGraph(_GraphCalls):
         """One line per tensor: ``input_x: float32 rank 4 (shapes [1, 3, 8, 8] .. [2, 3, 16, 16])``, then
         the non-tensor values."""
         lines = []
+        # Inputs with ranges declared in dynamic_shapes: the range the graph accepts, not the
+        # shapes recorded (a call refused for its dtype read as refused for "shapes [2, 12] ..
+        # [3, 13]" where 2..64 was declared).
+        declared = {name for name, _ in self.dynamic_shapes.for_inputs(self.input_names)}
+        spec = {t.name: t for t in self.graph_spec().inputs} if declared and self.samples else {}
         for i, name in enumerate(self.input_names):
             shapes = sorted({tuple(s.inputs[i].shape) for s in self.samples})
             first = self.samples[0].inputs[i] if self.samples else None
             kind = f"{flatten.dtype_name(first.dtype)} rank {first.dim()}" if first is not None else "?"
-            seen = f"{list(shapes[0])}" if len(shapes) == 1 else f"{list(shapes[0])} .. {list(shapes[-1])}"
-            lines.append(f"{name}: {kind} (shapes {seen})")
+            if name in spec:
+                seen = f"accepts {list(spec[name].min_shape)} .. {list(spec[name].max_shape)}, declared"
+            else:
+                seen = f"shapes {list(shapes[0])}" if len(shapes) == 1 else f"shapes {list(shapes[0])} .. {list(shapes[-1])}"
+            lines.append(f"{name}: {kind} ({seen})")
         if constants := _shown_values(self.non_tensor_values):
             lines.append(f"non-tensor values: {constants}")
         return "; ".join(lines)
