@@ -136,6 +136,9 @@ TEST(Calibration, AFewHugeElementsDoNotExcuseErrorsOfTheRest) {
   EXPECT_EQ(wrong.samples[0].outputs[0].scale_outliers, 4);
   EXPECT_NE(wrong.first_failure().find("on the 508 elements below its 4 huge ones"), std::string::npos)
       << wrong.first_failure();
+  const auto json = nlohmann::json::parse(wrong.to_json())["samples"][0]["outputs"][0];
+  EXPECT_EQ(json["atol_scale_outliers"], 4);
+  EXPECT_NEAR(json["rest_max_abs_error"].get<double>(), 0.05, 1e-6);
   const auto fine = judged(1.5e-3);  // as eager fp16 on the rest
   EXPECT_TRUE(fine.passed()) << fine.first_failure();
 }

@@ -462,6 +462,10 @@ std::string CorrectnessReport::to_json(int indent) const {
                          {"atol_scaled", o.tolerance.scaled},
                          {"atol_scale", o.scale},
                          {"atol_scale_outliers", o.scale_outliers},
+                         {"rest_max_abs_error", o.rest_max_abs_error ? nlohmann::json(*o.rest_max_abs_error)
+                                                                     : nlohmann::json(nullptr)},
+                         {"rest_rel_l2_error", o.rest_rel_l2_error ? nlohmann::json(json_number(*o.rest_rel_l2_error))
+                                                                   : nlohmann::json(nullptr)},
                          {"max_abs_error", o.max_abs_error},
                          {"max_rel_error", o.max_rel_error},
                          {"mismatched", o.mismatched},
