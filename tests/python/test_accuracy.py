@@ -148,6 +148,7 @@ def test_the_users_metric_decides_with_its_maximum_drop(cache_dir):
     (RuntimeError("metric bug"), "RuntimeError: metric bug"),
     (float("nan"), r"the accuracy metric scored eager's own outputs \(the baseline\) NaN; it must return a finite number"),
     ("good", "TypeError: accuracy must return a number, got str"),
+    ("1.0", "TypeError: accuracy must return a number, got str '1.0'"),  # float() read it as 1.0
 ])
 def test_a_metric_that_cannot_score_eager_fails_the_tune_naming_why(baseline, message):
     # A NaN baseline used to be taken as a score: every candidate was refused with
@@ -163,6 +164,27 @@ def test_a_metric_that_cannot_score_eager_fails_the_tune_naming_why(baseline, me
     with pytest.raises(ait.TuningError, match=message) as raised:
         ait.tune(model, [torch.randn(16) for _ in range(2)], accuracy=metric, ignore_failing_modules=False)
     assert "drop" not in str(raised.value)
+
+
+def test_a_metric_that_changes_eager_s_outputs_in_place_leaves_the_reference_as_it_was():
+    """The metric was handed the reference's own tensors: ``e.mul_(0)`` in it made every
+    later candidate score against zeros (refused, "drop 1.66"), and the engine's comparison
+    of the candidates with eager used the zeros too."""
+    torch.manual_seed(0)
+
+    def metric(eager, candidate):
+        score = -sum(float((e - c).abs().max()) for e, c in zip(eager, candidate, strict=True))
+        for e in eager:
+            e.mul_(0)  # a careless in-place op on what it was given
+        return score
+
+    model = ait.Module(MLP().eval(), "mlp_metric_mutates", strategy=cpu_strategy(use_dynamo=False))
+    ait.tune(model, [torch.randn(16) for _ in range(4)], accuracy=metric, max_accuracy_drop=1e-4,
+             ignore_failing_modules=False, performance_validation=False)
+    (report,) = model.ait_reports.values()
+    statuses = [c.status for c in report.candidates]
+    assert "incorrect" not in statuses and len(statuses) > 1, [(c.name, c.status, c.reason) for c in report.candidates]
+    assert max(c.max_abs_error for c in report.candidates) < 1e-4
 
 
 def test_a_metric_scoring_a_candidate_inf_or_nan_refuses_it():

@@ -267,6 +267,12 @@ def test_tolerance_overrides_accept_a_known_deviation():
         # NaN compares false with every error: a NaN atol or rtol would pass every element
         (dict(tolerance=(float("nan"), 1e-3)), "tolerance must not be NaN"),
         (dict(output_tolerances={"output_0": (1e-3, float("nan"))}), "output_tolerances\\['output_0'\\] must not be NaN"),
+        # an infinite bound passes any output as NaN does (a sign-flipped branch was selected)
+        (dict(tolerance=(float("inf"), 0.0)), "tolerance must be finite"),
+        (dict(output_tolerances={"output_0": (0.0, float("inf"))}), "output_tolerances\\['output_0'\\] must be finite"),
+        # numbers, not what float() reads: a string or a bool was taken
+        (dict(tolerance=("1e-3", "1e-3")), "tolerance must be an \\(atol, rtol\\) pair of numbers"),
+        (dict(output_tolerances={"output_0": (True, False)}), "must be an \\(atol, rtol\\) pair of numbers"),
         # without a metric the drop allowed is ignored: the user believes a rule is applied
         (dict(max_accuracy_drop=0.01), "max_accuracy_drop=0.01 is given without accuracy"),
     ],

@@ -93,7 +93,10 @@ def labelled_metric(graph, samples: list, accuracy: Callable, labels: Sequence) 
 
 
 def metric_number(value) -> float:
-    """The user's ``accuracy`` result as the engine's number; anything else is a TypeError."""
+    """The user's ``accuracy`` result as the engine's number; anything else is a TypeError
+    (a string is no number, though ``float("1.0")`` reads one)."""
+    if isinstance(value, (str, bytes)):
+        raise TypeError(f"accuracy must return a number, got {type(value).__name__} {value!r}")
     try:
         return float(value)
     except (TypeError, ValueError):

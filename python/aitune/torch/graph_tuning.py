@@ -192,9 +192,11 @@ def _user_metric(graph: RecordedGraph, samples, accuracy):
     """The engine's metric callable over the user's ``accuracy(eager, candidate)``: the
     engine hands it a candidate's outputs (DLPack capsules, valid during the call), and the
     reference's own to get the baseline."""
-    eager = [graph.rebuild_outputs(sample[1]) for sample in samples]
-
     def score(outputs) -> float:
+        # copies for every call: the metric may change what it is given in place, and eager's
+        # tensors are the engine's reference (an `e.mul_(0)` in a metric made every later
+        # candidate score against zeros, and the engine compare against them)
+        eager = [graph.rebuild_outputs([t.clone() for t in sample[1]]) for sample in samples]
         candidate = [graph.rebuild_outputs([torch.from_dlpack(c).clone() for c in sample]) for sample in outputs]
         return metric_number(accuracy(eager, candidate))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -70,11 +71,16 @@ def find_max_batch_size_enabled() -> bool:
 def _tolerance(value, what: str) -> _core.Tolerance:
     try:
         atol, rtol = value
-        atol, rtol = float(atol), float(rtol)
     except (TypeError, ValueError):
         raise ValueError(f"{what} must be an (atol, rtol) pair of numbers, got {value!r}") from None
+    # numbers, not what float() also takes: "1e-3" or True is no tolerance a user means
+    if not all(isinstance(v, numbers.Real) and not isinstance(v, bool) for v in (atol, rtol)):
+        raise ValueError(f"{what} must be an (atol, rtol) pair of numbers, got {value!r}")
+    atol, rtol = float(atol), float(rtol)
     if math.isnan(atol) or math.isnan(rtol):  # every comparison with NaN is false: every element would pass
         raise ValueError(f"{what} must not be NaN, got {value!r}")
+    if math.isinf(atol) or math.isinf(rtol):  # an infinite bound passes every element as NaN would
+        raise ValueError(f"{what} must be finite (an infinite bound passes any output), got {value!r}")
     if atol < 0 or rtol < 0:
         raise ValueError(f"{what} must not be negative, got {value!r}")
     return _core.Tolerance(atol, rtol)
