@@ -2,6 +2,9 @@
 // with, naming that library's version (a stand-in library, fake_old_onnxruntime.cpp),
 // and that the process can still load a proper one after the refusal.
 #include <cstdlib>
+#include <fstream>
+
+#include "aitune/onnx_session.hpp"
 
 #include "test_support.hpp"
 
@@ -13,6 +16,20 @@ namespace aitune {
 namespace {
 
 using test::expect_error;
+
+// First in this process, before any ONNX Runtime is loaded: a session whose runtime cannot
+// load threw from inside create, and the half-built session's ONNX Runtime members were
+// destroyed through an API never set up (a segfault of `aitune run` with a wrong
+// AITUNE_ORT_LIBRARY, of ait.load and of the C++ example alike).
+TEST(OrtRuntimeVersionCheck, ASessionWhoseRuntimeCannotLoadIsAnErrorNotACrash) {
+  const std::string model = ::testing::TempDir() + "aitune-no-runtime.onnx";
+  { std::ofstream(model) << "not loaded: the runtime fails first"; }
+  ::setenv("AITUNE_ORT_LIBRARY", "/nonexistent/libonnxruntime.so", 1);
+  const std::string msg =
+      expect_error([&] { OnnxSession::create(model, OnnxSessionConfig{}); }, ErrorCode::kProviderUnavailable);
+  ::unsetenv("AITUNE_ORT_LIBRARY");
+  EXPECT_NE(msg.find("/nonexistent/libonnxruntime.so"), std::string::npos) << msg;
+}
 
 TEST(OrtRuntimeVersionCheck, RefusesALibraryOlderThanTheHeadersThenLoadsAGoodOne) {
   OrtRuntimeOptions old;

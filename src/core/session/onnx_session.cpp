@@ -357,8 +357,12 @@ std::unique_ptr<OnnxSession> OnnxSession::create(const std::string& model_path,
   if (provider.validate_options) provider.validate_options(config);
   detail::check_cuda_graph_config(config);
   detail::check_thread_counts(config);  // before the runtime loads
+  // The runtime before the session's state: Impl holds ONNX Runtime objects whose
+  // destructors call its API, so an Impl destroyed by a runtime that failed to load called
+  // an API never set up (a segfault where the error belonged).
+  if (!runtime) runtime = OrtRuntime::load();
   auto impl = std::make_unique<Impl>();
-  impl->runtime = runtime ? std::move(runtime) : OrtRuntime::load();
+  impl->runtime = std::move(runtime);
   impl->ctx.model_path = model_path;
   impl->config = config;
   impl->device_memory = provider.capabilities.device_memory;
