@@ -575,6 +575,38 @@ TEST_F(CheckpointTest, UnboundedNumbersInTheBackendConfigAreCorrupt) {
                test::ErrorExpectation{{ErrorCode::kInvalidArgument}, {}, {"intra_op_threads"}});
 }
 
+// An edited manifest whose session config named session.optimized_model_filepath made a
+// load overwrite that file with ONNX bytes (aitune run, the C++ example, ait.load alike):
+// options that make ONNX Runtime write or read a file they name are refused, at load and at
+// save; TensorRT's profile shapes (an option with "profile" in it) stay allowed.
+TEST_F(CheckpointTest, OptionsThatNameFilesAreCorruptAndNotSaved) {
+  save_mlp();
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"session_config", "session.optimized_model_filepath"},
+      {"session_config", "ep.context_enable"},
+      {"session_config", "session.optimized_model_external_initializers_file_name"},
+      {"provider_options", "trt_dump_subgraphs"},
+      {"provider_options", "ep.context_file_path"},
+  };
+  const std::string victim = tmp_.file("victim.txt");
+  for (const auto& [where, key] : cases) {
+    SCOPED_TRACE(where + ": " + key);
+    edit_manifest([&](json& j) {
+      j["graphs"][0]["backend_config"] = json::parse(mlp_config().to_json());
+      j["graphs"][0]["backend_config"][where][key] = victim;
+    });
+    expect_corrupt(dir_, {}, {key, "a checkpoint may not hold one"});
+  }
+  EXPECT_FALSE(fs::exists(victim));
+  auto m = mlp_manifest();
+  m.graphs[0].backend_config.session_config["session.optimized_model_filepath"] = victim;
+  expect_error([&] { Checkpoint::save(tmp_.file("writes"), m, mlp_files()); },
+               test::ErrorExpectation{{ErrorCode::kInvalidArgument}, {}, {"session.optimized_model_filepath"}});
+  auto shapes = mlp_manifest();
+  shapes.graphs[0].backend_config.provider_options["trt_profile_max_shapes"] = "x:4x64";
+  EXPECT_NO_THROW(Checkpoint::save(tmp_.file("shapes"), shapes, mlp_files()));
+}
+
 // ---------------------------------------------------------------------------------
 // Atomic save
 

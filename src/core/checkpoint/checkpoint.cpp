@@ -35,7 +35,6 @@ namespace {
 
 // Provider options that name files or directories: saved as artifacts, they are
 // re-rooted into the checkpoint on load.
-const char* const kPathOptions[] = {"trt_engine_cache_path", "trt_timing_cache_path"};
 
 [[noreturn]] void fail(ErrorCode code, const std::string& message) { throw Error(code, message); }
 
@@ -370,7 +369,7 @@ CheckpointManifest Checkpoint::save(const std::string& dir, const CheckpointMani
       fail(ErrorCode::kInvalidArgument, "graph '" + g.key + "': model '" + g.model + "' is not among the files of " +
                                             graph_directory(g.key) + "/");
     }
-    for (const char* opt : kPathOptions) {
+    for (const char* opt : detail::kPathOptions) {
       auto it = g.backend_config.provider_options.find(opt);
       if (it == g.backend_config.provider_options.end()) continue;
       std::error_code ec;

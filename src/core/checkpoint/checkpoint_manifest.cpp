@@ -54,6 +54,20 @@ std::string graph_where(const CheckpointGraph& g, std::size_t i) {
   return "graphs[" + std::to_string(i) + "] ('" + g.key + "')";
 }
 
+// Whether an ONNX Runtime option (a session config entry or a provider option) makes the
+// session read or write a file it names: session.optimized_model_filepath, ep.context_*,
+// profile prefixes, TensorRT's dumps and caches. A checkpoint is data: loading one writes
+// nothing outside it (an edited manifest made a load overwrite any file the user could
+// write), so only the path options it names as its own (`path_options`, relative to it)
+// may name files.
+bool names_a_file(std::string key) {
+  std::transform(key.begin(), key.end(), key.begin(), [](unsigned char c) { return std::tolower(c); });
+  // ("file" alone would take trt_profile_max_shapes for one)
+  for (const char* part : {"path", "file_name", "filename", "file_prefix", "_dir", "dump", "ep.context"})
+    if (key.find(part) != std::string::npos) return true;
+  return false;
+}
+
 }  // namespace
 
 void validate_manifest(const CheckpointManifest& m, ErrorCode code, bool artifacts) {
@@ -81,6 +95,20 @@ void validate_manifest(const CheckpointManifest& m, ErrorCode code, bool artifac
       if (value < 0 || value > kMaxSessionThreads)
         fail(code, where + ": backend_config." + name + " is " + std::to_string(value) + "; allowed: 0 (ORT's default) to " +
                        std::to_string(kMaxSessionThreads));
+    for (const auto& [key, value] : c.session_config)
+      if (names_a_file(key))
+        fail(code, where + ": backend_config.session_config entry '" + key + "'='" + value +
+                       "' makes ONNX Runtime read or write a file it names; a checkpoint may not hold one (loading "
+                       "writes nothing outside the checkpoint): set it on the session you create instead");
+    // TensorRT's cache directories are path options, which the save makes relative to the
+    // checkpoint where it takes them in (`path_options`, checked below) and keeps as given
+    // where it does not (the user's own cache)
+    for (const auto& [key, value] : c.provider_options)
+      if (names_a_file(key) &&
+          std::none_of(std::begin(kPathOptions), std::end(kPathOptions), [&](const char* p) { return key == p; }))
+        fail(code, where + ": provider option " + key + "='" + value +
+                       "' makes ONNX Runtime read or write a file it names; a checkpoint may not hold one (loading "
+                       "writes nothing outside the checkpoint): set it on the session you create instead");
     if (c.device_id < 0 || c.device_id > kMaxDeviceId)
       fail(code, where + ": backend_config.device_id is " + std::to_string(c.device_id) + "; allowed: 0 to " +
                      std::to_string(kMaxDeviceId));

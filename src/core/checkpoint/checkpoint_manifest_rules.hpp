@@ -18,6 +18,10 @@ using ManifestJson = nlohmann::ordered_json;  // keeps the manifest's fields in 
 inline constexpr std::uintmax_t kMaxManifestBytes = 64u << 20;
 // kMaxSessionThreads and kMaxDeviceId (session_limits.hpp) bound a saved backend configuration.
 
+/// The provider options that name a directory a save may take into the checkpoint (its
+/// `path_options`, made relative to it): TensorRT's engine and timing caches.
+inline constexpr const char* kPathOptions[] = {"trt_engine_cache_path", "trt_timing_cache_path"};
+
 /// Why `path` is not an acceptable relative path (see is_safe_relative_path), or "".
 std::string unsafe_path_reason(const std::string& path);
 
