@@ -97,7 +97,10 @@ int run(const Args& args) {
   if (key.empty()) {
     const auto keys = checkpoint.graph_keys();
     auto runnable = std::find_if(keys.begin(), keys.end(), [&](const auto& k) { return checkpoint.runs_in_engine(k); });
-    key = runnable != keys.end() ? *runnable : keys.front();  // none: create_session says why
+    if (keys.empty())  // a checkpoint may keep only a front end's metadata
+      throw aitune::Error(aitune::ErrorCode::kInvalidArgument,
+                          "checkpoint '" + checkpoint.directory() + "' holds no graph to run");
+    key = runnable != keys.end() ? *runnable : keys.front();  // none in this engine: create_session says why
   }
   auto backend = checkpoint.create_session(key, args.overrides);
   const double load_ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();

@@ -87,6 +87,8 @@ std::unique_ptr<OnnxSession> checkpoint_backend(const RunOptions& o,
     std::string not_here;
     for (const auto& k : others)
       not_here += (not_here.empty() ? "" : ", ") + k + " (" + checkpoint.graph(k).backend + ")";
+    if (runnable.empty() && others.empty())  // a checkpoint may keep only a front end's metadata
+      throw Error(ErrorCode::kInvalidArgument, "checkpoint '" + checkpoint.directory() + "' holds no graph to run");
     if (runnable.empty())
       throw Error(ErrorCode::kInvalidArgument,
                   "checkpoint '" + checkpoint.directory() + "' holds no graph this engine runs: " + not_here +

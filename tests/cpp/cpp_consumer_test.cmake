@@ -115,6 +115,16 @@ if(NOT rc EQUAL 1 OR NOT out MATCHES "io: --save-outputs .* is not a directory" 
 endif()
 message(STATUS "unwritable --save-outputs refused first: ok")
 
+# A checkpoint with no graph (a front end's metadata alone) is named so (was a segfault:
+# keys.front() of no keys).
+step(no_graphs "${PYTHON}" -c "import json, shutil, sys\nshutil.copytree(sys.argv[1], sys.argv[2], dirs_exist_ok=True)\nm = json.load(open(sys.argv[2] + '/manifest.json'))\nm['graphs'] = []\njson.dump(m, open(sys.argv[2] + '/manifest.json', 'w'))"
+     "${WORK_DIR}/add_ckpt" "${WORK_DIR}/no_graphs")
+execute_process(COMMAND "${example}" "${WORK_DIR}/no_graphs" RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+if(NOT rc EQUAL 1 OR NOT out MATCHES "invalid_argument: checkpoint .*no_graphs' holds no graph to run")
+  message(FATAL_ERROR "cpp_consumer_example: a checkpoint without graphs gave exit ${rc}:\n${out}")
+endif()
+message(STATUS "checkpoint without graphs named: ok")
+
 # A damaged checkpoint is refused by the example too (exit 5, the file named).
 step(corrupt "${PYTHON}" -c "import sys\nwith open(sys.argv[1], 'r+b') as f:\n    b = f.read(1)\n    f.seek(0)\n    f.write(bytes([b[0] ^ 1]))"
      "${WORK_DIR}/ckpt/graphs/mlp/mlp_ext.onnx.data")
