@@ -82,6 +82,9 @@ struct ToleranceSpec {
   Precision precision = Precision::kStrict;
 
   Tolerance for_output(const std::string& name, DType dtype) const;
+  /// Whether the tolerance of this output is one the user gave (per output, or `all` for a
+  /// floating output) rather than the table's: a limit the calibrated rule does not widen.
+  bool given_for(const std::string& name, DType dtype) const;
   bool operator==(const ToleranceSpec&) const = default;
 };
 
@@ -113,6 +116,7 @@ struct OutputCheck {
                             ///< (split into magnitude groups: the smallest group's)
   double scale = 1;         ///< atol_scale(expected) (computed for every floating output)
   int64_t scale_outliers = 0;  ///< elements the scale left out (measure_atol_scale)
+  bool tolerance_given = false;  ///< the user's tolerance (ToleranceSpec::given_for): a hard limit
   /// With scale_outliers: the errors over the other elements alone. The calibrated rule
   /// judges them on their own too: eager's errors on a few huge values would otherwise
   /// excuse any error of the rest.

@@ -143,6 +143,28 @@ TEST(Calibration, AFewHugeElementsDoNotExcuseErrorsOfTheRest) {
   EXPECT_TRUE(fine.passed()) << fine.first_failure();
 }
 
+// A bf16 candidate 2e-3 off passed "(calibrated)" where the user had given 1e-6 for the
+// output: a tolerance the user gives is a limit, which eager's own error does not widen.
+TEST(Calibration, AToleranceTheUserGaveIsALimitTheCalibratedRuleDoesNotWiden) {
+  auto expected = logits(0);
+  for (const bool per_output : {true, false}) {
+    ToleranceSpec given{.precision = Precision::kFP16};
+    if (per_output) given.per_output["logits"] = Tolerance{1e-6, 1e-6};
+    else given.all = Tolerance{1e-6, 1e-6};
+    CorrectnessReport r;
+    r.samples.push_back(compare_sample("sample 0", {"logits"}, {logits(0.15, true).view()}, {expected.view()}, given));
+    ASSERT_TRUE(r.samples[0].outputs[0].tolerance_given);
+    apply_calibration(r, eager_fp16(0.1), 2.0);  // 1.5x eager fp16's error: the table alone would be excused
+    EXPECT_FALSE(r.passed());
+    EXPECT_NE(r.first_failure().find("the tolerance given for this output is a limit"), std::string::npos)
+        << r.first_failure();
+  }
+  auto table = candidate_report(0.15, true);  // the table's tolerance: widened as before
+  EXPECT_FALSE(table.samples[0].outputs[0].tolerance_given);
+  apply_calibration(table, eager_fp16(0.1), 2.0);
+  EXPECT_TRUE(table.passed()) << table.first_failure();
+}
+
 TEST(Calibration, TheTableIsAFloorAndNaNIsNeverExcused) {
   auto tiny = candidate_report(1e-4, true);  // passes the table even though eager's error is 0
   apply_calibration(tiny, eager_fp16(0), 2.0);

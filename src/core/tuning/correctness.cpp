@@ -179,6 +179,11 @@ Tolerance ToleranceSpec::for_output(const std::string& name, DType dtype) const 
   return default_tolerance(dtype, precision);
 }
 
+bool ToleranceSpec::given_for(const std::string& name, DType dtype) const {
+  if (dtype == DType::kBool) return false;  // a mask is compared exactly whatever is given
+  return per_output.count(name) > 0 || (all && dtype_is_floating(dtype));
+}
+
 OutputCheck compare_output(const std::string& name, const TensorView& actual, const TensorView& expected,
                            Tolerance tolerance) {
   require_host_contiguous(actual, name, "actual");
@@ -462,6 +467,7 @@ std::string CorrectnessReport::to_json(int indent) const {
                          {"atol_scaled", o.tolerance.scaled},
                          {"atol_scale", o.scale},
                          {"atol_scale_outliers", o.scale_outliers},
+                         {"tolerance_given", o.tolerance_given},
                          {"rest_max_abs_error", o.rest_max_abs_error ? nlohmann::json(*o.rest_max_abs_error)
                                                                      : nlohmann::json(nullptr)},
                          {"rest_rel_l2_error", o.rest_rel_l2_error ? nlohmann::json(json_number(*o.rest_rel_l2_error))
@@ -565,6 +571,7 @@ SampleCheck compare_sample(const std::string& sample, const std::vector<std::str
     const auto& name = output_names[i];
     check.outputs.push_back(
         compare_output(name, actual[i], expected[i], tolerances.for_output(name, expected[i].dtype)));
+    check.outputs.back().tolerance_given = tolerances.given_for(name, expected[i].dtype);
   }
   return check;
 }
