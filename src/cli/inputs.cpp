@@ -149,6 +149,8 @@ std::map<std::string, int64_t> parse_dims(const std::vector<std::string>& dims, 
       throw Error(ErrorCode::kInvalidArgument, "--dim " + d + ": the model's inputs have no symbolic dimension '" + k +
                                                    "'; they have: " + (names.empty() ? "none" : names));
     }
+    if (out.count(k))  // the last value won, without a word (a repeated --input is refused too)
+      throw Error(ErrorCode::kInvalidArgument, "--dim " + k + " is given twice; give each symbol once");
     out[k] = parse_integer(v, 1, kMaxExtent, "--dim " + k);
   }
   return out;

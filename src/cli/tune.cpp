@@ -115,6 +115,11 @@ void print_plan(const std::vector<PlannedCandidate>& plan) {
 }
 
 int tune_model(const CliTuneArgs& o) {
+  // A budget is the latency-budget strategy's alone: given with another (the default
+  // max-throughput) it was ignored without a word.
+  if (o.latency_budget_ms > 0 && o.strategy != "latency-budget")
+    throw Error(ErrorCode::kInvalidArgument, "--latency-budget-ms is the budget of --strategy latency-budget, not of "
+                                             "--strategy " + o.strategy + "; give --strategy latency-budget with it");
   StrategyConfig strategy;
   strategy.kind = parse_strategy_kind(o.strategy);
   strategy.latency_budget_ms = o.latency_budget_ms;

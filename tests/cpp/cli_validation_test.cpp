@@ -142,6 +142,9 @@ TEST(CliValidation, TuneNumbersAndNamesOutOfRange) {
   expect_exit(mlp + " --samples " + fixture("") + " --batch-sizes 4", 2, "--samples excludes --batch-sizes");
   expect_exit(mlp + " --samples " + fixture("") + " --dim seq=4", 2, "--samples excludes --dim");
   expect_exit(mlp + " --strategy latency-budget --latency-budget-ms nan", 2, "--latency-budget-ms");
+  expect_exit(mlp + " --dim batch=4 --dim batch=8", 2, "--dim batch is given twice");
+  // a budget without its strategy was ignored: the default max-throughput ran
+  expect_exit(mlp + " --latency-budget-ms 5", 2, "--latency-budget-ms is the budget of --strategy latency-budget");
   expect_exit("tune " + fixture("mlp.onnx") + " --time-cap nan", 2, "--time-cap");
   expect_exit("tune " + fixture("mlp.onnx") + " --time-cap -1", 2, "--time-cap");
 }
