@@ -464,6 +464,16 @@ def test_a_batched_vector_is_dims_one_with_an_empty_reshape():
         assert tensor.HasField("reshape") and list(tensor.reshape.shape) == []
     unbatched = text_format.Parse(_core.triton_model_config(graph, "vec", 0).text, PB2.ModelConfig())
     assert list(unbatched.input[0].dims) == [-1] and not unbatched.input[0].HasField("reshape")
+    # A rank-0 output without batching: dims [1] with the empty reshape too (was dims [1]
+    # alone, a rank Triton's ONNX Runtime backend refuses against the model's scalar)
+    scalar = _core.GraphSpec.from_json(json.dumps({
+        "inputs": [{"name": "x", "dtype": "float32", "min_shape": [4], "max_shape": [4]}],
+        "outputs": [{"name": "s", "dtype": "float32", "min_shape": [], "max_shape": []}], "batch_sizes": []}))
+    graph = _core.CheckpointGraph(key="g", graph_spec=scalar,
+                                  backend_config=_core.OnnxSessionConfig(provider=_core.ExecutionProvider.CPU))
+    config = text_format.Parse(_core.triton_model_config(graph, "scalar", 0).text, PB2.ModelConfig())
+    assert list(config.output[0].dims) == [1] and config.output[0].HasField("reshape")
+    assert list(config.output[0].reshape.shape) == [] and list(config.input[0].dims) == [4]
 
 
 class _Scaled(torch.nn.Module):

@@ -69,14 +69,15 @@ std::string dims_text(const std::vector<int64_t>& dims) {
 namespace {
 
 // One input/output entry; a scalar (or a batched rank-1 tensor) gets dims [1] and an
-// empty reshape, as Triton's own auto-complete writes it.
+// empty reshape, as Triton's own auto-complete writes it: batched or not, the model's
+// tensor has no dimension there (without batching a rank-0 output was written as [1],
+// which Triton refuses as a rank mismatch).
 std::string tensor_entry(const TensorSpec& t, bool batching) {
   auto dims = triton_dims(t, batching);
   std::ostringstream out;
   out << "  {\n    name: " << quote(t.name) << "\n    data_type: " << triton_dtype(t.dtype) << "\n";
   if (dims.empty()) {
-    out << "    dims: [1]\n";
-    if (batching) out << "    reshape { shape: [] }\n";
+    out << "    dims: [1]\n    reshape { shape: [] }\n";
   } else {
     out << "    dims: " << dims_text(dims) << "\n";
   }
