@@ -62,6 +62,16 @@ def test_declared_valid_positions_callable_is_used():
     assert "positions undefined by valid_positions" in report.to_json()
 
 
+def test_a_valid_positions_function_that_raises_is_named_with_the_graph_it_ran_for():
+    """A bare ZeroDivisionError came out of ait.tune, naming neither the function nor the module."""
+    def broken(arguments, outputs):
+        return 1 / 0
+
+    with pytest.raises(ZeroDivisionError, match=r"padded-llama-broken.*the valid_positions function raised "
+                                                r"ZeroDivisionError: division by zero"):
+        _tune(tiny_decoder("llama"), "padded-llama-broken", valid_positions=broken)
+
+
 def test_bad_valid_positions_option_is_a_type_error():
     with pytest.raises(TypeError, match="valid_positions"):
         ait.tune(lambda **k: None, [{"x": torch.ones(2)}], valid_positions=3)

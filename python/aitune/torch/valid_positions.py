@@ -162,7 +162,15 @@ def masks_for(option: ValidPositionsOption, arguments: dict[str, Any], outputs: 
     if option is False:
         return None
     if callable(option) and not isinstance(option, str):
-        mask = option(arguments, outputs)
+        try:
+            mask = option(arguments, outputs)
+        except Exception as error:  # the user's function: named with where it ran (was a bare error)
+            message = f"{where}: the valid_positions function raised {type(error).__name__}: {error}"
+            try:
+                named = type(error)(message)  # the same type, for a caller that catches it
+            except Exception:  # a type whose constructor takes other arguments
+                named = ValueError(message)
+            raise named from error
         if mask is None:
             return None
         if not isinstance(mask, torch.Tensor):
