@@ -315,7 +315,7 @@ class SharedHead:
             return self.head(y[:, 0])  # another rank: another graph
 
 
-def test_a_shared_module_is_wrapped_saved_and_loaded_at_every_place(tmp_path):
+def test_a_shared_module_is_wrapped_saved_and_loaded_at_every_place(tmp_path, caplog):
     pipeline = SharedHead()
     samples = [torch.randn(3, 16) for _ in range(2)]
     x = torch.stack(samples)
@@ -331,10 +331,22 @@ def test_a_shared_module_is_wrapped_saved_and_loaded_at_every_place(tmp_path):
     torch.testing.assert_close(pipeline(x), expected)
     path = ait.save(pipeline, tmp_path / "shared")
     assert [m["path"] for m in json.loads((path / "pipeline.json").read_text())["modules"]] == ["head", "inner.encoder"]
-    fresh = ait.load(SharedHead(), path)
+    assert json.loads((path / "pipeline.json").read_text())["modules"][0]["aliases"] == ["inner.shared"]
+    with caplog.at_level("WARNING", logger="aitune"):
+        fresh = ait.load(SharedHead(), path)
     assert isinstance(fresh.head, ait.Module) and fresh.inner.shared is fresh.head
     assert fresh.head.ait_state is ait.ModuleState.TUNED
     torch.testing.assert_close(fresh(x), expected)
+    assert "several places" not in caplog.text
+    # built with a copy where the saved object shared the module: that place stays eager,
+    # which the load said nothing of (a pipeline half tuned)
+    unshared = SharedHead()
+    unshared.inner.shared = torch.nn.Linear(16, 16).eval()
+    unshared.inner.shared.load_state_dict(unshared.head.state_dict())
+    with caplog.at_level("WARNING", logger="aitune"):
+        ait.load(unshared, path)
+    assert not isinstance(unshared.inner.shared, ait.Module)
+    assert "here 'inner.shared' (the module of 'head' when saved) holds another module" in caplog.text, caplog.text
 
 
 def test_a_shared_module_wrapped_twice_by_hand_loads_into_a_fresh_pipeline(tmp_path):

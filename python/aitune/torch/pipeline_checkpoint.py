@@ -283,6 +283,9 @@ def save(obj: Any, path: str | os.PathLike, *, overwrite: bool = True,
                 "directory": section,
                 "manifest_sha256": _sha256(tmp / section / MODULE_MANIFEST),
                 "tensor_shapes": _tensor_shapes(module.ait_module),
+                # the module's other places (one module shared): a load into an object that
+                # holds another module there says so (it stays eager, unwrapped)
+                "aliases": [alias.path for alias in location.aliases],
             })
         manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "object_class": class_name(type(obj)),
                     "torch_version": torch.__version__, "modules": entries}
@@ -349,6 +352,9 @@ def _read_manifest(directory: Path) -> dict:
         if entry["path"] in paths:
             raise _corrupt(where, f"modules[{i}].path '{entry['path']}' is listed twice")
         paths.add(entry["path"])
+        aliases = entry.get("aliases", [])
+        if not (isinstance(aliases, list) and all(isinstance(a, str) for a in aliases)):
+            raise _corrupt(where, f"modules[{i}].aliases must be a list of object paths")
     if not isinstance(data.get("object_class"), str):
         raise _corrupt(where, "'object_class' is missing")
     return data
@@ -584,7 +590,26 @@ def load(obj: Any, path: str | os.PathLike, device_map: Any = None, disable_exte
     logger.info("ait.load: %d ait.Modules of %s loaded from %s in %.3f s", len(plan), type(obj).__name__, directory,
                 time.perf_counter() - start)
     _warn_training_modules(obj, directory)
+    _warn_unshared(obj, plan, directory)
     return obj
+
+
+def _warn_unshared(obj: Any, plan: list, directory: Path) -> None:
+    """Names the places where the saved object held the module of a saved path (one module
+    shared, ``entry["aliases"]``) and the object loaded into holds another: that one is
+    not wrapped and runs eagerly (a pipeline built with a copy there loaded silently half
+    tuned)."""
+    places: dict[str, Any] = {}
+    for module, location in find_modules(obj, MAX_DEPTH):
+        for place in (location, *location.aliases):
+            places.setdefault(place.path, module)
+    unshared = [f"'{alias}' (the module of '{entry['path']}' when saved)" for entry, _, _ in plan
+                for alias in entry.get("aliases", []) if places.get(alias) is not places.get(entry["path"])]
+    if unshared:
+        logger.warning("ait.load: the %s saved in %s held one module at several places; here %s another module, "
+                       "left as it is (eager, not loaded): share the module as when it was saved, or wrap and tune "
+                       "that one too", type(obj).__name__, directory,
+                       ", ".join(unshared[:5]) + (" hold" if len(unshared) > 1 else " holds"))
 
 
 def _warn_training_modules(obj: Any, directory: Path) -> None:
