@@ -1,5 +1,8 @@
 // `aitune report tune_report.json -o page.html`: a tune report as an HTML page.
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -38,6 +41,10 @@ std::string report_in(const std::string& path) {
                                                " graphs; pass one of them:" + names);
 }
 
+// ": <why>" from errno after a failed open, write or rename ("" where none is set): the
+// message said only "cannot write the page" for a missing directory or a directory there.
+std::string reason() { return errno ? std::string(": ") + std::strerror(errno) : std::string(); }
+
 }  // namespace
 
 Command add_report(CLI::App& app) {
@@ -48,8 +55,9 @@ Command add_report(CLI::App& app) {
   sub->add_option("-o,--output", *output, "the page to write (default: the report's path with .html)");
   return {sub, [report, output] {
             *report = report_in(*report);
+            errno = 0;
             std::ifstream in(*report);
-            if (!in) throw Error(ErrorCode::kIo, "cannot read the report '" + *report + "'");
+            if (!in) throw Error(ErrorCode::kIo, "cannot read the report '" + *report + "'" + reason());
             std::stringstream text;
             text << in.rdbuf();
             std::string page;
@@ -67,12 +75,21 @@ Command add_report(CLI::App& app) {
             }
             const std::string partial = target + ".partial";
             {
+              errno = 0;
               std::ofstream out(partial, std::ios::trunc);
               out << page;
-              if (!out) throw Error(ErrorCode::kIo, "cannot write the page '" + target + "'");
+              out.flush();
+              if (!out) {
+                const std::string why = reason();
+                std::remove(partial.c_str());
+                throw Error(ErrorCode::kIo, "cannot write the page '" + target + "'" + why);
+              }
             }
-            if (std::rename(partial.c_str(), target.c_str()) != 0)
-              throw Error(ErrorCode::kIo, "cannot write the page '" + target + "'");
+            if (std::rename(partial.c_str(), target.c_str()) != 0) {
+              const std::string why = reason();  // a directory there, another file system
+              std::remove(partial.c_str());
+              throw Error(ErrorCode::kIo, "cannot write the page '" + target + "'" + why);
+            }
             std::cout << "wrote " << target << "\n";
             return 0;
           }};

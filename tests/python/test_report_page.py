@@ -98,6 +98,13 @@ def test_aitune_report_writes_the_page_that_chromium_renders(tmp_path):
     assert page.read_text() == _core.tune_report_html(report.read_text())
     default = subprocess.run([_cli(), "report", str(report)], capture_output=True, text=True, timeout=60)
     assert default.returncode == 0 and (tmp_path / "tune_report.html").exists()
+    # a page that cannot be written says why (it said only "cannot write the page")
+    for target, why in ((tmp_path / "no-such-dir" / "x.html", "No such file or directory"),
+                        (tmp_path, "Is a directory")):
+        refused = subprocess.run([_cli(), "report", str(report), "-o", str(target)], capture_output=True, text=True,
+                                 timeout=60)
+        assert refused.returncode != 0 and f"cannot write the page '{target}': {why}" in refused.stderr, refused.stderr
+        assert not list(tmp_path.glob("*.partial"))
     (tmp_path / "bad.json").write_text("[]")
     bad = subprocess.run([_cli(), "report", str(tmp_path / "bad.json")], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "bad.json" in bad.stderr
