@@ -324,6 +324,44 @@ def test_calls_under_torch_func_transforms_and_fake_tensors_run_eagerly(caplog):
     assert len(said) == 2 and "torch.func transform" in said[0] and "FakeTensorMode" in said[1], said
 
 
+def test_calls_under_a_torch_function_or_dispatch_mode_run_eagerly(caplog):
+    """A TorchFunctionMode doubling linear changed eager's outputs and not the tuned graph's
+    (2x off, silently): a graph runs no PyTorch op a mode could act on. Such calls run
+    eagerly, said once per set of modes; outside the modes the graph serves again."""
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from torch_models import cpu_strategy
+
+    class DoubleLinear(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            return out * 2 if func is torch.nn.functional.linear else out
+
+    class DoubleAddmm(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            return out * 2 if func is torch.ops.aten.addmm.default else out
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).eval()
+    model = ait.Module(net, "under-modes", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [torch.randn(16) for _ in range(3)], batch_sizes=[2], progress=False,
+             ignore_failing_modules=False)
+    x = torch.randn(2, 16)
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="aitune"):
+        for mode in (DoubleLinear, DoubleAddmm):
+            with mode():
+                expected = net(x)
+                got, again = model(x), model(x)
+            torch.testing.assert_close(got, expected)
+            torch.testing.assert_close(again, expected)
+        plain = model(x)
+    torch.testing.assert_close(plain, net(x), atol=1e-5, rtol=1e-5)
+    said = [r.getMessage() for r in caplog.records if "TorchFunctionMode / TorchDispatchMode" in r.getMessage()]
+    assert len(said) == 2 and "DoubleLinear" in said[0] and "DoubleAddmm" in said[1], said
+
+
 def test_jacrev_of_a_tuned_module_is_said_as_a_torch_func_call(caplog):
     """jacrev's inputs require grad, so its calls were said as autograd calls (a WARNING
     about inputs requiring grad): they are said as torch.func calls, the result eager's."""

@@ -71,7 +71,10 @@ _GUARDS = dict(
         _nn_module._global_backward_hooks,
     ],
     context_vars=[context.session_var, context.eager_var],
-    calls=[torch._C._get_tracing_state],
+    # a TorchFunctionMode or TorchDispatchMode active (a user's, a FlopCounterMode, torch.device
+    # as a context): it acts on eager ops, which a graph has none of (a mode doubling linear
+    # changed eager's outputs 2x and not the graph's, silently)
+    calls=[torch._C._get_tracing_state, torch._C._is_torch_function_mode_enabled, torch._C._len_torch_dispatch_stack],
     attributes=["_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks", "_compiled_call_impl"],
 )
 
@@ -261,6 +264,16 @@ def _no_data_cause(tensor: torch.Tensor) -> str | None:
     return None
 
 
+def _active_modes() -> str | None:
+    """The TorchFunctionModes and TorchDispatchModes active now, by class name, or None."""
+    names = []
+    if torch._C._is_torch_function_mode_enabled():
+        names += [type(m).__name__ for m in torch.overrides._get_current_function_mode_stack()]
+    if torch._C._len_torch_dispatch_stack():
+        names += [type(m).__name__ for m in torch.utils._python_dispatch._get_current_dispatch_mode_stack()]
+    return ", ".join(names) or None
+
+
 def _requires_grad(args: tuple, kwargs: dict) -> bool:
     """Whether any tensor of the call requires grad (plain tensor arguments are checked
     without flattening)."""
@@ -367,6 +380,7 @@ class ModuleDispatch:
         self.warned: set = set()
         self.grad_logged = False  # the first call run eagerly for autograd was logged
         self.without_data_logged: set[str] = set()  # causes of calls without data, said once each
+        self.modes_logged: set[str] = set()  # the sets of active modes whose eager calls were logged
         self.autocast_logged = False  # the first call run eagerly for autocast was logged
         self.global_hooks_logged: set = set()  # the sets of global forward hooks whose eager calls were logged
         self.measuring = False  # made by measured_call to measure a candidate, not a module's
@@ -439,6 +453,8 @@ class ModuleDispatch:
         # torch.func first: jacrev's inputs require grad too, and are said as its own
         if (why := _without_data(args, kwargs)) is not None:
             return self._run_without_data(why, args, kwargs)
+        if (modes := _active_modes()) is not None:
+            return self._run_under_modes(modes, args, kwargs)
         if torch.is_grad_enabled() and _requires_grad(args, kwargs):
             return self._run_with_autograd(args, kwargs)
         if self.tuned and (changed := self.changed_submodules()):
@@ -758,6 +774,17 @@ class ModuleDispatch:
                 "ait.Module '%s': called with %s, in which its forward computes otherwise than its graphs (exported "
                 "with gradients off; seen when it was tuned); such calls run eagerly in PyTorch. Call it under "
                 "torch.no_grad() to run the graphs.", self.name, describe_mode(mode))
+        return self.module.forward(*args, **kwargs)  # the hooks ran around the proxy's forward
+
+    def _run_under_modes(self, modes: str, args: tuple, kwargs: dict) -> Any:
+        """A call under a TorchFunctionMode or TorchDispatchMode runs eagerly: the mode acts
+        on each PyTorch op forward runs, and a graph runs none (said once per set of modes)."""
+        if modes not in self.modes_logged:
+            self.modes_logged.add(modes)
+            logger.warning(
+                "ait.Module '%s': called under %s (TorchFunctionMode / TorchDispatchMode), which act on the PyTorch "
+                "ops forward runs, none of which a tuned graph runs; such calls run eagerly in PyTorch", self.name,
+                modes)
         return self.module.forward(*args, **kwargs)  # the hooks ran around the proxy's forward
 
     def _run_with_autograd(self, args: tuple, kwargs: dict) -> Any:
