@@ -362,6 +362,38 @@ def test_calls_under_a_torch_function_or_dispatch_mode_run_eagerly(caplog):
     assert len(said) == 2 and "DoubleLinear" in said[0] and "DoubleAddmm" in said[1], said
 
 
+class _MakesTensors(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.fc(x) + torch.arange(4) / 3  # made in the default dtype
+
+
+def test_calls_under_another_default_dtype_run_eagerly(caplog):
+    """torch.set_default_dtype(torch.float64) after tuning: eager returned float64 (its
+    arange took the default), the tuned graph float32, silently."""
+    from torch_models import cpu_strategy
+
+    torch.manual_seed(0)
+    net = _MakesTensors().eval()
+    model = ait.Module(net, "default-dtype", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [torch.randn(4) for _ in range(3)], batch_sizes=[2], progress=False, ignore_failing_modules=False)
+    x = torch.randn(2, 4)
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="aitune"):
+        torch.set_default_dtype(torch.float64)
+        try:
+            got, expected = model(x), net(x)
+        finally:
+            torch.set_default_dtype(torch.float32)
+        assert got.dtype == expected.dtype == torch.float64
+        torch.testing.assert_close(got, expected)
+        plain = model(x)
+    assert plain.dtype == torch.float32
+    assert "called with torch's default dtype float64, its graphs were made under float32" in caplog.text
+
+
 def test_jacrev_of_a_tuned_module_is_said_as_a_torch_func_call(caplog):
     """jacrev's inputs require grad, so its calls were said as autograd calls (a WARNING
     about inputs requiring grad): they are said as torch.func calls, the result eager's."""

@@ -92,6 +92,10 @@ def new_dispatch(module: torch.nn.Module, training: bool | None, autocast: bool 
     a call in the other state goes there too. ``grad_modes``: the autograd modes forward
     computes otherwise in (grad_modes.py); a call in one goes there too."""
     guards = dict(_GUARDS)
+    # torch.set_default_dtype(torch.float64) after tuning: eager's torch.ones / arange in
+    # forward make float64 and its outputs follow; the graph's constants stay float32
+    default_dtype = torch.get_default_dtype()
+    guards["calls"] = [*guards["calls"], lambda: torch.get_default_dtype() is not default_dtype]
     if autocast is not None:
         guards["calls"] = [*guards["calls"], lambda: autocast_enabled() is not autocast]
     if grad_modes:
@@ -360,6 +364,7 @@ class ModuleDispatch:
         self.grad_modes = tuple(sorted({mode for graph, _ in self.tuned.values()
                                         for mode in getattr(graph, "grad_modes", ())}))
         self.grad_modes_logged: set[str] = set()
+        self.default_dtype = torch.get_default_dtype()  # as the graphs were made or loaded: others run eagerly
         self.cpp = new_dispatch(module, self.training, self.autocast, self.grad_modes) if self.tuned else None
         # The names of the modules the C++ half watches (module.modules() order, "" the
         # wrapped module) and the forward hooks of each submodule with hooks when it was made.
@@ -463,6 +468,8 @@ class ModuleDispatch:
             return self._run_with_global_hooks(args, kwargs)
         if self.tuned and self.autocast is not None and autocast_enabled() is not self.autocast:
             return self._run_in_other_autocast(args, kwargs)
+        if self.tuned and torch.get_default_dtype() is not self.default_dtype:
+            return self._run_in_other_default_dtype(args, kwargs)
         if self.tuned and self.grad_modes and (mode := mode_of_call(self.grad_modes)) is not None:
             return self._run_in_other_grad_mode(mode, args, kwargs)
         if (self.attributes is not None or self.slots) and not self.cpp.attributes_clear():
@@ -774,6 +781,19 @@ class ModuleDispatch:
                 "ait.Module '%s': called with %s, in which its forward computes otherwise than its graphs (exported "
                 "with gradients off; seen when it was tuned); such calls run eagerly in PyTorch. Call it under "
                 "torch.no_grad() to run the graphs.", self.name, describe_mode(mode))
+        return self.module.forward(*args, **kwargs)  # the hooks ran around the proxy's forward
+
+    def _run_in_other_default_dtype(self, args: tuple, kwargs: dict) -> Any:
+        """A call while torch's default dtype is another than when the graphs were made runs
+        eagerly: tensors forward makes (torch.ones, arange) take it, the graphs' constants do
+        not (said once per dtype)."""
+        now = str(torch.get_default_dtype()).removeprefix("torch.")
+        if now not in self.modes_logged:
+            self.modes_logged.add(now)
+            logger.warning(
+                "ait.Module '%s': called with torch's default dtype %s, its graphs were made under %s (tensors "
+                "forward creates take the default dtype, a graph's constants do not); such calls run eagerly in "
+                "PyTorch", self.name, now, str(self.default_dtype).removeprefix("torch."))
         return self.module.forward(*args, **kwargs)  # the hooks ran around the proxy's forward
 
     def _run_under_modes(self, modes: str, args: tuple, kwargs: dict) -> Any:
