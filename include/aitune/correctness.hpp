@@ -37,7 +37,8 @@ struct Tolerance {
 /// finite elements), leaving out outliers and mask sentinels (the largest elements where
 /// each is at least 100x the RMS of the values below it, for up to 5 % of the elements, or
 /// 1e4x, for up to half: a 1e6 diagonal over values near 1, masked_fill(-1e9), whose RMS
-/// would excuse any error of the rest; the rtol judges them); 1 for integer and bool outputs. `expected` must be in host memory and contiguous.
+/// would excuse any error of the rest; the rtol judges them); 1 for integer and bool
+/// outputs. `expected` must be in host memory and contiguous.
 struct AtolScale {
   double scale = 1;
   int64_t outliers = 0;  ///< finite elements left out of the RMS
@@ -84,7 +85,9 @@ struct ToleranceSpec {
   Tolerance for_output(const std::string& name, DType dtype) const;
   /// Whether the tolerance of this output is one the user gave (per output, or `all` for a
   /// floating output) rather than the table's: a limit the calibrated rule does not widen.
-  bool given_for(const std::string& name, DType dtype) const;
+  bool given_for(const std::string& name, DType dtype) const { return given(name, dtype) != nullptr; }
+  /// The tolerance the user gave this output, or null (a bool output: none applies).
+  const Tolerance* given(const std::string& name, DType dtype) const;
   bool operator==(const ToleranceSpec&) const = default;
 };
 

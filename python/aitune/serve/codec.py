@@ -143,8 +143,11 @@ def content_kind(content_type: str | None) -> str:
     return (content_type or JSON).split(";")[0].strip().lower()
 
 
+_JSON_KINDS = (JSON, "text/json", "")  # an absent Content-Type reads as JSON
+
+
 def is_json(content_type: str | None) -> bool:
-    return content_kind(content_type) in (JSON, "text/json", "")
+    return content_kind(content_type) in _JSON_KINDS
 
 
 def decode(body: bytes, content_type: str, query: Mapping[str, str], single_input: str | None) -> dict[str, np.ndarray]:
@@ -153,7 +156,7 @@ def decode(body: bytes, content_type: str, query: Mapping[str, str], single_inpu
     if len(body) > MAX_BODY_BYTES:
         raise BadRequest(f"body of {len(body)} bytes exceeds the limit of {MAX_BODY_BYTES}", status=413)
     kind = content_kind(content_type)
-    if kind in (JSON, "text/json", ""):
+    if kind in _JSON_KINDS:
         try:
             payload = json.loads(body, parse_constant=_BareConstant)
         except (ValueError, UnicodeDecodeError) as error:

@@ -191,7 +191,7 @@ def save(
             # constructor arguments holds other ones, the ONNX Runtime graphs the saved ones
             "held_tensors": tuned_held,
             # the code of the module's classes its graphs were exported from (forward_code.py)
-            "forward_code": getattr(module, "_ait_tuned_code", None) or forward_code_digest(module.ait_module),
+            "forward_code": module.__dict__.get("_ait_tuned_code") or forward_code_digest(module.ait_module),
             # the plain Python values the ONNX Runtime graphs hold as constants, which
             # ait.load expects of the module loaded into (baked_attributes.py)
             **({"attributes": module._ait_calls.attributes.snapshot()}

@@ -80,7 +80,7 @@ _GUARDS = dict(
 
 
 def new_dispatch(module: torch.nn.Module, training: bool | None, autocast: bool | None = None,
-                 grad_modes: tuple[str, ...] = ()) -> _core.TorchDispatch:
+                 grad_modes: tuple[str, ...] = (), default_dtype: torch.dtype | None = None) -> _core.TorchDispatch:
     """An empty C++ half for one ait.Module; calls it does not serve go to nn.Module.__call__.
     ``training``: the mode the graphs were recorded in (None: not checked). A call while the
     wrapped ``module`` or any of its submodules is in another mode than now (where ``module``
@@ -90,12 +90,12 @@ def new_dispatch(module: torch.nn.Module, training: bool | None, autocast: bool 
     forward hooks differ from the ones registered now (a graph runs no submodule).
     ``autocast``: whether torch.autocast was on when they were recorded (None: not checked);
     a call in the other state goes there too. ``grad_modes``: the autograd modes forward
-    computes otherwise in (grad_modes.py); a call in one goes there too."""
+    computes otherwise in (grad_modes.py); a call in one goes there too. ``default_dtype``:
+    torch's default dtype the graphs were made under (None: not checked); a call under
+    another goes there too."""
     guards = dict(_GUARDS)
-    # torch.set_default_dtype(torch.float64) after tuning: eager's torch.ones / arange in
-    # forward make float64 and its outputs follow; the graph's constants stay float32
-    default_dtype = torch.get_default_dtype()
-    guards["calls"] = [*guards["calls"], lambda: torch.get_default_dtype() is not default_dtype]
+    if default_dtype is not None:
+        guards["calls"] = [*guards["calls"], lambda: torch.get_default_dtype() is not default_dtype]
     if autocast is not None:
         guards["calls"] = [*guards["calls"], lambda: autocast_enabled() is not autocast]
     if grad_modes:
@@ -364,8 +364,13 @@ class ModuleDispatch:
         self.grad_modes = tuple(sorted({mode for graph, _ in self.tuned.values()
                                         for mode in getattr(graph, "grad_modes", ())}))
         self.grad_modes_logged: set[str] = set()
-        self.default_dtype = torch.get_default_dtype()  # as the graphs were made or loaded: others run eagerly
-        self.cpp = new_dispatch(module, self.training, self.autocast, self.grad_modes) if self.tuned else None
+        # torch's default dtype as the graphs were made or loaded: under another, eager's
+        # torch.ones / arange in forward make that dtype and its outputs follow, a graph's
+        # constants do not (set_default_dtype(float64) after tuning: float64 vs float32)
+        self.default_dtype = torch.get_default_dtype()
+        self.default_dtypes_logged: set[torch.dtype] = set()
+        self.cpp = (new_dispatch(module, self.training, self.autocast, self.grad_modes, self.default_dtype)
+                    if self.tuned else None)
         # The names of the modules the C++ half watches (module.modules() order, "" the
         # wrapped module) and the forward hooks of each submodule with hooks when it was made.
         self.submodule_names = [name for name, _ in module.named_modules()] if self.tuned else []
@@ -787,13 +792,13 @@ class ModuleDispatch:
         """A call while torch's default dtype is another than when the graphs were made runs
         eagerly: tensors forward makes (torch.ones, arange) take it, the graphs' constants do
         not (said once per dtype)."""
-        now = str(torch.get_default_dtype()).removeprefix("torch.")
-        if now not in self.modes_logged:
-            self.modes_logged.add(now)
+        now = torch.get_default_dtype()
+        if now not in self.default_dtypes_logged:
+            self.default_dtypes_logged.add(now)
             logger.warning(
                 "ait.Module '%s': called with torch's default dtype %s, its graphs were made under %s (tensors "
                 "forward creates take the default dtype, a graph's constants do not); such calls run eagerly in "
-                "PyTorch", self.name, now, str(self.default_dtype).removeprefix("torch."))
+                "PyTorch", self.name, str(now).removeprefix("torch."), str(self.default_dtype).removeprefix("torch."))
         return self.module.forward(*args, **kwargs)  # the hooks ran around the proxy's forward
 
     def _run_under_modes(self, modes: str, args: tuple, kwargs: dict) -> Any:

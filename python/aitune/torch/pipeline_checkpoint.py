@@ -589,18 +589,19 @@ def load(obj: Any, path: str | os.PathLike, device_map: Any = None, disable_exte
         logger.info("ait.load: '%s' was replaced by another save while loading; loading it again", directory)
     logger.info("ait.load: %d ait.Modules of %s loaded from %s in %.3f s", len(plan), type(obj).__name__, directory,
                 time.perf_counter() - start)
-    _warn_training_modules(obj, directory)
-    _warn_unshared(obj, plan, directory)
+    found = find_modules(obj, MAX_DEPTH)  # the object as loaded, for both warnings
+    _warn_training_modules(obj, found, directory)
+    _warn_unshared(obj, found, plan, directory)
     return obj
 
 
-def _warn_unshared(obj: Any, plan: list, directory: Path) -> None:
+def _warn_unshared(obj: Any, found: list, plan: list, directory: Path) -> None:
     """Names the places where the saved object held the module of a saved path (one module
     shared, ``entry["aliases"]``) and the object loaded into holds another: that one is
     not wrapped and runs eagerly (a pipeline built with a copy there loaded silently half
     tuned)."""
     places: dict[str, Any] = {}
-    for module, location in find_modules(obj, MAX_DEPTH):
+    for module, location in found:
         for place in (location, *location.aliases):
             places.setdefault(place.path, module)
     unshared = [f"'{alias}' (the module of '{entry['path']}' when saved)" for entry, _, _ in plan
@@ -612,16 +613,15 @@ def _warn_unshared(obj: Any, plan: list, directory: Path) -> None:
                        ", ".join(unshared[:5]) + (" hold" if len(unshared) > 1 else " holds"))
 
 
-def _warn_training_modules(obj: Any, directory: Path) -> None:
+def _warn_training_modules(obj: Any, found: list, directory: Path) -> None:
     """Names the modules of a loaded pipeline left in training mode: each loaded ait.Module
     is put in the mode it was tuned in, but the code around them runs as the object is, and a
     freshly built model is in training mode (a T5 with its encoder tuned generated other
     tokens after the load: its decoder's Dropout ran). Said, not changed: the modes of the
     user's own modules are theirs to set."""
-    inside = {id(m) for wrapper, _ in find_modules(obj, MAX_DEPTH) if isinstance(wrapper, Module)
-              for m in wrapper.modules()}
+    inside = {id(m) for wrapper, _ in found if isinstance(wrapper, Module) for m in wrapper.modules()}
     owner = type(obj).__name__
-    training = [(m, f"{owner}.{location.path}" if location.path else owner) for m, location in find_modules(obj, MAX_DEPTH)
+    training = [(m, f"{owner}.{location.path}" if location.path else owner) for m, location in found
                 if m.training and id(m) not in inside and any(not isinstance(c, Module) for c in m.modules())]
     below = {id(c) for m, _ in training for c in m.modules() if c is not m}
     top = [path for m, path in training if id(m) not in below]

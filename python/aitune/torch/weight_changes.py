@@ -48,7 +48,7 @@ def weight_slots(module: torch.nn.Module, harmless: tuple[str, ...] = ()) -> lis
                 if value is not None:
                     slots.append((f"{prefix}.{key}" if prefix else key, registry, key, value))
     slots += [(path, held, key, value) for path, held, key, value in user_attributes(module, harmless)
-              if isinstance(value, torch.Tensor) or is_numeric_array(value)]
+              if _held_attribute(value)]
     return slots
 
 
@@ -57,6 +57,11 @@ def is_numeric_array(value: object) -> bool:
     constant to an export, as a tensor attribute is. Watched when reassigned (``weight_slots``)
     and digested at save (``held_tensors``); a change in place has no version counter to see."""
     return isinstance(value, np.ndarray) and value.dtype.kind in "biufc"
+
+
+def _held_attribute(value: object) -> bool:
+    """A plain attribute an export holds as a constant tensor: a tensor or a numeric array."""
+    return isinstance(value, torch.Tensor) or is_numeric_array(value)
 
 
 def registry_keys(module: torch.nn.Module) -> list[tuple[str, dict, frozenset]]:
@@ -130,13 +135,14 @@ def held_tensors(module: torch.nn.Module, harmless: tuple[str, ...] = ()) -> lis
     """(path, tensor) of each tensor forward may read that the state dict leaves out: the
     non-persistent buffers (``register_buffer(..., persistent=False)``, a rotary embedding's
     ``inv_freq`` built from a constructor argument) and the tensors kept as plain
-    attributes (``tensor_attributes``) or numpy arrays (``is_numeric_array``). A load_state_dict does not set them, so a module
-    built with other arguments holds other ones, while an export holds them as constants."""
+    attributes (``tensor_attributes``) or numpy arrays (``is_numeric_array``, as tensors). A
+    load_state_dict does not set them, so a module built with other arguments holds other
+    ones, while an export holds them as constants."""
     persistent = set(module.state_dict(keep_vars=True))
     found = [(name, buffer) for name, buffer in module.named_buffers() if name not in persistent]
-    arrays = [(path, torch.as_tensor(value)) for path, _, _, value in user_attributes(module, harmless)
-              if is_numeric_array(value)]
-    return found + tensor_attributes(module, harmless) + arrays
+    return found + [(path, value if isinstance(value, torch.Tensor) else torch.as_tensor(value))
+                    for path, _, _, value in user_attributes(module, harmless)
+                    if _held_attribute(value)]
 
 
 def held_values_digest(module: torch.nn.Module, harmless: tuple[str, ...] = ()) -> dict[str, list]:

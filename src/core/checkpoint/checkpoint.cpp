@@ -33,9 +33,6 @@ using detail::unsafe_path_reason;
 
 namespace {
 
-// Provider options that name files or directories: saved as artifacts, they are
-// re-rooted into the checkpoint on load.
-
 [[noreturn]] void fail(ErrorCode code, const std::string& message) { throw Error(code, message); }
 
 std::string read_text_file(const fs::path& path, const char* what) {

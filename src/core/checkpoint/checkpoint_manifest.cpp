@@ -95,20 +95,20 @@ void validate_manifest(const CheckpointManifest& m, ErrorCode code, bool artifac
       if (value < 0 || value > kMaxSessionThreads)
         fail(code, where + ": backend_config." + name + " is " + std::to_string(value) + "; allowed: 0 (ORT's default) to " +
                        std::to_string(kMaxSessionThreads));
+    auto refuse_file = [&](const std::string& option) {
+      fail(code, where + ": " + option +
+                     " makes ONNX Runtime read or write a file it names; a checkpoint may not hold one (loading "
+                     "writes nothing outside the checkpoint): set it on the session you create instead");
+    };
     for (const auto& [key, value] : c.session_config)
-      if (names_a_file(key))
-        fail(code, where + ": backend_config.session_config entry '" + key + "'='" + value +
-                       "' makes ONNX Runtime read or write a file it names; a checkpoint may not hold one (loading "
-                       "writes nothing outside the checkpoint): set it on the session you create instead");
+      if (names_a_file(key)) refuse_file("backend_config.session_config entry '" + key + "'='" + value + "'");
     // TensorRT's cache directories are path options, which the save makes relative to the
     // checkpoint where it takes them in (`path_options`, checked below) and keeps as given
     // where it does not (the user's own cache)
     for (const auto& [key, value] : c.provider_options)
       if (names_a_file(key) &&
           std::none_of(std::begin(kPathOptions), std::end(kPathOptions), [&](const char* p) { return key == p; }))
-        fail(code, where + ": provider option " + key + "='" + value +
-                       "' makes ONNX Runtime read or write a file it names; a checkpoint may not hold one (loading "
-                       "writes nothing outside the checkpoint): set it on the session you create instead");
+        refuse_file("provider option " + key + "='" + value + "'");
     if (c.device_id < 0 || c.device_id > kMaxDeviceId)
       fail(code, where + ": backend_config.device_id is " + std::to_string(c.device_id) + "; allowed: 0 to " +
                      std::to_string(kMaxDeviceId));

@@ -236,12 +236,11 @@ std::string constant_arguments(const std::string& structure_json) {
     const std::string name = names[i].empty() ? "input leaf " + std::to_string(i) : names[i];
     const std::string type = leaf["type"].is_string() ? leaf["type"].get<std::string>() : leaf["type"].dump();
     // None has no value recorded: its type says it all ("? (none)" read as a formatting fault)
-    if (type == "none") {
-      listed += (listed.empty() ? "" : ", ") + name + " = None";
-      continue;
-    }
-    listed += (listed.empty() ? "" : ", ") + name + " = " +
-              (leaf.contains("value") ? leaf["value"].dump() : std::string("(value not recorded)")) + " (" + type + ")";
+    const std::string value =
+        type == "none" ? "None"
+                       : (leaf.contains("value") ? leaf["value"].dump() : std::string("(value not recorded)")) + " (" +
+                             type + ")";
+    listed += (listed.empty() ? "" : ", ") + name + " = " + value;
   }
   return listed;
 }

@@ -135,8 +135,7 @@ AtolScale measure_atol_scale(const TensorView& expected) {
     if (std::isfinite(e)) picked.push_back(std::abs(e));
   }
   std::sort(picked.begin(), picked.end());
-  // The first magnitude of the top share that stands kOutlierGap above everything below it.
-  double cut = kInf;
+  // The first magnitude of the top share that stands its gap above everything below it.
   const auto m = picked.size();
   double below = 0;  // sum of squares of picked[0..c)
   const auto share_from = [m](double share) {
@@ -146,8 +145,7 @@ AtolScale measure_atol_scale(const TensorView& expected) {
   for (std::size_t c = 0; c < m; ++c) {
     const double gap = c >= outliers_from ? kOutlierGap : kSentinelGap;
     if (c >= sentinels_from && c > 0 && picked[c] >= gap * std::max(1.0, std::sqrt(below / static_cast<double>(c)))) {
-      cut = picked[c];
-      out.cut = cut;
+      out.cut = picked[c];
       break;
     }
     below += picked[c] * picked[c];
@@ -157,7 +155,7 @@ AtolScale measure_atol_scale(const TensorView& expected) {
   for (std::size_t i = 0; i < n; ++i) {
     double e = element(expected, i);
     if (!std::isfinite(e)) continue;
-    if (std::abs(e) >= cut) {
+    if (std::abs(e) >= out.cut) {
       ++out.outliers;
       continue;
     }
@@ -170,18 +168,19 @@ AtolScale measure_atol_scale(const TensorView& expected) {
 
 double atol_scale(const TensorView& expected) { return measure_atol_scale(expected).scale; }
 
-Tolerance ToleranceSpec::for_output(const std::string& name, DType dtype) const {
-  if (dtype == DType::kBool) return {0, 0};  // a mask is right or wrong
-  if (auto it = per_output.find(name); it != per_output.end()) return it->second;
+const Tolerance* ToleranceSpec::given(const std::string& name, DType dtype) const {
+  if (dtype == DType::kBool) return nullptr;  // a mask is right or wrong, whatever is given
+  if (auto it = per_output.find(name); it != per_output.end()) return &it->second;
   // A tolerance for every output is for the floating ones: indices and counts stay exact
   // unless a per-output tolerance names them.
-  if (all && dtype_is_floating(dtype)) return *all;
-  return default_tolerance(dtype, precision);
+  if (all && dtype_is_floating(dtype)) return &*all;
+  return nullptr;
 }
 
-bool ToleranceSpec::given_for(const std::string& name, DType dtype) const {
-  if (dtype == DType::kBool) return false;  // a mask is compared exactly whatever is given
-  return per_output.count(name) > 0 || (all && dtype_is_floating(dtype));
+Tolerance ToleranceSpec::for_output(const std::string& name, DType dtype) const {
+  if (dtype == DType::kBool) return {0, 0};
+  if (const Tolerance* user = given(name, dtype)) return *user;
+  return default_tolerance(dtype, precision);
 }
 
 OutputCheck compare_output(const std::string& name, const TensorView& actual, const TensorView& expected,
@@ -201,9 +200,9 @@ OutputCheck compare_output(const std::string& name, const TensorView& actual, co
     return failed(check, "shape " + shape_to_string(actual.shape) + ", expected " + shape_to_string(expected.shape));
 
   const auto n = static_cast<std::size_t>(actual.numel());
-  const AtolScale scale = measure_atol_scale(expected);
-  check.scale = scale.scale;
-  check.scale_outliers = scale.outliers;
+  const AtolScale measured = measure_atol_scale(expected);
+  check.scale = measured.scale;
+  check.scale_outliers = measured.outliers;
   const double atol = tolerance.scaled ? tolerance.atol * check.scale : tolerance.atol;
   check.atol_applied = atol;
   // Parts of very different sizes along one axis: each judged as its own output.
@@ -248,7 +247,7 @@ OutputCheck compare_output(const std::string& name, const TensorView& actual, co
     double diff = integers ? integer_distance(integer_element(actual, i), integer_element(expected, i)) : std::abs(a - e);
     err2 += diff * diff;
     exp2 += e * e;
-    if (std::abs(e) < scale.cut) {
+    if (std::abs(e) < measured.cut) {
       rest_max = std::max(rest_max, diff);
       rest_err2 += diff * diff;
       rest_exp2 += e * e;
