@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "aitune/dtype.hpp"
+#include "aitune/shape_condition.hpp"
 #include "aitune/tensor.hpp"
 
 namespace aitune {
@@ -47,9 +48,18 @@ struct GraphSpec {
   std::vector<TensorSpec> inputs;
   std::vector<TensorSpec> outputs;
   std::vector<int64_t> batch_sizes;  ///< distinct batch sizes seen while recording, ascending
+  /// Conditions the exported model was captured under (a branch of the model's code on a
+  /// shape, ShapeCondition): a call whose input shapes violate one is outside the graph
+  /// even where every extent lies in its range.
+  std::vector<ShapeCondition> conditions;
 
   /// Index of the input named `name`, or nullopt.
   std::optional<std::size_t> find_input(const std::string& name) const;
+  /// The first condition these input shapes (in input order) violate, or nullptr.
+  const ShapeCondition* violated_condition(const std::vector<Shape>& shapes) const;
+  /// Throws Error(kShapeMismatch) naming the inputs' shapes and the first condition they
+  /// violate, if any.
+  void check_conditions(const std::vector<Shape>& shapes) const;
 
   std::string to_json(int indent = 2) const;
   /// Throws Error(kInvalidArgument) naming the field that is missing or malformed.

@@ -181,6 +181,15 @@ class GraphTuner {
   const TuneReport& report() const noexcept;
   const GraphSpec& spec() const noexcept;
 
+  /// The conditions on input shapes the ONNX graphs evaluated from now on were exported
+  /// under (ShapeCondition: a branch of the model's code on a size, recorded on one side):
+  /// their sessions, and so the winner and its checkpoint, refuse calls violating one. A
+  /// condition some recorded sample violates is left out and returned: that sample is run
+  /// through the graph and checked against eager like every sample, which judges the graph
+  /// at that size. Throws Error(kInvalidArgument) for a condition reading an input the
+  /// graph does not have.
+  std::vector<ShapeCondition> set_shape_conditions(std::vector<ShapeCondition> conditions);
+
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;

@@ -40,11 +40,30 @@ void bind_graph_spec(nb::module_& m) {
       .def("__eq__", [](const TensorSpec& a, const TensorSpec& b) { return a == b; })
       .def("__repr__", [](const TensorSpec& s) { return "TensorSpec(" + s.name + ": " + s.to_string() + ")"; });
 
+  nb::class_<ShapeCondition>(m, "ShapeCondition",
+                             "A condition on input extents an exported graph holds only under (a branch of the "
+                             "model's code on a shape that the export recorded one side of).")
+      .def_static("from_json", &ShapeCondition::from_json, nb::arg("text"))
+      .def("to_json", &ShapeCondition::to_json)
+      .def("holds", &ShapeCondition::holds, nb::arg("spec"), nb::arg("shapes"),
+           "Whether it holds for these input shapes (in the spec's input order).")
+      .def_prop_ro("inputs", &ShapeCondition::inputs)
+      .def("__str__", &ShapeCondition::to_string)
+      .def("__repr__", [](const ShapeCondition& c) { return "ShapeCondition(" + c.to_string() + ")"; })
+      .def("__eq__", [](const ShapeCondition& a, const ShapeCondition& b) { return a == b; });
+
   nb::class_<GraphSpec>(m, "GraphSpec", "Inputs and outputs of one graph, derived from recorded calls.")
       .def(nb::init<>())
       .def_rw("inputs", &GraphSpec::inputs)
       .def_rw("outputs", &GraphSpec::outputs)
       .def_rw("batch_sizes", &GraphSpec::batch_sizes)
+      .def_rw("conditions", &GraphSpec::conditions)
+      .def("violated_condition",
+           [](const GraphSpec& s, const std::vector<Shape>& shapes) -> std::optional<ShapeCondition> {
+             const ShapeCondition* c = s.violated_condition(shapes);
+             return c ? std::optional<ShapeCondition>(*c) : std::nullopt;
+           },
+           nb::arg("shapes"), "The first condition these input shapes violate, or None.")
       .def("to_json", &GraphSpec::to_json, nb::arg("indent") = 2)
       .def_static("from_json", &GraphSpec::from_json, nb::arg("text"))
       .def("__eq__", [](const GraphSpec& a, const GraphSpec& b) { return a == b; });

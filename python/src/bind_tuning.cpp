@@ -702,7 +702,15 @@ void bind_tuning(nb::module_& m) {
           "it in the report and returns it as JSON.")
       .def("take_winner", [](PyGraphTuner& t) { return t.tuner->take_winner(); })
       .def_prop_ro("report", [](const PyGraphTuner& t) { return t.tuner->report(); })
-      .def_prop_ro("spec", [](const PyGraphTuner& t) { return t.tuner->spec(); });
+      .def_prop_ro("spec", [](const PyGraphTuner& t) { return t.tuner->spec(); })
+      .def(
+          "set_shape_conditions",
+          [](PyGraphTuner& t, std::vector<ShapeCondition> conditions) {
+            return t.tuner->set_shape_conditions(std::move(conditions));
+          },
+          nb::arg("conditions"),
+          "The conditions the ONNX graphs evaluated from now on were exported under; returns those a recorded "
+          "sample violates, which are left out (the check at that sample judges the graph there).");
 
   // The drivers' shared decisions (tune_outcome.hpp): first-wins early stop and what a
   // finished tune leads to.

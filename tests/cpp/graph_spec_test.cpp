@@ -439,5 +439,80 @@ TEST(TensorSpec, ToString) {
   EXPECT_NE(s.find('b'), std::string::npos) << "batch axis marked: " << s;
 }
 
+
+// ---- ShapeCondition: the guards an export was captured under ----
+
+GraphSpec two_input_spec() {
+  TensorSpec x{"x", DType::kFloat32, {1, 1}, {8, 64}, 0};
+  TensorSpec y{"y", DType::kFloat32, {1}, {8}, 0};
+  return GraphSpec{{x, y}, {}, {1, 8}};
+}
+
+TEST(ShapeCondition, EvaluatesWithPythonsFloorSemantics) {
+  const GraphSpec spec = two_input_spec();
+  auto holds = [&](const std::string& json, Shape x, Shape y = {1}) {
+    return ShapeCondition::from_json(json).holds(spec, {x, y});
+  };
+  EXPECT_FALSE(holds(R"(["ne", ["dim", "x", 0], 3])", {3, 8}));
+  EXPECT_TRUE(holds(R"(["ne", ["dim", "x", 0], 3])", {4, 8}));
+  EXPECT_FALSE(holds(R"(["ne", ["mod", ["dim", "x", 1], 3], 0])", {1, 9}));
+  EXPECT_TRUE(holds(R"(["ne", ["mod", ["dim", "x", 1], 3], 0])", {1, 8}));
+  // (7 - 10) // 2 == -2 and (7 - 10) % 4 == 1, as Python computes them, not C++'s -1 and -3
+  EXPECT_TRUE(holds(R"(["eq", ["floordiv", ["add", ["dim", "x", 1], -10], 2], -2])", {1, 7}));
+  EXPECT_TRUE(holds(R"(["eq", ["mod", ["add", ["dim", "x", 1], -10], 4], 1])", {1, 7}));
+  EXPECT_TRUE(holds(R"(["eq", ["ceildiv", ["dim", "x", 1], 4], 3])", {1, 9}));
+  EXPECT_TRUE(holds(R"(["eq", ["min", 512, ["dim", "x", 1]], ["dim", "x", 1]])", {1, 64}));
+  EXPECT_TRUE(holds(R"(["or", ["lt", ["dim", "x", 0], 2], ["eq", ["dim", "y", 0], ["dim", "x", 0]]])", {4, 8}, {4}));
+  EXPECT_FALSE(holds(R"(["and", ["gt", ["dim", "x", 1], 1], ["eq", ["dim", "y", 0], ["dim", "x", 0]]])", {4, 8}, {2}));
+  EXPECT_TRUE(holds(R"(["not", ["eq", ["pow", 2, ["dim", "x", 0]], 16]])", {3, 8}));
+  EXPECT_FALSE(holds(R"(["not", ["eq", ["pow", 2, ["dim", "x", 0]], 16]])", {4, 8}));
+  EXPECT_TRUE(holds("true", {1, 1}));
+}
+
+TEST(ShapeCondition, WhatCannotBeEvaluatedDoesNotHold) {
+  const GraphSpec spec = two_input_spec();
+  auto holds = [&](const std::string& json, Shape x) { return ShapeCondition::from_json(json).holds(spec, {x, {1}}); };
+  EXPECT_FALSE(holds(R"(["eq", ["mod", ["dim", "x", 1], ["add", ["dim", "x", 0], -1]], 0])", {1, 8}));  // % 0
+  EXPECT_FALSE(holds(R"(["gt", ["pow", ["dim", "x", 1], 64], 0])", {1, 8}));                         // overflow
+  EXPECT_FALSE(holds(R"(["gt", ["dim", "x", 5], 0])", {1, 8}));                                      // no axis 5
+  EXPECT_FALSE(holds(R"(["gt", ["dim", "z", 0], 0])", {1, 8}));                                      // no input z
+}
+
+TEST(ShapeCondition, JsonRoundTripsAndReadsAsPython) {
+  const auto c = ShapeCondition::from_json(R"(["ne", ["mod", ["dim", "x", 1], 3], 0])");
+  EXPECT_EQ(c.to_string(), "(x.shape[1] % 3) != 0");
+  EXPECT_EQ(ShapeCondition::from_json(c.to_json()), c);
+  EXPECT_EQ(ShapeCondition::from_json(R"(["and", ["le", ["max", ["dim", "a", 0], 2], 9], ["not", ["eq", ["dim", "b", 1], 1]]])")
+                .to_string(),
+            "(max(a.shape[0], 2) <= 9) and not (b.shape[1] == 1)");
+  EXPECT_EQ(c.inputs(), (std::vector<std::string>{"x"}));
+}
+
+TEST(ShapeCondition, MalformedJsonIsRefusedNamingWhat) {
+  expect_error([] { ShapeCondition::from_json(R"(["xor", 1, 2])"); }, ErrorCode::kInvalidArgument, {"unknown operation 'xor'"});
+  expect_error([] { ShapeCondition::from_json(R"(["ne", 1])"); }, ErrorCode::kInvalidArgument, {"'ne' takes 2..2 operands, got 1"});
+  expect_error([] { ShapeCondition::from_json(R"(["dim", "x", -1])"); }, ErrorCode::kInvalidArgument, {"axis >= 0"});
+  expect_error([] { ShapeCondition::from_json(R"("x")"); }, ErrorCode::kInvalidArgument, {"expected an integer"});
+  expect_error([] { ShapeCondition::from_json(R"(["ne", 1.5, 2])"); }, ErrorCode::kInvalidArgument, {"expected an integer"});
+  expect_error([] { ShapeCondition::from_json("[\"not\", " + std::string(200, '[') ); }, ErrorCode::kInvalidArgument);
+}
+
+TEST(GraphSpec, ConditionsSurviveJsonAndAreChecked) {
+  GraphSpec spec = two_input_spec();
+  spec.conditions.push_back(ShapeCondition::from_json(R"(["ne", ["dim", "x", 0], 3])"));
+  const GraphSpec back = GraphSpec::from_json(spec.to_json());
+  EXPECT_EQ(back, spec);
+  EXPECT_EQ(back.violated_condition({{4, 8}, {4}}), nullptr);
+  ASSERT_NE(back.violated_condition({{3, 8}, {3}}), nullptr);
+  expect_error([&] { back.check_conditions({{3, 8}, {3}}); }, ErrorCode::kShapeMismatch,
+               {"x [3, 8]", "`x.shape[0] != 3`", "exported under"});
+  // A spec without conditions writes none (as specs were written before them).
+  EXPECT_EQ(nlohmann::json::parse(two_input_spec().to_json()).contains("conditions"), false);
+  auto text = nlohmann::json::parse(spec.to_json());
+  text["conditions"][0] = nlohmann::json::parse(R"(["ne", ["dim", "w", 0], 3])");
+  expect_error([&] { GraphSpec::from_json(text.dump()); }, ErrorCode::kInvalidArgument,
+               {"conditions[0]", "input 'w'"});
+}
+
 }  // namespace
 }  // namespace aitune

@@ -162,6 +162,24 @@ TEST(ServingBatches, GroupsByShapeAndSplitsAtTheBatchLimit) {
   EXPECT_EQ(request_batch_size(spec, {{3, 3, 5}}), 3);
 }
 
+TEST(ServingBatches, ConcatenatesOnlyIntoBatchesTheGraphsConditionsAllow) {
+  // A graph exported under `x.shape[0] != 3` (the model branched on a batch of 3):
+  // a request of 3 is refused, and 1 + 2 do not join into a call of 3.
+  auto spec = image_spec(8);
+  spec.conditions.push_back(ShapeCondition::from_json(R"(["ne", ["dim", "x", 0], 3])"));
+  try {
+    check_request(spec, {{"x", DType::kFloat32, {3, 3, 4}}});
+    ADD_FAILURE() << "a request of 3 was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kShapeMismatch);
+    EXPECT_NE(std::string(e.what()).find("`x.shape[0] != 3`"), std::string::npos) << e.what();
+  }
+  auto calls = group_requests(spec, {{{1, 3, 4}}, {{2, 3, 4}}, {{2, 3, 4}}}, {"", "", ""});
+  ASSERT_EQ(calls.size(), 2u);
+  EXPECT_EQ(calls[0], (std::vector<std::size_t>{0}));
+  EXPECT_EQ(calls[1], (std::vector<std::size_t>{1, 2}));
+}
+
 TEST(ServingBatches, AGraphWithoutABatchAxisServesEachRequestAlone) {
   TensorSpec x{"x", DType::kFloat32, {3, 4}, {3, 4}, std::nullopt};
   GraphSpec spec{{x}, {}, {}};

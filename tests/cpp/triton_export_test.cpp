@@ -37,6 +37,7 @@ struct GraphSource {
   std::string model;  // fixture file name
   OnnxSessionConfig config;
   std::map<std::string, std::string> extra_files = {};  // relative path in the graph dir -> source
+  std::vector<std::string> conditions = {};             // ShapeCondition JSON the graph was exported under
 };
 
 // Saves a checkpoint of `graphs` (module "tuned-mlp") into `dir`.
@@ -50,6 +51,7 @@ Checkpoint make_checkpoint(const fs::path& dir, const std::vector<GraphSource>& 
     CheckpointGraph graph;
     graph.key = g.key;
     graph.graph_spec = spec_of(test::fixture(g.model));
+    for (const auto& c : g.conditions) graph.graph_spec.conditions.push_back(ShapeCondition::from_json(c));
     graph.backend_config = g.config;
     manifest.graphs.push_back(graph);
     files[Checkpoint::graph_directory(g.key) + "/" + g.model] = test::fixture(g.model);
@@ -271,6 +273,19 @@ TEST(TritonExport, SeveralGraphsWithoutAChainGetNoEnsemble) {
   EXPECT_TRUE(contains(result.notes[0], "no ensemble")) << result.notes[0];
   EXPECT_FALSE(fs::exists(tmp.path() / "repo" / "pair"));
   EXPECT_TRUE(fs::exists(tmp.path() / "repo" / "pair_second" / "1" / "model.onnx"));
+}
+
+TEST(TritonExport, ConditionsTritonCannotCheckAreNamed) {
+  // A graph exported under `x.shape[0] != 3`: Triton's config has no place for it, so the
+  // export says so (and the checkpoint it was read from kept it).
+  ScopedTempDir tmp;
+  auto checkpoint = make_checkpoint(tmp.path() / "ckpt", {{"g", "mlp.onnx", cpu_config(), {},
+                                                           {R"(["ne", ["dim", "x", 0], 3])"}}});
+  ASSERT_EQ(checkpoint.graph("g").graph_spec.conditions.size(), 1u);
+  auto result = export_triton(checkpoint, (tmp.path() / "repo").string());
+  ASSERT_EQ(result.notes.size(), 1u);
+  EXPECT_TRUE(contains(result.notes[0], "graph 'g' holds only where `x.shape[0] != 3`")) << result.notes[0];
+  EXPECT_TRUE(contains(result.notes[0], "Triton does not check it")) << result.notes[0];
 }
 
 TEST(TritonExport, EagerGraphsOfTheFrontEndAreNamed) {

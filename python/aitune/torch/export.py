@@ -20,7 +20,7 @@ import onnx
 import torch
 
 from aitune import _core
-from aitune.torch import cache
+from aitune.torch import cache, shape_conditions
 from aitune.torch.context import exporters_quiet, run_eagerly
 from aitune.torch.graph import RecordedGraph
 from aitune.torch.library_logs import routed_to_aitune
@@ -287,6 +287,27 @@ def _program_over_declared_ranges(graph: RecordedGraph, flat: torch.nn.Module, i
                       "declared dynamic_shapes axes")
 
 
+def _program_with_deferred_guards(graph: RecordedGraph, flat: torch.nn.Module, inputs: tuple, shapes: tuple):
+    """torch.export's program of the graph over the recorded ranges (no range declared),
+    with every decision the model's code takes on a size kept as a runtime assert
+    (``prefer_deferred_runtime_asserts_over_guards``) rather than refused or specialised, so
+    that shape_conditions reads them all and the sessions refuse the sizes where the graph
+    computes another branch (``if x.shape[0] == 3`` exported at a batch of 4). None where
+    torch.export cannot capture the graph in one piece (a decision on a tensor's value):
+    torch.onnx.export's own capture then goes on as before, its fallback (draft export)
+    recording the path the example took, and that is said in the log."""
+    try:
+        # as torch.onnx.export captures: a batch or axis of 1 is not specialised
+        with torch.fx.experimental._config.patch(backed_size_oblivious=True):
+            return torch.export.export(flat, inputs, dynamic_shapes=shapes, strict=False,
+                                       prefer_deferred_runtime_asserts_over_guards=True)
+    except Exception as error:
+        logger.warning("%s/%s: torch.export cannot capture the graph in one piece (%s); torch.onnx.export's "
+                       "fallback capture records the path the example input takes, which is checked at the "
+                       "recorded samples only", graph.module_name, graph.key, _summary(error, limit=2))
+        return None
+
+
 def _with_batch_above_one(message: str, shapes: tuple) -> tuple | None:
     """``shapes`` with the undeclared batch Dim from 2 where torch.export's only refusal is
     its guard ``batch != 1`` (torch's matmul decomposition takes another path at batch 1:
@@ -438,6 +459,7 @@ def export_onnx(
     use_dynamo: bool = True,
     opset_version: int | None = None,
     allow_trace_warnings: bool = False,
+    conditions: list | None = None,
 ) -> Path:
     """Writes ``path`` (plus any external data file beside it) and checks it with
     ``onnx.checker``. The export runs in a scratch directory next to ``path`` and only a
@@ -447,7 +469,11 @@ def export_onnx(
     parameters while recording (an ONNX graph cannot write them back), and a trace export
     during which the model's code turned a tensor computed from the input values into a
     Python value (control flow on it: ``TraceWarningError``, see ``trace_values``), unless
-    ``allow_trace_warnings``."""
+    ``allow_trace_warnings``.
+
+    ``conditions``, where given, receives the ShapeConditions the graph was exported under
+    (shape_conditions.py): sizes where the model's code takes another branch than the graph
+    holds."""
     if graph.mutated_state:
         raise ExportError(
             f"ONNX export of {graph.module_name}/{graph.key} refused: forward changes the module's state "
@@ -485,9 +511,18 @@ def export_onnx(
                 batch_declared = any(t.name == name and t.batch_axis == axis.axis
                                      for name, axis in declared for t in spec.inputs)
                 batch_ours = not batch_declared and any(t.batch_axis is not None for t in spec.inputs)
-                model = (_program_over_declared_ranges(graph, flat, inputs, shapes, batch_ours)
-                         if declared else flat)
-                torch.onnx.export(model, inputs, str(target), dynamo=True,
+                program = (_program_over_declared_ranges(graph, flat, inputs, shapes, batch_ours)
+                           if declared else _program_with_deferred_guards(graph, flat, inputs, shapes))
+                if program is not None:
+                    found, unreadable = shape_conditions.from_program(program, spec)
+                    if conditions is not None:
+                        conditions.extend(found)
+                    for text in unreadable:
+                        logger.warning("%s/%s: the export holds under `%s`, which aitune cannot check per call; "
+                                       "the graph is checked at the recorded samples only there",
+                                       graph.module_name, graph.key, text)
+                # (the program's dims renamed after the shapes' own: "batch", as a direct export names it)
+                torch.onnx.export(flat if program is None else program, inputs, str(target), dynamo=True,
                                   dynamic_shapes=None if declared else shapes, verbose=False, **common)
             else:
                 if graph.dynamic_shapes:

@@ -47,6 +47,25 @@ std::optional<std::size_t> GraphSpec::find_input(const std::string& name) const 
   return std::nullopt;
 }
 
+const ShapeCondition* GraphSpec::violated_condition(const std::vector<Shape>& shapes) const {
+  for (const auto& c : conditions)
+    if (!c.holds(*this, shapes)) return &c;
+  return nullptr;
+}
+
+void GraphSpec::check_conditions(const std::vector<Shape>& shapes) const {
+  const ShapeCondition* violated = violated_condition(shapes);
+  if (violated == nullptr) return;
+  std::string given;
+  for (const auto& name : violated->inputs())
+    if (auto i = find_input(name); i && *i < shapes.size())
+      given += (given.empty() ? "" : ", ") + name + " " + shape_to_string(shapes[*i]);
+  throw Error(ErrorCode::kShapeMismatch,
+              "input shapes " + given + " violate `" + violated->to_string() +
+                  "`, a condition the graph was exported under: the model's code decides on these sizes and the "
+                  "graph holds only the branch its export took, so it would compute another model here");
+}
+
 // ---- recording ----
 
 void GraphSpecBuilder::merge(std::vector<Accumulator>& acc, const std::vector<TensorRecord>& records,
@@ -298,6 +317,10 @@ std::string GraphSpec::to_json(int indent) const {
   for (const auto& s : inputs) j["inputs"].push_back(tensor_to_json(s));
   for (const auto& s : outputs) j["outputs"].push_back(tensor_to_json(s));
   j["batch_sizes"] = batch_sizes;
+  if (!conditions.empty()) {  // absent: none (and specs written before conditions existed)
+    j["conditions"] = json::array();
+    for (const auto& c : conditions) j["conditions"].push_back(json::parse(c.to_json()));
+  }
   return j.dump(indent);
 }
 
@@ -312,6 +335,18 @@ GraphSpec GraphSpec::from_json(const std::string& text) {
       target.push_back(tensor_from_json(list[i], std::string(key) + "[" + std::to_string(i) + "]"));
   }
   if (j.contains("batch_sizes")) spec.batch_sizes = field<std::vector<int64_t>>(j, "batch_sizes", "graph spec");
+  if (j.contains("conditions")) {
+    auto list = field<std::vector<json>>(j, "conditions", "graph spec");
+    for (std::size_t i = 0; i < list.size(); ++i) {
+      auto condition = ShapeCondition::from_json(list[i].dump());
+      for (const auto& name : condition.inputs())
+        if (!spec.find_input(name))
+          throw Error(ErrorCode::kInvalidArgument, "graph spec JSON: conditions[" + std::to_string(i) + "] (" +
+                                                       condition.to_string() + ") reads input '" + name +
+                                                       "', which the graph does not have");
+      spec.conditions.push_back(std::move(condition));
+    }
+  }
   return spec;
 }
 

@@ -64,6 +64,11 @@ std::vector<std::size_t> check_request(const GraphSpec& spec, const std::vector<
     }
     order.push_back(it->second);
   }
+  if (!spec.conditions.empty()) {
+    std::vector<Shape> shapes;
+    for (auto i : order) shapes.push_back(request[i].shape);
+    spec.check_conditions(shapes);
+  }
   return order;
 }
 
@@ -113,7 +118,17 @@ std::vector<std::vector<std::size_t>> group_requests(const GraphSpec& spec,
     }
     auto full_key = std::make_pair(std::move(key), unbatched_values[r]);
     auto it = open.find(full_key);
-    if (it != open.end() && (!limit || call_batch[it->second] + batch <= *limit)) {
+    // A graph exported under conditions on its shapes (ShapeCondition) takes the
+    // concatenated call only where it satisfies them: a batch of 3 from 1 + 2 is refused by
+    // a graph whose code branched on `batch == 3`, so the request starts a call of its own.
+    auto joined_holds = [&](std::size_t call) {
+      if (spec.conditions.empty()) return true;
+      std::vector<Shape> joined = shapes;
+      for (std::size_t i = 0; i < joined.size(); ++i)
+        if (const auto& axis = spec.inputs[i].batch_axis) joined[i][static_cast<std::size_t>(*axis)] = call_batch[call] + batch;
+      return spec.violated_condition(joined) == nullptr;
+    };
+    if (it != open.end() && (!limit || call_batch[it->second] + batch <= *limit) && joined_holds(it->second)) {
       calls[it->second].push_back(r);
       call_batch[it->second] += batch;
       continue;

@@ -376,6 +376,12 @@ std::unique_ptr<OnnxSession> OnnxSession::create(const std::string& model_path,
     impl->spec.inputs = align_spec(spec->inputs, ctx.inputs, "input", model_path);
     impl->spec.outputs = align_spec(spec->outputs, ctx.outputs, "output", model_path);
     impl->spec.batch_sizes = spec->batch_sizes;
+    for (const auto& condition : spec->conditions)
+      for (const auto& name : condition.inputs())
+        if (!impl->spec.find_input(name))
+          throw Error(ErrorCode::kInvalidArgument, "graph spec condition `" + condition.to_string() + "` reads input '" +
+                                                       name + "', which model '" + model_path + "' does not take");
+    impl->spec.conditions = spec->conditions;
   } else {
     impl->spec.inputs = specs_from_io(ctx.inputs);
     impl->spec.outputs = specs_from_io(ctx.outputs);
@@ -461,6 +467,11 @@ void OnnxSession::Impl::check_inputs(const std::vector<TensorView>& views) const
     if (v.data == nullptr) throw Error(ErrorCode::kInvalidArgument, who() + ": null data pointer");
   }
   check_batch_agrees(views);
+  if (!spec.conditions.empty()) {
+    std::vector<Shape> shapes;
+    for (const auto& v : views) shapes.push_back(v.shape);
+    spec.check_conditions(shapes);
+  }
   if (ctx.has_aliases) check_in_place_inputs(views);
 }
 

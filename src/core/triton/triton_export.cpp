@@ -341,6 +341,13 @@ TritonExportResult export_triton(const Checkpoint& checkpoint, const std::string
     }
   }
 
+  for (const auto* g : graphs)  // what a Triton config cannot express, said (issue 27: never silently)
+    for (const auto& c : g->graph_spec.conditions)
+      result.notes.push_back("graph '" + g->key + "' holds only where `" + c.to_string() +
+                             "` (the model's code branches on these sizes); Triton does not check it, so requests "
+                             "outside it, or batches its dynamic batcher forms there, get another branch's numbers "
+                             "(aitune serve and the sessions refuse them)");
+
   std::vector<std::string> entries = names;
   if (ensemble_text) entries.push_back(base);
   for (const auto& name : entries) {

@@ -124,6 +124,30 @@ CorrectnessReport GraphTuner::Impl::judge(Precision precision, const std::vector
 const TuneReport& GraphTuner::report() const noexcept { return impl_->report; }
 const GraphSpec& GraphTuner::spec() const noexcept { return impl_->spec; }
 
+std::vector<ShapeCondition> GraphTuner::set_shape_conditions(std::vector<ShapeCondition> conditions) {
+  auto& impl = *impl_;
+  std::vector<ShapeCondition> kept, dropped;
+  for (auto& condition : conditions) {
+    for (const auto& name : condition.inputs())
+      if (!impl.spec.find_input(name))
+        throw Error(ErrorCode::kInvalidArgument, impl.report.graph + ": the shape condition `" +
+                                                     condition.to_string() + "` reads input '" + name +
+                                                     "', which the graph does not have");
+    const bool all_hold = std::all_of(impl.samples.begin(), impl.samples.end(), [&](const TuneSample& sample) {
+      std::vector<Shape> shapes;
+      for (const auto& input : sample.inputs) shapes.push_back(input.shape);
+      return condition.holds(impl.spec, shapes);
+    });
+    (all_hold ? kept : dropped).push_back(std::move(condition));
+  }
+  impl.spec.conditions = std::move(kept);
+  impl.conditions_left_out = dropped;
+  for (const auto& c : impl.spec.conditions) impl.log("the ONNX graph holds where `" + c.to_string() + "`");
+  for (const auto& c : dropped)
+    impl.log("`" + c.to_string() + "` left out: a recorded sample violates it, and the check at that sample judges it");
+  return dropped;
+}
+
 void GraphTuner::profile_reference(const std::function<void(const std::vector<TensorView>&)>& run,
                                    const std::string& label) {
   const auto& sample = impl_->samples[impl_->profile_sample];

@@ -202,6 +202,12 @@ struct GraphTuner::Impl {
     GraphSpec s = spec;
     s.inputs.clear();
     for (auto i : map) s.inputs.push_back(spec.inputs.at(i));
+    // (a condition on an input the model does not take cannot be checked by its session;
+    // the exporters that drop inputs, the trace exporter's, find no conditions)
+    std::erase_if(s.conditions, [&](const ShapeCondition& c) {
+      const auto names = c.inputs();
+      return std::any_of(names.begin(), names.end(), [&](const std::string& n) { return !s.find_input(n); });
+    });
     return s;
   }
   static std::vector<TensorView> select(const std::vector<TensorView>& inputs, const std::vector<std::size_t>& map) {
@@ -219,8 +225,19 @@ struct GraphTuner::Impl {
   }
 
   std::string sample_label(std::size_t i) const {
-    return "sample " + std::to_string(i) + " (batch " + std::to_string(samples[i].batch_size) + ")";
+    std::string label = "sample " + std::to_string(i) + " (batch " + std::to_string(samples[i].batch_size);
+    // A sample across a branch of the model's code on a size from the export's example:
+    // a graph failing there computes the other branch, said where the failure is read.
+    if (!conditions_left_out.empty()) {
+      std::vector<Shape> shapes;
+      for (const auto& input : samples[i].inputs) shapes.push_back(input.shape);
+      for (const auto& c : conditions_left_out)
+        if (!c.holds(spec, shapes)) label += ", across `" + c.to_string() + "` from the export's example";
+    }
+    return label + ")";
   }
+  // The shape conditions of the export that recorded samples violate (set_shape_conditions).
+  std::vector<ShapeCondition> conditions_left_out;
 
   // Eager at `precision` against the reference, asked of the front end once (calibration.hpp).
   const EagerAtPrecision& calibration(Precision precision);

@@ -357,6 +357,7 @@ class ONNXRuntimeBackend(Backend):
                 f"{session_device}: move the module (and its samples) to {session_device}, or choose an "
                 f"execution provider for {graph.device}"
             )
+        conditions: list = []
         model_path = export.export_onnx(
             graph,
             spec,
@@ -364,7 +365,17 @@ class ONNXRuntimeBackend(Backend):
             use_dynamo=self.config.use_dynamo,
             opset_version=self.config.opset_version,
             allow_trace_warnings=self.config.allow_trace_warnings,
+            conditions=conditions,
         )
+        # The sizes where the model's code branches away from what the graph holds: the
+        # engine keeps those no recorded sample violates, and every session of the graph
+        # (the winner's, a checkpoint's) refuses a call outside them.
+        for left_out in tuner.set_shape_conditions(conditions):
+            logger.info("ait.Module '%s' (%s): a recorded sample takes the other side of `%s`; the check against "
+                        "eager at that sample judges the graph there", graph.module_name, graph.key, left_out)
+        for kept in tuner.spec.conditions:
+            logger.info("ait.Module '%s' (%s): the exported graph holds where `%s`; calls elsewhere are outside it",
+                        graph.module_name, graph.key, kept)
         # The trace exporter drops inputs the graph does not use; the session only gets
         # the inputs the model declares.
         model_inputs, model_outputs = export.onnx_io_names(model_path)

@@ -1,0 +1,130 @@
+"""The conditions on input shapes an exported graph holds under, read from torch.export.
+
+A model's code may decide on a size (``if x.shape[0] == 3:``, ``if seq % 3 == 0:``); the
+export records the branch its example took, and torch.export notes the decision as a guard
+(``Ne(s0, 3)``) or, captured with ``prefer_deferred_runtime_asserts_over_guards``, as a
+runtime assert, neither of which the ONNX graph keeps. Each is translated here into the
+engine's ShapeCondition (``include/aitune/shape_condition.hpp``) over the graph's input
+names, so that every session of the graph, in this process, a loaded checkpoint or a C++
+consumer, refuses a call outside them instead of computing another model there. Which
+conditions to keep (those every recorded sample satisfies) the engine decides
+(``GraphTuner.set_shape_conditions``)."""
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import torch
+
+from .. import _core
+
+logger = logging.getLogger(__name__)
+
+
+class _Unreadable(Exception):
+    """An expression with no ShapeCondition form (a float, a symbol of no input axis)."""
+
+
+# sympy and torch.utils._sympy classes by name: the names are stable across torch releases,
+# the modules that define them are not.
+_RELATIONS = {"Equality": "eq", "Unequality": "ne", "StrictLessThan": "lt", "LessThan": "le",
+              "StrictGreaterThan": "gt", "GreaterThan": "ge"}
+_VARIADIC = {"Add": "add", "Mul": "mul", "Min": "min", "Max": "max", "And": "and", "Or": "or"}
+_BINARY = {"Pow": "pow", "Mod": "mod", "PythonMod": "mod", "FloorDiv": "floordiv", "CleanDiv": "floordiv",
+           "CeilDiv": "ceildiv"}
+
+
+def _tree(expr: Any, axes: dict) -> Any:
+    """``expr`` (sympy, over the size symbols of ``axes``: symbol -> (input, axis)) as a
+    ShapeCondition JSON tree."""
+    if expr is True or expr is False:
+        return expr
+    if getattr(expr, "is_Boolean", False) and expr.is_Atom and not expr.is_Symbol:  # sympy's true / false
+        return bool(expr)
+    if getattr(expr, "is_Integer", False):
+        return int(expr)
+    if getattr(expr, "is_Symbol", False):
+        if expr not in axes:
+            raise _Unreadable(f"symbol {expr} is no input's extent")
+        return ["dim", *axes[expr]]
+    name = type(expr).__name__
+    args = [_tree(arg, axes) for arg in expr.args]
+    if name in _RELATIONS and len(args) == 2:
+        return [_RELATIONS[name], *args]
+    if name in _VARIADIC:
+        return [_VARIADIC[name], *args]
+    if name in _BINARY and len(args) == 2:
+        return [_BINARY[name], *args]
+    if name == "Not" and len(args) == 1:
+        return ["not", *args]
+    if name == "Abs" and len(args) == 1:
+        return ["abs", *args]
+    if name == "ModularIndexing" and len(args) == 3:  # (base // divisor) % modulus
+        return ["mod", ["floordiv", args[0], args[1]], args[2]]
+    raise _Unreadable(f"{name} has no shape-condition form")
+
+
+def from_program(program: torch.export.ExportedProgram, spec: _core.GraphSpec) -> tuple[list, list[str]]:
+    """(ShapeConditions, texts of the guards with no ShapeCondition form) of ``program``,
+    whose user inputs are ``spec.inputs`` in order: its guards and deferred runtime asserts,
+    the extents its input shapes tie together (one symbol on two axes), and the axes it fixed
+    that the spec lets vary."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    placeholders = {node.name: node for node in program.graph.nodes if node.op == "placeholder"}
+    user_inputs = list(program.graph_signature.user_inputs)
+    if len(user_inputs) != len(spec.inputs):
+        return [], [f"the program takes {len(user_inputs)} inputs, the graph {len(spec.inputs)}"]
+    axes: dict = {}  # size symbol -> (input name, axis) of its first axis
+    trees: list = []
+    shape_env = None
+    derived: list = []  # (input, axis, expression) of an axis whose extent is an expression
+    for name, tensor_spec in zip(user_inputs, spec.inputs):
+        value = placeholders[name].meta.get("val") if name in placeholders else None
+        if not isinstance(value, torch.Tensor):
+            continue
+        for axis, size in enumerate(value.shape):
+            here = ["dim", tensor_spec.name, axis]
+            if isinstance(size, torch.SymInt):
+                shape_env = size.node.shape_env
+                expr = size.node.expr
+                if expr.is_Symbol and expr not in axes:
+                    axes[expr] = (tensor_spec.name, axis)
+                elif expr.is_Symbol:
+                    trees.append(["eq", here, ["dim", *axes[expr]]])
+                else:
+                    derived.append((here, expr))
+            elif tensor_spec.min_shape[axis] != tensor_spec.max_shape[axis]:
+                trees.append(["eq", here, int(size)])  # specialised by the export to the example's extent
+    unreadable: list[str] = []
+    for here, expr in derived:
+        try:
+            trees.append(["eq", here, _tree(expr, axes)])
+        except _Unreadable as why:
+            unreadable.append(f"{here[1]}.shape[{here[2]}] == {expr} ({why})")
+    if shape_env is not None:
+        exprs = [guard.expr for guard in shape_env.guards]
+        for asserts in shape_env.deferred_runtime_asserts.values():
+            exprs.extend(a.expr for a in asserts)
+        for expr in exprs:
+            expr = shape_env.replace(expr)  # in the symbols the placeholders carry
+            if free_unbacked_symbols(expr):
+                # on a size computed from values (nonzero's count): torch's own runtime check
+                # of the values, which the ONNX graph computes per call; no input's extent
+                logger.debug("export assert on computed sizes, not input extents: %s", expr)
+                continue
+            try:
+                tree = _tree(expr, axes)
+            except _Unreadable as why:
+                unreadable.append(f"{expr} ({why})")
+                continue
+            if tree is not True:
+                trees.append(tree)
+    conditions, seen = [], set()
+    for tree in trees:
+        text = json.dumps(tree)
+        if text not in seen:
+            seen.add(text)
+            conditions.append(_core.ShapeCondition.from_json(text))
+    return conditions, unreadable

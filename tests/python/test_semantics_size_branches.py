@@ -1,0 +1,116 @@
+"""A branch of the model's code on a size is never baked into a graph silently.
+
+``if x.shape[0] == 3:`` exported at a batch of 4 gives a graph of the other branch; tuned
+with batches 1, 2 and 4, a call at 3 lies inside the recorded range and ran that graph,
+~100x off, silently. torch.export notes such decisions (guards, runtime asserts); the
+export keeps them as conditions of the graph's spec (shape_conditions.py), and every
+session of it (this process's, a checkpoint's) refuses a call that violates one."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+from torch_models import cpu_strategy
+
+import aitune.torch as ait
+from aitune import _core
+
+
+class BatchBranch(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(6, 6)
+
+    def forward(self, x):
+        y = self.linear(x)
+        if x.shape[0] == 3:
+            y = y * 100
+        return y
+
+
+class LengthBranch(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(6, 6)
+
+    def forward(self, x):
+        y = self.linear(x)
+        if x.shape[-2] % 3 == 0:
+            y = y + 10
+        return y
+
+
+def _tuned_batch_branch(eager_fallback: bool = False, batch_sizes=(1, 2, 4)) -> ait.Module:
+    torch.manual_seed(0)
+    model = ait.Module(BatchBranch().eval(), "batch-branch", strategy=cpu_strategy(tune_provider_options=False),
+                       eager_fallback=eager_fallback)
+    ait.tune(model, [torch.randn(5, 6) for _ in range(4)], batch_sizes=list(batch_sizes),
+             ignore_failing_modules=False, progress=False)
+    return model
+
+
+def test_a_batch_the_code_branches_on_is_refused_by_the_graph_not_computed_otherwise(caplog):
+    with caplog.at_level(logging.INFO, logger="aitune"):
+        model = _tuned_batch_branch()
+    assert "ONNXRuntimeBackend" in next(iter(model.ait_backends.values()))
+    assert "the exported graph holds where `input_x.shape[0] != 3`" in caplog.text
+    for batch in (1, 2, 4):  # the recorded batches run the graph and match eager
+        x = torch.randn(batch, 5, 6)
+        torch.testing.assert_close(model(x), model.ait_module(x), rtol=1e-4, atol=1e-4)
+    with pytest.raises(_core.ShapeMismatchError, match=r"input_x \[3, 5, 6\] violate `input_x.shape\[0\] != 3`"):
+        model(torch.randn(3, 5, 6))
+
+
+def test_with_eager_fallback_the_refused_batch_runs_eagerly_and_matches():
+    model = _tuned_batch_branch(eager_fallback=True)
+    x = torch.randn(3, 5, 6)
+    with pytest.warns(RuntimeWarning, match=r"violate `input_x.shape\[0\] != 3`.*; running eagerly"):
+        out = model(x)
+    torch.testing.assert_close(out, model.ait_module(x))
+
+
+def test_a_recorded_sample_on_the_other_side_is_checked_not_refused(caplog):
+    """Recorded at 3 too, the condition is left out: the sample at 3 is checked against
+    eager, which rejects the graph exported at 4, naming the branch it crossed."""
+    with caplog.at_level(logging.INFO, logger="aitune"), \
+            pytest.raises(ait.NumericMismatchError,
+                          match=r"\(batch 3, across `input_x.shape\[0\] != 3` from the export's example\)"):
+        _tuned_batch_branch(batch_sizes=(1, 3, 4))
+    assert "a recorded sample takes the other side of `input_x.shape[0] != 3`" in caplog.text
+
+
+def test_a_length_the_code_branches_on_modulo_is_refused_and_the_checkpoint_keeps_it(tmp_path):
+    torch.manual_seed(0)
+    model = ait.Module(LengthBranch().eval(), "length-branch", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [torch.randn(4, 6), torch.randn(8, 6)], batch_sizes=[1], ignore_failing_modules=False,
+             progress=False)
+    for length in (4, 5, 7, 8):
+        x = torch.randn(1, length, 6)
+        torch.testing.assert_close(model(x), model.ait_module(x), rtol=1e-4, atol=1e-4)
+    with pytest.raises(_core.ShapeMismatchError, match=r"`\(input_x.shape\[1\] % 3\) != 0`"):
+        model(torch.randn(1, 6, 6))
+
+    ait.save(model, tmp_path / "length.ait")
+    specs = [json.loads(path.read_text()) for path in (tmp_path / "length.ait").rglob("*.json")]
+    saved = [c for text in specs for c in _conditions_in(text)]
+    assert ["ne", ["mod", ["dim", "input_x", 1], 3], 0] in saved
+    fresh = LengthBranch().eval()
+    fresh.load_state_dict(model.ait_module.state_dict())
+    loaded = ait.load(ait.Module(fresh, "length-branch"), tmp_path / "length.ait")
+    x = torch.randn(1, 7, 6)
+    torch.testing.assert_close(loaded(x), loaded.ait_module(x), rtol=1e-4, atol=1e-4)
+    with pytest.raises(_core.ShapeMismatchError, match=r"% 3\) != 0"):
+        loaded(torch.randn(1, 6, 6))
+
+
+def _conditions_in(value) -> list:
+    """Every "conditions" list in a JSON document, at any depth."""
+    if isinstance(value, dict):
+        found = list(value.get("conditions", [])) if isinstance(value.get("conditions"), list) else []
+        return found + [c for v in value.values() for c in _conditions_in(v)]
+    if isinstance(value, list):
+        return [c for v in value for c in _conditions_in(v)]
+    return []
