@@ -340,3 +340,41 @@ def test_a_class_default_shadowed_on_the_instance_runs_eagerly(tmp_path, monkeyp
     assert any("temperature: 1.0 -> 2.0" in r.getMessage() for r in caplog.records)
     with torch.no_grad():
         torch.testing.assert_close(loaded(x), other(x))
+
+
+SCALE = 2.0  # a module global forward reads: the export keeps 2.0 as a constant
+USE_SHIFT = False
+
+
+class _GlobalReader(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.linear(x) * SCALE
+        return y + 1.0 if USE_SHIFT else y
+
+
+def test_a_module_global_forward_reads_is_watched_like_an_attribute(monkeypatch, tmp_path, caplog):
+    """``x * SCALE`` with SCALE a module global: reassigned after tuning, the graph kept
+    computing with 2.0 (1.5x off eager), silently. Now the call runs eagerly, said once,
+    until the value is back; a checkpoint expects the value its graphs hold."""
+    inner = _GlobalReader().eval()
+    model = ait.Module(inner, "global-reader", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [torch.randn(4) for _ in range(2)], ignore_failing_modules=False)
+    x = torch.randn(2, 4)
+    assert _close(model, inner, x) and model._ait_calls.cpp.attributes_clear()
+    for name, value in (("SCALE", 3.0), ("USE_SHIFT", True)):
+        monkeypatch.setattr(f"{__name__}.{name}", value)
+        with caplog.at_level(logging.WARNING, logger="aitune"):
+            assert _close(model, inner, x)  # eager's outputs, not the graph's
+        assert f"{__name__}.{name}: " in caplog.text
+        monkeypatch.undo()
+        assert _close(model, inner, x) and model._ait_calls.cpp.attributes_clear()  # the graph serves again
+    ait.save(model, tmp_path / "ckpt")
+    monkeypatch.setattr(f"{__name__}.SCALE", 0.5)
+    other = _GlobalReader().eval()
+    other.load_state_dict(inner.state_dict())
+    loaded = ait.load(ait.Module(other, "global-reader"), tmp_path / "ckpt")
+    assert _close(loaded, other, x) and not loaded._ait_calls.cpp.attributes_clear()

@@ -12,6 +12,11 @@ plain objects they hold (a transformers config, shared by many modules, watched 
 the private ones behind a public property (transformers 5 keeps ``output_attentions`` in
 ``config._output_attentions``).
 Lists, dicts and other objects are left out: they change in place, unseen by identity.
+Module globals a ``forward`` reads by name (``x * SCALE``, ``if USE_FAST:``, a function it
+calls such as ``act = torch.relu`` at module level) are baked the same way and watched the
+same way (``_forward_globals``), named ``module.NAME``; those the code also assigns
+(``global CALLS; CALLS += 1``), names read by the functions forward calls, and values
+captured in a closure are not.
 
 The C++ half of the dispatch (``TorchDispatch.watch_attributes``) compares each by
 identity per routed call; a call where one is another object comes to the Python path,
@@ -25,8 +30,10 @@ loaded with other values runs such calls eagerly too, and is told so.
 
 from __future__ import annotations
 
+import dis
 import enum
 import functools
+import inspect
 import types
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -152,6 +159,44 @@ def _class_defaults(module: torch.nn.Module, harmless: tuple[str, ...]) -> Itera
                         yield path, held, key, value, type(sub)
 
 
+@functools.lru_cache(maxsize=4096)
+def _global_reads(code: types.CodeType) -> tuple[str, ...]:
+    """The global names ``code`` (and the comprehensions and lambdas inside it) reads and
+    never assigns."""
+    reads, writes = [], set()
+    stack = [code]
+    while stack:
+        current = stack.pop()
+        for instruction in dis.get_instructions(current):
+            if instruction.opname == "LOAD_GLOBAL":
+                reads.append(instruction.argval)
+            elif instruction.opname in ("STORE_GLOBAL", "DELETE_GLOBAL"):
+                writes.add(instruction.argval)
+        stack.extend(const for const in current.co_consts if isinstance(const, types.CodeType))
+    return tuple(dict.fromkeys(name for name in reads if name not in writes))
+
+
+def _forward_globals(module: torch.nn.Module, harmless: tuple[str, ...]) -> Iterator[tuple[str, dict, str, Any]]:
+    """(path ``module.NAME``, the globals dict, name, value) of each plain value the
+    ``forward`` of the module or of a submodule reads as a module global: an export keeps it
+    as a constant, as it does an attribute."""
+    seen: set[tuple[int, str]] = set()
+    for _, sub in module.named_modules(remove_duplicate=True):
+        forward = inspect.unwrap(type(sub).forward)
+        code, names = getattr(forward, "__code__", None), getattr(forward, "__globals__", None)
+        if not isinstance(code, types.CodeType) or not isinstance(names, dict):
+            continue
+        for name in _global_reads(code):
+            if (id(names), name) in seen or name not in names:
+                continue  # a builtin (len, range) or a name bound later
+            seen.add((id(names), name))
+            value = names[name]
+            if is_plain_value(value):
+                path = f"{names.get('__name__', '?')}.{name}"
+                if not is_harmless(path, harmless):
+                    yield path, names, name, value
+
+
 class AttributeWatch:
     """The watched values of ``module`` (harmless ones left out), expected as they are now
     or, from a checkpoint, as ``saved`` (path -> repr) says the graphs hold them."""
@@ -159,7 +204,7 @@ class AttributeWatch:
     def __init__(self, module: torch.nn.Module, harmless: tuple[str, ...] = (), saved: dict[str, str] | None = None):
         self.module = module
         self.entries = [BakedAttribute(path, owner, key, value, shown(value))
-                        for path, owner, key, value in _found(module, harmless)]
+                        for path, owner, key, value in [*_found(module, harmless), *_forward_globals(module, harmless)]]
         self.entries += [BakedAttribute(path, owner, key, _ABSENT, shown(value), cls)
                          for path, owner, key, value, cls in _class_defaults(module, harmless)]
         if saved is not None:

@@ -701,8 +701,8 @@ class ModuleDispatch:
         if key not in self.attributes_logged:
             self.attributes_logged.add(key)
             logger.warning(
-                "ait.Module '%s': plain Python attributes differ from the values its tuned graphs were recorded "
-                "with (%s): an ONNX Runtime graph holds them as constants, and every tuned graph returns its outputs "
+                "ait.Module '%s': plain Python attributes (or module globals forward reads) differ from the "
+                "values its tuned graphs were recorded with (%s): an ONNX Runtime graph holds them as constants, and every tuned graph returns its outputs "
                 "in the structure recorded with them; calls run eagerly in PyTorch until they are back, or the "
                 "module is tuned again (ait.tune). An attribute forward never reads can be declared with "
                 "ait.Module(..., harmless_attributes=[...]).", self.name, describe_changes(changed))
