@@ -50,6 +50,11 @@ struct TuneReport {
   double accuracy_factor = kDefaultAccuracyFactor;
   std::vector<EagerAtPrecision> eager_at_precision;
   double tuning_s = 0;  ///< wall time of the whole tuning of this graph
+  /// The branches of the model's code on sizes the ONNX graphs were exported under
+  /// (ShapeCondition text): those their sessions enforce, and those left out because a
+  /// recorded sample is on their other side (the check at that sample judges the graph).
+  std::vector<std::string> shape_conditions;
+  std::vector<std::string> shape_conditions_left_out;
 
   std::string to_json(int indent = 2) const;
   /// A fixed-width table: candidate, status, max error, p50, throughput, speed-up vs

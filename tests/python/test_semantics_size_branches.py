@@ -13,10 +13,12 @@ import logging
 
 import pytest
 import torch
+from report_page import CHROMIUM, dump_dom, screenshot
 from torch_models import cpu_strategy
 
 import aitune.torch as ait
 from aitune import _core
+from aitune.torch import cache
 
 
 class BatchBranch(torch.nn.Module):
@@ -62,6 +64,20 @@ def test_a_batch_the_code_branches_on_is_refused_by_the_graph_not_computed_other
         torch.testing.assert_close(model(x), model.ait_module(x), rtol=1e-4, atol=1e-4)
     with pytest.raises(_core.ShapeMismatchError, match=r"input_x \[3, 5, 6\] violate `input_x.shape\[0\] != 3`"):
         model(torch.randn(3, 5, 6))
+
+
+def test_the_report_names_the_conditions_a_person_reads(tmp_path):
+    _tuned_batch_branch()
+    (graph_dir,) = [p for p in cache.module_dir("batch-branch").iterdir() if (p / "tune_report.json").exists()]
+    report = json.loads((graph_dir / "tune_report.json").read_text())
+    assert report["shape_conditions"] == ["input_x.shape[0] != 3"] and report["shape_conditions_left_out"] == []
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (scripts/setup.sh installs it): the page was not opened")
+    page = graph_dir / "tune_report.html"
+    summary = dump_dom(page, tmp_path / "profile").split('id="summary"', 1)[1].split("</section>", 1)[0]
+    assert "<th>ONNX graphs hold where</th>" in summary
+    assert '<td id="shape_conditions"><code>input_x.shape[0] != 3</code></td>' in summary
+    screenshot(page, tmp_path / "profile", tmp_path / "report.png")
 
 
 def test_with_eager_fallback_the_refused_batch_runs_eagerly_and_matches():

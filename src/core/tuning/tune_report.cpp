@@ -75,6 +75,8 @@ std::string TuneReport::to_json(int indent) const {
   nlohmann::json vacuous = nlohmann::json::array();
   for (const auto& v : vacuous_outputs) vacuous.push_back({{"name", v.name}, {"why", v.why}});
   j["vacuous_outputs"] = vacuous;
+  j["shape_conditions"] = shape_conditions;
+  j["shape_conditions_left_out"] = shape_conditions_left_out;
   // Per reduced precision: eager PyTorch's own error at it, per output (worst sample).
   nlohmann::json eager_at = nlohmann::json::object();
   for (const auto& e : eager_at_precision) {
@@ -209,6 +211,9 @@ std::string TuneReport::summary_table() const {
     out << "warning: eager output " << v.name << " cannot judge a candidate: " << v.why << "\n";
   for (const auto& c : candidates)
     if (c.divergence) out << "divergence of " << c.name << ": " << c.divergence->describe() << "\n";
+  for (const auto& c : shape_conditions) out << "the ONNX graphs hold where `" << c << "` (calls elsewhere are refused)\n";
+  for (const auto& c : shape_conditions_left_out)
+    out << "the ONNX export took one side of `" << c << "`; a recorded sample is on the other, checked there\n";
   out << "decision: " << decision << "\n";
   if (batch_search) {
     out << "max batch size: " << batch_search->max_batch << " (recorded up to " << batch_search->recorded_max_batch

@@ -351,6 +351,15 @@ std::string tune_report_html(const std::string& report_json) {
   if (eager)
     h << "<tr><th>" << esc(eager_label) << " p50</th><td>" << num(eager->p50) << " &#181;s</td></tr>";
   if (auto t = num_of(r, "tuning_s")) h << "<tr><th>tuning time</th><td>" << num(*t) << " s</td></tr>";
+  // The sizes the model's code branches on, as the ONNX export took them (shape_condition.hpp)
+  for (const auto& [key, title] : {std::pair{"shape_conditions", "ONNX graphs hold where"},
+                                   std::pair{"shape_conditions_left_out", "export took one side of"}}) {
+    if (!r.contains(key) || !r[key].is_array() || r[key].empty()) continue;
+    h << "<tr><th>" << title << "</th><td id=\"" << key << "\">";
+    for (std::size_t i = 0; i < r[key].size(); ++i)
+      h << (i ? ", " : "") << "<code>" << esc(r[key][i].is_string() ? r[key][i].get<std::string>() : "?") << "</code>";
+    h << "</td></tr>";
+  }
   h << "<tr><th>candidates</th><td>" << candidates.size() << "</td></tr></table></section>";
 
   // The frontier: every candidate with both a latency and an error.

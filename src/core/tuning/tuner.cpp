@@ -142,6 +142,10 @@ std::vector<ShapeCondition> GraphTuner::set_shape_conditions(std::vector<ShapeCo
   }
   impl.spec.conditions = std::move(kept);
   impl.conditions_left_out = dropped;
+  impl.report.shape_conditions.clear();
+  impl.report.shape_conditions_left_out.clear();
+  for (const auto& c : impl.spec.conditions) impl.report.shape_conditions.push_back(c.to_string());
+  for (const auto& c : dropped) impl.report.shape_conditions_left_out.push_back(c.to_string());
   for (const auto& c : impl.spec.conditions) impl.log("the ONNX graph holds where `" + c.to_string() + "`");
   for (const auto& c : dropped)
     impl.log("`" + c.to_string() + "` left out: a recorded sample violates it, and the check at that sample judges it");
