@@ -81,6 +81,18 @@ def test_the_page_has_every_section_and_the_fields_the_report_carries():
     assert "<script>" not in _core.tune_report_html(json.dumps(hostile))
 
 
+def test_candidates_drawn_on_one_spot_share_one_label():
+    """Three candidates of equal speed and error were drawn on one spot with their numbers
+    printed over each other ("2" over "1" over "3"); they now share one label."""
+    report = _report()
+    for candidate in report["candidates"][:3]:
+        candidate["profile"] = _profile(500, 100)
+        candidate["correctness"]["samples"][0]["outputs"] = [_output("logits", 3e-6, 1e-4, True)]
+    page = _core.tune_report_html(json.dumps(report))
+    labels = re.findall(r'<text class="point-label"[^>]*>([^<]*)</text>', page)
+    assert labels == ["1, 2, 3"], labels
+
+
 def test_bad_reports_are_refused_by_name():
     with pytest.raises(ValueError, match="not valid JSON"):
         _core.tune_report_html("{")

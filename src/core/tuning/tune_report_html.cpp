@@ -264,15 +264,36 @@ std::string frontier_svg(std::vector<Point> points, std::optional<double> eager_
     for (const auto* p : frontier) s << x(p->p50) << "," << y(p->ratio) << " ";
     s << "\"/>";
   }
+  // Points drawn within a few pixels of each other share one label ("1, 2, 3"): three
+  // candidates of one model and equal speed were drawn on one spot with their numbers
+  // printed over each other.
+  struct Label {
+    double x, y;
+    std::string text;
+  };
+  std::vector<Label> labels;
+  for (bool winner : {false, true})  // the winner's circle last: on top of any it shares a spot with
+    for (const auto& p : points) {
+      if (p.winner != winner) continue;
+      const bool on_frontier = std::find(frontier.begin(), frontier.end(), &p) != frontier.end();
+      s << "<circle cx=\"" << x(p.p50) << "\" cy=\"" << y(p.ratio) << "\" r=\"" << (p.winner ? 7 : 5) << "\" fill=\""
+        << (p.winner ? "#d69e2e" : on_frontier ? "#2f855a" : "#a0aec0") << "\" stroke=\"#1a202c\"><title>"
+        << esc(p.name) << ": p50 " << num(p.p50) << " us, error/tolerance " << num(p.ratio) << "</title></circle>";
+    }
   for (std::size_t i = 0; i < points.size(); ++i) {
     const auto& p = points[i];
-    const bool on_frontier = std::find(frontier.begin(), frontier.end(), &p) != frontier.end();
-    s << "<circle cx=\"" << x(p.p50) << "\" cy=\"" << y(p.ratio) << "\" r=\"" << (p.winner ? 7 : 5) << "\" fill=\""
-      << (p.winner ? "#d69e2e" : on_frontier ? "#2f855a" : "#a0aec0") << "\" stroke=\"#1a202c\"><title>" << esc(p.name)
-      << ": p50 " << num(p.p50) << " us, error/tolerance " << num(p.ratio) << "</title></circle>";
-    s << "<text x=\"" << x(p.p50) + 8 << "\" y=\"" << y(p.ratio) - 6 - 11.0 * static_cast<double>(i % 2)
-      << "\" font-size=\"10\" fill=\"#2d3748\">" << i + 1 << "</text>";
+    auto near = std::find_if(labels.begin(), labels.end(), [&](const Label& l) {
+      return std::abs(l.x - x(p.p50)) < 6 && std::abs(l.y - y(p.ratio)) < 6;
+    });
+    if (near != labels.end())
+      near->text += ", " + std::to_string(i + 1);
+    else
+      labels.push_back({x(p.p50), y(p.ratio), std::to_string(i + 1)});
   }
+  for (std::size_t i = 0; i < labels.size(); ++i)
+    s << "<text class=\"point-label\" x=\"" << labels[i].x + 8 << "\" y=\""
+      << labels[i].y - 6 - 11.0 * static_cast<double>(i % 2) << "\" font-size=\"10\" fill=\"#2d3748\">"
+      << labels[i].text << "</text>";
   s << "</svg><ol class=\"legend\">";
   for (const auto& p : points)
     s << "<li>" << esc(p.name) << (p.winner ? " <b>(winner)</b>" : "") << "</li>";
