@@ -36,8 +36,8 @@ _BINARY = {"Pow": "pow", "Mod": "mod", "PythonMod": "mod", "FloorDiv": "floordiv
 
 
 def _tree(expr: Any, axes: dict) -> Any:
-    """``expr`` (sympy, over the size symbols of ``axes``: symbol -> (input, axis)) as a
-    ShapeCondition JSON tree."""
+    """``expr`` (sympy, over the size symbols of ``axes``: symbol -> the JSON tree of its
+    value, an input's extent or an expression of one) as a ShapeCondition JSON tree."""
     if expr is True or expr is False:
         return expr
     if getattr(expr, "is_Boolean", False) and expr.is_Atom and not expr.is_Symbol:  # sympy's true / false
@@ -47,7 +47,7 @@ def _tree(expr: Any, axes: dict) -> Any:
     if getattr(expr, "is_Symbol", False):
         if expr not in axes:
             raise _Unreadable(f"symbol {expr} is no input's extent")
-        return ["dim", *axes[expr]]
+        return axes[expr]
     name = type(expr).__name__
     args = [_tree(arg, axes) for arg in expr.args]
     if name in _RELATIONS and len(args) == 2:
@@ -65,6 +65,30 @@ def _tree(expr: Any, axes: dict) -> Any:
     raise _Unreadable(f"{name} has no shape-condition form")
 
 
+def _derived(here: list, expr: Any, axes: dict) -> Any:
+    """The condition of an axis whose extent is an expression (``2*s0``: a declared
+    ``2 * Dim("half")``): equal to it where its symbols are known; where one symbol is
+    unknown and the expression is ``a*s + b`` in it, a multiple of ``a`` from ``b`` (the
+    symbol then stands for ``(extent - b) // a`` in the conditions that follow)."""
+    import sympy
+
+    unknown = [symbol for symbol in expr.free_symbols if symbol not in axes]
+    if not unknown:
+        return ["eq", here, _tree(expr, axes)]
+    if len(unknown) > 1:
+        raise _Unreadable(f"symbols {', '.join(map(str, unknown))} are no input's extents")
+    (symbol,) = unknown
+    a, b = sympy.Poly(expr, symbol).all_coeffs() if sympy.Poly(expr, symbol).degree() == 1 else (None, None)
+    if a is None or not getattr(a, "is_Integer", False) or int(a) < 1:
+        raise _Unreadable(f"symbol {symbol} is no input's extent")
+    if getattr(b, "is_Integer", False):
+        offset = here if int(b) == 0 else ["add", here, -int(b)]
+    else:
+        offset = ["add", here, ["mul", -1, _tree(b, axes)]]
+    axes[symbol] = ["floordiv", offset, int(a)]
+    return ["eq", ["mod", offset, int(a)], 0]
+
+
 def from_program(program: torch.export.ExportedProgram, spec: _core.GraphSpec) -> tuple[list, list[str]]:
     """(ShapeConditions, texts of the guards with no ShapeCondition form) of ``program``,
     whose user inputs are ``spec.inputs`` in order: its guards and deferred runtime asserts,
@@ -76,7 +100,7 @@ def from_program(program: torch.export.ExportedProgram, spec: _core.GraphSpec) -
     user_inputs = list(program.graph_signature.user_inputs)
     if len(user_inputs) != len(spec.inputs):
         return [], [f"the program takes {len(user_inputs)} inputs, the graph {len(spec.inputs)}"]
-    axes: dict = {}  # size symbol -> (input name, axis) of its first axis
+    axes: dict = {}  # size symbol -> its value as a tree: the extent of its first axis
     trees: list = []
     shape_env = None
     derived: list = []  # (input, axis, expression) of an axis whose extent is an expression
@@ -90,9 +114,9 @@ def from_program(program: torch.export.ExportedProgram, spec: _core.GraphSpec) -
                 shape_env = size.node.shape_env
                 expr = size.node.expr
                 if expr.is_Symbol and expr not in axes:
-                    axes[expr] = (tensor_spec.name, axis)
+                    axes[expr] = here
                 elif expr.is_Symbol:
-                    trees.append(["eq", here, ["dim", *axes[expr]]])
+                    trees.append(["eq", here, axes[expr]])
                 else:
                     derived.append((here, expr))
             elif tensor_spec.min_shape[axis] != tensor_spec.max_shape[axis]:
@@ -100,7 +124,7 @@ def from_program(program: torch.export.ExportedProgram, spec: _core.GraphSpec) -
     unreadable: list[str] = []
     for here, expr in derived:
         try:
-            trees.append(["eq", here, _tree(expr, axes)])
+            trees.append(_derived(here, expr, axes))
         except _Unreadable as why:
             unreadable.append(f"{here[1]}.shape[{here[2]}] == {expr} ({why})")
     if shape_env is not None:
