@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 
 import pytest
 import torch
@@ -130,3 +131,102 @@ def _conditions_in(value) -> list:
     if isinstance(value, list):
         return [c for v in value for c in _conditions_in(v)]
     return []
+
+
+class MiddleBranch(torch.nn.Module):
+    """A branch only lengths 6 and 7 take: torch.export narrows the length's range (not a
+    guard) at the example of 8, and the recorded 4 is on the other side of that."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(6, 6)
+
+    def forward(self, x):
+        y = self.linear(x)
+        if 6 <= x.shape[1] <= 7:
+            y = y * 2
+        return y
+
+
+class CeilBranch(MiddleBranch):
+    def forward(self, x):
+        y = self.linear(x)
+        if math.ceil(x.shape[1] / 2) == 4:  # lengths 7 and 8
+            y = y * 100
+        return y
+
+
+class FloatBranch(MiddleBranch):
+    def forward(self, x):
+        y = self.linear(x)
+        if x.shape[1] * 0.5 == 3.0:  # length 6, a condition with no integer form
+            y = y * 100
+        return y
+
+
+def _tuned_lengths(cls, lengths) -> ait.Module:
+    torch.manual_seed(0)
+    model = ait.Module(cls().eval(), cls.__name__, strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [torch.randn(n, 6) for n in lengths], batch_sizes=[1], ignore_failing_modules=False,
+             progress=False)
+    return model
+
+
+def _conditions(model: ait.Module) -> list[str]:
+    """The conditions of the tuned ONNX Runtime graph's session."""
+    ((_, tuned),) = model._ait_tuned.values()
+    return [str(c) for c in tuned.session.graph_spec.conditions]
+
+
+def _served_lengths(model: ait.Module, lengths) -> list[int]:
+    """The lengths the tuned graph serves (matching eager there); those it refuses are left out."""
+    served = []
+    for length in lengths:
+        x = torch.randn(1, length, 6)
+        try:
+            out = model(x)
+        except _core.ShapeMismatchError:
+            continue
+        torch.testing.assert_close(out, model.ait_module(x), rtol=1e-4, atol=1e-4)
+        served.append(length)
+    return served
+
+
+def test_a_branch_in_the_middle_of_the_recorded_range_is_refused_there():
+    """Exported at 8 and recorded at 4 too: captured again at 4, the same graph holds where
+    ``len <= 5``; 6 and 7 (1.03 and 1.19 off eager before) are refused."""
+    model = _tuned_lengths(MiddleBranch, (4, 8))
+    assert _served_lengths(model, range(4, 9)) == [4, 5, 8]
+    assert _conditions(model) == ["(input_x.shape[1] >= 8) or (input_x.shape[1] <= 5)"]
+
+
+def test_ceil_of_a_size_divided_is_an_exact_condition():
+    model = _tuned_lengths(CeilBranch, (4, 9))  # 7 and 8 were ~200 off eager, silently
+    assert _served_lengths(model, range(4, 10)) == [4, 5, 6, 9]
+    assert "ceildiv(input_x.shape[1], 2) != 4" in _conditions(model)
+
+
+def test_a_condition_with_no_integer_form_pins_its_axis_to_the_checked_sizes(caplog):
+    with caplog.at_level(logging.WARNING, logger="aitune"):
+        model = _tuned_lengths(FloatBranch, (4, 9))  # 6 was 131 off eager, silently
+    assert "`Ne(0.5*ToFloat(input_x.shape[1]), 3.0)" in caplog.text and "cannot evaluate per call" in caplog.text
+    served = _served_lengths(model, range(4, 10))
+    assert 6 not in served and {4, 9} <= set(served)
+
+
+def test_with_a_declared_length_a_branch_on_the_undeclared_batch_is_a_condition_not_a_refusal():
+    """The ranges declared (the length) are proven by torch.export; a decision on the batch,
+    which aitune spans itself, was refused as if the declared ranges were wrong."""
+    from torch.export import Dim
+
+    torch.manual_seed(0)
+    model = ait.Module(BatchBranch().eval(), "declared-batch-branch", strategy=cpu_strategy(tune_provider_options=False),
+                       dynamic_shapes={"x": {1: Dim("seq", min=2, max=64)}})
+    ait.tune(model, [torch.randn(n, 6) for n in (4, 4, 8, 8)], batch_sizes=[1, 2, 4], ignore_failing_modules=False,
+             progress=False)
+    assert _conditions(model) == ["input_x.shape[0] != 3"]
+    for batch, length in ((1, 10), (2, 33), (4, 50)):
+        x = torch.randn(batch, length, 6)
+        torch.testing.assert_close(model(x), model.ait_module(x), rtol=1e-4, atol=1e-4)
+    with pytest.raises(_core.ShapeMismatchError, match=r"`input_x.shape\[0\] != 3`"):
+        model(torch.randn(3, 20, 6))

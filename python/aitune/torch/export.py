@@ -159,12 +159,7 @@ def example_inputs(graph: RecordedGraph, spec: _core.GraphSpec) -> list[torch.Te
     """The recorded sample with the largest batch; when that batch is 1, its batch axes
     are repeated to 2 so dynamo does not specialise the batch dimension to 1."""
     sample = max(graph.samples, key=lambda s: (s.batch_size, sum(t.numel() for t in s.inputs)))
-    tensors = list(sample.inputs)
-    for i, tensor_spec in enumerate(spec.inputs):
-        axis = tensor_spec.batch_axis
-        if axis is not None and tensors[i].shape[axis] < 2:
-            tensors[i] = torch.cat([tensors[i]] * 2, dim=axis)
-    return tensors
+    return _batch_of_two(list(sample.inputs), spec)
 
 
 def _dynamo_shapes(spec: _core.GraphSpec, declared: list | None = None) -> tuple:
@@ -247,11 +242,13 @@ def _program_over_declared_ranges(graph: RecordedGraph, flat: torch.nn.Module, i
     with equal ranges that the code requires equal (the ids and mask of one sequence:
     torch.export's suggested fix ``mask_1 = ids_1``) share one Dim and the capture is
     retried; any other fix (a narrower range) is the user's decision, not taken here."""
+    deferred = False  # the guards on aitune's own batch Dim kept as asserts (shape conditions)
     for _ in range(8):  # one retry per pair of axes merged, at most
         try:
             # as torch.onnx.export captures: a batch or axis of 1 is not specialised
             with torch.fx.experimental._config.patch(backed_size_oblivious=True):
-                return torch.export.export(flat, inputs, dynamic_shapes=shapes, strict=False)
+                return torch.export.export(flat, inputs, dynamic_shapes=shapes, strict=False,
+                                           prefer_deferred_runtime_asserts_over_guards=deferred)
         except Exception as error:
             merged = _with_equal_dims_merged(str(error), shapes)
             # A batch range from 1 is captured from 2 where torch.export's only refusal is its
@@ -263,6 +260,11 @@ def _program_over_declared_ranges(graph: RecordedGraph, flat: torch.nn.Module, i
             batch_one_checked = batch_ours or any(s.batch_size == 1 for s in graph.samples)
             if merged is None and batch_one_checked:
                 merged = _with_batch_above_one(str(error), shapes)
+            if merged is None and not deferred and batch_ours and _only_batch_guards(str(error)):
+                # The code decides on the batch, which the user did not declare (`if x.shape[0]
+                # == 3`): like an export without declared ranges, the decision becomes a shape
+                # condition of the graph, not a refusal of the ranges the user did declare.
+                deferred, merged = True, shapes
             if merged is None and _data_dependent(error):  # the values decide, not the declared ranges
                 raise ExportError(
                     f"ONNX export of {graph.module_name}/{graph.key} refused: the model's code decides on a "
@@ -306,6 +308,70 @@ def _program_with_deferred_guards(graph: RecordedGraph, flat: torch.nn.Module, i
                        "fallback capture records the path the example input takes, which is checked at the "
                        "recorded samples only", graph.module_name, graph.key, _summary(error, limit=2))
         return None
+
+
+def _conditions_over_other_sides(graph: RecordedGraph, flat: torch.nn.Module, spec: _core.GraphSpec, shapes: tuple,
+                                 program, found: list) -> list:
+    """``found`` (the conditions the graph was captured under at its example) widened where
+    a sample on their other side gives the same graph: ``if 6 <= len <= 7`` exported at 8
+    holds where ``len >= 8``, and the sample at 4 violates that, so the engine would leave
+    the condition out and 6 and 7 would run the graph, unchecked; captured again at 4 (the
+    same graph, under ``len <= 5``) the graph holds where ``len >= 8 or len <= 5``. A sample
+    whose capture is another graph (the code took another branch there) leaves ``found`` as
+    it is: the engine then leaves out what that sample violates, and the check against eager
+    at that sample judges the graph there. At most three more captures."""
+    if not found:
+        return found
+    mine = shape_conditions.fingerprint(program)
+    sides = [found]
+    for _ in range(3):
+        holds = _core.ShapeCondition.from_json(_or_of(sides))
+        other = next((s for s in graph.samples if not holds.holds(spec, [list(x.shape) for x in s.inputs])), None)
+        if other is None:
+            break
+        try:
+            with torch.fx.experimental._config.patch(backed_size_oblivious=True):
+                theirs = torch.export.export(flat, tuple(_batch_of_two(list(other.inputs), spec)), dynamic_shapes=shapes,
+                                             strict=False, prefer_deferred_runtime_asserts_over_guards=True)
+        except Exception as error:
+            logger.info("%s/%s: no second capture at a sample across the export's conditions (%s)",
+                        graph.module_name, graph.key, _summary(error, limit=1))
+            break
+        if shape_conditions.fingerprint(theirs) != mine:
+            break  # another branch there: the check at that sample judges the graph
+        side, _ = shape_conditions.from_program(theirs, spec)
+        sides.append(side)
+    if len(sides) == 1:
+        return found
+    return [_core.ShapeCondition.from_json(_or_of(sides))]
+
+
+def _or_of(sides: list[list]) -> str:
+    """The JSON of ``or`` over ``sides``, each the ``and`` of its conditions."""
+    import json
+
+    def conjunction(side: list) -> object:
+        trees = [json.loads(c.to_json()) for c in side]
+        return trees[0] if len(trees) == 1 else ["and", *trees] if trees else True
+
+    return json.dumps(conjunction(sides[0]) if len(sides) == 1 else ["or", *(conjunction(side) for side in sides)])
+
+
+def _batch_of_two(tensors: list[torch.Tensor], spec: _core.GraphSpec) -> list[torch.Tensor]:
+    """``tensors`` with batch axes of 1 repeated to 2, so dynamo does not specialise the
+    batch dimension to 1."""
+    for i, tensor_spec in enumerate(spec.inputs):
+        axis = tensor_spec.batch_axis
+        if axis is not None and tensors[i].shape[axis] < 2:
+            tensors[i] = torch.cat([tensors[i]] * 2, dim=axis)
+    return tensors
+
+
+def _only_batch_guards(message: str) -> bool:
+    """Whether every range torch.export says the code violates is the batch's (aitune's own
+    Dim "batch")."""
+    violations = re.findall(r"Not all values of (\w+) = ", message)
+    return bool(violations) and all(name == "batch" for name in violations)
 
 
 def _with_batch_above_one(message: str, shapes: tuple) -> tuple | None:
@@ -514,12 +580,16 @@ def export_onnx(
                 program = (_program_over_declared_ranges(graph, flat, inputs, shapes, batch_ours)
                            if declared else _program_with_deferred_guards(graph, flat, inputs, shapes))
                 if program is not None:
-                    found, unreadable = shape_conditions.from_program(program, spec)
+                    checked = [{t.name: list(x.shape) for t, x in zip(spec.inputs, sample.inputs)}
+                               for sample in graph.samples]
+                    found, unreadable = shape_conditions.from_program(program, spec, checked)
+                    if not declared:
+                        found = _conditions_over_other_sides(graph, flat, spec, shapes, program, found)
                     if conditions is not None:
                         conditions.extend(found)
                     for text in unreadable:
-                        logger.warning("%s/%s: the export holds under `%s`, which aitune cannot check per call; "
-                                       "the graph is checked at the recorded samples only there",
+                        logger.warning("%s/%s: the export holds under `%s`, which aitune cannot evaluate per call; "
+                                       "the axes it reads take the sizes of the samples checked against eager alone",
                                        graph.module_name, graph.key, text)
                 # (the program's dims renamed after the shapes' own: "batch", as a direct export names it)
                 torch.onnx.export(flat if program is None else program, inputs, str(target), dynamo=True,

@@ -293,7 +293,8 @@ struct GraphTuner::Impl {
     if (found.empty()) return "";
     return "the exported model fixes sizes the recorded samples vary (" + found +
            "): the export specialised them to its example input (a Python loop or branch over a size in forward "
-           "is unrolled or decided for that size), so the graph holds only at that size; make the code "
+           "is unrolled or decided for that size, and `len(tensor)` is read as a constant: write `x.shape[0]`), "
+           "so the graph holds only at that size; make the code "
            "independent of that size, record samples of that size only, or let TorchCompileBackend take the graph "
            "(its guards compile again for another size)";
   }
