@@ -230,3 +230,18 @@ def test_with_a_declared_length_a_branch_on_the_undeclared_batch_is_a_condition_
         torch.testing.assert_close(model(x), model.ait_module(x), rtol=1e-4, atol=1e-4)
     with pytest.raises(_core.ShapeMismatchError, match=r"`input_x.shape\[0\] != 3`"):
         model(torch.randn(3, 20, 6))
+
+
+def test_an_extent_with_no_linear_form_is_unreadable_not_a_failed_export():
+    """``sympy.Poly`` raises on ``s // 2 + 1``: such an extent is one aitune cannot read (and
+    says so), never an exception out of the export."""
+    import sympy
+    from torch.utils._sympy.functions import FloorDiv
+
+    from aitune.torch import shape_conditions
+
+    s = sympy.Symbol("s0", integer=True, positive=True)
+    with pytest.raises(shape_conditions._Unreadable):
+        shape_conditions._derived(["dim", "input_x", 1], FloorDiv(s, 2) + 1, {})
+    assert shape_conditions._derived(["dim", "input_x", 1], 2 * s + 1, {}) == \
+        ["eq", ["mod", ["add", ["dim", "input_x", 1], -1], 2], 0]

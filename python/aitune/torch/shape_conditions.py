@@ -89,7 +89,7 @@ def _readable(expr: Any, axes: dict) -> str:
 
 def _range_bounds(program, axes: dict, spec: _core.GraphSpec) -> list:
     """The bounds torch.export put on an input's extent as its range rather than as a guard
-    (``if 6 <= s:`` exported at 8 narrows ``s`` to [7, inf]), where tighter than the spec's
+    (``if 6 <= s <= 7:`` exported at 8 narrows ``s`` to [8, inf]), where tighter than the spec's
     own range of that axis."""
     bounds = []
     tensors = {t.name: t for t in spec.inputs}
@@ -122,7 +122,11 @@ def _derived(here: list, expr: Any, axes: dict) -> Any:
     if len(unknown) > 1:
         raise _Unreadable(f"symbols {', '.join(map(str, unknown))} are no input's extents")
     (symbol,) = unknown
-    a, b = sympy.Poly(expr, symbol).all_coeffs() if sympy.Poly(expr, symbol).degree() == 1 else (None, None)
+    try:
+        polynomial = sympy.Poly(expr, symbol)
+    except sympy.PolynomialError:  # (a FloorDiv of the symbol, say): no linear form
+        raise _Unreadable(f"symbol {symbol} is no input's extent") from None
+    a, b = polynomial.all_coeffs() if polynomial.degree() == 1 else (None, None)
     if a is None or not getattr(a, "is_Integer", False) or int(a) < 1:
         raise _Unreadable(f"symbol {symbol} is no input's extent")
     if getattr(b, "is_Integer", False):
