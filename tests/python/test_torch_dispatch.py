@@ -362,6 +362,36 @@ def test_calls_under_a_torch_function_or_dispatch_mode_run_eagerly(caplog):
     assert len(said) == 2 and "DoubleLinear" in said[0] and "DoubleAddmm" in said[1], said
 
 
+class _DoublingLinear(torch.Tensor):
+    """A tensor subclass overriding torch's functions (as masked or unit-carrying tensors do)."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        out = super().__torch_function__(func, types, args, kwargs or {})
+        return out * 2 if func is torch.nn.functional.linear else out
+
+
+def test_a_call_with_an_overriding_tensor_subclass_runs_eagerly(caplog):
+    """The graph read a subclass input's data and returned a plain tensor, 0.65 off eager,
+    which applied the subclass's override: such calls run eagerly, said once per class; a
+    plain Parameter input is no such subclass."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4)).eval()
+    model = ait.Module(net, "subclass-input", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [torch.randn(4) for _ in range(3)], batch_sizes=[2], progress=False, ignore_failing_modules=False)
+    x = torch.randn(2, 4)
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="aitune"):
+        got, again = model(x.as_subclass(_DoublingLinear)), model(x.as_subclass(_DoublingLinear))
+        expected = net(x.as_subclass(_DoublingLinear))
+        plain = model(torch.nn.Parameter(x, requires_grad=False))
+    assert type(got) is _DoublingLinear
+    torch.testing.assert_close(got.as_subclass(torch.Tensor), expected.as_subclass(torch.Tensor))
+    torch.testing.assert_close(again.as_subclass(torch.Tensor), expected.as_subclass(torch.Tensor))
+    torch.testing.assert_close(plain, net(x), atol=1e-5, rtol=1e-5)
+    said = [r.getMessage() for r in caplog.records if "tensor runs eagerly in PyTorch" in r.getMessage()]
+    assert len(said) == 1 and "_DoublingLinear" in said[0], said
+
+
 class _MakesTensors(torch.nn.Module):
     def __init__(self):
         super().__init__()

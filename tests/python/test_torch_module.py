@@ -192,3 +192,47 @@ def test_an_unrecorded_call_names_a_tensor_a_tensor_not_absent():
     with pytest.raises(ait.GraphNotRecordedError) as raised, torch.no_grad():
         model(x)
     assert "mask: None here, a tensor recorded" in str(raised.value), str(raised.value)
+
+
+class _Settings:
+    """A config object of the user's, compared by identity (no __eq__)."""
+
+    def __init__(self, scale: float):
+        self.scale = scale
+        self.bias = torch.zeros(4)
+
+
+class _Configured(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x, settings, k=1.0):
+        return self.fc(x) * settings.scale + settings.bias + 1 / torch.full_like(x, k)
+
+
+def test_an_argument_object_changed_in_place_or_a_negative_zero_is_another_call():
+    """The graph holds a non-tensor argument's attributes as constants: the same object
+    changed in place (a float, a tensor filled) matched the recorded graph, 2.65 and 3.0 off
+    eager, silently; -0.0 matched 0.0 (+inf where eager gives -inf). Both are other calls."""
+    settings = _Settings(1.0)
+    model = ait.Module(_Configured().eval(), "configured", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [((torch.randn(4), settings), {"k": 0.5}) for _ in range(2)], ignore_failing_modules=False,
+             progress=False)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x, settings, k=0.5), model.ait_module(x, settings, k=0.5))
+    settings.scale = 4.0
+    with pytest.raises(ait.GraphNotRecordedError, match="settings: .* changed in place since it was recorded"):
+        model(x, settings, k=0.5)
+    settings.scale = 1.0
+    settings.bias.fill_(3.0)
+    with pytest.raises(ait.GraphNotRecordedError, match="changed in place"):
+        model(x, settings, k=0.5)
+
+    zero = ait.Module(_Configured().eval(), "configured-zero", strategy=cpu_strategy(tune_provider_options=False))
+    plain = _Settings(1.0)
+    ait.tune(zero, [((torch.randn(4), plain), {"k": 0.0}) for _ in range(2)], ignore_failing_modules=False,
+             progress=False)
+    with pytest.raises(ait.GraphNotRecordedError, match="k=-0.0"):
+        zero(x, plain, k=-0.0)

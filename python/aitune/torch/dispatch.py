@@ -268,6 +268,30 @@ def _no_data_cause(tensor: torch.Tensor) -> str | None:
     return None
 
 
+def _overriding_subclass(tensor: torch.Tensor) -> str | None:
+    """The class of ``tensor`` where it is a subclass with its own ``__torch_function__`` or
+    ``__torch_dispatch__`` (a masked, quantized or unit-carrying tensor), or None: eager
+    PyTorch runs the subclass's overrides on the module's ops, a graph only reads the data."""
+    kind = type(tensor)
+    if kind is _Tensor or kind is torch.nn.Parameter:
+        return None
+    function = getattr(kind.__torch_function__, "__func__", kind.__torch_function__)
+    if function is not _Tensor.__torch_function__.__func__ or kind.__torch_dispatch__ is not _Tensor.__torch_dispatch__:
+        return kind.__qualname__
+    return None
+
+
+def _subclass_inputs(args: tuple, kwargs: dict) -> str | None:
+    """The first overriding tensor subclass among the call's tensors (``_overriding_subclass``)."""
+    for value in (*args, *kwargs.values()):
+        if type(value) is _Tensor:
+            continue
+        for leaf in ((value,) if isinstance(value, torch.Tensor) else pytree.tree_leaves(value)):
+            if isinstance(leaf, torch.Tensor) and (name := _overriding_subclass(leaf)) is not None:
+                return name
+    return None
+
+
 def _active_modes() -> str | None:
     """The TorchFunctionModes and TorchDispatchModes active now, by class name, or None."""
     names = []
@@ -390,7 +414,8 @@ class ModuleDispatch:
         self.warned: set = set()
         self.grad_logged = False  # the first call run eagerly for autograd was logged
         self.without_data_logged: set[str] = set()  # causes of calls without data, said once each
-        self.modes_logged: set[str] = set()  # the sets of active modes whose eager calls were logged
+        self.modes_logged: set[str] = set()
+        self.subclasses_logged: set[str] = set()  # the tensor subclasses whose eager calls were logged  # the sets of active modes whose eager calls were logged
         self.autocast_logged = False  # the first call run eagerly for autocast was logged
         self.global_hooks_logged: set = set()  # the sets of global forward hooks whose eager calls were logged
         self.measuring = False  # made by measured_call to measure a candidate, not a module's
@@ -465,6 +490,8 @@ class ModuleDispatch:
             return self._run_without_data(why, args, kwargs)
         if (modes := _active_modes()) is not None:
             return self._run_under_modes(modes, args, kwargs)
+        if (subclass := _subclass_inputs(args, kwargs)) is not None:
+            return self._run_with_subclass(subclass, args, kwargs)
         if torch.is_grad_enabled() and _requires_grad(args, kwargs):
             return self._run_with_autograd(args, kwargs)
         if self.tuned and (changed := self.changed_submodules()):
@@ -751,6 +778,18 @@ class ModuleDispatch:
                 "ait.Module '%s': forward hooks for every module are registered (%s, torch.nn.modules.module."
                 "register_module_forward_hook or _pre_hook); a tuned graph runs no submodule, so calls run eagerly "
                 "in PyTorch while they are registered", self.name, ", ".join(hooks))
+        return self.module.forward(*args, **kwargs)  # the hooks ran around the proxy's forward
+
+    def _run_with_subclass(self, subclass: str, args: tuple, kwargs: dict) -> Any:
+        """A call with a tensor of a subclass that overrides torch's functions runs eagerly:
+        eager PyTorch applies its overrides to the module's ops, a graph would read the data
+        alone (0.65 off eager in a probe, silently); said once per class."""
+        if subclass not in self.subclasses_logged:
+            self.subclasses_logged.add(subclass)
+            logger.warning("ait.Module '%s': a call with a %s tensor runs eagerly in PyTorch: the subclass overrides "
+                           "torch's functions (__torch_function__ or __torch_dispatch__), which act on eager ops and "
+                           "not inside a tuned graph; pass plain tensors (t.as_subclass(torch.Tensor)) where the "
+                           "overrides do not matter", self.name, subclass)
         return self.module.forward(*args, **kwargs)  # the hooks ran around the proxy's forward
 
     def _run_without_data(self, why: str, args: tuple, kwargs: dict) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -117,11 +118,51 @@ def leaf_descriptor(leaf: Any) -> tuple:
     """
     if isinstance(leaf, torch.Tensor):
         return tensor_descriptor(leaf.dtype, leaf.dim())
+    if type(leaf) is float:  # -0.0 == 0.0 (and hashes alike), but 1 / -0.0 and atan2 tell them apart
+        return (float, leaf, math.copysign(1.0, leaf))
     try:
         hash(leaf)
-        return (type(leaf), leaf)
     except TypeError:
         return (type(leaf), repr(leaf))
+    if _compared_by_identity(leaf):
+        # An object compared by identity (no __eq__ of its own, a config object of the
+        # user's): the graph holds its attributes as constants, so the key is what they are
+        # now; changed in place, the same object is another call.
+        return (type(leaf), id(leaf), _object_state(leaf, 2))
+    return (type(leaf), leaf)
+
+
+#: More attributes than this, an object passed as an argument is keyed by identity alone.
+_MAX_STATE_ITEMS = 64
+
+
+def _compared_by_identity(value: Any) -> bool:
+    kind = type(value)
+    return (kind.__eq__ is object.__eq__ and kind.__hash__ is object.__hash__ and hasattr(value, "__dict__")
+            and not isinstance(value, (torch.nn.Module, type)) and not callable(value))
+
+
+def _object_state(value: Any, depth: int) -> Any:
+    """What an argument object holds, as a comparable value: its attributes' plain values,
+    a tensor by its storage and version counter (changed in place, its version moves),
+    objects inside it two levels deep; identity beyond that."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", value.dtype, tuple(value.shape), value.data_ptr(), value._version)
+    if value is None or isinstance(value, (bool, int, str, bytes)):
+        return value
+    if type(value) is float:
+        return (value, math.copysign(1.0, value))
+    if depth > 0 and isinstance(value, (list, tuple)) and len(value) <= _MAX_STATE_ITEMS:
+        return (type(value), tuple(_object_state(item, depth - 1) for item in value))
+    if depth > 0 and isinstance(value, dict) and len(value) <= _MAX_STATE_ITEMS:
+        return (dict, tuple((repr(k), _object_state(v, depth - 1)) for k, v in value.items()))
+    if depth > 0 and _compared_by_identity(value) and len(vars(value)) <= _MAX_STATE_ITEMS:
+        return (type(value), id(value), tuple((k, _object_state(v, depth - 1)) for k, v in vars(value).items()))
+    try:
+        hash(value)
+        return (type(value), value)
+    except TypeError:
+        return (type(value), id(value))
 
 
 def tensor_descriptor(dtype: torch.dtype, rank: int) -> tuple:

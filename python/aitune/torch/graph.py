@@ -430,6 +430,9 @@ class RecordedGraph(_GraphCalls):
         self.key = f"graph_{flatten.stable_digest(in_spec, in_leaves)}"
         self._inputs = _Tree(in_spec, in_leaves)
         self.non_tensor_values = non_tensor_values(signature, in_paths_leaves)
+        # what each was when recorded: an object compared by identity may change in place
+        self.non_tensor_descriptors = {name: flatten.leaf_descriptor(value)
+                                       for name, value in self.non_tensor_values.items()}
         self.input_names = flatten.leaf_names(
             "input", [_argument_path(signature, p) for p, leaf in in_paths_leaves if isinstance(leaf, torch.Tensor)]
         )
@@ -700,18 +703,24 @@ def differing_values(signature: inspect.Signature, arguments: dict[str, Any], gr
         recorded = getattr(graph, "non_tensor_values", None)
         if recorded is None:
             continue
+        described = getattr(graph, "non_tensor_descriptors", {})
+        changed = {name for name in now if name in recorded and recorded[name] is now[name]
+                   and name in described and flatten.leaf_descriptor(now[name]) != described[name]}
         differ = [name for name in {**recorded, **now} if name not in recorded or name not in now
-                  or type(recorded[name]) is not type(now[name]) or recorded[name] != now[name]]
+                  or type(recorded[name]) is not type(now[name]) or recorded[name] != now[name]
+                  or name in changed]
         if not differ:
             return ""  # a graph with these values: the tensors differ, which the call's line shows
         if best is None or len(differ) < len(best[1]):
-            best = (index, differ, recorded)
+            best = (index, differ, recorded, changed)
     if best is None:
         return ""
-    index, differ, recorded = best
+    index, differ, recorded, changed = best
     recorded_tensors = set(getattr(graphs[index], "input_names", ()))
 
     def shown_now(name: str) -> str:
+        if name in changed:  # the graph holds what its attributes were: constants
+            return f"{now[name]!r} changed in place since it was recorded (the graph holds its attributes as they were)"
         return repr(now[name]) if name in now else "a tensor" if name in now_tensors else "absent"
 
     def shown_recorded(name: str) -> str:
