@@ -79,7 +79,8 @@ def _numbers_varying_per_call(modules) -> list[str]:
         groups: dict = {}
         for graph in module.ait_graphs:
             spec, descriptors = graph.identity
-            masked = tuple(("number", d[0]) if len(d) == 2 and d[0] in (int, float) else d for d in descriptors)
+            # (a float's descriptor carries its sign too: -0.0 is another value than 0.0)
+            masked = tuple(("number", d[0]) if len(d) in (2, 3) and d[0] in (int, float) else d for d in descriptors)
             groups.setdefault((spec, masked), []).append(descriptors)
         for (spec, masked), members in groups.items():
             if len(members) < NUMBER_GRAPHS_WARNED:
