@@ -56,9 +56,11 @@ struct GraphSpec {
   /// Index of the input named `name`, or nullopt.
   std::optional<std::size_t> find_input(const std::string& name) const;
   /// The first condition these input shapes (in input order) violate, or nullptr.
+  const ShapeCondition* violated_condition(ShapeRefs shapes) const;
   const ShapeCondition* violated_condition(const std::vector<Shape>& shapes) const;
   /// Throws Error(kShapeMismatch) naming the inputs' shapes and the first condition they
   /// violate, if any.
+  void check_conditions(ShapeRefs shapes) const;
   void check_conditions(const std::vector<Shape>& shapes) const;
 
   std::string to_json(int indent = 2) const;

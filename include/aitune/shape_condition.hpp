@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,9 @@
 namespace aitune {
 
 struct GraphSpec;
+
+/// Input shapes by reference, in a spec's input order (a session's per-call check copies none).
+using ShapeRefs = std::span<const Shape* const>;
 
 /// One condition an exported graph was captured under, over its inputs' extents: the
 /// model's code decided on a shape (`if x.shape[0] == 3:`, `if seq % 3 == 0:`) and the
@@ -33,6 +37,7 @@ class ShapeCondition {
   /// Whether the condition holds for these input shapes, in the spec's input order. An
   /// expression that cannot be evaluated (an input or axis the shapes lack, a division by
   /// zero, an overflow) does not hold: the graph was not captured there either.
+  bool holds(const GraphSpec& spec, ShapeRefs shapes) const;
   bool holds(const GraphSpec& spec, const std::vector<Shape>& shapes) const;
   /// The inputs the condition reads, each once, in order of first use.
   std::vector<std::string> inputs() const;
@@ -54,7 +59,7 @@ class ShapeCondition {
     bool operator==(const Node&) const = default;
   };
   friend struct ShapeConditionCodec;  // the JSON reading and writing (shape_condition.cpp)
-  std::optional<int64_t> evaluate(int node, const GraphSpec& spec, const std::vector<Shape>& shapes) const;
+  std::optional<int64_t> evaluate(int node, const GraphSpec& spec, ShapeRefs shapes) const;
   std::string text(int node) const;
 
   std::vector<Node> nodes_;  // the root is the last

@@ -45,7 +45,8 @@ void bind_graph_spec(nb::module_& m) {
                              "model's code on a shape that the export recorded one side of).")
       .def_static("from_json", &ShapeCondition::from_json, nb::arg("text"))
       .def("to_json", &ShapeCondition::to_json)
-      .def("holds", &ShapeCondition::holds, nb::arg("spec"), nb::arg("shapes"),
+      .def("holds", nb::overload_cast<const GraphSpec&, const std::vector<Shape>&>(&ShapeCondition::holds, nb::const_),
+           nb::arg("spec"), nb::arg("shapes"),
            "Whether it holds for these input shapes (in the spec's input order).")
       .def_prop_ro("inputs", &ShapeCondition::inputs)
       .def("__str__", &ShapeCondition::to_string)

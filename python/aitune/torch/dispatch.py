@@ -16,7 +16,7 @@ from __future__ import annotations
 import inspect
 import logging
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -281,15 +281,18 @@ def _overriding_subclass(tensor: torch.Tensor) -> str | None:
     return None
 
 
+def _call_tensors(args: tuple, kwargs: dict) -> Iterator[torch.Tensor]:
+    """The tensors of a call: its tensor arguments, and those inside its containers."""
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            yield value
+        else:
+            yield from (leaf for leaf in pytree.tree_leaves(value) if isinstance(leaf, torch.Tensor))
+
+
 def _subclass_inputs(args: tuple, kwargs: dict) -> str | None:
     """The first overriding tensor subclass among the call's tensors (``_overriding_subclass``)."""
-    for value in (*args, *kwargs.values()):
-        if type(value) is _Tensor:
-            continue
-        for leaf in ((value,) if isinstance(value, torch.Tensor) else pytree.tree_leaves(value)):
-            if isinstance(leaf, torch.Tensor) and (name := _overriding_subclass(leaf)) is not None:
-                return name
-    return None
+    return next((name for tensor in _call_tensors(args, kwargs) if (name := _overriding_subclass(tensor))), None)
 
 
 def _active_modes() -> str | None:
@@ -319,11 +322,8 @@ def _without_data(args: tuple, kwargs: dict) -> str | None:
     Eager PyTorch computes such calls; a graph would read a null pointer or the unbatched
     per-sample view. (A meta tensor is refused as any tensor on another device is: the
     module's weights are not on it.)"""
-    for value in (*args, *kwargs.values()):
-        for leaf in ((value,) if isinstance(value, torch.Tensor) else pytree.tree_leaves(value)):
-            if isinstance(leaf, torch.Tensor) and (cause := _no_data_cause(leaf)) is not None:
-                return cause
-    return None
+    return next((cause for tensor in _call_tensors(args, kwargs) if (cause := _no_data_cause(tensor)) is not None),
+                None)
 
 
 _SWAPPED_UNDER_TRANSFORM = ("a torch.func transform over the module's weights (torch.func.grad over "

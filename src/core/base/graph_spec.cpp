@@ -47,24 +47,39 @@ std::optional<std::size_t> GraphSpec::find_input(const std::string& name) const 
   return std::nullopt;
 }
 
-const ShapeCondition* GraphSpec::violated_condition(const std::vector<Shape>& shapes) const {
+const ShapeCondition* GraphSpec::violated_condition(ShapeRefs shapes) const {
   for (const auto& c : conditions)
     if (!c.holds(*this, shapes)) return &c;
   return nullptr;
 }
 
-void GraphSpec::check_conditions(const std::vector<Shape>& shapes) const {
+void GraphSpec::check_conditions(ShapeRefs shapes) const {
   const ShapeCondition* violated = violated_condition(shapes);
   if (violated == nullptr) return;
   std::string given;
   for (const auto& name : violated->inputs())
     if (auto i = find_input(name); i && *i < shapes.size())
-      given += (given.empty() ? "" : ", ") + name + " " + shape_to_string(shapes[*i]);
+      given += (given.empty() ? "" : ", ") + name + " " + shape_to_string(*shapes[*i]);
   throw Error(ErrorCode::kShapeMismatch,
               "input shapes " + given + " violate `" + violated->to_string() +
                   "`, a condition the graph was exported under: the model's code decides on these sizes and the "
                   "graph holds only the branch its export took, so it would compute another model here");
 }
+
+namespace {
+std::vector<const Shape*> refs_of(const std::vector<Shape>& shapes) {
+  std::vector<const Shape*> refs;
+  refs.reserve(shapes.size());
+  for (const auto& shape : shapes) refs.push_back(&shape);
+  return refs;
+}
+}  // namespace
+
+const ShapeCondition* GraphSpec::violated_condition(const std::vector<Shape>& shapes) const {
+  return violated_condition(ShapeRefs(refs_of(shapes)));
+}
+
+void GraphSpec::check_conditions(const std::vector<Shape>& shapes) const { check_conditions(ShapeRefs(refs_of(shapes))); }
 
 // ---- recording ----
 

@@ -105,73 +105,90 @@ std::string ShapeCondition::to_json() const {
   return ShapeConditionCodec::dump(*this, static_cast<int>(nodes_.size()) - 1).dump();
 }
 
-std::optional<int64_t> ShapeCondition::evaluate(int index, const GraphSpec& spec,
-                                                const std::vector<Shape>& shapes) const {
+std::optional<int64_t> ShapeCondition::evaluate(int index, const GraphSpec& spec, ShapeRefs shapes) const {
   const auto& node = nodes_[static_cast<std::size_t>(index)];
   if (node.op == Op::kConst) return node.value;
   if (node.op == Op::kDim) {
     auto input = spec.find_input(node.input);
     if (!input || *input >= shapes.size()) return std::nullopt;
-    const auto& shape = shapes[*input];
+    const Shape& shape = *shapes[*input];
     if (static_cast<std::size_t>(node.value) >= shape.size()) return std::nullopt;
     return shape[static_cast<std::size_t>(node.value)];
   }
-  std::vector<int64_t> v;
-  for (int operand : node.operands) {
-    // and / or decide left to right, as Python does
-    if (node.op == Op::kAnd && !v.empty() && v.back() == 0) return 0;
-    if (node.op == Op::kOr && !v.empty() && v.back() != 0) return 1;
-    auto value = evaluate(operand, spec, shapes);
-    if (!value) return std::nullopt;
-    v.push_back(*value);
+  // Operands are folded as they are evaluated (this runs per call of a session): no list.
+  auto operand = [&](std::size_t i) { return evaluate(node.operands[i], spec, shapes); };
+  if (node.op == Op::kAnd || node.op == Op::kOr) {  // left to right, deciding early, as Python does
+    for (std::size_t i = 0; i < node.operands.size(); ++i) {
+      auto value = operand(i);
+      if (!value) return std::nullopt;
+      if ((*value != 0) == (node.op == Op::kOr)) return node.op == Op::kOr ? 1 : 0;
+    }
+    return node.op == Op::kAnd ? 1 : 0;
   }
-  int64_t r = 0;
+  auto first = operand(0);
+  if (!first) return std::nullopt;
+  int64_t r = *first;
+  if (node.operands.size() == 1) {  // abs, not, and a min or max of one
+    if (node.op == Op::kAbs) return r == INT64_MIN ? std::nullopt : std::optional<int64_t>(r < 0 ? -r : r);
+    if (node.op == Op::kNot) return r == 0;
+    return r;
+  }
+  if (node.op == Op::kAdd || node.op == Op::kMul || node.op == Op::kMin || node.op == Op::kMax) {
+    for (std::size_t i = 1; i < node.operands.size(); ++i) {
+      auto x = operand(i);
+      if (!x) return std::nullopt;
+      if (node.op == Op::kAdd ? __builtin_add_overflow(r, *x, &r)
+          : node.op == Op::kMul ? __builtin_mul_overflow(r, *x, &r)
+                                : false)
+        return std::nullopt;
+      if (node.op == Op::kMin) r = std::min(r, *x);
+      if (node.op == Op::kMax) r = std::max(r, *x);
+    }
+    return r;
+  }
+  auto second = operand(1);
+  if (!second) return std::nullopt;
+  const int64_t a = r, b = *second;
   switch (node.op) {
-    case Op::kAdd:
-    case Op::kMul:
-      r = node.op == Op::kAdd ? 0 : 1;
-      for (int64_t x : v)
-        if (node.op == Op::kAdd ? __builtin_add_overflow(r, x, &r) : __builtin_mul_overflow(r, x, &r))
-          return std::nullopt;
-      return r;
     case Op::kPow: {
-      if (v[1] < 0) return std::nullopt;  // a fraction: not an extent
+      if (b < 0) return std::nullopt;  // a fraction: not an extent
       r = 1;
-      for (int64_t k = 0; k < v[1]; ++k) {
-        if (__builtin_mul_overflow(r, v[0], &r)) return std::nullopt;
-        if (r == 0 || r == 1) break;  // 0 and 1 stay themselves (for r == 1, only when v[0] == 1)
+      for (int64_t k = 0; k < b; ++k) {
+        if (__builtin_mul_overflow(r, a, &r)) return std::nullopt;
+        if (r == 0 || r == 1) break;  // 0 and 1 stay themselves (for r == 1, only when a == 1)
       }
-      if (v[0] == -1) r = v[1] % 2 ? -1 : 1;
+      if (a == -1) r = b % 2 ? -1 : 1;
       return r;
     }
-    case Op::kFloorDiv: return floor_div(v[0], v[1]);
+    case Op::kFloorDiv: return floor_div(a, b);
     case Op::kCeilDiv: {
-      if (v[0] == INT64_MIN) return std::nullopt;
-      auto q = floor_div(-v[0], v[1]);
+      if (a == INT64_MIN) return std::nullopt;
+      auto q = floor_div(-a, b);
       if (!q || *q == INT64_MIN) return std::nullopt;
       return -*q;
     }
-    case Op::kMod: return floor_mod(v[0], v[1]);
-    case Op::kMin: return *std::min_element(v.begin(), v.end());
-    case Op::kMax: return *std::max_element(v.begin(), v.end());
-    case Op::kAbs: return v[0] == INT64_MIN ? std::nullopt : std::optional<int64_t>(v[0] < 0 ? -v[0] : v[0]);
-    case Op::kEq: return v[0] == v[1];
-    case Op::kNe: return v[0] != v[1];
-    case Op::kLt: return v[0] < v[1];
-    case Op::kLe: return v[0] <= v[1];
-    case Op::kGt: return v[0] > v[1];
-    case Op::kGe: return v[0] >= v[1];
-    case Op::kAnd: return v.back() != 0;  // every earlier operand was true
-    case Op::kOr: return v.back() != 0;   // every earlier operand was false
-    case Op::kNot: return v[0] == 0;
+    case Op::kMod: return floor_mod(a, b);
+    case Op::kEq: return a == b;
+    case Op::kNe: return a != b;
+    case Op::kLt: return a < b;
+    case Op::kLe: return a <= b;
+    case Op::kGt: return a > b;
+    case Op::kGe: return a >= b;
     default: return std::nullopt;
   }
 }
 
-bool ShapeCondition::holds(const GraphSpec& spec, const std::vector<Shape>& shapes) const {
+bool ShapeCondition::holds(const GraphSpec& spec, ShapeRefs shapes) const {
   if (nodes_.empty()) return true;
   auto value = evaluate(static_cast<int>(nodes_.size()) - 1, spec, shapes);
   return value && *value != 0;
+}
+
+bool ShapeCondition::holds(const GraphSpec& spec, const std::vector<Shape>& shapes) const {
+  std::vector<const Shape*> refs;
+  refs.reserve(shapes.size());
+  for (const auto& shape : shapes) refs.push_back(&shape);
+  return holds(spec, ShapeRefs(refs));
 }
 
 std::vector<std::string> ShapeCondition::inputs() const {

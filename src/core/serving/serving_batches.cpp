@@ -65,9 +65,9 @@ std::vector<std::size_t> check_request(const GraphSpec& spec, const std::vector<
     order.push_back(it->second);
   }
   if (!spec.conditions.empty()) {
-    std::vector<Shape> shapes;
-    for (auto i : order) shapes.push_back(request[i].shape);
-    spec.check_conditions(shapes);
+    std::vector<const Shape*> shapes;
+    for (auto i : order) shapes.push_back(&request[i].shape);
+    spec.check_conditions(ShapeRefs(shapes));
   }
   return order;
 }

@@ -468,9 +468,10 @@ void OnnxSession::Impl::check_inputs(const std::vector<TensorView>& views) const
   }
   check_batch_agrees(views);
   if (!spec.conditions.empty()) {
-    std::vector<Shape> shapes;
-    for (const auto& v : views) shapes.push_back(v.shape);
-    spec.check_conditions(shapes);
+    std::vector<const Shape*> shapes;  // by reference: this runs per call
+    shapes.reserve(views.size());
+    for (const auto& v : views) shapes.push_back(&v.shape);
+    spec.check_conditions(ShapeRefs(shapes));
   }
   if (ctx.has_aliases) check_in_place_inputs(views);
 }
