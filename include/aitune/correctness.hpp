@@ -184,6 +184,9 @@ OutputCheck compare_output(const std::string& name, const TensorView& actual, co
 struct SampleCheck {
   std::string sample;  ///< e.g. "sample 3 (batch 2)" or "batch 64 (tiled from sample 1)"
   std::vector<OutputCheck> outputs;
+  /// Why the candidate was not run at this sample ("" when it was; then outputs is empty):
+  /// aitune's own probe at sizes the graph's shape conditions refuse.
+  std::string not_run;
   bool passed() const noexcept;
 };
 

@@ -41,6 +41,12 @@ class ShapeCondition {
   bool holds(const GraphSpec& spec, const std::vector<Shape>& shapes) const;
   /// The inputs the condition reads, each once, in order of first use.
   std::vector<std::string> inputs() const;
+  /// Whether the condition holds at every shape `spec` accepts, read on the axes it reads
+  /// (each over its range and step, independently): then it says nothing the spec's ranges
+  /// do not (`1 < 3 * h * w` over h, w in 32..48). False where it reads a batch axis (the
+  /// batch range may widen after tuning), an unbounded axis, or more than `max_points`
+  /// combinations of extents.
+  bool holds_throughout(const GraphSpec& spec, std::size_t max_points = 1 << 14) const;
   /// Python-like text: "x.shape[0] != 3", "x.shape[1] % 3 != 0".
   std::string to_string() const;
 

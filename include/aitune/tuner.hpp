@@ -33,6 +33,12 @@ struct TuneSample {
   int64_t batch_size = 1;
   /// Positions of each output the model leaves undefined (padding), left out of the checks.
   ValidPositions valid;
+  /// A call the front end made itself, not one the user recorded (aitune's crop between the
+  /// recorded sizes, interior_shapes.py): a shape condition only probes violate is kept,
+  /// and a graph that refuses a probe's sizes under its conditions is not run there (its
+  /// session would refuse that call as it refuses the user's; set_shape_conditions). Never
+  /// the profiled sample.
+  bool probe = false;
 };
 
 /// A candidate that runs outside ONNX Runtime (the front end's torch.compile backend):
@@ -186,8 +192,10 @@ class GraphTuner {
   /// their sessions, and so the winner and its checkpoint, refuse calls violating one. A
   /// condition some recorded sample violates is left out and returned: that sample is run
   /// through the graph and checked against eager like every sample, which judges the graph
-  /// at that size. Throws Error(kInvalidArgument) for a condition reading an input the
-  /// graph does not have.
+  /// at that size. A probe (TuneSample::probe) violating a kept condition is not run
+  /// through those graphs: its check says so (SampleCheck::not_run) and passes, as the
+  /// module refuses (or runs eagerly) there. Throws Error(kInvalidArgument) for a
+  /// condition reading an input the graph does not have.
   std::vector<ShapeCondition> set_shape_conditions(std::vector<ShapeCondition> conditions);
 
  private:

@@ -562,7 +562,8 @@ void bind_tuning(nb::module_& m) {
   nb::class_<PyGraphTuner>(m, "GraphTuner", "The tuning engine for one graph.")
       .def(
           "__init__",
-          [](PyGraphTuner* self, std::string graph, GraphSpec spec, nb::list samples, TunerOptions options) {
+          [](PyGraphTuner* self, std::string graph, GraphSpec spec, nb::list samples, TunerOptions options,
+             std::vector<std::size_t> probes) {
             std::vector<TuneSample> tune_samples;
             for (nb::handle item : samples) {
               // (inputs, expected, batch) or, with positions the model leaves undefined,
@@ -585,13 +586,23 @@ void bind_tuning(nb::module_& m) {
               s.batch_size = batch;
               tune_samples.push_back(std::move(s));
             }
+            for (auto index : probes) {
+              if (index >= tune_samples.size())
+                throw Error(ErrorCode::kInvalidArgument, graph + ": probe " + std::to_string(index) +
+                                                             " is not a sample index; there are " +
+                                                             std::to_string(tune_samples.size()) + " samples");
+              tune_samples[index].probe = true;
+            }
             new (self) PyGraphTuner{samples, std::make_unique<GraphTuner>(std::move(graph), std::move(spec),
                                                                          std::move(tune_samples), std::move(options))};
           },
           nb::arg("graph"), nb::arg("spec"), nb::arg("samples"), nb::arg("options"),
+          nb::arg("probes") = std::vector<std::size_t>{},
           "samples: [(inputs, expected_host_outputs, batch_size[, valid_masks, source])], arrays kept alive by the "
           "tuner; valid_masks: per output a host mask prefixing its shape (None: all defined), non-zero where "
-          "the output is defined, the rest left out of the checks.")
+          "the output is defined, the rest left out of the checks. probes: indices of the samples the front end "
+          "made itself (TuneSample::probe: a crop between the recorded sizes), never timed, and not run through "
+          "a graph whose shape conditions refuse them.")
       .def(
           "profile_reference",
           [](PyGraphTuner& t, nb::callable run, const std::string& label) {

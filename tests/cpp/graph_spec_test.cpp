@@ -497,6 +497,27 @@ TEST(ShapeCondition, MalformedJsonIsRefusedNamingWhat) {
   expect_error([] { ShapeCondition::from_json("[\"not\", " + std::string(200, '[') ); }, ErrorCode::kInvalidArgument);
 }
 
+TEST(ShapeCondition, HoldsThroughoutOnlyWhenEverySizeTheSpecAcceptsSatisfiesIt) {
+  // x: batch 1..8 (axis 0), 1..64 on axis 1; y: batch 1..8
+  GraphSpec spec = two_input_spec();
+  auto throughout = [&](const std::string& json) { return ShapeCondition::from_json(json).holds_throughout(spec); };
+  EXPECT_TRUE(throughout(R"(["lt", 0, ["mul", 3, ["dim", "x", 1]]])"));  // implied by the range
+  EXPECT_FALSE(throughout(R"(["eq", ["mod", ["dim", "x", 1], 4], 0])"));  // 1..64 holds other sizes
+  EXPECT_FALSE(throughout(R"(["lt", ["dim", "x", 1], 64])"));             // fails at the range's end only
+  // The batch range may widen after tuning (the batch search): never implied by it.
+  EXPECT_FALSE(throughout(R"(["ge", ["dim", "x", 0], 1])"));
+  // An axis with a step takes only min + k * step: 4, 8, ..., 64 are all multiples of 4.
+  spec.inputs[0].min_shape[1] = 4;
+  spec.inputs[0].step = {1, 4};
+  EXPECT_TRUE(throughout(R"(["eq", ["mod", ["dim", "x", 1], 4], 0])"));
+  // An unbounded axis cannot be walked; more combinations than asked for neither.
+  spec.inputs[0].max_shape[1] = kUnbounded;
+  EXPECT_FALSE(throughout(R"(["lt", 0, ["dim", "x", 1]])"));
+  spec.inputs[0].max_shape[1] = 64;
+  EXPECT_FALSE(ShapeCondition::from_json(R"(["lt", 0, ["dim", "x", 1]])").holds_throughout(spec, 4));
+  EXPECT_TRUE(ShapeCondition::from_json(R"(["lt", 0, ["dim", "x", 1]])").holds_throughout(spec, 16));
+}
+
 TEST(GraphSpec, ConditionsSurviveJsonAndAreChecked) {
   GraphSpec spec = two_input_spec();
   spec.conditions.push_back(ShapeCondition::from_json(R"(["ne", ["dim", "x", 0], 3])"));

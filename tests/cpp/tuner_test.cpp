@@ -240,6 +240,66 @@ TEST(Tuner, SamplesAreValidatedAgainstTheSpec) {
                ErrorCode::kInvalidArgument, {"expected"});
 }
 
+// aitune's own crop between the recorded sizes (a probe) landing across a branch on a
+// size: the graph keeps the condition and refuses the probe's sizes, instead of being
+// judged (and failed) there; a recorded sample across it leaves it out, as before.
+TEST(Tuner, AProbeAcrossAShapeConditionKeepsItAndIsNotRunThroughTheGraph) {
+  MlpSamples m;
+  Tensor x2 = rows_of(m.x3, 2), y2 = rows_of(m.y3, 2);
+  const auto not_two = ShapeCondition::from_json(R"(["ne", ["dim", "x", 0], 2])");
+  for (bool probe : {true, false}) {
+    auto samples = m.samples();
+    samples.push_back({{x2.view()}, {y2.view()}, 2});
+    samples.back().probe = probe;
+    GraphTuner tuner("mlp", m.spec(), samples, quick_options());
+    const auto left_out = tuner.set_shape_conditions({not_two});
+    tuner.evaluate_onnx(fixture("mlp.onnx"), provider_variants(cpu(), tuner.spec())[0], "ORT", 0);
+    const auto& c = tuner.report().candidates.at(0);
+    ASSERT_TRUE(c.correctness.has_value()) << c.reason;
+    EXPECT_TRUE(c.correctness->passed()) << c.correctness->first_failure();
+    const auto& check = c.correctness->samples.at(2);
+    if (probe) {
+      EXPECT_TRUE(left_out.empty());
+      ASSERT_EQ(tuner.spec().conditions.size(), 1u);
+      EXPECT_EQ(tuner.report().shape_conditions, std::vector<std::string>{"x.shape[0] != 2"});
+      EXPECT_TRUE(check.outputs.empty());
+      EXPECT_NE(check.not_run.find("`x.shape[0] != 2`"), std::string::npos) << check.not_run;
+      EXPECT_NE(check.sample.find("aitune's probe"), std::string::npos) << check.sample;
+      auto j = nlohmann::json::parse(c.correctness->to_json());
+      EXPECT_EQ(j["samples"][2]["not_run"], check.not_run);
+      // the winner refuses the probe's sizes as it would a user's call
+      tuner.select(max_throughput());
+      auto winner = tuner.take_winner();
+      ASSERT_NE(winner, nullptr);
+      // (and keeps refusing them once other shapes were accepted: the session remembers
+      // accepted shapes only, AcceptedShapes)
+      for (int call = 0; call < 2; ++call) {
+        expect_allclose_f32(winner->infer({m.x3.view()}).at(0), m.y3, 1e-4);
+        expect_error([&] { winner->infer({x2.view()}); }, ErrorCode::kShapeMismatch, {"x.shape[0] != 2"});
+      }
+    } else {
+      ASSERT_EQ(left_out.size(), 1u);
+      EXPECT_TRUE(tuner.spec().conditions.empty());
+      ASSERT_EQ(check.outputs.size(), 1u);  // run and compared
+      EXPECT_TRUE(check.not_run.empty());
+    }
+  }
+}
+
+TEST(Tuner, AProbeIsNeverTheProfiledSample) {
+  MlpSamples m;
+  auto samples = m.samples();
+  // larger than every recorded batch, yet aitune's own: the user's largest call is timed
+  samples.push_back({{m.x3.view()}, {m.y3.view()}, 3});
+  samples[1].batch_size = 2;
+  samples.back().probe = true;
+  GraphTuner tuner("mlp", m.spec(), samples, quick_options());
+  tuner.evaluate_onnx(fixture("mlp.onnx"), provider_variants(cpu(), tuner.spec())[0], "ORT", 0);
+  const auto& c = tuner.report().candidates.at(0);
+  ASSERT_TRUE(c.profile.has_value()) << c.reason;
+  EXPECT_EQ(c.profile->batch_size, 2);
+}
+
 TEST(Tuner, TileAlongAxisRepeatsTheTensor) {
   auto t = make_host<float>(DType::kFloat32, {2, 3}, {1, 2, 3, 4, 5, 6});
   EXPECT_EQ(values_of<float>(tile_along_axis(t.view(), 0, 2)), (std::vector<float>{1, 2, 3, 4, 5, 6, 1, 2, 3, 4, 5, 6}));

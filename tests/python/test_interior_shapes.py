@@ -6,12 +6,15 @@ returning other outputs there."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from torch_models import cpu_strategy
 
 import aitune.torch as ait
 from aitune.torch import ModuleState
+from aitune import _core
 from aitune.torch.backend.onnx_runtime_backend import NumericMismatchError
 
 
@@ -29,13 +32,40 @@ class WindowSums(torch.nn.Module):
 
 
 def test_a_graph_wrong_between_the_recorded_shapes_is_refused_naming_the_crop():
-    model = ait.Module(WindowSums().eval(), "window-sums", strategy=cpu_strategy(tune_provider_options=False))
+    # the trace exporter keeps no condition on sizes: the crop alone finds the baked branch
+    model = ait.Module(WindowSums().eval(), "window-sums",
+                       strategy=cpu_strategy(tune_provider_options=False, use_dynamo=False, allow_trace_warnings=True))
     samples = [torch.randn(8), torch.randn(16)]  # both multiples of 4: the export never pads
     with pytest.raises(NumericMismatchError, match=r"input_x \[\d+, 9\]\) is a recorded sample cropped"):
         ait.tune(model, samples, ignore_failing_modules=False, progress=False)
     assert model.ait_state is ModuleState.PASSTHROUGH
     x = torch.randn(1, 9)
     torch.testing.assert_close(model(x), WindowSums()(x))  # eager: padded and doubled
+
+
+@pytest.mark.parametrize("eager_fallback", [False, True])
+def test_a_crop_across_a_condition_the_export_found_leaves_the_graph_refusing_those_sizes(eager_fallback):
+    """torch.export keeps the branch as a condition (width % 4 == 0): the crop to 9 lands
+    across it, and the graph refuses 9 instead of failing the tune there (it stayed eager
+    before). The crop's check in the report says it was not run through the graph."""
+    model = ait.Module(WindowSums().eval(), "window-sums", strategy=cpu_strategy(tune_provider_options=False),
+                       eager_fallback=eager_fallback)
+    ait.tune(model, [torch.randn(8), torch.randn(16)], ignore_failing_modules=False, progress=False)
+    assert model.ait_state is ModuleState.TUNED
+    (report,) = [json.loads(r.to_json()) for r in model.ait_reports.values()]
+    (crop,) = [s for s in report["candidates"][0]["correctness"]["samples"] if "not_run" in s]
+    assert "aitune's probe" in crop["sample"] and "% 4" in crop["not_run"] and crop["passed"]
+    assert any("% 4" in c for c in report["shape_conditions"])
+    x = torch.randn(2, 12)  # a multiple of 4 between the recorded sizes: the graph's
+    model.ait_module.forward = lambda *a, **k: pytest.fail("eager forward ran on a size the graph holds")
+    torch.testing.assert_close(model(x), WindowSums()(x))
+    del model.ait_module.forward
+    x = torch.randn(2, 9)
+    if eager_fallback:
+        torch.testing.assert_close(model(x), WindowSums()(x))  # padded and doubled, eagerly
+    else:
+        with pytest.raises(_core.ShapeMismatchError, match=r"input_x \[2, 9\] violate"):
+            model(x)
 
 
 class Scaled(torch.nn.Module):

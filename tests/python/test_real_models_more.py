@@ -10,8 +10,8 @@ import torch
 from torch_models import cpu_strategy
 
 import aitune.torch as ait
+from aitune import _core
 from aitune.torch import ModuleState
-from aitune.torch.backend.onnx_runtime_backend import NumericMismatchError
 
 transformers = pytest.importorskip("transformers")
 
@@ -286,16 +286,25 @@ def test_zoo_model_tunes_runs_and_round_trips_a_checkpoint(make, tmp_path):
         _assert_same(loaded(**call), expected)
 
 
-def test_swin_wrong_between_its_recorded_image_sizes_is_refused_naming_the_crop():
+def test_swin_holds_only_the_image_sizes_its_export_took_the_branch_of():
     """torch.export decides Swin's window-padding branch on the example image (32 and 48 wide
-    need no padding) and the ONNX graph keeps no guard: at 33..35 it returned
-    last_hidden_state [1, 16, 32] where eager gives [1, 25, 32]. The crop to 33 catches it."""
+    need no padding). Without a guard the ONNX graph returned last_hidden_state [1, 16, 32]
+    at 33 where eager gives [1, 25, 32]; the export's conditions now keep that branch in the
+    graph's spec: aitune's own crop to 33 lands across them and is not run through the graph
+    (it failed the tune before), the graph runs at the recorded sizes and refuses the sizes
+    that need padding (run eagerly with eager_fallback)."""
     config = transformers.SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 2],
                                      window_size=4)
-    model = ait.Module(transformers.SwinModel(config).eval(), "swin",
-                       strategy=cpu_strategy(tune_provider_options=False))
-    crop = r"input_pixel_values \[\d, 3, 33, 33\]\) is a recorded sample cropped"
-    with pytest.raises(NumericMismatchError, match=crop):
-        ait.tune(model, [{"pixel_values": torch.randn(3, 32, 32)}, {"pixel_values": torch.randn(3, 48, 48)}],
-                 ignore_failing_modules=False, disable_external_logging=True, progress=False)
-    assert model.ait_state is ModuleState.PASSTHROUGH
+    inner = transformers.SwinModel(config).eval()
+    model = ait.Module(inner, "swin", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [{"pixel_values": torch.randn(3, 32, 32)}, {"pixel_values": torch.randn(3, 48, 48)}],
+             ignore_failing_modules=False, disable_external_logging=True, progress=False)
+    assert model.ait_state is ModuleState.TUNED
+    with torch.no_grad():
+        for size in (32, 48):
+            x = torch.randn(2, 3, size, size)
+            torch.testing.assert_close(model(pixel_values=x).last_hidden_state,
+                                       inner(pixel_values=x).last_hidden_state, atol=1e-4, rtol=1e-4)
+        for size in (33, 36):
+            with pytest.raises(_core.ShapeMismatchError, match=rf"input_pixel_values \[2, 3, {size}, {size}\] violate"):
+                model(pixel_values=torch.randn(2, 3, size, size))

@@ -29,7 +29,7 @@ from aitune.torch.evaluation import labelled_metric, metric_number
 from aitune.torch.divergence import trace_failed_candidates
 from aitune.torch.export import same_math_as_export, same_math_differs
 from aitune.torch.graph import RecordedGraph, autocast_enabled
-from aitune.torch.interior_shapes import add_interior_sample
+from aitune.torch.interior_shapes import add_interior_sample, probe_indices
 from aitune.torch.options import TuneOptions
 from aitune.torch.strategy import TuneStrategy
 from aitune.torch.valid_positions import ValidPositionsOption
@@ -298,7 +298,7 @@ def tune_graph(strategy: TuneStrategy, graph: RecordedGraph, options: TuneOption
         else labelled_metric(graph, samples, options.accuracy, options.evaluation_labels))
     if metric is not None:
         tuner_options.accuracy_metric = metric
-    tuner = _core.GraphTuner(name, graph.graph_spec(), samples, tuner_options)
+    tuner = _core.GraphTuner(name, graph.graph_spec(), samples, tuner_options, probes=probe_indices(graph))
     _warn_vacuous(name, tuner.report)
 
     # The engine sequences the tune (tune_driver.cpp): backends in order, first-wins early

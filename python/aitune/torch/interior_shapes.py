@@ -8,7 +8,9 @@ the ONNX graph keeps no guard, so at 33..47 the graph returns outputs of another
 fails inside ONNX Runtime. One more sample, a recorded one cropped on its dynamic axes to
 an unrecorded size inside the range (inputs such as token ids, masks, audio and images stay
 what they were, only shorter), is checked like the others: a candidate wrong there fails
-the tune's checks, with the sample's shapes in the log. An axis declared in
+the tune's checks, with the sample's shapes in the log. Where the export found the branch
+(a condition on sizes, ``shape_conditions``) and the crop lands across it, the graph keeps
+the condition and refuses the crop's sizes instead: the crop is not run through it. An axis declared in
 ``dynamic_shapes`` to take extents below the recorded ones is cropped there when the
 samples span no range on it (half the shortest recorded extent, within the declared range)."""
 
@@ -22,6 +24,14 @@ from aitune.torch.context import run_eagerly
 from aitune.torch.graph import RecordedGraph
 
 logger = logging.getLogger("aitune")
+
+
+def probe_indices(graph: RecordedGraph) -> list[int]:
+    """The indices in ``graph.samples`` of the samples aitune made itself (the crop): the
+    engine's probes (``TuneSample::probe``), never timed, and not run through a graph whose
+    shape conditions refuse their sizes (the graph refuses such a call anyway)."""
+    index = getattr(graph, "interior_index", None)
+    return [] if index is None else [index]
 
 
 def add_interior_sample(graph: RecordedGraph) -> str | None:
@@ -79,6 +89,7 @@ def add_interior_sample(graph: RecordedGraph) -> str | None:
         with torch.no_grad(), run_eagerly():
             outputs = graph.module.forward(*args, **kwargs)
         graph.add_sample(inputs, outputs, source.batch_size)
+        graph.interior_index = len(graph.samples) - 1
     except Exception as error:  # a crop the module refuses: the recorded shapes are all there is to check
         logger.debug("%s/%s: no check between the recorded shapes: %s: %s", graph.module_name, graph.key,
                      type(error).__name__, error)

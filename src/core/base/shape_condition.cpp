@@ -191,6 +191,49 @@ bool ShapeCondition::holds(const GraphSpec& spec, const std::vector<Shape>& shap
   return holds(spec, ShapeRefs(refs));
 }
 
+bool ShapeCondition::holds_throughout(const GraphSpec& spec, std::size_t max_points) const {
+  struct Axis {
+    std::size_t input;
+    std::size_t axis;
+    int64_t min, max, step;
+  };
+  std::vector<Axis> axes;
+  std::size_t points = 1;
+  for (const auto& node : nodes_) {
+    if (node.op != Op::kDim) continue;
+    const auto found = spec.find_input(node.input);
+    if (!found) return false;
+    const std::size_t input = *found;
+    const auto* t = &spec.inputs[input];
+    if (node.value < 0 || static_cast<std::size_t>(node.value) >= t->rank()) return false;
+    const auto axis = static_cast<std::size_t>(node.value);
+    if (std::any_of(axes.begin(), axes.end(), [&](const Axis& a) { return a.input == input && a.axis == axis; }))
+      continue;
+    if ((t->batch_axis && static_cast<std::size_t>(*t->batch_axis) == axis) || t->max_shape[axis] == kUnbounded)
+      return false;
+    Axis a{input, axis, t->min_shape[axis], t->max_shape[axis], std::max<int64_t>(t->step_of(axis), 1)};
+    points *= static_cast<std::size_t>((a.max - a.min) / a.step + 1);
+    if (points > max_points) return false;
+    axes.push_back(a);
+  }
+  std::vector<Shape> shapes;
+  for (const auto& t : spec.inputs) shapes.push_back(t.min_shape);
+  // every combination, odometer-wise over the axes read
+  while (true) {
+    if (!holds(spec, shapes)) return false;
+    std::size_t k = 0;
+    for (; k < axes.size(); ++k) {
+      auto& extent = shapes[axes[k].input][axes[k].axis];
+      if (extent + axes[k].step <= axes[k].max) {
+        extent += axes[k].step;
+        break;
+      }
+      extent = axes[k].min;
+    }
+    if (k == axes.size()) return true;
+  }
+}
+
 std::vector<std::string> ShapeCondition::inputs() const {
   std::vector<std::string> names;
   for (const auto& node : nodes_)

@@ -13,6 +13,7 @@
 #include "aitune/in_place_outputs.hpp"
 #include "aitune/dtype.hpp"
 #include "aitune/onnx_nodes.hpp"
+#include "session/accepted_shapes.hpp"
 #include "session/cuda_graph_runner.hpp"
 #include "base/enum_names.hpp"
 #include "session/io_binding_runner.hpp"
@@ -54,6 +55,7 @@ struct OnnxSession::Impl {
   std::unique_ptr<detail::CudaGraphRunner> graphs;
   SessionState state = SessionState::kBuilt;
   mutable std::shared_mutex state_mutex;  // infer: shared; activate/deactivate: exclusive
+  mutable detail::AcceptedShapes accepted;  // shapes found to satisfy spec.conditions
 
   void create_session();
   void release_session();
@@ -471,7 +473,10 @@ void OnnxSession::Impl::check_inputs(const std::vector<TensorView>& views) const
     std::vector<const Shape*> shapes;  // by reference: this runs per call
     shapes.reserve(views.size());
     for (const auto& v : views) shapes.push_back(&v.shape);
-    spec.check_conditions(ShapeRefs(shapes));
+    if (!accepted.contains(ShapeRefs(shapes))) {
+      spec.check_conditions(ShapeRefs(shapes));
+      accepted.add(ShapeRefs(shapes));
+    }
   }
   if (ctx.has_aliases) check_in_place_inputs(views);
 }

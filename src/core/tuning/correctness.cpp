@@ -516,6 +516,7 @@ std::string CorrectnessReport::to_json(int indent) const {
       }
     }
     samples_json.push_back({{"sample", s.sample}, {"passed", s.passed()}, {"outputs", outputs}});
+    if (!s.not_run.empty()) samples_json.back()["not_run"] = s.not_run;
   }
   auto optional_number = [](const std::optional<double>& v) { return v ? nlohmann::json(json_number(*v)) : nlohmann::json(nullptr); };
   // Per output over every sample: the fields the report page and the table show

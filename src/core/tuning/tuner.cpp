@@ -43,8 +43,11 @@ GraphTuner::GraphTuner(std::string graph, GraphSpec spec, std::vector<TuneSample
     if (sample.batch_size < 1) throw Error(ErrorCode::kInvalidArgument, where + ": batch_size must be >= 1");
   }
   for (const auto& o : spec.outputs) impl_->output_names.push_back(o.name);
-  for (std::size_t s = 1; s < samples.size(); ++s)
-    if (samples[s].batch_size > samples[impl_->profile_sample].batch_size) impl_->profile_sample = s;
+  // The profiled call is the user's largest (a probe is aitune's own, never timed).
+  for (std::size_t s = 0; s < samples.size(); ++s)
+    if (!samples[s].probe && (samples[impl_->profile_sample].probe ||
+                              samples[s].batch_size > samples[impl_->profile_sample].batch_size))
+      impl_->profile_sample = s;
   validate_accuracy_factor(options.accuracy_factor);
   if (options.accuracy_metric && !(options.max_accuracy_drop >= 0))
     throw Error(ErrorCode::kInvalidArgument, graph + ": max_accuracy_drop must be >= 0");
@@ -89,9 +92,18 @@ const EagerAtPrecision& GraphTuner::Impl::calibration(Precision precision) {
 CorrectnessReport GraphTuner::Impl::judge(Precision precision, const std::vector<std::vector<Tensor>>& outputs) {
   const ToleranceSpec tolerances = tolerances_for(precision);
   CorrectnessReport result;
-  for (std::size_t i = 0; i < samples.size(); ++i)
+  for (std::size_t i = 0; i < samples.size(); ++i) {
+    if (auto refused = refused_probes.find(i); refused != refused_probes.end() && outputs.at(i).empty()) {
+      SampleCheck skipped;
+      skipped.sample = sample_label(i);
+      skipped.not_run = "aitune's own probe at sizes the graph refuses (`" + refused->second +
+                        "`): the tuned module refuses these sizes too, or runs them eagerly (eager_fallback)";
+      result.samples.push_back(std::move(skipped));
+      continue;
+    }
     result.samples.push_back(compare_sample_at_valid_positions(sample_label(i), output_names, views_of(outputs.at(i)),
                                                                samples[i].expected, samples[i].valid, tolerances));
+  }
   if (precision != Precision::kStrict && options.eager_at_precision)
     apply_calibration(result, calibration(precision), options.accuracy_factor);
   if (options.accuracy_metric) {
@@ -110,8 +122,11 @@ CorrectnessReport GraphTuner::Impl::judge(Precision precision, const std::vector
       scoring_baseline = false;
       metric_baseline = baseline;
     }
+    // A probe the graph refuses is scored with eager's outputs: what the module gives there
+    // when it runs such a call eagerly (eager_fallback).
     std::vector<std::vector<TensorView>> views;
-    for (const auto& o : outputs) views.push_back(views_of(o));
+    for (std::size_t i = 0; i < outputs.size(); ++i)
+      views.push_back(outputs[i].empty() && refused_probes.count(i) ? samples[i].expected : views_of(outputs[i]));
     UserMetricResult metric;
     metric.baseline = *metric_baseline;
     metric.max_drop = options.max_accuracy_drop;
@@ -133,12 +148,29 @@ std::vector<ShapeCondition> GraphTuner::set_shape_conditions(std::vector<ShapeCo
         throw Error(ErrorCode::kInvalidArgument, impl.report.graph + ": the shape condition `" +
                                                      condition.to_string() + "` reads input '" + name +
                                                      "', which the graph does not have");
+    // Implied by the spec's ranges (`1 < h * w` over 32..48): nothing to check per call.
+    if (condition.holds_throughout(impl.spec)) {
+      impl.log("`" + condition.to_string() + "` holds at every size the graph accepts");
+      continue;
+    }
+    // aitune's probes do not decide: a crop landing across a branch on a size leaves the
+    // graph refusing the crop's sizes rather than judged (and failed) there.
     const bool all_hold = std::all_of(impl.samples.begin(), impl.samples.end(), [&](const TuneSample& sample) {
-      std::vector<Shape> shapes;
-      for (const auto& input : sample.inputs) shapes.push_back(input.shape);
-      return condition.holds(impl.spec, shapes);
+      return sample.probe || condition.holds(impl.spec, impl.shapes_of(sample));
     });
     (all_hold ? kept : dropped).push_back(std::move(condition));
+  }
+  impl.refused_probes.clear();
+  for (std::size_t s = 0; s < impl.samples.size(); ++s) {
+    if (!impl.samples[s].probe) continue;
+    const auto shapes = impl.shapes_of(impl.samples[s]);
+    for (const auto& c : kept)
+      if (!c.holds(impl.spec, shapes)) {
+        impl.refused_probes.emplace(s, c.to_string());
+        impl.log(impl.sample_label(s) + " is aitune's probe at sizes outside `" + c.to_string() +
+                 "`: the graph refuses them, so it is not run there");
+        break;
+      }
   }
   impl.spec.conditions = std::move(kept);
   impl.conditions_left_out = dropped;
