@@ -177,5 +177,19 @@ TEST(TuneReportTable, BatchSearchLineWhenRun) {
             "max batch size: 16 (recorded up to 4; throughput gain 2 % < 5 % at batch 32; check at max: passed)");
 }
 
+TEST(TuneReportTable, ShortShapeConditionsAreListedLongOnesCounted) {
+  // An export's derived conditions run to 900 characters each (Swin): twenty of them made
+  // the logged table a wall; the short ones are listed and the long ones counted.
+  TuneReport r = two_candidates();
+  const std::string longer = "(" + std::string(120, 'x') + ") != 0";
+  r.shape_conditions = {"(x.shape[3] % 4) == 0", longer, longer};
+  r.shape_conditions_left_out = {longer};
+  const auto table = r.summary_table();
+  EXPECT_NE(table.find("the ONNX graphs hold where `(x.shape[3] % 4) == 0`"), std::string::npos) << table;
+  EXPECT_NE(table.find("the ONNX graphs hold under 2 longer conditions too"), std::string::npos) << table;
+  EXPECT_NE(table.find("took one side of 1 longer conditions too"), std::string::npos) << table;
+  EXPECT_EQ(table.find(longer), std::string::npos) << table;
+}
+
 }  // namespace
 }  // namespace aitune

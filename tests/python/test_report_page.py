@@ -171,3 +171,24 @@ def test_one_stalled_call_does_not_flatten_every_latency_chart(tmp_path):
     (tmp_path / "stalled.html").write_text(page)
     png = screenshot(tmp_path / "stalled.html", tmp_path / "profile", tmp_path / "stalled.png")
     assert png.stat().st_size > 10_000
+
+
+def test_many_long_shape_conditions_fold_away_behind_the_short_ones(tmp_path):
+    """Swin's export carries twenty conditions of up to 900 characters: written in one cell,
+    comma-joined, they filled a screen and hid the two that say which sizes the graph takes.
+    They are one per line now, the short ones first, the rest folded ("14 more, longer")."""
+    short = ["(x.shape[3] % 4) == 0", "(x.shape[2] % 4) == 0"]
+    long = [f"({' + '.join(['(x.shape[3] // 4)'] * (20 + i))}) != {i}" for i in range(14)]
+    report = _report()
+    report["shape_conditions"] = [long[0], *short, *long[1:]]
+    page = _core.tune_report_html(json.dumps(report))
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (scripts/setup.sh installs it): the page was not opened")
+    (tmp_path / "conditions.html").write_text(page)
+    dom = dump_dom(tmp_path / "conditions.html", tmp_path / "profile")
+    cell = re.search(r'<td id="shape_conditions">(.*?)</td>', dom, re.S).group(1)
+    shown, _, folded = cell.partition("<details>")
+    assert re.findall(r"<code>([^<]*)</code>", shown) == short, shown  # shortest first, long ones not shown
+    assert "<summary>14 more, longer</summary>" in folded and folded.count("<code>") == 14
+    png = screenshot(tmp_path / "conditions.html", tmp_path / "profile", tmp_path / "conditions.png", "1200,700")
+    assert png.stat().st_size > 10_000

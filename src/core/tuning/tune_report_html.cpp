@@ -376,9 +376,22 @@ std::string tune_report_html(const std::string& report_json) {
   for (const auto& [key, title] : {std::pair{"shape_conditions", "ONNX graphs hold where"},
                                    std::pair{"shape_conditions_left_out", "export took one side of"}}) {
     if (!r.contains(key) || !r[key].is_array() || r[key].empty()) continue;
+    // One per line, the short ones first; an export derives long ones (Swin's window padding:
+    // twenty of up to 900 characters), folded away so that the short ones can be read.
+    std::vector<std::string> texts;
+    for (const auto& c : r[key]) texts.push_back(c.is_string() ? c.get<std::string>() : "?");
+    std::stable_sort(texts.begin(), texts.end(), [](const auto& a, const auto& b) { return a.size() < b.size(); });
+    constexpr std::size_t kShown = 6, kShort = 100;
+    std::size_t shown = 0;
+    while (shown < texts.size() && shown < kShown && (shown == 0 || texts[shown].size() <= kShort)) ++shown;
     h << "<tr><th>" << title << "</th><td id=\"" << key << "\">";
-    for (std::size_t i = 0; i < r[key].size(); ++i)
-      h << (i ? ", " : "") << "<code>" << esc(r[key][i].is_string() ? r[key][i].get<std::string>() : "?") << "</code>";
+    for (std::size_t i = 0; i < shown; ++i) h << (i ? "<br>" : "") << "<code>" << esc(texts[i]) << "</code>";
+    if (shown < texts.size()) {
+      h << "<details><summary>" << texts.size() - shown << " more, longer</summary>";
+      for (std::size_t i = shown; i < texts.size(); ++i)
+        h << (i > shown ? "<br>" : "") << "<code>" << esc(texts[i]) << "</code>";
+      h << "</details>";
+    }
     h << "</td></tr>";
   }
   h << "<tr><th>candidates</th><td>" << candidates.size() << "</td></tr></table></section>";
