@@ -372,6 +372,109 @@ def test_a_shared_module_wrapped_twice_by_hand_loads_into_a_fresh_pipeline(tmp_p
     assert one.head.ait_state is ait.ModuleState.INIT
 
 
+class _Encoder(torch.nn.Module):
+    def __init__(self, proj):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+        self.proj = proj
+
+    def forward(self, x):
+        return self.proj(torch.relu(self.fc(x)))
+
+
+class EncoderSharingItsProjection:
+    """``proj`` called by the pipeline and by its encoder (the same module); which place
+    ait.inspect finds first follows the order the attributes were assigned in."""
+
+    def __init__(self, encoder_first: bool):
+        torch.manual_seed(0)
+        proj = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh()).eval()
+        if encoder_first:
+            self.encoder = _Encoder(proj).eval()
+            self.proj = proj
+        else:
+            self.proj = proj
+            self.encoder = _Encoder(proj).eval()
+
+    def __call__(self, x):
+        with torch.no_grad():
+            return self.proj(self.encoder(x))
+
+
+@pytest.mark.parametrize("encoder_first", [False, True])
+def test_inspect_then_wrap_of_a_module_an_encoder_shares_works_in_either_order(tmp_path, caplog, encoder_first):
+    """Assigned encoder first, ait.inspect named the shared module 'encoder.proj' (inside the
+    encoder) and ait.wrap refused its own output; the wrapper now goes where the pipeline
+    calls it. The encoder's calls of it are in the encoder's graph: ait.tune no longer warns
+    that they are direct calls that will not run tuned."""
+    pipeline = EncoderSharingItsProjection(encoder_first)
+    samples = [torch.randn(8) for _ in range(3)]
+    x = torch.randn(2, 8)
+    expected = pipeline(x)
+    info = ait.inspect(pipeline, samples, number_of_iterations=2, warmup_iterations=1)
+    ait.wrap(pipeline, info.get_modules(), strategy=cpu_strategy(tune_provider_options=False))
+    assert isinstance(pipeline.proj, ait.Module) and isinstance(pipeline.encoder, ait.Module)
+    assert not isinstance(pipeline.encoder.ait_module.proj, ait.Module)  # the encoder's graph holds it
+    with caplog.at_level("WARNING", logger="aitune"):
+        ait.tune(lambda x: pipeline(x), samples, ignore_failing_modules=False, progress=False)
+    assert "called directly" not in caplog.text, caplog.text
+    assert pipeline.proj.ait_state is pipeline.encoder.ait_state is ait.ModuleState.TUNED
+    torch.testing.assert_close(pipeline(x), expected)
+    path = ait.save(pipeline, tmp_path / "shared-proj")
+    fresh = ait.load(EncoderSharingItsProjection(encoder_first), path)
+    assert isinstance(fresh.proj, ait.Module)
+    torch.testing.assert_close(fresh(x), expected)
+
+
+class KeyedHeads:
+    def __init__(self, key):
+        torch.manual_seed(0)
+        self.main = torch.nn.Linear(8, 8).eval()
+        self.heads = {key: torch.nn.Linear(8, 8).eval()}
+        self.key = key
+
+    def __call__(self, x):
+        with torch.no_grad():
+            return self.main(x) + self.heads[self.key](x)
+
+
+@pytest.mark.parametrize("key", ["v1.2", 3.5])
+def test_a_module_under_a_dict_key_with_no_object_path_is_refused_not_left_out(tmp_path, key):
+    """A TUNED ait.Module under heads['v1.2'] (or heads[3.5]) was left out of the checkpoint
+    without a word: loaded, the head ran eagerly."""
+    pipeline = KeyedHeads(key)
+    pipeline.main = ait.Module(pipeline.main, "main", strategy=cpu_strategy(tune_provider_options=False))
+    pipeline.heads[key] = ait.Module(pipeline.heads[key], "head", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(lambda x: pipeline(x), [torch.randn(8)], ignore_failing_modules=False, progress=False)
+    assert pipeline.heads[key].ait_state is ait.ModuleState.TUNED
+    with pytest.raises(ait.PipelineStructureError, match=rf"ait.Module 'head' at heads\[{key!r}\], a dict key that "
+                       "has no object path"):
+        ait.save(pipeline, tmp_path / "keyed")
+    assert not (tmp_path / "keyed").exists()
+
+
+class TupleStages:
+    def __init__(self):
+        torch.manual_seed(0)
+        self.stages = (torch.nn.Linear(8, 8).eval(), torch.nn.Linear(8, 8).eval())
+
+    def __call__(self, x):
+        with torch.no_grad():
+            return self.stages[1](self.stages[0](x))
+
+
+def test_a_module_in_a_tuple_is_refused_at_save_not_at_every_load(tmp_path):
+    """ait.save wrote 'stages.0' and 'stages.1' of a tuple, which every ait.load into a
+    freshly built object then refused (a tuple item cannot be assigned)."""
+    pipeline = TupleStages()
+    pipeline.stages = tuple(ait.Module(m, f"stage{i}", strategy=cpu_strategy(tune_provider_options=False))
+                            for i, m in enumerate(pipeline.stages))
+    ait.tune(lambda x: pipeline(x), [torch.randn(8)], ignore_failing_modules=False, progress=False)
+    with pytest.raises(ait.PipelineStructureError, match=r"'stages.0' \(ait.Module 'stage0'\) is an item of a tuple"):
+        ait.save(pipeline, tmp_path / "tuple")
+    assert not (tmp_path / "tuple").exists()
+
+
 def test_a_load_during_a_concurrent_save_never_mixes_two_versions(saved, tmp_path, monkeypatch):
     # another process saves a pipeline of other weights to the path after the first section
     # was loaded: the load must not keep the encoder of one version and the head of the next

@@ -61,6 +61,13 @@ class ModuleLocation:
         return getattr(parent, key, None)
 
 
+def _dict_item_has_path(key: Any, names: set[str]) -> bool:
+    """Whether a dict item gets an object path: str keys without dots, and ints
+    (``{0: controlnet}``, path ``"models.0"``); an int whose name a str key has already
+    does not (``names``: the names given so far)."""
+    return (isinstance(key, str) and "." not in key or type(key) is int) and str(key) not in names
+
+
 def _children(obj: Any) -> Iterator[tuple[str | int, Any]]:
     if isinstance(obj, torch.nn.Module):
         # registered children (an ait.Module shares its wrapped module's), then modules a
@@ -72,11 +79,10 @@ def _children(obj: Any) -> Iterator[tuple[str | int, Any]]:
     elif isinstance(obj, (list, tuple)):
         yield from enumerate(obj)
     elif isinstance(obj, dict):
-        names = set()
+        names: set[str] = set()
         for key, value in obj.items():
-            # str keys without dots, and ints (``{0: controlnet}``, path ``"models.0"``): other
-            # keys have no dotted path; an int whose name a str key has already is skipped
-            if (isinstance(key, str) and "." not in key or type(key) is int) and str(key) not in names:
+            # other keys have no dotted path (unaddressable_items names what they hold)
+            if _dict_item_has_path(key, names):
                 names.add(str(key))
                 yield key, value
     elif hasattr(obj, "__dict__") and type(obj).__module__ != "builtins":
@@ -135,3 +141,28 @@ def replaceable_aliases(location: ModuleLocation, wrapped: list[torch.nn.Module]
 def find_ait_modules(obj: Any, max_depth: int = MAX_DEPTH) -> list[tuple[Any, ModuleLocation]]:
     """The ait.Modules reachable from ``obj``, with their places."""
     return [(module, location) for module, location in find_modules(obj, max_depth) if isinstance(module, Module)]
+
+
+def unaddressable_items(obj: Any, max_depth: int = MAX_DEPTH) -> list[tuple[str, Any]]:
+    """``(description, value)`` of the dict items reachable from ``obj`` that have no object
+    path (a key with a dot, a float or tuple key): ``find_modules`` does not walk them, so
+    an ait.Module held there is neither saved nor loaded. ``description``: ``"heads['v1.2']"``."""
+    found: list[tuple[str, Any]] = []
+    seen: set[int] = set()
+
+    def walk(value: Any, path: str, depth: int) -> None:
+        if depth > max_depth or isinstance(value, _LEAF_TYPES) or id(value) in seen:
+            return
+        seen.add(id(value))
+        if isinstance(value, dict) and not isinstance(value, torch.nn.Module):
+            names: set[str] = set()
+            for key, item in value.items():
+                if _dict_item_has_path(key, names):
+                    names.add(str(key))
+                else:
+                    found.append((f"{path or '(the object)'}[{key!r}]", item))
+        for key, child in _children(value):
+            walk(child, f"{path}.{key}" if path else str(key), depth + 1)
+
+    walk(obj, "", 0)
+    return found

@@ -40,7 +40,7 @@ from aitune import _core
 from aitune.torch import checkpoint as module_checkpoint
 from aitune.torch.checkpoint_structure import class_name, script_class_hint, shape_differences
 from aitune.torch.module import Module, ModuleState
-from aitune.torch.object_paths import MAX_DEPTH, find_ait_modules, find_modules, replaceable_aliases
+from aitune.torch.object_paths import MAX_DEPTH, find_ait_modules, find_modules, replaceable_aliases, unaddressable_items
 
 logger = logging.getLogger("aitune")
 
@@ -55,7 +55,9 @@ _MAX_MANIFEST_BYTES = 16 << 20
 class PipelineStructureError(_core.InvalidArgumentError):
     """The object given to ``ait.load`` is not built like the one saved: a saved module is
     missing, an ait.Module is not in the checkpoint, or a module's class changed. Raised
-    before anything is loaded; the object is unchanged."""
+    before anything is loaded; the object is unchanged. Raised by ``ait.save`` too, before
+    anything is written, for an ait.Module a checkpoint could not hold or put back (under a
+    dict key with no object path, or an item of a tuple)."""
 
 
 # -- save ---------------------------------------------------------------------------------
@@ -190,6 +192,28 @@ def _check_saveable(module: Module, where: str) -> None:
         )
 
 
+def _check_every_module_has_a_place(obj: Any, found: list) -> None:
+    """Refuses (PipelineStructureError, before anything is written) an ait.Module that a
+    checkpoint could not hold or put back: one under a dict key with no object path (a key
+    with a dot, a float key: the walk does not reach it, so it was left out unsaid) or an item
+    of a tuple (written, then refused by every ait.load: a freshly built object's tuple cannot
+    take it)."""
+    for where, value in unaddressable_items(obj):
+        held = [value] if isinstance(value, Module) else [module for module, _ in find_ait_modules(value)]
+        if held:
+            raise PipelineStructureError(
+                f"ait.save: the {type(obj).__name__} holds ait.Module '{held[0].ait_name}' at {where}, a dict key "
+                "that has no object path (a checkpoint names each module by its path: keys are strings without "
+                "dots, or ints), so it would be left out of the checkpoint; hold it under such a key (nothing was "
+                "saved)")
+    for module, location in found:
+        if isinstance(location.parent, tuple):
+            raise PipelineStructureError(
+                f"ait.save: '{location.path}' (ait.Module '{module.ait_name}') is an item of a tuple, where ait.load "
+                "cannot put an ait.Module into a freshly built object; hold the modules in a list (as ait.wrap "
+                "asks), then save (nothing was saved)")
+
+
 def save(obj: Any, path: str | os.PathLike, *, overwrite: bool = True,
          on_file_written: Callable[[str, int], None] | None = None) -> Path:
     """Saves every ait.Module that ``obj`` holds as one checkpoint directory at ``path``.
@@ -197,7 +221,9 @@ def save(obj: Any, path: str | os.PathLike, *, overwrite: bool = True,
     ``obj``: an ait.Module (saved as a single-module checkpoint, as
     ``aitune.torch.checkpoint.save``), or any object holding ait.Modules: attributes of
     plain objects (a diffusers-style pipeline), children of an nn.Module, items of lists,
-    tuples, dicts, ModuleLists, ModuleDicts. Every one must be TUNED (and active).
+    dicts (keys: strings without dots, or ints), ModuleLists, ModuleDicts. Every one must be
+    TUNED (and active); one in a tuple or under another dict key is refused
+    (``PipelineStructureError``): ait.load could not put it back, or it would be left out.
 
     Written atomically: on any failure a checkpoint already at ``path`` stays as it was.
     ``overwrite=False`` refuses an existing checkpoint; what is not an aitune checkpoint
@@ -223,6 +249,7 @@ def save(obj: Any, path: str | os.PathLike, *, overwrite: bool = True,
             f"ait.save takes an ait.Module or an object holding ait.Modules; the {type(obj).__name__} holds no "
             "ait.Module (wrap the modules to tune with ait.wrap or ait.Module first)"
         )
+    _check_every_module_has_a_place(obj, found)
     for module, location in found:
         _check_saveable(module, f"'{location.path}' (ait.Module '{module.ait_name}')")
     if not any(module_checkpoint.runs_a_graph(module) for module, _ in found):

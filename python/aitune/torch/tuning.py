@@ -30,29 +30,44 @@ class _DirectCalls:
     its ``__call__``). The usual cause: a method of the wrapped module reached through the
     wrapper (``wrapper.generate(...)`` is the wrapped model's ``generate``, whose
     ``self(...)`` is the wrapped model), or another reference to the wrapped module. Such
-    calls are neither recorded nor, once tuned, served by the tuned graphs."""
+    calls are neither recorded nor, once tuned, served by the tuned graphs. A call made
+    inside another ait.Module's forward is not counted: that module's graph holds it (a
+    module shared by a pipeline and by a wrapped encoder, which calls it directly)."""
 
     def __init__(self) -> None:
         self.counts: dict[str, int] = {}
         self.classes: dict[str, str] = {}
+        self._inside = 0  # ait.Module calls under way (ait.tune records on its own thread only)
+        self._handles: list = []
 
     def __enter__(self) -> _DirectCalls:
         from aitune.torch.module_registry import MODULE_REGISTRY
 
         wrapped = {id(m.ait_module): m for m in MODULE_REGISTRY.modules.values()}
+        if not wrapped:
+            return self
 
-        def note(module: torch.nn.Module, _args: Any) -> None:
+        def before(module: torch.nn.Module, _args: Any) -> None:
+            if isinstance(module, Module):
+                self._inside += 1
+                return
             wrapper = wrapped.get(id(module))
-            if wrapper is not None and wrapper.ait_module is module:
+            if wrapper is not None and wrapper.ait_module is module and not self._inside:
                 self.counts[wrapper.ait_name] = self.counts.get(wrapper.ait_name, 0) + 1
                 self.classes[wrapper.ait_name] = type(module).__name__
 
-        self._handle = torch.nn.modules.module.register_module_forward_pre_hook(note) if wrapped else None
+        def after(module: torch.nn.Module, _args: Any, _outputs: Any) -> None:
+            if isinstance(module, Module):
+                self._inside -= 1
+
+        hooks = torch.nn.modules.module
+        self._handles = [hooks.register_module_forward_pre_hook(before),
+                         hooks.register_module_forward_hook(after, always_call=True)]  # also when forward raises
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        if self._handle is not None:
-            self._handle.remove()
+        for handle in self._handles:
+            handle.remove()
 
     def explain(self) -> str:
         which = "; ".join(f"The {self.classes[name]} that ait.Module '{name}' wraps ran {count} times called directly"

@@ -23,6 +23,25 @@ def _module_name(info: ModuleInfo, obj: Any) -> str:
     return info.object_path or type(obj).__name__
 
 
+def _inside_others(location, info: ModuleInfo, infos: list[ModuleInfo]) -> bool:
+    return any(isinstance(a, torch.nn.Module) and a is other.module and other is not info
+               for a in location.ancestors for other in infos)
+
+
+def _place_outside_others(info: ModuleInfo, infos: list[ModuleInfo]):
+    """Where ``info``'s module is wrapped: its first place, or where that one lies inside
+    another module being wrapped (whose graph holds it) and the same module sits outside it
+    too (a pipeline's ``proj`` that its ``encoder`` also holds, found first as
+    ``encoder.proj`` where the encoder is assigned first), that other place: which one
+    ait.inspect found first follows the order attributes were assigned in."""
+    if not _inside_others(info.location, info, infos):
+        return info.location
+    outside = [alias for alias in info.location.aliases
+               if not isinstance(alias.parent, tuple) and not _inside_others(alias, info, infos)
+               and not any(isinstance(a, Module) for a in alias.ancestors)]
+    return outside[0] if outside else info.location
+
+
 def wrap(obj: Any, modules: Sequence[ModuleInfo], strategy: TuneStrategy | None = None, strategies=None,
          eager_fallback: bool = False, dynamic_shapes: Mapping[str, Mapping] | None = None,
          harmless_attributes: Mapping[str, Sequence[str]] | None = None) -> Any:
@@ -88,23 +107,27 @@ def wrap(obj: Any, modules: Sequence[ModuleInfo], strategy: TuneStrategy | None 
     plan = []
     for info in infos:
         where = f"ait.wrap: '{info.object_path}'"
-        current = info.location.current()
+        location = _place_outside_others(info, infos)
+        current = location.current()
         if isinstance(info.module, Module) or (isinstance(current, Module) and current.ait_module is info.module):
             raise ValueError(f"{where} is an ait.Module already")
-        if isinstance(info.parent, tuple):
+        if isinstance(location.parent, tuple):
             raise TypeError(f"{where} is an item of a tuple, which cannot be assigned; hold the modules in a list")
         if current is not info.module:
             raise ValueError(f"{where} no longer holds the inspected {type(info.module).__name__}; inspect again")
-        if any(isinstance(a, torch.nn.Module) and a is other.module for a in info.location.ancestors for other in infos):
+        if _inside_others(location, info, infos):
             raise ValueError(f"{where} is inside another module being wrapped; wrap one of them")
-        plan.append(info)
+        plan.append((info, location))
     wrappers = [Module(info.module, _module_name(info, obj), strategy, strategies,
                        declared.get(_module_name(info, obj)), eager_fallback=eager_fallback,
-                       harmless_attributes=harmless.get(_module_name(info, obj), ())) for info in plan]
-    inner = [info.module for info in plan]
-    for info, wrapped in zip(plan, wrappers):
-        info.location.replace(wrapped)
-        for alias in replaceable_aliases(info.location, inner):
+                       harmless_attributes=harmless.get(_module_name(info, obj), ())) for info, _ in plan]
+    inner = [info.module for info, _ in plan]
+    for (info, location), wrapped in zip(plan, wrappers):
+        if location is not info.location:
+            logger.info("ait.wrap: '%s' is inside another module being wrapped, whose graph holds it; wrapped at "
+                        "'%s', where the same module is called too", info.object_path, location.path)
+        location.replace(wrapped)
+        for alias in replaceable_aliases(location, inner):
             if alias.current() is info.module:
                 alias.replace(wrapped)
                 logger.info("ait.wrap: '%s' holds the same module: the same ait.Module put there", alias.path)
