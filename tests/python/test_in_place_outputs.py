@@ -175,3 +175,22 @@ def test_a_tuned_module_updates_in_place_only_where_its_graph_allows():
         else:
             assert written.data_ptr() != cache.data_ptr()
             torch.testing.assert_close(cache, before, rtol=0, atol=0)  # left alone
+
+
+def test_the_in_place_note_is_said_once_after_saves_and_loads(tmp_path):
+    """The backend's description was saved with its "updates in place: ..." note, and a load
+    added the note again: twice after one load, three times after a second save and load."""
+    import aitune.torch as ait
+    from torch_models import cpu_strategy
+
+    module = ait.Module(_CacheWrite(True).eval(), "cache-write",
+                        strategy=cpu_strategy(in_place_outputs=True, tune_provider_options=False))
+    samples = [{"cache": torch.randn(2, 3, 8, 4), "new": torch.randn(2, 3, 1, 4), "slot": torch.tensor([s])}
+               for s in (2, 5)]
+    ait.tune(module, lambda size: samples, batch_sizes=[2], ignore_failing_modules=False,
+             performance_validation=False, progress=False)
+    for round_trip in range(2):
+        ait.save(module, tmp_path / f"saved-{round_trip}")
+        module = ait.load(_CacheWrite(True).eval(), tmp_path / f"saved-{round_trip}")
+        (backend,) = module.ait_backends.values()
+        assert backend.count("updates in place") == 1, backend

@@ -165,7 +165,7 @@ class OnnxRuntimeSection(CheckpointSection):
                 "a checkpoint needs its files); tune or load the module again, then save"
             )
         structure["order"] = list(tuned.order)
-        structure["backend"] = tuned.describe()
+        structure["backend"] = tuned.backend_description  # the session says what it updates in place, on load too
         directory = _core.Checkpoint.graph_directory(graph.key)
         model_path = Path(session.model_path).resolve()
         model = f"{directory}/{model_path.name}"
@@ -210,9 +210,9 @@ class OnnxRuntimeSection(CheckpointSection):
             )
         session = ctx.checkpoint.create_session(key, ctx.overrides(saved.backend_config))
         describe = structure.get("backend")
-        tuned = OnnxRuntimeTunedGraph(
-            session, order, graph.input_names, describe if isinstance(describe, str) else "ONNXRuntimeBackend"
-        )
+        # (checkpoints written before session 30 kept the session's in-place note in it too)
+        describe = describe.split(", updates in place: ")[0] if isinstance(describe, str) else "ONNXRuntimeBackend"
+        tuned = OnnxRuntimeTunedGraph(session, order, graph.input_names, describe)
         tuned.files_sha256 = model_files_sha256(ctx.checkpoint, saved)
         return graph, tuned, read_report(ctx.checkpoint, saved, graph_where)
 

@@ -266,6 +266,12 @@ class OnnxRuntimeTunedGraph(TunedGraph):
         inputs, outputs = self.session.inputs, self.session.outputs
         return {inputs[k].name: outputs[j].name for j, k in enumerate(self.session.output_aliases) if k >= 0}
 
+    @property
+    def backend_description(self) -> str:
+        """The backend and candidate that made the graph (what a checkpoint keeps), without
+        what its session adds (``describe``: the inputs it updates in place)."""
+        return self._describe
+
     def describe(self) -> str:
         updated = self.updated_in_place
         return f"{self._describe}, updates in place: {', '.join(updated)}" if updated else self._describe
