@@ -1,0 +1,141 @@
+"""ONNX translations, for the dynamo export, of aten ops whose translation in onnxscript's
+torchlib computes other numbers than PyTorch on inputs a tune's samples rarely hold: each
+one here computes what PyTorch's CPU kernel computes, written with ONNX's exact integer and
+``fmod`` operators. Handed to ``torch.onnx.export(custom_translation_table=...)``, the
+exporter's own way to replace a translation.
+
+Found by a new-user probe (session 30), each tuned and checked at small samples, silently
+off at others:
+
+- integer ``div`` with ``rounding_mode`` "trunc" or "floor" went through float32: 2**24 + 1
+  divided by 1 gave 2**24, int32 2**31 - 1 gave -2**31;
+- ``atan2(+0.0, x < 0)`` gave -pi where PyTorch gives +pi (the phase of a negative real
+  number), ``atan2(+-0, -0.0)`` gave 0, and a NaN input gave 0;
+- float ``remainder`` (``t % 0.1``) and ``floor_divide`` computed ``a - b * floor(a / b)``:
+  3e6 + 0.01 mod 0.1 gave 0.0 (PyTorch 0.0553), and quotients near 1.6e7 were off by one.
+
+Left as torchlib translates them: ``atan2`` of two infinities (PyTorch gives pi / 4
+multiples; here NaN), integer ``div`` without a rounding mode (a float32 division in both).
+ONNX Runtime's CPU kernels give +0.0 for a float floor division PyTorch gives -0.0 for
+(``-0.0 // 3.0``), where ONNX's reference evaluator gives -0.0 for the same graph.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from onnxscript import ir
+from onnxscript import opset18 as op
+from onnxscript.function_libs.torch_lib.ops import core as torchlib
+from onnxscript.function_libs.torch_lib.tensor_typing import TFloat, TReal, TTensor
+
+_PI = 3.141592653589793
+
+
+def _like(value: float, like):
+    """A scalar constant of ``like``'s element type."""
+    return op.Constant(value=ir.tensor(value, dtype=like.dtype))
+
+
+def _negative(x):
+    """Where ``x`` has its sign bit set: below zero, or -0.0 (1 / -0.0 is -inf)."""
+    zero = _like(0.0, x)
+    return op.Or(op.Less(x, zero), op.And(op.Equal(x, zero), op.Less(op.Div(_like(1.0, x), x), zero)))
+
+
+def _float_floor_divide(a, b):
+    """PyTorch's ``div_floor_floating``: the quotient of ``a - fmod(a, b)`` (exact: a
+    multiple of b), moved down where the remainder and b differ in sign, rounded to the
+    nearest integer; ``a / b`` where b is 0 (inf or nan, as PyTorch)."""
+    zero = _like(0.0, a)
+    mod = op.Mod(a, b, fmod=1)
+    div = op.Div(op.Sub(a, mod), b)
+    moved = op.And(op.Not(op.Equal(mod, zero)), op.Xor(op.Less(b, zero), op.Less(mod, zero)))
+    div = op.Where(moved, op.Sub(div, _like(1.0, a)), div)
+    floored = op.Floor(div)
+    floored = op.Where(op.Greater(op.Sub(div, floored), _like(0.5, a)), op.Add(floored, _like(1.0, a)), floored)
+    quotient = op.Div(a, b)
+    signed_zero = op.Where(_negative(quotient), op.Neg(zero), zero)  # (x * 0 gets folded to +0)
+    floored = op.Where(op.Equal(div, zero), signed_zero, floored)
+    return op.Where(op.Equal(b, zero), quotient, floored)
+
+
+def _float_remainder(a, b):
+    """PyTorch's float ``remainder``: ``fmod`` (exact), plus b where the remainder and b
+    differ in sign."""
+    zero = _like(0.0, a)
+    mod = op.Mod(a, b, fmod=1)
+    moved = op.And(op.Not(op.Equal(mod, zero)), op.Xor(op.Less(b, zero), op.Less(mod, zero)))
+    return op.Where(moved, op.Add(mod, b), mod)
+
+
+def _tensor_of(value, like):
+    return value if isinstance(value, ir.Value) else op.Constant(value=ir.tensor(value, dtype=like.dtype))
+
+
+def div_mode(self: TReal, other: TReal, rounding_mode: Optional[str] = None) -> TReal:
+    """div.Tensor_mode(Tensor self, Tensor other, *, str? rounding_mode) -> Tensor"""
+    if self.dtype.is_integer() and rounding_mode == "trunc":
+        return op.Div(self, other)  # ONNX divides integers truncating, as C does
+    if self.dtype.is_integer() and rounding_mode == "floor":
+        return torchlib.aten_floor_divide(self, other)  # exact: integer Div, moved down by one where due
+    if rounding_mode == "floor":
+        return _float_floor_divide(self, other)
+    return torchlib.aten_div_mode(self, other, rounding_mode=rounding_mode)
+
+
+def div_scalar_mode(self: TReal, other: float, rounding_mode: Optional[str] = None) -> TReal:
+    """div.Scalar_mode(Tensor self, Scalar other, *, str? rounding_mode) -> Tensor"""
+    return div_mode(self, _tensor_of(other, self), rounding_mode=rounding_mode)
+
+
+def floor_divide(self: TTensor, other: TTensor) -> TTensor:
+    """floor_divide(Tensor self, Tensor other) -> Tensor"""
+    if self.dtype.is_floating_point():
+        return _float_floor_divide(self, other)
+    return torchlib.aten_floor_divide(self, other)  # exact for integers already
+
+
+def floor_divide_scalar(self: TTensor, other: float) -> TTensor:
+    """floor_divide.Scalar(Tensor self, Scalar other) -> Tensor"""
+    return floor_divide(self, _tensor_of(other, self))
+
+
+def remainder(self: TTensor, other: TTensor) -> TTensor:
+    """remainder.Tensor(Tensor self, Tensor other) -> Tensor"""
+    if self.dtype.is_floating_point():
+        return _float_remainder(self, other)
+    return op.Mod(self, other)  # integers: ONNX's Mod takes the divisor's sign, as Python's %
+
+
+def remainder_scalar(self: TTensor, other: float) -> TTensor:
+    """remainder.Scalar(Tensor self, Scalar other) -> Tensor"""
+    return remainder(self, _tensor_of(other, self))
+
+
+def atan2(self: TFloat, other: TFloat) -> TFloat:
+    """atan2(Tensor self, Tensor other) -> Tensor: the angle of (other, self), with the
+    signs of zeros as PyTorch (C's atan2) reads them, NaN where an input is NaN."""
+    y, x = self, other
+    pi = _like(_PI, y)
+    turn = op.Where(_negative(y), op.Neg(pi), pi)  # +-pi, by the sign of y
+    angle = op.Atan(op.Div(y, x))
+    angle = op.Where(_negative(x), op.Add(angle, turn), angle)
+    # 0 / 0: the angle of a zero vector, from the zeros' signs alone
+    both_zero = op.And(op.Equal(y, _like(0.0, y)), op.Equal(x, _like(0.0, x)))
+    return op.Where(both_zero, op.Where(_negative(x), turn, y), angle)
+
+
+def translation_table() -> dict:
+    """The aten overloads above, for ``torch.onnx.export(custom_translation_table=...)``."""
+    aten = torch.ops.aten
+    return {
+        aten.div.Tensor_mode: div_mode,
+        aten.div.Scalar_mode: div_scalar_mode,
+        aten.floor_divide.default: floor_divide,
+        aten.floor_divide.Scalar: floor_divide_scalar,
+        aten.remainder.Tensor: remainder,
+        aten.remainder.Scalar: remainder_scalar,
+        aten.atan2.default: atan2,
+    }

@@ -1,0 +1,70 @@
+"""Ops whose ONNX translation in onnxscript's torchlib computed other numbers than PyTorch,
+at inputs the samples did not hold (a new-user probe, session 30): the dynamo export now
+translates them as PyTorch's kernels compute (exact_lowerings.py). Each tuned at small
+values, then called where torchlib's translation was off, silently."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch_models import cpu_strategy
+
+import aitune.torch as ait
+from aitune.torch import ModuleState
+
+
+class IntegerDivisions(torch.nn.Module):
+    def forward(self, a, b):
+        return (torch.div(a, b, rounding_mode="trunc"), torch.div(a, b, rounding_mode="floor"),
+                torch.div(a, 3, rounding_mode="trunc"), a // b, a % b)
+
+
+class FloatOps(torch.nn.Module):
+    def forward(self, x, y):
+        return torch.atan2(x, y), x % 0.1, torch.remainder(x, y), x // y, torch.div(x, y, rounding_mode="floor")
+
+
+def _tuned(module: torch.nn.Module, samples: list) -> ait.Module:
+    tuned = ait.Module(module, type(module).__name__, strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(tuned, samples, ignore_failing_modules=False, performance_validation=False, progress=False)
+    assert tuned.ait_state is ModuleState.TUNED
+    assert all("ONNXRuntimeBackend" in b for b in tuned.ait_backends.values()), tuned.ait_backends
+    return tuned
+
+
+def test_integer_division_with_a_rounding_mode_is_exact_beyond_float32():
+    """torchlib divided integers in float32: 2**24 + 1 // 1 gave 2**24, int32 2**31 - 1 gave
+    -2**31."""
+    for dtype in (torch.int64, torch.int32):
+        torch.manual_seed(0)
+        samples = [(torch.randint(-20, 20, (8,), dtype=dtype), torch.randint(1, 7, (8,), dtype=dtype))
+                   for _ in range(2)]
+        tuned = _tuned(IntegerDivisions().eval(), samples)
+        big = 2**40 + 1 if dtype == torch.int64 else 2**31 - 1
+        a = torch.tensor([[2**24 + 1, 123456789, big, -big, -(2**30) - 1, 7, -7, 100000007]], dtype=dtype)
+        b = torch.tensor([[1, 1, 1, 3, 1, 2, 2, -3]], dtype=dtype)
+        with torch.no_grad():
+            for got, expected in zip(tuned(a, b), IntegerDivisions()(a, b), strict=True):
+                assert torch.equal(got, expected), (dtype, got, expected)
+
+
+def test_atan2_remainder_and_floor_division_of_floats_match_pytorch():
+    """atan2(+0.0, -1.0) gave -pi (PyTorch +pi), a NaN gave 0; 3e6 + 0.01 mod 0.1 gave 0.0
+    (PyTorch 0.0553); a float floor division near 1.6e7 was off by one."""
+    torch.manual_seed(0)
+    samples = [(torch.rand(10) * 10, torch.rand(10) + 0.5) for _ in range(2)]
+    tuned = _tuned(FloatOps().eval(), samples)
+    zero = 0.0
+    x = torch.tensor([[zero, -zero, 1.0, -1.0, float("nan"), 3e6 + 0.01, 1e6 + 0.07, 1.6e7 + 3, -7.5, 5.0]])
+    y = torch.tensor([[-1.0, -1.0, -zero, -zero, 1.0, 0.1, 0.1, 0.7, 2.0, -0.3]])
+    with torch.no_grad():
+        outputs = zip(tuned(x, y), FloatOps()(x, y), strict=True)
+        (angle, expected), exact = next(outputs), list(outputs)
+        # atan2 as atan(y / x) turned by pi: within an ulp of C's atan2
+        torch.testing.assert_close(angle, expected, rtol=2e-7, atol=0, equal_nan=True)
+        for got, expected in exact:
+            torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True)
+    angle = tuned(x, y)[0][0]
+    pi = torch.tensor(math.pi).item()  # in float32
+    assert angle[0].item() == pi and angle[1].item() == -pi  # the phase of a negative real number
