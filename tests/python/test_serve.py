@@ -11,6 +11,8 @@ import os
 import threading
 import time
 import urllib.request
+import warnings
+import zipfile
 
 import numpy as np
 import pytest
@@ -293,8 +295,24 @@ def test_bad_bodies_are_refused_with_a_reason(checkpoint):
     with pytest.raises(BadRequest) as not_json:
         server.check(wrong)
     assert "JSON body" not in str(not_json.value)
-    with pytest.raises(BadRequest, match='a JSON body states it: "dtypes"'):
+    # naming the input and the dtype the graph takes (it said "float32" whatever the graph took)
+    with pytest.raises(BadRequest, match=f'a JSON body states it: "dtypes": {{"{name}": "float32"}}'):
         server.check(wrong, from_json=True)
+    # an input given twice is refused, not answered with one of its two values (a new-user probe)
+    twice = b'{"inputs": {"%s": [[0]], "%s": [[1]]}}' % (name.encode(), name.encode())
+    with pytest.raises(BadRequest, match=f"gives '{name}' twice") as repeated:
+        codec.decode(twice, codec.JSON, {}, name)
+    assert repeated.value.status == 400
+    archive = io.BytesIO()
+    with zipfile.ZipFile(archive, "w") as z:
+        for value in (0.0, 1.0):
+            array = io.BytesIO()
+            np.save(array, np.full((1, 16), value, np.float32))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # zipfile's "Duplicate name"
+                z.writestr(f"{name}.npy", array.getvalue())
+    with pytest.raises(BadRequest, match=f"input '{name}' is given twice in the .npz archive"):
+        codec.decode(archive.getvalue(), codec.NPZ, {}, name)
     # an .npy body sent as .npz: named so (was "'numpy.ndarray' object does not support the
     # context manager protocol")
     one = io.BytesIO()
@@ -433,6 +451,9 @@ def test_written_config_is_accepted_by_serves_schema(checkpoint, tmp_path, capsy
                                  "--write-config", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "batching: max_batch_size=" in printed and "<- chosen" in printed
+    # an override is printed with the value in force (it said "(overridden on the command line)")
+    assert serve_cli.serve_main([path, "--max-batch-size", "64", "--write-config", str(tmp_path / "64.yaml")]) == 0
+    assert "overridden on the command line: max_batch_size=64, batch_wait_timeout_s=" in capsys.readouterr().out
     config = yaml.safe_load(out.read_text())
     schema = ServeDeploySchema.model_validate(config) if hasattr(ServeDeploySchema, "model_validate") \
         else ServeDeploySchema.parse_obj(config)
@@ -544,9 +565,12 @@ def test_bad_requests_get_4xx_and_the_replicas_keep_serving(served):
         (b"\0" * 8, codec.RAW, "dtype=float32&shape=1,16", 400, "do not make"),
     ]
     for body, content_type, query, status, message in cases:
-        got, _, payload = _post(url, body, content_type, query)
+        got, headers, payload = _post(url, body, content_type, query)
         assert got == status, (message, got, payload)
         assert message in json.loads(payload)["error"]
+        # every answer carries them, a refusal too (it had the replica's alone)
+        headers = {k.lower(): v for k, v in headers.items()}  # (HTTP header names are case-insensitive)
+        assert headers["x-aitune-batch"] == "0" and float(headers["x-aitune-server-ms"]) >= 0, headers
     # a PUT is no inference call (was 400 "body is not JSON")
     put = urllib.request.Request(url, data=b"", method="PUT")
     with pytest.raises(urllib.error.HTTPError) as refused:

@@ -126,9 +126,11 @@ def serve_main(argv: list[str]) -> int:
         print(f"aitune serve: {error}", file=sys.stderr)
         return 2
     print(plan.explain(), end="")
-    if args.max_batch_size or args.batch_wait_timeout_s is not None:
-        print("  (overridden on the command line)")
     options = _options(args, plan)
+    if args.max_batch_size or args.batch_wait_timeout_s is not None:
+        # the values in force, not the plan's (which the line above shows)
+        print(f"  overridden on the command line: max_batch_size={options['max_batch_size']}, "
+              f"batch_wait_timeout_s={options['batch_wait_timeout_s']:g}")
 
     if args.write_config:
         import yaml

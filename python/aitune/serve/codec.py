@@ -138,6 +138,17 @@ def _within_limit(declared: list[tuple[str, tuple[int, ...], np.dtype]]) -> None
                              f"limit of {MAX_BODY_BYTES}", status=413)
 
 
+def _once_each(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object whose keys are each given once: json.loads keeps the last of a key given
+    twice, and an input named twice would be answered with one of its two values, unsaid."""
+    out: dict = {}
+    for key, value in pairs:
+        if key in out:
+            raise BadRequest(f"JSON body gives '{key}' twice in one object; give each once")
+        out[key] = value
+    return out
+
+
 def content_kind(content_type: str | None) -> str:
     """The media type of a Content-Type header, lower case, without its parameters."""
     return (content_type or JSON).split(";")[0].strip().lower()
@@ -158,7 +169,7 @@ def decode(body: bytes, content_type: str, query: Mapping[str, str], single_inpu
     kind = content_kind(content_type)
     if kind in _JSON_KINDS:
         try:
-            payload = json.loads(body, parse_constant=_BareConstant)
+            payload = json.loads(body, parse_constant=_BareConstant, object_pairs_hook=_once_each)
         except (ValueError, UnicodeDecodeError) as error:
             raise BadRequest(f"body is not JSON: {error}") from None
         except RecursionError:
@@ -194,6 +205,8 @@ def decode(body: bytes, content_type: str, query: Mapping[str, str], single_inpu
                 declared = []
                 for info in archive.zip.infolist():  # the headers first: a member's size is known only from them
                     name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
+                    if any(name == seen for seen, *_ in declared):  # np.load keeps one of them, unsaid
+                        raise BadRequest(f"input '{name}' is given twice in the .npz archive; give each once")
                     with archive.zip.open(info) as member:
                         declared.append((name, *_npy_header(member, name)))
                 _within_limit(declared)

@@ -95,16 +95,21 @@ class AituneModel:
             content_type = http.headers.get("content-type", codec.JSON)
             inputs = codec.decode(body, content_type, http.query_params, self.server.single_input())
             request = self.server.check(inputs, http.query_params.get("graph"), from_json=codec.is_json(content_type))
-        except BadRequest as error:
+        except BadRequest as error:  # refused before it joined a batch: a batch of 0
             return Response(json.dumps({"error": str(error)}), status_code=error.status, media_type=codec.JSON,
-                            headers=headers)
+                            headers=_timed(headers, 0, started))
         outputs, batch = await self._batched(request)
         if isinstance(outputs, RunFailed):  # this request alone: the others of its batch were answered
             return Response(json.dumps({"error": outputs.message}), status_code=outputs.status,
-                            media_type=codec.JSON, headers=headers)
+                            media_type=codec.JSON, headers=_timed(headers, batch, started))
         payload, media = codec.encode(outputs, http.headers.get("accept", codec.JSON))
-        headers.update({"X-Aitune-Batch": str(batch), "X-Aitune-Server-Ms": f"{(time.perf_counter() - started) * 1e3:.3f}"})
-        return Response(payload, media_type=media, headers=headers)
+        return Response(payload, media_type=media, headers=_timed(headers, batch, started))
+
+
+def _timed(headers: dict, batch: int, started: float) -> dict:
+    """``headers`` with the batch the request shared (0: refused before it joined one) and
+    the server's time on it: every answer carries them (docs/serving.md)."""
+    return {**headers, "X-Aitune-Batch": str(batch), "X-Aitune-Server-Ms": f"{(time.perf_counter() - started) * 1e3:.3f}"}
 
 
 def deployment_options(num_replicas: int = 1, num_cpus: float = 1.0, num_gpus: float = 0.0, max_batch_size: int = 1,

@@ -122,7 +122,12 @@ class GraphServer:
         except _core.DTypeMismatchError as error:
             # JSON has no dtypes: whole numbers read as int64 (JavaScript writes 1.0 as 1); an
             # .npy, raw or handle request carries its dtype, and the hint would mislead it
-            hint = ' (a JSON body states it: "dtypes": {"<input>": "float32"})' if from_json else ""
+            hint = ""
+            if from_json:
+                wanted = {t.name: t.dtype for t in self.specs[key].inputs}
+                name, dtype = next(((n, wanted[n]) for n, d, _ in tensors if n in wanted and d != wanted[n]),
+                                   ("<input>", "float32"))
+                hint = f' (a JSON body states it: "dtypes": {{"{name}": "{dtype}"}})'
             raise BadRequest(f"{error}{hint}", status=422) from None
         except _core.ShapeMismatchError as error:
             raise BadRequest(str(error), status=422) from None
