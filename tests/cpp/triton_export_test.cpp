@@ -286,6 +286,11 @@ TEST(TritonExport, ConditionsTritonCannotCheckAreNamed) {
   ASSERT_EQ(result.notes.size(), 1u);
   EXPECT_TRUE(contains(result.notes[0], "graph 'g' holds only where `x.shape[0] != 3`")) << result.notes[0];
   EXPECT_TRUE(contains(result.notes[0], "Triton does not check it")) << result.notes[0];
+  // and in the model's README, which lists what config.pbtxt lacks (it named none of them)
+  ASSERT_EQ(result.models.size(), 1u);
+  const std::string readme = read(fs::path(result.models[0].directory) / "README.md");
+  EXPECT_TRUE(contains(readme, "holds only where `x.shape[0] != 3`")) << readme;
+  EXPECT_FALSE(contains(readme, "Nothing: every setting")) << readme;
 }
 
 TEST(TritonExport, EagerGraphsOfTheFrontEndAreNamed) {

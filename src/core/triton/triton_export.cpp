@@ -320,6 +320,13 @@ TritonExportResult export_triton(const Checkpoint& checkpoint, const std::string
           "provider option " + option + " points at " + path +
           " by absolute path (Triton reads it as given): edit it in config.pbtxt when the repository moves, "
           "e.g. into a container");
+    // in the model's README too, where a person reads what config.pbtxt lacks (it was in the
+    // export's notes on stdout alone)
+    for (const auto& c : g.graph_spec.conditions)
+      configs.back().not_expressed.push_back(
+          "the graph holds only where `" + c.to_string() +
+          "` (the model's code branches on these sizes): Triton does not check it, so requests outside it, or "
+          "batches its dynamic batcher forms there, get another branch's numbers");
     batch_sizes.push_back(configs.back().max_batch_size);
   }
 
