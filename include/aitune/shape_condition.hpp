@@ -41,6 +41,10 @@ class ShapeCondition {
   bool holds(const GraphSpec& spec, const std::vector<Shape>& shapes) const;
   /// The inputs the condition reads, each once, in order of first use.
   std::vector<std::string> inputs() const;
+  /// What makes the condition unusable with `spec`, or "": an input the spec lacks, an axis
+  /// past its input's rank, a division or modulo by the constant 0 (each would refuse every
+  /// call as violating it; a checkpoint holding one is damaged).
+  std::string problem_with(const GraphSpec& spec) const;
   /// Whether the condition holds at every shape `spec` accepts, read on the axes it reads
   /// (each over its range and step, independently): then it says nothing the spec's ranges
   /// do not (`1 < 3 * h * w` over h, w in 32..48). False where it reads a batch axis (the

@@ -533,6 +533,14 @@ TEST(GraphSpec, ConditionsSurviveJsonAndAreChecked) {
   text["conditions"][0] = nlohmann::json::parse(R"(["ne", ["dim", "w", 0], 3])");
   expect_error([&] { GraphSpec::from_json(text.dump()); }, ErrorCode::kInvalidArgument,
                {"conditions[0]", "input 'w'"});
+  // Conditions that refuse every call (read as violated): a damaged spec, refused when read
+  // (a checkpoint holding one loaded, then refused every call; a new-user probe).
+  text["conditions"][0] = nlohmann::json::parse(R"(["eq", ["dim", "x", 7], 8])");
+  expect_error([&] { GraphSpec::from_json(text.dump()); }, ErrorCode::kInvalidArgument,
+               {"conditions[0]", "axis 7 of input 'x'", "rank 2"});
+  text["conditions"][0] = nlohmann::json::parse(R"(["eq", ["mod", ["dim", "x", 1], 0], 0])");
+  expect_error([&] { GraphSpec::from_json(text.dump()); }, ErrorCode::kInvalidArgument,
+               {"conditions[0]", "divides by the constant 0"});
 }
 
 }  // namespace

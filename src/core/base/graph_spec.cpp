@@ -354,11 +354,9 @@ GraphSpec GraphSpec::from_json(const std::string& text) {
     auto list = field<std::vector<json>>(j, "conditions", "graph spec");
     for (std::size_t i = 0; i < list.size(); ++i) {
       auto condition = ShapeCondition::from_json(list[i].dump());
-      for (const auto& name : condition.inputs())
-        if (!spec.find_input(name))
-          throw Error(ErrorCode::kInvalidArgument, "graph spec JSON: conditions[" + std::to_string(i) + "] (" +
-                                                       condition.to_string() + ") reads input '" + name +
-                                                       "', which the graph does not have");
+      if (const auto problem = condition.problem_with(spec); !problem.empty())
+        throw Error(ErrorCode::kInvalidArgument, "graph spec JSON: conditions[" + std::to_string(i) + "] (" +
+                                                     condition.to_string() + "): " + problem);
       spec.conditions.push_back(std::move(condition));
     }
   }

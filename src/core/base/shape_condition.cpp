@@ -191,6 +191,24 @@ bool ShapeCondition::holds(const GraphSpec& spec, const std::vector<Shape>& shap
   return holds(spec, ShapeRefs(refs));
 }
 
+std::string ShapeCondition::problem_with(const GraphSpec& spec) const {
+  for (const auto& node : nodes_) {
+    if (node.op == Op::kDim) {
+      const auto input = spec.find_input(node.input);
+      if (!input) return "it reads input '" + node.input + "', which the graph does not have";
+      const auto rank = spec.inputs[*input].rank();
+      if (static_cast<std::size_t>(node.value) >= rank)
+        return "it reads axis " + std::to_string(node.value) + " of input '" + node.input + "', which has rank " +
+               std::to_string(rank);
+    }
+    if ((node.op == Op::kFloorDiv || node.op == Op::kCeilDiv || node.op == Op::kMod) && node.operands.size() == 2) {
+      const auto& divisor = nodes_[static_cast<std::size_t>(node.operands[1])];
+      if (divisor.op == Op::kConst && divisor.value == 0) return "it divides by the constant 0";
+    }
+  }
+  return "";
+}
+
 bool ShapeCondition::holds_throughout(const GraphSpec& spec, std::size_t max_points) const {
   struct Axis {
     std::size_t input;

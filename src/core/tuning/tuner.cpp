@@ -143,11 +143,9 @@ std::vector<ShapeCondition> GraphTuner::set_shape_conditions(std::vector<ShapeCo
   auto& impl = *impl_;
   std::vector<ShapeCondition> kept, dropped;
   for (auto& condition : conditions) {
-    for (const auto& name : condition.inputs())
-      if (!impl.spec.find_input(name))
-        throw Error(ErrorCode::kInvalidArgument, impl.report.graph + ": the shape condition `" +
-                                                     condition.to_string() + "` reads input '" + name +
-                                                     "', which the graph does not have");
+    if (const auto problem = condition.problem_with(impl.spec); !problem.empty())
+      throw Error(ErrorCode::kInvalidArgument,
+                  impl.report.graph + ": the shape condition `" + condition.to_string() + "`: " + problem);
     // Implied by the spec's ranges (`1 < h * w` over 32..48): nothing to check per call.
     if (condition.holds_throughout(impl.spec)) {
       impl.log("`" + condition.to_string() + "` holds at every size the graph accepts");
