@@ -45,6 +45,8 @@ int inspect_checkpoint(const std::string& dir) {
     for (const auto& [k, v] : c.provider_options) std::cout << "  provider option " << k << "=" << v << "\n";
     for (auto [title, list] : {std::pair{"input", &g.graph_spec.inputs}, std::pair{"output", &g.graph_spec.outputs}})
       for (const auto& t : *list) std::cout << "  " << title << " " << t.name << ": " << t.to_string() << "\n";
+    // the sizes inside those ranges the graph still refuses (a branch of the model's code)
+    for (const auto& c : g.graph_spec.conditions) std::cout << "  holds only where " << c.to_string() << "\n";
     for (const auto& a : g.artifacts)
       std::cout << "  artifact " << a.path << ": " << human_bytes(a.size) << ", sha256 " << a.sha256.substr(0, 16)
                 << "...\n";

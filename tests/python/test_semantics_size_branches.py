@@ -11,6 +11,9 @@ from __future__ import annotations
 import json
 import logging
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -121,6 +124,13 @@ def test_a_length_the_code_branches_on_modulo_is_refused_and_the_checkpoint_keep
     torch.testing.assert_close(loaded(x), loaded.ait_module(x), rtol=1e-4, atol=1e-4)
     with pytest.raises(_core.ShapeMismatchError, match=r"% 3\) != 0"):
         loaded(torch.randn(1, 6, 6))
+    # `aitune inspect` says so beside the ranges, which alone suggested 6 was taken
+    cli = Path(sys.executable).parent / "aitune"
+    if cli.exists():
+        shown = subprocess.run([str(cli), "inspect", str(tmp_path / "length.ait")], capture_output=True, text=True,
+                               timeout=120)
+        assert shown.returncode == 0, shown.stderr
+        assert "holds only where (input_x.shape[1] % 3) != 0" in shown.stdout, shown.stdout
 
 
 def _conditions_in(value) -> list:
