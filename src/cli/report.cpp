@@ -11,11 +11,14 @@
 #include <string>
 #include <vector>
 
+#include "aitune/checkpoint.hpp"
 #include "aitune/error.hpp"
 #include "aitune/tune_report_html.hpp"
 #include "commands.hpp"
 
 namespace aitune::cli {
+
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -73,6 +76,14 @@ Command add_report(CLI::App& app) {
                                                                                                  : report->substr(0, dot)) +
                        ".html";
             }
+            // A file of a checkpoint is never replaced (`-o ckpt/manifest.json` wrote the page
+            // over the manifest: the checkpoint no longer loaded); a new page beside them may be.
+            std::error_code exists_error;
+            if (fs::exists(target, exists_error))
+              if (const auto checkpoint = Checkpoint::enclosing_checkpoint(target); !checkpoint.empty())
+                throw Error(ErrorCode::kInvalidArgument, "refusing to write the page over '" + target +
+                                                             "': it is a file of the checkpoint '" + checkpoint +
+                                                             "'; write the page elsewhere (-o)");
             const std::string partial = target + ".partial";
             {
               errno = 0;
