@@ -67,6 +67,10 @@ std::string unknown_subcommand(const CLI::App& app, const std::vector<std::strin
 
 int run(const std::vector<std::string>& args) {
   CLI::App app{"aitune: tune and run ONNX models with ONNX Runtime", args.empty() ? "aitune" : args[0]};
+  // (the codes exit_code gives, listed where a script's author looks for them)
+  app.footer("Exit codes: 0 done; 1 another error; 2 a bad argument or input (a shape or dtype the model does "
+             "not take); 3 cannot run here (a provider, a backend or a dtype this machine lacks); 4 an invalid or "
+             "missing model; 5 a corrupt checkpoint; 6 a file that cannot be read or written.");
   app.set_version_flag("--version", std::string(version()));
   app.require_subcommand(1);
   std::map<CLI::App*, Action> actions;

@@ -61,7 +61,10 @@ TEST(CliValidation, RunNumbersAndNamesOutOfRange) {
   auto r = cli("run " + mlp + " --dim batch=3");
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_TRUE(contains_icase(r.output, "input x: float32[3, 64] random")) << r.output;
-  EXPECT_EQ(cli("--help").exit_code, 0);
+  const auto help = cli("--help");
+  EXPECT_EQ(help.exit_code, 0);
+  // what each exit code means, where a script's author looks (listed nowhere before)
+  EXPECT_TRUE(contains_icase(help.output, "5 a corrupt checkpoint")) << help.output;
   EXPECT_EQ(cli("--version").exit_code, 0);
 }
 
