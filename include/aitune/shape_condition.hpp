@@ -17,6 +17,14 @@ struct GraphSpec;
 /// Input shapes by reference, in a spec's input order (a session's per-call check copies none).
 using ShapeRefs = std::span<const Shape* const>;
 
+/// Pointers to `shapes`, for a ShapeRefs over them (valid while `shapes` lives).
+inline std::vector<const Shape*> shape_refs(const std::vector<Shape>& shapes) {
+  std::vector<const Shape*> refs;
+  refs.reserve(shapes.size());
+  for (const auto& shape : shapes) refs.push_back(&shape);
+  return refs;
+}
+
 /// One condition an exported graph was captured under, over its inputs' extents: the
 /// model's code decided on a shape (`if x.shape[0] == 3:`, `if seq % 3 == 0:`) and the
 /// export recorded only the branch its example took, so the graph computes the module only

@@ -71,7 +71,8 @@ def _float_remainder(a, b):
 
 
 def _tensor_of(value, like):
-    return value if isinstance(value, ir.Value) else op.Constant(value=ir.tensor(value, dtype=like.dtype))
+    """A Scalar argument as a tensor of ``like``'s element type (a tensor stays itself)."""
+    return value if isinstance(value, ir.Value) else _like(value, like)
 
 
 def div_mode(self: TReal, other: TReal, rounding_mode: Optional[str] = None) -> TReal:

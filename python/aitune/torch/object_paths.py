@@ -68,7 +68,9 @@ def _dict_item_has_path(key: Any, names: set[str]) -> bool:
     return (isinstance(key, str) and "." not in key or type(key) is int) and str(key) not in names
 
 
-def _children(obj: Any) -> Iterator[tuple[str | int, Any]]:
+def _children(obj: Any, skipped: list | None = None) -> Iterator[tuple[str | int, Any]]:
+    """The items of ``obj`` that have an object path; ``skipped`` (when given) collects
+    ``(key, value)`` of the dict items that have none."""
     if isinstance(obj, torch.nn.Module):
         # registered children (an ait.Module shares its wrapped module's), then modules a
         # module keeps in plain lists, tuples or dicts (not registered as children)
@@ -81,10 +83,12 @@ def _children(obj: Any) -> Iterator[tuple[str | int, Any]]:
     elif isinstance(obj, dict):
         names: set[str] = set()
         for key, value in obj.items():
-            # other keys have no dotted path (unaddressable_items names what they hold)
+            # other keys have no dotted path (``skipped``: ait.save names what they hold)
             if _dict_item_has_path(key, names):
                 names.add(str(key))
                 yield key, value
+            elif skipped is not None:
+                skipped.append((key, value))
     elif hasattr(obj, "__dict__") and type(obj).__module__ != "builtins":
         for key, value in vars(obj).items():
             if not key.startswith("__"):
@@ -99,10 +103,13 @@ _LEAF_TYPES = (str, bytes, int, float, bool, type(None), torch.Tensor, type)
 MAX_DEPTH = 64
 
 
-def find_modules(obj: Any, max_depth: int = 8) -> list[tuple[torch.nn.Module, ModuleLocation]]:
+def find_modules(obj: Any, max_depth: int = 8,
+                 unaddressable: list | None = None) -> list[tuple[torch.nn.Module, ModuleLocation]]:
     """Every nn.Module reachable from ``obj`` (``obj`` itself first, when it is one), each
     once, at the first place found (depth-first, in attribute / index order); the other
-    places the same module is found at are that location's ``aliases``."""
+    places the same module is found at are that location's ``aliases``. ``unaddressable``
+    (when given) collects ``(description, value)`` of the dict items on the way that have no
+    object path and are not walked (``"heads['v1.2']"``)."""
     found: list[tuple[torch.nn.Module, ModuleLocation]] = []
     seen: set[int] = set()
     first: dict[int, ModuleLocation] = {}
@@ -121,9 +128,12 @@ def find_modules(obj: Any, max_depth: int = 8) -> list[tuple[torch.nn.Module, Mo
             found.append((value, location))
             first[id(value)] = location
             ancestors = (*ancestors, value)
-        for key, child in _children(value):
+        skipped = None if unaddressable is None else []
+        for key, child in _children(value, skipped):
             path = f"{location.path}.{key}" if location.path else str(key)
             walk(child, ModuleLocation(path, value, key, ancestors), depth + 1)
+        if skipped:
+            unaddressable.extend((f"{location.path or '(the object)'}[{key!r}]", item) for key, item in skipped)
 
     walk(obj, ModuleLocation("", None, None), 0)
     return found
@@ -142,27 +152,3 @@ def find_ait_modules(obj: Any, max_depth: int = MAX_DEPTH) -> list[tuple[Any, Mo
     """The ait.Modules reachable from ``obj``, with their places."""
     return [(module, location) for module, location in find_modules(obj, max_depth) if isinstance(module, Module)]
 
-
-def unaddressable_items(obj: Any, max_depth: int = MAX_DEPTH) -> list[tuple[str, Any]]:
-    """``(description, value)`` of the dict items reachable from ``obj`` that have no object
-    path (a key with a dot, a float or tuple key): ``find_modules`` does not walk them, so
-    an ait.Module held there is neither saved nor loaded. ``description``: ``"heads['v1.2']"``."""
-    found: list[tuple[str, Any]] = []
-    seen: set[int] = set()
-
-    def walk(value: Any, path: str, depth: int) -> None:
-        if depth > max_depth or isinstance(value, _LEAF_TYPES) or id(value) in seen:
-            return
-        seen.add(id(value))
-        if isinstance(value, dict) and not isinstance(value, torch.nn.Module):
-            names: set[str] = set()
-            for key, item in value.items():
-                if _dict_item_has_path(key, names):
-                    names.add(str(key))
-                else:
-                    found.append((f"{path or '(the object)'}[{key!r}]", item))
-        for key, child in _children(value):
-            walk(child, f"{path}.{key}" if path else str(key), depth + 1)
-
-    walk(obj, "", 0)
-    return found

@@ -40,7 +40,7 @@ from aitune import _core
 from aitune.torch import checkpoint as module_checkpoint
 from aitune.torch.checkpoint_structure import class_name, script_class_hint, shape_differences
 from aitune.torch.module import Module, ModuleState
-from aitune.torch.object_paths import MAX_DEPTH, find_ait_modules, find_modules, replaceable_aliases, unaddressable_items
+from aitune.torch.object_paths import MAX_DEPTH, find_ait_modules, find_modules, replaceable_aliases
 
 logger = logging.getLogger("aitune")
 
@@ -192,14 +192,14 @@ def _check_saveable(module: Module, where: str) -> None:
         )
 
 
-def _check_every_module_has_a_place(obj: Any, found: list) -> None:
+def _check_every_module_has_a_place(obj: Any, found: list, unaddressable: list) -> None:
     """Refuses (PipelineStructureError, before anything is written) an ait.Module that a
     checkpoint could not hold or put back: one under a dict key with no object path (a key
     with a dot, a float key: the walk does not reach it, so it was left out unsaid) or an item
     of a tuple (written, then refused by every ait.load: a freshly built object's tuple cannot
     take it)."""
-    for where, value in unaddressable_items(obj):
-        held = [value] if isinstance(value, Module) else [module for module, _ in find_ait_modules(value)]
+    for where, value in unaddressable:
+        held = [module for module, _ in find_ait_modules(value)]  # (value itself first, when it is one)
         if held:
             raise PipelineStructureError(
                 f"ait.save: the {type(obj).__name__} holds ait.Module '{held[0].ait_name}' at {where}, a dict key "
@@ -243,13 +243,14 @@ def save(obj: Any, path: str | os.PathLike, *, overwrite: bool = True,
         _check_saveable(obj, f"ait.Module '{obj.ait_name}'")
         return module_checkpoint.save(obj, path, overwrite=overwrite, on_file_written=on_file_written)
     start = time.perf_counter()
-    found = find_ait_modules(obj)
+    unaddressable: list = []  # the dict items the walk passes without an object path
+    found = [(m, place) for m, place in find_modules(obj, MAX_DEPTH, unaddressable) if isinstance(m, Module)]
     if not found:
         raise TypeError(
             f"ait.save takes an ait.Module or an object holding ait.Modules; the {type(obj).__name__} holds no "
             "ait.Module (wrap the modules to tune with ait.wrap or ait.Module first)"
         )
-    _check_every_module_has_a_place(obj, found)
+    _check_every_module_has_a_place(obj, found, unaddressable)
     for module, location in found:
         _check_saveable(module, f"'{location.path}' (ait.Module '{module.ait_name}')")
     if not any(module_checkpoint.runs_a_graph(module) for module, _ in found):

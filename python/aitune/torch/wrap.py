@@ -36,9 +36,7 @@ def _place_outside_others(info: ModuleInfo, infos: list[ModuleInfo]):
     ait.inspect found first follows the order attributes were assigned in."""
     if not _inside_others(info.location, info, infos):
         return info.location
-    outside = [alias for alias in info.location.aliases
-               if not isinstance(alias.parent, tuple) and not _inside_others(alias, info, infos)
-               and not any(isinstance(a, Module) for a in alias.ancestors)]
+    outside = replaceable_aliases(info.location, [other.module for other in infos if other is not info])
     return outside[0] if outside else info.location
 
 

@@ -66,20 +66,13 @@ void GraphSpec::check_conditions(ShapeRefs shapes) const {
                   "graph holds only the branch its export took, so it would compute another model here");
 }
 
-namespace {
-std::vector<const Shape*> refs_of(const std::vector<Shape>& shapes) {
-  std::vector<const Shape*> refs;
-  refs.reserve(shapes.size());
-  for (const auto& shape : shapes) refs.push_back(&shape);
-  return refs;
-}
-}  // namespace
-
 const ShapeCondition* GraphSpec::violated_condition(const std::vector<Shape>& shapes) const {
-  return violated_condition(ShapeRefs(refs_of(shapes)));
+  return violated_condition(ShapeRefs(shape_refs(shapes)));
 }
 
-void GraphSpec::check_conditions(const std::vector<Shape>& shapes) const { check_conditions(ShapeRefs(refs_of(shapes))); }
+void GraphSpec::check_conditions(const std::vector<Shape>& shapes) const {
+  check_conditions(ShapeRefs(shape_refs(shapes)));
+}
 
 // ---- recording ----
 

@@ -185,10 +185,7 @@ bool ShapeCondition::holds(const GraphSpec& spec, ShapeRefs shapes) const {
 }
 
 bool ShapeCondition::holds(const GraphSpec& spec, const std::vector<Shape>& shapes) const {
-  std::vector<const Shape*> refs;
-  refs.reserve(shapes.size());
-  for (const auto& shape : shapes) refs.push_back(&shape);
-  return holds(spec, ShapeRefs(refs));
+  return holds(spec, ShapeRefs(shape_refs(shapes)));
 }
 
 std::string ShapeCondition::problem_with(const GraphSpec& spec) const {
