@@ -5,8 +5,12 @@ import sys
 
 from aitune import _core
 
-#: Commands of the Python side: they drive Ray Serve, which has no C++ API.
-PYTHON_COMMANDS = ("serve", "loadtest")
+#: Commands of the Python side (they drive Ray Serve, which has no C++ API), with the line
+#: ``aitune --help`` gives each beside the C++ commands.
+PYTHON_COMMANDS = {
+    "serve": "Serve a checkpoint with Ray Serve, batching chosen from its measurements (aitune[serve])",
+    "loadtest": "Concurrency sweep against a served checkpoint, answers checked",
+}
 
 
 def main() -> int:
@@ -20,13 +24,8 @@ def main() -> int:
         return (serve_cli.serve_main if sys.argv[1] == "serve" else serve_cli.loadtest_main)(sys.argv[2:])
     # The arguments as the bytes the process was given (sys.argv decoded them with
     # surrogateescape): a Latin-1 file name reaches the command line unchanged.
-    status = _core.cli_main([os.fsencode(arg) for arg in sys.argv])
-    if len(sys.argv) == 2 and sys.argv[1] in ("-h", "--help"):
-        sys.stdout.flush()
-        print("  serve                       Serve a checkpoint with Ray Serve, batching chosen from its measurements "
-              "(aitune[serve])")
-        print("  loadtest                    Concurrency sweep against a served checkpoint, answers checked")
-    return status
+    sys.stdout.flush()
+    return _core.cli_main([os.fsencode(arg) for arg in sys.argv], list(PYTHON_COMMANDS.items()))
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 // cli_main: the `aitune` console script of the wheel runs the C++ command line.
+#include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
@@ -14,7 +15,7 @@ namespace aitune::python {
 void bind_cli(nb::module_& m) {
   m.def(
       "cli_main",
-      [](const std::vector<nb::object>& argv) {
+      [](const std::vector<nb::object>& argv, const std::vector<std::pair<std::string, std::string>>& external) {
         // Bytes, as the kernel gave them: a file name need not be UTF-8. A str is
         // encoded as os.fsencode does (surrogateescape), so sys.argv's undecodable
         // bytes come back as they were.
@@ -27,14 +28,17 @@ void bind_cli(nb::module_& m) {
           if (!raw.is_valid()) throw nb::python_error();
           args.emplace_back(raw.c_str(), raw.size());
         }
+        std::vector<cli::ExternalCommand> commands;
+        for (const auto& [name, description] : external) commands.push_back({name, description});
         nb::gil_scoped_release release;
-        int rc = cli::run(args);
+        int rc = cli::run(args, commands);
         std::cout.flush();
         return rc;
       },
-      nb::arg("argv"),
+      nb::arg("argv"), nb::arg("external") = std::vector<std::pair<std::string, std::string>>{},
       "Runs the aitune command line (argv[0] is the program name) on arguments given as bytes; returns the exit "
-      "code.");
+      "code. external: (name, description) of the commands the caller runs itself (serve, loadtest), listed in "
+      "--help and in the unknown-command error with the C++ ones.");
 }
 
 }  // namespace aitune::python

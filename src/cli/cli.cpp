@@ -65,7 +65,9 @@ std::string unknown_subcommand(const CLI::App& app, const std::vector<std::strin
   return {};
 }
 
-int run(const std::vector<std::string>& args) {
+int run(const std::vector<std::string>& args) { return run(args, {}); }
+
+int run(const std::vector<std::string>& args, const std::vector<ExternalCommand>& external) {
   CLI::App app{"aitune: tune and run ONNX models with ONNX Runtime", args.empty() ? "aitune" : args[0]};
   // (the codes exit_code gives, listed where a script's author looks for them)
   app.footer("Exit codes: 0 done; 1 another error; 2 a bad argument or input (a shape or dtype the model does "
@@ -89,6 +91,14 @@ int run(const std::vector<std::string>& args) {
   {  // cache list|clean
     Command command = add_cache(app);
     actions[command.sub] = std::move(command.action);
+  }
+  for (const auto& command : external) {  // listed before the footer, with the C++ commands
+    CLI::App* sub = app.add_subcommand(command.name, command.description);
+    sub->allow_extras();
+    actions[sub] = [name = command.name] {
+      std::cerr << "aitune: error: '" << name << "' is run by the aitune Python package (the console script)\n";
+      return 1;
+    };
   }
   if (std::string unknown = unknown_subcommand(app, args); !unknown.empty()) {
     std::cerr << "aitune: error: " << unknown << "\nRun with --help for more information.\n";

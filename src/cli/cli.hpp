@@ -13,4 +13,16 @@ namespace aitune::cli {
 /// outside its range exits with 2 too.
 int run(const std::vector<std::string>& args);
 
+/// A command the hosting process runs itself before calling `run` (the wheel's `serve` and
+/// `loadtest`, on Ray Serve, which has no C++ API): named and described in `--help` and in
+/// the unknown-command error like the C++ commands. Reaching it here is the host's
+/// mistake: exit 1, saying so.
+struct ExternalCommand {
+  std::string name;
+  std::string description;
+};
+
+/// `run`, with the host's own commands listed among the C++ ones.
+int run(const std::vector<std::string>& args, const std::vector<ExternalCommand>& external);
+
 }  // namespace aitune::cli

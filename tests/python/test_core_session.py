@@ -1,4 +1,5 @@
 """aitune._core bindings: zero-copy tensors in and out, typed errors, CPU and CUDA."""
+import sys
 import threading
 
 import numpy as np
@@ -212,6 +213,22 @@ def test_provider_status_and_doctor(capfd):
     assert _core.cli_main(["aitune", "doctor"]) == 0
     out = capfd.readouterr().out
     assert "cpu       available" in out and "cuda" in out and "tensorrt" in out
+
+
+def test_console_help_lists_the_python_commands_among_the_others(capfd, monkeypatch):
+    """`aitune --help` gave serve and loadtest after the exit-code footer (printed by Python
+    after the C++ help), and `aitune bogus` left them out of the commands it named."""
+    from aitune import cli
+
+    monkeypatch.setattr(sys, "argv", ["aitune", "--help"])
+    assert cli.main() == 0
+    out = capfd.readouterr().out
+    assert out.index("  serve ") < out.index("Exit codes:") and out.index("  loadtest ") < out.index("Exit codes:")
+    assert out.index("  cache ") < out.index("  serve ")
+    monkeypatch.setattr(sys, "argv", ["aitune", "bogus"])
+    assert cli.main() == 2
+    err = capfd.readouterr().err
+    assert "unknown command 'bogus'" in err and "serve, loadtest" in err
 
 
 @needs_cuda
