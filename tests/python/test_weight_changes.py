@@ -129,3 +129,21 @@ def test_gradients_through_functional_call_of_a_tuned_module_are_eager_ones():
         with torch.no_grad():
             model(x)
     assert model.ait_active
+
+
+def test_a_tuned_module_converts_and_loads_under_the_swap_flag(tmp_path, monkeypatch, caplog):
+    """torch.__future__.set_swap_module_params_on_conversion(True) (``.to()`` and
+    ``load_state_dict`` by torch.utils.swap_tensors, which refuses a tensor with a weak
+    reference): the export left torch's fake-tensor state alive (a module-level map and
+    class attributes), whose weak references to the model's weights made ``.double()`` and
+    ``load_state_dict`` of a tuned module raise "Couldn't swap Linear.weight"."""
+    model, x = _tuned(tmp_path, monkeypatch)
+    monkeypatch.setattr(torch.__future__, "_swap_module_params_on_conversion", True)
+    assert torch.__future__.get_swap_module_params_on_conversion()
+    with caplog.at_level(logging.WARNING, logger="aitune"):
+        model.load_state_dict(_zeroed(model))
+    assert not model.ait_active and "weights were changed by load_state_dict" in caplog.text
+    assert torch.count_nonzero(model(x)) == 0
+    model.double()
+    assert model.ait_module.fc1.weight.dtype == torch.float64
+    torch.testing.assert_close(model(x.double()), model.ait_module(x.double()))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gc
 import io
 import linecache
 import logging
@@ -659,6 +660,31 @@ def export_onnx(
     if conversions.sites:  # allowed: said in the log (the report names allow_trace_warnings=True in the backend)
         logger.warning("%s; exported anyway (allow_trace_warnings=True)", _trace_refusal(graph, conversions.sites))
     return path
+
+
+def release_capture_state() -> None:
+    """Lets go of what torch's capture leaves behind after an export: its map from fake
+    tensors to graph nodes (module-level, cleared only by the next capture) and the rng
+    decomposition's state tracker (class attributes) keep the capture's FakeTensorMode alive,
+    whose converter holds weak references to the model's weights. torch.utils.swap_tensors
+    refuses a tensor with a weak reference, so under
+    ``torch.__future__.set_swap_module_params_on_conversion(True)`` a tuned module's
+    ``.to()`` and ``load_state_dict`` raised "Couldn't swap Linear.weight". Private names of
+    torch, looked up defensively: where they moved, nothing is done (the flag's users alone
+    are affected). Called once at the end of ait.tune, when no frame of the tune holds a
+    captured program any more."""
+    try:
+        from torch.fx.experimental import proxy_tensor
+
+        leftover = getattr(proxy_tensor, "_FAKE_TENSOR_ID_TO_PROXY_MAP_FOR_EXPORT", None)
+        if isinstance(leftover, dict):
+            leftover.clear()
+        from torch._decomp.decompositions_for_rng import PhiloxStateTracker
+
+        PhiloxStateTracker.reset()
+    except (ImportError, AttributeError):
+        return
+    gc.collect()  # the fake mode sits in reference cycles: freed (with its weak references) now
 
 
 def _summary(error: BaseException, limit: int = 6) -> str:

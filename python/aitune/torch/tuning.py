@@ -16,6 +16,7 @@ from aitune.torch.candidate_isolation import CudaContextLostError
 from aitune.torch.context import TuneSession, quiet_var, recording
 from aitune.torch.dataset import iterate_calls
 from aitune.torch.evaluation import evaluation_batches
+from aitune.torch.export import release_capture_state
 from aitune.torch.inspection import lazy_result, lazy_result_hint
 from aitune.torch.module import Module
 from aitune.torch.options import TuneOptions
@@ -342,6 +343,8 @@ def tune(
             for module in pending:
                 module._ait_tuning_interrupted()
         raise
+    finally:
+        release_capture_state()  # torch's capture state, with its weak references to the weights
 
 
 def _check_dynamic_shapes(modules) -> tuple[str | None, list[str]]:
