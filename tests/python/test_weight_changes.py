@@ -9,6 +9,7 @@ import logging
 
 import pytest
 import torch
+import torch.nn.utils.prune
 from torch_models import MLP, cpu_strategy
 
 import aitune.torch as ait
@@ -129,6 +130,25 @@ def test_gradients_through_functional_call_of_a_tuned_module_are_eager_ones():
         with torch.no_grad():
             model(x)
     assert model.ait_active
+
+
+def test_pruning_made_permanent_is_not_taken_for_the_tuned_weights_back(caplog):
+    """torch.nn.utils.prune.remove puts the very Parameter back in its slot with ``.data``
+    replaced by the pruned values (no version counter moves): the tuned graphs served again,
+    computing the unpruned weights, 0.06 off eager and silent."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).eval()
+    model = ait.Module(net, "pruned", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [torch.randn(16) for _ in range(3)], ignore_failing_modules=False, progress=False)
+    x = torch.randn(2, 16)
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="aitune"):
+        torch.nn.utils.prune.l1_unstructured(net[0], "weight", amount=0.5)
+        torch.testing.assert_close(model(x), net(x))  # (eagerly: a forward pre-hook, a weight replaced)
+        torch.nn.utils.prune.remove(net[0], "weight")
+        assert torch.count_nonzero(net[0].weight) == net[0].weight.numel() // 2
+        torch.testing.assert_close(model(x), net(x))
+        assert not model.ait_active
+    assert "had their data replaced (0.weight" in caplog.text
 
 
 def test_a_tuned_module_converts_and_loads_under_the_swap_flag(tmp_path, monkeypatch, caplog):

@@ -248,6 +248,22 @@ def _weight_versions(module: torch.nn.Module, harmless: tuple[str, ...] = ()) ->
     return found
 
 
+def _slot_storages(slots: list) -> dict[int, tuple]:
+    """id -> ``_storage_of`` of each tensor among the weight slots, as they are now."""
+    return {id(value): _storage_of(value) for _, _, _, value in slots
+            if isinstance(value, torch.Tensor) and _no_data_cause(value) is None}
+
+
+def _storage_of(tensor: torch.Tensor) -> tuple:
+    """What a ``.data = ...`` assignment changes on the same tensor object (its version
+    counter stays): data pointer, dtype, device, shape and strides."""
+    try:
+        where = tensor.data_ptr(), tensor.stride()
+    except RuntimeError:  # a layout without one storage (sparse): shape, dtype and device alone
+        where = None
+    return where, tensor.dtype, tensor.device, tuple(tensor.shape)
+
+
 def _equal_tensors(old: Any, new: Any) -> bool:
     """Whether a tensor replaced by ``new`` was replaced by the same values (a cache or a
     weight assigned again as an equal copy: the graphs hold those values still)."""
@@ -448,6 +464,7 @@ class ModuleDispatch:
         # ``model.fc = nn.Linear(...)``, on the wrapped module) moves no version counter, but
         # is another object there (weight_changes.weight_slots).
         self.slots = weight_slots(module, harmless) if self.holding else []
+        self.storages = _slot_storages(self.slots)
         self.registries = registry_keys(module) if self.holding else []
         self.watch_values_as_they_are()
 
@@ -663,9 +680,15 @@ class ModuleDispatch:
             return
         if self.slots:
             self.slots = weight_slots(self.module, self.harmless)
+            self.storages = _slot_storages(self.slots)
             self.registries = registry_keys(self.module)
         watched = self.attributes.watched() if self.attributes is not None else []
-        self.cpp.watch_attributes(watched + [(registry, key, tensor) for _, registry, key, tensor in self.slots])
+        # (a write to a weight's registry goes to _weights_replaced even where every object is
+        # back: torch.nn.utils.prune.remove puts the Parameter back with the pruned data under it)
+        written = {id(sub.__dict__[name]): sub.__dict__[name] for sub in self.module.modules() if self.slots
+                   for name in ("_parameters", "_buffers") if isinstance(sub.__dict__.get(name), dict)}
+        self.cpp.watch_attributes(watched + [(registry, key, tensor) for _, registry, key, tensor in self.slots],
+                                  list(written.values()))
 
     def _weights_replaced(self) -> bool:
         """True when a parameter, buffer or submodule the graphs hold a copy of was replaced by
@@ -674,11 +697,17 @@ class ModuleDispatch:
         ``_weights_changed_in_place``); otherwise the objects as they are now are taken as seen."""
         replaced = [(name, tensor) for name, registry, key, tensor in self.slots
                     if registry.get(key) is not tensor and not _equal_tensors(tensor, registry.get(key))]
+        # the same object with other data under it: `p.data = ...` moves no counter, and
+        # torch.nn.utils.prune.remove puts the pruned values back so (seen here, where a
+        # registry changed; a lone `.data` assignment changes none, docs/onnxruntime-backend.md)
+        refilled = [name for name, registry, key, tensor in self.slots
+                    if registry.get(key) is tensor and id(tensor) in self.storages
+                    and _storage_of(tensor) != self.storages[id(tensor)]]
         added = added_to_registries(self.registries)
-        if not replaced and not added:
+        if not replaced and not added and not refilled:
             if any(registry.get(key) is not tensor for _, registry, key, tensor in self.slots):
-                self.watch_values_as_they_are()  # equal copies: watched from now on, counters too
-                self.watch_weights_as_they_are()
+                self.watch_weights_as_they_are()  # equal copies: watched from now on, counters too
+            self.watch_values_as_they_are()  # (the registries' writes as seen)
             return False
         modules = [name for name, old in replaced if isinstance(old, torch.nn.Module)]
         tensors = [name for name, old in replaced if not isinstance(old, torch.nn.Module)
@@ -693,14 +722,18 @@ class ModuleDispatch:
             [f"were replaced with the submodules holding them ({shown(modules)})"] * bool(modules)
             + [f"were replaced by other tensors ({shown(tensors)})"] * bool(tensors)
             + [f"were extended by submodules, parameters or buffers added since tuning ({shown(added)})"] * bool(added)
+            + [f"had their data replaced ({shown(refilled)}: `.data = ...`, torch.nn.utils.prune.remove)"]
+            * bool(refilled)
         ) + ", assigned on the module"
         originals = None
-        if not added:
+        if not added and not refilled:
             # Swapped, not extended: the graphs serve again once the very objects are back
             # unchanged (torch.func.functional_call swaps the weights for one call and back);
             # taken before deactivating, which lets go of the versions
+            # (each tensor's storage too: torch.nn.utils.prune.remove puts the very Parameter
+            # back with `.data` replaced by the pruned values, which moves no counter)
             originals = ([(registry, key, tensor) for _, registry, key, tensor in self.slots],
-                         [(tensor, version) for _, tensor, version in self.weights])
+                         [(tensor, version, _storage_of(tensor)) for _, tensor, version in self.weights])
             how += " (put the very tensors back, unchanged, and the graphs serve again)"
         if self.weights_changed is not None and self.weights_changed(how):
             self.originals = originals
@@ -717,7 +750,8 @@ class ModuleDispatch:
             return False
         slots, versions = self.originals
         return (all(registry.get(key) is held for registry, key, held in slots)
-                and all(tensor._version == version for tensor, version in versions))
+                and all(tensor._version == version and _storage_of(tensor) == storage
+                        for tensor, version, storage in versions))
 
     def _run_changed_attributes(self, changed: list[tuple[str, str, str]], args: tuple, kwargs: dict) -> Any:
         """A call while plain Python values the ONNX Runtime graphs hold as constants differ

@@ -327,7 +327,18 @@ class AttributeValues {
   // `entries`: (instance dict, attribute name, the value expected) each, or (dict, name,
   // None, True) where the name is expected absent from the dict (a class attribute the
   // instance reads: `temperature = 1.0` in the class body; an instance value shadows it).
-  void set(const std::vector<nb::tuple>& entries) {
+  // `written`: dicts where a write alone goes to the Python path, though every watched value
+  // is still the object it was (the `_parameters` and `_buffers` of the weights' modules):
+  // torch.nn.utils.prune.remove deletes a weight and puts the very Parameter back with other
+  // data under it (`.data = ...`), which only the Python path can see (its storage). Their
+  // tags are taken now: the Python path has just looked (no write reaches them per call).
+  void set(const std::vector<nb::tuple>& entries, const std::vector<nb::object>& written = {}) {
+    std::vector<Tagged> strict;
+    for (const auto& dict : written) {
+      if (!PyDict_Check(dict.ptr())) throw nb::type_error("watch_attributes: `written` must be dicts");
+      strict.push_back(Tagged{dict.ptr(), tag_of(dict.ptr()), PyDict_GET_SIZE(dict.ptr())});
+    }
+    written_objects_ = written;
     std::vector<Entry> fresh;
     fresh.reserve(entries.size());
     std::vector<Tagged> dicts;
@@ -343,6 +354,7 @@ class AttributeValues {
     }
     entries_ = std::move(fresh);
     dicts_ = std::move(dicts);
+    written_ = std::move(strict);
     tags_taken_ = false;  // the first call compares the values: some may differ already (a checkpoint's)
   }
   bool clear() const {
@@ -362,6 +374,10 @@ class AttributeValues {
     // value as it was: the Python path decides whether it matters (and calls set() again).
     for (const auto& d : dicts_)
       if (PyDict_GET_SIZE(d.dict) != d.size) return false;
+#if AITUNE_DICT_VERSION_TAGS
+    for (const auto& d : written_)
+      if (tag_of(d.dict) != d.tag) return false;
+#endif
     take_tags();  // written, but every value is the object it was: the dicts as they are now
     return true;
   }
@@ -371,11 +387,14 @@ class AttributeValues {
       Py_VISIT(entry.dict.ptr());
       if (entry.value.is_valid()) Py_VISIT(entry.value.ptr());
     }
+    for (const auto& dict : written_objects_) Py_VISIT(dict.ptr());
     return 0;
   }
   void reset() noexcept {
     entries_.clear();
     dicts_.clear();
+    written_.clear();
+    written_objects_.clear();
     tags_taken_ = false;
   }
 
@@ -411,6 +430,8 @@ class AttributeValues {
     tags_taken_ = true;
   }
   std::vector<Entry> entries_;
+  std::vector<Tagged> written_;             // set()'s `written` dicts, their tags as set() found them
+  std::vector<nb::object> written_objects_;  // (the references that keep them alive, visited)
   mutable std::vector<Tagged> dicts_;  // each dict of entries_ once, with its tag when last clear
   mutable bool tags_taken_ = false;    // the tags are those of dicts whose every value was expected
 };

@@ -425,7 +425,9 @@ class TorchDispatch {
   /// Routed calls need `tensors`' version counters as they are now (empty: none checked).
   void watch_weights(std::vector<nb::object> tensors) { guards_.weights.set(std::move(tensors)); }
   /// Routed calls need each (dict, name, value) entry's dict to hold that very value.
-  void watch_attributes(const std::vector<nb::tuple>& entries) { guards_.values.set(entries); }
+  void watch_attributes(const std::vector<nb::tuple>& entries, const std::vector<nb::object>& written) {
+    guards_.values.set(entries, written);
+  }
   /// Whether the watched attributes hold the values expected (the routed calls' guard).
   bool attributes_clear() const { return guards_.values.clear(); }
 
@@ -572,10 +574,12 @@ void bind_torch_dispatch(nb::module_& m) {
            "Serve routed calls only while each of `tensors` (parameters and buffers tuned graphs hold copies "
            "of) has the version counter it has now; a call after an in-place write goes to `fallback`.")
       .def("watch_attributes", &TorchDispatch::watch_attributes, nb::arg("entries"),
+           nb::arg("written") = std::vector<nb::object>{},
            "Serve routed calls only while each (instance dict, attribute name, value) entry's dict holds that "
            "very object under that name (plain values tuned graphs hold as constants), and each (dict, name, "
            "None, True) entry's dict holds nothing under it (a class attribute read through the instance); "
-           "else `fallback`.")
+           "else `fallback`. A write to one of the `written` dicts (the weights' registries) goes to "
+           "`fallback` too, the values unchanged or not (where Python keeps dict version tags: 3.11, 3.12).")
       .def("attributes_clear", &TorchDispatch::attributes_clear,
            "Whether every attribute watch_attributes was given holds its value (compared by identity).")
       .def("add_graph", &TorchDispatch::add_graph, nb::arg("session").none(), nb::arg("order"), nb::arg("inputs"),
