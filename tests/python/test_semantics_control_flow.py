@@ -98,3 +98,29 @@ def test_dynamo_refusal_names_torch_cond_first_and_the_trace_risk():
     hint = str(refused.value).split("Hint:", 1)[1]
     assert hint.index("torch.cond") < hint.index("use_dynamo=False")
     assert "only the branch the example input takes" in hint
+
+
+class ShapeTensorBranch(torch.nn.Module):
+    """Branches on a size read as a tensor (``torch._shape_as_tensor``, how some tracers and
+    exporters read ``x.shape``): a shape, which the samples' check covers."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        if torch._shape_as_tensor(x)[0] > 1:
+            return self.linear(x)
+        return -self.linear(x)
+
+
+def test_trace_export_of_a_branch_on_a_size_read_as_a_tensor_is_a_shape():
+    """Issue 28's GPU suite (torch 2.11): the trace export of a BERT was refused for
+    transformers' ``q_length > 1`` (``sdpa_attention.py``), a size the tracer gave as a
+    tensor, taken for a value of the inputs."""
+    model = ait.Module(ShapeTensorBranch().eval(), "shape-tensor",
+                       strategy=cpu_strategy(use_dynamo=False, tune_provider_options=False))
+    ait.tune(model, _positive(), batch_sizes=[2, 4], ignore_failing_modules=False)
+    assert model.ait_state is ModuleState.TUNED
+    x = torch.rand(3, 4)
+    torch.testing.assert_close(model(x), model.ait_module(x))

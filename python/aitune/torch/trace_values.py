@@ -10,7 +10,10 @@ import torch
 #: The conversions the tracer cannot record: their result is baked into the graph.
 _CONVERSIONS = ("__bool__", "__int__", "__float__", "__index__", "item", "tolist", "__len__")
 #: Operators whose result depends on the shape of their input only, never its values.
-_SHAPE_OPERATORS = {"aten::size", "aten::sym_size", "prim::shape", "aten::dim", "aten::numel", "onnx::Shape"}
+#: (``aten::_shape_as_tensor``: how a tracer may read ``x.shape`` as a tensor; taken for a
+#: value before, a BERT's trace export was refused for transformers' ``q_length > 1``)
+_SHAPE_OPERATORS = {"aten::size", "aten::sym_size", "prim::shape", "aten::dim", "aten::numel", "aten::sym_numel",
+                    "aten::_shape_as_tensor", "onnx::Shape", "onnx::Size"}
 #: Operators whose result's shape depends on their input's values (``nonzero(x > 0)``,
 #: ``x[x > 0]``): the size of what they return is a value of the input, not a shape.
 _VALUE_SHAPED_OPERATORS = {"aten::nonzero", "aten::nonzero_numpy", "aten::argwhere", "aten::masked_select",
