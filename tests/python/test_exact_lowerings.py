@@ -68,3 +68,28 @@ def test_atan2_remainder_and_floor_division_of_floats_match_pytorch():
     angle = tuned(x, y)[0][0]
     pi = torch.tensor(math.pi).item()  # in float32
     assert angle[0].item() == pi and angle[1].item() == -pi  # the phase of a negative real number
+
+
+class TinyEpsilonNorm(torch.nn.Module):
+    """An RMSNorm with eps 1e-8 (Helium's and Moshi's default) and a scale within 1e-5 of 1:
+    onnxscript's no-op rules matched ``x + 1e-8`` as ``x + 0`` and ``x * 1.000005`` as ``x * 1``
+    (math.isclose with abs_tol 1e-8, rel_tol 1e-5) and removed them."""
+
+    def forward(self, x):
+        normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-8)
+        return normed, x * 1.000005, x / 1.000005 - 3e-9
+
+
+def test_identity_like_constants_are_kept_in_the_export():
+    """A pad token's all-zero embedding through Helium's RMSNorm: eager gives 0, the export
+    without the epsilon gave 0 * inf = NaN at every padded position, spread by attention
+    to the valid tokens of a row with a padding hole (a new-user probe, session 31)."""
+    torch.manual_seed(0)
+    tuned = _tuned(TinyEpsilonNorm(), [torch.randn(4, 8) + 1 for _ in range(3)])
+    x = torch.randn(2, 4, 8) * 1e3
+    x[1, 2] = 0.0
+    with torch.no_grad():
+        got, want = tuned(x), TinyEpsilonNorm()(x)
+    assert torch.isfinite(got[0]).all()
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=0.0)

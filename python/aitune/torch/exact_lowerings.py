@@ -18,9 +18,19 @@ Left as torchlib translates them: ``atan2`` of two infinities (PyTorch gives pi 
 multiples; here NaN), integer ``div`` without a rounding mode (a float32 division in both).
 ONNX Runtime's CPU kernels give +0.0 for a float floor division PyTorch gives -0.0 for
 (``-0.0 // 3.0``), where ONNX's reference evaluator gives -0.0 for the same graph.
+
+Also here, ``exact_identity_constants``: onnxscript's no-op rules, which the export's and the
+fusions' optimizer run, took constants *near* 0 and 1 for them (``math.isclose``, abs_tol
+1e-8, rel_tol 1e-5) and removed the operation: an RMSNorm's ``+ 1e-8`` (Helium's, Moshi's
+default epsilon) was dropped, and a pad token's all-zero embedding became 0 * inf = NaN,
+spread by attention to the valid tokens of its row (a new-user probe, session 31).
 """
 
 from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
 
 from typing import Optional
 
@@ -31,6 +41,34 @@ from onnxscript.function_libs.torch_lib.ops import core as torchlib
 from onnxscript.function_libs.torch_lib.tensor_typing import TFloat, TReal, TTensor
 
 _PI = 3.141592653589793
+logger = logging.getLogger("aitune")
+
+
+@contextlib.contextmanager
+def exact_identity_constants() -> Iterator[None]:
+    """While active, onnxscript's no-op rules (``x + 0``, ``x - 0``, ``x * 1``, ``x / 1``)
+    match their constant exactly, not within ``math.isclose``'s tolerances; restored after
+    (the same rule objects serve the user's own onnxscript calls). Where onnxscript's
+    internals moved (a version without these names), nothing is changed, and it is said."""
+    try:
+        from onnxscript.rewriter import _pattern_ir
+        from onnxscript.rewriter.rules.common import _no_op
+
+        constants = [value for rule in _no_op.rules.rules for node in rule._target_pattern._nodes
+                     for value in node.inputs if isinstance(value, _pattern_ir.Constant)]
+        saved = [(constant, constant._rel_tol, constant._abs_tol) for constant in constants]
+    except (ImportError, AttributeError) as error:
+        logger.info("onnxscript's no-op rules could not be made exact here (%s: %s): a constant within 1e-8 of 0 "
+                    "or 1e-5 of 1 may be removed by the export's optimizer", type(error).__name__, error)
+        yield
+        return
+    for constant in constants:
+        constant._rel_tol = constant._abs_tol = 0.0
+    try:
+        yield
+    finally:
+        for constant, rel_tol, abs_tol in saved:
+            constant._rel_tol, constant._abs_tol = rel_tol, abs_tol
 
 
 def _like(value: float, like):

@@ -599,13 +599,15 @@ def export_onnx(
                                        "the axes it reads take the sizes of the samples checked against eager alone",
                                        graph.module_name, graph.key, text)
                 # (the program's dims renamed after the shapes' own: "batch", as a direct export names it)
-                # (aten ops whose torchlib translation computes other numbers: exact_lowerings.py,
-                # imported here: it loads onnxscript's torchlib, as the export does)
+                # (aten ops whose torchlib translation computes other numbers, and the optimizer's
+                # no-op rules made exact: exact_lowerings.py, imported here: it loads onnxscript's
+                # torchlib, as the export does)
                 from aitune.torch import exact_lowerings
 
-                torch.onnx.export(flat if program is None else program, inputs, str(target), dynamo=True,
-                                  dynamic_shapes=None if declared else shapes, verbose=False,
-                                  custom_translation_table=exact_lowerings.translation_table(), **common)
+                with exact_lowerings.exact_identity_constants():
+                    torch.onnx.export(flat if program is None else program, inputs, str(target), dynamo=True,
+                                      dynamic_shapes=None if declared else shapes, verbose=False,
+                                      custom_translation_table=exact_lowerings.translation_table(), **common)
             else:
                 if graph.dynamic_shapes:
                     logger.warning("%s/%s: the trace exporter (use_dynamo=False) cannot prove the graph valid over "

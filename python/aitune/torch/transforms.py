@@ -83,10 +83,12 @@ def fuse_for_ort(source: Path, target: Path, *, use_dynamo: bool, model_type: st
         import onnx_ir as ir
 
         from aitune.torch import decoder_fusions
+        from aitune.torch.exact_lowerings import exact_identity_constants
 
         model = ir.load(str(source))
         ranks = {v.name: len(v.shape) for v in _values(model.graph) if v.name and v.shape is not None}
-        with routed_to_aitune():  # the constant folder's notes, not the user's business
+        # (the optimizer's no-op rules made exact: an RMSNorm's `+ 1e-8` is no `+ 0`)
+        with routed_to_aitune(), exact_identity_constants():  # the constant folder's notes, not the user's business
             # onnxscript's sequence with our decoder rules (rotary with per-row positions,
             # transformers 5's angle form, GroupQueryAttention that keeps the mask)
             fused, _ = decoder_fusions.optimize_for_ort(model, caches_in_place=caches_in_place)
