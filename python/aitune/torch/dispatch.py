@@ -35,7 +35,8 @@ from aitune.torch.baked_attributes import AttributeWatch, describe_changes
 from aitune.torch.grad_modes import describe as describe_mode
 from aitune.torch.grad_modes import mode_of_call
 from aitune.torch.graph import autocast_enabled, describe_call, differing_values
-from aitune.torch.weight_changes import added_to_registries, registry_keys, tensor_attributes, weight_slots
+from aitune.torch.weight_changes import (added_to_registries, registry_keys, see_fused_optimizer_steps,
+                                         tensor_attributes, weight_slots)
 
 logger = logging.getLogger("aitune")
 
@@ -443,6 +444,8 @@ class ModuleDispatch:
         # the general path compares them on each call (then ``weights_changed(how) -> bool``,
         # set by ait.Module, deactivates it). A write into ``.data`` moves no counter.
         self.holding = any(tuned.holds_weights for _, tuned in self.tuned.values())
+        if self.holding:
+            see_fused_optimizer_steps()  # (a fused step moves no counter of its own)
         self.harmless = harmless
         # The weights' slots and versions as tuned, kept when replaced weights deactivated
         # the module (``originals_back``); None otherwise.

@@ -14,6 +14,31 @@ import torch
 from aitune.torch.state_changes import user_attributes
 
 
+_fused_steps_seen = False
+
+
+def see_fused_optimizer_steps() -> None:
+    """Makes a fused optimizer's step move its parameters' version counters, as every other
+    optimizer's step does: ``torch.optim.SGD/Adam/AdamW(..., fused=True)`` update the weights
+    in one kernel that leaves the counters alone, so a tuned module kept serving graphs that
+    hold the weights from before fine-tuning (0.32-0.40 off in a probe, silently). One global
+    step post-hook (torch.optim.optimizer.register_optimizer_step_post_hook), registered the
+    first time a tuned graph holds a copy of the weights; it touches the fused groups alone, and
+    moves their counters as a non-fused step would (torch.autograd.graph.increment_version)."""
+    global _fused_steps_seen
+    if _fused_steps_seen:
+        return
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    def after_step(optimizer: torch.optim.Optimizer, args, kwargs) -> None:
+        for group in optimizer.param_groups:
+            if group.get("fused"):
+                torch.autograd.graph.increment_version([p for p in group["params"] if p is not None])
+
+    register_optimizer_step_post_hook(after_step)
+    _fused_steps_seen = True
+
+
 def weights_fingerprint(module: torch.nn.Module) -> tuple:
     """What changes when ``_apply`` (``.to()``, ``.cuda()``, ``.half()``, ...) replaces or
     converts a parameter or buffer: its storage, dtype and device, by name."""
