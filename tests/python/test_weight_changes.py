@@ -6,6 +6,7 @@ weights it already has changes nothing."""
 from __future__ import annotations
 
 import logging
+import types
 
 import pytest
 import torch
@@ -167,3 +168,50 @@ def test_a_tuned_module_converts_and_loads_under_the_swap_flag(tmp_path, monkeyp
     model.double()
     assert model.ait_module.fc1.weight.dtype == torch.float64
     torch.testing.assert_close(model(x.double()), model.ait_module(x.double()))
+
+
+OFFSET = torch.zeros(4)  # read by HeldInContainers.forward as a module global
+
+
+class HeldInContainers(torch.nn.Module):
+    """Tensors forward reads that are neither parameters, buffers nor plain tensor attributes."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+        self.consts = (torch.ones(4),)
+        self.table = {"shift": torch.zeros(4)}
+        self.cfg = types.SimpleNamespace(scale=torch.ones(4), name="cfg")
+
+    def forward(self, x):
+        return self.fc(x) * self.consts[0] * self.cfg.scale + self.table["shift"] + OFFSET
+
+
+_CONTAINER_CHANGES = {
+    "tuple item in place": lambda m: m.consts[0].mul_(3),
+    "tuple reassigned": lambda m: setattr(m, "consts", (torch.full((4,), 5.0),)),
+    "dict item in place": lambda m: m.table["shift"].add_(1),
+    "object field in place": lambda m: m.cfg.scale.mul_(2),
+    "object field reassigned": lambda m: setattr(m.cfg, "scale", torch.full((4,), 5.0)),
+    "global in place": lambda m: OFFSET.add_(1),
+    "global reassigned": lambda m: globals().__setitem__("OFFSET", torch.full((4,), 2.0)),
+}
+
+
+@pytest.mark.parametrize("change", _CONTAINER_CHANGES.values(), ids=_CONTAINER_CHANGES.keys())
+def test_tensors_in_containers_objects_and_globals_are_watched(change, caplog, monkeypatch):
+    """A tensor in a tuple or dict attribute, in a plain object (a SimpleNamespace config) or
+    read as a module global was held by the graphs as a constant but not watched: written in
+    place or reassigned after tuning, the module computed the old values, 0.5-5 off, silently
+    (a new-user probe, session 31)."""
+    monkeypatch.setitem(globals(), "OFFSET", torch.zeros(4))
+    torch.manual_seed(0)
+    inner = HeldInContainers().eval()
+    model = ait.Module(inner, "containers", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [torch.randn(4) for _ in range(2)], ignore_failing_modules=False, progress=False)
+    x = torch.randn(2, 4)
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="aitune"):
+        torch.testing.assert_close(model(x), inner(x))
+        change(inner)
+        torch.testing.assert_close(model(x), inner(x))
+    assert not model.ait_active and "runs eagerly" in caplog.text

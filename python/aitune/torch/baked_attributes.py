@@ -14,7 +14,7 @@ the private ones behind a public property (transformers 5 keeps ``output_attenti
 Lists, dicts and other objects are left out: they change in place, unseen by identity.
 Module globals a ``forward`` reads by name (``x * SCALE``, ``if USE_FAST:``, a function it
 calls such as ``act = torch.relu`` at module level) are baked the same way and watched the
-same way (``_forward_globals``), named ``module.NAME``; those the code also assigns
+same way (``forward_globals``), named ``module.NAME``; those the code also assigns
 (``global CALLS; CALLS += 1``), names read by the functions forward calls, and values
 captured in a closure are not.
 
@@ -35,7 +35,7 @@ import enum
 import functools
 import inspect
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,7 +101,9 @@ class BakedAttribute:
     default_of: type | None = None  # for a class attribute: the class it is read through
 
 
-def _plain_objects(value: Any) -> bool:
+def plain_object(value: Any) -> bool:
+    """An object whose instance dict holds values forward reads (a SimpleNamespace, a
+    dataclass or transformers config): not a module, tensor, class, module or function."""
     return (hasattr(value, "__dict__") and not isinstance(value, _NOT_PLAIN_OBJECTS) and not callable(value)
             and type(value).__module__ != "builtins")
 
@@ -127,7 +129,7 @@ def _found(module: torch.nn.Module, harmless: tuple[str, ...]) -> Iterator[tuple
     for path, held, key, value in user_attributes(module, harmless):
         if is_plain_value(value):
             yield path, held, key, value
-        elif _plain_objects(value) and id(value) not in seen_objects:
+        elif plain_object(value) and id(value) not in seen_objects:
             seen_objects.add(id(value))
             inner = vars(value)
             for name in sorted(inner):
@@ -176,10 +178,12 @@ def _global_reads(code: types.CodeType) -> tuple[str, ...]:
     return tuple(dict.fromkeys(name for name in reads if name not in writes))
 
 
-def _forward_globals(module: torch.nn.Module, harmless: tuple[str, ...]) -> Iterator[tuple[str, dict, str, Any]]:
-    """(path ``module.NAME``, the globals dict, name, value) of each plain value the
-    ``forward`` of the module or of a submodule reads as a module global: an export keeps it
-    as a constant, as it does an attribute."""
+def forward_globals(module: torch.nn.Module, harmless: tuple[str, ...],
+                    keep: Callable[[Any], bool] = is_plain_value) -> Iterator[tuple[str, dict, str, Any]]:
+    """(path ``module.NAME``, the globals dict, name, value) of each value ``keep`` takes (a
+    plain value; weight_changes: a tensor or array) that the ``forward`` of the module or of
+    a submodule reads as a module global: an export keeps it as a constant, as it does an
+    attribute."""
     seen: set[tuple[int, str]] = set()
     for _, sub in module.named_modules(remove_duplicate=True):
         forward = inspect.unwrap(type(sub).forward)
@@ -191,7 +195,7 @@ def _forward_globals(module: torch.nn.Module, harmless: tuple[str, ...]) -> Iter
                 continue  # a builtin (len, range) or a name bound later
             seen.add((id(names), name))
             value = names[name]
-            if is_plain_value(value):
+            if keep(value):
                 path = f"{names.get('__name__', '?')}.{name}"
                 if not is_harmless(path, harmless):
                     yield path, names, name, value
@@ -204,7 +208,7 @@ class AttributeWatch:
     def __init__(self, module: torch.nn.Module, harmless: tuple[str, ...] = (), saved: dict[str, str] | None = None):
         self.module = module
         self.entries = [BakedAttribute(path, owner, key, value, shown(value))
-                        for path, owner, key, value in [*_found(module, harmless), *_forward_globals(module, harmless)]]
+                        for path, owner, key, value in [*_found(module, harmless), *forward_globals(module, harmless)]]
         self.entries += [BakedAttribute(path, owner, key, _ABSENT, shown(value), cls)
                          for path, owner, key, value, cls in _class_defaults(module, harmless)]
         if saved is not None:
@@ -232,7 +236,7 @@ class AttributeWatch:
                 return vars(sub), key
             held = vars(sub)
             head, _, name = parent.rpartition(".")
-            if head == prefix and _plain_objects(held.get(name)):
+            if head == prefix and plain_object(held.get(name)):
                 return vars(held[name]), key
         return None, key
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from aitune.torch.state_changes import user_attributes
+from aitune.torch.state_changes import is_harmless, user_attributes
 
 
 _fused_steps_seen = False
@@ -51,10 +51,59 @@ def weights_fingerprint(module: torch.nn.Module) -> tuple:
 
 def tensor_attributes(module: torch.nn.Module, harmless: tuple[str, ...] = ()) -> list[tuple[str, torch.Tensor]]:
     """(path, tensor) of each tensor ``module`` or a submodule keeps as a plain attribute
-    (``self.scale = torch.ones(8)``, not ``register_buffer``): an export holds it as a
-    constant like a buffer. Harmless ones (``ait.Module(..., harmless_attributes=)``) are
-    left out."""
-    return [(path, value) for path, _, _, value in user_attributes(module, harmless) if isinstance(value, torch.Tensor)]
+    (``self.scale = torch.ones(8)``, not ``register_buffer``), in a tuple, list or dict
+    attribute, in a plain object it holds, or that its forward reads as a module global
+    (``held_attributes``): an export holds it as a constant like a buffer. Harmless ones
+    (``ait.Module(..., harmless_attributes=)``) are left out."""
+    return [(path, value) for path, value in _held_items(held_attributes(module, harmless))
+            if isinstance(value, torch.Tensor)]
+
+
+def held_attributes(module: torch.nn.Module, harmless: tuple[str, ...] = ()) -> list[tuple[str, dict, str, object]]:
+    """(path, dict, key, value) of each object other than a parameter or buffer whose tensors
+    forward may read and an export holds as constants: a tensor or numeric array kept as a
+    plain attribute; a tuple, list or dict attribute holding such values (``self.consts =
+    (torch.ones(4),)``); such a value in a plain object a module holds (a SimpleNamespace, a
+    dataclass config: ``self.cfg.scale``); and one a forward reads as a module global
+    (``OFFSET = torch.zeros(4)`` beside the class). Until session 31 only the first kind was
+    watched: a write into the others, or their reassignment, left the graphs computing the
+    old values, silently (0.5-5 off in a probe)."""
+    from aitune.torch.baked_attributes import forward_globals, plain_object
+
+    found, objects = [], set()
+    for path, held, key, value in user_attributes(module, harmless):
+        if _holds_tensors(value):
+            found.append((path, held, key, value))
+        elif plain_object(value) and id(value) not in objects:
+            objects.add(id(value))
+            inner = vars(value)
+            for name in sorted(inner):
+                if _holds_tensors(inner[name]) and not is_harmless(f"{path}.{name}", harmless):
+                    found.append((f"{path}.{name}", inner, name, inner[name]))
+    found += [entry for entry in forward_globals(module, harmless, keep=_holds_tensors)]
+    return found
+
+
+def _holds_tensors(value: object) -> bool:
+    """A tensor or numeric array, or a tuple, list or dict holding one."""
+    if _held_attribute(value):
+        return True
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (tuple, list)) else ()
+    return any(_held_attribute(item) for item in items)
+
+
+def _held_items(entries) -> list[tuple[str, object]]:
+    """(path, value) of each tensor or array in ``held_attributes``' entries, the items of a
+    container by index or key (``consts[0]``, ``table['a']``)."""
+    items = []
+    for path, _, _, value in entries:
+        if _held_attribute(value):
+            items.append((path, value))
+        elif isinstance(value, dict):
+            items += [(f"{path}[{key!r}]", item) for key, item in value.items() if _held_attribute(item)]
+        else:
+            items += [(f"{path}[{index}]", item) for index, item in enumerate(value) if _held_attribute(item)]
+    return items
 
 
 def weight_slots(module: torch.nn.Module, harmless: tuple[str, ...] = ()) -> list[tuple[str, dict, str, object]]:
@@ -72,8 +121,7 @@ def weight_slots(module: torch.nn.Module, harmless: tuple[str, ...] = ()) -> lis
             for key, value in registry.items():
                 if value is not None:
                     slots.append((f"{prefix}.{key}" if prefix else key, registry, key, value))
-    slots += [(path, held, key, value) for path, held, key, value in user_attributes(module, harmless)
-              if _held_attribute(value)]
+    slots += held_attributes(module, harmless)
     return slots
 
 
@@ -166,8 +214,7 @@ def held_tensors(module: torch.nn.Module, harmless: tuple[str, ...] = ()) -> lis
     persistent = set(module.state_dict(keep_vars=True))
     found = [(name, buffer) for name, buffer in module.named_buffers() if name not in persistent]
     return found + [(path, value if isinstance(value, torch.Tensor) else torch.as_tensor(value))
-                    for path, _, _, value in user_attributes(module, harmless)
-                    if _held_attribute(value)]
+                    for path, value in _held_items(held_attributes(module, harmless))]
 
 
 def held_values_digest(module: torch.nn.Module, harmless: tuple[str, ...] = ()) -> dict[str, list]:
