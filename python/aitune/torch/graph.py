@@ -525,6 +525,12 @@ class RecordedGraph(_GraphCalls):
         for name, tensor in zip(self.input_names, input_tensors, strict=True):
             if tensor.numel() > 0:
                 storages.setdefault((tensor.device, tensor.untyped_storage().data_ptr()), name)
+        # (the module's own weights too: `return self.scale` hands the caller the buffer, which
+        # a caller's in-place change then changes; a graph returns a copy of its values)
+        weights = {}
+        for name, tensor in (*self.module.named_parameters(), *self.module.named_buffers()):
+            if tensor is not None and tensor.numel() > 0 and not tensor.is_meta:
+                weights.setdefault((tensor.device, tensor.untyped_storage().data_ptr()), name)
         returned = {}  # storage -> the first output on it
         for name, tensor in zip(self.output_names, out_tensors, strict=True):
             if tensor.numel() == 0:
@@ -540,6 +546,15 @@ class RecordedGraph(_GraphCalls):
                     f"ait.Module '{self.module_name}' {self.key}: eager output {name} is input {given} itself (or a "
                     "view of it); a tuned graph returns a new tensor with its values instead, so a change to the "
                     "output no longer changes the input, nor the other way round",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            elif (weight := weights.get(storage)) is not None:
+                self._alias_warned.add(name)
+                warnings.warn(
+                    f"ait.Module '{self.module_name}' {self.key}: eager output {name} is the module's {weight} itself "
+                    "(or a view of it); a tuned graph returns a new tensor with its values instead, so a change made "
+                    "to the output no longer changes the module's weight, nor the other way round",
                     RuntimeWarning,
                     stacklevel=2,
                 )
