@@ -887,6 +887,45 @@ def test_loading_into_a_class_whose_forward_was_edited_says_so(tmp_path, monkeyp
     assert ait_forward_code(_HeldTensors())[f"{__name__}._HeldTensors"].startswith("source:")
 
 
+def _helper_head_class(helper: str) -> type:
+    """A class ``Head`` of module ``edited_helper`` whose forward calls ``act``, a function of
+    its module, edited between a save and a load (the class's own code unchanged)."""
+    namespace = {"torch": torch, "__name__": "edited_helper"}
+    exec(f"def act(y):\n    return {helper}\n"
+         "class Head(torch.nn.Module):\n"
+         "    def __init__(self):\n        super().__init__()\n        self.fc = torch.nn.Linear(4, 4)\n"
+         "    def forward(self, x):\n        return act(self.fc(x))\n", namespace)
+    return namespace["Head"]
+
+
+def test_loading_into_a_class_whose_helper_function_was_edited_says_so(tmp_path, monkeypatch, caplog):
+    """forward calls ``act()``, a function beside the class, edited from relu to tanh
+    between ait.save and ait.load: the class's code digest matched, and the module computed
+    two models silently (0.54 off eager in a session-31 probe)."""
+    import logging
+
+    monkeypatch.setenv("AITUNE_CACHE_DIR", str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    inner = _helper_head_class("torch.relu(y)")().eval()
+    model = ait.Module(inner, "edited-helper", strategy=cpu_strategy())
+    ait.tune(model, [torch.randn(4) for _ in range(2)], disable_external_logging=True, performance_validation=False)
+    path = ait.save(model, tmp_path / "ckpt")
+    assert set(_manifest(path)["metadata"]["aitune.torch"]["forward_code"]) == {"edited_helper.Head",
+                                                                                 "edited_helper.act"}
+
+    def load_into(cls) -> list[str]:
+        fresh = cls().eval()
+        fresh.load_state_dict(inner.state_dict())
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="aitune"):
+            ait.load(ait.Module(fresh, "edited-helper"), path)
+        return [r.getMessage() for r in caplog.records if "code of" in r.getMessage()]
+
+    assert load_into(_helper_head_class("torch.relu(y)")) == []
+    (warning,) = load_into(_helper_head_class("torch.tanh(y)"))
+    assert "the code of edited_helper.act differs" in warning
+
+
 def ait_forward_code(module):
     from aitune.torch.forward_code import forward_code_digest
 

@@ -162,7 +162,7 @@ def _class_defaults(module: torch.nn.Module, harmless: tuple[str, ...]) -> Itera
 
 
 @functools.lru_cache(maxsize=4096)
-def _global_reads(code: types.CodeType) -> tuple[str, ...]:
+def global_reads(code: types.CodeType) -> tuple[str, ...]:
     """The global names ``code`` (and the comprehensions and lambdas inside it) reads and
     never assigns."""
     reads, writes = [], set()
@@ -190,7 +190,7 @@ def forward_globals(module: torch.nn.Module, harmless: tuple[str, ...],
         code, names = getattr(forward, "__code__", None), getattr(forward, "__globals__", None)
         if not isinstance(code, types.CodeType) or not isinstance(names, dict):
             continue
-        for name in _global_reads(code):
+        for name in global_reads(code):
             if (id(names), name) in seen or name not in names:
                 continue  # a builtin (len, range) or a name bound later
             seen.add((id(names), name))

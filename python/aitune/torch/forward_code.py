@@ -37,14 +37,46 @@ def _class_digest(cls: type) -> str:
         return "bytecode:" + hashlib.sha256(data).hexdigest()[:16]
 
 
+def _function_digest(function: types.FunctionType) -> str:
+    try:
+        return "source:" + hashlib.sha256(inspect.getsource(function).encode()).hexdigest()[:16]
+    except (OSError, TypeError):
+        return "bytecode:" + hashlib.sha256(_code_bytes(function.__code__)).hexdigest()[:16]
+
+
+def _helpers(cls: type) -> list[types.FunctionType]:
+    """The module-level functions of ``cls``'s own file that its methods call (``act(x)``
+    beside the class), and those they call in turn: forward's code as much as the class
+    body is. Functions of other modules (a library's) are left out: their code follows the
+    library's version."""
+    from aitune.torch.baked_attributes import global_reads
+
+    found: dict[int, types.FunctionType] = {}
+    pending = [value for value in vars(cls).values() if isinstance(value, types.FunctionType)]
+    while pending:
+        function = pending.pop()
+        for name in global_reads(function.__code__):
+            value = function.__globals__.get(name)
+            if (isinstance(value, types.FunctionType) and value.__module__ == cls.__module__
+                    and id(value) not in found and len(found) < 64):
+                found[id(value)] = value
+                pending.append(value)
+    return list(found.values())
+
+
 def forward_code_digest(module: torch.nn.Module) -> dict[str, str]:
-    """{class name: digest} of each class in ``module``'s tree but torch's own."""
+    """{class name: digest} of each class in ``module``'s tree but torch's own, and {module
+    name.function name: digest} of the helper functions of their files that they call (since
+    session 31: a helper edited between ait.save and ait.load, relu to tanh, loaded
+    silently, 0.54 off eager)."""
     digests: dict[str, str] = {}
     for sub in module.modules():
         cls = type(sub)
         name = class_name(cls)
         if name not in digests and not cls.__module__.startswith("torch."):
             digests[name] = _class_digest(cls)
+            for helper in _helpers(cls):
+                digests.setdefault(f"{helper.__module__}.{helper.__qualname__}", _function_digest(helper))
     return digests
 
 
