@@ -4,6 +4,8 @@ generation loop's steps like any module; and the greedy loop that drives them.""
 
 from __future__ import annotations
 
+import inspect
+
 from collections.abc import Callable
 
 import torch
@@ -51,6 +53,9 @@ def _refuse_unsupported(config) -> None:
     padding mask (Bloom, Falcon with ``alibi``), and keys and values of different head sizes
     (DeepSeek-V2 / V3's multi-head latent attention)."""
     name = type(config).__name__
+    if getattr(config, "num_attention_heads", None) is None:
+        raise NotImplementedError(f"DecodeStep: {name} has no num_attention_heads: not an attention decoder whose "
+                                  "keys and values a cache holds (a recurrent model: RWKV, Mamba, xLSTM)")
     local = sorted(set(getattr(config, "attention_layers", None) or ()) - {"global"})
     if local:
         raise NotImplementedError(f"DecodeStep: {name}'s {local} attention layers (a window of "
@@ -58,9 +63,22 @@ def _refuse_unsupported(config) -> None:
     if getattr(config, "model_type", None) == "bloom" or getattr(config, "alibi", False) is True:
         raise NotImplementedError(f"DecodeStep: {name}'s ALiBi position bias, built from a 2-D padding mask, is not "
                                   "supported (DecodeStep passes a 4-D mask over the cache's slots)")
-    if getattr(config, "v_head_dim", None) is not None or getattr(config, "kv_lora_rank", None) is not None:
+    if getattr(config, "kv_lora_rank", None) is not None or (
+            getattr(config, "v_head_dim", None) is not None and getattr(config, "qk_nope_head_dim", None) is not None):
         raise NotImplementedError(f"DecodeStep: {name}'s multi-head latent attention (keys and values of different "
                                   "head sizes) is not supported: the cache has one head size")
+
+
+def _refuse_without_cache(model: torch.nn.Module) -> None:
+    """NotImplementedError for a model whose forward takes no ``past_key_values``: it keeps
+    no key/value cache DecodeStep could pass (OpenAI GPT; RWKV and Mamba carry a state of
+    their own), and a forward taking ``**kwargs`` would drop the cache silently (OpenAI GPT
+    crashed on a size mismatch deep in its attention, a session-31 probe)."""
+    parameters = inspect.signature(model.forward).parameters
+    if "past_key_values" not in parameters:
+        raise NotImplementedError(f"DecodeStep: {type(model).__name__}.forward takes no past_key_values: the model "
+                                  "keeps no key/value cache a step could pass (DecodeStep steps transformers causal "
+                                  "LMs with a KV cache)")
 
 
 def _attention_layout(config) -> tuple[int | None, list[str] | None]:
@@ -145,6 +163,7 @@ class DecodeStep(torch.nn.Module):
     def __init__(self, model: torch.nn.Module, write_in_place: bool = False):
         super().__init__()
         _refuse_unsupported(model.config)
+        _refuse_without_cache(model)
         self.model = model
         self.write_in_place = bool(write_in_place)
         self.train(model.training)  # the wrapper is in the model's mode (an eval model exports as eval)
