@@ -486,3 +486,25 @@ def test_samples_of_python_lists_are_named_when_forward_refuses_them():
         ait.tune(model, [{"input_ids": [1, 2, 3]}], batch_sizes=[1], ignore_failing_modules=False)
     notes = " ".join(getattr(failed.value, "__notes__", []))
     assert "Python lists of numbers (input_ids)" in notes and "torch.tensor(ids)" in notes, notes
+
+
+class _BrokenForward(torch.nn.Module):
+    def forward(self, x):
+        raise AttributeError("'Config' object has no attribute 'num_attention_heads'")
+
+
+def test_the_stacking_hint_is_given_only_where_ait_tune_stacked_the_samples():
+    """A forward that fails on batches a factory made was told "ait.tune stacks samples on
+    a new axis 0 ... give batches through a DataLoader or a factory", which it already did
+    (a session-31 probe, RWKV's missing config attribute): the hint is for samples ait.tune
+    stacked, and the note names the call either way."""
+    def notes_of(data) -> str:
+        model = ait.Module(_BrokenForward(), "broken", strategy=ait.OneBackendStrategy(cpu_backend()))
+        with pytest.raises(AttributeError) as failed:
+            ait.tune(model, data, batch_sizes=[2], ignore_failing_modules=False)
+        return " ".join(getattr(failed.value, "__notes__", []))
+
+    stacked = notes_of([torch.randn(4) for _ in range(2)])
+    assert "raised by func called eagerly with a batch of 2 samples" in stacked and "new axis 0" in stacked
+    made = notes_of(lambda size: [torch.randn(size, 4)])
+    assert "raised by func called eagerly with a batch of 2 samples" in made and "new axis 0" not in made

@@ -172,6 +172,14 @@ def _loader_batches(loader: DataLoader, batch_size: int) -> Iterator[tuple[int, 
         yield batch_size, batch
 
 
+def stacks_samples(dataset: Any) -> bool:
+    """Whether ``iterate_calls`` stacks ``dataset``'s samples into batches itself (a list of
+    samples, a Dataset), rather than passing on batches the user made (a DataLoader, an
+    ait.DataLoaderFactory, a factory callable ``batch_size -> batches``)."""
+    return not (hasattr(dataset, "create_dataloader") or isinstance(dataset, DataLoader)
+                or (callable(dataset) and not isinstance(dataset, (Sequence, Dataset, torch.Tensor))))
+
+
 def iterate_calls(
     dataset: Any, batch_sizes: Sequence[int], max_num_batches_per_batch_size: int | None = None
 ) -> Iterator[tuple[int, tuple, dict[str, Any]]]:

@@ -14,7 +14,7 @@ import torch.utils._pytree as pytree
 from aitune import _core
 from aitune.torch.candidate_isolation import CudaContextLostError
 from aitune.torch.context import TuneSession, quiet_var, recording
-from aitune.torch.dataset import iterate_calls
+from aitune.torch.dataset import iterate_calls, stacks_samples
 from aitune.torch.evaluation import evaluation_batches
 from aitune.torch.export import release_capture_state
 from aitune.torch.inspection import lazy_result, lazy_result_hint
@@ -260,11 +260,14 @@ def tune(
                     lazy = lazy_result(func(*args, **kwargs)) or lazy
                 except Exception as error:  # the user's own forward refused the batch
                     lists = _number_lists(args, kwargs)
+                    # (the stacking hint where ait.tune stacked: batches a factory or DataLoader made are
+                    # the user's own, and the error is the model's)
+                    stacking = ("; ait.tune stacks samples on a new axis 0, so samples carry no batch axis (a "
+                                "tokenizer's return_tensors='pt' output has one: take [0] of each tensor, or give "
+                                "batches through a DataLoader or a factory)") if stacks_samples(dataset) else ""
                     error.add_note(
                         f"ait.tune: raised by func called eagerly with a batch of {batch_size} samples "
-                        f"({describe_batch(args, kwargs)}); ait.tune stacks samples on a new axis 0, so samples "
-                        "carry no batch axis (a tokenizer's return_tensors='pt' output has one: take [0] of each "
-                        "tensor, or give batches through a DataLoader or a factory)"
+                        f"({describe_batch(args, kwargs)}){stacking}"
                         + (f". The batch holds Python lists of numbers ({', '.join(lists)}), which ait.tune passes "
                            "to forward as they are, not as tensors: give tensors (torch.tensor(ids), a tokenizer's "
                            "return_tensors='pt' output)" if lists else "")
