@@ -423,6 +423,25 @@ def test_outputs_that_read_state_a_call_changed_are_refused_naming_the_state():
     assert model.ait_state is ModuleState.PASSTHROUGH
 
 
+class WritesItsInputThroughData(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        x.data.add_(1.0)  # no version counter moves: not seen as "forward changes its input"
+        return self.fc(x)
+
+
+def test_an_input_written_through_data_is_named_among_the_causes():
+    """A forward writing its input through ``.data`` is not repeatable either; the refusal
+    named random numbers and changing state only (a session-31 probe)."""
+    model = ait.Module(WritesItsInputThroughData().eval(), "data-write",
+                       strategy=cpu_strategy(tune_provider_options=False))
+    with pytest.raises(ait.TuningError, match=r"not deterministic.*x\.data\.add_"):
+        ait.tune(model, [torch.randn(4) for _ in range(2)], ignore_failing_modules=False, progress=False)
+
+
 def _tuned_and_routed(inner: torch.nn.Module, name: str):
     """``inner`` (4 features in) tuned on the CPU and called until the C++ half routes its
     calls: (the ait.Module, an input)."""

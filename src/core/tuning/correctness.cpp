@@ -657,8 +657,9 @@ std::optional<std::string> eager_nondeterminism(const std::vector<std::string>& 
       names += " and " + std::to_string(modules_in_training.size() - shown) + " more";
     message += "modules in training mode: " + names + "; call .eval() on the model before tuning it for inference";
   } else {
-    message += "its forward draws random numbers (torch.rand, dropout with training=True) or depends on state that "
-               "each call changes; make the forward deterministic before tuning it";
+    message += "its forward draws random numbers (torch.rand, dropout with training=True), depends on state that "
+               "each call changes, or writes its inputs where no version counter sees it (x.data.add_(...), "
+               "through x.numpy()); make the forward deterministic before tuning it";
   }
   return message;
 }
