@@ -857,27 +857,35 @@ def _head_class(body: str) -> type:
     return namespace["Head"]
 
 
-def test_loading_into_a_class_whose_forward_was_edited_says_so(tmp_path, monkeypatch, caplog):
-    """A forward edited from relu to 2 * tanh, loaded into: names, weights and shapes all
-    matched, and the module computed two models silently (1.88 off eager). ait.load warns."""
+def _saved_and_loader(cls: type, name: str, tmp_path, caplog):
+    """``cls()`` tuned and saved: (the checkpoint, load_into(other class) -> the "code of"
+    warnings ait.load gives loading it into that class with the same weights)."""
     import logging
 
-    monkeypatch.setenv("AITUNE_CACHE_DIR", str(tmp_path / "cache"))
-    first, edited = _head_class("torch.relu(self.fc(x))"), _head_class("2 * torch.tanh(self.fc(x))")
     torch.manual_seed(0)
-    inner = first().eval()
-    model = ait.Module(inner, "edited-head", strategy=cpu_strategy())
+    inner = cls().eval()
+    model = ait.Module(inner, name, strategy=cpu_strategy())
     ait.tune(model, [torch.randn(4) for _ in range(2)], disable_external_logging=True, performance_validation=False)
     path = ait.save(model, tmp_path / "ckpt")
-    assert _manifest(path)["metadata"]["aitune.torch"]["forward_code"]["edited_head.Head"].startswith("bytecode:")
 
-    def load_into(cls) -> list[str]:
-        fresh = cls().eval()
+    def load_into(other: type) -> list[str]:
+        fresh = other().eval()
         fresh.load_state_dict(inner.state_dict())
         caplog.clear()
         with caplog.at_level(logging.WARNING, logger="aitune"):
-            ait.load(ait.Module(fresh, "edited-head"), path)
+            ait.load(ait.Module(fresh, name), path)
         return [r.getMessage() for r in caplog.records if "code of" in r.getMessage()]
+
+    return path, load_into
+
+
+def test_loading_into_a_class_whose_forward_was_edited_says_so(tmp_path, monkeypatch, caplog):
+    """A forward edited from relu to 2 * tanh, loaded into: names, weights and shapes all
+    matched, and the module computed two models silently (1.88 off eager). ait.load warns."""
+    monkeypatch.setenv("AITUNE_CACHE_DIR", str(tmp_path / "cache"))
+    first, edited = _head_class("torch.relu(self.fc(x))"), _head_class("2 * torch.tanh(self.fc(x))")
+    path, load_into = _saved_and_loader(first, "edited-head", tmp_path, caplog)
+    assert _manifest(path)["metadata"]["aitune.torch"]["forward_code"]["edited_head.Head"].startswith("bytecode:")
 
     assert load_into(_head_class("torch.relu(self.fc(x))")) == []  # the same code, another class object
     (warning,) = load_into(edited)
@@ -902,24 +910,10 @@ def test_loading_into_a_class_whose_helper_function_was_edited_says_so(tmp_path,
     """forward calls ``act()``, a function beside the class, edited from relu to tanh
     between ait.save and ait.load: the class's code digest matched, and the module computed
     two models silently (0.54 off eager in a session-31 probe)."""
-    import logging
-
     monkeypatch.setenv("AITUNE_CACHE_DIR", str(tmp_path / "cache"))
-    torch.manual_seed(0)
-    inner = _helper_head_class("torch.relu(y)")().eval()
-    model = ait.Module(inner, "edited-helper", strategy=cpu_strategy())
-    ait.tune(model, [torch.randn(4) for _ in range(2)], disable_external_logging=True, performance_validation=False)
-    path = ait.save(model, tmp_path / "ckpt")
+    path, load_into = _saved_and_loader(_helper_head_class("torch.relu(y)"), "edited-helper", tmp_path, caplog)
     assert set(_manifest(path)["metadata"]["aitune.torch"]["forward_code"]) == {"edited_helper.Head",
                                                                                  "edited_helper.act"}
-
-    def load_into(cls) -> list[str]:
-        fresh = cls().eval()
-        fresh.load_state_dict(inner.state_dict())
-        caplog.clear()
-        with caplog.at_level(logging.WARNING, logger="aitune"):
-            ait.load(ait.Module(fresh, "edited-helper"), path)
-        return [r.getMessage() for r in caplog.records if "code of" in r.getMessage()]
 
     assert load_into(_helper_head_class("torch.relu(y)")) == []
     (warning,) = load_into(_helper_head_class("torch.tanh(y)"))
