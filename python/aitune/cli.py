@@ -1,6 +1,7 @@
 """Console script `aitune`: runs the C++ command line (src/cli) inside the extension;
 `serve` and `loadtest` (Ray Serve, Python only) go to aitune.serve.cli."""
 import os
+import signal
 import sys
 
 from aitune import _core
@@ -25,6 +26,11 @@ def main() -> int:
     # The arguments as the bytes the process was given (sys.argv decoded them with
     # surrogateescape): a Latin-1 file name reaches the command line unchanged.
     sys.stdout.flush()
+    # Ctrl-C as the C++ command line alone takes it: the process ends at once. Python's own
+    # handler only sets a flag, read when the call returns (with the GIL released in C++),
+    # so a tune went on to its end, wrote its checkpoint and then printed a traceback. Each
+    # file the commands write is moved into place whole, so nothing is left half-written.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     return _core.cli_main([os.fsencode(arg) for arg in sys.argv], list(PYTHON_COMMANDS.items()))
 
 

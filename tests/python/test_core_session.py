@@ -1,4 +1,5 @@
 """aitune._core bindings: zero-copy tensors in and out, typed errors, CPU and CUDA."""
+import os
 import sys
 import threading
 
@@ -213,6 +214,28 @@ def test_provider_status_and_doctor(capfd):
     assert _core.cli_main(["aitune", "doctor"]) == 0
     out = capfd.readouterr().out
     assert "cpu       available" in out and "cuda" in out and "tensorrt" in out
+
+
+def test_ctrl_c_stops_a_cli_run_at_once_without_a_traceback(tmp_path):
+    """SIGINT during `aitune run` went to Python's handler, which only sets a flag while the
+    C++ command line runs: the run went on to its end (a tune wrote its checkpoint) and
+    then printed a KeyboardInterrupt traceback (a session-31 probe). It ends the process now."""
+    import shutil
+    import signal
+    import subprocess
+    import time
+
+    path, _ = mlp(tmp_path / "mlp.onnx")
+    script = shutil.which("aitune", path=os.path.dirname(sys.executable)) or "aitune"
+    started = subprocess.Popen([script, "run", str(path), "--iterations", "10000000"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(3)  # past the start and into the iterations
+    sent = time.monotonic()
+    started.send_signal(signal.SIGINT)
+    out, err = started.communicate(timeout=60)
+    assert time.monotonic() - sent < 10, "the run went on after Ctrl-C"
+    assert started.returncode == -signal.SIGINT, (started.returncode, err)
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
 
 
 def test_console_help_lists_the_python_commands_among_the_others(capfd, monkeypatch):
