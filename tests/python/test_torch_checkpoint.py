@@ -1049,3 +1049,43 @@ def test_the_weights_digest_takes_tensors_above_two_to_the_24_elements():
     dtype, shape, total, magnitude, *picks = entry
     assert (dtype, shape, total, magnitude) == ("int8", [32000, 2048], 7.0, 7.0)
     assert len(picks) == 16 and picks[0] == 0 and picks[-1] == 7
+
+
+def _tripled(module, inputs, output):
+    return output * 3
+
+
+def test_hooks_the_graphs_were_exported_with_are_recorded_and_compared(tmp_path, monkeypatch, caplog):
+    """A forward hook on a submodule while the module is tuned runs inside the export, so the
+    graph keeps its effect. Loaded in a fresh process into a module without the hook, the
+    graph still applied it, 1.57 off eager and silent (a session-31 probe); saved after the
+    hook was removed, nothing was said either. Both now warn, naming the submodule."""
+    import logging
+
+    monkeypatch.setenv("AITUNE_CACHE_DIR", str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    inner = MLP().eval()
+    handle = inner.fc1.register_forward_hook(_tripled)
+    model = ait.Module(inner, "hooked", strategy=cpu_strategy())
+    ait.tune(model, [torch.randn(16) for _ in range(2)], disable_external_logging=True, performance_validation=False)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="aitune"):
+        path = ait.save(model, tmp_path / "with-hook")
+    assert "(or its instance forward) differ" not in caplog.text
+    handle.remove()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="aitune"):
+        ait.save(model, tmp_path / "hook-removed")
+    assert f"fc1: {__name__}._tripled -> none" in caplog.text
+
+    def load_into(fresh) -> str:
+        fresh.load_state_dict(inner.state_dict())
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="aitune"):
+            ait.load(ait.Module(fresh, "hooked"), path)
+        return caplog.text
+
+    assert f"fc1: {__name__}._tripled -> none" in load_into(MLP().eval())
+    again = MLP().eval()
+    again.fc1.register_forward_hook(_tripled)
+    assert "(or its instance forward) differ" not in load_into(again)

@@ -43,7 +43,7 @@ from aitune.torch.checkpoint_structure import (
     script_class_hint,
     shape_differences,
 )
-from aitune.torch.forward_code import code_differences, forward_code_digest
+from aitune.torch.forward_code import code_differences, exported_hooks, forward_code_digest, hook_differences
 from aitune.torch.graph import SavedGraph
 from aitune.torch.module import Module, ModuleState
 from aitune.torch.weight_changes import digest_differences, held_values_digest, weight_values_digest
@@ -173,6 +173,8 @@ def save(
         )
     tuned_weights = _weights_tuned_with(module)
     tuned_held = _held_tuned_with(module)
+    _warn_if_hooks_differ(module, module.__dict__.get("_ait_tuned_hooks"), "its graphs were exported with, saved as "
+                          "they were exported")
     metadata = {
         METADATA_KEY: {
             "format_version": MANIFEST_SECTIONS_FORMAT_VERSION,
@@ -192,6 +194,8 @@ def save(
             "held_tensors": tuned_held,
             # the code of the module's classes its graphs were exported from (forward_code.py)
             "forward_code": module.__dict__.get("_ait_tuned_code") or forward_code_digest(module.ait_module),
+            # the submodules' forward hooks (and an instance forward) the export ran: the graphs keep their effect
+            "exported_hooks": module.__dict__.get("_ait_tuned_hooks", exported_hooks(module.ait_module)),
             # the plain Python values the ONNX Runtime graphs hold as constants, which
             # ait.load expects of the module loaded into (baked_attributes.py)
             **({"attributes": module._ait_calls.attributes.snapshot()}
@@ -401,6 +405,17 @@ def _warn_if_code_differs(module, meta: dict, directory) -> None:
             _names(differ), directory, module.ait_name)
 
 
+def _warn_if_hooks_differ(module, saved: object, source: str) -> None:
+    """Tells the user when the forward hooks on submodules (or the wrapped module's instance
+    forward) differ from those the graphs were exported with: the graphs keep what those
+    hooks did (``forward_code.exported_hooks``)."""
+    if differ := hook_differences(saved, exported_hooks(module.ait_module)):
+        logger.warning(
+            "ait.Module '%s': the forward hooks on submodules (or its instance forward) differ from those %s (%s): "
+            "its graphs keep what the hooks then did, and run no hook now. Register them as they were, or tune it "
+            "again with the hooks as they are.", module.ait_name, source, "; ".join(differ[:5]))
+
+
 def _warn_if_weights_differ(module, meta: dict, directory) -> None:
     """Tells the user when the module loaded into holds other weights than the module the
     checkpoint was tuned from: its ONNX Runtime graphs compute with the checkpoint's
@@ -599,9 +614,12 @@ def load(module, path: str | os.PathLike, device_map: DeviceLike | Mapping[str, 
         module._ait_tuned_held = meta["held_tensors"]
     if isinstance(meta.get("forward_code"), dict):
         module._ait_tuned_code = meta["forward_code"]
+    if isinstance(meta.get("exported_hooks"), dict):
+        module._ait_tuned_hooks = meta["exported_hooks"]
     _warn_if_weights_differ(module, meta, checkpoint.directory)
     _warn_if_held_differ(module, meta, checkpoint.directory)
     _warn_if_code_differs(module, meta, checkpoint.directory)
+    _warn_if_hooks_differ(module, meta.get("exported_hooks"), f"checkpoint '{checkpoint.directory}' was exported with")
     _warn_if_attributes_differ(module, checkpoint.directory)
     tuned_mode = module._ait_calls.training
     if tuned_mode is not None and module.training is not tuned_mode:

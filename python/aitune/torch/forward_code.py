@@ -88,3 +88,35 @@ def code_differences(saved: object, now: dict[str, str]) -> list[str]:
     return [name for name, digest in now.items()
             if isinstance(saved.get(name), str) and saved[name].split(":")[0] == digest.split(":")[0]
             and saved[name] != digest]
+
+
+def exported_hooks(module: torch.nn.Module) -> dict[str, list[str]]:
+    """{submodule path: the qualified names of its forward (pre-)hooks} of each submodule
+    with hooks, and ``{"<root>.forward": [name]}`` where the wrapped module has an instance
+    ``forward`` (``m.forward = ...``, as adapter libraries patch): an export runs them, so a
+    graph keeps what they do, and a checkpoint records them (since session 31: a hook on a
+    submodule at tuning, absent from the module loaded into in a fresh process, was still
+    applied by the loaded graph, 1.57 off, silently). transformers' output-capturing hooks
+    (installed on first use, their effect on tensors the graph keeps) are left out."""
+    def named(hook) -> str:
+        return f"{getattr(hook, '__module__', None) or type(hook).__module__}." \
+               f"{getattr(hook, '__qualname__', None) or type(hook).__qualname__}"
+
+    found: dict[str, list[str]] = {}
+    for path, sub in module.named_modules():
+        hooks = [hook for hook in (*sub._forward_pre_hooks.values(), *sub._forward_hooks.values())
+                 if not (getattr(hook, "__module__", None) == "transformers.utils.output_capturing")]
+        if path and hooks:
+            found[path] = sorted(named(hook) for hook in hooks)
+    if "forward" in vars(module):
+        found["<root>.forward"] = [named(vars(module)["forward"])]
+    return found
+
+
+def hook_differences(saved: object, now: dict[str, list[str]]) -> list[str]:
+    """'path: saved -> now' of each submodule whose hooks (or the instance forward) differ
+    from ``saved`` (checkpoints written before the hooks were stored: none)."""
+    if not isinstance(saved, dict):
+        return []
+    return [f"{path}: {', '.join(saved.get(path, [])) or 'none'} -> {', '.join(now.get(path, [])) or 'none'}"
+            for path in sorted(set(saved) | set(now)) if list(saved.get(path, [])) != list(now.get(path, []))]

@@ -21,7 +21,7 @@ from aitune.torch.context import TuneSession, current_session, eager_only, note_
 from aitune.torch.dispatch import (DispatchedModule, ModuleDispatch, _effect_on_tensors_only, global_forward_hooks,
                                    measured_call)
 from aitune.torch.dynamic_shapes import DynamicShapes
-from aitune.torch.forward_code import forward_code_digest
+from aitune.torch.forward_code import exported_hooks, forward_code_digest
 from aitune.torch.graph import CallForm, RecordedGraph
 from aitune.torch.graph_tuning import GlobalHooksTuningError, tune_graph
 from aitune.torch.state_changes import (StateSnapshot, StateWatch, attribute_paths, changed_containers,
@@ -587,6 +587,7 @@ class Module(DispatchedModule):
         self._ait_tuned_weights = weight_values_digest(self._ait_module)
         self._ait_tuned_held = held_values_digest(self._ait_module, self._ait_harmless_attributes)
         self._ait_tuned_code = forward_code_digest(self._ait_module)
+        self._ait_tuned_hooks = exported_hooks(self._ait_module)
         self._ait_state = ModuleState.TUNED
         self._ait_failure = None
 
