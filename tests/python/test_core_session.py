@@ -161,6 +161,20 @@ def test_model_and_provider_errors(tmp_path, mlp_model):
             _core.OnnxSession.create(str(mlp_model[0]), _core.OnnxSessionConfig())
 
 
+def test_an_element_type_aitune_lacks_is_named(tmp_path):
+    """'has ONNX element type 8' left the user to look the number up (a session-31 probe)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "strings",
+                              [helper.make_tensor_value_info("x", TensorProto.STRING, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.STRING, [2])])
+    path = tmp_path / "strings.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
+    with pytest.raises(aitune.ModelInvalidError, match=r"input 'x' has ONNX element type string \(8\), which aitune"):
+        _core.OnnxSession.create(str(path), CPU)
+
+
 @pytest.mark.parametrize("field, value", [("intra_op_threads", 100000), ("intra_op_threads", -5),
                                            ("inter_op_threads", 1025)])
 def test_thread_counts_outside_the_manifest_range_are_refused(mlp_model, field, value):

@@ -67,6 +67,19 @@ struct OnnxSession::Impl {
 
 namespace {
 
+// ONNX's TensorProto.DataType names (onnx.proto), for the element types aitune has no dtype
+// for: "string (8)" says what "8" did not.
+std::string onnx_type_name(int type) {
+  static const char* const names[] = {"undefined", "float", "uint8", "int8", "uint16", "int16", "int32",
+                                      "int64", "string", "bool", "float16", "double", "uint32", "uint64",
+                                      "complex64", "complex128", "bfloat16", "float8e4m3fn", "float8e4m3fnuz",
+                                      "float8e5m2", "float8e5m2fnuz", "uint4", "int4", "float4e2m1",
+                                      "float8e8m0", "uint2", "int2"};
+  const std::string number = std::to_string(type);
+  if (type < 0 || type >= static_cast<int>(sizeof names / sizeof names[0])) return number;
+  return std::string(names[type]) + " (" + number + ")";
+}
+
 std::vector<IoInfo> read_io(const Ort::Session& session, bool inputs, const std::string& model_path) {
   std::vector<IoInfo> out;
   Ort::AllocatorWithDefaultOptions alloc;
@@ -83,7 +96,7 @@ std::vector<IoInfo> read_io(const Ort::Session& session, bool inputs, const std:
     if (!dtype)
       throw Error(ErrorCode::kModelInvalid, "model '" + model_path + "': " + (inputs ? "input '" : "output '") +
                                                 io.name + "' has ONNX element type " +
-                                                std::to_string(tensor_info.GetElementType()) +
+                                                onnx_type_name(static_cast<int>(tensor_info.GetElementType())) +
                                                 ", which aitune does not handle");
     io.dtype = *dtype;
     io.shape = tensor_info.GetShape();
