@@ -87,6 +87,22 @@ std::vector<std::map<std::string, Tensor>> random_samples(const OnnxSession& ref
   std::vector<std::map<std::string, Tensor>> samples;
   bool batched = false;
   for (const auto& io : reference.inputs()) batched |= !io.shape.empty() && io.shape[0] < 0;
+  // Symbolic extents other than the batch that no --dim sets take 1 in every sample, so the
+  // tuned graph accepts only 1 there: said, since nothing else showed it until a run of
+  // another length was refused by the checkpoint.
+  std::vector<std::string> fixed;
+  for (const auto& io : reference.inputs())
+    for (std::size_t i = 0; i < io.shape.size() && i < io.symbolic_dims.size(); ++i)
+      if (io.shape[i] < 0 && !(i == 0 && batched) && !dims.count(io.symbolic_dims[i]))
+        fixed.push_back("'" + (io.symbolic_dims[i].empty() ? "?" : io.symbolic_dims[i]) + "' (" + io.name +
+                        " axis " + std::to_string(i) + ")");
+  if (!fixed.empty()) {
+    std::string listed;
+    for (const auto& f : fixed) listed += (listed.empty() ? "" : ", ") + f;
+    std::cerr << "aitune: note: the random samples hold 1 on the symbolic dimension(s) " << listed
+              << ", so the tuned graph accepts only 1 there; give --dim SYMBOL=N, or --samples of the extents to "
+                 "accept\n";
+  }
   for (int64_t batch : batched ? o.batch_sizes : std::vector<int64_t>{1}) {
     auto with_batch = dims;
     for (const auto& io : reference.inputs())

@@ -252,6 +252,25 @@ def test_ctrl_c_stops_a_cli_run_at_once_without_a_traceback(tmp_path):
     assert "Traceback" not in err and "KeyboardInterrupt" not in err
 
 
+def test_a_cli_tune_says_which_symbolic_extents_its_random_samples_fixed(tmp_path, capfd):
+    """`aitune tune` of x: [batch, seq, 4] without --dim recorded seq = 1 and said nothing: the
+    checkpoint then refused every other length (a session-31 probe)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "dyn",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", "seq", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", "seq", 4])])
+    path = tmp_path / "dyn.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
+    args = ["aitune", "tune", str(path), "--provider", "cpu", "--checkpoint", str(tmp_path / "ckpt")]
+    assert _core.cli_main(args) == 0
+    err = capfd.readouterr().err
+    assert "hold 1 on the symbolic dimension(s) 'seq' (x axis 1)" in err and "--dim SYMBOL=N" in err
+    assert _core.cli_main(args[:-1] + [str(tmp_path / "ckpt2"), "--dim", "seq=3"]) == 0
+    assert "symbolic dimension(s)" not in capfd.readouterr().err
+
+
 def test_console_help_lists_the_python_commands_among_the_others(capfd, monkeypatch):
     """`aitune --help` gave serve and loadtest after the exit-code footer (printed by Python
     after the C++ help), and `aitune bogus` left them out of the commands it named."""
