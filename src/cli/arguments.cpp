@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 
 #include "aitune/error.hpp"
 
@@ -57,6 +58,17 @@ std::string output_file_name(const std::string& name) {
                                                  (name.empty() ? std::string("it is empty") : "over 255 bytes once escaped") +
                                                  "); --save-outputs writes each output as NAME.npy");
   return out;
+}
+
+void check_output_file(const std::string& path, const std::string& what) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path file = fs::absolute(path).lexically_normal();
+  if (fs::is_directory(file, ec))
+    throw Error(ErrorCode::kIo, "cannot write " + what + " to '" + path + "': it is a directory");
+  if (!fs::is_directory(file.parent_path(), ec))
+    throw Error(ErrorCode::kIo, "cannot write " + what + " to '" + path + "': its directory '" +
+                                    file.parent_path().string() + "' does not exist");
 }
 
 }  // namespace aitune::cli

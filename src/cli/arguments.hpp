@@ -30,4 +30,9 @@ int64_t parse_integer(const std::string& text, int64_t lo, int64_t hi, const std
 /// would exceed 255 bytes.
 std::string output_file_name(const std::string& name);
 
+/// Error(kIo) "cannot write <what> to '<path>': ..." where `path` is a directory or its
+/// directory does not exist: checked before the work whose result it would hold (a tune's
+/// --report, debug-precision's --json), not after it.
+void check_output_file(const std::string& path, const std::string& what);
+
 }  // namespace aitune::cli

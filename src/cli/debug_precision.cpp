@@ -1,6 +1,8 @@
 // `aitune debug-precision MODEL.onnx`: runs every node's outputs under a candidate's
 // settings and under fp32 on the CPU, and names the first node beyond tolerance with its
 // module scope (like Polygraphy's precision debugging).
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -57,6 +59,7 @@ int debug_precision_command(const DebugPrecisionOptions& o) {
   const auto probe = OnnxSession::create(o.model, cpu);
   const std::map<std::string, Tensor> given = load_input_files(o.inputs, probe->inputs());  // as `aitune run`
   const auto dims = dims_with_given(parse_dims(o.dims, probe->inputs()), given, probe->inputs());
+  if (!o.json.empty()) check_output_file(o.json, "the JSON report");  // before the comparison, not after
   std::mt19937 rng(0);
   std::map<std::string, Tensor> tensors;
   for (const auto& io : probe->inputs()) {
@@ -89,7 +92,7 @@ int debug_precision_command(const DebugPrecisionOptions& o) {
   if (!o.json.empty()) {
     std::ofstream out(o.json, std::ios::trunc);
     out << report.to_json() << "\n";
-    if (!out) throw Error(ErrorCode::kIo, "--json: cannot write '" + o.json + "'");
+    if (!out) throw Error(ErrorCode::kIo, "cannot write the JSON report to '" + o.json + "': " + std::strerror(errno));
   }
   return report.first ? 1 : 0;
 }

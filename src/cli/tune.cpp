@@ -195,16 +195,7 @@ int tune_model(const CliTuneArgs& o) {
   }
   // Where the results go, checked before the tuning they would otherwise be refused after.
   if (!o.checkpoint.empty()) Checkpoint::check_save_target(o.checkpoint);
-  if (!o.report.empty()) {
-    namespace fs = std::filesystem;
-    std::error_code ec;
-    const fs::path report = fs::absolute(o.report).lexically_normal();
-    if (fs::is_directory(report, ec))
-      throw Error(ErrorCode::kIo, "cannot write the report to '" + o.report + "': it is a directory");
-    if (!fs::is_directory(report.parent_path(), ec))
-      throw Error(ErrorCode::kIo, "cannot write the report to '" + o.report + "': its directory '" +
-                                      report.parent_path().string() + "' does not exist");
-  }
+  if (!o.report.empty()) check_output_file(o.report, "the report");
 
   TunerOptions options;
   options.profile.time_cap_s = o.time_cap_s;

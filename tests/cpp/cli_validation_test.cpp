@@ -51,6 +51,12 @@ TEST(CliValidation, RunNumbersAndNamesOutOfRange) {
   // debug-precision reads --input as run does: an unknown name is refused listing the inputs.
   expect_exit("debug-precision " + fixture("mlp.onnx") + " --input nosuch=" + fixture("mlp_x.npy"), 2,
               "model's inputs: 'x'");
+  {  // --json's directory missing: refused before the comparison, with the reason (it ran the whole comparison first)
+    auto r = cli("debug-precision " + fixture("mlp.onnx") + " --json /nonexistent-dir/x.json");
+    EXPECT_EQ(r.exit_code, 6) << r.output;
+    EXPECT_TRUE(contains_icase(r.output, "its directory '/nonexistent-dir' does not exist")) << r.output;
+    EXPECT_EQ(r.output.find("compared"), std::string::npos) << r.output;
+  }
   {  // An empty model file is an invalid model (4), as a truncated one is; it was a usage error (2).
     ScopedTempDir tmp;
     write_file_bytes(tmp.file("empty.onnx"), "");
