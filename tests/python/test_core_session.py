@@ -175,6 +175,26 @@ def test_an_element_type_aitune_lacks_is_named(tmp_path):
         _core.OnnxSession.create(str(path), CPU)
 
 
+def test_a_model_newer_than_onnx_runtime_reads_is_said_in_one_line(tmp_path):
+    """onnx 1.23 saves IR version 14 by default, which ONNX Runtime 1.31 refused with its
+    source path and a C++ signature in the message (a session-31 probe)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "newer",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 99
+    path = tmp_path / "newer.onnx"
+    onnx.save(model, str(path))
+    with pytest.raises(aitune.ModelInvalidError) as refused:
+        _core.OnnxSession.create(str(path), CPU)
+    text = str(refused.value)
+    assert "the model's ONNX IR version is 99, and ONNX Runtime" in text and "model.ir_version =" in text
+    assert "onnxruntime_src" not in text and "::" not in text
+
+
 @pytest.mark.parametrize("field, value", [("intra_op_threads", 100000), ("intra_op_threads", -5),
                                            ("inter_op_threads", 1025)])
 def test_thread_counts_outside_the_manifest_range_are_refused(mlp_model, field, value):

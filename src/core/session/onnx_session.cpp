@@ -1,6 +1,7 @@
 // OnnxSession: the life cycle of one model's session, input checks, and the choice of runner per call.
 #include "aitune/onnx_session.hpp"
 
+#include <cctype>
 #include <algorithm>
 #include <cstddef>
 #include <filesystem>
@@ -273,6 +274,30 @@ std::optional<std::string> missing_kernel_for_dtype(const Ort::Exception& e, con
 
 }  // namespace
 
+namespace {
+
+// ORT's refusal of a model newer than it reads ("Unsupported model IR version: 14, max
+// supported IR version: 13", after its source path and function signature): the versions,
+// and the user's ways out; nullopt for any other error.
+std::optional<std::string> newer_ir_version(const Ort::Exception& e, const std::string& ort_version) {
+  const std::string text = e.what();
+  const std::string lead = "Unsupported model IR version: ", most = "max supported IR version: ";
+  const auto at = text.find(lead), max_at = text.find(most);
+  if (at == std::string::npos || max_at == std::string::npos) return std::nullopt;
+  auto number = [&](std::size_t from) {
+    std::size_t end = from;
+    while (end < text.size() && std::isdigit(static_cast<unsigned char>(text[end]))) ++end;
+    return text.substr(from, end - from);
+  };
+  const std::string version = number(at + lead.size()), max = number(max_at + most.size());
+  if (version.empty() || max.empty()) return std::nullopt;
+  return "the model's ONNX IR version is " + version + ", and ONNX Runtime " + ort_version + " reads IR version " +
+         max + " at most; save it for an older IR (model.ir_version = " + max +
+         " before onnx.save, where its opsets allow) or use a newer ONNX Runtime";
+}
+
+}  // namespace
+
 void OnnxSession::Impl::create_session() {
   release_session();
   detail::session_releases().retry();  // sessions whose stream could not drain when released
@@ -296,6 +321,8 @@ void OnnxSession::Impl::create_session() {
     } catch (const Ort::Exception& e) {
       if (auto why = missing_kernel_for_dtype(e, model_path(), config.provider))
         throw Error(ErrorCode::kUnsupportedDType, context + ": " + *why);
+      if (auto why = newer_ir_version(e, runtime->version()))
+        throw Error(ErrorCode::kModelInvalid, context + ": " + *why);
       throw;
     }
     detail::count_session_created();
