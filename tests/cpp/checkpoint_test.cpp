@@ -350,7 +350,7 @@ TEST_F(CheckpointTest, MissingFileIsReported) {
 TEST_F(CheckpointTest, MissingManifestIsReported) {
   save_mlp();
   fs::remove(artifact("manifest.json"));
-  expect_corrupt(dir_, {}, {"manifest.json", "not an aitune checkpoint"});
+  expect_corrupt(dir_, {}, {"manifest.json", "damaged checkpoint"});
 }
 
 TEST_F(CheckpointTest, ManifestThatIsADirectoryIsCorruptNotAStreamException) {
@@ -906,7 +906,10 @@ TEST(CheckpointLoad, MissingOrNonDirectoryPath) {
   test::write_file_bytes(tmp.file("file"), "x");
   expect_error([&] { Checkpoint::load(tmp.file("file")); }, ErrorCode::kInvalidArgument, {"directory"});
   fs::create_directory(tmp.file("empty"));
-  expect_error([&] { Checkpoint::load(tmp.file("empty")); }, ErrorCode::kCheckpointCorrupt, {"manifest.json"});
+  // a folder that holds no checkpoint at all (a folder of .onnx files given by mistake) is a bad
+  // argument (exit 2), not a corrupt checkpoint (exit 5: it was, before session 31)
+  expect_error([&] { Checkpoint::load(tmp.file("empty")); }, ErrorCode::kInvalidArgument,
+               {"manifest.json", "not an aitune checkpoint"});
   EXPECT_FALSE(Checkpoint::is_checkpoint(tmp.file("empty")));
 }
 
@@ -958,10 +961,16 @@ TEST_F(CheckpointTest, CliExitsWith5OnACorruptCheckpoint) {
   EXPECT_TRUE(test::contains_icase(r.output, "model_raw.onnx")) << r.output;
   r = run_cli("inspect '" + dir_ + "'");
   EXPECT_EQ(r.exit_code, 5) << r.output;
+  // a folder that holds no checkpoint (a folder of models given by mistake): a bad argument, 2
   fs::create_directory(tmp_.file("not_a_checkpoint"));
   r = run_cli("run '" + tmp_.file("not_a_checkpoint") + "'");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_TRUE(test::contains_icase(r.output, "not an aitune checkpoint")) << r.output;
+  // one whose manifest was removed beside its graphs: corrupt, 5
+  fs::remove(fs::path(dir_) / "manifest.json");
+  r = run_cli("run '" + dir_ + "'");
   EXPECT_EQ(r.exit_code, 5) << r.output;
-  EXPECT_TRUE(test::contains_icase(r.output, "manifest.json")) << r.output;
+  EXPECT_TRUE(test::contains_icase(r.output, "damaged checkpoint")) << r.output;
 }
 TEST_F(CheckpointTest, CliNamesAGraphOnlyThePythonFrontEndRunsAndExitsWith3) {
   auto manifest = mlp_manifest();

@@ -521,10 +521,19 @@ Checkpoint Checkpoint::load_once(const std::string& dir) {
              "each of its modules is a checkpoint of its own: " +
              (listed.empty() ? std::string("none found under modules/") : listed));
   }
-  if (!fs::exists(fs::symlink_status(manifest_path, ec)))
+  if (!fs::exists(fs::symlink_status(manifest_path, ec))) {
+    // Saves are atomic (written aside, then renamed): a folder without the manifest is a damaged
+    // checkpoint where it holds a checkpoint's graphs/ folder, and no checkpoint at all otherwise
+    // (a folder of .onnx files given by mistake: a bad argument, not a corrupt checkpoint).
+    if (!fs::is_directory(root / "graphs", ec))
+      fail(ErrorCode::kInvalidArgument, "'" + root.string() + "' is a folder without " +
+                                            std::string(kCheckpointManifestFile) +
+                                            " or graphs/: not an aitune checkpoint (give a checkpoint folder, or an "
+                                            ".onnx file)");
     fail(ErrorCode::kCheckpointCorrupt, "checkpoint '" + root.string() + "' has no " +
                                             std::string(kCheckpointManifestFile) +
-                                            ": not an aitune checkpoint, or one whose save did not finish");
+                                            " beside its graphs/: a damaged checkpoint (its manifest was removed)");
+  }
   resolve_inside(root, std::string(kCheckpointManifestFile), "manifest '" + manifest_path.string() + "'");
   CheckpointManifest m;
   try {
