@@ -168,6 +168,12 @@ TEST(Npy, BadMagicThrowsInvalidArgument) {
   test::write_file_bytes(text, "this is not a numpy file at all, just some text\n");
   expect_error([&] { load_npy(text); }, ErrorCode::kInvalidArgument);
 
+  // an .npz (a zip of .npy files) is said as one, not as "bad magic" (a session-31 probe)
+  const std::string npz = dir.file("inputs.npz");
+  test::write_file_bytes(npz, std::string("PK\x03\x04", 4) + std::string(60, '\0'));
+  const std::string zipped = expect_error([&] { load_npy(npz); }, ErrorCode::kInvalidArgument);
+  EXPECT_NE(zipped.find("zip archive (an .npz of np.savez?)"), std::string::npos) << zipped;
+
   std::string bad_version = test::read_file_bytes(good);
   bad_version[6] = '\x09';
   test::write_file_bytes(dir.file("bad_version.npy"), bad_version);

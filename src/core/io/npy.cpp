@@ -148,7 +148,13 @@ Tensor read_npy(std::istream& in, const std::string& path) {
   if (end < 0 || !in) throw Error(ErrorCode::kIo, "cannot read '" + path + "'");
   const auto file_size = static_cast<uint64_t>(end);
   char magic[8];
-  if (!in.read(magic, 8) || std::memcmp(magic, kMagic, 6) != 0) malformed(path, "bad magic");
+  if (!in.read(magic, 8) || std::memcmp(magic, kMagic, 6) != 0) {
+    // an .npz (np.savez: a zip of .npy files) is the likeliest other file here: said as such
+    if (in.gcount() >= 4 && std::memcmp(magic, "PK\x03\x04", 4) == 0)
+      malformed(path, "a zip archive (an .npz of np.savez?), not one .npy array: save each input with np.save and "
+                      "give it as NAME=FILE.npy");
+    malformed(path, "bad magic: not a .npy file (np.save writes one)");
+  }
   const int major = static_cast<unsigned char>(magic[6]);
   uint64_t header_len = 0;
   if (major == 1) {
