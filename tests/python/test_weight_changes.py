@@ -215,3 +215,46 @@ def test_tensors_in_containers_objects_and_globals_are_watched(change, caplog, m
         change(inner)
         torch.testing.assert_close(model(x), inner(x))
     assert not model.ait_active and "runs eagerly" in caplog.text
+
+
+class ClearsItsCacheOnTrain(torch.nn.Module):
+    """timm LeViT's pattern: a dict of tensors computed from a parameter, emptied by train()
+    and refilled by the next eval-mode forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+        self.bias = torch.nn.Parameter(torch.randn(4))
+        self.cache = {"bias": self.bias.detach() * 2}
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        if mode:
+            self.cache = {}
+        return self
+
+    def forward(self, x):
+        if "bias" not in self.cache:
+            self.cache["bias"] = self.bias.detach() * 2
+        return self.fc(x) + self.cache["bias"]
+
+
+def test_a_cache_emptied_and_refilled_from_the_weights_keeps_the_graphs(caplog):
+    """Watching the tensors of dict attributes (above) deactivated LeViT for good after a
+    train()/eval() round trip, which empties its attention-bias cache: an emptied container
+    leaves the graphs right (a session-31 probe)."""
+    torch.manual_seed(0)
+    inner = ClearsItsCacheOnTrain().eval()
+    model = ait.Module(inner, "cache", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [torch.randn(4) for _ in range(2)], ignore_failing_modules=False, progress=False)
+    x = torch.randn(2, 4)
+    expected = inner(x).detach()
+    model.train()
+    model.eval()
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="aitune"):
+        torch.testing.assert_close(model(x), expected)
+    assert model.ait_active and "replaced" not in caplog.text
+    with torch.no_grad():
+        inner.cache = {"bias": torch.full((4,), 7.0)}  # other values: a change
+        torch.testing.assert_close(model(x), inner(x))
+    assert not model.ait_active

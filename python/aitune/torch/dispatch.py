@@ -265,6 +265,24 @@ def _storage_of(tensor: torch.Tensor) -> tuple:
     return where, tensor.dtype, tensor.device, tuple(tensor.shape)
 
 
+def _same_held_values(old: Any, new: Any) -> bool:
+    """Whether a watched slot's object replaced by ``new`` leaves the graphs right: an equal
+    tensor or array (``_equal_tensors``), a tuple, list or dict of equal ones, or an emptied
+    container where one held tensors (a cache cleared: timm's LeViT empties its
+    ``attention_bias_cache`` on ``train()`` and refills it from its weights; a forward reading
+    an item from an empty container recomputes it or fails, eagerly too)."""
+    containers = (tuple, list, dict)
+    if isinstance(old, containers) and isinstance(new, containers):
+        if not new:
+            return True
+        if type(old) is not type(new) or len(old) != len(new):
+            return False
+        if isinstance(old, dict):
+            return old.keys() == new.keys() and all(_same_held_values(old[k], new[k]) for k in old)
+        return all(_same_held_values(a, b) for a, b in zip(old, new))
+    return old is new or _equal_tensors(old, new)
+
+
 def _equal_tensors(old: Any, new: Any) -> bool:
     """Whether a tensor replaced by ``new`` was replaced by the same values (a cache or a
     weight assigned again as an equal copy: the graphs hold those values still)."""
@@ -682,7 +700,14 @@ class ModuleDispatch:
         if self.cpp is None:
             return
         if self.slots:
-            self.slots = weight_slots(self.module, self.harmless)
+            found = weight_slots(self.module, self.harmless)
+            # a container emptied since (a cache cleared, _same_held_values) holds no tensor now, but
+            # stays watched: other tensors put there in a new container are a change
+            have = {path for path, _, _, _ in found}
+            found += [(path, registry, key, registry[key]) for path, registry, key, old in self.slots
+                      if isinstance(old, (tuple, list, dict)) and path not in have
+                      and isinstance(registry.get(key), (tuple, list, dict)) and not registry[key]]
+            self.slots = found
             self.storages = _slot_storages(self.slots)
             self.registries = registry_keys(self.module)
         watched = self.attributes.watched() if self.attributes is not None else []
@@ -699,7 +724,7 @@ class ModuleDispatch:
         nn.Linear(...)``) and the module was deactivated for it (as
         ``_weights_changed_in_place``); otherwise the objects as they are now are taken as seen."""
         replaced = [(name, tensor) for name, registry, key, tensor in self.slots
-                    if registry.get(key) is not tensor and not _equal_tensors(tensor, registry.get(key))]
+                    if registry.get(key) is not tensor and not _same_held_values(tensor, registry.get(key))]
         # the same object with other data under it: `p.data = ...` moves no counter, and
         # torch.nn.utils.prune.remove puts the pruned values back so (seen here, where a
         # registry changed; a lone `.data` assignment changes none, docs/onnxruntime-backend.md)
