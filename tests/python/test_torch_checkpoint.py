@@ -1089,3 +1089,44 @@ def test_hooks_the_graphs_were_exported_with_are_recorded_and_compared(tmp_path,
     again = MLP().eval()
     again.fc1.register_forward_hook(_tripled)
     assert "(or its instance forward) differ" not in load_into(again)
+
+
+class _CachedBias(torch.nn.Module):
+    """A dict of tensors computed from a parameter on first use (timm LeViT's attention-bias
+    cache): empty in a fresh module until its first eager call."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+        self.cache = {}
+
+    def forward(self, x):
+        if "bias" not in self.cache:
+            self.cache["bias"] = self.fc.bias.detach() * 2
+        return self.fc(x) + self.cache["bias"]
+
+
+def test_a_cache_not_filled_yet_in_the_module_loaded_into_is_no_difference(tmp_path, monkeypatch, caplog):
+    """Watching the tensors of dict attributes made the save record the cache's item; a fresh
+    module loaded into has an empty cache (filled on first use), which is no other model."""
+    import logging
+
+    monkeypatch.setenv("AITUNE_CACHE_DIR", str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    inner = _CachedBias().eval()
+    inner(torch.randn(1, 4))  # the cache filled, as a first call does
+    model = ait.Module(inner, "cached", strategy=cpu_strategy())
+    ait.tune(model, [torch.randn(4) for _ in range(2)], disable_external_logging=True, performance_validation=False)
+    path = ait.save(model, tmp_path / "ckpt")
+
+    def load_into(fresh) -> str:
+        fresh.load_state_dict(inner.state_dict())
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="aitune"):
+            ait.load(ait.Module(fresh, "cached"), path)
+        return caplog.text
+
+    assert "outside its state dict" not in load_into(_CachedBias().eval())
+    other = _CachedBias().eval()
+    other.cache = {"bias": torch.full((4,), 9.0)}
+    assert "outside its state dict" in load_into(other) and "cache['bias']" in caplog.text
