@@ -123,17 +123,21 @@ def _behind_property(value: Any, name: str) -> bool:
     return any(isinstance(getattr(type(value), reader, None), property) for reader in readers)
 
 
-def _found(module: torch.nn.Module, harmless: tuple[str, ...]) -> Iterator[tuple[str, dict, str, Any]]:
-    """(path, instance dict, key, value) of each watched value, in a fixed order."""
+def attribute_values(module: torch.nn.Module, harmless: tuple[str, ...], keep: Callable[[Any], bool] = is_plain_value,
+                     private: Callable[[Any, str], bool] = _behind_property) -> Iterator[tuple[str, dict, str, Any]]:
+    """(path, instance dict, key, value) of each value ``keep`` takes (a plain value;
+    weight_changes: a tensor or a container of them) among the attributes of the module
+    tree, and one level into the plain objects they hold (a config), in a fixed order; a name
+    there starting with ``_`` only where ``private(object, name)``."""
     seen_objects: set[int] = set()
     for path, held, key, value in user_attributes(module, harmless):
-        if is_plain_value(value):
+        if keep(value):
             yield path, held, key, value
         elif plain_object(value) and id(value) not in seen_objects:
             seen_objects.add(id(value))
             inner = vars(value)
             for name in sorted(inner):
-                if (not name.startswith("_") or _behind_property(value, name)) and is_plain_value(inner[name]):
+                if (not name.startswith("_") or private(value, name)) and keep(inner[name]):
                     inner_path = f"{path}.{name}"
                     if not is_harmless(inner_path, harmless):
                         yield inner_path, inner, name, inner[name]
@@ -208,7 +212,7 @@ class AttributeWatch:
     def __init__(self, module: torch.nn.Module, harmless: tuple[str, ...] = (), saved: dict[str, str] | None = None):
         self.module = module
         self.entries = [BakedAttribute(path, owner, key, value, shown(value))
-                        for path, owner, key, value in [*_found(module, harmless), *forward_globals(module, harmless)]]
+                        for path, owner, key, value in [*attribute_values(module, harmless), *forward_globals(module, harmless)]]
         self.entries += [BakedAttribute(path, owner, key, _ABSENT, shown(value), cls)
                          for path, owner, key, value, cls in _class_defaults(module, harmless)]
         if saved is not None:

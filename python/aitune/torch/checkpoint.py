@@ -173,8 +173,8 @@ def save(
         )
     tuned_weights = _weights_tuned_with(module)
     tuned_held = _held_tuned_with(module)
-    _warn_if_hooks_differ(module, module.__dict__.get("_ait_tuned_hooks"), "its graphs were exported with, saved as "
-                          "they were exported")
+    tuned_hooks = module.__dict__.get("_ait_tuned_hooks")  # (None: loaded from a checkpoint without them)
+    _warn_if_hooks_differ(module, tuned_hooks, "its graphs were exported with, saved as they were exported")
     metadata = {
         METADATA_KEY: {
             "format_version": MANIFEST_SECTIONS_FORMAT_VERSION,
@@ -195,7 +195,7 @@ def save(
             # the code of the module's classes its graphs were exported from (forward_code.py)
             "forward_code": module.__dict__.get("_ait_tuned_code") or forward_code_digest(module.ait_module),
             # the submodules' forward hooks (and an instance forward) the export ran: the graphs keep their effect
-            "exported_hooks": module.__dict__.get("_ait_tuned_hooks", exported_hooks(module.ait_module)),
+            "exported_hooks": tuned_hooks if tuned_hooks is not None else exported_hooks(module.ait_module),
             # the plain Python values the ONNX Runtime graphs hold as constants, which
             # ait.load expects of the module loaded into (baked_attributes.py)
             **({"attributes": module._ait_calls.attributes.snapshot()}

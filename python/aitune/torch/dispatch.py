@@ -208,7 +208,7 @@ def call_layout(positional: tuple[list[str], dict[str, Any], str | None] | None,
     return tuple(name for name in rest if name in keywords)
 
 
-def _effect_on_tensors_only(hook) -> bool:
+def effect_on_tensors_only(hook) -> bool:
     """transformers' output-capturing hook (installed on the layers the first time a call
     asks ``output_hidden_states`` / ``output_attentions``, or a head such as SegFormer's
     asks them of its base model): it only appends a layer's output tensors to a collector
@@ -638,11 +638,11 @@ class ModuleDispatch:
 
     def _only_tensor_hooks_added(self, index: int, sub: torch.nn.Module) -> bool:
         """Whether submodule ``index`` only gained hooks whose only effect is on tensors
-        (``_effect_on_tensors_only``) since the dispatch was made, and lost none."""
+        (``effect_on_tensors_only``) since the dispatch was made, and lost none."""
         before = self.submodule_hooks.get(self.submodule_names[index], {})
         now = {**sub._forward_pre_hooks, **sub._forward_hooks}
         return before.keys() <= now.keys() and all(
-            _effect_on_tensors_only(hook) for key, hook in now.items() if key not in before)
+            effect_on_tensors_only(hook) for key, hook in now.items() if key not in before)
 
     def _run_changed_submodules(self, changed: dict[str, list[str]], args: tuple, kwargs: dict) -> Any:
         """A call while the module or a submodule is in another mode than its graphs were
@@ -713,10 +713,10 @@ class ModuleDispatch:
         watched = self.attributes.watched() if self.attributes is not None else []
         # (a write to a weight's registry goes to _weights_replaced even where every object is
         # back: torch.nn.utils.prune.remove puts the Parameter back with the pruned data under it)
-        written = {id(sub.__dict__[name]): sub.__dict__[name] for sub in self.module.modules() if self.slots
-                   for name in ("_parameters", "_buffers") if isinstance(sub.__dict__.get(name), dict)}
+        written = [registry for sub in self.module.modules() for registry in (sub._parameters, sub._buffers)
+                   ] if self.slots else []
         self.cpp.watch_attributes(watched + [(registry, key, tensor) for _, registry, key, tensor in self.slots],
-                                  list(written.values()))
+                                  written)
 
     def _weights_replaced(self) -> bool:
         """True when a parameter, buffer or submodule the graphs hold a copy of was replaced by

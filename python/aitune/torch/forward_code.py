@@ -90,24 +90,34 @@ def code_differences(saved: object, now: dict[str, str]) -> list[str]:
             and saved[name] != digest]
 
 
+def submodule_forward_hooks(module: torch.nn.Module) -> list[tuple[str, object]]:
+    """(path, hook) of each forward (pre-)hook on a submodule of ``module`` (its own hooks
+    run around a tuned graph), in ``named_modules`` order: an export runs them inside the
+    graph. Hooks whose only effect is on output tensors (``effect_on_tensors_only``:
+    transformers' output capturing, installed on first use) are left out."""
+    from aitune.torch.dispatch import effect_on_tensors_only
+
+    return [(path, hook) for path, sub in module.named_modules() if path
+            for hook in (*sub._forward_pre_hooks.values(), *sub._forward_hooks.values())
+            if not effect_on_tensors_only(hook)]
+
+
 def exported_hooks(module: torch.nn.Module) -> dict[str, list[str]]:
     """{submodule path: the qualified names of its forward (pre-)hooks} of each submodule
     with hooks, and ``{"<root>.forward": [name]}`` where the wrapped module has an instance
     ``forward`` (``m.forward = ...``, as adapter libraries patch): an export runs them, so a
     graph keeps what they do, and a checkpoint records them (since session 31: a hook on a
     submodule at tuning, absent from the module loaded into in a fresh process, was still
-    applied by the loaded graph, 1.57 off, silently). transformers' output-capturing hooks
-    (installed on first use, their effect on tensors the graph keeps) are left out."""
+    applied by the loaded graph, 1.57 off, silently). The hooks are those of
+    ``submodule_forward_hooks``."""
     def named(hook) -> str:
         return f"{getattr(hook, '__module__', None) or type(hook).__module__}." \
                f"{getattr(hook, '__qualname__', None) or type(hook).__qualname__}"
 
     found: dict[str, list[str]] = {}
-    for path, sub in module.named_modules():
-        hooks = [hook for hook in (*sub._forward_pre_hooks.values(), *sub._forward_hooks.values())
-                 if not (getattr(hook, "__module__", None) == "transformers.utils.output_capturing")]
-        if path and hooks:
-            found[path] = sorted(named(hook) for hook in hooks)
+    for path, hook in submodule_forward_hooks(module):
+        found.setdefault(path, []).append(named(hook))
+    found = {path: sorted(names) for path, names in found.items()}
     if "forward" in vars(module):
         found["<root>.forward"] = [named(vars(module)["forward"])]
     return found

@@ -18,10 +18,9 @@ from aitune.torch import cache, flatten
 from aitune.torch.backend import ONNXRuntimeBackend
 from aitune.torch.backend.base import TunedGraph
 from aitune.torch.context import TuneSession, current_session, eager_only, note_other_thread_call, recording_threads
-from aitune.torch.dispatch import (DispatchedModule, ModuleDispatch, _effect_on_tensors_only, global_forward_hooks,
-                                   measured_call)
+from aitune.torch.dispatch import DispatchedModule, ModuleDispatch, global_forward_hooks, measured_call
 from aitune.torch.dynamic_shapes import DynamicShapes
-from aitune.torch.forward_code import exported_hooks, forward_code_digest
+from aitune.torch.forward_code import exported_hooks, forward_code_digest, submodule_forward_hooks
 from aitune.torch.graph import CallForm, RecordedGraph
 from aitune.torch.graph_tuning import GlobalHooksTuningError, tune_graph
 from aitune.torch.state_changes import (StateSnapshot, StateWatch, attribute_paths, changed_containers,
@@ -63,15 +62,8 @@ _SHARED_HOOKS = ("_forward_pre_hooks", "_forward_pre_hooks_with_kwargs", "_forwa
 def submodule_hooks(module: torch.nn.Module) -> list[str]:
     """``name: hook`` for each forward hook registered on a submodule: those run inside
     a graph while it is exported, and their side effects never happen on tuned calls.
-    Hooks whose only effect is on output tensors (``_effect_on_tensors_only``) are left out."""
-    found = []
-    for name, sub in module.named_modules():
-        if not name:
-            continue
-        for hook in [*sub._forward_pre_hooks.values(), *sub._forward_hooks.values()]:
-            if not _effect_on_tensors_only(hook):
-                found.append(f"{name}: {getattr(hook, '__qualname__', repr(hook))}")
-    return found
+    Hooks whose only effect is on output tensors are left out (``submodule_forward_hooks``)."""
+    return [f"{name}: {getattr(hook, '__qualname__', repr(hook))}" for name, hook in submodule_forward_hooks(module)]
 
 #: Calls an untuned module records outside ``ait.tune`` (AITune's record-by-calling, for
 #: ``module.tune()``); later calls run eagerly and are not kept, so a module wrapped and

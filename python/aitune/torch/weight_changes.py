@@ -11,9 +11,6 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
-from aitune.torch.state_changes import is_harmless, user_attributes
-
-
 _fused_steps_seen = False
 
 
@@ -68,42 +65,33 @@ def held_attributes(module: torch.nn.Module, harmless: tuple[str, ...] = ()) -> 
     (``OFFSET = torch.zeros(4)`` beside the class). Until session 31 only the first kind was
     watched: a write into the others, or their reassignment, left the graphs computing the
     old values, silently (0.5-5 off in a probe)."""
-    from aitune.torch.baked_attributes import forward_globals, plain_object
+    from aitune.torch.baked_attributes import attribute_values, forward_globals
 
-    found, objects = [], set()
-    for path, held, key, value in user_attributes(module, harmless):
-        if _holds_tensors(value):
-            found.append((path, held, key, value))
-        elif plain_object(value) and id(value) not in objects:
-            objects.add(id(value))
-            inner = vars(value)
-            for name in sorted(inner):
-                if _holds_tensors(inner[name]) and not is_harmless(f"{path}.{name}", harmless):
-                    found.append((f"{path}.{name}", inner, name, inner[name]))
-    found += [entry for entry in forward_globals(module, harmless, keep=_holds_tensors)]
-    return found
+    return [*attribute_values(module, harmless, keep=_holds_tensors, private=lambda value, name: True),
+            *forward_globals(module, harmless, keep=_holds_tensors)]
+
+
+def _tensors_in(path: str, value: object) -> list[tuple[str, object]]:
+    """(path, value) of ``value`` where it is a tensor or numeric array, else of each one
+    among the items of a tuple, list or dict ``value``, by index or key (``consts[0]``,
+    ``table['a']``)."""
+    if _held_attribute(value):
+        return [(path, value)]
+    if isinstance(value, dict):
+        return [(f"{path}[{key!r}]", item) for key, item in value.items() if _held_attribute(item)]
+    if isinstance(value, (tuple, list)):
+        return [(f"{path}[{index}]", item) for index, item in enumerate(value) if _held_attribute(item)]
+    return []
 
 
 def _holds_tensors(value: object) -> bool:
     """A tensor or numeric array, or a tuple, list or dict holding one."""
-    if _held_attribute(value):
-        return True
-    items = value.values() if isinstance(value, dict) else value if isinstance(value, (tuple, list)) else ()
-    return any(_held_attribute(item) for item in items)
+    return bool(_tensors_in("", value))
 
 
 def _held_items(entries) -> list[tuple[str, object]]:
-    """(path, value) of each tensor or array in ``held_attributes``' entries, the items of a
-    container by index or key (``consts[0]``, ``table['a']``)."""
-    items = []
-    for path, _, _, value in entries:
-        if _held_attribute(value):
-            items.append((path, value))
-        elif isinstance(value, dict):
-            items += [(f"{path}[{key!r}]", item) for key, item in value.items() if _held_attribute(item)]
-        else:
-            items += [(f"{path}[{index}]", item) for index, item in enumerate(value) if _held_attribute(item)]
-    return items
+    """(path, value) of each tensor or array in ``held_attributes``' entries."""
+    return [item for path, _, _, value in entries for item in _tensors_in(path, value)]
 
 
 def weight_slots(module: torch.nn.Module, harmless: tuple[str, ...] = ()) -> list[tuple[str, dict, str, object]]:

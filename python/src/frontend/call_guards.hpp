@@ -333,12 +333,11 @@ class AttributeValues {
   // data under it (`.data = ...`), which only the Python path can see (its storage). Their
   // tags are taken now: the Python path has just looked (no write reaches them per call).
   void set(const std::vector<nb::tuple>& entries, const std::vector<nb::object>& written = {}) {
-    std::vector<Tagged> strict;
+    std::vector<Written> strict;
     for (const auto& dict : written) {
       if (!PyDict_Check(dict.ptr())) throw nb::type_error("watch_attributes: `written` must be dicts");
-      strict.push_back(Tagged{dict.ptr(), tag_of(dict.ptr()), PyDict_GET_SIZE(dict.ptr())});
+      strict.push_back(Written{dict, tag_of(dict.ptr())});
     }
-    written_objects_ = written;
     std::vector<Entry> fresh;
     fresh.reserve(entries.size());
     std::vector<Tagged> dicts;
@@ -376,7 +375,7 @@ class AttributeValues {
       if (PyDict_GET_SIZE(d.dict) != d.size) return false;
 #if AITUNE_DICT_VERSION_TAGS
     for (const auto& d : written_)
-      if (tag_of(d.dict) != d.tag) return false;
+      if (tag_of(d.dict.ptr()) != d.tag) return false;
 #endif
     take_tags();  // written, but every value is the object it was: the dicts as they are now
     return true;
@@ -387,14 +386,13 @@ class AttributeValues {
       Py_VISIT(entry.dict.ptr());
       if (entry.value.is_valid()) Py_VISIT(entry.value.ptr());
     }
-    for (const auto& dict : written_objects_) Py_VISIT(dict.ptr());
+    for (const auto& d : written_) Py_VISIT(d.dict.ptr());
     return 0;
   }
   void reset() noexcept {
     entries_.clear();
     dicts_.clear();
     written_.clear();
-    written_objects_.clear();
     tags_taken_ = false;
   }
 
@@ -430,8 +428,11 @@ class AttributeValues {
     tags_taken_ = true;
   }
   std::vector<Entry> entries_;
-  std::vector<Tagged> written_;             // set()'s `written` dicts, their tags as set() found them
-  std::vector<nb::object> written_objects_;  // (the references that keep them alive, visited)
+  struct Written {
+    nb::object dict;    // held (visited by traverse)
+    std::uint64_t tag;  // as set() found it
+  };
+  std::vector<Written> written_;  // set()'s `written` dicts
   mutable std::vector<Tagged> dicts_;  // each dict of entries_ once, with its tag when last clear
   mutable bool tags_taken_ = false;    // the tags are those of dicts whose every value was expected
 };

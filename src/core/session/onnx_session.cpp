@@ -1,8 +1,8 @@
 // OnnxSession: the life cycle of one model's session, input checks, and the choice of runner per call.
 #include "aitune/onnx_session.hpp"
 
-#include <cctype>
 #include <algorithm>
+#include <cctype>
 #include <cstddef>
 #include <filesystem>
 #include <mutex>
@@ -271,10 +271,6 @@ std::optional<std::string> missing_kernel_for_dtype(const Ort::Exception& e, con
   return prefix + ": the model computes in " + dtype + ", which this provider runs for few operators; " + ways +
          " (ONNX Runtime: " + text + ")";
 }
-
-}  // namespace
-
-namespace {
 
 // ORT's refusal of a model newer than it reads ("Unsupported model IR version: 14, max
 // supported IR version: 13", after its source path and function signature): the versions,
