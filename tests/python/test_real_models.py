@@ -41,9 +41,9 @@ def _assert_same_output(actual, expected) -> None:
         torch.testing.assert_close(actual[key], expected[key], **TOL)
 
 
-def _bert() -> torch.nn.Module:
+def _bert(layers: int = 1) -> torch.nn.Module:
     config = transformers.BertConfig(
-        vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+        vocab_size=100, hidden_size=32, num_hidden_layers=layers, num_attention_heads=2, intermediate_size=64,
         max_position_embeddings=64,
     )
     return transformers.BertModel(config).eval()
@@ -69,6 +69,19 @@ def test_bert_called_with_keywords_returns_its_model_output(use_dynamo, monkeypa
     assert type(expected).__name__ == "BaseModelOutputWithPoolingAndCrossAttentions"
     _assert_same_output(actual, expected)
     _assert_same_output(again, expected)
+
+
+def test_two_layer_bert_with_padded_samples_tunes_with_the_trace_exporter():
+    """Issue 28's GPU suite: transformers' padding mask (``mask[batch, kv]`` in
+    masking_utils) made the trace export refuse ``q_length > 1``
+    (sdpa_attention.py) of the second layer, whose query the mask reached through the first
+    layer's attention, as a branch on the inputs' values. It is a shape."""
+    inner = _bert(layers=2)
+    model = _tune(inner, "bert-two-layers", [_token_sample(12) for _ in range(4)], use_dynamo=False, batch_sizes=[2])
+    ids, mask = torch.randint(0, 100, (2, 12)), torch.ones(2, 12, dtype=torch.long)
+    mask[0, 9:] = 0
+    with torch.no_grad():
+        _assert_same_output(model(input_ids=ids, attention_mask=mask), inner(input_ids=ids, attention_mask=mask))
 
 
 def test_bert_called_positionally():

@@ -115,12 +115,42 @@ class ShapeTensorBranch(torch.nn.Module):
 
 
 def test_trace_export_of_a_branch_on_a_size_read_as_a_tensor_is_a_shape():
-    """Issue 28's GPU suite (torch 2.11): the trace export of a BERT was refused for
-    transformers' ``q_length > 1`` (``sdpa_attention.py``), a size the tracer gave as a
-    tensor, taken for a value of the inputs."""
+    """A size read as a tensor (``aten::_shape_as_tensor``) is a shape, not a value."""
     model = ait.Module(ShapeTensorBranch().eval(), "shape-tensor",
                        strategy=cpu_strategy(use_dynamo=False, tune_provider_options=False))
     ait.tune(model, _positive(), batch_sizes=[2, 4], ignore_failing_modules=False)
     assert model.ait_state is ModuleState.TUNED
     x = torch.rand(3, 4)
     torch.testing.assert_close(model(x), model.ait_module(x))
+
+
+class BoolMaskIndexedByPositions(torch.nn.Module):
+    """transformers 5's padding mask (``masking_utils``): a boolean mask indexed by position
+    tensors, ``mask[batch, kv]``, whose result has the positions' shape, not one that follows
+    the mask's values; a branch on a later size is a branch on a shape."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x, mask):
+        rows = torch.arange(x.shape[0])[:, None]
+        cols = torch.arange(x.shape[1])[None, :]
+        y = self.linear(x) * mask[rows, cols][..., None]
+        if y.shape[1] > 1:  # transformers' ``q_length > 1`` in sdpa_attention.py
+            return y + 1.0
+        return y - 1.0
+
+
+def test_trace_export_of_a_size_after_a_bool_mask_indexed_by_positions_is_a_shape():
+    """Issue 28's GPU suite: the trace export of a BERT called with an attention mask was
+    refused for transformers' ``q_length > 1``: indexing the boolean padding mask by position
+    tensors was taken for ``x[x > 0]`` (the indexed tensor's dtype was read as the index's),
+    so the size after it counted as a value of the inputs. Fails without the fix."""
+    model = ait.Module(BoolMaskIndexedByPositions().eval(), "bool-mask-index",
+                       strategy=cpu_strategy(use_dynamo=False, tune_provider_options=False))
+    samples = [{"x": torch.randn(6, 4), "mask": torch.rand(6) > 0.3} for _ in range(4)]
+    ait.tune(model, samples, batch_sizes=[2], ignore_failing_modules=False)
+    assert model.ait_state is ModuleState.TUNED
+    x, mask = torch.randn(2, 6, 4), torch.rand(2, 6) > 0.5
+    torch.testing.assert_close(model(x=x, mask=mask), model.ait_module(x=x, mask=mask))

@@ -10,8 +10,7 @@ import torch
 #: The conversions the tracer cannot record: their result is baked into the graph.
 _CONVERSIONS = ("__bool__", "__int__", "__float__", "__index__", "item", "tolist", "__len__")
 #: Operators whose result depends on the shape of their input only, never its values.
-#: (``aten::_shape_as_tensor``: how a tracer may read ``x.shape`` as a tensor; taken for a
-#: value before, a BERT's trace export was refused for transformers' ``q_length > 1``)
+#: (``aten::_shape_as_tensor``: how a tracer may read ``x.shape`` as a tensor)
 _SHAPE_OPERATORS = {"aten::size", "aten::sym_size", "prim::shape", "aten::dim", "aten::numel", "aten::sym_numel",
                     "aten::_shape_as_tensor", "onnx::Shape", "onnx::Size"}
 #: Operators whose result's shape depends on their input's values (``nonzero(x > 0)``,
@@ -115,7 +114,10 @@ def _shape_follows_values(node) -> bool:
         return True
     if kind != "aten::index":
         return False
-    for listed in node.inputs():
+    # aten::index(self, indices): only the indices decide. The indexed tensor being boolean
+    # (transformers' padding mask indexed by positions, ``mask[batch, kv]``) gives a result of
+    # the positions' shape; taking it for ``x[x > 0]`` refused a BERT's ``q_length > 1``.
+    for listed in list(node.inputs())[1:]:
         producer = listed.node()
         indices = list(producer.inputs()) if producer.kind() == "prim::ListConstruct" else [listed]
         for index in indices:
