@@ -63,6 +63,9 @@ struct IoInfo {
   DType dtype = DType::kFloat32;
   Shape shape;                           ///< -1 where the extent is symbolic or unknown
   std::vector<std::string> symbolic_dims;  ///< per axis; "" where not symbolic
+  /// False where the model declares no shape at all (an output only: a session refuses an
+  /// input whose rank is unknown); `shape` is then empty without meaning a scalar.
+  bool rank_known = true;
 };
 
 /// Life cycle: `create` builds the session (kBuilt); `activate` marks it the one in use

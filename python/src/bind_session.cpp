@@ -109,6 +109,7 @@ void bind_session(nb::module_& m) {
       .def_prop_ro("dtype", [](const IoInfo& io) { return std::string(dtype_name(io.dtype)); })
       .def_ro("shape", &IoInfo::shape)
       .def_ro("symbolic_dims", &IoInfo::symbolic_dims)
+      .def_ro("rank_known", &IoInfo::rank_known, "False where the model declares no shape (an output's rank unknown)")
       .def("__repr__", [](const IoInfo& io) {
         return "IoInfo(" + io.name + ": " + std::string(dtype_name(io.dtype)) + shape_to_string(io.shape) + ")";
       });

@@ -14,6 +14,7 @@ namespace fs = std::filesystem;
 namespace {
 
 std::string dims_to_string(const IoInfo& io) {
+  if (!io.rank_known) return " (no shape declared: rank unknown)";
   std::string out = "[";
   for (std::size_t i = 0; i < io.shape.size(); ++i) {
     if (i) out += ", ";

@@ -175,6 +175,41 @@ def test_an_element_type_aitune_lacks_is_named(tmp_path):
         _core.OnnxSession.create(str(path), CPU)
 
 
+def test_an_input_declared_without_a_shape_is_refused_and_an_output_is_rank_unknown(tmp_path):
+    """ONNX Runtime gives a value declared without a shape as rank 0: the input was taken
+    for a scalar (the user's real tensor refused as "expected rank 0", random inputs made as
+    scalars, `aitune inspect` printing float32[]) (a session-31 probe)."""
+    import subprocess
+
+    import onnx
+    from onnx import TensorProto, helper
+
+    def save(name, x_shape, y_shape):
+        graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], name,
+                                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape)])
+        path = tmp_path / f"{name}.onnx"
+        onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
+        return path
+
+    unranked_input = save("unranked_input", None, None)
+    with pytest.raises(aitune.ModelInvalidError, match=r"input 'x' declares no shape, so its rank is unknown"):
+        _core.OnnxSession.create(str(unranked_input), CPU)
+    cli = subprocess.run([sys.executable, "-m", "aitune.cli", "inspect", str(unranked_input)], capture_output=True,
+                         text=True, timeout=120)
+    assert cli.returncode == 4 and "declares no shape" in cli.stderr, (cli.returncode, cli.stdout, cli.stderr)
+
+    unranked_output = save("unranked_output", ["n", 3], None)
+    session = _core.OnnxSession.create(str(unranked_output), CPU)
+    assert [io.rank_known for io in session.inputs] == [True] and [io.rank_known for io in session.outputs] == [False]
+    x = np.random.rand(2, 3).astype(np.float32) - 0.5
+    (y,) = session.infer([x], framework="numpy")
+    np.testing.assert_array_equal(np.asarray(y), np.maximum(x, 0))
+    cli = subprocess.run([sys.executable, "-m", "aitune.cli", "inspect", str(unranked_output)], capture_output=True,
+                         text=True, timeout=120)
+    assert cli.returncode == 0 and "y: float32 (no shape declared: rank unknown)" in cli.stdout, cli.stdout
+
+
 def test_a_model_newer_than_onnx_runtime_reads_is_said_in_one_line(tmp_path):
     """onnx 1.23 saves IR version 14 by default, which ONNX Runtime 1.31 refused with its
     source path and a C++ signature in the message (a session-31 probe)."""

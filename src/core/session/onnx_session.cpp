@@ -14,6 +14,7 @@
 #include "aitune/in_place_outputs.hpp"
 #include "aitune/dtype.hpp"
 #include "aitune/onnx_nodes.hpp"
+#include "aitune/onnx_value_info.hpp"
 #include "session/accepted_shapes.hpp"
 #include "session/cuda_graph_runner.hpp"
 #include "base/enum_names.hpp"
@@ -81,7 +82,8 @@ std::string onnx_type_name(int type) {
   return std::string(names[type]) + " (" + number + ")";
 }
 
-std::vector<IoInfo> read_io(const Ort::Session& session, bool inputs, const std::string& model_path) {
+std::vector<IoInfo> read_io(const Ort::Session& session, bool inputs, const std::string& model_path,
+                            const std::set<std::string>& without_rank) {
   std::vector<IoInfo> out;
   Ort::AllocatorWithDefaultOptions alloc;
   std::size_t n = inputs ? session.GetInputCount() : session.GetOutputCount();
@@ -104,6 +106,14 @@ std::vector<IoInfo> read_io(const Ort::Session& session, bool inputs, const std:
     std::vector<const char*> symbolic(io.shape.size(), nullptr);
     tensor_info.GetSymbolicDimensions(symbolic.data(), symbolic.size());
     for (auto* s : symbolic) io.symbolic_dims.emplace_back(s ? s : "");
+    // ORT reads a value declared without a shape as rank 0: a scalar spec refused the
+    // user's real tensor ("expected rank 0") and random inputs were made as scalars.
+    io.rank_known = !without_rank.count(io.name);
+    if (inputs && !io.rank_known)
+      throw Error(ErrorCode::kModelInvalid,
+                  "model '" + model_path + "': input '" + io.name + "' declares no shape, so its rank is unknown; aitune "
+                  "checks every call against each input's rank: declare it (onnx.tools.update_model_dims."
+                  "update_inputs_outputs_dims(model, {'" + io.name + "': ['batch', ...]}, {}), or export with input shapes)");
     out.push_back(std::move(io));
   }
   return out;
@@ -406,10 +416,11 @@ std::unique_ptr<OnnxSession> OnnxSession::create(const std::string& model_path,
   impl->device_memory = provider.capabilities.device_memory;
   impl->create_session();
   auto& ctx = impl->ctx;
+  const auto without_rank = onnx_values_without_rank(model_path);
   ctx.inputs = ort_call(ErrorCode::kModelInvalid, "model '" + model_path + "'",
-                        [&] { return read_io(*ctx.session, true, model_path); });
+                        [&] { return read_io(*ctx.session, true, model_path, without_rank); });
   ctx.outputs = ort_call(ErrorCode::kModelInvalid, "model '" + model_path + "'",
-                         [&] { return read_io(*ctx.session, false, model_path); });
+                         [&] { return read_io(*ctx.session, false, model_path, without_rank); });
   if (spec) {
     impl->spec.inputs = align_spec(spec->inputs, ctx.inputs, "input", model_path);
     impl->spec.outputs = align_spec(spec->outputs, ctx.outputs, "output", model_path);
