@@ -5,6 +5,7 @@
 
 #include <set>
 #include <string>
+#include <string_view>
 
 namespace aitune {
 
@@ -13,5 +14,8 @@ namespace aitune {
 /// protobuf wire format. Error(kIo) when the file cannot be read, Error(kModelInvalid)
 /// when it is not a well-formed protobuf along the walked path.
 std::set<std::string> onnx_values_without_rank(const std::string& model_path);
+
+/// The same over a model's bytes in memory; `what` names it in errors.
+std::set<std::string> onnx_values_without_rank_in(std::string_view model_bytes, const std::string& what);
 
 }  // namespace aitune

@@ -29,6 +29,7 @@
 #include "aitune/error.hpp"
 #include "aitune/graph_spec.hpp"
 #include "aitune/onnx_external_data.hpp"
+#include "aitune/onnx_value_info.hpp"
 #include "io/npy_reader.hpp"
 #include "seeds.hpp"
 
@@ -67,6 +68,11 @@ void fuzz_external_data(const std::string& bytes) {
     if (location.size() > kOnnxMaxLocationBytes) throw Broken("location longer than the bound");
 }
 
+void fuzz_value_info(const std::string& bytes) {
+  for (const auto& name : onnx_values_without_rank_in(bytes, "fuzz.onnx"))
+    if (name.size() > bytes.size()) throw Broken("a value name longer than the model");
+}
+
 struct Target {
   const char* name;
   std::function<void(const std::string&)> run;
@@ -80,6 +86,7 @@ const std::vector<Target>& targets() {
       {"manifest", fuzz_manifest, {"manifest.json"}, fuzz::manifest_seeds},
       {"graph_spec", fuzz_graph_spec, {".graph_spec.json"}, fuzz::graph_spec_seeds},
       {"external_data", fuzz_external_data, {".onnx"}, fuzz::onnx_seeds},
+      {"value_info", fuzz_value_info, {".onnx"}, fuzz::onnx_seeds},
   };
   return t;
 }

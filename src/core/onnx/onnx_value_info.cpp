@@ -71,9 +71,13 @@ class ValueInfoWalker : detail::ProtobufReader {
 
 }  // namespace
 
+std::set<std::string> onnx_values_without_rank_in(std::string_view model_bytes, const std::string& what) {
+  return ValueInfoWalker(model_bytes, what).run();
+}
+
 std::set<std::string> onnx_values_without_rank(const std::string& model_path) {
   const detail::MappedModel model(model_path);
-  return ValueInfoWalker(model.bytes(), model_path).run();
+  return onnx_values_without_rank_in(model.bytes(), model_path);
 }
 
 }  // namespace aitune
