@@ -210,6 +210,23 @@ def test_an_input_declared_without_a_shape_is_refused_and_an_output_is_rank_unkn
     assert cli.returncode == 0 and "y: float32 (no shape declared: rank unknown)" in cli.stdout, cli.stdout
 
 
+def test_a_model_whose_extent_is_fixed_at_0_is_said_to_take_nothing_else(tmp_path):
+    """A model declaring float32[0, 3] was refused as "empty tensor [0, 3] (expected
+    float32[0, 3])", which reads as a contradiction (a session-31 probe)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "zero",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [0, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [0, 3])])
+    path = tmp_path / "zero.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9), str(path))
+    session = _core.OnnxSession.create(str(path), CPU)
+    with pytest.raises(aitune.ShapeMismatchError, match=r"runs no tensor of 0 elements and the model declares "
+                                                         r"float32\[0, 3\], an extent fixed at 0"):
+        session.infer([np.zeros((0, 3), np.float32)], framework="numpy")
+
+
 def test_a_model_newer_than_onnx_runtime_reads_is_said_in_one_line(tmp_path):
     """onnx 1.23 saves IR version 14 by default, which ONNX Runtime 1.31 refused with its
     source path and a C++ signature in the message (a session-31 probe)."""

@@ -499,9 +499,14 @@ void OnnxSession::Impl::check_inputs(const std::vector<TensorView>& views) const
       throw Error(ErrorCode::kShapeMismatch, who() + ": expected rank " + std::to_string(s.rank()) + " (" +
                                                  s.to_string() + "), got rank " + std::to_string(v.shape.size()) +
                                                  " " + shape_to_string(v.shape));
-    if (v.numel() == 0)
-      throw Error(ErrorCode::kShapeMismatch, who() + ": empty tensor " + shape_to_string(v.shape) + " (expected " +
-                                                 s.to_string() + ")");
+    if (v.numel() == 0) {
+      // A graph whose declared extent is 0 takes nothing else: say so, not "expected" it.
+      const bool only_empty = std::any_of(s.max_shape.begin(), s.max_shape.end(), [](int64_t d) { return d == 0; });
+      throw Error(ErrorCode::kShapeMismatch,
+                  who() + ": empty tensor " + shape_to_string(v.shape) + "; aitune runs no tensor of 0 elements" +
+                      (only_empty ? " and the model declares " + s.to_string() + ", an extent fixed at 0, so it takes no other"
+                                  : " (the graph takes " + s.to_string() + ")"));
+    }
     if (!s.accepts(v.shape))
       throw Error(ErrorCode::kShapeMismatch, who() + ": shape " + shape_to_string(v.shape) +
                                                  " is outside the graph spec " + s.to_string());
