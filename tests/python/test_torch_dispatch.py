@@ -4,6 +4,7 @@ or raise exactly as that path does."""
 
 from __future__ import annotations
 
+import copy
 import logging
 import warnings
 
@@ -322,6 +323,56 @@ def test_calls_under_torch_func_transforms_and_fake_tensors_run_eagerly(caplog):
         torch.testing.assert_close(model(x[0]), net(x[0]))  # the graph serves plain calls still
     said = [r.getMessage() for r in caplog.records if "runs eagerly in PyTorch: a tuned graph reads" in r.getMessage()]
     assert len(said) == 2 and "torch.func transform" in said[0] and "FakeTensorMode" in said[1], said
+
+
+class _Residual(torch.nn.Module):
+    """A model holding a tuned module: what a user traces, exports or compiles whole."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        return x[:, :4] + self.inner(x)
+
+
+def _tuned_residual_pair():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)).eval()
+    reference = _Residual(copy.deepcopy(net)).eval()
+    model = ait.Module(net, "held", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [torch.randn(16) for _ in range(3)], batch_sizes=[2], progress=False, ignore_failing_modules=False)
+    return _Residual(model).eval(), reference
+
+
+def test_a_jit_trace_of_a_model_holding_a_tuned_module_records_its_ops(caplog, tmp_path):
+    """torch.jit.trace and torch.onnx.export(dynamo=False) of a parent recorded the tuned
+    module's graph outputs as constants: the example's values for every input (0.7 off in
+    a probe, silently). Under the tracer the module runs eagerly, said once."""
+    parent, reference = _tuned_residual_pair()
+    x, other = torch.randn(2, 16), torch.randn(2, 16)
+    with torch.no_grad(), caplog.at_level(logging.INFO, logger="aitune"):
+        traced = torch.jit.trace(parent, x)
+        torch.testing.assert_close(traced(other), reference(other))
+        torch.onnx.export(parent, (x,), str(tmp_path / "parent.onnx"), dynamo=False, input_names=["x"])
+        torch.testing.assert_close(parent(other), reference(other))  # the graph serves plain calls still
+    import onnxruntime
+
+    (exported,) = onnxruntime.InferenceSession(str(tmp_path / "parent.onnx")).run(None, {"x": other.numpy()})
+    torch.testing.assert_close(torch.from_numpy(exported), reference(other), atol=1e-5, rtol=1e-5)
+    said = [r.getMessage() for r in caplog.records if "JIT tracer" in r.getMessage()]
+    assert len(said) == 1 and "runs eagerly in PyTorch" in said[0], said
+
+
+def test_torch_compile_of_a_tuned_module_or_a_model_holding_one_compiles_its_forward():
+    """torch.compile(tuned module) failed inside dynamo ('add_route(): incompatible function
+    arguments'): dynamo traced into the dispatch. It compiles the wrapped module's forward."""
+    parent, reference = _tuned_residual_pair()
+    x = torch.randn(2, 16)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(parent.inner, backend="eager")(x), reference.inner(x))
+        torch.testing.assert_close(torch.compile(parent, backend="eager")(x), reference(x))
+        torch.testing.assert_close(parent(x), reference(x))
 
 
 def test_calls_under_a_torch_function_or_dispatch_mode_run_eagerly(caplog):

@@ -449,6 +449,7 @@ class ModuleDispatch:
         self.warned: set = set()
         self.grad_logged = False  # the first call run eagerly for autograd was logged
         self.without_data_logged: set[str] = set()  # causes of calls without data, said once each
+        self.tracing_logged = False  # a call under the JIT tracer said
         self.modes_logged: set[str] = set()
         self.subclasses_logged: set[str] = set()  # the tensor subclasses whose eager calls were logged  # the sets of active modes whose eager calls were logged
         self.autocast_logged = False  # the first call run eagerly for autocast was logged
@@ -523,6 +524,8 @@ class ModuleDispatch:
 
     def call(self, args: tuple, kwargs: dict) -> Any:
         """The general path of a tuned call: bind, flatten, find the graph, run it."""
+        if torch._C._get_tracing_state() is not None:
+            return self._run_while_tracing(args, kwargs)
         # torch.func first: jacrev's inputs require grad too, and are said as its own
         if (why := _without_data(args, kwargs)) is not None:
             return self._run_without_data(why, args, kwargs)
@@ -852,6 +855,17 @@ class ModuleDispatch:
                            "torch's functions (__torch_function__ or __torch_dispatch__), which act on eager ops and "
                            "not inside a tuned graph; pass plain tensors (t.as_subclass(torch.Tensor)) where the "
                            "overrides do not matter", self.name, subclass)
+        return self.module.forward(*args, **kwargs)  # the hooks ran around the proxy's forward
+
+    def _run_while_tracing(self, args: tuple, kwargs: dict) -> Any:
+        """A call under torch's JIT tracer (``torch.jit.trace``, ``torch.onnx.export(dynamo=
+        False)`` of a model holding this one) runs eagerly, so that the tracer records the
+        module's ops: a graph's outputs would be recorded as constants, the example's values
+        for every input (0.7 off in a probe, silently); said once."""
+        if not self.tracing_logged:
+            self.tracing_logged = True
+            logger.info("ait.Module '%s': a call under torch's JIT tracer (torch.jit.trace, torch.onnx.export with "
+                        "dynamo=False) runs eagerly in PyTorch, so that the trace records the module's ops", self.name)
         return self.module.forward(*args, **kwargs)  # the hooks ran around the proxy's forward
 
     def _run_without_data(self, why: str, args: tuple, kwargs: dict) -> Any:

@@ -396,7 +396,10 @@ class Module(DispatchedModule):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         # The hooks (shared with the wrapped module) ran around this forward already.
-        if eager_only():
+        # Under torch.compile (of this module or one holding it) dynamo compiles the wrapped
+        # module's own forward: it cannot trace the dispatch's C++ half (which crashed it),
+        # and a graph run inside would be opaque to it.
+        if eager_only() or torch.compiler.is_compiling():
             return self._ait_module.forward(*args, **kwargs)
         session = current_session()
         if session is not None:
