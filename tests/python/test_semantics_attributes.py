@@ -378,3 +378,38 @@ def test_a_module_global_forward_reads_is_watched_like_an_attribute(monkeypatch,
     other.load_state_dict(inner.state_dict())
     loaded = ait.load(ait.Module(other, "global-reader"), tmp_path / "ckpt")
     assert _close(loaded, other, x) and not loaded._ait_calls.cpp.attributes_clear()
+
+
+class _Outer(torch.nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+        self.head = torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.head(self.inner(x))
+
+
+@pytest.mark.parametrize("inner_tuned", [False, True], ids=["inner-wrapped", "inner-tuned"])
+def test_attributes_of_a_nested_ait_module_are_watched_by_the_outer_tune(inner_tuned, caplog):
+    """An ait.Module inside a module tuned as a whole: the outer graph holds the nested
+    wrapped module's attributes as constants, but the outer watched the wrapper's own dict
+    (aitune's entries) and not the wrapped module's: ``inner.temperature = 2.0`` left the
+    outer computing the old model (0.4 off, silently; a session-32 probe)."""
+    torch.manual_seed(0)
+    wrapped = Scaled().eval()
+    inner = ait.Module(wrapped, "nested-inner", strategy=cpu_strategy(tune_provider_options=False))
+    samples = [torch.randn(4) for _ in range(3)]
+    if inner_tuned:
+        ait.tune(inner, samples, batch_sizes=[2], progress=False, ignore_failing_modules=False)
+    outer = ait.Module(_Outer(inner).eval(), "nested-outer", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(outer, samples, batch_sizes=[2], progress=False, ignore_failing_modules=False)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        before = outer(x)
+        inner.temperature = 0.25  # lands on the wrapped module, as it would unwrapped
+        expected = outer.ait_module.head(wrapped(x))
+        with caplog.at_level(logging.INFO, logger="aitune"):
+            actual = outer(x)
+    assert not torch.allclose(expected, before, atol=1e-3)  # the change matters
+    torch.testing.assert_close(actual, expected)

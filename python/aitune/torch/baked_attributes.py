@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from aitune.torch.state_changes import is_harmless, user_attributes
+from aitune.torch.state_changes import is_harmless, modules_and_wrapped, user_attributes
 
 _PLAIN = (type(None), bool, int, float, complex, str, bytes, enum.Enum, torch.dtype, torch.device, slice, np.generic)
 #: Functions a forward calls through an attribute (``self.act = torch.relu``): the graph holds
@@ -148,7 +148,7 @@ def _class_defaults(module: torch.nn.Module, harmless: tuple[str, ...]) -> Itera
     (or a base below ``torch.nn.Module``) defines and its instance does not shadow: forward
     reads it through ``self`` like an instance attribute, and a value assigned to the
     instance after tuning shadows it."""
-    for prefix, sub in module.named_modules(remove_duplicate=True):
+    for prefix, sub in modules_and_wrapped(module):
         held = vars(sub)
         seen: set[str] = set()
         for cls in type(sub).__mro__:
@@ -189,7 +189,7 @@ def forward_globals(module: torch.nn.Module, harmless: tuple[str, ...],
     a submodule reads as a module global: an export keeps it as a constant, as it does an
     attribute."""
     seen: set[tuple[int, str]] = set()
-    for _, sub in module.named_modules(remove_duplicate=True):
+    for _, sub in modules_and_wrapped(module):
         forward = inspect.unwrap(type(sub).forward)
         code, names = getattr(forward, "__code__", None), getattr(forward, "__globals__", None)
         if not isinstance(code, types.CodeType) or not isinstance(names, dict):
@@ -235,8 +235,8 @@ class AttributeWatch:
     def _owner(self, path: str) -> tuple[dict | None, str]:
         """The instance dict that would hold ``path`` (a module's or a plain object's), or None."""
         parent, _, key = path.rpartition(".")
-        for prefix, sub in self.module.named_modules(remove_duplicate=True):
-            if prefix == parent:
+        for prefix, sub in modules_and_wrapped(self.module):
+            if prefix == parent and "_ait_module" not in vars(sub):  # a wrapper's values are its wrapped module's
                 return vars(sub), key
             held = vars(sub)
             head, _, name = parent.rpartition(".")

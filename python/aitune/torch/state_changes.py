@@ -74,12 +74,26 @@ def check_harmless_attributes(value) -> tuple[str, ...]:
     return tuple(value)
 
 
+def modules_and_wrapped(module: torch.nn.Module):
+    """``named_modules``, and beside each nested ``ait.Module`` (same path) the module it
+    wraps: the wrapper shares its parameters, buffers and submodules with it, so
+    ``named_modules`` reaches the wrapped module's children but never the wrapped module,
+    whose attributes, class and forward the wrapper's calls read (an outer tune's graph
+    kept a nested wrapped module's ``scale`` when it was changed, silently)."""
+    for prefix, sub in module.named_modules(remove_duplicate=True):
+        yield prefix, sub
+        wrapped = vars(sub).get("_ait_module")
+        if isinstance(wrapped, torch.nn.Module):
+            yield prefix, wrapped
+
+
 def user_attributes(module: torch.nn.Module, harmless: tuple[str, ...]):
     """(path, instance dict, key, value) of each plain Python attribute of ``module`` and its
     submodules (``inner.calls``): not nn.Module's own (parameters, hooks, ``training``), not
     aitune's (``_ait…``, a nested ``ait.Module``'s), not submodules, not those declared
-    harmless. Modules in ``named_modules`` order, each one's in its dict's order."""
-    for prefix, sub in module.named_modules(remove_duplicate=True):
+    harmless; a nested ``ait.Module``'s wrapped module's are. Modules in ``named_modules``
+    order (``modules_and_wrapped``), each one's in its dict's order."""
+    for prefix, sub in modules_and_wrapped(module):
         held = vars(sub)
         for key, value in held.items():
             if key in _MODULE_INTERNALS or key.startswith("_ait") or isinstance(value, torch.nn.Module):
