@@ -413,3 +413,54 @@ def test_attributes_of_a_nested_ait_module_are_watched_by_the_outer_tune(inner_t
             actual = outer(x)
     assert not torch.allclose(expected, before, atol=1e-3)  # the change matters
     torch.testing.assert_close(actual, expected)
+
+
+class _Helper(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def activation(self, y):
+        return torch.relu(y)
+
+    def forward(self, x):
+        return self.activation(self.linear(x))
+
+
+def test_a_method_forward_calls_replaced_on_the_instance_or_the_class_runs_eagerly(caplog):
+    """``model.activation = ...`` (on the instance) or ``Class.activation = ...`` after
+    tuning: the graph kept computing relu, 0.5-0.9 off eager, silently (a probe). Both run
+    eagerly and say so; with the method back, or after an assignment on the class forward
+    does not read, the graph serves again."""
+    import types
+
+    torch.manual_seed(0)
+    inner = _Helper().eval()
+    model = ait.Module(inner, "helper", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [torch.randn(4) for _ in range(3)], batch_sizes=[2], progress=False,
+             ignore_failing_modules=False)
+    x = torch.randn(2, 4)
+    original = _Helper.activation
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="aitune"):
+        served = model(x)
+        torch.testing.assert_close(served, inner(x))
+        model.activation = types.MethodType(lambda self, y: torch.tanh(y), inner)  # lands on the wrapped module
+        torch.testing.assert_close(model(x), torch.tanh(inner.linear(x)))
+        del model.activation
+        try:
+            _Helper.activation = lambda self, y: torch.sigmoid(y)
+            torch.testing.assert_close(model(x), torch.sigmoid(inner.linear(x)))
+        finally:
+            _Helper.activation = original
+        said = [r.getMessage() for r in caplog.records]
+        assert any("differ from the values" in m and "activation: <function" in m for m in said), said
+        assert any("replaced on modules' class" in m and "activation: <function" in m for m in said), said
+        _Helper.unrelated = 1  # an assignment on the class forward does not read
+        try:
+            caplog.clear()
+            torch.testing.assert_close(model(x), served)
+            assert model._ait_calls.cpp.changed_submodules() == []  # checked once, then routed again
+        finally:
+            del _Helper.unrelated
+    said = [r.getMessage() for r in caplog.records]
+    assert not said, said

@@ -154,15 +154,34 @@ def _class_defaults(module: torch.nn.Module, harmless: tuple[str, ...]) -> Itera
         for cls in type(sub).__mro__:
             if cls is torch.nn.Module or not issubclass(cls, torch.nn.Module):
                 break
+            methods_read = _forward_attribute_reads(type(sub))
             for key, value in vars(cls).items():
-                if key.startswith("_") or key in seen or key in held:
+                if key in seen or key in held or (key.startswith("_") and key not in methods_read):
                     continue
                 seen.add(key)
-                # a function in a class body is a method, not a value forward calls through
-                if is_plain_value(value) and not _has_function(value):
+                # a function in a class body is a method, not a value forward calls through;
+                # one forward calls (``self.activation(y)``) is what the graph computed, which a
+                # method assigned to the instance after tuning would replace (silently, before)
+                if (is_plain_value(value) and not _has_function(value)) or (
+                        isinstance(value, types.FunctionType) and key in methods_read and key != "forward"):
                     path = f"{prefix}.{key}" if prefix else key
                     if not is_harmless(path, harmless):
                         yield path, held, key, value, type(sub)
+
+
+@functools.lru_cache(maxsize=1024)
+def _forward_attribute_reads(cls: type) -> frozenset[str]:
+    """The attribute names ``cls.forward`` (and the lambdas and comprehensions inside it)
+    reads (``self.activation``): the methods a patch on the instance would replace there."""
+    code = getattr(inspect.unwrap(getattr(cls, "forward", None)), "__code__", None)
+    if not isinstance(code, types.CodeType):
+        return frozenset()
+    names, stack = set(), [code]
+    while stack:
+        current = stack.pop()
+        names.update(i.argval for i in dis.get_instructions(current) if i.opname in ("LOAD_ATTR", "LOAD_METHOD"))
+        stack.extend(const for const in current.co_consts if isinstance(const, types.CodeType))
+    return frozenset(names)
 
 
 @functools.lru_cache(maxsize=4096)

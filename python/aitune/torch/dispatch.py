@@ -626,6 +626,13 @@ class ModuleDispatch:
         found: dict[str, list[str]] = {}
         for index, what in changed:
             name, sub = self.submodule_names[index], modules[index]
+            if what == "class attributes":
+                # something was assigned on a module's class or a base: what matters is a
+                # class value or a method forward reads, which the attribute watch compares
+                if "class attributes" not in found and self.attributes is not None and (
+                        differ := self.attributes.changed()):
+                    found["class attributes"] = [describe_changes(differ)]
+                continue
             if what == "hooks" and sub is not None and self._only_tensor_hooks_added(index, sub):
                 continue
             if what == "mode" and type(sub) in _MODE_FREE_CONTAINERS:
@@ -677,6 +684,10 @@ class ModuleDispatch:
             if "class forward" in changed:
                 said.append("the forward of modules' class was replaced since tuning (Class.forward = ...: the graphs "
                             f"compute the forward they were exported from): {', '.join(changed['class forward'])}")
+            if "class attributes" in changed:
+                said.append("a method or value that forward reads was replaced on modules' class since tuning "
+                            "(Class.method = ...: the graphs compute what they were exported from): "
+                            f"{', '.join(changed['class attributes'])}")
             back = []
             if "mode" in changed:
                 back.append(f"the modules are back in the mode they were tuned in (.{tuned}())")
@@ -685,6 +696,8 @@ class ModuleDispatch:
                             "on the module wrapped: they run around the tuned graph)")
             if changed.keys() & {"forward", "class", "class forward"}:
                 back.append("the forward and class are back (del module.forward), or the module is tuned again")
+            if "class attributes" in changed:
+                back.append("the class's methods and values are back, or the module is tuned again")
             logger.warning("ait.Module '%s': %s; calls run eagerly in PyTorch until %s", self.name,
                            "; ".join(said), " and ".join(back))
         return self.module.forward(*args, **kwargs)  # the hooks ran around the proxy's forward

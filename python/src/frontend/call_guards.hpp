@@ -95,6 +95,10 @@ class SubmoduleState {
       entry.type = Py_TYPE(entry.module.ptr());
       PyObject* class_forward = _PyType_Lookup(entry.type, forward_name_);  // borrowed, through the MRO
       entry.class_forward = class_forward != nullptr ? nb::borrow(class_forward) : nb::object();
+      // The lookup gave the type a version tag (CPython's method cache), which any
+      // assignment to the class or a base invalidates: a method or value patched on the
+      // class (`Block.activation = ...`) is seen per call by one comparison.
+      entry.version_tag = entry.type->tp_version_tag;
       PyObject* forward = PyDict_GetItemWithError(entry.dict.ptr(), forward_name_);
       if (forward == nullptr && PyErr_Occurred()) throw nb::python_error();
       entry.forward = forward != nullptr ? nb::borrow(forward) : nb::object();
@@ -190,19 +194,24 @@ class SubmoduleState {
     // computes another model. (The wrapped module's own `forward` is what a call that runs
     // eagerly runs, replaced or not: tests replace it to see that the graph serves.)
     PyTypeObject* type;
+    unsigned int version_tag = 0;  // type->tp_version_tag as tuning left it
     nb::object forward;
     // The `forward` the class gives (through its MRO) as tuning left it: a patch of the
     // class (`torch.nn.GELU.forward = ...`) changes every instance's computation.
     nb::object class_forward;
   };
 
-  // "class", "class forward" or "forward" where module i's class, its class's `forward` or
-  // (a submodule's) instance `forward` is not the one tuning left, else nullptr: what
+  // "class", "class forward", "class attributes" or "forward" where module i's class, its
+  // class's `forward`, any attribute of its class or bases (the Python path tells whether
+  // one forward reads changed) or (a submodule's) instance `forward` is not the one tuning
+  // left, else nullptr: what
   // `clear` and `changed` both ask.
   const char* patched(std::size_t i) const {
     const Entry& entry = modules_[i];
     if (Py_TYPE(entry.module.ptr()) != entry.type) return "class";
     if (_PyType_Lookup(entry.type, forward_name_) != entry.class_forward.ptr()) return "class forward";
+    // (after the lookup above, which assigns a tag where an assignment cleared it)
+    if (entry.type->tp_version_tag != entry.version_tag) return "class attributes";
     if (i == 0) return nullptr;
     PyObject* forward = PyDict_GetItemWithError(entry.dict.ptr(), forward_name_);
     if (forward == nullptr && PyErr_Occurred()) throw nb::python_error();
