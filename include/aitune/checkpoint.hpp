@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <string_view>
 #include <vector>
 
@@ -294,8 +295,9 @@ class Checkpoint {
   static Checkpoint load_once(const std::string& dir);
   std::string directory_;
   CheckpointManifest manifest_;
-  std::uint64_t device_ = 0;  // st_dev / st_ino of the directory verified
-  std::uint64_t inode_ = 0;
+  // st_dev, st_ino and st_ctim of the directory verified: a save's new directory may reuse
+  // the inode number of the version it removed a moment before, but not its ctime.
+  std::tuple<std::uint64_t, std::uint64_t, std::int64_t, std::int64_t> version_{};
 };
 
 }  // namespace aitune

@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
 import onnx
@@ -239,3 +240,28 @@ def test_a_pipeline_inside_a_checkpoint_is_refused_and_a_checkpoint_inside_a_pip
         ait.save(pipeline.encoder, tmp_path / "pipe" / "modules" / "mine")
     assert sorted(p.name for p in path.iterdir()) == ["graphs", "manifest.json"]
     assert sorted(p.name for p in (tmp_path / "pipe" / "modules").iterdir()) == ["encoder"]
+
+
+def test_a_directory_put_back_under_the_same_inode_number_is_another_version(saved, tmp_path):
+    """On ext4 a save's new directory took the inode number of the version it had just
+    removed: a load compared (device, inode) alone, took the next version's files for the
+    one it had verified, and ran sessions mixing the two (outputs of neither model, silently;
+    a probe). A rename away and back keeps the inode number and moves the ctime, as such a
+    save does: the checkpoint is no longer current, a session made from it is refused, and a
+    pipeline's identity differs."""
+    from aitune.torch.pipeline_checkpoint import _identity
+
+    path = _copy(saved, tmp_path)
+    checkpoint = _core.Checkpoint.load(str(path))
+    (key,) = checkpoint.graph_keys()
+    before, inode = _identity(path), path.stat().st_ino
+    assert checkpoint.is_current()
+    time.sleep(0.01)
+    path.rename(tmp_path / "away")
+    (tmp_path / "away").rename(path)
+    assert path.stat().st_ino == inode  # the same number, as the probe's saves got
+    assert not checkpoint.is_current()
+    assert _identity(path) != before
+    with pytest.raises(aitune.AituneIOError, match=r"was replaced by another save since it was loaded.*load it again"):
+        checkpoint.create_session(key)
+    assert _core.Checkpoint.load(str(path)).create_session(key) is not None  # loaded again: current

@@ -497,13 +497,15 @@ class _Replaced(Exception):
     """The checkpoint directory was swapped for another version while it was being read."""
 
 
-def _identity(directory: Path) -> tuple[int, int] | None:
-    """Which directory the path names now (a save swaps in a new one: another inode)."""
+def _identity(directory: Path) -> tuple[int, int, int] | None:
+    """Which directory the path names now: a save swaps in a new one, whose inode number
+    may be the one of the version it removed a moment before (ext4), but not its ctime
+    (a probe loaded one section of each of two saves, silently)."""
     try:
         st = os.stat(directory)
     except OSError:
         return None
-    return st.st_dev, st.st_ino
+    return st.st_dev, st.st_ino, st.st_ctime_ns
 
 
 def _load_once(obj: Any, directory: Path, device_map: Any, identity, eager_fallback: bool = False) -> list:

@@ -442,14 +442,9 @@ CheckpointManifest Checkpoint::save(const std::string& dir, const CheckpointMani
 }
 
 namespace {
-// Which directory a path names now (device, inode); {0, 0} when it names none.
-std::pair<std::uint64_t, std::uint64_t> identity_of(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return {0, 0};
-  return {static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino)};
-}
-// (device, inode) and the directory's ctime: a new directory reusing a removed one's inode
-// number was made (renamed into place) later, so its ctime differs.
+// Which directory a path names now: (device, inode) and the directory's ctime (a new
+// directory reusing a removed one's inode number was made, renamed into place, later, so
+// its ctime differs); zeros when it names none.
 std::tuple<std::uint64_t, std::uint64_t, std::int64_t, std::int64_t> version_of(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) return {0, 0, 0, 0};
@@ -472,13 +467,12 @@ std::string manifest_bytes(const std::string& dir) {
 
 Checkpoint Checkpoint::load(const std::string& dir) {
   for (int attempt = 1;; ++attempt) {
-    const auto before = identity_of(dir);
     const auto version_before = version_of(dir);
     const std::string manifest_before = manifest_bytes(dir);
     try {
       Checkpoint checkpoint = load_once(dir);
       if (version_of(dir) == version_before) {
-        std::tie(checkpoint.device_, checkpoint.inode_) = before;
+        checkpoint.version_ = version_before;
         detail::remove_stale_beside(fs::path(checkpoint.directory_));
         return checkpoint;
       }
@@ -494,7 +488,10 @@ Checkpoint Checkpoint::load(const std::string& dir) {
   }
 }
 
-bool Checkpoint::is_current() const { return identity_of(directory_) == std::make_pair(device_, inode_); }
+// (device, inode) alone repeat: on ext4 a save's new directory took the inode number of the
+// version just removed, and a load whose sessions read the next version's files passed
+// (a probe: outputs of neither model, silently).
+bool Checkpoint::is_current() const { return version_of(directory_) == version_; }
 
 Checkpoint Checkpoint::load_once(const std::string& dir) {
   std::error_code ec;
@@ -635,14 +632,21 @@ std::unique_ptr<OnnxSession> Checkpoint::create_session(const std::string& key,
   const auto& g = graph(key);
   const std::string model = model_path(key);  // Error(kBackendUnavailable) for a graph this engine does not run
   auto config = backend_config(key, overrides);
+  auto replaced = [&] {
+    return Error(ErrorCode::kIo, "checkpoint '" + directory_ + "' was replaced by another save since it was loaded, "
+                                     "while graph '" + key + "' was being created; load it again");
+  };
+  std::unique_ptr<OnnxSession> session;
   try {
-    return OnnxSession::create(model, config, g.graph_spec, std::move(runtime));
+    session = OnnxSession::create(model, config, g.graph_spec, std::move(runtime));
   } catch (const Error& e) {
-    if (!is_current())
-      throw Error(ErrorCode::kIo, "checkpoint '" + directory_ + "' was replaced by another save since it was loaded, "
-                                      "while graph '" + key + "' was being created; load it again");
+    if (!is_current()) throw replaced();
     throw Error(e.code(), "checkpoint '" + directory_ + "', graph '" + key + "': " + e.what());
   }
+  // The session read its files by path: a save that replaced the checkpoint meanwhile gave
+  // it the next version's (under this manifest's spec), which no caller may run.
+  if (!is_current()) throw replaced();
+  return session;
 }
 
 }  // namespace aitune
