@@ -39,6 +39,11 @@ def test_a_graph_wrong_between_the_recorded_shapes_is_refused_naming_the_crop():
     with pytest.raises(NumericMismatchError, match=r"input_x \[\d+, 9\]\) is a recorded sample cropped"):
         ait.tune(model, samples, ignore_failing_modules=False, progress=False)
     assert model.ait_state is ModuleState.PASSTHROUGH
+    # the failed tune's report stays readable: every candidate, and why each failed
+    # (ait_reports was empty after a failure, the reasons in the log alone; a probe)
+    (report,) = model.ait_reports.values()
+    assert [c.status for c in report.candidates] == ["incorrect"], report.summary_table()
+    assert "aitune's probe" in report.candidates[0].reason and report.decision == "no candidate passed its checks"
     x = torch.randn(1, 9)
     torch.testing.assert_close(model(x), WindowSums()(x))  # eager: padded and doubled
 

@@ -313,8 +313,10 @@ def tune_graph(strategy: TuneStrategy, graph: RecordedGraph, options: TuneOption
     logger.info("%s: tuning report %s\n%s", name, path, report.summary_table())
     if outcome.is_failure:
         message = outcome.message + (f"\n{interior}" if interior else "")
-        raise {"all_incorrect": NumericMismatchError,
-               "unsupported_dtype": UnsupportedDTypeTuningError}.get(outcome.kind, TuningError)(message)
+        error = {"all_incorrect": NumericMismatchError,
+                 "unsupported_dtype": UnsupportedDTypeTuningError}.get(outcome.kind, TuningError)(message)
+        error.report = report  # every candidate's verdict: ait.Module.ait_reports keeps it after the failure
+        raise error
     if outcome.kind == "winner":
         candidate = report.candidates[outcome.winner]
         tuned = front_end.wrappers[candidate.group](tuner.take_winner(), candidate)

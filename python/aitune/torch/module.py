@@ -137,6 +137,7 @@ class Module(DispatchedModule):
             "_ait_record_errors": [],
             "_ait_dynamic_shapes": declared,
             "_ait_failure": None,  # why the last tune failed (PASSTHROUGH), for ait.save's refusal
+            "_ait_failed_reports": {},  # that tune's reports (ait_reports while PASSTHROUGH)
             "_ait_harmless_attributes": harmless_attributes,
             "training": module.training,
         }
@@ -175,7 +176,11 @@ class Module(DispatchedModule):
         """Graph key -> the engine's TuneReport of the last tuning (``summary_table()``,
         ``to_json()``, ``candidates``, ``decision``); also written as ``tune_report.json``
         in the graph's cache directory. After ``ait.load``: the saved reports
-        (``aitune.torch.checkpoint.SavedReport``: ``to_json()``, ``data``, ``decision``)."""
+        (``aitune.torch.checkpoint.SavedReport``: ``to_json()``, ``data``, ``decision``).
+        After a tune that failed (PASSTHROUGH): that tune's reports, with the failed graph's
+        candidates and the reason each failed."""
+        if self._ait_state is ModuleState.PASSTHROUGH and self.__dict__.get("_ait_failed_reports"):
+            return dict(self._ait_failed_reports)  # a failed tune: its reports, the failed graph's included
         return {graph.key: tuned.report for graph, tuned in self._ait_calls.tuned.values() if tuned.report is not None}
 
     @property
@@ -548,6 +553,8 @@ class Module(DispatchedModule):
         self._ait_set_tuned({})
         self.__dict__.pop("_ait_call_session", None)  # its recordings are tuned now: no more recording by calling
         self.__dict__.pop("_ait_inactive_calls", None)
+        tuned: dict[Any, tuple[RecordedGraph, TunedGraph]] = {}
+        failing: RecordedGraph | None = None  # the graph being tuned when an error came
         try:
             if self._ait_record_errors:
                 raise ValueError(
@@ -560,12 +567,12 @@ class Module(DispatchedModule):
             graphs = list(self._ait_graphs.values())
             strategies = ([strategy] * len(graphs) if strategy is not None
                           else self._ait_strategies.for_graphs(self._ait_name, graphs))
-            tuned: dict[Any, tuple[RecordedGraph, TunedGraph]] = {}
             measured = functools.partial(measured_call, harmless=self._ait_harmless_attributes)
             # the state the recorded calls changed, as they left it: tuning's own calls do not keep theirs
             state = StateSnapshot(self._ait_module, [name for graph in graphs for name in graph.mutated_state])
             try:
                 for (identity, graph), graph_strategy in zip(self._ait_graphs.items(), strategies, strict=True):
+                    failing = graph
                     tuned[identity] = (graph, tune_graph(graph_strategy, graph, options, measured))
                     logger.info("ait.Module '%s' %s: %s", self._ait_name, graph.key, tuned[identity][1].describe())
             finally:
@@ -574,6 +581,12 @@ class Module(DispatchedModule):
             self.__dict__.pop("_ait_before_tuning", None)
             self._ait_state = ModuleState.PASSTHROUGH
             self._ait_failure = f"{type(error).__name__}: {error}"
+            # what the failed tune measured stays readable (ait_reports): the graphs tuned
+            # before the failure, and the failed graph's candidates with their reasons
+            reports = {graph.key: done.report for graph, done in tuned.values() if done.report is not None}
+            if getattr(error, "report", None) is not None and failing is not None:
+                reports[failing.key] = error.report
+            self._ait_failed_reports = reports
             raise
         self.__dict__.pop("_ait_before_tuning", None)
         self._ait_set_tuned(tuned)
@@ -585,6 +598,7 @@ class Module(DispatchedModule):
         self._ait_tuned_hooks = exported_hooks(self._ait_module)
         self._ait_state = ModuleState.TUNED
         self._ait_failure = None
+        self._ait_failed_reports = {}
 
     def _ait_restore(self, tuned: dict[Any, tuple[Any, TunedGraph]], saved_attributes: dict[str, str] | None = None) -> None:
         """Takes over graphs restored from a checkpoint (``ait.load``): identity ->
