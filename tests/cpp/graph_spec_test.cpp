@@ -527,6 +527,15 @@ TEST(GraphSpec, ConditionsSurviveJsonAndAreChecked) {
   ASSERT_NE(back.violated_condition({{3, 8}, {3}}), nullptr);
   expect_error([&] { back.check_conditions({{3, 8}, {3}}); }, ErrorCode::kShapeMismatch,
                {"x [3, 8]", "`x.shape[0] != 3`", "exported under"});
+  // A condition of kilobytes (a probe's SEW: 4158 characters) is shown by its start.
+  std::string many = R"(["ne", ["dim", "x", 0], 3])";
+  for (int k = 0; k < 60; ++k) many = R"(["and", )" + many + R"(, ["ne", ["dim", "x", 1], )" + std::to_string(100 + k) + "]]";
+  GraphSpec wide = two_input_spec();
+  wide.conditions.push_back(ShapeCondition::from_json(many));
+  const std::string said = expect_error([&] { wide.check_conditions({{3, 8}, {3}}); }, ErrorCode::kShapeMismatch,
+                                        {"x [3, 8]", "characters", "`aitune inspect` of a checkpoint", "exported under"});
+  EXPECT_LT(said.size(), 900u) << said;
+  EXPECT_NE(said.find(" ...` ("), std::string::npos) << said;
   // A spec without conditions writes none (as specs were written before them).
   EXPECT_EQ(nlohmann::json::parse(two_input_spec().to_json()).contains("conditions"), false);
   auto text = nlohmann::json::parse(spec.to_json());

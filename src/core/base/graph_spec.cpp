@@ -60,10 +60,19 @@ void GraphSpec::check_conditions(ShapeRefs shapes) const {
   for (const auto& name : violated->inputs())
     if (auto i = find_input(name); i && *i < shapes.size())
       given += (given.empty() ? "" : ", ") + name + " " + shape_to_string(*shapes[*i]);
+  // An export's condition can run to kilobytes (SEW's was an OR of three ANDs, 4158
+  // characters): the message shows its start; inspect and the report list it whole.
+  constexpr std::size_t kShownCharacters = 240;
+  const std::string whole = violated->to_string();
+  const std::string shown = whole.size() <= kShownCharacters
+                                ? "`" + whole + "`"
+                                : "`" + whole.substr(0, kShownCharacters) + " ...` (" + std::to_string(whole.size()) +
+                                      " characters; `aitune inspect` of a checkpoint and the tune report list it whole)";
   throw Error(ErrorCode::kShapeMismatch,
-              "input shapes " + given + " violate `" + violated->to_string() +
-                  "`, a condition the graph was exported under: the model's code decides on these sizes and the "
-                  "graph holds only the branch its export took, so it would compute another model here");
+              "input shapes " + given + " violate " + shown +
+                  ", a condition the graph was exported under: the model's code decides on these sizes and the "
+                  "graph holds only the branch its export took, so it would compute another model here; record "
+                  "samples of these sizes in ait.tune to have graphs for them");
 }
 
 const ShapeCondition* GraphSpec::violated_condition(const std::vector<Shape>& shapes) const {
