@@ -10,6 +10,11 @@
 
 namespace aitune::cli {
 
+CLI::Validator non_empty_path() {
+  return CLI::Validator(
+      [](std::string& input) -> std::string { return input.empty() ? "an empty path names no file" : ""; }, "PATH");
+}
+
 CLI::Validator finite_in(double lo, double hi) {
   auto describe = [](double v) {
     char buf[32];

@@ -19,6 +19,10 @@ inline constexpr int64_t kMaxRandomInputBytes = int64_t{1} << 30;  ///< one rand
 /// A CLI11 check: a finite number in [lo, hi] (CLI::Range lets NaN through).
 CLI::Validator finite_in(double lo, double hi);
 
+/// A CLI11 check: a path that is not empty (`--checkpoint ""`, an unset shell variable,
+/// was taken as the option left out: the tune ran and nothing was written, exit 0).
+CLI::Validator non_empty_path();
+
 /// `text` as an integer in [lo, hi]; Error(kInvalidArgument) "<what>: ..." otherwise
 /// (not an integer, too many digits, out of range).
 int64_t parse_integer(const std::string& text, int64_t lo, int64_t hi, const std::string& what);

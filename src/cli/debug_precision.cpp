@@ -122,7 +122,7 @@ Command add_debug_precision(CLI::App& app) {
   sub->add_option("--input", o->inputs, "NAME=FILE.npy (repeatable); others are random (seed 0)");
   sub->add_option("--dim", o->dims, "SYMBOL=VALUE for symbolic dims of random inputs");
   sub->add_option("--provider-option", o->provider_options, "KEY=VALUE for the candidate's provider (repeatable)");
-  sub->add_option("--json", o->json, "also write the result as JSON to this file");
+  sub->add_option("--json", o->json, "also write the result as JSON to this file")->check(non_empty_path());
   return {sub, [o] { return debug_precision_command(*o); }};
 }
 

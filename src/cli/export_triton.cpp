@@ -4,6 +4,7 @@
 #include <memory>
 #include <optional>
 
+#include "arguments.hpp"
 #include "aitune/checkpoint.hpp"
 #include "aitune/triton_export.hpp"
 #include "commands.hpp"
@@ -45,8 +46,8 @@ Command add_export_triton(CLI::App& app) {
   auto* sub = app.add_subcommand("export-triton",
                                  "Write a checkpoint's tuned graphs as a Triton Inference Server model repository");
   auto o = std::make_shared<ExportTritonOptions>();
-  sub->add_option("checkpoint", o->checkpoint, "checkpoint directory (ait.save / aitune::Checkpoint::save)")->required();
-  sub->add_option("repository", o->repository, "Triton model repository directory (created if missing)")->required();
+  sub->add_option("checkpoint", o->checkpoint, "checkpoint directory (ait.save / aitune::Checkpoint::save)")->required()->check(non_empty_path());
+  sub->add_option("repository", o->repository, "Triton model repository directory (created if missing)")->required()->check(non_empty_path());
   sub->add_option("--model-name", o->model_name, "model name (default: the checkpoint's module name)");
   sub->add_option("--max-batch-size", o->max_batch_size,
                   "Triton max_batch_size (default: the largest batch recorded; 0 turns batching off)");

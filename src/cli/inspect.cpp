@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "arguments.hpp"
 #include "aitune/checkpoint.hpp"
 #include "aitune/error.hpp"
 #include "aitune/onnx_external_data.hpp"
@@ -60,7 +61,7 @@ int inspect_checkpoint(const std::string& dir) {
 Command add_inspect(CLI::App& app) {
   auto* sub = app.add_subcommand("inspect", "Show a model's inputs, outputs, opset and external data, or a checkpoint's manifest");
   auto model = std::make_shared<std::string>();
-  sub->add_option("model", *model, "path to an .onnx file or a checkpoint directory")->required();
+  sub->add_option("model", *model, "path to an .onnx file or a checkpoint directory")->required()->check(non_empty_path());
   return {sub, [model] {
             if (fs::is_directory(*model)) return inspect_checkpoint(*model);
             OnnxSessionConfig config;

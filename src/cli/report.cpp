@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "arguments.hpp"
 #include "aitune/checkpoint.hpp"
 #include "aitune/error.hpp"
 #include "aitune/tune_report_html.hpp"
@@ -54,8 +55,8 @@ Command add_report(CLI::App& app) {
   auto* sub = app.add_subcommand("report", "Render a tune report (tune_report.json) as a self-contained HTML page");
   auto report = std::make_shared<std::string>();
   auto output = std::make_shared<std::string>();
-  sub->add_option("report", *report, "the tune_report.json a tune wrote, or a directory holding one (a checkpoint with one graph)")->required();
-  sub->add_option("-o,--output", *output, "the page to write (default: the report's path with .html)");
+  sub->add_option("report", *report, "the tune_report.json a tune wrote, or a directory holding one (a checkpoint with one graph)")->required()->check(non_empty_path());
+  sub->add_option("-o,--output", *output, "the page to write (default: the report's path with .html)")->check(non_empty_path());
   return {sub, [report, output] {
             *report = report_in(*report);
             errno = 0;
@@ -79,6 +80,12 @@ Command add_report(CLI::App& app) {
             // A file of a checkpoint is never replaced (`-o ckpt/manifest.json` wrote the page
             // over the manifest: the checkpoint no longer loaded); a new page beside them may be.
             std::error_code exists_error;
+            // The page never replaces the report it is made from (`-o r.json`, or a report
+            // named r.html: the JSON was gone and the next `aitune report` said "not JSON").
+            std::error_code same_error;
+            if (fs::exists(target, exists_error) && fs::equivalent(target, *report, same_error))
+              throw Error(ErrorCode::kInvalidArgument, "refusing to write the page over the report it is made from ('" +
+                                                           target + "'); write it elsewhere (-o PAGE.html)");
             if (fs::exists(target, exists_error))
               if (const auto checkpoint = Checkpoint::enclosing_checkpoint(target); !checkpoint.empty())
                 throw Error(ErrorCode::kInvalidArgument, "refusing to write the page over '" + target +

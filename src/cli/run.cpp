@@ -206,7 +206,7 @@ int run_model(const RunOptions& o) {
 Command add_run(CLI::App& app) {
   auto* sub = app.add_subcommand("run", "Run an ONNX model or a saved checkpoint and report outputs and latency");
   auto o = std::make_shared<RunOptions>();
-  sub->add_option("model", o->model, "path to an .onnx file or a checkpoint directory")->required();
+  sub->add_option("model", o->model, "path to an .onnx file or a checkpoint directory")->required()->check(non_empty_path());
   sub->add_option("--graph", o->graph, "checkpoint graph key (default: the checkpoint's only ONNX Runtime graph)");
   sub->add_option("--provider", o->provider,
                   "cpu, cuda, tensorrt or auto (CUDA if available, else CPU); default: cpu for a model, "
@@ -222,7 +222,8 @@ Command add_run(CLI::App& app) {
   sub->add_option("--warmup", o->warmup, "untimed runs before timing")->capture_default_str()
       ->check(CLI::TypeValidator<int>())->check(CLI::Range(0, kMaxIterations));
   sub->add_option("--save-outputs", o->save_outputs,
-                  "directory to write each output as NAME.npy (bytes other than A-Z a-z 0-9 _ - . in NAME become %XX)");
+                  "directory to write each output as NAME.npy (bytes other than A-Z a-z 0-9 _ - . in NAME become %XX)")
+      ->check(non_empty_path());
   return {sub, [o] { return run_model(*o); }};
 }
 

@@ -297,7 +297,7 @@ int tune_model(const CliTuneArgs& o) {
 Command add_tune(CLI::App& app) {
   auto* sub = app.add_subcommand("tune", "Tune an ONNX model: check and measure provider-option variants, choose one");
   auto o = std::make_shared<CliTuneArgs>();
-  sub->add_option("model", o->model, "path to an .onnx file")->required();
+  sub->add_option("model", o->model, "path to an .onnx file")->required()->check(non_empty_path());
   sub->add_option("--provider", o->provider, "cpu, cuda, tensorrt or auto (CUDA if available, else CPU)")
       ->capture_default_str();
   sub->add_option("--device-id", o->device_id, "CUDA device index")->capture_default_str()
@@ -307,7 +307,7 @@ Command add_tune(CLI::App& app) {
   sub->add_option("--latency-budget-ms", o->latency_budget_ms, "p50 budget of the latency-budget strategy")
       ->check(finite_in(0, 1e9));
   auto* samples =
-      sub->add_option("--samples", o->samples, "directory of NAME.npy files (one sample) or of sample subdirectories");
+      sub->add_option("--samples", o->samples, "directory of NAME.npy files (one sample) or of sample subdirectories")->check(non_empty_path());
   // Both shape random samples only: given with --samples they were ignored without a word.
   sub->add_option("--batch-sizes", o->batch_sizes, "random samples: extents of symbolic first axes")
       ->delimiter(',')->capture_default_str()
@@ -338,8 +338,8 @@ Command add_tune(CLI::App& app) {
       ->capture_default_str()->check(CLI::TypeValidator<int64_t>())->check(CLI::Range(int64_t{1}, kMaxBatchSize));
   sub->add_option("--time-cap", o->time_cap_s, "seconds of profiling per candidate at most")
       ->capture_default_str()->check(finite_in(1e-3, kMaxTimeCapS));
-  sub->add_option("--report", o->report, "write the JSON report to this file");
-  sub->add_option("--checkpoint", o->checkpoint, "save the winner as a checkpoint directory (aitune run loads it)");
+  sub->add_option("--report", o->report, "write the JSON report to this file")->check(non_empty_path());
+  sub->add_option("--checkpoint", o->checkpoint, "save the winner as a checkpoint directory (aitune run loads it)")->check(non_empty_path());
   sub->add_flag("--quiet", o->quiet, "no progress lines on stderr");
   return {sub, [o] { return tune_model(*o); }};
 }

@@ -227,6 +227,29 @@ TEST(CliValidation, SaveOutputsStaysInsideItsDirectory) {
 
 // --provider takes "auto" (its default) besides the engine's providers: an unknown one was
 // answered with "valid values: cpu, cuda, tensorrt", leaving auto out (a session-27 probe).
+TEST(CliValidation, EmptyPathsAreRefusedNotTakenAsLeftOut) {
+  // `--checkpoint "$UNSET"` was the option left out: the tune ran, nothing was written, exit 0.
+  const std::string mlp = fixture("mlp.onnx");
+  expect_exit("tune " + mlp + " --provider cpu --quiet --checkpoint ''", 2, "--checkpoint: an empty path");
+  expect_exit("tune " + mlp + " --provider cpu --quiet --report ''", 2, "--report: an empty path");
+  expect_exit("tune " + mlp + " --provider cpu --quiet --samples ''", 2, "--samples: an empty path");
+  expect_exit("run " + mlp + " --iterations 1 --save-outputs ''", 2, "--save-outputs: an empty path");
+  expect_exit("debug-precision " + mlp + " --json ''", 2, "--json: an empty path");
+  expect_exit("report ''", 2, "an empty path");
+  expect_exit("inspect ''", 2, "an empty path");
+}
+
+TEST(CliValidation, AReportPageIsNeverWrittenOverItsReport) {
+  // `aitune report r.json -o r.json` replaced the JSON with the page (exit 0): the report was gone.
+  ScopedTempDir tmp;
+  const std::string report = tmp.file("r.json");
+  auto tuned = cli("tune " + fixture("mlp.onnx") + " --provider cpu --quiet --report " + report);
+  ASSERT_EQ(tuned.exit_code, 0) << tuned.output;
+  const std::string before = read_file_bytes(report);
+  expect_exit("report " + report + " -o " + report, 2, "over the report it is made from");
+  EXPECT_EQ(read_file_bytes(report), before);
+}
+
 TEST(CliValidation, AnUnknownProviderListsAutoToo) {
   expect_exit("run " + fixture("add.onnx") + " --iterations 1 --provider bogus", 2,
               "unknown execution provider 'bogus'; valid values: cpu, cuda, tensorrt, auto");
