@@ -158,7 +158,8 @@ std::map<std::string, int64_t> parse_dims(const std::vector<std::string>& dims, 
 
 std::map<std::string, int64_t> dims_with_given(std::map<std::string, int64_t> dims,
                                                const std::map<std::string, Tensor>& given,
-                                               const std::vector<IoInfo>& inputs) {
+                                               const std::vector<IoInfo>& inputs, const std::string& given_as,
+                                               const std::string& given_after) {
   std::map<std::string, std::string> fixed_by;  // symbol -> the input that fixed it
   for (const auto& io : inputs) {
     auto it = given.find(io.name);
@@ -171,9 +172,10 @@ std::map<std::string, int64_t> dims_with_given(std::map<std::string, int64_t> di
       if (known != dims.end() && known->second != extent) {
         auto by = fixed_by.find(symbol);
         throw Error(ErrorCode::kInvalidArgument,
-                    "--input " + io.name + " has " + std::to_string(extent) + " on the model's symbolic dimension '" +
-                        symbol + "', but " +
-                        (by != fixed_by.end() ? "--input " + by->second : std::string("--dim ") + symbol) + " gives " +
+                    given_as + io.name + given_after + " has " + std::to_string(extent) +
+                        " on the model's symbolic dimension '" + symbol + "', but " +
+                        (by != fixed_by.end() ? given_as + by->second + given_after : std::string("--dim ") + symbol) +
+                        " gives " +
                         std::to_string(known->second) + ": inputs sharing a dimension must agree on it");
       }
       if (known == dims.end()) fixed_by[symbol] = io.name;
@@ -222,6 +224,13 @@ std::vector<std::map<std::string, Tensor>> load_sample_dir(const std::string& di
                        [&](const IoInfo& io) { return io.name == entry.path().stem().string(); }))
         throw Error(ErrorCode::kInvalidArgument, "sample file '" + entry.path().string() +
                                                      "' names no model input; the model takes: " + expected);
+    // Inputs sharing a symbolic dimension agree on it, as `aitune run` requires: a sample
+    // that ORT broadcast (a[2, K] + b[1, K]) made a checkpoint that no input could run.
+    try {
+      dims_with_given({}, sample, inputs, "", ".npy");
+    } catch (const Error& e) {
+      throw Error(ErrorCode::kInvalidArgument, "sample directory '" + d.string() + "': " + e.what());
+    }
     return sample;
   };
   std::vector<fs::path> subdirs;

@@ -41,10 +41,13 @@ std::map<std::string, int64_t> parse_dims(const std::vector<std::string>& dims, 
 /// `dims` with each symbolic extent that a `given` input fixes (a file of batch 3 fixes
 /// its model input's `b` to 3), so random inputs sharing the symbol match it (they were made
 /// at the smallest extent, and the run failed inside ONNX Runtime). Error(kInvalidArgument)
-/// where two given inputs, or a given input and a --dim, disagree on a symbol.
+/// where two given inputs, or a given input and a --dim, disagree on a symbol; `given_as`
+/// names a given input in it ("--input x", or a sample's "x.npy").
 std::map<std::string, int64_t> dims_with_given(std::map<std::string, int64_t> dims,
                                                const std::map<std::string, Tensor>& given,
-                                               const std::vector<IoInfo>& inputs);
+                                               const std::vector<IoInfo>& inputs,
+                                               const std::string& given_as = "--input ",
+                                               const std::string& given_after = "");
 
 /// A host tensor with reproducible values every dtype can hold. A symbolic extent takes
 /// its `dims` value, else the smallest `spec` accepts (1 without a spec).

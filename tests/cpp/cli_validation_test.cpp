@@ -104,6 +104,15 @@ TEST(CliValidation, RandomInputsFollowTheSymbolsGivenInputsFix) {
               2, "--input y has 1 on the model's symbolic dimension 'batch', but --input x gives 3");
   expect_exit("run " + fixture("add.onnx") + " --iterations 1 --dim batch=2 --input x=" + tmp.file("x3.npy"), 2,
               "but --dim batch gives 2");
+  // tune's --samples are held to the same: ORT broadcast x[3, 4] + y[1, 4], and the tune
+  // wrote a checkpoint of spec x[3, 4], y[1, 4] that `aitune run` refused for every input.
+  std::filesystem::create_directory(tmp.file("samples"));
+  save_npy(tmp.file("samples/x.npy"), three);
+  save_npy(tmp.file("samples/y.npy"), one);
+  expect_exit("tune " + fixture("add.onnx") + " --provider cpu --quiet --samples " + tmp.file("samples") +
+                  " --checkpoint " + tmp.file("ck"),
+              2, "y.npy has 1 on the model's symbolic dimension 'batch', but x.npy gives 3");
+  EXPECT_FALSE(std::filesystem::exists(tmp.file("ck")));
 }
 
 TEST(CliValidation, CacheDirectoryThatIsNotOneIsNamedNotListedAsClean) {
