@@ -10,6 +10,7 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <set>
 
 #include "aitune/candidates.hpp"
 #include "aitune/checkpoint.hpp"
@@ -79,6 +80,30 @@ std::vector<TensorRecord> records_of(const std::vector<IoInfo>& ios, const std::
   std::vector<TensorRecord> out;
   for (std::size_t i = 0; i < ios.size(); ++i) out.push_back({ios[i].name, tensors[i].dtype(), tensors[i].shape()});
   return out;
+}
+
+// An output extent that no input's shape decides (Range's length, NonZero's count, a Loop's
+// trip count: the model declares it with a symbol no input has, or none) is made by the
+// samples' values: it stays free in the spec, and so in the checkpoint and Triton's config,
+// instead of fixed at the one value the samples happened to give (random samples hold 5 in
+// an integer scalar: `dims: [5]` in a config whose model returns 3 for n = 3; a probe).
+void free_value_decided_extents(GraphSpec& spec, const std::vector<IoInfo>& inputs,
+                                const std::vector<IoInfo>& outputs) {
+  std::set<std::string> input_symbols;
+  for (const auto& io : inputs)
+    for (const auto& symbol : io.symbolic_dims)
+      if (!symbol.empty()) input_symbols.insert(symbol);
+  for (std::size_t j = 0; j < spec.outputs.size() && j < outputs.size(); ++j) {
+    const IoInfo& declared = outputs[j];
+    TensorSpec& s = spec.outputs[j];
+    if (!declared.rank_known || declared.shape.size() != s.rank()) continue;  // nothing declared to go by
+    for (std::size_t axis = 0; axis < s.rank(); ++axis) {
+      const std::string symbol = axis < declared.symbolic_dims.size() ? declared.symbolic_dims[axis] : "";
+      if (declared.shape[axis] >= 0 || input_symbols.count(symbol) || s.batch_axis == static_cast<int>(axis)) continue;
+      s.min_shape[axis] = 0;
+      s.max_shape[axis] = kUnbounded;
+    }
+  }
 }
 
 std::vector<std::map<std::string, Tensor>> random_samples(const OnnxSession& reference, const CliTuneArgs& o) {
@@ -175,6 +200,7 @@ int tune_model(const CliTuneArgs& o) {
     recorded.push_back(std::move(r));
   }
   GraphSpec spec = builder.build();
+  free_value_decided_extents(spec, ins, reference->outputs());
 
   CandidateRequest request;
   request.base = base;

@@ -59,6 +59,20 @@ TEST(CliTune, SamplesFromNpyAndACheckpointThatRunLoads) {
   EXPECT_EQ(too_big.exit_code, 2) << too_big.output;
 }
 
+TEST(CliTune, AnOutputExtentTheInputValuesDecideStaysFreeInTheCheckpoint) {
+  // NonZero's count (declared `n`, a symbol no input has) was fixed at what the random
+  // samples gave: the checkpoint and its Triton config claimed one output shape the model
+  // does not keep (a probe: `dims: [5]` for Range(0, n)). The model's own extents stay.
+  ScopedTempDir tmp;
+  const auto checkpoint = tmp.file("ckpt");
+  auto r = tune(fixture("nonzero.onnx") + " --provider cpu --quiet --no-variants --checkpoint '" + checkpoint + "'");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto manifest = nlohmann::json::parse(std::ifstream(checkpoint + "/manifest.json"));
+  const auto& output = manifest["graphs"][0]["graph_spec"]["outputs"][0];
+  EXPECT_EQ(output["min_shape"], nlohmann::json({2, 0})) << output.dump();
+  EXPECT_EQ(output["max_shape"], nlohmann::json({2, -1})) << output.dump();
+}
+
 TEST(CliTune, BadInputGivesExitCodeAndReason) {
   ScopedTempDir tmp;
   auto strategy = tune(fixture("mlp.onnx") + " --provider cpu --strategy fastest");
