@@ -10,6 +10,19 @@
 
 namespace aitune::cli {
 
+void take_session_options(std::map<std::string, std::string>& options, OnnxSessionConfig& config) {
+  for (auto [key, field] : {std::pair{"intra_op_threads", &config.intra_op_threads},
+                            std::pair{"inter_op_threads", &config.inter_op_threads}})
+    if (auto it = options.find(key); it != options.end()) {
+      *field = static_cast<int>(parse_integer(it->second, 0, 1024, std::string("--provider-option ") + key));
+      options.erase(it);
+    }
+  if (auto it = options.find("graph_optimization_level"); it != options.end()) {
+    config.graph_optimization_level = parse_graph_optimization_level(it->second);
+    options.erase(it);
+  }
+}
+
 CLI::Validator non_empty_path() {
   return CLI::Validator(
       [](std::string& input) -> std::string { return input.empty() ? "an empty path names no file" : ""; }, "PATH");

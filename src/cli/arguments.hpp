@@ -4,7 +4,10 @@
 
 #include <CLI/CLI.hpp>
 #include <cstdint>
+#include <map>
 #include <string>
+
+#include "aitune/onnx_session.hpp"
 
 namespace aitune::cli {
 
@@ -22,6 +25,11 @@ CLI::Validator finite_in(double lo, double hi);
 /// A CLI11 check: a path that is not empty (`--checkpoint ""`, an unset shell variable,
 /// was taken as the option left out: the tune ran and nothing was written, exit 0).
 CLI::Validator non_empty_path();
+
+/// Moves the session's own settings given as --provider-option (intra_op_threads,
+/// inter_op_threads, graph_optimization_level: what the CPU provider's refusal of options
+/// names) from `options` into `config`; Error(kInvalidArgument) for a value out of range.
+void take_session_options(std::map<std::string, std::string>& options, OnnxSessionConfig& config);
 
 /// `text` as an integer in [lo, hi]; Error(kInvalidArgument) "<what>: ..." otherwise
 /// (not an integer, too many digits, out of range).

@@ -136,6 +136,7 @@ int run_model(const RunOptions& o) {
     config.provider = resolve_provider(o.provider.empty() ? "cpu" : o.provider);
     config.device_id = o.device_id.value_or(0);
     config.provider_options = provider_options;
+    take_session_options(config.provider_options, config);
     backend = OnnxSession::create(o.model, config);
   }
   const OnnxSessionConfig& config = backend->config();

@@ -176,6 +176,9 @@ int tune_model(const CliTuneArgs& o) {
                                                      " is not available here: " + status.reason);
   base.device_id = o.device_id;
   for (const auto& kv : o.provider_options) base.provider_options.insert(split_assignment(kv, "--provider-option"));
+  take_session_options(base.provider_options, base);
+  // Checked once here: a bad option failed every candidate, and the tune exited 1 naming none.
+  OnnxSession::check_config(base);
 
   // The reference: the CPU provider in fp32 with ORT's defaults.
   OnnxSessionConfig cpu;

@@ -248,6 +248,18 @@ TEST(CliValidation, EmptyPathsAreRefusedNotTakenAsLeftOut) {
   expect_exit("inspect ''", 2, "an empty path");
 }
 
+TEST(CliValidation, TheSessionsSettingsAreTakenAsProviderOptions) {
+  // The CPU provider's refusal named intra_op_threads, which no flag took (a probe); and in
+  // tune an unknown option failed every candidate, exit 1, instead of being refused (2).
+  const std::string mlp = fixture("mlp.onnx");
+  auto r = cli("run " + mlp + " --iterations 1 --warmup 0 --provider-option intra_op_threads=1 "
+               "--provider-option graph_optimization_level=basic");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  expect_exit("run " + mlp + " --iterations 1 --provider-option intra_op_threads=-1", 2, "intra_op_threads");
+  expect_exit("tune " + mlp + " --provider cpu --quiet --provider-option nosuch=1", 2,
+              "takes no provider options (got 'nosuch')");
+}
+
 TEST(CliValidation, AReportPageIsNeverWrittenOverItsReport) {
   // `aitune report r.json -o r.json` replaced the JSON with the page (exit 0): the report was gone.
   ScopedTempDir tmp;

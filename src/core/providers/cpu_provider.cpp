@@ -12,9 +12,11 @@ ProviderDescription cpu() {
   d.capabilities = {.device_memory = false, .cuda_graph = false, .fp16_model = false, .contrib_operators = true};
   d.validate_options = [](const OnnxSessionConfig& config) {
     if (!config.provider_options.empty())
-      throw Error(ErrorCode::kInvalidArgument, "the CPU execution provider takes no provider options (got '" +
-                                                   config.provider_options.begin()->first +
-                                                   "'); use intra_op_threads / graph_optimization_level");
+      throw Error(ErrorCode::kInvalidArgument,
+                  "the CPU execution provider takes no provider options (got '" + config.provider_options.begin()->first +
+                      "'); its settings are the session's: intra_op_threads, inter_op_threads and "
+                      "graph_optimization_level (OnnxSessionConfig; `aitune run` and `tune` take them as "
+                      "--provider-option KEY=VALUE too)");
   };
   // Intra-op threads {ORT default, 1} x graph optimisation {all, extended}.
   d.variants = [](const OnnxSessionConfig&, const GraphSpec&) {

@@ -380,6 +380,19 @@ void OnnxSession::Impl::release_session() {
 OnnxSession::OnnxSession(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 OnnxSession::~OnnxSession() = default;
 
+void OnnxSession::check_config(const OnnxSessionConfig& config) {
+  if (config.device_id < 0)
+    throw Error(ErrorCode::kInvalidArgument, "device_id must be >= 0, got " + std::to_string(config.device_id));
+  const auto& provider = provider_description(config.provider);  // unknown providers: kInvalidArgument
+  if (!provider.capabilities.cuda_graph && config.provider_options.count("enable_cuda_graph"))
+    throw Error(ErrorCode::kInvalidArgument, std::string("provider option enable_cuda_graph is for the CUDA "
+                                                         "execution provider, not ") +
+                                                 std::string(execution_provider_name(config.provider)));
+  if (provider.validate_options) provider.validate_options(config);
+  detail::check_cuda_graph_config(config);
+  detail::check_thread_counts(config);
+}
+
 std::unique_ptr<OnnxSession> OnnxSession::create(const std::string& model_path,
                                                                const OnnxSessionConfig& config,
                                                                const std::optional<GraphSpec>& spec,
@@ -395,16 +408,8 @@ std::unique_ptr<OnnxSession> OnnxSession::create(const std::string& model_path,
   // ORT calls an empty file an invalid argument; it is a model that is not one.
   if (fs::file_size(model_path, ec) == 0 && !ec)
     throw Error(ErrorCode::kModelInvalid, "model file '" + model_path + "' is empty (0 bytes): not an ONNX model");
-  if (config.device_id < 0)
-    throw Error(ErrorCode::kInvalidArgument, "device_id must be >= 0, got " + std::to_string(config.device_id));
-  const auto& provider = provider_description(config.provider);  // unknown providers: kInvalidArgument
-  if (!provider.capabilities.cuda_graph && config.provider_options.count("enable_cuda_graph"))
-    throw Error(ErrorCode::kInvalidArgument, std::string("provider option enable_cuda_graph is for the CUDA "
-                                                         "execution provider, not ") +
-                                                 std::string(execution_provider_name(config.provider)));
-  if (provider.validate_options) provider.validate_options(config);
-  detail::check_cuda_graph_config(config);
-  detail::check_thread_counts(config);  // before the runtime loads
+  check_config(config);  // before the runtime loads
+  const auto& provider = provider_description(config.provider);
   // The runtime before the session's state: Impl holds ONNX Runtime objects whose
   // destructors call its API, so an Impl destroyed by a runtime that failed to load called
   // an API never set up (a segfault where the error belonged).
