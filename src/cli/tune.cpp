@@ -110,15 +110,27 @@ std::vector<std::map<std::string, Tensor>> random_samples(const OnnxSession& ref
   auto dims = parse_dims(o.dims, reference.inputs());
   std::mt19937 rng(0);
   std::vector<std::map<std::string, Tensor>> samples;
-  bool batched = false;
-  for (const auto& io : reference.inputs()) batched |= !io.shape.empty() && io.shape[0] < 0;
+  // The batch: the symbol on the first symbolic first axis. Another symbol on a first axis
+  // is no batch (MatMul(a[M, K], b[K2, P]): K2 took the batch size too, and every sample
+  // failed inside ONNX Runtime, whatever --dim K2 said).
+  std::optional<std::string> batch_symbol;
+  for (const auto& io : reference.inputs())
+    if (!batch_symbol && !io.shape.empty() && io.shape[0] < 0) batch_symbol = io.symbolic_dims[0];
+  const bool batched = batch_symbol.has_value();
+  auto is_batch = [&](const IoInfo& io, std::size_t axis) {
+    return batched && axis == 0 && io.shape[0] < 0 && io.symbolic_dims[0] == *batch_symbol;
+  };
+  if (batched && dims.count(*batch_symbol))  // it was ignored: the batch sizes set it
+    throw Error(ErrorCode::kInvalidArgument,
+                "--dim " + *batch_symbol + ": '" + *batch_symbol + "' is the batch axis (the first axis of the inputs), "
+                "which --batch-sizes sets in random samples; give --batch-sizes " + std::to_string(dims[*batch_symbol]));
   // Symbolic extents other than the batch that no --dim sets take 1 in every sample, so the
   // tuned graph accepts only 1 there: said, since nothing else showed it until a run of
   // another length was refused by the checkpoint.
   std::vector<std::string> fixed;
   for (const auto& io : reference.inputs())
     for (std::size_t i = 0; i < io.shape.size() && i < io.symbolic_dims.size(); ++i)
-      if (io.shape[i] < 0 && !(i == 0 && batched) && !dims.count(io.symbolic_dims[i]))
+      if (io.shape[i] < 0 && !is_batch(io, i) && !dims.count(io.symbolic_dims[i]))
         fixed.push_back("'" + (io.symbolic_dims[i].empty() ? "?" : io.symbolic_dims[i]) + "' (" + io.name +
                         " axis " + std::to_string(i) + ")");
   if (!fixed.empty()) {
@@ -130,8 +142,7 @@ std::vector<std::map<std::string, Tensor>> random_samples(const OnnxSession& ref
   }
   for (int64_t batch : batched ? o.batch_sizes : std::vector<int64_t>{1}) {
     auto with_batch = dims;
-    for (const auto& io : reference.inputs())
-      if (!io.shape.empty() && io.shape[0] < 0) with_batch[io.symbolic_dims[0]] = batch;
+    if (batched) with_batch[*batch_symbol] = batch;
     std::map<std::string, Tensor> sample;
     for (const auto& io : reference.inputs()) sample[io.name] = random_input(io, nullptr, with_batch, rng);
     samples.push_back(std::move(sample));

@@ -73,6 +73,19 @@ TEST(CliTune, AnOutputExtentTheInputValuesDecideStaysFreeInTheCheckpoint) {
   EXPECT_EQ(output["max_shape"], nlohmann::json({2, -1})) << output.dump();
 }
 
+TEST(CliTune, OnlyTheFirstInputsFirstAxisSymbolIsTheBatchOfRandomSamples) {
+  // MatMul(a[M, K], b[K2, P]): K2 took the batch size too, every sample failed inside ONNX
+  // Runtime (exit 1) whatever --dim K2 said; --dim on the batch symbol was ignored (a probe).
+  auto r = tune(fixture("matmul.onnx") + " --provider cpu --quiet --no-variants");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("'K2' (b axis 0)"), std::string::npos) << r.output;  // said to hold 1
+  auto given = tune(fixture("matmul.onnx") + " --provider cpu --quiet --no-variants --dim K=3 --dim K2=3");
+  EXPECT_EQ(given.exit_code, 0) << given.output;
+  auto batch = tune(fixture("matmul.onnx") + " --provider cpu --quiet --no-variants --dim M=5");
+  EXPECT_EQ(batch.exit_code, 2) << batch.output;
+  EXPECT_NE(batch.output.find("give --batch-sizes 5"), std::string::npos) << batch.output;
+}
+
 TEST(CliTune, BadInputGivesExitCodeAndReason) {
   ScopedTempDir tmp;
   auto strategy = tune(fixture("mlp.onnx") + " --provider cpu --strategy fastest");
