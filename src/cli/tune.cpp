@@ -7,6 +7,7 @@
 #include <iostream>
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <optional>
 #include <random>
@@ -103,6 +104,36 @@ void free_value_decided_extents(GraphSpec& spec, const std::vector<IoInfo>& inpu
       s.min_shape[axis] = 0;
       s.max_shape[axis] = kUnbounded;
     }
+  }
+}
+
+// The reference run again on the first sample gives the same bytes, or no candidate can be
+// judged against it: a model with random operators (RandomNormalLike) had every candidate
+// called "incorrect ... would pass with atol=1.59", as if the candidates were at fault.
+void check_repeatable(const OnnxSession& reference, const std::vector<TensorView>& views,
+                      const std::vector<Tensor>& first, const std::string& model) {
+  // Floats within 1e-5 of each other pass: a threaded reduction may round otherwise from run
+  // to run, which the candidates' tolerance covers; random operators differ by far more.
+  auto close = [](const auto* x, const auto* y, std::size_t n) {
+    for (std::size_t i = 0; i < n; ++i) {
+      const double u = static_cast<double>(x[i]), v = static_cast<double>(y[i]);
+      if (!(std::abs(u - v) <= 1e-5 * (1.0 + std::abs(u))) && !(std::isnan(u) && std::isnan(v))) return false;
+    }
+    return true;
+  };
+  const auto again = reference.infer(views);
+  for (std::size_t j = 0; j < first.size() && j < again.size(); ++j) {
+    const auto a = first[j].view(), b = again[j].view();
+    bool same = a.shape == b.shape && a.nbytes() == b.nbytes() && std::memcmp(a.data, b.data, a.nbytes()) == 0;
+    if (!same && a.shape == b.shape && a.dtype == b.dtype && a.dtype == DType::kFloat32)
+      same = close(static_cast<const float*>(a.data), static_cast<const float*>(b.data), a.nbytes() / sizeof(float));
+    if (!same && a.shape == b.shape && a.dtype == b.dtype && a.dtype == DType::kFloat64)
+      same = close(static_cast<const double*>(a.data), static_cast<const double*>(b.data), a.nbytes() / sizeof(double));
+    if (!same)
+      throw Error(ErrorCode::kInvalidArgument,
+                  "'" + model + "' gives other values of output '" + reference.outputs()[j].name +
+                      "' when run twice on the same input (random operators such as RandomNormal, or a "
+                      "nondeterministic kernel): no candidate can be checked against it, so it is not tuned");
   }
 }
 
@@ -208,6 +239,7 @@ int tune_model(const CliTuneArgs& o) {
       views.push_back(r.inputs.back().view());
     }
     r.outputs = reference->infer(views);
+    if (recorded.empty()) check_repeatable(*reference, views, r.outputs, o.model);
     if (!ins.empty() && !ins[0].shape.empty() && ins[0].shape[0] < 0 && !r.inputs[0].shape().empty())
       r.batch_size = r.inputs[0].shape()[0];
     builder.record(records_of(ins, r.inputs), records_of(reference->outputs(), r.outputs), r.batch_size);

@@ -86,6 +86,14 @@ TEST(CliTune, OnlyTheFirstInputsFirstAxisSymbolIsTheBatchOfRandomSamples) {
   EXPECT_NE(batch.output.find("give --batch-sizes 5"), std::string::npos) << batch.output;
 }
 
+TEST(CliTune, AModelThatIsNotRepeatableIsSaidToBe) {
+  // RandomNormalLike: every candidate was "incorrect ... would pass with atol=1.59", exit 1,
+  // as if the candidates were at fault (a probe).
+  auto r = tune(fixture("random.onnx") + " --provider cpu --quiet");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("when run twice on the same input"), std::string::npos) << r.output;
+}
+
 TEST(CliTune, BadInputGivesExitCodeAndReason) {
   ScopedTempDir tmp;
   auto strategy = tune(fixture("mlp.onnx") + " --provider cpu --strategy fastest");
