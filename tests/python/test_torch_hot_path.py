@@ -122,9 +122,19 @@ def test_hooks_and_tracing_take_the_module_path(python_path_calls):
         calls = len(python_path_calls)
         torch.testing.assert_close(model(x), plain)
         assert len(python_path_calls) == calls  # hooks gone: C++ again
-    traced = torch.jit.trace(lambda t: model(t) + 0, (x,), check_trace=False)  # under tracing: the module path
+    class Parent(torch.nn.Module):  # what a user traces: a model holding the tuned module
+        def __init__(self):
+            super().__init__()
+            self.tuned = model
+
+        def forward(self, t):
+            return self.tuned(t) + 0
+
+    traced = torch.jit.trace(Parent(), (x,), check_trace=False)  # under tracing: the module path, eagerly
     assert len(python_path_calls) == calls + 1
-    assert traced is not None
+    other = torch.randn(2, 16)
+    with torch.no_grad():  # the trace recorded the module's ops, not the graph's outputs as constants
+        torch.testing.assert_close(traced(other), model._ait_module(other))
 
 
 def test_keyword_calls_run_in_cpp_after_the_first_of_their_form(python_path_calls):
