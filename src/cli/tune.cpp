@@ -3,6 +3,7 @@
 // candidate plan (the one `ait.tune` evaluates) checked and measured, a strategy's choice,
 // a report and optionally a checkpoint. `--list-candidates` prints the plan only.
 #include <filesystem>
+#include <unistd.h>
 #include <fstream>
 #include <iostream>
 #include <algorithm>
@@ -358,7 +359,24 @@ int tune_model(const CliTuneArgs& o) {
     for (const auto& t : spec.outputs) names_out += (names_out.empty() ? "\"" : ",\"") + t.name + "\"";
     graph.structure_json = "{\"inputs\":[" + names_in + "],\"outputs\":[" + names_out + "]}";
     manifest.graphs.push_back(graph);
-    Checkpoint::save(o.checkpoint, manifest, {{Checkpoint::graph_directory("graph_0") + "/model_raw.onnx", o.model}});
+    // The report beside the graph, as ait.save keeps it: `aitune report CHECKPOINT` reads
+    // it (a CLI checkpoint had none, and the command refused the directory).
+    const std::string report_file = (std::filesystem::temp_directory_path() /
+                                     ("aitune-tune-report-" + std::to_string(::getpid()) + ".json")).string();
+    {
+      std::ofstream out(report_file, std::ios::trunc);
+      out << report.to_json() << "\n";
+      if (!out) throw Error(ErrorCode::kIo, "cannot write the report for the checkpoint to '" + report_file + "'");
+    }
+    const std::string graph_dir = Checkpoint::graph_directory("graph_0");
+    try {
+      Checkpoint::save(o.checkpoint, manifest,
+                       {{graph_dir + "/model_raw.onnx", o.model}, {graph_dir + "/tune_report.json", report_file}});
+    } catch (...) {
+      std::filesystem::remove(report_file);
+      throw;
+    }
+    std::filesystem::remove(report_file);
     std::cout << "checkpoint: " << o.checkpoint << " (run it with: aitune run " << o.checkpoint << ")\n";
   }
   return 0;

@@ -57,6 +57,12 @@ TEST(CliTune, SamplesFromNpyAndACheckpointThatRunLoads) {
   auto too_big = run_command(std::string("'") + AITUNE_TEST_CLI + "' run '" + checkpoint +
                              "' --iterations 1 --warmup 0 --input x=" + tmp.file("x6.npy"));
   EXPECT_EQ(too_big.exit_code, 2) << too_big.output;
+  // The report is in the checkpoint, as ait.save keeps it: `aitune report` renders it (it
+  // refused the directory, which held none).
+  auto page = run_command(std::string("'") + AITUNE_TEST_CLI + "' report '" + checkpoint + "' -o '" +
+                          tmp.file("page.html") + "'");
+  EXPECT_EQ(page.exit_code, 0) << page.output;
+  EXPECT_TRUE(std::filesystem::is_regular_file(tmp.file("page.html")));
 }
 
 TEST(CliTune, AnOutputExtentTheInputValuesDecideStaysFreeInTheCheckpoint) {
