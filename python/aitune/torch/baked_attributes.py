@@ -151,10 +151,10 @@ def _class_defaults(module: torch.nn.Module, harmless: tuple[str, ...]) -> Itera
     for prefix, sub in modules_and_wrapped(module):
         held = vars(sub)
         seen: set[str] = set()
+        methods_read = _forward_attribute_reads(type(sub))
         for cls in type(sub).__mro__:
             if cls is torch.nn.Module or not issubclass(cls, torch.nn.Module):
                 break
-            methods_read = _forward_attribute_reads(type(sub))
             for key, value in vars(cls).items():
                 if key in seen or key in held or (key.startswith("_") and key not in methods_read):
                     continue
