@@ -69,6 +69,29 @@ TEST(OrtFailureCode, OrtCallRaisesTheClassifiedCodeWithContext) {
   }
 }
 
+TEST(OrtFailureCode, OrtsSourceLocationAndSignatureLeaveItsMessage) {
+  // A probe's opset-99 model: the CLI printed ORT's file, line and a C++ signature.
+  const std::string load =
+      "Load model from m.onnx failed:/onnxruntime_src/onnxruntime/core/graph/model_load_utils.h:46 void "
+      "onnxruntime::model_load_utils::ValidateOpsetForDomain(const std::unordered_map<std::__cxx11::basic_string<char>, "
+      "int>&, const onnxruntime::logging::Logger&, bool, const std::string&, int) ONNX Runtime only *guarantees* ...";
+  EXPECT_EQ(detail::readable_ort_message(load), "Load model from m.onnx failed:ONNX Runtime only *guarantees* ...");
+  const std::string run =
+      "Non-zero status code returned while running Add node. Name:'' Status Message: /onnxruntime_src/onnxruntime/core/"
+      "providers/cpu/math/element_wise_ops.h:563 void onnxruntime::BroadcastIterator::Init(ptrdiff_t, ptrdiff_t) "
+      "axis == 1 || axis == largest was false. Attempting to broadcast an axis by a dimension other than 1. 2 by 3";
+  EXPECT_EQ(detail::readable_ort_message(run),
+            "Non-zero status code returned while running Add node. Name:'' Status Message: axis == 1 || axis == largest "
+            "was false. Attempting to broadcast an axis by a dimension other than 1. 2 by 3");
+  EXPECT_EQ(detail::readable_ort_message("no location here (x)"), "no location here (x)");
+  try {
+    detail::ort_call(ErrorCode::kInternal, "loading", [&] { throw Ort::Exception(std::string(load), ORT_FAIL); });
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()).find("onnxruntime_src"), std::string::npos) << e.what();
+  }
+}
+
 TEST(CudaCheck, MemoryAllocationStatusIsOutOfMemory) {
   EXPECT_NO_THROW(detail::cuda_check(0, "cudaMalloc"));
   try {

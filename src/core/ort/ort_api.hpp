@@ -31,6 +31,29 @@ inline ErrorCode ort_failure_code(const Ort::Exception& e, ErrorCode fallback) {
   return error_code_from_ort(e.GetOrtErrorCode(), fallback);
 }
 
+/// ORT's message without the source location and C++ signature it puts before the reason
+/// ("/onnxruntime_src/.../model_load_utils.h:46 void onnxruntime::model_load_utils::
+/// ValidateOpsetForDomain(const std::unordered_map<...>&, ...) Opset 99 is under
+/// development..."): the reason is for the user, the signature was noise in every CLI error.
+inline std::string readable_ort_message(const std::string& text) {
+  const auto at = text.find("/onnxruntime_src/");
+  if (at == std::string::npos) return text;
+  auto i = text.find(' ', at);  // past "file:line"
+  if (i == std::string::npos) return text;
+  const auto open = text.find('(', i);
+  if (open == std::string::npos || text.find('\n', i) < open) return text;
+  int depth = 0;
+  for (auto j = open; j < text.size(); ++j) {
+    if (text[j] == '(') ++depth;
+    if (text[j] == ')' && --depth == 0) {
+      auto rest = j + 1;
+      while (rest < text.size() && text[rest] == ' ') ++rest;
+      return text.substr(0, at) + text.substr(rest);
+    }
+  }
+  return text;
+}
+
 /// Runs `fn`; an Ort::Exception becomes Error(ort_failure_code, context + ": " + ORT's message).
 /// `context` is a string, or a callable returning one, so that hot paths build the
 /// message only when something failed.
@@ -45,7 +68,7 @@ decltype(auto) ort_call(ErrorCode fallback, Context&& context, Fn&& fn) {
     } else {
       where = context;
     }
-    throw Error(ort_failure_code(e, fallback), where + ": " + e.what());
+    throw Error(ort_failure_code(e, fallback), where + ": " + readable_ort_message(e.what()));
   }
 }
 
