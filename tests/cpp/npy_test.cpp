@@ -153,6 +153,13 @@ TEST(Npy, MissingFileThrowsIo) {
   EXPECT_NE(msg.find(path), std::string::npos) << msg;
 }
 
+TEST(Npy, ADirectoryIsAFileThatCannotBeReadNotBadMagic) {
+  // `--input x=SOMEDIR` said "bad magic: not a .npy file" (exit 2) of a path naming no file.
+  ScopedTempDir dir;
+  std::filesystem::create_directory(dir.file("x.npy"));
+  expect_error([&] { load_npy(dir.file("x.npy")); }, ErrorCode::kIo, {"is a directory"});
+}
+
 TEST(Npy, BadMagicThrowsInvalidArgument) {
   ScopedTempDir dir;
   const std::string good = dir.file("good.npy");

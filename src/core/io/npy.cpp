@@ -6,6 +6,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 
@@ -216,6 +217,11 @@ Tensor read_npy(std::istream& in, const std::string& path) {
 }  // namespace detail
 
 Tensor load_npy(const std::string& path) {
+  // A directory opens as a stream that reads nothing: it was "bad magic: not a .npy file"
+  // (a bad argument) where the path names no file at all.
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec))
+    throw Error(ErrorCode::kIo, "cannot read '" + path + "': it is a directory, not a .npy file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(ErrorCode::kIo, "cannot open '" + path + "': " + std::strerror(errno));
   return detail::read_npy(in, path);
