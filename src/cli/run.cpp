@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <unistd.h>
 #include <iomanip>
 #include <iostream>
 #include <map>
@@ -110,19 +111,32 @@ std::unique_ptr<OnnxSession> checkpoint_backend(const RunOptions& o,
   return checkpoint.create_session(key, overrides);
 }
 
-// Creates --save-outputs DIR (or checks the one there) before anything runs.
-void prepare_output_directory(const std::string& dir) {
+// Checks --save-outputs DIR before anything runs: a directory there, or one that can be
+// made under the nearest directory that exists (made only when the outputs are written: a
+// run refused before them left an empty DIR behind).
+void check_output_directory(const std::string& dir) {
   namespace fs = std::filesystem;
   std::error_code ec;
   auto st = fs::status(dir, ec);
-  if (fs::exists(st) && !fs::is_directory(st))
-    throw Error(ErrorCode::kIo, "--save-outputs '" + dir + "' exists and is not a directory");
-  fs::create_directories(dir, ec);
+  if (fs::exists(st)) {
+    if (!fs::is_directory(st)) throw Error(ErrorCode::kIo, "--save-outputs '" + dir + "' exists and is not a directory");
+    return;
+  }
+  fs::path ancestor = fs::absolute(dir, ec).parent_path();
+  while (!ancestor.empty() && !fs::exists(ancestor, ec) && ancestor != ancestor.root_path()) ancestor = ancestor.parent_path();
+  if (!fs::is_directory(ancestor, ec) || ::access(ancestor.c_str(), W_OK) != 0)
+    throw Error(ErrorCode::kIo, "--save-outputs: cannot create the directory '" + dir + "': '" + ancestor.string() +
+                                    "' is not a directory this process can write");
+}
+
+void make_output_directory(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
   if (ec) throw Error(ErrorCode::kIo, "--save-outputs: cannot create the directory '" + dir + "': " + ec.message());
 }
 
 int run_model(const RunOptions& o) {
-  if (!o.save_outputs.empty()) prepare_output_directory(o.save_outputs);
+  if (!o.save_outputs.empty()) check_output_directory(o.save_outputs);
   std::map<std::string, std::string> provider_options;
   for (const auto& kv : o.provider_options) provider_options.insert(split_assignment(kv, "--provider-option"));
   std::unique_ptr<OnnxSession> backend;
@@ -183,6 +197,7 @@ int run_model(const RunOptions& o) {
     outputs = backend->infer(views);
     samples.push_back(std::chrono::duration<double, std::micro>(clock() - start).count());
   }
+  if (!o.save_outputs.empty()) make_output_directory(o.save_outputs);
   for (std::size_t i = 0; i < outputs.size(); ++i) {
     Tensor host = backend->to_host(outputs[i]);
     const auto& name = backend->outputs()[i].name;

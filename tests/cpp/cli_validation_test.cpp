@@ -248,6 +248,20 @@ TEST(CliValidation, EmptyPathsAreRefusedNotTakenAsLeftOut) {
   expect_exit("inspect ''", 2, "an empty path");
 }
 
+TEST(CliValidation, ARefusedRunLeavesNoOutputDirectory) {
+  // --save-outputs DIR was made before the run, and left empty when the run was refused.
+  ScopedTempDir tmp;
+  expect_exit("run " + fixture("mlp.onnx") + " --iterations 1 --input x=" + fixture("npy_bool.npy") +
+                  " --save-outputs " + tmp.file("out/nested"),
+              2, "x");
+  EXPECT_FALSE(std::filesystem::exists(tmp.file("out")));
+  auto r = cli("run " + fixture("mlp.onnx") + " --iterations 1 --warmup 0 --save-outputs " + tmp.file("out/nested"));
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(std::filesystem::is_regular_file(tmp.file("out/nested/y.npy"))) << r.output;
+  expect_exit("run " + fixture("mlp.onnx") + " --iterations 1 --save-outputs " + fixture("mlp.onnx") + "/out", 6,
+              "is not a directory");
+}
+
 TEST(CliValidation, TheSessionsSettingsAreTakenAsProviderOptions) {
   // The CPU provider's refusal named intra_op_threads, which no flag took (a probe); and in
   // tune an unknown option failed every candidate, exit 1, instead of being refused (2).
