@@ -84,30 +84,6 @@ std::vector<TensorRecord> records_of(const std::vector<IoInfo>& ios, const std::
   return out;
 }
 
-// An output extent that no input's shape decides (Range's length, NonZero's count, a Loop's
-// trip count: the model declares it with a symbol no input has, or none) is made by the
-// samples' values: it stays free in the spec, and so in the checkpoint and Triton's config,
-// instead of fixed at the one value the samples happened to give (random samples hold 5 in
-// an integer scalar: `dims: [5]` in a config whose model returns 3 for n = 3; a probe).
-void free_value_decided_extents(GraphSpec& spec, const std::vector<IoInfo>& inputs,
-                                const std::vector<IoInfo>& outputs) {
-  std::set<std::string> input_symbols;
-  for (const auto& io : inputs)
-    for (const auto& symbol : io.symbolic_dims)
-      if (!symbol.empty()) input_symbols.insert(symbol);
-  for (std::size_t j = 0; j < spec.outputs.size() && j < outputs.size(); ++j) {
-    const IoInfo& declared = outputs[j];
-    TensorSpec& s = spec.outputs[j];
-    if (!declared.rank_known || declared.shape.size() != s.rank()) continue;  // nothing declared to go by
-    for (std::size_t axis = 0; axis < s.rank(); ++axis) {
-      const std::string symbol = axis < declared.symbolic_dims.size() ? declared.symbolic_dims[axis] : "";
-      if (declared.shape[axis] >= 0 || input_symbols.count(symbol) || s.batch_axis == static_cast<int>(axis)) continue;
-      s.min_shape[axis] = 0;
-      s.max_shape[axis] = kUnbounded;
-    }
-  }
-}
-
 // The reference run again on the first sample gives the same bytes, or no candidate can be
 // judged against it: a model with random operators (RandomNormalLike) had every candidate
 // called "incorrect ... would pass with atol=1.59", as if the candidates were at fault.
@@ -247,7 +223,6 @@ int tune_model(const CliTuneArgs& o) {
     recorded.push_back(std::move(r));
   }
   GraphSpec spec = builder.build();
-  free_value_decided_extents(spec, ins, reference->outputs());
 
   CandidateRequest request;
   request.base = base;

@@ -1121,3 +1121,26 @@ def test_a_cache_not_filled_yet_in_the_module_loaded_into_is_no_difference(tmp_p
     other.cache = {"bias": torch.full((4,), 9.0)}
     (warning,) = load_into(other)
     assert "cache['bias']" in warning
+
+
+class _Positives(torch.nn.Module):
+    def forward(self, x):
+        return torch.nonzero(x > 0)  # how many rows: the values decide, not the shapes
+
+
+def test_an_output_extent_the_values_decide_stays_free_in_the_checkpoint(tmp_path, monkeypatch):
+    """NonZero's count was saved fixed at (or ranged over) what the samples gave: the
+    checkpoint, and the Triton config written from it, claimed output shapes the model does
+    not keep (a probe's Range(0, n) got `dims: [5]`). The model names it with a symbol no
+    input has: free."""
+    monkeypatch.setenv("AITUNE_CACHE_DIR", str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    model = ait.Module(_Positives().eval(), "positives", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [torch.randn(8) for _ in range(3)], batch_sizes=[1], progress=False,
+             performance_validation=False, ignore_failing_modules=False)
+    x = torch.randn(1, 8)
+    assert torch.equal(model(x), _Positives()(x))
+    ait.save(model, tmp_path / "ckpt")
+    (graph,) = json.loads((tmp_path / "ckpt" / "manifest.json").read_text())["graphs"]
+    (output,) = graph["graph_spec"]["outputs"]
+    assert (output["min_shape"], output["max_shape"]) == ([0, 2], [-1, 2]), output

@@ -142,6 +142,30 @@ std::vector<TensorSpec> specs_from_io(const std::vector<IoInfo>& ios) {
   return specs;
 }
 
+// An output extent that no input's shape decides (Range's length, NonZero's count, a Loop's
+// trip count: the model declares it with a symbol no input has, or none) is made by the
+// recorded samples' values: it stays free in a session's spec, and so in the checkpoints
+// and Triton configs written from it, instead of fixed at the one value the samples happened
+// to give (`dims: [5]` in a config whose model returns 3 for n = 3; a probe).
+void free_value_decided_extents(GraphSpec& spec, const std::vector<IoInfo>& inputs,
+                                const std::vector<IoInfo>& outputs) {
+  std::set<std::string> input_symbols;
+  for (const auto& io : inputs)
+    for (const auto& symbol : io.symbolic_dims)
+      if (!symbol.empty()) input_symbols.insert(symbol);
+  for (std::size_t j = 0; j < spec.outputs.size() && j < outputs.size(); ++j) {
+    const IoInfo& declared = outputs[j];
+    TensorSpec& s = spec.outputs[j];
+    if (!declared.rank_known || declared.shape.size() != s.rank()) continue;  // nothing declared to go by
+    for (std::size_t axis = 0; axis < s.rank(); ++axis) {
+      const std::string symbol = axis < declared.symbolic_dims.size() ? declared.symbolic_dims[axis] : "";
+      if (declared.shape[axis] >= 0 || input_symbols.count(symbol) || s.batch_axis == static_cast<int>(axis)) continue;
+      s.min_shape[axis] = 0;
+      s.max_shape[axis] = kUnbounded;
+    }
+  }
+}
+
 // Puts a caller's spec in model order, after checking it describes this model.
 std::vector<TensorSpec> align_spec(const std::vector<TensorSpec>& given, const std::vector<IoInfo>& ios,
                                    const char* what, const std::string& model_path) {
@@ -429,6 +453,7 @@ std::unique_ptr<OnnxSession> OnnxSession::create(const std::string& model_path,
   if (spec) {
     impl->spec.inputs = align_spec(spec->inputs, ctx.inputs, "input", model_path);
     impl->spec.outputs = align_spec(spec->outputs, ctx.outputs, "output", model_path);
+    free_value_decided_extents(impl->spec, ctx.inputs, ctx.outputs);
     impl->spec.batch_sizes = spec->batch_sizes;
     for (const auto& condition : spec->conditions)
       for (const auto& name : condition.inputs())
