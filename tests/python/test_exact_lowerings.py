@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 from torch_models import cpu_strategy
 
@@ -93,3 +94,48 @@ def test_identity_like_constants_are_kept_in_the_export():
     assert torch.isfinite(got[0]).all()
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-6, atol=0.0)
+
+
+class SmallArguments(torch.nn.Module):
+    """log1p and expm1 where their argument is tiny: what they exist for."""
+
+    def forward(self, y):
+        return torch.log1p(y) / y, torch.log(torch.expm1(y))
+
+
+@pytest.mark.parametrize("use_dynamo", [True, False], ids=["dynamo", "trace"])
+def test_log1p_and_expm1_keep_their_digits_for_tiny_arguments(use_dynamo):
+    """torchlib's log1p is log(1 + x) and expm1 decomposed to exp(x) - 1: log1p(1e-8) / 1e-8
+    gave 0 (PyTorch 1) and log(expm1(1e-8)) -inf (PyTorch -18.4), tuned on y in [0.5, 1.5]
+    (a session-32 probe). The trace exporter's log1p as well (its expm1 it refuses)."""
+    module = SmallArguments().eval() if use_dynamo else _Log1pOnly().eval()
+    tuned = ait.Module(module, f"small-{use_dynamo}",
+                       strategy=cpu_strategy(use_dynamo=use_dynamo, tune_provider_options=False))
+    ait.tune(tuned, [torch.rand(8) + 0.5 for _ in range(2)], ignore_failing_modules=False,
+             performance_validation=False, progress=False)
+    assert tuned.ait_state is ModuleState.TUNED
+    y = torch.tensor([[1e-8, 3e-8, 1e-7, -1e-7, 1e-6, -0.5, 2.0, 30.0]])
+    with torch.no_grad():
+        for got, expected in zip(tuned(y), module(y), strict=True):
+            torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5, equal_nan=True)  # log of negatives
+
+
+class _Log1pOnly(torch.nn.Module):
+    def forward(self, y):
+        return (torch.log1p(y) / y,)
+
+
+class LogNdtr(torch.nn.Module):
+    def forward(self, z):
+        return torch.special.log_ndtr(z)
+
+
+def test_log_ndtr_is_not_exported(caplog):
+    """Its decomposition gave -inf from -8 and NaN from -20 where PyTorch is finite (a
+    session-32 probe): the export is refused, saying why, and the module stays in PyTorch."""
+    tuned = ait.Module(LogNdtr().eval(), "log-ndtr", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(tuned, [torch.randn(8) for _ in range(2)], performance_validation=False, progress=False)
+    assert tuned.ait_state is ModuleState.PASSTHROUGH
+    z = torch.tensor([[-5.0, -10.0, -40.0, 1.0]])
+    torch.testing.assert_close(tuned(z), LogNdtr()(z))
+    assert "log_ndtr has no exact ONNX translation" in caplog.text

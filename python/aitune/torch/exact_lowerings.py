@@ -166,6 +166,67 @@ def atan2(self: TFloat, other: TFloat) -> TFloat:
     return op.Where(both_zero, op.Where(_negative(x), turn, y), angle)
 
 
+def log1p(self: TFloat) -> TFloat:
+    """log1p(Tensor self) -> Tensor: Goldberg's ``log(u) * x / (u - 1)`` with ``u = 1 + x``,
+    exact to a few ulps where ``log(1 + x)`` (torchlib's) loses every digit of a small x
+    (``log1p(1e-8) / 1e-8`` gave 0, PyTorch 1; a session-32 probe); x itself where u rounds
+    to 1 (-0.0 kept), ``log(u)`` where u is infinite."""
+    one = _like(1.0, self)
+    u = op.Add(self, one)
+    u_minus_one = op.Sub(u, one)
+    ratio = op.Mul(op.Log(u), op.Div(self, u_minus_one))
+    return op.Where(op.Equal(u_minus_one, _like(0.0, self)), self, op.Where(op.IsInf(u), op.Log(u), ratio))
+
+
+def expm1(self: TFloat) -> TFloat:
+    """expm1(Tensor self) -> Tensor: Kahan's ``(u - 1) * x / log(u)`` with ``u = exp(x)``,
+    exact to a few ulps where ``exp(x) - 1`` (the decomposition's) loses every digit of a
+    small x (``log(expm1(1e-8))`` gave -inf, PyTorch -18.4; a session-32 probe); x itself
+    where u rounds to 1, -1 where it rounds to 0, u where it is infinite."""
+    one = _like(1.0, self)
+    minus_one = _like(-1.0, self)
+    u = op.Exp(self)
+    u_minus_one = op.Sub(u, one)
+    ratio = op.Div(op.Mul(u_minus_one, self), op.Log(u))
+    result = op.Where(op.Equal(u_minus_one, minus_one), minus_one, op.Where(op.IsInf(u), u, ratio))
+    return op.Where(op.Equal(u, one), self, result)
+
+
+def log_ndtr(self: TFloat) -> TFloat:
+    """special_log_ndtr(Tensor self) -> Tensor: not translated. Its decomposition loses every
+    digit below about -5 (0.04 off at -5, -inf from -8, NaN from -20, where PyTorch gives
+    -35 and -204; a session-32 probe), and ONNX has no erfc or erfcx to do better with: the
+    export fails, so no graph computes it."""
+    raise NotImplementedError(
+        "torch.special.log_ndtr has no exact ONNX translation (its decomposition gives -inf or NaN below about -8 "
+        "where PyTorch gives finite values); the module stays in PyTorch")
+
+
+def _trace_log1p(g, x):
+    """The trace exporter's ``aten::log1p`` as ``log1p`` above (its own is ``log(1 + x)``,
+    off by 100 % at 1e-8 there too)."""
+    one = g.op("CastLike", g.op("Constant", value_t=torch.tensor(1.0)), x)
+    zero = g.op("CastLike", g.op("Constant", value_t=torch.tensor(0.0)), x)
+    u = g.op("Add", x, one)
+    u_minus_one = g.op("Sub", u, one)
+    ratio = g.op("Mul", g.op("Log", u), g.op("Div", x, u_minus_one))
+    return g.op("Where", g.op("Equal", u_minus_one, zero), x, g.op("Where", g.op("IsInf", u), g.op("Log", u), ratio))
+
+
+@contextlib.contextmanager
+def exact_trace_symbolics() -> Iterator[None]:
+    """While active, the trace exporter (``torch.onnx.export(dynamo=False)``) translates the
+    ops above it would compute otherwise (``log1p``) as the dynamo export does; its own
+    symbolics are back after (the registration is process-wide). From opset 15 (CastLike)."""
+    from torch.onnx import register_custom_op_symbolic, unregister_custom_op_symbolic
+
+    register_custom_op_symbolic("aten::log1p", _trace_log1p, 15)
+    try:
+        yield
+    finally:
+        unregister_custom_op_symbolic("aten::log1p", 15)
+
+
 def translation_table() -> dict:
     """The aten overloads above, for ``torch.onnx.export(custom_translation_table=...)``."""
     aten = torch.ops.aten
@@ -177,4 +238,7 @@ def translation_table() -> dict:
         aten.remainder.Tensor: remainder,
         aten.remainder.Scalar: remainder_scalar,
         aten.atan2.default: atan2,
+        aten.log1p.default: log1p,
+        aten.expm1.default: expm1,
+        aten.special_log_ndtr.default: log_ndtr,
     }

@@ -570,6 +570,10 @@ def export_onnx(
             # Noise from inside torch about its own internals, not about the model.
             warnings.filterwarnings("ignore", message=r".*LeafSpec.*", category=FutureWarning)
             warnings.filterwarnings("ignore", message=r".*axis name: .* will not be used.*", category=UserWarning)
+            # exact_lowerings loads onnxscript's torchlib, as the dynamo export does: imported
+            # here, for the exports alone
+            from aitune.torch import exact_lowerings
+
             common = dict(input_names=graph.input_names, output_names=graph.output_names,
                           opset_version=opset_version)
             if use_dynamo:
@@ -600,10 +604,7 @@ def export_onnx(
                                        graph.module_name, graph.key, text)
                 # (the program's dims renamed after the shapes' own: "batch", as a direct export names it)
                 # (aten ops whose torchlib translation computes other numbers, and the optimizer's
-                # no-op rules made exact: exact_lowerings.py, imported here: it loads onnxscript's
-                # torchlib, as the export does)
-                from aitune.torch import exact_lowerings
-
+                # no-op rules made exact: exact_lowerings.py)
                 with exact_lowerings.exact_identity_constants():
                     torch.onnx.export(flat if program is None else program, inputs, str(target), dynamo=True,
                                       dynamic_shapes=None if declared else shapes, verbose=False,
@@ -613,7 +614,8 @@ def export_onnx(
                     logger.warning("%s/%s: the trace exporter (use_dynamo=False) cannot prove the graph valid over "
                                    "the dynamic_shapes ranges (%s); a line deciding on a shape is refused; the graph is checked at the recorded shapes and a crop",
                                    graph.module_name, graph.key, graph.dynamic_shapes.describe())
-                with warnings.catch_warnings(), conversions:  # the trace exporter is chosen on purpose here
+                with warnings.catch_warnings(), conversions, exact_lowerings.exact_trace_symbolics():
+                    # (the trace exporter is chosen on purpose here)
                     warnings.simplefilter("ignore", DeprecationWarning)
                     # The tracer's "Converting a tensor to a Python boolean might cause the trace
                     # to be incorrect": `conversions` tells the conversions of input values (refused,
