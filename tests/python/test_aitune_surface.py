@@ -346,3 +346,23 @@ def test_inspect_lists_modules_a_pipeline_runs_at_once_on_threads():
     # on one thread, a module inside another's forward is still part of that one's time
     assert [(m.object_path, m.execution_count) for m in ait.inspect(
         Blocks().eval(), [torch.randn(16)], number_of_iterations=2, warmup_iterations=0).get_modules()] == [("", 2)]
+
+
+def test_a_module_whose_class_overrides_call_is_refused_naming_it():
+    """Calls through ait.Module run forward and the hooks: a class's own ``__call__``
+    (``super().__call__(x) * 2 + 1``) was skipped, tuned or not, 2.08 off eager, silently
+    (a session-32 probe)."""
+
+    class Doubled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.linear(x)
+
+        def __call__(self, x):
+            return super().__call__(x) * 2 + 1
+
+    with pytest.raises(TypeError, match=r"Doubled overrides __call__, which calls through ait.Module would skip"):
+        ait.Module(Doubled().eval(), "doubled")

@@ -119,6 +119,14 @@ class Module(DispatchedModule):
             raise TypeError(f"module is already wrapped by ait.Module '{module.ait_name}'")
         if not isinstance(module, torch.nn.Module):
             raise TypeError(f"ait.Module wraps a torch.nn.Module, got {type(module).__name__}")
+        if type(module).__call__ is not torch.nn.Module.__call__ and not isinstance(module, DispatchedModule):
+            # Calls through the wrapper run forward (and the hooks), as nn.Module.__call__ does:
+            # a class's own __call__ would be skipped, tuned or not (2.08 off eager, silently;
+            # a session-32 probe)
+            raise TypeError(
+                f"ait.Module wraps a module's forward, and {type(module).__qualname__} overrides __call__, which calls "
+                "through ait.Module would skip (tuned or not): move what its __call__ adds into forward, or wrap a "
+                "module whose forward is what a call computes")
         # the backend guide's default backend when neither is given
         selection = StrategySelection(strategy, strategies, lambda: OneBackendStrategy(ONNXRuntimeBackend()))
         declared = DynamicShapes(dynamic_shapes)
