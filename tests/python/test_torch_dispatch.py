@@ -516,3 +516,23 @@ def test_inputs_that_disagree_on_the_batch_are_refused_or_run_eagerly():
     with pytest.warns(RuntimeWarning, match="disagree on the batch.*running eagerly"):
         out = fallback(x, t)
     torch.testing.assert_close(out, inner(x, t))
+
+
+def test_a_call_with_gradients_on_says_once_that_the_weights_get_none(caplog):
+    """A fine-tune with the tuned module in eval() (frozen BatchNorm, a common recipe): its
+    weights got no gradient and only the head after it trained, with no word (a session-32
+    probe). The first call a graph serves with gradients on says so, once; calls under
+    torch.no_grad() say nothing."""
+    torch.manual_seed(0)
+    body = ait.Module(torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU()).eval(), "frozen",
+                      strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(body, [torch.randn(16) for _ in range(3)], batch_sizes=[2], progress=False, ignore_failing_modules=False)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="aitune"):
+        with torch.no_grad():
+            body(torch.randn(2, 16))
+        assert not [r for r in caplog.records if r.name == "aitune"]
+        for _ in range(2):
+            body(torch.randn(2, 16)).sum()
+    said = [r.getMessage() for r in caplog.records if r.name == "aitune"]
+    assert len(said) == 1 and "weights require grad (0.weight, 0.bias)" in said[0] and "no gradient" in said[0], said

@@ -147,6 +147,8 @@ def measured_call(graph, tuned: TunedGraph, inputs: list | None = None,
     calls = ModuleDispatch(graph.module_name, graph.module, graph.signature, eager_fallback=False,
                            tuned={graph.identity: (graph, tuned)}, recorded=[graph], harmless=harmless)
     calls.measuring = True
+    calls.cpp.check_until_said(None)  # a candidate measured: nothing to say to the user
+    calls.frozen_said = True
     if inputs is None:
         inputs = max(graph.samples, key=lambda sample: sample.batch_size).inputs
     args, kwargs = graph.call_arguments(inputs)
@@ -430,6 +432,8 @@ class ModuleDispatch:
         self.default_dtypes_logged: set[torch.dtype] = set()
         self.cpp = (new_dispatch(module, self.training, self.autocast, self.grad_modes, self.default_dtype)
                     if self.tuned else None)
+        if self.cpp is not None:  # the first routed call with gradients on comes to Python, to be said
+            self.cpp.check_until_said(torch.is_grad_enabled)
         # The names of the modules the C++ half watches (module.modules() order, "" the
         # wrapped module) and the forward hooks of each submodule with hooks when it was made.
         self.submodule_names = [name for name, _ in module.named_modules()] if self.tuned else []
@@ -450,6 +454,7 @@ class ModuleDispatch:
         self.grad_logged = False  # the first call run eagerly for autograd was logged
         self.without_data_logged: set[str] = set()  # causes of calls without data, said once each
         self.tracing_logged = False  # a call under the JIT tracer said
+        self.frozen_said = False  # a graph served a call with gradients on: its weights get none, said once
         self.modes_logged: set[str] = set()
         self.subclasses_logged: set[str] = set()  # the tensor subclasses whose eager calls were logged  # the sets of active modes whose eager calls were logged
         self.autocast_logged = False  # the first call run eagerly for autocast was logged
@@ -557,6 +562,8 @@ class ModuleDispatch:
                 return self._run_changed_attributes(changed, args, kwargs)
         if self.weights and self._weights_changed_in_place():
             return self.module.forward(*args, **kwargs)  # deactivated: eager from now on
+        if not self.frozen_said and torch.is_grad_enabled() and self.tuned:
+            self._say_weights_frozen()
         if self.direct is not None:
             # Calls that reach forward past the C++ half's guards (a module with hooks,
             # JIT tracing) still match its routes: the forward itself is the graph.
@@ -869,6 +876,23 @@ class ModuleDispatch:
                            "not inside a tuned graph; pass plain tensors (t.as_subclass(torch.Tensor)) where the "
                            "overrides do not matter", self.name, subclass)
         return self.module.forward(*args, **kwargs)  # the hooks ran around the proxy's forward
+
+    def _say_weights_frozen(self) -> None:
+        """Once, at the first call a graph serves with gradients enabled while the module's
+        weights require grad: the graph's outputs carry no gradient to them, so a loss through
+        the module trains nothing of it (a fine-tune in eval() mode trained only the head
+        after it, silently; a session-32 probe). Inference under torch.no_grad() says nothing.
+        Until then the C++ half sends calls with gradients on here (``check_until_said``)."""
+        self.frozen_said = True
+        self.cpp.check_until_said(None)  # said (or nothing to say): routed calls stay in C++
+        trainable = [name for name, p in self.module.named_parameters() if p.requires_grad]
+        if trainable:
+            logger.warning(
+                "ait.Module '%s': called with gradients enabled while its weights require grad (%s%s); the tuned graph "
+                "serves the call and its outputs carry no gradient to them, so a loss through it trains none of them. "
+                "For inference call it under torch.no_grad() / torch.inference_mode() (or requires_grad_(False)); to "
+                "fine-tune, put it in train() (it then runs eagerly)", self.name, ", ".join(trainable[:3]),
+                f" and {len(trainable) - 3} more" if len(trainable) > 3 else "")
 
     def _run_while_tracing(self, args: tuple, kwargs: dict) -> Any:
         """A call under torch's JIT tracer (``torch.jit.trace``, ``torch.onnx.export(dynamo=

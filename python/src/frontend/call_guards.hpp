@@ -457,6 +457,10 @@ struct CallGuards {
   SubmoduleState submodules;              // the wrapped module's modules' modes and hooks
   WeightVersions weights;                 // the weights tuned graphs hold copies of, unchanged
   AttributeValues values;                 // the plain Python values tuned graphs hold as constants, unchanged
+  // A no-argument callable checked only until the Python path has said what it is there for
+  // (torch.is_grad_enabled: the first call with gradients on says the weights get none);
+  // none: nothing checked.
+  nb::object until_said = nb::object();
 
   bool clear(PyObject* module) const {
     for (const auto& d : global_dicts)
@@ -469,6 +473,11 @@ struct CallGuards {
     }
     for (const auto& call : calls) {
       nb::object value = nb::steal(PyObject_CallNoArgs(call.ptr()));
+      if (!value.is_valid()) throw nb::python_error();
+      if (truthy(value.ptr())) return false;
+    }
+    if (until_said.is_valid()) {
+      nb::object value = nb::steal(PyObject_CallNoArgs(until_said.ptr()));
       if (!value.is_valid()) throw nb::python_error();
       if (truthy(value.ptr())) return false;
     }

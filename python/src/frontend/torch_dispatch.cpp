@@ -389,6 +389,7 @@ class TorchDispatch {
       Py_VISIT(o->ptr());
     for (const auto* list : {&guards_.global_dicts, &guards_.context_vars, &guards_.calls, &guards_.attributes})
       for (const auto& o : *list) Py_VISIT(o.ptr());
+    Py_VISIT(guards_.until_said.ptr());
     if (int result = guards_.submodules.traverse(visit, arg)) return result;
     if (int result = guards_.weights.traverse(visit, arg)) return result;
     if (int result = guards_.values.traverse(visit, arg)) return result;
@@ -407,6 +408,7 @@ class TorchDispatch {
     guards_.submodules.reset();
     guards_.weights.reset();
     guards_.values.reset();
+    guards_.until_said = nb::object();
   }
 
   /// The wrapped module's modules (`submodules` as given) whose mode or forward hooks
@@ -420,6 +422,9 @@ class TorchDispatch {
     if (changed.empty()) guards_.submodules.counter_seen();
     return changed;
   }
+  /// Routed calls go to Python while `probe()` is truthy, until called again with None (the
+  /// Python path said what the probe is for).
+  void check_until_said(nb::object probe) { guards_.until_said = probe.is_none() ? nb::object() : std::move(probe); }
   /// Takes the submodules' hooks as they are now (and their modes, as the constructor).
   void snapshot_submodules(nb::handle training) { guards_.submodules.snapshot(training); }
   /// Routed calls need `tensors`' version counters as they are now (empty: none checked).
@@ -565,6 +570,8 @@ void bind_torch_dispatch(nb::module_& m) {
           "in mode `training`, else all in that mode; None: modes not checked), the submodules' forward hooks "
           "the ones registered now, hook_counter.next_id (torch's RemovableHandle: hooks registered anywhere) "
           "as it is now.")
+      .def("check_until_said", &TorchDispatch::check_until_said, nb::arg("probe").none(),
+           "Routed calls go to the Python path while probe() is truthy, until this is called with None.")
       .def("changed_submodules", &TorchDispatch::changed_submodules,
            "(index into submodules, 'mode' or 'hooks') for each module whose mode or forward hooks differ from "
            "what the dispatch expects; when none does, hook_counter's move is taken as seen.")
