@@ -42,10 +42,17 @@ struct RunOptions {
 std::string summary(const Tensor& t) {
   auto n = static_cast<std::size_t>(t.view().numel());
   if (n == 0) return "empty";
+  // NaNs are counted apart: min and max skip them by IEEE comparison, so an all-NaN output
+  // read "min inf, max -inf, mean nan" (a probe).
   double lo = INFINITY, hi = -INFINITY, sum = 0;
+  std::size_t nans = 0;
   auto visit = [&](auto* p) {
     for (std::size_t i = 0; i < n; ++i) {
       double v = static_cast<double>(p[i]);
+      if (std::isnan(v)) {
+        ++nans;
+        continue;
+      }
       lo = std::min(lo, v);
       hi = std::max(hi, v);
       sum += v;
@@ -62,8 +69,10 @@ std::string summary(const Tensor& t) {
     case DType::kBool: visit(static_cast<const uint8_t*>(t.data())); break;
     default: return "(summary not computed for " + std::string(dtype_name(t.dtype())) + ")";
   }
+  if (nans == n) return "all " + std::to_string(n) + " values NaN";
   std::ostringstream out;
-  out << std::setprecision(6) << "min " << lo << ", max " << hi << ", mean " << sum / static_cast<double>(n);
+  out << std::setprecision(6) << "min " << lo << ", max " << hi << ", mean " << sum / static_cast<double>(n - nans);
+  if (nans) out << " (of the values that are not NaN; " << nans << " NaN)";
   return out.str();
 }
 

@@ -3,6 +3,7 @@
 // documented code (2 usage, 3 provider unavailable, 6 I/O) and one readable line, and
 // output files never leave --save-outputs DIR (issue 17).
 #include <cstring>
+#include <cmath>
 #include <filesystem>
 
 #include <gtest/gtest.h>
@@ -260,6 +261,23 @@ TEST(CliValidation, ARefusedRunLeavesNoOutputDirectory) {
   EXPECT_TRUE(std::filesystem::is_regular_file(tmp.file("out/nested/y.npy"))) << r.output;
   expect_exit("run " + fixture("mlp.onnx") + " --iterations 1 --save-outputs " + fixture("mlp.onnx") + "/out", 6,
               "is not a directory");
+}
+
+TEST(CliValidation, NaNOutputsAreCountedInTheSummary) {
+  // An all-NaN output read "min inf, max -inf, mean nan" (a probe).
+  ScopedTempDir tmp;
+  Tensor x = Tensor::empty_host(DType::kFloat32, Shape{3, 64});
+  auto* p = static_cast<float*>(x.data());
+  for (int i = 0; i < 3 * 64; ++i) p[i] = i < 64 ? NAN : 0.5f;  // row 0 NaN: its 16 outputs NaN
+  save_npy(tmp.file("some.npy"), x);
+  auto some = cli("run " + fixture("mlp.onnx") + " --iterations 1 --warmup 0 --input x=" + tmp.file("some.npy"));
+  EXPECT_EQ(some.exit_code, 0) << some.output;
+  EXPECT_TRUE(contains_icase(some.output, "(of the values that are not NaN; 16 NaN)")) << some.output;
+  for (int i = 0; i < 3 * 64; ++i) p[i] = NAN;
+  save_npy(tmp.file("all.npy"), x);
+  auto all = cli("run " + fixture("mlp.onnx") + " --iterations 1 --warmup 0 --input x=" + tmp.file("all.npy"));
+  EXPECT_EQ(all.exit_code, 0) << all.output;
+  EXPECT_TRUE(contains_icase(all.output, "all 48 values NaN")) << all.output;
 }
 
 TEST(CliValidation, TheSessionsSettingsAreTakenAsProviderOptions) {
