@@ -95,6 +95,11 @@ std::string_view session_state_name(SessionState state) noexcept;
 /// passing back the same cache replays one graph; unverified on a GPU so far).
 class OnnxSession {
  public:
+  /// The checks `create` makes of `config` before it reads a model: the device id, the
+  /// provider's options, CUDA graph settings and thread counts. Error(kInvalidArgument)
+  /// naming what is wrong (a caller that makes many sessions checks once, up front).
+  static void check_config(const OnnxSessionConfig& config);
+
   /// Loads `model_path` (external data files next to it) into a session for
   /// `config.provider`. `spec` bounds what inputs `infer` accepts; without it the
   /// model's declared shapes do (symbolic dims unbounded). Throws
@@ -103,11 +108,6 @@ class OnnxSession {
   /// spec that does not match the model's inputs, Error(kCudaGraphCapture) for a model
   /// that cannot be captured with enable_cuda_graph=1, Error(kInvalidArgument) when
   /// enable_cuda_graph=1 comes with session.disable_cpu_ep_fallback other than "1".
-  /// The checks `create` makes of `config` before it reads a model: the device id, the
-  /// provider's options, CUDA graph settings and thread counts. Error(kInvalidArgument)
-  /// naming what is wrong (a caller that makes many sessions checks once, up front).
-  static void check_config(const OnnxSessionConfig& config);
-
   static std::unique_ptr<OnnxSession> create(const std::string& model_path,
                                                     const OnnxSessionConfig& config,
                                                     const std::optional<GraphSpec>& spec = std::nullopt,

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 
 #include "aitune/error.hpp"
 
@@ -14,7 +15,9 @@ void take_session_options(std::map<std::string, std::string>& options, OnnxSessi
   for (auto [key, field] : {std::pair{"intra_op_threads", &config.intra_op_threads},
                             std::pair{"inter_op_threads", &config.inter_op_threads}})
     if (auto it = options.find(key); it != options.end()) {
-      *field = static_cast<int>(parse_integer(it->second, 0, 1024, std::string("--provider-option ") + key));
+      // (its upper bound is the session's own: OnnxSession::check_config says it)
+      *field = static_cast<int>(parse_integer(it->second, 0, std::numeric_limits<int>::max(),
+                                              std::string("--provider-option ") + key));
       options.erase(it);
     }
   if (auto it = options.find("graph_optimization_level"); it != options.end()) {

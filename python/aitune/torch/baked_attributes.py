@@ -176,12 +176,16 @@ def _forward_attribute_reads(cls: type) -> frozenset[str]:
     code = getattr(inspect.unwrap(getattr(cls, "forward", None)), "__code__", None)
     if not isinstance(code, types.CodeType):
         return frozenset()
-    names, stack = set(), [code]
+    return frozenset(i.argval for i in _instructions(code) if i.opname in ("LOAD_ATTR", "LOAD_METHOD"))
+
+
+def _instructions(code: types.CodeType) -> Iterator[dis.Instruction]:
+    """The instructions of ``code`` and of the comprehensions and lambdas inside it."""
+    stack = [code]
     while stack:
         current = stack.pop()
-        names.update(i.argval for i in dis.get_instructions(current) if i.opname in ("LOAD_ATTR", "LOAD_METHOD"))
+        yield from dis.get_instructions(current)
         stack.extend(const for const in current.co_consts if isinstance(const, types.CodeType))
-    return frozenset(names)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -189,15 +193,11 @@ def global_reads(code: types.CodeType) -> tuple[str, ...]:
     """The global names ``code`` (and the comprehensions and lambdas inside it) reads and
     never assigns."""
     reads, writes = [], set()
-    stack = [code]
-    while stack:
-        current = stack.pop()
-        for instruction in dis.get_instructions(current):
-            if instruction.opname == "LOAD_GLOBAL":
-                reads.append(instruction.argval)
-            elif instruction.opname in ("STORE_GLOBAL", "DELETE_GLOBAL"):
-                writes.add(instruction.argval)
-        stack.extend(const for const in current.co_consts if isinstance(const, types.CodeType))
+    for instruction in _instructions(code):
+        if instruction.opname == "LOAD_GLOBAL":
+            reads.append(instruction.argval)
+        elif instruction.opname in ("STORE_GLOBAL", "DELETE_GLOBAL"):
+            writes.add(instruction.argval)
     return tuple(dict.fromkeys(name for name in reads if name not in writes))
 
 
