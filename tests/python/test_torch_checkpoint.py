@@ -964,6 +964,31 @@ def test_the_weights_digest_sees_permutations_and_holds_non_finite_values():
     assert digest_differences(digest, weight_values_digest(MLP().double())) != []
 
 
+def test_the_weights_digest_sees_two_rows_swapped_away_from_its_sampled_values():
+    """A vocabulary remapped by two rows of an embedding keeps every sum and (rows 3 and 5 of
+    64) every sampled value: the digest's order-weighted row and column sums still differ.
+    Old checkpoints' entries (no order sums) are still compared by what they hold."""
+    from aitune.torch.weight_changes import digest_differences, weight_values_digest
+
+    torch.manual_seed(0)
+    table = torch.nn.Embedding(64, 8)
+    digest = weight_values_digest(table)
+    remapped = torch.nn.Embedding(64, 8)
+    with torch.no_grad():
+        remapped.weight.copy_(table.weight[[0, 1, 2, 5, 4, 3, *range(6, 64)]])
+    assert digest_differences(digest, weight_values_digest(remapped)) == ["weight"]
+    swapped_columns = torch.nn.Embedding(64, 8)
+    with torch.no_grad():
+        swapped_columns.weight.copy_(table.weight[:, [0, 1, 2, 4, 3, 5, 6, 7]])
+    assert digest_differences(digest, weight_values_digest(swapped_columns)) == ["weight"]
+    same = torch.nn.Embedding(64, 8)
+    same.load_state_dict(table.state_dict())
+    assert digest_differences(digest, weight_values_digest(same)) == []
+    old = {name: entry[:-2] for name, entry in digest.items()}  # written before the order sums
+    assert digest_differences(old, weight_values_digest(same)) == []
+    assert digest_differences(old, weight_values_digest(torch.nn.Embedding(64, 8))) == ["weight"]
+
+
 class _Activated(torch.nn.Module):
     """Its activation chosen by a constructor argument: no weight tells the two apart."""
 
@@ -1045,9 +1070,12 @@ def test_the_weights_digest_takes_tensors_above_two_to_the_24_elements():
     values[-1] = 7
     module.register_buffer("table", values.view(32000, 2048))
     (entry,) = weight_values_digest(module).values()
-    dtype, shape, total, magnitude, *picks = entry
+    dtype, shape, total, magnitude, *picks, row_order, column_order = entry
     assert (dtype, shape, total, magnitude) == ("int8", [32000, 2048], 7.0, 7.0)
     assert len(picks) == 16 and picks[0] == 0 and picks[-1] == 7
+    # the last row's weight times 7, and the last column's
+    assert row_order == pytest.approx(7 * ((31999 * 0.6180339887498949) % 1))
+    assert column_order == pytest.approx(7 * ((2047 * 0.6180339887498949) % 1))
 
 
 def _tripled(module, inputs, output):

@@ -173,20 +173,30 @@ _DIGEST_SAMPLES = 16
 #: Relative tolerance of the float64 sums: a module on another device (or another
 #: torch) reduces in another order; any real change of a weight is far above it.
 _DIGEST_RTOL = 1e-6
+#: Relative tolerance of the order-weighted sums (``_order_sums``), against the sum of
+#: absolute values: two rows swapped in a 32000 x 2048 embedding move them by ~1e-7 of it,
+#: while float64 reductions in another order differ by ~1e-13.
+_ORDER_RTOL = 1e-9
+#: Rows (or elements, for 1-D tensors) weighted one by one in ``_order_sums``; beyond it a
+#: tensor is weighed in rows of ``_ORDER_ROW`` elements, so its weights stay small.
+_ORDER_MAX_ROWS = 1 << 20
+_ORDER_ROW = 4096
 
 
-def _close(a, b, scale_a, scale_b) -> bool:
-    """Two digest sums equal within the tolerance; non-finite ones (strings) must match."""
+def _close(a, b, scale_a, scale_b, rtol: float = _DIGEST_RTOL) -> bool:
+    """Two digest sums equal within ``rtol`` of the larger scale; non-finite ones (strings)
+    must match."""
     if isinstance(a, str) or isinstance(b, str):
         return a == b
     scale = max(abs(scale_a) if not isinstance(scale_a, str) else 0.0,
                 abs(scale_b) if not isinstance(scale_b, str) else 0.0, 1e-300)
-    return abs(a - b) <= _DIGEST_RTOL * scale
+    return abs(a - b) <= rtol * scale
 
 
 def weight_values_digest(module: torch.nn.Module) -> dict[str, list]:
     """A small, comparable digest of the values of ``module``'s state dict: per tensor its
-    dtype, shape, float64 sum, float64 sum of absolute values and a few of its values
+    dtype, shape, float64 sum, float64 sum of absolute values, a few of its values and two
+    order-weighted sums (``_order_sums``)
     (``ait.save`` stores it, ``ait.load`` compares it with the module loaded into). One
     reduction per tensor on its own device, one transfer for them all."""
     return _values_digest(module.state_dict(keep_vars=False).items())
@@ -225,12 +235,47 @@ def _values_digest(named) -> dict[str, list]:
         magnitude = flat.abs() if flat.dtype != torch.bool else flat
         parts.append(torch.cat([torch.sum(flat, dtype=torch.float64).reshape(1),
                                 torch.sum(magnitude, dtype=torch.float64).reshape(1),
-                                picks.to(torch.float64)]).cpu())
+                                picks.to(torch.float64), _order_sums(t, flat)]).cpu())
         names.append(name)
         dtypes.append(str(tensor.dtype).removeprefix("torch."))
         shapes.append(list(tensor.shape))
     return {name: [dtype, shape, *map(_json_number, part.tolist())]
             for name, dtype, shape, part in zip(names, dtypes, shapes, parts)}
+
+
+def _order_sums(t: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+    """Two sums that move when values change places: the row sums weighted by a
+    pseudo-random weight per row, and the same of the column sums (rows: the leading
+    axis, columns: the others flattened). The plain sums keep a permutation and the
+    sampled values miss one that spares them (two rows of an embedding swapped, a
+    vocabulary remapped). Computed from the row and column sums, so no tensor the size of
+    ``t`` is made."""
+    n = flat.numel()
+    if n == 0:
+        return torch.zeros(2, dtype=torch.float64, device=flat.device)
+    rows = t.shape[0] if t.dim() >= 2 else n
+    if rows <= _ORDER_MAX_ROWS:
+        return _weighted_line_sums(flat.reshape(rows, -1), 0)
+    # Too many rows to weigh one by one: rows of _ORDER_ROW elements in flat order, the
+    # tail (fewer elements) weighed as the rows after them.
+    head = n - n % _ORDER_ROW
+    sums = _weighted_line_sums(flat[:head].reshape(-1, _ORDER_ROW), 0)
+    if head < n:
+        sums = sums + _weighted_line_sums(flat[head:].reshape(1, -1), head // _ORDER_ROW)
+    return sums
+
+
+def _weighted_line_sums(matrix: torch.Tensor, first_row: int) -> torch.Tensor:
+    """[sum_r w(first_row + r) * rowsum_r, sum_c w(c) * colsum_c] in float64, with w(i) the
+    fractional part of i times the golden ratio (distinct, in [0, 1), no period)."""
+    def weights(count: int, start: int) -> torch.Tensor:
+        index = torch.arange(start, start + count, dtype=torch.float64, device=matrix.device)
+        return torch.frac(index * 0.6180339887498949)
+
+    row_sums = torch.sum(matrix, dim=1, dtype=torch.float64)
+    column_sums = torch.sum(matrix, dim=0, dtype=torch.float64)
+    return torch.stack([torch.sum(row_sums * weights(matrix.shape[0], first_row)),
+                        torch.sum(column_sums * weights(matrix.shape[1], 0))])
 
 
 def _spread(n: int, device) -> torch.Tensor:
@@ -253,10 +298,24 @@ def digest_differences(saved: dict, current: dict) -> list[str]:
     differ = []
     for name in sorted(set(saved) | set(current)):
         a, b = saved.get(name), current.get(name)
-        if a is None or b is None or a[:2] != b[:2] or len(a) != len(b):
+        if a is None or b is None or a[:2] != b[:2]:
             differ.append(name)
             continue
-        (sum_a, abs_a, *picks_a), (sum_b, abs_b, *picks_b) = a[2:], b[2:]
+        (sum_a, abs_a, *picks_a, order_a), (sum_b, abs_b, *picks_b, order_b) = _entry(a), _entry(b)
         if picks_a != picks_b or not (_close(sum_a, sum_b, abs_a, abs_b) and _close(abs_a, abs_b, abs_a, abs_b)):
             differ.append(name)
+        elif order_a and order_b and not all(_close(x, y, abs_a, abs_b, _ORDER_RTOL) for x, y in zip(order_a, order_b)):
+            differ.append(name)
     return differ
+
+
+def _entry(entry: list) -> list:
+    """[sum, abs sum, *picks, order sums] of a digest entry; order sums [] where it was
+    written before they were (an older checkpoint): its length tells, as its shape gives
+    the number of picks."""
+    numel = math.prod(entry[1]) if isinstance(entry[1], list) else 0
+    values = entry[2:]
+    picks = min(numel, _DIGEST_SAMPLES)
+    if len(values) == 2 + picks + 2:
+        return [*values[:-2], values[-2:]]
+    return [*values, []]
