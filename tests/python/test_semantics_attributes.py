@@ -5,6 +5,7 @@ so, instead of computing the old model (baked_attributes.py)."""
 from __future__ import annotations
 
 import logging
+import os
 
 import numpy as np
 import pytest
@@ -465,3 +466,52 @@ def test_a_method_forward_calls_replaced_on_the_instance_or_the_class_runs_eager
             del _Helper.unrelated
     said = [r.getMessage() for r in caplog.records]
     assert not said, said
+
+
+def _scale_from_environment() -> float:
+    """A helper forward calls: its read counts as forward's."""
+    return float(os.environ.get("AITUNE_TEST_SCALE", "1"))
+
+
+class _EnvironmentReader(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.linear(x) * _scale_from_environment()
+        return y + 1.0 if os.getenv("AITUNE_TEST_SHIFT") else y
+
+
+def test_environment_variables_forward_reads_are_watched(monkeypatch, tmp_path, caplog):
+    """``float(os.environ.get("SCALE", "1"))`` and ``if os.getenv("SHIFT")`` in forward: the
+    export held 1.0 and the unshifted branch, so after ``os.environ["SCALE"] = "3"`` the graph
+    kept computing the old model (3x off eager), silently. The variables read while ait.tune
+    recorded are watched: a change runs the calls eagerly, said once, until it is undone; a
+    checkpoint expects the values its graphs hold; torch's own reads are not watched."""
+    monkeypatch.delenv("AITUNE_TEST_SCALE", raising=False)
+    monkeypatch.delenv("AITUNE_TEST_SHIFT", raising=False)
+    inner = _EnvironmentReader().eval()
+    model = ait.Module(inner, "environment-reader", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [torch.randn(4) for _ in range(2)], ignore_failing_modules=False)
+    assert model._ait_environment_reads == ("AITUNE_TEST_SCALE", "AITUNE_TEST_SHIFT")
+    x = torch.randn(2, 4)
+    assert _close(model, inner, x) and model._ait_calls.cpp.attributes_clear()
+    for name, value in (("AITUNE_TEST_SCALE", "3"), ("AITUNE_TEST_SHIFT", "1")):
+        monkeypatch.setenv(name, value)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="aitune"):
+            assert _close(model, inner, x)  # eager's outputs, not the graph's
+        assert f"os.environ['{name}']: <unset> -> '{value}'" in caplog.text
+        monkeypatch.delenv(name)
+        assert _close(model, inner, x) and model._ait_calls.cpp.attributes_clear()  # the graph serves again
+    monkeypatch.setenv("AITUNE_TEST_UNRELATED", "1")  # another variable: the graph still serves
+    assert _close(model, inner, x) and model._ait_calls.cpp.attributes_clear()
+    ait.save(model, tmp_path / "ckpt")
+    monkeypatch.setenv("AITUNE_TEST_SCALE", "0.5")
+    other = _EnvironmentReader().eval()
+    other.load_state_dict(inner.state_dict())
+    loaded = ait.load(ait.Module(other, "environment-reader"), tmp_path / "ckpt")
+    assert _close(loaded, other, x) and not loaded._ait_calls.cpp.attributes_clear()
+    monkeypatch.delenv("AITUNE_TEST_SCALE")
+    assert _close(loaded, other, x) and loaded._ait_calls.cpp.attributes_clear()

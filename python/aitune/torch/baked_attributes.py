@@ -11,6 +11,8 @@ the wrapped module and each submodule keep in their instance dicts, and the publ
 plain objects they hold (a transformers config, shared by many modules, watched once), with
 the private ones behind a public property (transformers 5 keeps ``output_attentions`` in
 ``config._output_attentions``).
+The environment variables forward read while ait.tune recorded (``os.environ.get("SCALE")``)
+are watched beside them, named ``os.environ['SCALE']`` (environment_reads.py).
 Lists, dicts and other objects are left out: they change in place, unseen by identity.
 Module globals a ``forward`` reads by name (``x * SCALE``, ``if USE_FAST:``, a function it
 calls such as ``act = torch.relu`` at module level) are baked the same way and watched the
@@ -42,6 +44,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from aitune.torch.environment_reads import environment_key, environment_path, environment_slot, shown_value
 from aitune.torch.state_changes import is_harmless, modules_and_wrapped, user_attributes
 
 _PLAIN = (type(None), bool, int, float, complex, str, bytes, enum.Enum, torch.dtype, torch.device, slice, np.generic)
@@ -95,10 +98,11 @@ _ABSENT = object()
 class BakedAttribute:
     path: str  # 'blocks.0.attn.scale', 'config.output_hidden_states'
     owner: dict  # the instance dict holding it
-    key: str
+    key: str | bytes  # bytes: an environment variable in os.environ._data
     expected: Any  # the object expected there (_OTHER: not the one the module holds; _ABSENT: none)
     shown: str  # repr of the value the graphs hold
     default_of: type | None = None  # for a class attribute: the class it is read through
+    environment: bool = False  # an environment variable forward read (environment_reads.py)
 
 
 def plain_object(value: Any) -> bool:
@@ -228,12 +232,15 @@ class AttributeWatch:
     """The watched values of ``module`` (harmless ones left out), expected as they are now
     or, from a checkpoint, as ``saved`` (path -> repr) says the graphs hold them."""
 
-    def __init__(self, module: torch.nn.Module, harmless: tuple[str, ...] = (), saved: dict[str, str] | None = None):
+    def __init__(self, module: torch.nn.Module, harmless: tuple[str, ...] = (), saved: dict[str, str] | None = None,
+                 environment: tuple[str, ...] = ()):
         self.module = module
         self.entries = [BakedAttribute(path, owner, key, value, shown(value))
                         for path, owner, key, value in [*attribute_values(module, harmless), *forward_globals(module, harmless)]]
         self.entries += [BakedAttribute(path, owner, key, _ABSENT, shown(value), cls)
                          for path, owner, key, value, cls in _class_defaults(module, harmless)]
+        self.entries += [_environment_entry(name) for name in environment
+                         if not is_harmless(environment_path(name), harmless)]
         if saved is not None:
             self._expect(saved)
 
@@ -246,7 +253,12 @@ class AttributeWatch:
                 entry.expected, entry.shown = _OTHER, shown
         have = {entry.path for entry in self.entries}
         for path, shown in saved.items():
-            if path not in have:
+            if path not in have and (name := environment_key(path)) is not None:
+                entry = _environment_entry(name)
+                if entry.shown != shown:
+                    entry.expected, entry.shown = _OTHER, shown
+                self.entries.append(entry)
+            elif path not in have:
                 owner, key = self._owner(path)
                 if owner is not None:
                     self.entries.append(BakedAttribute(path, owner, key, _OTHER, shown))
@@ -274,6 +286,13 @@ class AttributeWatch:
         found = []
         for entry in self.entries:
             now = entry.owner.get(entry.key, _OTHER)
+            if entry.environment:
+                said = shown_value(None if now is _OTHER else now)
+                if said == entry.shown:  # set again to the same string, or unset as it was
+                    entry.expected = _ABSENT if now is _OTHER else now
+                else:
+                    found.append((entry.path, entry.shown, said))
+                continue
             if now is _OTHER and entry.default_of is not None:
                 # none on the instance: the class's value is read (changed on the class, or
                 # another class default than the checkpoint's graphs hold)
@@ -294,6 +313,14 @@ class AttributeWatch:
     def snapshot(self) -> dict[str, str]:
         """path -> repr of each value the graphs hold (what a checkpoint stores)."""
         return {entry.path: entry.shown for entry in self.entries}
+
+
+def _environment_entry(name: str) -> BakedAttribute:
+    """The watch of environment variable ``name`` as it is now (set or unset)."""
+    owner, key = environment_slot(name)
+    value = owner.get(key)
+    return BakedAttribute(environment_path(name), owner, key, _ABSENT if value is None else value, shown_value(value),
+                          environment=True)
 
 
 def describe_changes(changed: list[tuple[str, str, str]], most: int = 5) -> str:

@@ -402,11 +402,14 @@ class ModuleDispatch:
             not watched.
         saved_attributes: path -> repr of the plain values the graphs were exported with, as
             a checkpoint stores them (None: the module's values now are the graphs').
+        environment: the environment variables forward read while recorded, watched beside
+            the attributes (environment_reads.py).
     """
 
     def __init__(self, name: str, module: torch.nn.Module, signature: inspect.Signature, eager_fallback: bool,
                  tuned: dict[Any, tuple[Any, TunedGraph]] | None = None, recorded: list | None = None,
-                 harmless: tuple[str, ...] = (), saved_attributes: dict[str, str] | None = None):
+                 harmless: tuple[str, ...] = (), saved_attributes: dict[str, str] | None = None,
+                 environment: tuple[str, ...] = ()):
         self.name = name
         self.module = module
         self.signature = signature
@@ -483,7 +486,7 @@ class ModuleDispatch:
         # on a changed flag, but a flag that makes forward return a tuple, or one more
         # output, came back under the recorded dict's names). A call while one was
         # reassigned to another value runs eagerly (baked_attributes.py).
-        self.attributes = (AttributeWatch(module, harmless, saved_attributes)
+        self.attributes = (AttributeWatch(module, harmless, saved_attributes, environment)
                            if any(tuned.records_attributes for _, tuned in self.tuned.values()) else None)
         self.attributes_logged: set = set()
         # Where a graph holds a copy of the weights, the objects in their slots and those of
@@ -813,9 +816,9 @@ class ModuleDispatch:
         if key not in self.attributes_logged:
             self.attributes_logged.add(key)
             logger.warning(
-                "ait.Module '%s': plain Python attributes (or module globals forward reads) differ from the "
-                "values its tuned graphs were recorded with (%s): an ONNX Runtime graph holds them as constants, and every tuned graph returns its outputs "
-                "in the structure recorded with them; calls run eagerly in PyTorch until they are back, or the "
+                "ait.Module '%s': plain Python attributes (or module globals or environment variables forward reads) "
+                "differ from the values its tuned graphs were recorded with (%s): an ONNX Runtime graph holds them as "
+                "constants, and every tuned graph returns its outputs in the structure recorded with them; calls run eagerly in PyTorch until they are back, or the "
                 "module is tuned again (ait.tune). An attribute forward never reads can be declared with "
                 "ait.Module(..., harmless_attributes=[...]).", self.name, describe_changes(changed))
         return self.module.forward(*args, **kwargs)  # the hooks ran around the proxy's forward

@@ -29,6 +29,7 @@ from aitune.torch.module_registry import MODULE_REGISTRY
 from aitune.torch.options import TuneOptions
 from aitune.torch.strategy import OneBackendStrategy, TuneStrategy
 from aitune.torch.strategy_selection import StrategySelection
+from aitune.torch.environment_reads import environment_key, recording_environment_reads
 from aitune.torch.weight_changes import (held_values_digest, state_dict_changes_weights, weight_values_digest,
                                          weights_fingerprint)
 
@@ -462,6 +463,7 @@ class Module(DispatchedModule):
                                           self._ait_calls)
             self._ait_graphs = {}
             self._ait_record_errors = []
+            self._ait_recorded_environment = set()  # the environment variables forward reads
             self._ait_state = ModuleState.RECORDING
         arguments = self._ait_calls.bind(args, kwargs)
         try:
@@ -475,7 +477,9 @@ class Module(DispatchedModule):
         watch = StateWatch(self._ait_module, compare_values=graph is None, watch_attributes=graph is not None,
                            harmless=self._ait_harmless_attributes)
         input_versions = [tensor_version(leaf) for leaf in leaves if isinstance(leaf, torch.Tensor)]
-        outputs = self._ait_module.forward(*args, **kwargs)
+        # an export holds the values forward read from os.environ as constants (environment_reads.py)
+        with recording_environment_reads(self.__dict__.setdefault("_ait_recorded_environment", set())):
+            outputs = self._ait_module.forward(*args, **kwargs)
         mutated = watch.changed()
         error = None
         if changed := changed_inputs(arguments, input_versions):
@@ -597,6 +601,7 @@ class Module(DispatchedModule):
             self._ait_failed_reports = reports
             raise
         self.__dict__.pop("_ait_before_tuning", None)
+        self._ait_environment_reads = tuple(sorted(self.__dict__.get("_ait_recorded_environment", ())))
         self._ait_set_tuned(tuned)
         # the weights the graphs were tuned and checked with (ONNX Runtime's hold a copy):
         # what a checkpoint records, whatever the module holds when it is saved
@@ -617,6 +622,9 @@ class Module(DispatchedModule):
         if not tuned:
             raise ValueError(f"ait.Module '{self._ait_name}': nothing to restore")
         self._ait_graphs = {identity: graph for identity, (graph, _) in tuned.items()}
+        # the environment variables the graphs hold values of, watched as the attributes are
+        self._ait_environment_reads = tuple(name for path in (saved_attributes or {})
+                                            if (name := environment_key(path)) is not None)
         self.__dict__.pop("_ait_call_session", None)
         self.__dict__.pop("_ait_inactive_calls", None)
         self._ait_set_tuned(dict(tuned), saved_attributes)
@@ -637,5 +645,5 @@ class Module(DispatchedModule):
         old = self._ait_calls
         self._ait_calls = ModuleDispatch(old.name, old.module, old.signature, old.eager_fallback, tuned,
                                          list(self._ait_graphs.values()), self._ait_harmless_attributes,
-                                         saved_attributes)
+                                         saved_attributes, self.__dict__.get("_ait_environment_reads", ()))
         self._ait_calls.weights_changed = self._ait_weights_changed_by_eager_calls

@@ -351,10 +351,15 @@ class AttributeValues {
     fresh.reserve(entries.size());
     std::vector<Tagged> dicts;
     for (const auto& entry : entries) {
-      if ((entry.size() != 3 && entry.size() != 4) || !PyDict_Check(entry[0].ptr()) || !PyUnicode_Check(entry[1].ptr()))
-        throw nb::type_error("watch_attributes: entries must be (dict, str, value) or (dict, str, None, True) tuples");
+      // A bytes key: a variable in os.environ's own dict (`os.environ._data`, keys encoded),
+      // which a forward reads (environment_reads.py).
+      const bool bytes_key = PyBytes_Check(entry[1].ptr());
+      if ((entry.size() != 3 && entry.size() != 4) || !PyDict_Check(entry[0].ptr()) ||
+          !(PyUnicode_Check(entry[1].ptr()) || bytes_key))
+        throw nb::type_error(
+            "watch_attributes: entries must be (dict, str or bytes, value) or (dict, str or bytes, None, True) tuples");
       const bool absent = entry.size() == 4 && PyObject_IsTrue(entry[3].ptr()) == 1;
-      fresh.push_back(Entry{nb::borrow(entry[0]), interned(nb::borrow(entry[1])),
+      fresh.push_back(Entry{nb::borrow(entry[0]), bytes_key ? nb::borrow(entry[1]) : interned(nb::borrow(entry[1])),
                             absent ? nb::object() : nb::borrow(entry[2])});
       bool known = false;
       for (const auto& d : dicts) known = known || d.dict == entry[0].ptr();
@@ -408,7 +413,7 @@ class AttributeValues {
  private:
   struct Entry {
     nb::object dict;   // the instance dict (a module's, or a plain object's it holds)
-    nb::object name;   // interned str
+    nb::object name;   // interned str (bytes: an environment variable's key)
     nb::object value;  // the object expected there; null: the name expected absent
   };
   struct Tagged {
