@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "aitune/dtype.hpp"
@@ -43,6 +44,17 @@ struct TensorSpec {
   bool operator==(const TensorSpec&) const = default;
 };
 
+/// Whether the rows of a batch are computed apart from each other, so that requests
+/// joined into one call (serving) each get exactly what they would get alone. A model
+/// whose outputs mix rows (a batch mean, `a @ b.T` over the batch, logits flattened over
+/// batch and sequence) computes something else for a request joined with others.
+enum class BatchRows {
+  kUnchecked,    ///< not known (a spec written before the check, or nothing to check it with)
+  kIndependent,  ///< checked by the tuner: each row of a batch equals that row run alone
+  kCoupled,      ///< checked: a row of a batch differs from it alone, or an output has no batch axis
+};
+std::string_view batch_rows_name(BatchRows rows) noexcept;
+
 /// The inputs and outputs of one graph, in call order. Value type; thread-compatible.
 struct GraphSpec {
   std::vector<TensorSpec> inputs;
@@ -52,6 +64,10 @@ struct GraphSpec {
   /// shape, ShapeCondition): a call whose input shapes violate one is outside the graph
   /// even where every extent lies in its range.
   std::vector<ShapeCondition> conditions;
+  /// Whether requests may share a call (BatchRows), and why, as the tuner found it; a
+  /// server joins requests only for kIndependent (serving_batches.hpp).
+  BatchRows batch_rows = BatchRows::kUnchecked;
+  std::string batch_rows_reason;
 
   /// Index of the input named `name`, or nullopt.
   std::optional<std::size_t> find_input(const std::string& name) const;

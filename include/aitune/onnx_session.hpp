@@ -121,6 +121,9 @@ class OnnxSession {
   const std::vector<IoInfo>& outputs() const noexcept;
   /// The spec `infer` validates against (given, or derived from the model).
   const GraphSpec& graph_spec() const noexcept;
+  /// Records what the tuner found of the batch rows (GraphSpec::batch_rows) in the spec a
+  /// checkpoint saves; the checks `infer` makes do not read it.
+  void set_batch_rows(BatchRows rows, std::string reason);
   const OnnxSessionConfig& config() const noexcept;
   const std::string& model_path() const noexcept;
   Device device() const noexcept;

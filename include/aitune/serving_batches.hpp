@@ -38,7 +38,9 @@ int64_t request_batch_size(const GraphSpec& spec, const std::vector<Shape>& shap
 /// summed batch exceeds the batch axis' upper bound. `unbatched_values` holds, per
 /// request, the bytes of its inputs that have no batch axis (in spec input order): such an
 /// input is one value for the whole call (a timestep, a scale), so requests that sent other
-/// values run apart. A graph without a batch axis serves each request in a call of its own.
+/// values run apart. A graph without a batch axis, or whose batch rows were not found
+/// independent by the tuner (spec.batch_rows != BatchRows::kIndependent), serves each
+/// request in a call of its own.
 /// Returns the requests' indices per call. Throws Error(kInvalidArgument) when
 /// `unbatched_values` does not hold one entry per request.
 std::vector<std::vector<std::size_t>> group_requests(const GraphSpec& spec,

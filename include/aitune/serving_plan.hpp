@@ -34,6 +34,9 @@ struct ServingObjective {
   double overhead_ms = 2.0;
   /// Largest batch the graph accepts (its batch axis' upper bound); 0: unbounded.
   int64_t max_batch_accepted = 0;
+  /// Why requests may not share a call (GraphSpec::batch_rows not independent: the reason
+  /// the tuner gave); "" where they may. Non-empty: batch 1, said in the plan's reasons.
+  std::string apart_reason;
 
   /// Throws Error(kInvalidArgument) naming the field that is out of range.
   void validate() const;

@@ -59,6 +59,11 @@ void bind_graph_spec(nb::module_& m) {
       .def_rw("outputs", &GraphSpec::outputs)
       .def_rw("batch_sizes", &GraphSpec::batch_sizes)
       .def_rw("conditions", &GraphSpec::conditions)
+      .def_prop_ro(
+          "batch_rows", [](const GraphSpec& s) { return std::string(batch_rows_name(s.batch_rows)); },
+          "'independent' (each row of a batch computed as it is alone: requests may share a call), 'coupled' "
+          "or 'unchecked', as the tuner found it")
+      .def_ro("batch_rows_reason", &GraphSpec::batch_rows_reason)
       .def("violated_condition",
            [](const GraphSpec& s, const std::vector<Shape>& shapes) -> std::optional<ShapeCondition> {
              const ShapeCondition* c = s.violated_condition(shapes);

@@ -33,13 +33,16 @@ void bind_serving(nb::module_& m) {
   nb::class_<ServingObjective>(m, "ServingObjective", "What the user asks of the server.")
       .def(
           "__init__",
-          [](ServingObjective* self, std::optional<double> slo_ms, double overhead_ms, int64_t max_batch_accepted) {
-            new (self) ServingObjective{slo_ms, overhead_ms, max_batch_accepted};
+          [](ServingObjective* self, std::optional<double> slo_ms, double overhead_ms, int64_t max_batch_accepted,
+             std::string apart_reason) {
+            new (self) ServingObjective{slo_ms, overhead_ms, max_batch_accepted, std::move(apart_reason)};
           },
-          nb::arg("slo_ms").none() = nb::none(), nb::arg("overhead_ms") = 2.0, nb::arg("max_batch_accepted") = 0)
+          nb::arg("slo_ms").none() = nb::none(), nb::arg("overhead_ms") = 2.0, nb::arg("max_batch_accepted") = 0,
+          nb::arg("apart_reason") = "")
       .def_rw("slo_ms", &ServingObjective::slo_ms)
       .def_rw("overhead_ms", &ServingObjective::overhead_ms)
-      .def_rw("max_batch_accepted", &ServingObjective::max_batch_accepted);
+      .def_rw("max_batch_accepted", &ServingObjective::max_batch_accepted)
+      .def_rw("apart_reason", &ServingObjective::apart_reason);
 
   nb::class_<ServingPlan>(m, "ServingPlan", "The batching a deployment is given, with why.")
       .def_ro("max_batch_size", &ServingPlan::max_batch_size)

@@ -112,7 +112,9 @@ TEST(ServingPlan, ReadsTheWinnersProfileAndTheBatchSearchFromAReport) {
 GraphSpec image_spec(int64_t max_batch) {
   TensorSpec x{"x", DType::kFloat32, {1, 3, 4}, {max_batch, 3, 8}, 0};
   TensorSpec y{"y", DType::kFloat32, {1, 2}, {max_batch, 2}, 0};
-  return GraphSpec{{x}, {y}, {1, max_batch}};
+  GraphSpec spec{{x}, {y}, {1, max_batch}};
+  spec.batch_rows = BatchRows::kIndependent;  // as the tuner finds a model that keeps rows apart
+  return spec;
 }
 
 ErrorCode code_of(const std::function<void()>& f) {
@@ -188,6 +190,33 @@ TEST(ServingBatches, AGraphWithoutABatchAxisServesEachRequestAlone) {
   EXPECT_EQ(request_batch_size(spec, {{3, 4}}), 0);
 }
 
+// A model whose outputs mix the rows of a batch (a batch mean, `a @ b.T`, logits flattened
+// over the batch) answers a request joined with others with a part of their answers: such a
+// graph, and one never checked (a checkpoint written before the check), serves each request
+// alone. The batch rows survive the spec's JSON (a checkpoint's manifest).
+TEST(ServingBatches, RequestsShareACallOnlyWhereTheRowsWereFoundIndependent) {
+  auto spec = image_spec(8);
+  const std::vector<std::vector<Shape>> requests = {{{1, 3, 4}}, {{1, 3, 4}}, {{2, 3, 4}}};
+  EXPECT_EQ(group_requests(spec, requests, {"", "", ""}).size(), 1u);
+  for (BatchRows rows : {BatchRows::kCoupled, BatchRows::kUnchecked}) {
+    spec.batch_rows = rows;
+    auto calls = group_requests(spec, requests, {"", "", ""});
+    ASSERT_EQ(calls.size(), 3u) << batch_rows_name(rows);
+    EXPECT_EQ(calls[1], (std::vector<std::size_t>{1}));
+  }
+  spec.batch_rows = BatchRows::kCoupled;
+  spec.batch_rows_reason = "output 'y' has no batch axis";
+  const GraphSpec back = GraphSpec::from_json(spec.to_json());
+  EXPECT_EQ(back.batch_rows, BatchRows::kCoupled);
+  EXPECT_EQ(back.batch_rows_reason, "output 'y' has no batch axis");
+  EXPECT_EQ(GraphSpec::from_json(image_spec(8).to_json()).batch_rows, BatchRows::kIndependent);
+  GraphSpec old = image_spec(8);
+  old.batch_rows = BatchRows::kUnchecked;
+  EXPECT_EQ(old.to_json().find("batch_rows"), std::string::npos);  // a spec as written before the check
+  EXPECT_EQ(code_of([] { GraphSpec::from_json(R"({"inputs": [], "outputs": [], "batch_rows": "maybe"})"); }),
+            ErrorCode::kInvalidArgument);
+}
+
 // An input without a batch axis (a diffusion timestep, a scale) is one value for the
 // whole call: requests that sent other values of it must not share a call, or all but
 // the first would silently be answered for the first one's value.
@@ -195,6 +224,7 @@ TEST(ServingBatches, RequestsWithOtherValuesOfAnUnbatchedInputRunApart) {
   TensorSpec x{"x", DType::kFloat32, {1, 4}, {8, 4}, 0};
   TensorSpec t{"t", DType::kFloat32, {}, {}, std::nullopt};
   GraphSpec spec{{x, t}, {}, {1, 8}};
+  spec.batch_rows = BatchRows::kIndependent;
   const std::vector<std::vector<Shape>> requests = {{{1, 4}, {}}, {{2, 4}, {}}, {{1, 4}, {}}, {{1, 4}, {}}};
   const std::string one(4, '\x01'), three(4, '\x03');
   auto calls = group_requests(spec, requests, {one, three, one, three});

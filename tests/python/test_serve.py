@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import threading
 import time
@@ -84,6 +85,129 @@ def test_graph_server_batches_give_the_tuned_modules_answers(checkpoint):
         (y,) = out.values()
         with torch.no_grad():
             np.testing.assert_allclose(y, inner(torch.from_numpy(x)).numpy(), rtol=1e-4, atol=1e-5)
+
+
+class _Centered(torch.nn.Module):
+    """Centred over the batch: each row's answer depends on the other rows."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, x):
+        y = self.proj(x)
+        return y - y.mean(0, keepdim=True)
+
+
+class _Scorer(torch.nn.Module):
+    """Scores every row against every other (`a @ b.T`): a [B, B] output."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, image, text):
+        return self.proj(image) @ self.proj(text).T
+
+
+class _Flattened(torch.nn.Module):
+    """Token logits flattened over batch and sequence (`view(-1, V)`): no batch axis."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(50, 8)
+        self.out = torch.nn.Linear(8, 5)
+
+    def forward(self, ids):
+        return self.out(self.emb(ids)).view(-1, 5)
+
+
+@pytest.mark.parametrize("make, sample, why", [
+    (_Centered, lambda: torch.randn(8), "differs from that row alone"),
+    (_Scorer, lambda: (torch.randn(8), torch.randn(8)), "alone but [1, 2] in a batch of 2"),
+    (_Flattened, lambda: torch.randint(0, 50, (6,)), "has no batch axis"),
+], ids=["batch-mean", "row-against-row", "flattened"])
+def test_a_model_that_mixes_batch_rows_serves_each_request_alone(tmp_path, make, sample, why, caplog):
+    """A probe's finding: requests joined into one call got part of each other's answers
+    (a token classifier's flattened logits, a scorer's [B, B] scores, a batch mean), silently.
+    The tuner compares each row of a recorded batch with that row alone; a server joins
+    requests only where they are equal, and says so otherwise."""
+    torch.manual_seed(0)
+    inner = make().eval()
+    model = ait.Module(inner, "mixed_rows", strategy=cpu_strategy())
+    ait.tune(model, [sample() for _ in range(2)], batch_sizes=[1, 2], disable_external_logging=True,
+             ignore_failing_modules=False, performance_validation=False, progress=False)
+    ait.save(model, tmp_path / "mixed.ait")
+    with caplog.at_level(logging.WARNING, logger="aitune"):
+        server = GraphServer(str(tmp_path / "mixed.ait"), device="cpu")
+    (key,) = server.specs
+    spec = server.specs[key]
+    assert spec.batch_rows == "coupled" and why in spec.batch_rows_reason
+    assert "serves each request in a call of its own" in caplog.text
+    names = server.input_names(key)
+    rng = np.random.default_rng(0)
+    feeds = [{n: (rng.integers(0, 50, (1, 6)) if t.dtype == "int64" else rng.standard_normal((1, 8)).astype(np.float32))
+              for n, t in zip(names, spec.inputs)} for _ in range(2)]
+    assert _core.group_requests(spec, [[list(a.shape) for a in f.values()] for f in feeds], [b""] * 2) == [[0], [1]]
+    together = server.run_batch([server.check(f) for f in feeds])
+    for feed, out in zip(feeds, together):
+        (alone,) = server.run_batch([server.check(feed)])
+        for name in alone:
+            np.testing.assert_array_equal(out[name], alone[name])
+    plan = plan_for(_core.Checkpoint.load(str(tmp_path / "mixed.ait")))
+    assert plan.max_batch_size == 1 and "each request runs in a call of its own" in plan.explain()
+
+
+def test_a_graph_without_a_batch_axis_keeps_why_its_rows_are_unchecked(tmp_path):
+    """Recorded at one batch size, the graph has no batch axis: nothing to join or check,
+    and the checkpoint keeps the tuner's reason (a plan and the server say it)."""
+    inner = _Centered().eval()
+    model = ait.Module(inner, "one_row", strategy=cpu_strategy())
+    ait.tune(model, [torch.randn(8) for _ in range(2)], batch_sizes=[1], disable_external_logging=True,
+             ignore_failing_modules=False, performance_validation=False, progress=False)
+    ait.save(model, tmp_path / "one.ait")
+    (spec,) = GraphServer(str(tmp_path / "one.ait"), device="cpu").specs.values()
+    assert spec.batch_rows == "unchecked" and spec.batch_rows_reason == "the graph has no batch axis"
+
+
+class _Pooled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(8, 8)
+
+    def forward(self, x, pooled: bool = False):
+        y = self.proj(x)
+        return y.mean(-1, keepdim=True) if pooled else y
+
+
+def test_a_request_that_fits_two_graphs_is_refused_naming_their_calls(tmp_path):
+    """A probe's finding: `m(x)` and `m(x, pooled=True)` record two graphs of the same
+    inputs; a request went to the first silently. Now it is refused, naming each graph's
+    recorded call, and ?graph=KEY picks one; graphs that differ in rank still pick by shape."""
+    inner = _Pooled().eval()
+    model = ait.Module(inner, "pooled_serve", strategy=cpu_strategy())
+
+    def drive(x):
+        model(x)
+        model(x, pooled=True)
+        model(x[..., None, :])  # rank 3: the same input name, another spec
+
+    ait.tune(drive, [torch.randn(8) for _ in range(2)], disable_external_logging=True, ignore_failing_modules=False,
+             performance_validation=False, progress=False)
+    ait.save(model, tmp_path / "pooled.ait")
+    server = GraphServer(str(tmp_path / "pooled.ait"), device="cpu")
+    assert len(server.specs) == 3
+    x = np.random.default_rng(0).standard_normal((1, 8)).astype(np.float32)
+    with pytest.raises(BadRequest, match="fits 2 graphs") as refused:
+        server.check({"input_x": x})
+    assert "pooled=True" in str(refused.value) and "pooled=False" in str(refused.value)
+    pooled = next(k for k, recorded in server.recorded.items() if "pooled=True" in recorded)
+    (out,) = server.run_batch([server.check({"input_x": x}, graph=pooled)])
+    with torch.no_grad():
+        np.testing.assert_allclose(out["output_0"], inner(torch.from_numpy(x), pooled=True).numpy(), rtol=1e-5,
+                                   atol=1e-6)
+    three = server.check({"input_x": x[:, None, :]})  # only the rank-3 graph takes it
+    assert "rank 3" in server.recorded[three.graph]
 
 
 class _Masked(torch.nn.Module):

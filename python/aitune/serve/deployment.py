@@ -74,7 +74,11 @@ class AituneModel:
             "graphs": {k: {"inputs": [{"name": t.name, "dtype": t.dtype, "min_shape": list(t.min_shape),
                                       "max_shape": list(t.max_shape), "batch_axis": t.batch_axis}
                                      for t in spec.inputs],
-                           "outputs": [t.name for t in spec.outputs]}
+                           "outputs": [t.name for t in spec.outputs],
+                           # the call it was recorded from (non-tensor values: `pooled=True`), and
+                           # whether requests share a call (GraphSpec.batch_rows)
+                           "recorded": self.server.recorded.get(k, ""),
+                           "batch_rows": spec.batch_rows, "batch_rows_reason": spec.batch_rows_reason}
                        for k, spec in self.server.specs.items()},
             "not_served": self.server.unserved,
             "batching": self.batching,

@@ -11,6 +11,7 @@ import numpy as np
 from aitune import _core
 
 from .codec import BadRequest
+from .plan import apart_reason
 
 logger = logging.getLogger("aitune")
 
@@ -35,6 +36,17 @@ def unserved_graphs(manifest) -> dict[str, str]:
             if isinstance(entry, dict) and isinstance(entry.get("key"), str):
                 out[entry["key"]] = kind
     return out
+
+
+def _recorded_call(structure_json: str) -> str:
+    """The "recorded" description aitune.torch keeps in a graph's structure ("" without one:
+    a checkpoint of an ONNX model, or one written before it was kept)."""
+    try:
+        structure = json.loads(structure_json)
+    except (ValueError, RecursionError):
+        return ""
+    recorded = structure.get("recorded") if isinstance(structure, dict) else None
+    return recorded if isinstance(recorded, str) else ""
 
 
 @dataclass
@@ -85,6 +97,10 @@ class GraphServer:
                 config.intra_op_threads = intra_op_threads
             self.sessions[key] = _core.OnnxSession.create(self.checkpoint.model_path(key), config, graph.graph_spec)
             self.specs[key] = graph.graph_spec
+        for key, spec in self.specs.items():
+            if any(t.batch_axis is not None for t in spec.inputs) and (why := apart_reason(spec)):
+                logger.warning("checkpoint %s: graph %s serves each request in a call of its own: %s", checkpoint,
+                               key, why)
         self.unserved = unserved_graphs(self.checkpoint.manifest)
         if self.unserved:
             logger.warning("checkpoint %s: graphs not served (they need the nn.Module): %s", checkpoint,
@@ -92,6 +108,9 @@ class GraphServer:
         if not self.sessions:
             raise _core.InvalidArgumentError(f"checkpoint {checkpoint} has no ONNX Runtime graph to serve")
         self.session_inputs = {k: [io.name for io in s.inputs] for k, s in self.sessions.items()}
+        # per graph, the call it was recorded from as the front end described it (its
+        # non-tensor values: `pooled=True`), where the checkpoint holds one
+        self.recorded = {k: _recorded_call(self.checkpoint.graph(k).structure_json) for k in self.sessions}
 
     def input_names(self, graph: str) -> list[str]:
         return [t.name for t in self.specs[graph].inputs]
@@ -108,15 +127,26 @@ class GraphServer:
         keys = [graph] if graph is not None else list(self.specs)
         if graph is not None and graph not in self.specs:
             raise BadRequest(f"no graph '{graph}' in the checkpoint; it has: {', '.join(self.specs)}", status=404)
-        if len(keys) > 1:  # several call structures: the one whose input names the request gives
-            named = [k for k in keys if set(self.input_names(k)) == set(inputs)]
-            keys = named[:1] or keys[:1]
-        key = keys[0]
         tensors = []
         for name, array in inputs.items():
             if not isinstance(array, np.ndarray):
                 raise BadRequest(f"input '{name}' is not an array")
             tensors.append((name, array.dtype.name, list(array.shape)))
+        if len(keys) > 1:  # several call structures: the one whose input names the request gives
+            named = [k for k in keys if set(self.input_names(k)) == set(inputs)]
+            if len(named) > 1:  # and of those, the one whose spec takes the tensors
+                taking = [k for k in named if self._takes(k, tensors)]
+                if len(taking) > 1:
+                    # Graphs of one module told apart by a non-tensor argument (`pooled=True`)
+                    # take the same tensors: picking one would answer for the other silently.
+                    raise BadRequest(
+                        f"the request fits {len(taking)} graphs, which take the same inputs: "
+                        + "; ".join(f"{k} ({self.recorded.get(k) or 'recorded call not saved'})" for k in taking)
+                        + ". Name one with ?graph=KEY (the deployment's handle: infer(inputs, graph=KEY))",
+                        status=400)
+                named = taking or named
+            keys = named[:1] or keys[:1]
+        key = keys[0]
         try:
             order = _core.check_request(self.specs[key], tensors)
         except _core.DTypeMismatchError as error:
@@ -140,6 +170,14 @@ class GraphServer:
         # but the session takes native arrays only, and the batch it joined would fail.
         return Request(key, [np.asarray(values[i], dtype=values[i].dtype.newbyteorder("="), order="C")
                              for i in order])
+
+    def _takes(self, key: str, tensors: list) -> bool:
+        """Whether graph ``key``'s spec takes these (name, dtype, shape) tensors."""
+        try:
+            _core.check_request(self.specs[key], tensors)
+        except (_core.DTypeMismatchError, _core.ShapeMismatchError, _core.InvalidArgumentError):
+            return False
+        return True
 
     def run_batch(self, requests: list[Request]) -> list[dict[str, np.ndarray] | RunFailed]:
         """Outputs per request, by output name, or ``RunFailed`` for a request the model

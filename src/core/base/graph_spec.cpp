@@ -338,6 +338,11 @@ std::string GraphSpec::to_json(int indent) const {
     j["conditions"] = json::array();
     for (const auto& c : conditions) j["conditions"].push_back(json::parse(c.to_json()));
   }
+  // absent: unchecked with nothing said (and specs written before the check)
+  if (batch_rows != BatchRows::kUnchecked || !batch_rows_reason.empty()) {
+    j["batch_rows"] = std::string(batch_rows_name(batch_rows));
+    j["batch_rows_reason"] = batch_rows_reason;
+  }
   return j.dump(indent);
 }
 
@@ -362,7 +367,26 @@ GraphSpec GraphSpec::from_json(const std::string& text) {
       spec.conditions.push_back(std::move(condition));
     }
   }
+  if (j.contains("batch_rows")) {
+    const auto name = field<std::string>(j, "batch_rows", "graph spec");
+    if (name == batch_rows_name(BatchRows::kIndependent)) spec.batch_rows = BatchRows::kIndependent;
+    else if (name == batch_rows_name(BatchRows::kCoupled)) spec.batch_rows = BatchRows::kCoupled;
+    else if (name != batch_rows_name(BatchRows::kUnchecked))
+      throw Error(ErrorCode::kInvalidArgument, "graph spec JSON: batch_rows '" + name +
+                                                   "' is not one of unchecked, independent, coupled");
+    if (j.contains("batch_rows_reason"))
+      spec.batch_rows_reason = field<std::string>(j, "batch_rows_reason", "graph spec");
+  }
   return spec;
+}
+
+std::string_view batch_rows_name(BatchRows rows) noexcept {
+  switch (rows) {
+    case BatchRows::kIndependent: return "independent";
+    case BatchRows::kCoupled: return "coupled";
+    case BatchRows::kUnchecked: break;
+  }
+  return "unchecked";
 }
 
 }  // namespace aitune

@@ -96,7 +96,11 @@ std::vector<std::vector<std::size_t>> group_requests(const GraphSpec& spec,
   std::vector<std::vector<std::size_t>> calls;
   const bool batched = std::any_of(spec.inputs.begin(), spec.inputs.end(),
                                    [](const TensorSpec& t) { return t.batch_axis.has_value(); });
-  if (!batched) {
+  // Requests share a call only where the tuner saw each row of a batch computed as it is
+  // alone (GraphSpec::batch_rows): a model that mixes rows (a batch mean, scores of every
+  // row against every other, logits flattened over the batch) would hand each request a
+  // part of the others' answers. Unchecked (a checkpoint written before the check): apart.
+  if (!batched || spec.batch_rows != BatchRows::kIndependent) {
     for (std::size_t i = 0; i < requests.size(); ++i) calls.push_back({i});
     return calls;
   }

@@ -97,9 +97,12 @@ ServingPlan plan_serving(std::vector<BatchLatency> measured, const ServingObject
   const double overhead_us = objective.overhead_ms * 1e3;
 
   std::vector<BatchLatency> usable;
+  const int64_t accepted = objective.apart_reason.empty() ? objective.max_batch_accepted : 1;
   for (const auto& m : measured)
-    if (objective.max_batch_accepted == 0 || m.batch_size <= objective.max_batch_accepted) usable.push_back(m);
-  if (usable.size() < measured.size())
+    if (accepted == 0 || m.batch_size <= accepted) usable.push_back(m);
+  if (!objective.apart_reason.empty())
+    plan.reasons.push_back("each request runs in a call of its own: " + objective.apart_reason);
+  else if (usable.size() < measured.size())
     plan.reasons.push_back("batch sizes above " + std::to_string(objective.max_batch_accepted) +
                            " were measured but the graph accepts at most that batch: left out");
   if (usable.empty()) {

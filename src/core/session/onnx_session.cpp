@@ -482,6 +482,10 @@ std::unique_ptr<OnnxSession> OnnxSession::create(const std::string& model_path,
 const std::vector<IoInfo>& OnnxSession::inputs() const noexcept { return impl_->ctx.inputs; }
 const std::vector<IoInfo>& OnnxSession::outputs() const noexcept { return impl_->ctx.outputs; }
 const GraphSpec& OnnxSession::graph_spec() const noexcept { return impl_->spec; }
+void OnnxSession::set_batch_rows(BatchRows rows, std::string reason) {
+  impl_->spec.batch_rows = rows;
+  impl_->spec.batch_rows_reason = std::move(reason);
+}
 const OnnxSessionConfig& OnnxSession::config() const noexcept { return impl_->config; }
 const std::string& OnnxSession::model_path() const noexcept { return impl_->ctx.model_path; }
 const std::vector<int>& OnnxSession::output_aliases() const noexcept { return impl_->ctx.output_aliases; }

@@ -504,6 +504,12 @@ const TuneReport& GraphTuner::select(const StrategyConfig& strategy) {
   impl.log("decision: " + impl.report.decision);
   if (impl.report.winner) {
     std::size_t w = *impl.report.winner;
+    // Before the batch search replaces the winner's session: the session checked is the
+    // candidate as judged; the flag goes on whichever session is served.
+    std::pair<BatchRows, std::string> rows{BatchRows::kUnchecked, "the winner runs outside ONNX Runtime"};
+    if (impl.backends[w]) rows = impl.check_batch_rows(w);
+    impl.log("batch rows: " + std::string(batch_rows_name(rows.first)) +
+             (rows.second.empty() ? "" : " (" + rows.second + ")"));
     if (impl.options.batch_search.enabled) {
       if (impl.backends[w]) {
         impl.search_batch(w);
@@ -516,6 +522,7 @@ const TuneReport& GraphTuner::select(const StrategyConfig& strategy) {
       }
     }
     if (!impl.winner) impl.winner = std::move(impl.backends[w]);
+    if (impl.winner) impl.winner->set_batch_rows(rows.first, rows.second);
     if (impl.winner) impl.winner->activate();
   }
   impl.backends.clear();  // the losers' sessions and their device memory go now

@@ -322,6 +322,9 @@ struct GraphTuner::Impl {
   std::size_t final_round();
 
   void search_batch(std::size_t index);
+  // Whether candidate `index` computes each row of the largest recorded batch as it
+  // computes that row alone (tuner_batch_rows.cpp): what a server needs to join requests.
+  std::pair<BatchRows, std::string> check_batch_rows(std::size_t index);
 };
 
 }  // namespace aitune
