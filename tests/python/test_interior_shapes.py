@@ -93,3 +93,50 @@ def test_a_graph_right_between_the_recorded_shapes_tunes_and_runs_there():
     model.ait_module.forward = lambda *a, **k: pytest.fail("eager forward ran on a tuned module")
     with torch.no_grad():
         torch.testing.assert_close(model(x), inner.conv(x), atol=1e-5, rtol=1e-5)
+
+
+class PadsToMultiple(torch.nn.Module):
+    """Pads the sequence to a multiple of 4 and returns how much it padded, a Python int
+    (as Swin-style code does)."""
+
+    def forward(self, x):
+        pad = (-x.shape[-2]) % 4
+        return torch.nn.functional.pad(x, (0, 0, 0, pad)), pad
+
+
+def test_a_number_returned_that_differs_between_the_recorded_shapes_is_refused_naming_it():
+    """Recorded at lengths 4 and 8 (pad 0 both times), the graph took every length in
+    4..8 and returned pad 0 at 5, 6 and 7, where eager pads 3, 2 and 1: the crop to 5 saw
+    the other value, but its error was swallowed. A graph returns the recorded Python
+    values at every size of its range, so the tune is refused naming the output and the
+    crop, and the module stays eager (the right pad at every length)."""
+    model = ait.Module(PadsToMultiple().eval(), "pads", strategy=cpu_strategy(tune_provider_options=False))
+    with pytest.raises(ValueError, match=r"(?s)input_x \[\d+, 5, 2\].*output \[1\]: int 0 .* int 3"):
+        ait.tune(model, [torch.randn(4, 2), torch.randn(8, 2)], ignore_failing_modules=False, progress=False)
+    assert model.ait_state is ModuleState.PASSTHROUGH
+    for seq in (4, 5, 6, 7, 8):
+        x = torch.randn(1, seq, 2)
+        with torch.no_grad():
+            assert model(x)[1] == PadsToMultiple()(x)[1] == (-seq) % 4
+
+
+class FlagsBatchOfThree(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.linear(x), x.shape[0] == 3
+
+
+def test_a_flag_returned_that_differs_at_a_batch_between_the_recorded_ones_is_refused_naming_it():
+    """The crop leaves the batch axis alone: recorded at batches 2 and 4 (flag False both
+    times), the graph took batch 3 and returned False there, where eager says True. Forward
+    runs at batch 3 too, and the tune is refused naming it; the module stays eager."""
+    model = ait.Module(FlagsBatchOfThree().eval(), "flags-3", strategy=cpu_strategy(tune_provider_options=False))
+    with pytest.raises(ValueError, match=r"(?s)input_x \[3, 4\].*output \[1\]: bool False .* bool True"):
+        ait.tune(model, [torch.randn(4) for _ in range(8)], batch_sizes=[2, 4], ignore_failing_modules=False,
+                 progress=False)
+    assert model.ait_state is ModuleState.PASSTHROUGH
+    with torch.no_grad():
+        assert [model(torch.randn(b, 4))[1] for b in (2, 3, 4)] == [False, True, False]

@@ -561,3 +561,35 @@ def test_torchs_containers_in_another_mode_are_no_change(caplog, monkeypatch):
         model(x)
     said = [r.getMessage() for r in caplog.records if "another mode" in r.getMessage()]
     assert len(said) == 1 and "1 (Dropout)" in said[0] and "parametriz" not in said[0], said
+
+
+class AppendsToItsList(torch.nn.Module):
+    """Collects an intermediate feature for the caller in the list it is given."""
+
+    def forward(self, x, feats):
+        feats.append(x * 2)
+        return x + 1
+
+
+@pytest.mark.parametrize("how", ["call", "tune"])
+def test_forward_appending_to_a_list_it_is_given_is_refused_naming_it(how):
+    """An appended tensor made the arguments flatten to more tensors after the call than
+    before, and the in-place check raised `zip() argument 2 is shorter than argument 1`
+    (from calling the untuned module, which records, and from ait.tune). Now the same
+    refusal as an item replaced: the call runs eagerly and ait.tune names the argument."""
+    model = ait.Module(AppendsToItsList().eval(), f"appends-{how}", strategy=cpu_strategy(tune_provider_options=False))
+    x = torch.ones(1, 2)
+    if how == "call":
+        feats = []
+        assert torch.equal(model(x, feats), x + 1)  # recorded by calling: eagerly, appended as eager does
+        assert len(feats) == 1 and torch.equal(feats[0], x * 2)
+        assert not model.ait_graphs  # not recorded: no graph would append
+        return
+    with pytest.raises(ValueError, match=r"forward changed its input \['feats'\] \(an item of a list or dict"):
+        ait.tune(model, [{"x": torch.randn(2), "feats": []} for _ in range(2)],
+                 ignore_failing_modules=False, progress=False)
+    assert model.ait_state is ModuleState.PASSTHROUGH
+    feats = []
+    with torch.no_grad():
+        model(x, feats)
+    assert len(feats) == 1 and torch.equal(feats[0], x * 2)  # eager, as the user wrote it

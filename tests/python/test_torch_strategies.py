@@ -410,3 +410,39 @@ def test_the_report_names_one_winner_when_two_backends_make_candidates_of_the_sa
     assert page.count('class="status winner"') == 1
     assert f'id="candidate-{report.winner}"><h3>{report.winner + 1}. ' in page
     assert f'href="#candidate-{report.winner}"' in page  # the summary links to it
+
+
+class _ReturnsBatchFlag(torch.nn.Module):
+    def __init__(self, flag):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 16)
+        self.flag = flag
+
+    def forward(self, x):
+        return self.fc(x), self.flag(x.shape[0])  # a "large-batch path" flag handed to the caller
+
+
+@pytest.mark.parametrize(("flag", "batch_sizes", "widest", "differs"), [
+    (lambda batch: batch > 2, [1, 2], 16, 16),
+    (lambda batch: batch % 3 != 0, [1, 2], 16, 3),  # the recorded value again at 16, not at 3
+], ids=["above-2", "not-multiple-of-3"])
+def test_find_max_batch_size_checks_the_non_tensor_outputs_of_the_widened_range(flag, batch_sizes, widest, differs):
+    """Recorded at batches 1 and 2 (the flag the same at both), the search widened the range
+    to 16 after comparing the tensors only: the graph returned the recorded flag at every
+    batch up to 16, where eager says otherwise at 3, silently.
+    The flag eager returns at the widened batch, and at the smallest batch the range would
+    widen to, is compared too: the range stays as recorded, the report says why (the
+    batch and the output), and batch 3 is refused."""
+    inner = _ReturnsBatchFlag(flag).eval()
+    model = ait.Module(inner, "batch-flag", strategy=ait.OneBackendStrategy(cpu_backend()))
+    ait.tune(model, torch.randn(16), batch_sizes=batch_sizes, find_max_batch_size=True, max_batch_size=widest,
+             ignore_failing_modules=False, progress=False)
+    report = _report(model)
+    assert report.max_batch_size == max(batch_sizes)
+    correctness = json.loads(report.to_json())["batch_search"]["correctness"]
+    recorded = flag(max(batch_sizes))
+    assert f"at batch {differs} " in correctness and f"output [1]: bool {recorded}" in correctness, correctness
+    for batch in batch_sizes:
+        assert model(torch.randn(batch, 16))[1] is flag(batch)
+    with pytest.raises(_core.ShapeMismatchError):
+        model(torch.randn(3, 16))

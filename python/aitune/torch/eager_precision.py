@@ -8,8 +8,11 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
+import torch.utils._pytree as pytree
 
 from aitune import _core
+from aitune.torch import flatten
+from aitune.torch.context import run_eagerly
 from aitune.torch.graph import RecordedGraph
 
 _AUTOCAST = {_core.Precision.FP16: torch.float16, _core.Precision.BF16: torch.bfloat16}
@@ -82,16 +85,47 @@ def eager_outputs_for(graph: RecordedGraph, capsules) -> list[torch.Tensor] | st
     """Eager's outputs for inputs the engine made (DLPack capsules of host tensors, graph
     input order; the batch search's sample tiled to a wider batch), moved to where the
     recorded inputs live, in host memory at the recorded outputs' dtypes; or a str saying
-    why eager could not run them (out of memory at that batch)."""
+    why eager could not run them (out of memory at that batch), or why the batch range must
+    not widen: forward's outputs that are no tensors (a flag ``x.shape[0] > 2``) differ from
+    the recorded calls' at that batch or at the smallest batch the range would widen to,
+    and a graph returns the recorded ones at every batch it takes."""
     first = graph.samples[0]
     try:
         inputs = [torch.from_dlpack(capsule).to(device=recorded.device, copy=True)
                   for capsule, recorded in zip(capsules, first.inputs, strict=True)]
+        axes = [tensor.batch_axis for tensor in graph.graph_spec().inputs]
         with torch.no_grad():
-            got = graph.run_eager(inputs)
-        return _as_recorded(got, first.outputs)
+            got = _output_tensors_or_why(graph, inputs, axes)
+            # the smallest widened batch too (cropped on the batch axes): a value that alternates
+            # with the batch (x.shape[0] % 2 == 0) can be the recorded one at the widest
+            smallest = max(s.batch_size for s in graph.samples) + 1
+            if not isinstance(got, str) and smallest < _batch_of(inputs, axes):
+                cropped = [t if axis is None else t.narrow(axis, 0, smallest)
+                           for t, axis in zip(inputs, axes, strict=True)]
+                if isinstance(why := _output_tensors_or_why(graph, cropped, axes), str):
+                    return why
+        return got if isinstance(got, str) else _as_recorded(got, first.outputs)
     except Exception as error:
         return f"eager raised {type(error).__name__}: {error}"
+
+
+def _output_tensors_or_why(graph: RecordedGraph, inputs: list[torch.Tensor],
+                           axes: list[int | None]) -> list[torch.Tensor] | str:
+    """Eager's output tensors on ``inputs``, or a str where its other outputs (numbers,
+    flags, structure) differ from the recorded calls' (the tensors alone do not show it)."""
+    args, kwargs = graph.call_arguments(inputs)
+    with run_eagerly():
+        outputs = graph.module.forward(*args, **kwargs)
+    leaves, spec = pytree.tree_flatten(outputs)
+    if flatten.identity(spec, leaves) != graph._output_constants:  # noqa: SLF001
+        return (f"at batch {_batch_of(inputs, axes)} forward returns outputs other than the recorded calls' "
+                f"({graph._output_difference(outputs)}), and a graph returns the recorded values of "  # noqa: SLF001
+                "outputs that are no tensors at every batch it takes")
+    return graph.output_tensors(outputs)
+
+
+def _batch_of(inputs: list[torch.Tensor], axes: list[int | None]) -> int:
+    return next((int(t.shape[axis]) for t, axis in zip(inputs, axes, strict=True) if axis is not None), 0)
 
 
 def module_float_dtype(module: torch.nn.Module) -> torch.dtype | None:

@@ -12,14 +12,19 @@ the tune's checks, with the sample's shapes in the log. Where the export found t
 (a condition on sizes, ``shape_conditions``) and the crop lands across it, the graph keeps
 the condition and refuses the crop's sizes instead: the crop is not run through it. An axis declared in
 ``dynamic_shapes`` to take extents below the recorded ones is cropped there when the
-samples span no range on it (half the shortest recorded extent, within the declared range)."""
+samples span no range on it (half the shortest recorded extent, within the declared range).
+Where forward returns other values that are no tensors (a padding amount, a flag) at the
+crop, or at a batch between the recorded ones, the tune is refused: a graph returns the
+recorded ones at every size it takes."""
 
 from __future__ import annotations
 
 import logging
 
 import torch
+import torch.utils._pytree as pytree
 
+from aitune.torch import flatten
 from aitune.torch.context import run_eagerly
 from aitune.torch.graph import RecordedGraph
 
@@ -38,11 +43,13 @@ def add_interior_sample(graph: RecordedGraph) -> str | None:
     """Adds the cropped sample to ``graph.samples`` (once per graph) and returns its
     description, or None where the samples span no such range, no recorded sample covers
     the sizes, or the module refuses the cropped call (sizes tied to each other in a way a
-    crop breaks)."""
+    crop breaks). ValueError where the crop's outputs that are no tensors (a number, a
+    flag) or their structure differ from the recorded calls': no graph can serve the range."""
     if getattr(graph, "interior_sample", None) is not None or len(graph.samples) < 2:
         return None
     graph.interior_sample = ""
     spec = graph.graph_spec()
+    _check_values_between_batches(graph, spec)
     # axes of the inputs that varied, grouped by the sizes they had in each sample: axes that
     # always had the same size (ids and mask of a sequence) are cropped to the same size
     groups: dict[tuple, list[tuple[int, int]]] = {}
@@ -88,14 +95,61 @@ def add_interior_sample(graph: RecordedGraph) -> str | None:
     try:
         with torch.no_grad(), run_eagerly():
             outputs = graph.module.forward(*args, **kwargs)
-        graph.add_sample(inputs, outputs, source.batch_size)
-        graph.interior_index = len(graph.samples) - 1
     except Exception as error:  # a crop the module refuses: the recorded shapes are all there is to check
         logger.debug("%s/%s: no check between the recorded shapes: %s: %s", graph.module_name, graph.key,
                      type(error).__name__, error)
         return None
     shapes = ", ".join(f"{graph.input_names[i]} {list(t.shape)}" for i, t in enumerate(inputs)
                        if any(j == i for j, _ in targets))
+    try:
+        graph.add_sample(inputs, outputs, source.batch_size)
+    except ValueError as error:
+        # the outputs that are no tensors (a number, a flag, the structure) differ at the crop:
+        # a graph returns the recorded ones at every size of its range, silently wrong there
+        raise _other_values(graph, shapes, outputs) from error
+    graph.interior_index = len(graph.samples) - 1
     graph.interior_sample = (f"sample {len(graph.samples) - 1} ({shapes}) is a recorded sample cropped to sizes "
                              "between the recorded ones: a candidate failing there holds only at the recorded shapes")
     return graph.interior_sample
+
+
+def _check_values_between_batches(graph: RecordedGraph, spec) -> None:
+    """The crop leaves the batch axis alone; a batch between the recorded ones (3, recorded
+    at 2 and 4) is served by the graph too, so forward runs once at the smallest such batch
+    (the largest sample cropped) and its outputs that are no tensors (a flag
+    ``x.shape[0] == 3``) must be the recorded ones: ValueError where they differ. Its
+    tensors are not kept: a branch on the batch is the export's conditions' to find."""
+    axes = [tensor_spec.batch_axis for tensor_spec in spec.inputs]
+    recorded = sorted({s.batch_size for s in graph.samples if s.evaluation is None})
+    batch = next((b for b in range(recorded[0] + 1, recorded[-1]) if b not in recorded), None) if recorded else None
+    if batch is None or all(axis is None for axis in axes):
+        return
+    source = next(s for s in graph.samples if s.evaluation is None and s.batch_size == recorded[-1])
+    inputs = [(t if axis is None else t.narrow(axis, 0, batch)).contiguous().clone()
+              for t, axis in zip(source.inputs, axes, strict=True)]
+    args, kwargs = graph.call_arguments(inputs)
+    try:
+        with torch.no_grad(), run_eagerly():
+            outputs = graph.module.forward(*args, **kwargs)
+    except Exception as error:  # a batch the module refuses: nothing to compare
+        logger.debug("%s/%s: no check at batch %d: %s: %s", graph.module_name, graph.key, batch,
+                     type(error).__name__, error)
+        return
+    leaves, out_spec = pytree.tree_flatten(outputs)
+    if flatten.identity(out_spec, leaves) != graph._output_constants:  # noqa: SLF001
+        shapes = ", ".join(f"{name} {list(t.shape)}" for name, t, axis in zip(graph.input_names, inputs, axes,
+                                                                               strict=True) if axis is not None)
+        raise _other_values(graph, shapes, outputs)
+
+
+def _other_values(graph: RecordedGraph, shapes: str, outputs) -> ValueError:
+    """Forward, called at ``shapes`` between the recorded ones, returned ``outputs`` whose
+    values that are no tensors (a number, a flag) or structure differ from the recorded calls'."""
+    difference = graph._output_difference(outputs)  # noqa: SLF001
+    return ValueError(
+        f"ait.Module '{graph.module_name}' {graph.key}: called at sizes between the recorded ones ({shapes}), "
+        f"forward returns outputs other than at the recorded sizes ({difference}); a graph takes every size in "
+        "the recorded range and returns the recorded values of outputs that are no tensors, so it would return "
+        "them there, silently wrong. Return such a value as a tensor, or compute it from the input's shape "
+        "outside the module"
+    )

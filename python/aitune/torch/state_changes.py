@@ -142,9 +142,13 @@ def tensor_version(tensor: torch.Tensor) -> int:
 
 def changed_inputs(arguments: dict, versions: list[int]) -> list[str]:
     """The tensors of a call's ``arguments`` changed in place since ``versions`` (their
-    ``tensor_version`` before the call, in pytree order), by their path (``['x']``)."""
+    ``tensor_version`` before the call, in pytree order), by their path (``['x']``); none
+    when forward added or removed tensors of a container it was given (``feats.append(y)``):
+    the tensors no longer line up with ``versions``, and ``changed_containers`` names that."""
     paths_leaves = [(path, leaf) for path, leaf in pytree.tree_flatten_with_path(arguments)[0]
                     if isinstance(leaf, torch.Tensor)]
+    if len(paths_leaves) != len(versions):
+        return []
     return [pytree.keystr(path) for (path, leaf), version in zip(paths_leaves, versions, strict=True)
             if tensor_version(leaf) != version]
 
