@@ -511,3 +511,26 @@ def test_steps_tuned_with_step_dynamic_shapes_generate_at_unrecorded_batches_and
             ours = greedy_generate(prefill, decode, model, prompts["input_ids"], prompts["attention_mask"], new_tokens)
         assert torch.equal(ours, _generate(model, prompts, new_tokens)), (size, length)
     assert prefill.ait_state is ModuleState.TUNED and decode.ait_state is ModuleState.TUNED
+
+
+def test_greedy_generate_ends_rows_at_an_end_token_as_generate_does():
+    """A probe's finding: greedy_generate decoded past the end token, so it was not
+    generate(do_sample=False)'s tokens for a model that emits it (any real checkpoint). An
+    ended row is padded, and the loop stops when every row has ended (a shorter result)."""
+    example = _example()
+    model = example.tiny_llama()
+    batch = example.prompts(2)
+    step = DecodeStep(model)
+    with torch.no_grad():
+        free = model.generate(**batch, max_new_tokens=6, do_sample=False, pad_token_id=0, eos_token_id=None)
+        free = free[:, example.PROMPT_LEN:]
+        for ends in ([int(free[0, 2])], [int(free[0, 1]), int(free[1, 1])]):  # one row ends; then both
+            model.generation_config.eos_token_id = ends
+            want = model.generate(**batch, max_new_tokens=6, do_sample=False, pad_token_id=0)[:, example.PROMPT_LEN:]
+            got = greedy_generate(step, step, model, batch["input_ids"], batch["attention_mask"], 6, pad_token_id=0)
+            assert torch.equal(got, want), (ends, got, want)
+            if len(ends) == 1:
+                assert (got[0, 3:] == 0).all() and got.shape[1] == 6  # row 0 padded after its end token
+        assert want.shape[1] == 2  # both rows ended at the second token: generate stopped, and so did greedy_generate
+        ignored = greedy_generate(step, step, model, batch["input_ids"], batch["attention_mask"], 6, eos_token_id=None)
+        assert torch.equal(ignored, free)

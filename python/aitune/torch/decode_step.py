@@ -7,6 +7,7 @@ from __future__ import annotations
 import inspect
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -238,13 +239,24 @@ def step_dynamic_shapes(model: torch.nn.Module, batch, cache, sequence=None) -> 
             "position_ids": {0: batch, 1: sequence}, "cache_position": {0: sequence}, **caches}
 
 
+#: greedy_generate's default for ``eos_token_id`` and ``pad_token_id``: the model's own
+#: generation config, as transformers' ``generate`` reads them.
+FROM_MODEL: Any = "from the model's generation config"
+
+
 def greedy_generate(prefill: Callable, decode: Callable, model: torch.nn.Module, input_ids: torch.Tensor,
-                    attention_mask: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
-    """Greedy tokens [B, max_new_tokens] for a (left-padded) prompt through ``prefill`` and
-    ``decode`` (DecodeStep modules, tuned or not), positions counted as transformers'
-    ``generate`` counts them (pads not counted). The cache holds prompt + new tokens; each
-    step passes the caches the previous one returned (the same tensors, updated in place,
-    where the steps are tuned with ``in_place_outputs``)."""
+                    attention_mask: torch.Tensor, max_new_tokens: int, eos_token_id: Any = FROM_MODEL,
+                    pad_token_id: Any = FROM_MODEL) -> torch.Tensor:
+    """Greedy tokens [B, N] for a (left-padded) prompt through ``prefill`` and ``decode``
+    (DecodeStep modules, tuned or not), as transformers' ``generate(do_sample=False)`` makes
+    them: positions counted as it counts them (pads not counted); a row that emitted an end
+    token (``eos_token_id``: an int, a list, or None for none) gets ``pad_token_id`` from then
+    on (the first end token where the config has no pad token), and the loop stops when every
+    row has ended, so N <= max_new_tokens. Both default to the model's generation config.
+    The cache holds prompt + new tokens; each step passes the caches the previous one
+    returned (the same tensors, updated in place, where the steps are tuned with
+    ``in_place_outputs``)."""
+    ends, pad = _end_tokens(model, eos_token_id, pad_token_id, input_ids.device)
     batch, prompt_len = input_ids.shape
     cache_len = prompt_len + max_new_tokens
     device = input_ids.device
@@ -253,15 +265,44 @@ def greedy_generate(prefill: Callable, decode: Callable, model: torch.nn.Module,
     positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     keys, values = empty_cache(model, batch, cache_len, device=device)
     logits, keys, values = prefill(input_ids, mask, positions, torch.arange(prompt_len, device=device), keys, values)
-    token = logits[:, -1].argmax(-1, keepdim=True)
+    running = torch.ones(batch, 1, dtype=torch.bool, device=device)
+
+    def next_token(logits: torch.Tensor) -> torch.Tensor:
+        nonlocal running
+        token = logits[:, -1].argmax(-1, keepdim=True)
+        if ends is None:
+            return token
+        token = torch.where(running, token, pad)  # an ended row is padded, as generate pads it
+        running = running & ~torch.isin(token, ends)
+        return token
+
+    token = next_token(logits)
     tokens = [token]
     position = positions[:, -1:]
     for step in range(max_new_tokens - 1):
+        if ends is not None and not bool(running.any()):
+            break  # every row ended: generate stops here too
         slot = prompt_len + step
         mask = mask.clone()  # a fresh input per step: a tune may keep the recorded ones
         mask[:, slot] = 1
         position = position + 1
         logits, keys, values = decode(token, mask, position, torch.tensor([slot], device=device), keys, values)
-        token = logits[:, -1].argmax(-1, keepdim=True)
+        token = next_token(logits)
         tokens.append(token)
     return torch.cat(tokens, dim=1)
+
+
+def _end_tokens(model: torch.nn.Module, eos_token_id: Any, pad_token_id: Any,
+                device: torch.device) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(end tokens as a 1-d tensor, or None for none; the pad token as a 0-d tensor)."""
+    config = getattr(model, "generation_config", None) or getattr(model, "config", None)
+    if eos_token_id is FROM_MODEL:
+        eos_token_id = getattr(config, "eos_token_id", None)
+    if pad_token_id is FROM_MODEL:
+        pad_token_id = getattr(config, "pad_token_id", None)
+    if eos_token_id is None or (isinstance(eos_token_id, (list, tuple)) and not eos_token_id):
+        return None, None
+    ends = torch.tensor([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id), device=device)
+    if pad_token_id is None:  # generate pads with the first end token then (and warns)
+        pad_token_id = int(ends[0])
+    return ends, torch.tensor(int(pad_token_id), device=device)
