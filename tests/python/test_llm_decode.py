@@ -335,6 +335,13 @@ def _refused_config(kind: str):
     if kind == "gpt-neo-local":
         return transformers.GPTNeoConfig(**small, num_layers=2, attention_types=[[["global", "local"], 1]],
                                          window_size=4)
+    if kind == "gemma4-global-head":  # full-attention layers with a head size of their own
+        if not hasattr(transformers, "Gemma4TextConfig"):
+            pytest.skip("this transformers has no Gemma 4")
+        return transformers.Gemma4TextConfig(**small, intermediate_size=64, num_hidden_layers=2, num_key_value_heads=1,
+                                             head_dim=16, global_head_dim=32, sliding_window=4,
+                                             layer_types=["sliding_attention", "full_attention"],
+                                             vocab_size_per_layer_input=64, hidden_size_per_layer_input=8)
     if kind == "bloom":
         return transformers.BloomConfig(vocab_size=64, hidden_size=32, n_layer=1, n_head=2)
     if kind == "falcon-alibi":
@@ -354,6 +361,7 @@ def _refused_config(kind: str):
                                       ("bloom", "ALiBi"), ("falcon-alibi", "ALiBi"),
                                       ("deepseek-v3", "multi-head latent attention"),
                                       ("openai-gpt", "takes no past_key_values"),
+                                      ("gemma4-global-head", "layers differ in key/value head size"),
                                       ("rwkv", "no num_attention_heads")])
 def test_decode_step_refuses_attention_it_cannot_mask_or_cache(kind, why):
     """GPT-Neo's local layers (a window transformers applies to no 4-D mask it is given:

@@ -51,8 +51,9 @@ def _refuse_unsupported(config) -> None:
     cache cannot express (before this, each crashed deep in the model or silently generated
     other tokens than ``generate``): GPT-Neo's local layers (a window of ``window_size``
     transformers applies to no 4-D mask it is given), ALiBi biases built from the 2-D
-    padding mask (Bloom, Falcon with ``alibi``), and keys and values of different head sizes
-    (DeepSeek-V2 / V3's multi-head latent attention)."""
+    padding mask (Bloom, Falcon with ``alibi``), keys and values of different head sizes
+    (DeepSeek-V2 / V3's multi-head latent attention), and layers of different head sizes or
+    counts (Gemma 4's ``global_head_dim``), which a cache of one shape cannot hold."""
     name = type(config).__name__
     if getattr(config, "num_attention_heads", None) is None:
         raise NotImplementedError(f"DecodeStep: {name} has no num_attention_heads: not an attention decoder whose "
@@ -68,6 +69,17 @@ def _refuse_unsupported(config) -> None:
             getattr(config, "v_head_dim", None) is not None and getattr(config, "qk_nope_head_dim", None) is not None):
         raise NotImplementedError(f"DecodeStep: {name}'s multi-head latent attention (keys and values of different "
                                   "head sizes) is not supported: the cache has one head size")
+    # Gemma 4's config keeps per-layer values (full-attention layers have a head size of
+    # their own) and refuses `config.head_dim` itself; a cache of one shape cannot hold them.
+    try:
+        layers = list(getattr(config, "per_layer_config", None) or ())
+    except Exception:  # noqa: BLE001  (a config that cannot list its layers: nothing to compare)
+        layers = []
+    shapes = {(getattr(layer, "head_dim", None), getattr(layer, "num_key_value_heads", None)) for layer in layers}
+    if len(shapes) > 1:
+        raise NotImplementedError(f"DecodeStep: {name}'s layers differ in key/value head size or count "
+                                  f"({sorted(shapes, key=str)} as (head_dim, num_key_value_heads)): the cache has one "
+                                  "shape for every layer (Gemma 4's full-attention layers)")
 
 
 def _refuse_without_cache(model: torch.nn.Module) -> None:
