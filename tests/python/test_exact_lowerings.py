@@ -139,3 +139,116 @@ def test_log_ndtr_is_not_exported(caplog):
     z = torch.tensor([[-5.0, -10.0, -40.0, 1.0]])
     torch.testing.assert_close(tuned(z), LogNdtr()(z))
     assert "log_ndtr has no exact ONNX translation" in caplog.text
+
+
+
+_INF, _NAN = float("inf"), float("nan")
+
+
+def _assert_matches_eager(got, expected, ulps: float = 4e-7):
+    """The tuned outputs against eager: the same infinities and NaNs at the same places,
+    finite values within a few float32 ulps (``rtol``), a subnormal tail (``logsigmoid(90)``
+    is -8e-40) within ``atol``, as ONNX Runtime's exp may flush it to zero."""
+    for g, e in zip(got, expected, strict=True):
+        assert torch.equal(torch.isnan(g), torch.isnan(e)), (g, e)
+        assert torch.equal(torch.isposinf(g), torch.isposinf(e)), (g, e)
+        assert torch.equal(torch.isneginf(g), torch.isneginf(e)), (g, e)
+        torch.testing.assert_close(g, e, rtol=ulps, atol=1e-37, equal_nan=True)
+
+
+class LogSigmoidLosses(torch.nn.Module):
+    """Bradley-Terry / DPO's log-probability that a margin wins, and BCE with logits (which
+    the dynamo export decomposes to ``(1 - y) * x - (1 + (pos_weight - 1) * y) * log_sigmoid(x)``,
+    and the trace exporter translates as a whole)."""
+
+    def forward(self, x, y, w):
+        functional = torch.nn.functional
+        return (functional.logsigmoid(x), functional.binary_cross_entropy_with_logits(x, y, reduction="none"),
+                functional.binary_cross_entropy_with_logits(x, y, weight=w, pos_weight=w, reduction="none"),
+                functional.binary_cross_entropy_with_logits(x[:, 1:-1], y[:, 1:-1], reduction="sum"))
+
+
+@pytest.mark.parametrize("use_dynamo", [True, False], ids=["dynamo", "trace"])
+def test_log_sigmoid_and_bce_with_logits_stay_finite_in_the_tail(use_dynamo):
+    """torchlib's log_sigmoid is ``log(sigmoid(x))``: -inf at x = -20 (PyTorch -20), -14.844 at
+    -15, and BCE with logits +inf where PyTorch gives 20 (a session-33 probe); the trace
+    exporter's the same, and its BCE ``log(1 - sigmoid(x))`` +inf at x = 20, y = 0 too."""
+    torch.manual_seed(0)
+    module = LogSigmoidLosses().eval()
+    tuned = ait.Module(module, f"log-sigmoid-{use_dynamo}",
+                       strategy=cpu_strategy(use_dynamo=use_dynamo, tune_provider_options=False))
+    ait.tune(tuned, [(torch.randn(8), torch.rand(8), torch.rand(8) + 0.5) for _ in range(2)],
+             ignore_failing_modules=False, performance_validation=False, progress=False)
+    assert tuned.ait_state is ModuleState.TUNED
+    x = torch.tensor([[-_INF, -200.0, -104.0, -30.0, -20.0, -15.0, -1e-8, -0.0],
+                      [0.0, 1e-8, 15.0, 20.0, 90.0, 200.0, _INF, _NAN]])
+    w = torch.rand(2, 8) + 0.5
+    for y in (torch.ones_like(x), torch.zeros_like(x), torch.full_like(x, 0.25)):
+        with torch.no_grad():
+            _assert_matches_eager(tuned(x, y, w), module(x, y, w))
+
+
+class LogAddExps(torch.nn.Module):
+    """Combining log-probabilities, as CTC, HMM forward passes and beam search do."""
+
+    def forward(self, a, b):
+        return torch.logaddexp(a, b), torch.logaddexp2(a, b)
+
+
+def test_logaddexp_and_logaddexp2_neither_overflow_nor_underflow():
+    """torchlib's logaddexp is ``log(exp(a) + exp(b))``: -inf for (-120, -121) (PyTorch
+    -119.687), +inf for (95, 94); logaddexp2 +inf from about 128 (a session-33 probe). Two
+    equal infinities give that infinity, as PyTorch (not inf - inf = NaN); NaN stays NaN."""
+    torch.manual_seed(0)
+    tuned = _tuned(LogAddExps().eval(), [(torch.randn(8), torch.randn(8)) for _ in range(2)])
+    a = torch.tensor([[-_INF, _INF, -_INF, _INF, _NAN, 1.0, _NAN, _INF],
+                      [-120.0, 95.0, -1e-30, 200.0, 3e38, -3e38, 88.7, -1000.0]])
+    b = torch.tensor([[-_INF, _INF, _INF, -_INF, 1.0, _NAN, _INF, _NAN],
+                      [-121.0, 94.0, 1e-30, 200.0, 3e38, -3e38, 88.7, -1000.5]])
+    with torch.no_grad():
+        for first, second in ((a, b), (b, a), (a, a.flip(-1))):
+            _assert_matches_eager(tuned(first, second), LogAddExps()(first, second))
+
+
+class LogCumSumExps(torch.nn.Module):
+    def forward(self, a, c):
+        return torch.logcumsumexp(a, dim=-1), torch.logcumsumexp(a, dim=0), torch.logcumsumexp(c, dim=-1)
+
+
+def test_logcumsumexp_is_finite_wherever_pytorch_is():
+    """torchlib subtracted the whole row's maximum before a cumulative sum of exps: terms
+    far below it underflowed, and [-120, -200, -5, 0, 95, 2] gave -inf at the first places
+    (PyTorch -120, a session-33 probe); a row holding +inf, or -inf alone, gave NaN. Along an
+    axis of a size the export keeps (``c``'s 7) and of sizes it does not (``a``'s)."""
+    torch.manual_seed(0)
+    tuned = _tuned(LogCumSumExps().eval(), [(torch.randn(n), torch.randn(7)) for n in (5, 6)])
+    rows = torch.tensor([[-120.0, -200.0, -5.0, 0.0, 95.0, 2.0, 1.0],
+                         [-_INF, -_INF, 3.0, -_INF, _INF, 1.0, _INF],
+                         [1.0, _NAN, 2.0, 3.0, 4.0, 5.0, 6.0],
+                         [-_INF] * 7,
+                         [-1000.0, -2000.0, 0.0, 1e30, -3e38, 5.0, 3e38],
+                         [-3.0, -2.0, -1.0, -0.5, 0.0, 0.5, 1.0]])
+    for pair in (rows[:2], rows[2:4], rows[4:], rows[[0, 4]], rows[[3, 1]]):
+        for a in (pair[:, :6], pair[:, :5]):  # other lengths than the samples' too
+            with torch.no_grad():
+                # (a scan of logaddexps: a few ulps more than one)
+                _assert_matches_eager(tuned(a, pair), LogCumSumExps()(a, pair), ulps=1e-6)
+
+
+class Erfcx(torch.nn.Module):
+    def forward(self, x):
+        return (torch.special.erfcx(x),)
+
+
+def test_erfcx_is_finite_for_large_arguments():
+    """torchlib's erfcx is ``exp(x**2) * (1 - erf(x))``: 0 from x = 4 (PyTorch 0.137 there,
+    0.0561 at 10) and NaN (inf * 0) from 10 (a session-33 probe). Compared within 1e-6:
+    PyTorch's own float32 kernel is up to 4e-7 off the true value."""
+    torch.manual_seed(0)
+    tuned = _tuned(Erfcx().eval(), [torch.randn(8) for _ in range(2)])
+    x = torch.tensor([[-_INF, -30.0, -10.0, -9.0, -3.0, -0.5, -0.0, 0.0],
+                      [0.5, 2.0, 4.0, 7.0, 10.0, 1e4, 1e30, _INF],
+                      [_NAN, 0.05, 0.2, 1.0, 3.0, 5.0, 30.0, 60.0]])
+    for rows in (x[:2], x[2:]):
+        with torch.no_grad():
+            _assert_matches_eager(tuned(rows), Erfcx()(rows), ulps=1e-6)

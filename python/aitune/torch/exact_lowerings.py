@@ -24,16 +24,25 @@ fusions' optimizer run, took constants *near* 0 and 1 for them (``math.isclose``
 1e-8, rel_tol 1e-5) and removed the operation: an RMSNorm's ``+ 1e-8`` (Helium's, Moshi's
 default epsilon) was dropped, and a pad token's all-zero embedding became 0 * inf = NaN,
 spread by attention to the valid tokens of its row (a new-user probe, session 31).
+
+Log-space ops, from a session-33 probe: torchlib's ``log(sigmoid(x))``, ``log(exp(a) + exp(b))``
+and ``logcumsumexp``'s one shift by the axis's maximum under- and overflowed at ordinary
+inputs (``logsigmoid(-20)`` -inf, BCE with logits +inf, ``logaddexp(-120, -121)`` -inf), and
+``erfcx``'s ``exp(x**2) * (1 - erf(x))`` gave 0 from 4 and NaN from 10: each is translated
+here as PyTorch's kernel computes it, the larger term factored out (``logcumsumexp`` a scan of
+``logaddexp``, ``erfcx`` a Chebyshev series without either factor).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 from collections.abc import Iterator
 
 from typing import Optional
 
+import onnxscript
 import torch
 from onnxscript import ir
 from onnxscript import opset18 as op
@@ -74,6 +83,11 @@ def exact_identity_constants() -> Iterator[None]:
 def _like(value: float, like):
     """A scalar constant of ``like``'s element type."""
     return op.Constant(value=ir.tensor(value, dtype=like.dtype))
+
+
+def _const(value: float, dtype, ops=op):
+    """A scalar constant of element type ``dtype``, made by ``ops`` (see ``_log1p``)."""
+    return ops.Constant(value=ir.tensor(value, dtype=dtype))
 
 
 def _negative(x):
@@ -166,16 +180,24 @@ def atan2(self: TFloat, other: TFloat) -> TFloat:
     return op.Where(both_zero, op.Where(_negative(x), turn, y), angle)
 
 
+def _log1p(x, dtype, ops=op):
+    """Goldberg's log1p (``log1p`` below) of ``x`` of element type ``dtype``, its nodes made
+    by ``ops``: onnxscript's opset (recorded into the export) or an ``ir`` builder (a Loop's
+    body, ``logcumsumexp``)."""
+    one = _const(1.0, dtype, ops)
+    u = ops.Add(x, one)
+    u_minus_one = ops.Sub(u, one)
+    ratio = ops.Mul(ops.Log(u), ops.Div(x, u_minus_one))
+    return ops.Where(ops.Equal(u_minus_one, _const(0.0, dtype, ops)), x,
+                     ops.Where(ops.IsInf(u), ops.Log(u), ratio))
+
+
 def log1p(self: TFloat) -> TFloat:
     """log1p(Tensor self) -> Tensor: Goldberg's ``log(u) * x / (u - 1)`` with ``u = 1 + x``,
     exact to a few ulps where ``log(1 + x)`` (torchlib's) loses every digit of a small x
     (``log1p(1e-8) / 1e-8`` gave 0, PyTorch 1; a session-32 probe); x itself where u rounds
     to 1 (-0.0 kept), ``log(u)`` where u is infinite."""
-    one = _like(1.0, self)
-    u = op.Add(self, one)
-    u_minus_one = op.Sub(u, one)
-    ratio = op.Mul(op.Log(u), op.Div(self, u_minus_one))
-    return op.Where(op.Equal(u_minus_one, _like(0.0, self)), self, op.Where(op.IsInf(u), op.Log(u), ratio))
+    return _log1p(self, self.dtype)
 
 
 def expm1(self: TFloat) -> TFloat:
@@ -202,6 +224,183 @@ def log_ndtr(self: TFloat) -> TFloat:
         "where PyTorch gives finite values); the module stays in PyTorch")
 
 
+def log_sigmoid(self: TFloat) -> TFloat:
+    """log_sigmoid(Tensor self) -> Tensor: PyTorch's kernel, ``min(x, 0) - log1p(exp(-|x|))``,
+    where torchlib's ``log(sigmoid(x))`` underflows: -inf at x = -20 (PyTorch -20), -14.844
+    at -15 (a session-33 probe). BCE with logits decomposes to ``(1 - y) * x - log_sigmoid(x)``
+    in the export, so this mends it too (+inf at -20 where PyTorch gives 20). ``min`` as a
+    Where on ``x > 0``: a NaN stays NaN whatever a provider's Min does with one."""
+    zero = _like(0.0, self)
+    below_zero = op.Where(op.Greater(self, zero), zero, self)
+    return op.Sub(below_zero, _log1p(op.Exp(op.Neg(op.Abs(self))), self.dtype))
+
+
+_INV_LOG_2 = 1.4426950408889634  # 1 / ln(2), as PyTorch's logaddexp2 multiplies by
+
+
+def _logaddexp(a, b, dtype, ops=op, base2: bool = False):
+    """PyTorch's logaddexp (``base2``: logaddexp2): ``max(a, b) + log1p(exp(-|a - b|))``, the
+    larger term factored out so neither exp overflows nor both underflow; two equal
+    infinities give that infinity (``inf - inf`` would be NaN), a NaN gives NaN (through
+    ``a - b``, whatever ONNX's Max does with it). ``ops`` as in ``_log1p``."""
+    larger = ops.Max(a, b)
+    gap = ops.Neg(ops.Abs(ops.Sub(a, b)))
+    if base2:  # exp2 as Pow(2, gap): exact for the integer gaps exp(gap * ln 2) is not
+        term = ops.Mul(_log1p(ops.Pow(_const(2.0, dtype, ops), gap), dtype, ops), _const(_INV_LOG_2, dtype, ops))
+    else:
+        term = _log1p(ops.Exp(gap), dtype, ops)
+    same_infinity = ops.And(ops.IsInf(a), ops.Equal(a, b))
+    return ops.Where(same_infinity, a, ops.Add(larger, term))
+
+
+def logaddexp(self: TFloat, other: TFloat) -> TFloat:
+    """logaddexp(Tensor self, Tensor other) -> Tensor: see ``_logaddexp``; torchlib's
+    ``log(exp(a) + exp(b))`` gave -inf for (-120, -121) (PyTorch -119.687) and +inf for
+    (95, 94) (a session-33 probe)."""
+    return _logaddexp(self, other, self.dtype)
+
+
+def logaddexp2(self: TFloat, other: TFloat) -> TFloat:
+    """logaddexp2(Tensor self, Tensor other) -> Tensor: see ``_logaddexp``; torchlib's
+    ``log2(2**a + 2**b)`` gave +inf from about 128 on."""
+    return _logaddexp(self, other, self.dtype, base2=True)
+
+
+def _shifted(y, k, dim: int, dtype, ops=op):
+    """``y`` moved ``k`` places along ``dim``, -inf (logaddexp's identity) in the places
+    emptied: pad k at the front, drop the last k. ``k``: an int64 tensor of shape [1]; a k
+    beyond the axis's size leaves -inf alone."""
+    axes = ops.Constant(value=ir.tensor([dim], dtype=ir.DataType.INT64))
+    pads = ops.Concat(k, ops.Constant(value=ir.tensor([0], dtype=ir.DataType.INT64)), axis=0)
+    padded = ops.Pad(y, pads, _const(float("-inf"), dtype, ops), axes)
+    return ops.Slice(padded, ops.Constant(value=ir.tensor([0], dtype=ir.DataType.INT64)), ops.Neg(k), axes)
+
+
+class _Builder(ir.tape.Tape):
+    """``ops`` for a subgraph: ``body.Add(a, b)`` makes a node, its keywords the node's
+    attributes, as onnxscript's opset does (onnx_ir's own such builder is private). Each
+    value it makes is named ``prefix`` and a count: the export names a subgraph's values
+    from the same counter as its graph's, and ONNX wants every name once in a model."""
+
+    def __init__(self, prefix: str):
+        super().__init__()
+        self._prefix = prefix
+        self._count = itertools.count()
+
+    def name(self, what: str) -> str:
+        return f"{self._prefix}_{what}"
+
+    def __getattr__(self, op_type: str):
+        def make(*inputs, **attributes):
+            value = self.op(op_type, inputs, attributes=attributes)
+            value.name = self.name(str(next(self._count)))
+            return value
+
+        return make
+
+
+_LOOPS = itertools.count()  # one prefix per Loop body, for its values' names (from 0 in each export)
+
+
+def logcumsumexp(self: TFloat, dim: int) -> TFloat:
+    """logcumsumexp(Tensor self, int dim) -> Tensor: a scan of ``logaddexp`` (``_logaddexp``)
+    along ``dim``, Hillis and Steele's: at the step of k (1, 2, 4, ...) each place takes the
+    logaddexp of itself and the place k before it, so after ceil(log2(n)) steps each holds
+    that of all the places up to it, each step exact as logaddexp is. PyTorch's CPU kernel
+    adds in the same pairs one at a time; the results agree to a few ulps, and are finite,
+    -inf, +inf or NaN where PyTorch's are. torchlib subtracted the whole axis's maximum
+    before one cumulative sum of exps: terms far below the maximum underflowed
+    ([-120, -200, -5, 0, 95, 2] gave -inf at the first two places, PyTorch -120), and an axis
+    holding +inf, or -inf alone, gave NaN (a session-33 probe).
+
+    An axis of a size the export keeps is unrolled (ceil(log2(n)) steps); one of a size it
+    leaves symbolic runs the step in an ONNX Loop of as many trips, counted from the size
+    when the graph runs (ONNX has no scan of an arbitrary operator otherwise)."""
+    shape = self.shape
+    if shape is not None and len(shape) == 0:
+        return op.Identity(self)  # a scalar is its own logcumsumexp
+    dtype = self.dtype
+    size = shape[dim] if shape is not None else None
+    if isinstance(size, int):
+        y, k = self, 1
+        while k < size:
+            y = _logaddexp(_shifted(y, op.Constant(value=ir.tensor([k], dtype=ir.DataType.INT64)), dim, dtype), y,
+                           dtype)
+            k *= 2
+        return y
+    # trips: ceil(log2(n)) in double (a power of two's log2 rounded up is one identity step
+    # more at worst, a logaddexp with -inf everywhere); n 0 or 1: none
+    n = op.Gather(op.Shape(self), op.Constant(value=ir.tensor([dim], dtype=ir.DataType.INT64)))
+    n = op.Cast(op.Max(n, op.Constant(value=ir.tensor([1], dtype=ir.DataType.INT64))), to=ir.DataType.DOUBLE)
+    trips = op.Ceil(op.Div(op.Log(n), op.Constant(value=ir.tensor(0.6931471805599453, dtype=ir.DataType.DOUBLE))))
+    trips = op.Cast(op.Squeeze(trips), to=ir.DataType.INT64)
+    # the body: (trip, condition, y) -> (condition, y's step of k = 2 ** trip), its nodes
+    # made by an ir builder (onnxscript's opset records into the outer graph)
+    body = _Builder(f"logcumsumexp_step{next(_LOOPS)}")
+    trip = ir.Value(name=body.name("trip"), type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([]))
+    condition = ir.Value(name=body.name("condition"), type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([]))
+    y = ir.Value(name=body.name("y"), type=ir.TensorType(dtype))
+    k = body.Cast(body.Pow(body.Constant(value=ir.tensor(2.0, dtype=ir.DataType.DOUBLE)),
+                           body.Cast(body.Unsqueeze(trip, body.Constant(value=ir.tensor([0], dtype=ir.DataType.INT64))),
+                                     to=ir.DataType.DOUBLE)), to=ir.DataType.INT64)
+    step = _logaddexp(_shifted(y, k, dim, dtype, body), y, dtype, body)
+    condition_out = body.Identity(condition)
+    step.dtype = dtype
+    condition_out.dtype, condition_out.shape = ir.DataType.BOOL, ir.Shape([])
+    graph = ir.Graph([trip, condition, y], [condition_out, step], nodes=body.nodes, name=body.name("graph"))
+    # (by keyword: torch's recorder binds a variadic input to every positional argument,
+    # M and cond included)
+    return onnxscript.values.Op(op, "Loop")(M=trips, cond=None, v_initial=(self,), body=graph)
+
+
+# Chebyshev coefficients of log(erfcx(z) * (2 + z) / 2) in u = (2 - z) / (2 + z), z >= 0 (u in
+# (-1, 1]): fitted with numpy.polynomial.chebyshev.chebinterpolate(deg=24) against
+# torch.special.erfcx in float64 (Numerical Recipes' erfccheb sums the same series, halved c0).
+# Truncated after 16 terms the series is off by 1e-10 at most (float32's ulp is 6e-8); all
+# 25, by 5e-15.
+_ERFCX_CHEBYSHEV = (
+    -0.6513268598908547, 0.6419697923564904, 0.019476473204185708, -0.00956151478680863,
+    -0.0009465953444820733, 0.00036683949785280785, 4.2523324806755235e-05, -2.0278578112490945e-05,
+    -1.6242900046945478e-06, 1.303655835720129e-06, 1.562644157273678e-08, -8.523809568933831e-08,
+    6.529054286476926e-09, 5.059343647496768e-09, -9.913644559187097e-10, -2.2736487943461407e-10,
+    9.646743957736206e-11, 2.394465990071051e-12, -6.886391464639792e-12, 8.948019378875956e-13,
+    3.1324154734868355e-13, -1.1333527023161162e-13, 1.1412486553779912e-15, 6.081349041036923e-15,
+    -6.549459098258569e-16,
+)
+
+
+def special_erfcx(self: TFloat) -> TFloat:
+    """special_erfcx(Tensor self) -> Tensor: ``exp(x**2) * erfc(x)`` without either factor:
+    for x >= 0 ``t * exp(S(u))`` with ``t = 2 / (2 + x)``, ``u = 2t - 1`` and S the Chebyshev
+    series above (Clenshaw's recurrence), finite for every x and 0 at +inf; for x < 0
+    ``2 * exp(x**2) - erfcx(-x)``, as PyTorch's kernel computes it (``x * x`` in the input's
+    type, as there; inf from about -9.4, its exp overflowing there too). The series is summed
+    in double for a float input: within half an ulp of the true value for x >= 0 (summed in
+    float32, 4 ulps; PyTorch's float32 kernel is up to 4e-7 off itself). torchlib's
+    ``exp(x**2) * (1 - erf(x))`` lost every digit from x = 4 (0 where PyTorch gives 0.137) and
+    gave NaN from 10 (inf * 0; a session-33 probe)."""
+    double = ir.DataType.DOUBLE
+    x = self if self.dtype == double else op.Cast(self, to=double)
+    terms = _ERFCX_CHEBYSHEV if self.dtype == double else _ERFCX_CHEBYSHEV[:16]
+
+    def constant(value: float):
+        return _const(value, double)
+
+    two = constant(2.0)
+    t = op.Div(two, op.Add(two, op.Abs(x)))
+    u = op.Sub(op.Mul(two, t), constant(1.0))
+    two_u = op.Mul(two, u)
+    b1, b2 = constant(terms[-1]), constant(0.0)  # Clenshaw: b_k = c_k + 2u b_{k+1} - b_{k+2}
+    for c in reversed(terms[1:-1]):
+        b1, b2 = op.Add(op.Sub(op.Mul(two_u, b1), b2), constant(c)), b1
+    series = op.Add(op.Sub(op.Mul(u, b1), b2), constant(terms[0]))
+    of_magnitude = op.Mul(t, op.Exp(series))  # erfcx(|x|)
+    if self.dtype != double:
+        of_magnitude = op.Cast(of_magnitude, to=self.dtype)
+    reflected = op.Sub(op.Mul(_like(2.0, self), op.Exp(op.Mul(self, self))), of_magnitude)
+    return op.Where(op.Less(self, _like(0.0, self)), reflected, of_magnitude)
+
+
 def _trace_log1p(g, x):
     """The trace exporter's ``aten::log1p`` as ``log1p`` above (its own is ``log(1 + x)``,
     off by 100 % at 1e-8 there too)."""
@@ -213,22 +412,63 @@ def _trace_log1p(g, x):
     return g.op("Where", g.op("Equal", u_minus_one, zero), x, g.op("Where", g.op("IsInf", u), g.op("Log", u), ratio))
 
 
+def _trace_log_sigmoid(g, x):
+    """The trace exporter's ``aten::log_sigmoid`` as ``log_sigmoid`` above (its own is
+    ``log(sigmoid(x))``, -inf from about -88 there too)."""
+    zero = g.op("CastLike", g.op("Constant", value_t=torch.tensor(0.0)), x)
+    below_zero = g.op("Where", g.op("Greater", x, zero), zero, x)
+    return g.op("Sub", below_zero, _trace_log1p(g, g.op("Exp", g.op("Neg", g.op("Abs", x)))))
+
+
+def _trace_bce_with_logits(g, input, target, weight, pos_weight, reduction):
+    """The trace exporter's ``aten::binary_cross_entropy_with_logits`` as PyTorch's kernel
+    computes it, ``(1 - y) * x - (1 + (pos_weight - 1) * y) * log_sigmoid(x)``, times weight,
+    reduced; its own took ``log(sigmoid(x))`` and ``log(1 - sigmoid(x))``: +inf where PyTorch
+    gives 20 at x = -20 and y = 1, and at x = 20 and y = 0."""
+    from torch.onnx import symbolic_helper
+
+    one = g.op("CastLike", g.op("Constant", value_t=torch.tensor(1.0)), input)
+    log_sigmoid = _trace_log_sigmoid(g, input)
+    if not symbolic_helper._is_none(pos_weight):
+        log_sigmoid = g.op("Mul", g.op("Add", g.op("Mul", g.op("Sub", pos_weight, one), target), one), log_sigmoid)
+    loss = g.op("Sub", g.op("Mul", g.op("Sub", one, target), input), log_sigmoid)
+    if not symbolic_helper._is_none(weight):
+        loss = g.op("Mul", loss, weight)
+    reduction = symbolic_helper._maybe_get_const(reduction, "i")
+    if reduction == 0:
+        return loss
+    if reduction in (1, 2):
+        return g.op("ReduceMean" if reduction == 1 else "ReduceSum", loss, keepdims_i=0)
+    return symbolic_helper._onnx_unsupported(f"binary_cross_entropy_with_logits with reduction {reduction}", input)
+
+
+_TRACE_SYMBOLICS = {"aten::log1p": _trace_log1p, "aten::log_sigmoid": _trace_log_sigmoid,
+                    "aten::binary_cross_entropy_with_logits": _trace_bce_with_logits}
+
+
 @contextlib.contextmanager
 def exact_trace_symbolics() -> Iterator[None]:
     """While active, the trace exporter (``torch.onnx.export(dynamo=False)``) translates the
-    ops above it would compute otherwise (``log1p``) as the dynamo export does; its own
-    symbolics are back after (the registration is process-wide). From opset 15 (CastLike)."""
+    ops above it would compute otherwise (``log1p``, ``log_sigmoid``, BCE with logits) as the
+    dynamo export does; its own symbolics are back after (the registration is
+    process-wide). From opset 15 (CastLike). (``logaddexp``, ``logcumsumexp`` and ``erfcx``
+    it does not export at all: the module stays in PyTorch.)"""
     from torch.onnx import register_custom_op_symbolic, unregister_custom_op_symbolic
 
-    register_custom_op_symbolic("aten::log1p", _trace_log1p, 15)
+    for name, symbolic in _TRACE_SYMBOLICS.items():
+        register_custom_op_symbolic(name, symbolic, 15)
     try:
         yield
     finally:
-        unregister_custom_op_symbolic("aten::log1p", 15)
+        for name in _TRACE_SYMBOLICS:
+            unregister_custom_op_symbolic(name, 15)
 
 
 def translation_table() -> dict:
-    """The aten overloads above, for ``torch.onnx.export(custom_translation_table=...)``."""
+    """The aten overloads above, for ``torch.onnx.export(custom_translation_table=...)``;
+    called once an export (the Loop bodies' names counted from 0, the same in each)."""
+    global _LOOPS
+    _LOOPS = itertools.count()
     aten = torch.ops.aten
     return {
         aten.div.Tensor_mode: div_mode,
@@ -240,5 +480,10 @@ def translation_table() -> dict:
         aten.atan2.default: atan2,
         aten.log1p.default: log1p,
         aten.expm1.default: expm1,
+        aten.log_sigmoid.default: log_sigmoid,
+        aten.logaddexp.default: logaddexp,
+        aten.logaddexp2.default: logaddexp2,
+        aten.logcumsumexp.default: logcumsumexp,
         aten.special_log_ndtr.default: log_ndtr,
+        aten.special_erfcx.default: special_erfcx,
     }
