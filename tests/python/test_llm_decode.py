@@ -178,6 +178,11 @@ def _family_prompts(batch_size: int, length: int = 6) -> dict:
     return {"input_ids": ids, "attention_mask": mask}
 
 
+def _greedy(*args):
+    """greedy_generate with no end token, as _generate runs generate."""
+    return greedy_generate(*args, eos_token_id=None)
+
+
 def _generate(model, batch, new_tokens):
     return model.generate(**batch, max_new_tokens=new_tokens, do_sample=False, pad_token_id=0, eos_token_id=None,
                           min_new_tokens=new_tokens)[:, batch["input_ids"].shape[1]:]
@@ -195,7 +200,7 @@ def test_eager_decode_step_generates_the_greedy_tokens_of_each_family(kind):
         batch = _family_prompts(size)
         with torch.no_grad():
             ours = greedy_generate(DecodeStep(model), DecodeStep(model), model, batch["input_ids"],
-                                   batch["attention_mask"], 8)
+                                   batch["attention_mask"], 8, eos_token_id=None)
             reference = _generate(model, batch, 8)
         assert torch.equal(ours, reference), (kind, size, ours, reference)
 
@@ -211,7 +216,7 @@ def test_tuned_steps_of_alternating_sliding_window_layers_generate_the_greedy_to
         execution_provider=ONNXExecutionProvider.CPU, in_place_outputs=True, tune_provider_options=False)))
     prefill = ait.Module(DecodeStep(model), "gemma2-window-prefill", strategy=strategy)
     decode = ait.Module(DecodeStep(model), "gemma2-window-decode", strategy=strategy)
-    ait.tune(lambda input_ids, attention_mask: greedy_generate(prefill, decode, model, input_ids, attention_mask, 8),
+    ait.tune(lambda input_ids, attention_mask: _greedy(prefill, decode, model, input_ids, attention_mask, 8),
              lambda size: [_family_prompts(size)], batch_sizes=[1, 2], ignore_failing_modules=False,
              performance_validation=False, disable_external_logging=True, progress=False)
     for module in (prefill, decode):
@@ -219,7 +224,7 @@ def test_tuned_steps_of_alternating_sliding_window_layers_generate_the_greedy_to
     for size in (1, 2):
         batch = _family_prompts(size)
         with torch.no_grad():
-            ours = greedy_generate(prefill, decode, model, batch["input_ids"], batch["attention_mask"], 8)
+            ours = _greedy(prefill, decode, model, batch["input_ids"], batch["attention_mask"], 8)
             reference = _generate(model, batch, 8)
         assert torch.equal(ours, reference), (size, ours, reference)
 
@@ -246,7 +251,7 @@ def test_a_decode_step_with_its_caches_in_place_fuses_group_query_attention_over
         execution_provider=ONNXExecutionProvider.CPU, in_place_outputs=True)))
     prefill = ait.Module(DecodeStep(model), f"{kind}-gqa-prefill", strategy=strategy)
     decode = ait.Module(DecodeStep(model), f"{kind}-gqa-decode", strategy=strategy)
-    ait.tune(lambda input_ids, attention_mask: greedy_generate(prefill, decode, model, input_ids, attention_mask, 8),
+    ait.tune(lambda input_ids, attention_mask: _greedy(prefill, decode, model, input_ids, attention_mask, 8),
              lambda size: [_family_prompts(size)], batch_sizes=[1, 2], ignore_failing_modules=False,
              performance_validation=False, disable_external_logging=True, progress=False)
 
@@ -262,7 +267,7 @@ def test_a_decode_step_with_its_caches_in_place_fuses_group_query_attention_over
     for size in (1, 2):
         batch = _family_prompts(size)
         with torch.no_grad():
-            ours = greedy_generate(prefill, decode, model, batch["input_ids"], batch["attention_mask"], 8)
+            ours = _greedy(prefill, decode, model, batch["input_ids"], batch["attention_mask"], 8)
         assert torch.equal(ours, _generate(model, batch, 8)), (size, ours)
     # rotary's cos / sin come from this call's position ids, not from a table sized by their
     # largest value (copied to the host on every call, and no CUDA graph: H100, session 17)
@@ -292,7 +297,7 @@ def test_a_decode_step_at_one_static_batch_size_fuses_rotary_from_its_position_i
     prefill = ait.Module(DecodeStep(model), "static-prefill", strategy=strategy)
     decode = ait.Module(DecodeStep(model), "static-decode", strategy=strategy)
     batch = _family_prompts(2)
-    ait.tune(lambda input_ids, attention_mask: greedy_generate(prefill, decode, model, input_ids, attention_mask, 4),
+    ait.tune(lambda input_ids, attention_mask: _greedy(prefill, decode, model, input_ids, attention_mask, 4),
              lambda size: [batch], batch_sizes=[2], ignore_failing_modules=False, performance_validation=False,
              disable_external_logging=True, progress=False)
     (report,) = decode.ait_reports.values()
@@ -308,7 +313,7 @@ def test_a_decode_step_at_one_static_batch_size_fuses_rotary_from_its_position_i
                          if node.op_type.startswith("Reduce")})
     assert reductions == ["ReduceSum"], reductions
     with torch.no_grad():
-        ours = greedy_generate(prefill, decode, model, batch["input_ids"], batch["attention_mask"], 4)
+        ours = _greedy(prefill, decode, model, batch["input_ids"], batch["attention_mask"], 4)
     assert torch.equal(ours, _generate(model, batch, 4)), ours
 
 
@@ -509,14 +514,14 @@ def test_steps_tuned_with_step_dynamic_shapes_generate_at_unrecorded_batches_and
                         dynamic_shapes=step_dynamic_shapes(model, batch, cache))
 
     def generate(input_ids, attention_mask):
-        return greedy_generate(prefill, decode, model, input_ids, attention_mask, 4)
+        return _greedy(prefill, decode, model, input_ids, attention_mask, 4)
 
     ait.tune(generate, lambda size: [_family_prompts(size, 6), _family_prompts(size, 9)], batch_sizes=[1, 2],
              ignore_failing_modules=False, performance_validation=False, progress=False)
     for size, length, new_tokens in ((3, 6, 4), (4, 11, 7), (1, 20, 5)):
         prompts = _family_prompts(size, length)
         with torch.no_grad():
-            ours = greedy_generate(prefill, decode, model, prompts["input_ids"], prompts["attention_mask"], new_tokens)
+            ours = _greedy(prefill, decode, model, prompts["input_ids"], prompts["attention_mask"], new_tokens)
         assert torch.equal(ours, _generate(model, prompts, new_tokens)), (size, length)
     assert prefill.ait_state is ModuleState.TUNED and decode.ait_state is ModuleState.TUNED
 
