@@ -11,7 +11,8 @@ namespace {
 namespace fs = std::filesystem;
 using test::ScopedTempDir;
 
-// A graph spec recorded at batch sizes 1 and 4 from the model's declared shapes.
+// A graph spec recorded at batch sizes 1 and 4 from the model's declared shapes, its rows
+// found independent as the tuner finds a model's that keeps them apart (GraphSpec::batch_rows).
 GraphSpec spec_of(const std::string& model) {
   OnnxSessionConfig cpu;
   cpu.provider = ExecutionProvider::kCPU;
@@ -29,7 +30,9 @@ GraphSpec spec_of(const std::string& model) {
     };
     builder.record(records(backend->inputs()), records(backend->outputs()), batch);
   }
-  return builder.build();
+  GraphSpec spec = builder.build();
+  spec.batch_rows = BatchRows::kIndependent;
+  return spec;
 }
 
 struct GraphSource {
@@ -228,6 +231,25 @@ TEST(TritonExport, MaxBatchSizeChoices) {
     for (auto& t : *list) t.batch_axis.reset();
   EXPECT_EQ(triton_model_config(fixed, "m", std::nullopt, 1).max_batch_size, 0);
   test::expect_error([&] { triton_model_config(fixed, "m", 2, 1); }, ErrorCode::kInvalidArgument, {"x"});
+
+  // Rows the tuner found coupled (a batch mean): Triton's batcher would join requests into
+  // one batch and hand each part of the others' answers, so no batching, and none forced.
+  CheckpointGraph coupled = graph;
+  coupled.graph_spec.batch_rows = BatchRows::kCoupled;
+  coupled.graph_spec.batch_rows_reason = "output 'y' of row 0 of a batch of 4 differs from that row alone";
+  auto apart = triton_model_config(coupled, "m", std::nullopt, 1);
+  EXPECT_EQ(apart.max_batch_size, 0);
+  EXPECT_FALSE(contains(apart.text, "dynamic_batching")) << apart.text;
+  test::expect_error([&] { triton_model_config(coupled, "m", 2, 1); }, ErrorCode::kInvalidArgument,
+                     {"batch rows depend on each other", "differs from that row alone"});
+  // Unchecked (a checkpoint written before the check): off unless asked for, and said.
+  CheckpointGraph unchecked = graph;
+  unchecked.graph_spec.batch_rows = BatchRows::kUnchecked;
+  auto unsure = triton_model_config(unchecked, "m", std::nullopt, 1);
+  EXPECT_EQ(unsure.max_batch_size, 0);
+  ASSERT_EQ(unsure.not_expressed.size(), 1u);
+  EXPECT_TRUE(contains(unsure.not_expressed[0], "did not check")) << unsure.not_expressed[0];
+  EXPECT_EQ(triton_model_config(unchecked, "m", 4, 1).max_batch_size, 4);
   test::expect_error([&] { triton_model_config(graph, "m", -1, 1); }, ErrorCode::kInvalidArgument);
   test::expect_error([&] { triton_model_config(graph, "m", std::nullopt, 0); }, ErrorCode::kInvalidArgument,
                      {"instances"});

@@ -342,8 +342,9 @@ def _spec(source: str, target: str) -> _core.GraphSpec:
     def tensor(name):
         return {"name": name, "dtype": "float32", "min_shape": [1, 4], "max_shape": [8, 4], "batch_axis": 0}
 
+    # rows found independent, as the tuner finds a model's that keeps them apart: Triton may batch
     return _core.GraphSpec.from_json(json.dumps({"inputs": [tensor(source)], "outputs": [tensor(target)],
-                                                 "batch_sizes": [1, 8]}))
+                                                 "batch_sizes": [1, 8], "batch_rows": "independent"}))
 
 
 def test_a_chain_of_graphs_becomes_an_ensemble(tmp_path):
@@ -448,6 +449,28 @@ def test_triton_server_loads_the_export_on_cpu(tmp_path):
         server.stop()
 
 
+class _BatchMean(torch.nn.Module):
+    def forward(self, x):
+        return x - x.mean(0, keepdim=True)
+
+
+def test_a_model_whose_batch_rows_mix_is_exported_without_batching(tmp_path):
+    """Triton's dynamic batcher joins requests into one batch: for a model centred over the
+    batch each request would get an answer computed with the others' rows. The tuner found
+    the rows coupled, so the export turns batching off, says why, and refuses to force it."""
+    model = ait.Module(_BatchMean().eval(), "centred", strategy=cpu_strategy())
+    ait.tune(model, [torch.randn(4) for _ in range(2)], batch_sizes=[1, 2], disable_external_logging=True,
+             ignore_failing_modules=False, performance_validation=False, progress=False)
+    result = ait.export_triton(model, tmp_path / "repo")
+    (exported,) = result.models
+    assert exported.max_batch_size == 0
+    assert any("batch rows depend on each other" in note for note in exported.not_expressed), exported.not_expressed
+    config = parse_config(tmp_path / "repo" / exported.name)
+    assert config.max_batch_size == 0 and not config.HasField("dynamic_batching")
+    with pytest.raises(_core.InvalidArgumentError, match="batch rows depend on each other"):
+        ait.export_triton(model, tmp_path / "forced", max_batch_size=2)
+
+
 def test_a_batched_vector_is_dims_one_with_an_empty_reshape():
     """A [batch] tensor has no dims left once the batch axis is dropped: Triton wants
     dims [1] and an empty reshape for it, as its own auto-complete writes."""
@@ -455,6 +478,7 @@ def test_a_batched_vector_is_dims_one_with_an_empty_reshape():
         "inputs": [{"name": "x", "dtype": "int64", "min_shape": [1], "max_shape": [8], "batch_axis": 0}],
         "outputs": [{"name": "score", "dtype": "float16", "min_shape": [1], "max_shape": [8], "batch_axis": 0}],
         "batch_sizes": [1, 8]}))
+    spec.batch_rows = "independent"  # as the tuner finds a model that keeps rows apart
     graph = _core.CheckpointGraph(key="g", graph_spec=spec,
                                   backend_config=_core.OnnxSessionConfig(provider=_core.ExecutionProvider.CPU))
     config = text_format.Parse(_core.triton_model_config(graph, "vec").text, PB2.ModelConfig())
