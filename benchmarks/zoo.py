@@ -18,7 +18,9 @@ mode reduce-overhead at fp16 (autocast) and TF32 on CUDA, mode default at fp32 o
 CPU; the best ORT candidate per precision (from the tune report); the tuned module and
 its winner (name, precision); the module's p50 over the p50 the tuner measured for its
 winner (candidate/module: 1.0 means the module costs what was measured); best bare
-compile p50 / tuned module p50 (> 1: the tuned module is faster). The JSON adds, on CUDA,
+compile p50 / tuned module p50 (> 1: the tuned module is faster), and the same with the tuned
+module and that bare compile taking turns call by call after the tune (``in_turns_us``: a
+drift of the GPU between columns timed minutes apart hits both alike). The JSON adds, on CUDA,
 the module timed by the tuner's kind of timer (``module_event_us``: CUDA events, the host
 waiting on the last one only; ``module_event_device_us``: the GPU time between them) and the
 winner's GPU time as the tuner measured it (``winner.device_p50_us``): a gap between module
@@ -50,7 +52,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from candidate_rows import candidate_rows  # noqa: E402
-from timing import p50_us, winner_path_timings  # noqa: E402
+from timing import p50_us, p50s_in_turns, winner_path_timings  # noqa: E402
 
 
 def _vision(model, batch: int, size: int, device):
@@ -149,20 +151,31 @@ SMALL = ["bert-encoder-keywords", "resnet-50", "distilbert-cls-keywords"]
 def bare_compile(model, args, kwargs, device, precision: str, iterations: int) -> float:
     """p50 of torch.compile as a user configures it: reduce-overhead on CUDA (fp16 under
     autocast around the call, TF32 by the global flags), default on the CPU (fp32)."""
+    torch._dynamo.reset()
+    return p50_us(bare_compile_call(model, args, kwargs, device, precision), iterations)
+
+
+def bare_compile_call(model, args, kwargs, device, precision: str):
+    """One call of torch.compile(model) as bare_compile times it, its precision's settings
+    (autocast, the TF32 flags) around each call, so that it can take turns with other columns."""
     import contextlib
 
-    torch._dynamo.reset()
     mode = "reduce-overhead" if device.type == "cuda" else "default"
     compiled = torch.compile(model, mode=mode)
     tf32 = precision == "tf32"
-    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
-    autocast = torch.autocast(device.type, dtype=torch.float16) if precision == "fp16" else contextlib.nullcontext()
-    try:
-        with torch.no_grad(), autocast:
-            return p50_us(lambda: compiled(*args, **kwargs), iterations)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
+
+    def call():
+        matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = tf32
+        autocast = (torch.autocast(device.type, dtype=torch.float16) if precision == "fp16"
+                    else contextlib.nullcontext())
+        try:
+            with torch.no_grad(), autocast:
+                return compiled(*args, **kwargs)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = matmul, cudnn
+
+    return call
 
 
 #: --cuda-ep-options: base provider options of the extra ORT backends (each planned in full).
@@ -268,6 +281,18 @@ def row(name: str, small: bool, device, iterations: int, compile_columns: bool, 
     finite = [v for v in bare.values() if v]
     if finite:
         result["best_bare_compile_over_tuned"] = min(finite) / result["module_us"]
+        # The same comparison with the two taking turns call by call (timing.p50s_in_turns):
+        # timed minutes apart, a drift of the GPU decided a row (session 32's ResNet-50 "0.98")
+        best = min((p for p, v in bare.items() if v), key=lambda p: bare[p])
+        try:
+            columns = {"tuned": lambda: tuned(*args, **kwargs),
+                       f"bare compile {best}": bare_compile_call(model, args, kwargs, device, best)}
+            with torch.no_grad():
+                turns = p50s_in_turns(columns, iterations)
+            result["in_turns_us"] = turns
+            result["best_bare_compile_over_tuned_in_turns"] = turns[f"bare compile {best}"] / turns["tuned"]
+        except Exception as error:  # the row keeps what it measured
+            result["in_turns_error"] = f"{type(error).__name__}: {error}"[:300]
     return result
 
 
@@ -276,11 +301,12 @@ def table(rows: list[dict]) -> str:
         return "-" if value is None else f"{value:.0f}"
 
     lines = ["| model | eager fp32 | bare compile | best ORT per precision | tuned module (winner, precision) | "
-             "module / candidate | module / measured call (timed here) | best bare compile / tuned |",
-             "|---|---|---|---|---|---|---|---|"]
+             "module / candidate | module / measured call (timed here) | best bare compile / tuned | "
+             "the same in turns |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
-            lines.append(f"| {r['model']} | failed: {r['error'][:120]} ||||||")
+            lines.append(f"| {r['model']} | failed: {r['error'][:120]} |||||||")
             continue
         bare = ", ".join(f"{p} {us(v)}" for p, v in r["bare_compile_us"].items()) or "-"
         ort = ", ".join(f"{p} {us(v['p50_us'])}" for p, v in r["best_ort_per_precision"].items()) or "-"
@@ -288,10 +314,11 @@ def table(rows: list[dict]) -> str:
         ratio = r.get("module_over_candidate")
         same_path = r.get("module_over_measured_call")
         speed = r.get("best_bare_compile_over_tuned")
+        turns = r.get("best_bare_compile_over_tuned_in_turns")
         lines.append(f"| {r['model']} | {us(r['eager_us'])} | {bare} | {ort} | {us(r['module_us'])} ({w['name']}, "
                      f"{w.get('precision', '-')}) | {'-' if ratio is None else f'{ratio:.2f}'} | "
                      f"{'-' if same_path is None else f'{same_path:.2f}'} | "
-                     f"{'-' if speed is None else f'{speed:.2f}'} |")
+                     f"{'-' if speed is None else f'{speed:.2f}'} | {'-' if turns is None else f'{turns:.2f}'} |")
     return "\n".join(lines)
 
 
