@@ -352,3 +352,36 @@ TEST(Precision, NamesLimitsAndBf16Tolerance) {
 
 }  // namespace
 }  // namespace aitune
+
+namespace aitune {
+namespace {
+
+// A user metric scores what it looks at (a top-1 over the logits): it decides the values, but
+// an output it ignores coming back NaN, or past a tolerance the user gave it, fails anyway
+// (a session-33 probe: a candidate NaN in its second output was selected on the metric alone).
+TEST(Correctness, TheUsersMetricDoesNotExcuseNanOrAToleranceTheUserGave) {
+  std::vector<float> eager = {1.0f, 2.0f, 3.0f, 4.0f};
+  std::vector<float> off = {1.0f, 2.5f, 3.0f, 4.0f};
+  std::vector<float> nan = {1.0f, std::nanf(""), 3.0f, 4.0f};
+  auto view = [](std::vector<float>& v) { return TensorView{v.data(), DType::kFloat32, {4}, {}, Device{}}; };
+  auto report_with = [&](std::vector<float>& actual, const ToleranceSpec& tolerances) {
+    CorrectnessReport report;
+    report.samples.push_back(compare_sample("sample 0", {"aux"}, {view(actual)}, {view(eager)}, tolerances));
+    report.user_metric = UserMetricResult{1.0, 1.0, 0.0};  // the metric: no drop
+    return report;
+  };
+  ToleranceSpec defaults;
+  EXPECT_TRUE(report_with(off, defaults).passed());  // values: the metric decides
+  const auto with_nan = report_with(nan, defaults);
+  EXPECT_FALSE(with_nan.passed());
+  EXPECT_NE(with_nan.first_failure().find("does not excuse NaN"), std::string::npos) << with_nan.first_failure();
+  ToleranceSpec given;
+  given.per_output["aux"] = Tolerance{1e-3, 1e-3};
+  const auto beyond = report_with(off, given);
+  EXPECT_FALSE(beyond.passed());
+  EXPECT_NE(beyond.first_failure().find("a tolerance given for this output"), std::string::npos)
+      << beyond.first_failure();
+}
+
+}  // namespace
+}  // namespace aitune

@@ -376,8 +376,27 @@ bool SampleCheck::passed() const noexcept {
   return std::all_of(outputs.begin(), outputs.end(), [](const OutputCheck& c) { return c.passed; });
 }
 
+namespace {
+
+// A failed output the user's metric cannot excuse: a tolerance the user gave (a hard limit),
+// NaN or Inf where eager has none, another dtype or shape. A metric scores what it looks at
+// (a top-1 over the logits); an output it ignores would otherwise come back NaN, or past the
+// very limit the user set, silently (a session-33 probe).
+const OutputCheck* unexcused(const std::vector<SampleCheck>& samples, const SampleCheck** where) noexcept {
+  for (const auto& s : samples)
+    for (const auto& o : s.outputs)
+      if (!o.passed && (o.tolerance_given || o.unexpected_nan > 0 || o.unexpected_inf > 0 ||
+                        o.failure.rfind("dtype ", 0) == 0 || o.failure.rfind("shape ", 0) == 0)) {
+        if (where) *where = &s;
+        return &o;
+      }
+  return nullptr;
+}
+
+}  // namespace
+
 bool CorrectnessReport::passed() const noexcept {
-  if (user_metric) return user_metric->passed();
+  if (user_metric) return user_metric->passed() && unexcused(samples, nullptr) == nullptr;
   return std::all_of(samples.begin(), samples.end(), [](const SampleCheck& s) { return s.passed(); });
 }
 
@@ -428,6 +447,11 @@ double CorrectnessReport::max_rel_error() const noexcept {
 
 std::string CorrectnessReport::first_failure() const {
   if (user_metric) {
+    const SampleCheck* where = nullptr;
+    if (const OutputCheck* o = unexcused(samples, &where))
+      return where->sample + ": " + o->name + ": " + o->failure +
+             (o->tolerance_given ? " (a tolerance given for this output is a limit the accuracy metric does not lift)"
+                                 : " (the accuracy metric does not excuse NaN, Inf, another dtype or shape)");
     if (user_metric->passed()) return "";
     if (!std::isfinite(user_metric->score))
       return "user accuracy metric returned " + fmt(user_metric->score) + " for this candidate, not a finite number";
