@@ -171,6 +171,11 @@ struct CheckpointBackendOverrides {
   std::optional<int> device_id;
   /// Provider options merged over the saved ones (a key given here replaces the saved value).
   std::optional<std::map<std::string, std::string>> provider_options;
+  /// Session settings replacing the saved ones (`aitune run CHECKPOINT --provider-option
+  /// intra_op_threads=2`, as for an .onnx file).
+  std::optional<int> intra_op_threads;
+  std::optional<int> inter_op_threads;
+  std::optional<GraphOptimizationLevel> graph_optimization_level;
 };
 
 /// A loaded, verified checkpoint directory. Holds the manifest and the directory's

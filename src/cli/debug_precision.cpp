@@ -43,10 +43,8 @@ int debug_precision_command(const DebugPrecisionOptions& o) {
     config.provider_options["trt_fp16_enable"] = "1";
   if (config.provider == ExecutionProvider::kCUDA && precision == Precision::kTF32)
     config.provider_options["use_tf32"] = "1";
-  for (const auto& kv : o.provider_options) {
-    auto [key, value] = split_assignment(kv, "--provider-option");
+  for (const auto& [key, value] : assignments(o.provider_options, "--provider-option"))
     config.provider_options[key] = value;
-  }
   std::optional<Tolerance> tolerance;
   if (o.atol || o.rtol) {
     Tolerance base = default_tolerance(DType::kFloat32, precision);

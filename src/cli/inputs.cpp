@@ -22,6 +22,17 @@ std::pair<std::string, std::string> split_assignment(const std::string& text, co
   return {text.substr(0, eq), text.substr(eq + 1)};
 }
 
+std::map<std::string, std::string> assignments(const std::vector<std::string>& given, const char* what) {
+  std::map<std::string, std::string> out;
+  for (const auto& text : given) {
+    auto [key, value] = split_assignment(text, what);
+    if (auto [it, fresh] = out.emplace(key, value); !fresh)
+      throw Error(ErrorCode::kInvalidArgument, std::string(what) + " " + key + " is given twice ('" + it->second +
+                                                   "' and '" + value + "'): give it once");
+  }
+  return out;
+}
+
 std::pair<std::string, std::string> split_named_assignment(const std::string& text, const char* what,
                                                            const std::vector<std::string>& names,
                                                            const char* kind) {

@@ -19,6 +19,10 @@ namespace aitune::cli {
 /// naming `what` otherwise.
 std::pair<std::string, std::string> split_assignment(const std::string& text, const char* what);
 
+/// Repeated "KEY=VALUE" options (--provider-option) as a map; Error(kInvalidArgument) naming
+/// `what` and both values where a key is given twice (a map kept the first silently).
+std::map<std::string, std::string> assignments(const std::vector<std::string>& given, const char* what);
+
 /// "NAME=VALUE" where NAME is one of `names` and may itself contain '=' (tensor names
 /// of exported models do): split at the '=' whose left part is one of `names`. None:
 /// Error(kInvalidArgument) listing `names`; several (names "a" and "a=b" both fit):

@@ -99,8 +99,8 @@ std::unique_ptr<OnnxSession> checkpoint_backend(const RunOptions& o,
       not_here += (not_here.empty() ? "" : ", ") + k + " (" + checkpoint.graph(k).backend + ")";
     if (runnable.empty() && others.empty())  // a checkpoint may keep only a front end's metadata
       throw Error(ErrorCode::kInvalidArgument, "checkpoint '" + checkpoint.directory() + "' holds no graph to run");
-    if (runnable.empty())
-      throw Error(ErrorCode::kInvalidArgument,
+    if (runnable.empty())  // exit 3 as for --graph naming one (docs/checkpoints.md): a backend that needs Python
+      throw Error(ErrorCode::kBackendUnavailable,
                   "checkpoint '" + checkpoint.directory() + "' holds no graph this engine runs: " + not_here +
                       " run only in the Python front end (ait.load runs them)");
     if (runnable.size() != 1)
@@ -114,7 +114,16 @@ std::unique_ptr<OnnxSession> checkpoint_backend(const RunOptions& o,
   CheckpointBackendOverrides overrides;
   if (!o.provider.empty()) overrides.provider = resolve_provider(o.provider);
   if (o.device_id) overrides.device_id = *o.device_id;
-  if (!provider_options.empty()) overrides.provider_options = provider_options;
+  // Session settings among them (threads, optimisation level) go to the session, as for
+  // an .onnx file; the rest are the provider's.
+  OnnxSessionConfig session = graph.backend_config;
+  std::map<std::string, std::string> provider_only = provider_options;
+  take_session_options(provider_only, session);
+  if (provider_options.count("intra_op_threads")) overrides.intra_op_threads = session.intra_op_threads;
+  if (provider_options.count("inter_op_threads")) overrides.inter_op_threads = session.inter_op_threads;
+  if (provider_options.count("graph_optimization_level"))
+    overrides.graph_optimization_level = session.graph_optimization_level;
+  if (!provider_only.empty()) overrides.provider_options = provider_only;
   std::cout << "checkpoint: " << checkpoint.directory() << " (module '" << checkpoint.manifest().module_name
             << "', graph '" << key << "', " << graph.artifacts.size() << " artifacts verified)\n";
   return checkpoint.create_session(key, overrides);
@@ -146,8 +155,7 @@ void make_output_directory(const std::string& dir) {
 
 int run_model(const RunOptions& o) {
   if (!o.save_outputs.empty()) check_output_directory(o.save_outputs);
-  std::map<std::string, std::string> provider_options;
-  for (const auto& kv : o.provider_options) provider_options.insert(split_assignment(kv, "--provider-option"));
+  std::map<std::string, std::string> provider_options = assignments(o.provider_options, "--provider-option");
   std::unique_ptr<OnnxSession> backend;
   if (std::filesystem::is_directory(o.model)) {
     backend = checkpoint_backend(o, provider_options);

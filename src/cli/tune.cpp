@@ -194,7 +194,7 @@ int tune_model(const CliTuneArgs& o) {
     throw Error(ErrorCode::kProviderUnavailable, "--provider " + std::string(execution_provider_name(base.provider)) +
                                                      " is not available here: " + status.reason);
   base.device_id = o.device_id;
-  for (const auto& kv : o.provider_options) base.provider_options.insert(split_assignment(kv, "--provider-option"));
+  base.provider_options = assignments(o.provider_options, "--provider-option");
   take_session_options(base.provider_options, base);
   // Checked once here: a bad option failed every candidate, and the tune exited 1 naming none.
   OnnxSession::check_config(base);

@@ -290,6 +290,20 @@ TEST(CliValidation, TheSessionsSettingsAreTakenAsProviderOptions) {
   expect_exit("run " + mlp + " --iterations 1 --provider-option intra_op_threads=-1", 2, "intra_op_threads");
   expect_exit("tune " + mlp + " --provider cpu --quiet --provider-option nosuch=1", 2,
               "takes no provider options (got 'nosuch')");
+  // A key given twice kept the first value silently (the invalid second never checked).
+  expect_exit("run " + mlp + " --iterations 1 --provider-option intra_op_threads=2 --provider-option "
+              "intra_op_threads=abc", 2, "intra_op_threads is given twice ('2' and 'abc')");
+  expect_exit("tune " + mlp + " --provider cpu --quiet --provider-option intra_op_threads=1 --provider-option "
+              "intra_op_threads=2", 2, "given twice");
+  // On a checkpoint the same settings go to the session (they were refused as provider
+  // options there, exit 2, by a message pointing at --provider-option itself: a probe).
+  ScopedTempDir tmp;
+  auto tuned = cli("tune " + mlp + " --provider cpu --quiet --checkpoint " + tmp.file("ck"));
+  ASSERT_EQ(tuned.exit_code, 0) << tuned.output;
+  auto again = cli("run " + tmp.file("ck") + " --iterations 1 --warmup 0 --provider-option intra_op_threads=2 "
+                   "--provider-option graph_optimization_level=basic");
+  EXPECT_EQ(again.exit_code, 0) << again.output;
+  expect_exit("run " + tmp.file("ck") + " --iterations 1 --provider-option intra_op_threads=-1", 2, "intra_op_threads");
 }
 
 TEST(CliValidation, AReportPageIsNeverWrittenOverItsReport) {

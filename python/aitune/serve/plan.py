@@ -49,5 +49,5 @@ def apart_reason(spec) -> str:
     if spec.batch_rows == "coupled":
         return f"the model's batch rows depend on each other ({spec.batch_rows_reason})"
     return ("the tuner did not check that the model computes each row of a batch apart ("
-            + (spec.batch_rows_reason or "a checkpoint written before the check") + "); tune it again with batches of "
-            "2 or more samples to serve batches")
+            + (spec.batch_rows_reason or "a checkpoint written before the check") + "); tune it again with a batch of 1 "
+            "and one of 2 or more samples (the check runs a row of the largest alone) to serve batches")

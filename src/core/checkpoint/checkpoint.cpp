@@ -623,6 +623,9 @@ OnnxSessionConfig Checkpoint::backend_config(const std::string& key,
   if (overrides.device_id) config.device_id = *overrides.device_id;
   if (overrides.provider_options)
     for (const auto& [k, v] : *overrides.provider_options) config.provider_options[k] = v;
+  if (overrides.intra_op_threads) config.intra_op_threads = *overrides.intra_op_threads;
+  if (overrides.inter_op_threads) config.inter_op_threads = *overrides.inter_op_threads;
+  if (overrides.graph_optimization_level) config.graph_optimization_level = *overrides.graph_optimization_level;
   return config;
 }
 

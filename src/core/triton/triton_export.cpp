@@ -254,8 +254,10 @@ TritonExportResult export_triton(const Checkpoint& checkpoint, const std::string
   for (const auto& g : manifest.graphs)
     if (checkpoint.runs_in_engine(g.key)) graphs.push_back(&g);
   if (graphs.empty())
-    throw Error(ErrorCode::kState, "checkpoint '" + checkpoint.directory() +
-                                       "' holds no ONNX Runtime graphs; there is nothing to export to Triton");
+    // (its graphs, eager or torch.compile, run only in the Python front end: exit 3 as for `aitune run`)
+    throw Error(ErrorCode::kBackendUnavailable, "checkpoint '" + checkpoint.directory() +
+                                                    "' holds no ONNX Runtime graphs; there is nothing to export to "
+                                                    "Triton (its graphs run only in the Python front end)");
   std::string base = options.model_name.empty() ? manifest.module_name : options.model_name;
   if (!is_valid_triton_model_name(base))
     throw Error(ErrorCode::kInvalidArgument,

@@ -116,8 +116,8 @@ TritonModelConfig triton_model_config(const CheckpointGraph& graph, const std::s
     if (spec.batch_rows != BatchRows::kIndependent) {
       notes.push_back("batching off (max_batch_size 0): the tuner did not check that the model computes each row of "
                       "a batch apart (" + (spec.batch_rows_reason.empty() ? std::string("a checkpoint written before "
-                      "the check") : spec.batch_rows_reason) + "); tune with batches of 2 or more samples, or pass "
-                      "max_batch_size to batch anyway");
+                      "the check") : spec.batch_rows_reason) + "); tune with a batch of 1 and one of 2 or more samples (the "
+                      "check runs a row of the largest batch alone), or pass max_batch_size to batch anyway");
     } else if (batch.recorded_max == kUnbounded || batch.recorded_max > std::numeric_limits<int>::max()) {
       notes.push_back("the batch axis has no recorded upper bound, so max_batch_size is 0 (pass max_batch_size "
                       "to batch)");
