@@ -76,6 +76,17 @@ Command add_report(CLI::App& app) {
               target = (dot == std::string::npos || report->find('/', dot) != std::string::npos ? *report
                                                                                                  : report->substr(0, dot)) +
                        ".html";
+              // A report of a checkpoint gets its page beside the checkpoint, not in it: a file
+              // there outside the manifest is lost on the next save over it (a probe).
+              if (const auto checkpoint = Checkpoint::enclosing_checkpoint(target); !checkpoint.empty()) {
+                const fs::path graph = fs::path(*report).parent_path().filename();
+                target = (fs::path(checkpoint).lexically_normal().string() + (graph.empty() ? "" : "." + graph.string()) +
+                          ".tune_report.html");
+              }
+            } else if (const auto checkpoint = Checkpoint::enclosing_checkpoint(target); !checkpoint.empty()) {
+              throw Error(ErrorCode::kInvalidArgument, "refusing to write the page into the checkpoint '" + checkpoint +
+                                                           "' ('" + target + "'): its files are its manifest's, and a "
+                                                           "save over it removes any other; write it elsewhere (-o)");
             }
             // A file of a checkpoint is never replaced (`-o ckpt/manifest.json` wrote the page
             // over the manifest: the checkpoint no longer loaded); a new page beside them may be.

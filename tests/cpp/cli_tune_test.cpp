@@ -63,6 +63,21 @@ TEST(CliTune, SamplesFromNpyAndACheckpointThatRunLoads) {
                           tmp.file("page.html") + "'");
   EXPECT_EQ(page.exit_code, 0) << page.output;
   EXPECT_TRUE(std::filesystem::is_regular_file(tmp.file("page.html")));
+  // Without -o the page goes beside the checkpoint, not into it (a file there outside its
+  // manifest is lost on the next save over it: a probe), and -o into it is refused.
+  auto beside = run_command(std::string("'") + AITUNE_TEST_CLI + "' report '" + checkpoint + "'");
+  EXPECT_EQ(beside.exit_code, 0) << beside.output;
+  bool inside = false, next_to = false;
+  for (const auto& f : std::filesystem::recursive_directory_iterator(checkpoint))
+    inside = inside || f.path().extension() == ".html";
+  for (const auto& f : std::filesystem::directory_iterator(tmp.path()))
+    next_to = next_to || f.path().filename().string().ends_with(".tune_report.html");
+  EXPECT_FALSE(inside);
+  EXPECT_TRUE(next_to) << beside.output;
+  auto into = run_command(std::string("'") + AITUNE_TEST_CLI + "' report '" + checkpoint + "' -o '" + checkpoint +
+                          "/page.html'");
+  EXPECT_EQ(into.exit_code, 2) << into.output;
+  EXPECT_NE(into.output.find("into the checkpoint"), std::string::npos) << into.output;
 }
 
 TEST(CliTune, AnOutputExtentTheInputValuesDecideStaysFreeInTheCheckpoint) {
