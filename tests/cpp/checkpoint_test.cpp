@@ -327,6 +327,14 @@ TEST_F(CheckpointTest, UnknownSectionsAndNewerSectionVersionsAreCorrupt) {
 // ---------------------------------------------------------------------------------
 // Corruption: one case each
 
+TEST_F(CheckpointTest, AGraphWhoseFilesLieUnderAnotherKeyIsCorrupt) {
+  // A key edited by hand while the files stay under graphs/mlp/: the C++ loader ran it
+  // (ait.load refused it as corrupt), one graph's model answering for another key (a probe).
+  save_mlp();
+  edit_manifest([](json& j) { j["graphs"][0]["key"] = "other"; });
+  expect_corrupt(dir_, {"not under the graph's directory"}, {"graphs/other/"});
+}
+
 TEST_F(CheckpointTest, TamperedByteIsASha256Mismatch) {
   save_mlp();
   auto bytes = test::read_file_bytes(model_file());

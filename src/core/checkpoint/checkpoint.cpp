@@ -544,6 +544,11 @@ Checkpoint Checkpoint::load_once(const std::string& dir) {
   for (const auto& g : m.graphs) {
     for (const auto& a : g.artifacts) {
       const std::string what = "checkpoint '" + root.string() + "', graph '" + g.key + "': artifact '" + a.path + "'";
+      // Every file of a graph lies under its own directory, as save writes it: a manifest
+      // naming another's (a key edited by hand) would run one graph's model as another's.
+      if (a.path.rfind(graph_directory(g.key) + "/", 0) != 0)
+        fail(ErrorCode::kCheckpointCorrupt, what + " is not under the graph's directory '" + graph_directory(g.key) +
+                                                "/' (a save writes each graph's files there)");
       const fs::path path = resolve_inside(root, a.path, what);
       const auto size = fs::file_size(path, ec);
       if (ec) fail(ErrorCode::kIo, "cannot read " + what + ": " + ec.message());
