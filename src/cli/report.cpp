@@ -88,8 +88,8 @@ Command add_report(CLI::App& app) {
                                                            "' ('" + target + "'): its files are its manifest's, and a "
                                                            "save over it removes any other; write it elsewhere (-o)");
             }
-            // A file of a checkpoint is never replaced (`-o ckpt/manifest.json` wrote the page
-            // over the manifest: the checkpoint no longer loaded); a new page beside them may be.
+            // (A file of a checkpoint is never replaced, `-o ckpt/manifest.json` wrote the page
+            // over the manifest: the checkpoint no longer loaded; refused above with any page into one.)
             std::error_code exists_error;
             // The page never replaces the report it is made from (`-o r.json`, or a report
             // named r.html: the JSON was gone and the next `aitune report` said "not JSON").
@@ -97,11 +97,6 @@ Command add_report(CLI::App& app) {
             if (fs::exists(target, exists_error) && fs::equivalent(target, *report, same_error))
               throw Error(ErrorCode::kInvalidArgument, "refusing to write the page over the report it is made from ('" +
                                                            target + "'); write it elsewhere (-o PAGE.html)");
-            if (fs::exists(target, exists_error))
-              if (const auto checkpoint = Checkpoint::enclosing_checkpoint(target); !checkpoint.empty())
-                throw Error(ErrorCode::kInvalidArgument, "refusing to write the page over '" + target +
-                                                             "': it is a file of the checkpoint '" + checkpoint +
-                                                             "'; write the page elsewhere (-o)");
             const std::string partial = target + ".partial";
             {
               errno = 0;

@@ -133,7 +133,7 @@ def test_aitune_report_writes_the_page_that_chromium_renders(tmp_path):
     manifest.write_text('{"format": "aitune-checkpoint"}')
     over = subprocess.run([_cli(), "report", str(tmp_path / "checkpoint"), "-o", str(manifest)],
                           capture_output=True, text=True, timeout=60)
-    assert over.returncode == 2 and "it is a file of the checkpoint" in over.stderr, over.stderr
+    assert over.returncode == 2 and "refusing to write the page into the checkpoint" in over.stderr, over.stderr
     assert manifest.read_text() == '{"format": "aitune-checkpoint"}'
     (tmp_path / "checkpoint" / "graphs" / "graph_b").mkdir()
     (tmp_path / "checkpoint" / "graphs" / "graph_b" / "tune_report.json").write_text(report.read_text())
