@@ -54,6 +54,9 @@ enum class BatchRows {
   kCoupled,      ///< checked: a row of a batch differs from it alone, or an output has no batch axis
 };
 std::string_view batch_rows_name(BatchRows rows) noexcept;
+/// The BatchRows a name of batch_rows_name stands for; Error(kInvalidArgument) naming the
+/// three for another.
+BatchRows parse_batch_rows(std::string_view name);
 
 /// The inputs and outputs of one graph, in call order. Value type; thread-compatible.
 struct GraphSpec {

@@ -28,6 +28,11 @@ struct RequestTensor {
 /// input, what was sent and what the graph accepts.
 std::vector<std::size_t> check_request(const GraphSpec& spec, const std::vector<RequestTensor>& request);
 
+/// Why requests to `spec`'s graph may not share a call, with what to do about it; "" where
+/// the tuner found its batch rows independent (GraphSpec::batch_rows). What group_requests
+/// decides by, and what a serving plan and a Triton export say.
+std::string requests_apart_reason(const GraphSpec& spec);
+
 /// Batch size of a checked request (shapes in spec input order): the extent of the batch
 /// axis; 0 when the graph has no batch axis.
 int64_t request_batch_size(const GraphSpec& spec, const std::vector<Shape>& shapes);

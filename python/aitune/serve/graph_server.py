@@ -11,7 +11,6 @@ import numpy as np
 from aitune import _core
 
 from .codec import BadRequest
-from .plan import apart_reason
 
 logger = logging.getLogger("aitune")
 
@@ -98,7 +97,7 @@ class GraphServer:
             self.sessions[key] = _core.OnnxSession.create(self.checkpoint.model_path(key), config, graph.graph_spec)
             self.specs[key] = graph.graph_spec
         for key, spec in self.specs.items():
-            if any(t.batch_axis is not None for t in spec.inputs) and (why := apart_reason(spec)):
+            if any(t.batch_axis is not None for t in spec.inputs) and (why := _core.requests_apart_reason(spec)):
                 logger.warning("checkpoint %s: graph %s serves each request in a call of its own: %s", checkpoint,
                                key, why)
         self.unserved = unserved_graphs(self.checkpoint.manifest)

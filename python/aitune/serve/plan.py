@@ -35,19 +35,6 @@ def plan_for(checkpoint, slo_ms: float | None = None, overhead_ms: float = 2.0, 
         objective = _core.ServingObjective(slo_ms=slo_ms, overhead_ms=overhead_ms, max_batch_accepted=1)
     else:
         objective = _core.ServingObjective(slo_ms=slo_ms, overhead_ms=overhead_ms, max_batch_accepted=batch_limit(spec),
-                                           apart_reason=apart_reason(spec))
+                                           apart_reason=_core.requests_apart_reason(spec))
     return _core.plan_serving(graph_latencies(checkpoint, key), objective)
 
-
-def apart_reason(spec) -> str:
-    """Why requests to the graph may not share a call ("" where they may): the tuner did not
-    find each row of a batch computed as it is alone (GraphSpec.batch_rows), so a request
-    joined with others could get a part of their answers (the engine's group_requests keeps
-    them apart too)."""
-    if spec.batch_rows == "independent":
-        return ""
-    if spec.batch_rows == "coupled":
-        return f"the model's batch rows depend on each other ({spec.batch_rows_reason})"
-    return ("the tuner did not check that the model computes each row of a batch apart ("
-            + (spec.batch_rows_reason or "a checkpoint written before the check") + "); tune it again with a batch of 1 "
-            "and one of 2 or more samples (the check runs a row of the largest alone) to serve batches")

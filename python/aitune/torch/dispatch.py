@@ -818,9 +818,10 @@ class ModuleDispatch:
             logger.warning(
                 "ait.Module '%s': plain Python attributes (or module globals or environment variables forward reads) "
                 "differ from the values its tuned graphs were recorded with (%s): an ONNX Runtime graph holds them as "
-                "constants, and every tuned graph returns its outputs in the structure recorded with them; calls run eagerly in PyTorch until they are back, or the "
-                "module is tuned again (ait.tune). An attribute forward never reads can be declared with "
-                "ait.Module(..., harmless_attributes=[...]).", self.name, describe_changes(changed))
+                "constants, and every tuned graph returns its outputs in the structure recorded with them; calls run "
+                "eagerly in PyTorch until they are back, or the module is tuned again (ait.tune). An attribute forward "
+                "never reads can be declared with ait.Module(..., harmless_attributes=[...]).", self.name,
+                describe_changes(changed))
         return self.module.forward(*args, **kwargs)  # the hooks ran around the proxy's forward
 
     def watch_weights_as_they_are(self) -> None:

@@ -8,10 +8,8 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
-import torch.utils._pytree as pytree
 
 from aitune import _core
-from aitune.torch import flatten
 from aitune.torch.context import run_eagerly
 from aitune.torch.graph import RecordedGraph
 
@@ -116,11 +114,10 @@ def _output_tensors_or_why(graph: RecordedGraph, inputs: list[torch.Tensor],
     args, kwargs = graph.call_arguments(inputs)
     with run_eagerly():
         outputs = graph.module.forward(*args, **kwargs)
-    leaves, spec = pytree.tree_flatten(outputs)
-    if flatten.identity(spec, leaves) != graph._output_constants:  # noqa: SLF001
+    if difference := graph.other_outputs(outputs):
         return (f"at batch {_batch_of(inputs, axes)} forward returns outputs other than the recorded calls' "
-                f"({graph._output_difference(outputs)}), and a graph returns the recorded values of "  # noqa: SLF001
-                "outputs that are no tensors at every batch it takes")
+                f"({difference}), and a graph returns the recorded values of outputs that are no tensors at every "
+                "batch it takes")
     return graph.output_tensors(outputs)
 
 

@@ -22,6 +22,7 @@ bypasses ``os.environ``) and reads of the whole mapping (``dict(os.environ)``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import threading
@@ -38,8 +39,10 @@ _original_getitem = None
 _PLUMBING = {os.path.normcase(os.__file__), os.path.normcase(sys.modules["_collections_abc"].__file__)}
 
 
+@functools.lru_cache(maxsize=1)
 def _library_roots() -> tuple[str, ...]:
-    """Folders whose reads are the libraries' own settings, not a model's (torch, aitune)."""
+    """Folders whose reads are the libraries' own settings, not a model's (torch, aitune);
+    found once, not per read."""
     import torch
 
     import aitune

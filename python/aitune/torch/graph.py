@@ -481,14 +481,12 @@ class RecordedGraph(_GraphCalls):
         """Keeps one call's tensors: copies of the caller's (it may reuse or modify its
         own), the batches ait.tune stacked for this call as they are (nobody else holds
         them; a copy would hold every sample twice)."""
-        out_leaves, out_spec = pytree.tree_flatten(outputs)
-        if flatten.identity(out_spec, out_leaves) != self._output_constants:
+        if difference := self.other_outputs(outputs):
             raise ValueError(
                 f"ait.Module '{self.module_name}': calls of one input structure returned outputs of different "
-                f"structure, dtypes or constant values ({self._output_difference(outputs)}); such a module "
-                "cannot be exported as one graph"
+                f"structure, dtypes or constant values ({difference}); such a module cannot be exported as one graph"
             )
-        out_tensors = [leaf for leaf in out_leaves if isinstance(leaf, torch.Tensor)]
+        out_tensors = self.output_tensors(outputs)
         self._warn_all_nan(out_tensors)
         self._warn_aliased(input_tensors, out_tensors)
         self.samples.append(
@@ -499,6 +497,13 @@ class RecordedGraph(_GraphCalls):
                 evaluation=evaluation,
             )
         )
+
+    def other_outputs(self, outputs: Any) -> str | None:
+        """None where ``outputs`` have the recorded calls' structure, tensor dtypes and ranks,
+        and values of the outputs that are no tensors (a graph returns those at every size it
+        takes); else what differs (``_output_difference``)."""
+        leaves, spec = pytree.tree_flatten(outputs)
+        return None if flatten.identity(spec, leaves) == self._output_constants else self._output_difference(outputs)
 
     def _output_difference(self, outputs: Any) -> str:
         """What differs from the first recorded call's outputs: the structure, or the first

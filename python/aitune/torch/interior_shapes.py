@@ -22,9 +22,7 @@ from __future__ import annotations
 import logging
 
 import torch
-import torch.utils._pytree as pytree
 
-from aitune.torch import flatten
 from aitune.torch.context import run_eagerly
 from aitune.torch.graph import RecordedGraph
 
@@ -101,12 +99,11 @@ def add_interior_sample(graph: RecordedGraph) -> str | None:
         return None
     shapes = ", ".join(f"{graph.input_names[i]} {list(t.shape)}" for i, t in enumerate(inputs)
                        if any(j == i for j, _ in targets))
-    try:
-        graph.add_sample(inputs, outputs, source.batch_size)
-    except ValueError as error:
+    if difference := graph.other_outputs(outputs):
         # the outputs that are no tensors (a number, a flag, the structure) differ at the crop:
         # a graph returns the recorded ones at every size of its range, silently wrong there
-        raise _other_values(graph, shapes, outputs) from error
+        raise _other_values(graph, shapes, difference)
+    graph.add_sample(inputs, outputs, source.batch_size)
     graph.interior_index = len(graph.samples) - 1
     graph.interior_sample = (f"sample {len(graph.samples) - 1} ({shapes}) is a recorded sample cropped to sizes "
                              "between the recorded ones: a candidate failing there holds only at the recorded shapes")
@@ -135,17 +132,16 @@ def _check_values_between_batches(graph: RecordedGraph, spec) -> None:
         logger.debug("%s/%s: no check at batch %d: %s: %s", graph.module_name, graph.key, batch,
                      type(error).__name__, error)
         return
-    leaves, out_spec = pytree.tree_flatten(outputs)
-    if flatten.identity(out_spec, leaves) != graph._output_constants:  # noqa: SLF001
+    if difference := graph.other_outputs(outputs):
         shapes = ", ".join(f"{name} {list(t.shape)}" for name, t, axis in zip(graph.input_names, inputs, axes,
                                                                                strict=True) if axis is not None)
-        raise _other_values(graph, shapes, outputs)
+        raise _other_values(graph, shapes, difference)
 
 
-def _other_values(graph: RecordedGraph, shapes: str, outputs) -> ValueError:
-    """Forward, called at ``shapes`` between the recorded ones, returned ``outputs`` whose
-    values that are no tensors (a number, a flag) or structure differ from the recorded calls'."""
-    difference = graph._output_difference(outputs)  # noqa: SLF001
+def _other_values(graph: RecordedGraph, shapes: str, difference: str) -> ValueError:
+    """Forward, called at ``shapes`` between the recorded ones, returned outputs whose values
+    that are no tensors (a number, a flag) or structure differ from the recorded calls'
+    (``difference``: ``RecordedGraph.other_outputs``)."""
     return ValueError(
         f"ait.Module '{graph.module_name}' {graph.key}: called at sizes between the recorded ones ({shapes}), "
         f"forward returns outputs other than at the recorded sizes ({difference}); a graph takes every size in "

@@ -20,6 +20,7 @@ from aitune.torch.backend.base import TunedGraph
 from aitune.torch.context import TuneSession, current_session, eager_only, note_other_thread_call, recording_threads
 from aitune.torch.dispatch import DispatchedModule, ModuleDispatch, global_forward_hooks, measured_call
 from aitune.torch.dynamic_shapes import DynamicShapes
+from aitune.torch.environment_reads import environment_key, recording_environment_reads
 from aitune.torch.forward_code import exported_hooks, forward_code_digest, submodule_forward_hooks
 from aitune.torch.graph import CallForm, RecordedGraph
 from aitune.torch.graph_tuning import GlobalHooksTuningError, tune_graph
@@ -29,7 +30,6 @@ from aitune.torch.module_registry import MODULE_REGISTRY
 from aitune.torch.options import TuneOptions
 from aitune.torch.strategy import OneBackendStrategy, TuneStrategy
 from aitune.torch.strategy_selection import StrategySelection
-from aitune.torch.environment_reads import environment_key, recording_environment_reads
 from aitune.torch.weight_changes import (held_values_digest, state_dict_changes_weights, weight_values_digest,
                                          weights_fingerprint)
 

@@ -368,16 +368,22 @@ GraphSpec GraphSpec::from_json(const std::string& text) {
     }
   }
   if (j.contains("batch_rows")) {
-    const auto name = field<std::string>(j, "batch_rows", "graph spec");
-    if (name == batch_rows_name(BatchRows::kIndependent)) spec.batch_rows = BatchRows::kIndependent;
-    else if (name == batch_rows_name(BatchRows::kCoupled)) spec.batch_rows = BatchRows::kCoupled;
-    else if (name != batch_rows_name(BatchRows::kUnchecked))
-      throw Error(ErrorCode::kInvalidArgument, "graph spec JSON: batch_rows '" + name +
-                                                   "' is not one of unchecked, independent, coupled");
+    try {
+      spec.batch_rows = parse_batch_rows(field<std::string>(j, "batch_rows", "graph spec"));
+    } catch (const Error& e) {
+      throw Error(e.code(), std::string("graph spec JSON: ") + e.what());
+    }
     if (j.contains("batch_rows_reason"))
       spec.batch_rows_reason = field<std::string>(j, "batch_rows_reason", "graph spec");
   }
   return spec;
+}
+
+BatchRows parse_batch_rows(std::string_view name) {
+  for (BatchRows rows : {BatchRows::kUnchecked, BatchRows::kIndependent, BatchRows::kCoupled})
+    if (name == batch_rows_name(rows)) return rows;
+  throw Error(ErrorCode::kInvalidArgument,
+              "batch_rows '" + std::string(name) + "' is not one of unchecked, independent, coupled");
 }
 
 std::string_view batch_rows_name(BatchRows rows) noexcept {

@@ -86,6 +86,21 @@ int64_t request_batch_size(const GraphSpec& spec, const std::vector<Shape>& shap
   return 0;
 }
 
+std::string requests_apart_reason(const GraphSpec& spec) {
+  switch (spec.batch_rows) {
+    case BatchRows::kIndependent: return "";
+    case BatchRows::kCoupled:
+      return "the model's batch rows depend on each other (" + spec.batch_rows_reason +
+             "), so requests joined into one batch would get part of each other's answers";
+    case BatchRows::kUnchecked: break;
+  }
+  return "the tuner did not check that the model computes each row of a batch apart (" +
+         (spec.batch_rows_reason.empty() ? std::string("a checkpoint written before the check")
+                                         : spec.batch_rows_reason) +
+         "); tune it with a batch of 1 and one of 2 or more samples (the check runs a row of the largest batch "
+         "alone) to join requests";
+}
+
 std::vector<std::vector<std::size_t>> group_requests(const GraphSpec& spec,
                                                      const std::vector<std::vector<Shape>>& requests,
                                                      const std::vector<std::string>& unbatched_values) {
@@ -100,7 +115,7 @@ std::vector<std::vector<std::size_t>> group_requests(const GraphSpec& spec,
   // alone (GraphSpec::batch_rows): a model that mixes rows (a batch mean, scores of every
   // row against every other, logits flattened over the batch) would hand each request a
   // part of the others' answers. Unchecked (a checkpoint written before the check): apart.
-  if (!batched || spec.batch_rows != BatchRows::kIndependent) {
+  if (!batched || !requests_apart_reason(spec).empty()) {
     for (std::size_t i = 0; i < requests.size(); ++i) calls.push_back({i});
     return calls;
   }

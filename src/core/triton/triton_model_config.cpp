@@ -7,6 +7,7 @@
 #include <set>
 #include <sstream>
 
+#include "aitune/serving_batches.hpp"
 #include "aitune/error.hpp"
 #include "aitune/triton_export.hpp"
 #include "providers/provider_registry.hpp"
@@ -44,9 +45,7 @@ BatchAxis batch_axis_of(const GraphSpec& spec) {
   if (spec.inputs.empty()) problems.push_back("the graph has no inputs");
   // Triton's dynamic batcher joins requests as aitune's server would: a model whose rows mix
   // (a batch mean, `a @ b.T`) would answer each with part of the others' (GraphSpec::batch_rows).
-  if (problems.empty() && spec.batch_rows == BatchRows::kCoupled)
-    problems.push_back("the model's batch rows depend on each other (" + spec.batch_rows_reason +
-                       "), so requests joined into one batch would get part of each other's answers");
+  if (problems.empty() && spec.batch_rows == BatchRows::kCoupled) problems.push_back(requests_apart_reason(spec));
   if (!problems.empty()) {
     result.why_not = join(problems, "; ");
     return result;
@@ -113,11 +112,8 @@ TritonModelConfig triton_model_config(const CheckpointGraph& graph, const std::s
                       "does not batch requests");
   } else if (batch.usable) {
     // Unbounded recordings have no maximum to serve up to: batching is off then.
-    if (spec.batch_rows != BatchRows::kIndependent) {
-      notes.push_back("batching off (max_batch_size 0): the tuner did not check that the model computes each row of "
-                      "a batch apart (" + (spec.batch_rows_reason.empty() ? std::string("a checkpoint written before "
-                      "the check") : spec.batch_rows_reason) + "); tune with a batch of 1 and one of 2 or more samples (the "
-                      "check runs a row of the largest batch alone), or pass max_batch_size to batch anyway");
+    if (const auto apart = requests_apart_reason(spec); !apart.empty()) {  // unchecked: coupled ones are unusable
+      notes.push_back("batching off (max_batch_size 0): " + apart + "; or pass max_batch_size to batch anyway");
     } else if (batch.recorded_max == kUnbounded || batch.recorded_max > std::numeric_limits<int>::max()) {
       notes.push_back("the batch axis has no recorded upper bound, so max_batch_size is 0 (pass max_batch_size "
                       "to batch)");

@@ -36,14 +36,13 @@ std::pair<BatchRows, std::string> GraphTuner::Impl::check_batch_rows(std::size_t
   const auto& sample = samples[profile_sample];
   const auto& map = input_maps[index];
   const GraphSpec model_spec = spec_for(map);
-  for (std::size_t o = 0; o < model_spec.outputs.size(); ++o)
-    if (!model_spec.outputs[o].batch_axis && std::any_of(model_spec.inputs.begin(), model_spec.inputs.end(),
-                                                         [](const TensorSpec& t) { return t.batch_axis; }))
-      return {BatchRows::kCoupled, "output '" + model_spec.outputs[o].name +
-                                       "' has no batch axis, so a call's outputs cannot be split per request"};
   if (std::none_of(model_spec.inputs.begin(), model_spec.inputs.end(),
                    [](const TensorSpec& t) { return t.batch_axis; }))
     return {BatchRows::kUnchecked, "the graph has no batch axis"};
+  for (const auto& output : model_spec.outputs)
+    if (!output.batch_axis)
+      return {BatchRows::kCoupled,
+              "output '" + output.name + "' has no batch axis, so a call's outputs cannot be split per request"};
   if (sample.batch_size < 2)
     return {BatchRows::kUnchecked, "no recorded batch of 2 or more samples to compare rows in"};
   OnnxSession& backend = *backends[index];
