@@ -4,7 +4,6 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
-#include "aitune/error.hpp"
 #include "aitune/graph_spec.hpp"
 #include "bindings.hpp"
 
@@ -62,15 +61,7 @@ void bind_graph_spec(nb::module_& m) {
       .def_rw("conditions", &GraphSpec::conditions)
       .def_prop_rw(
           "batch_rows", [](const GraphSpec& s) { return std::string(batch_rows_name(s.batch_rows)); },
-          [](GraphSpec& s, const std::string& name) {
-            for (BatchRows rows : {BatchRows::kUnchecked, BatchRows::kIndependent, BatchRows::kCoupled})
-              if (name == batch_rows_name(rows)) {
-                s.batch_rows = rows;
-                return;
-              }
-            throw Error(ErrorCode::kInvalidArgument,
-                        "batch_rows must be 'unchecked', 'independent' or 'coupled', not '" + name + "'");
-          },
+          [](GraphSpec& s, const std::string& name) { s.batch_rows = parse_batch_rows(name); },
           "'independent' (each row of a batch computed as it is alone: requests may share a call), 'coupled' "
           "or 'unchecked', as the tuner found it")
       .def_rw("batch_rows_reason", &GraphSpec::batch_rows_reason)

@@ -80,6 +80,8 @@ void bind_serving(nb::module_& m) {
       },
       nb::arg("spec"), nb::arg("request"));
   m.def("request_batch_size", &request_batch_size, nb::arg("spec"), nb::arg("shapes"));
+  m.def("requests_apart_reason", &requests_apart_reason, nb::arg("spec"),
+        "Why requests to the graph may not share a call (\"\" where its batch rows were found independent).");
   m.def(
       "group_requests",
       [](const GraphSpec& spec, const std::vector<std::vector<Shape>>& requests,
