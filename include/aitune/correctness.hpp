@@ -133,6 +133,15 @@ struct OutputCheck {
   double max_abs_error = 0;
   double max_rel_error = 0;     ///< |a - e| / |e| over elements with e != 0
   int64_t mismatched = 0;       ///< elements beyond both atol and rtol
+  /// Under the table's own tolerance (scaled, not given), floating outputs: the bound on
+  /// the output's relative L2 error, max(rtol, 1e-3) (relative_l2_limit), judged over each
+  /// magnitude group where it splits, over the elements below its outliers where it has
+  /// some, else whole; unset where none applies. An output of RMS below 1 keeps the table's
+  /// absolute atol, larger than its values can be (a 32k-vocabulary softmax, values near
+  /// 3e-5, under an atol of 1e-4): element by element anything passes, as a wrong
+  /// temperature did; in proportion to the output it is tens of percent off.
+  std::optional<double> rel_l2_limit;
+  bool rel_l2_beyond = false;   ///< its relative L2 error (or a group's, or the rest's) exceeds rel_l2_limit
   int64_t unexpected_nan = 0;   ///< NaN in actual where expected is not NaN (and vice versa)
   int64_t unexpected_inf = 0;   ///< Inf in actual that expected does not have (and vice versa)
   /// The smallest atol that passes with this rtol, and the smallest rtol that passes with
@@ -173,6 +182,11 @@ struct OutputCheck {
   /// the table and the calibrated bound).
   std::string rule = "table";
 };
+
+/// The bound on an output's relative L2 error under the table's tolerance `table`:
+/// max(table.rtol, 1e-3). Every element within its rtol keeps the whole within rtol; the
+/// 1e-3 floor leaves strict fp32 room for sums reordered over values that nearly cancel.
+double relative_l2_limit(const Tolerance& table) noexcept;
 
 /// Compares two host tensors. Never throws for mismatching tensors (that is a failed
 /// check); throws Error(kInvalidArgument) only when either view is not in host memory

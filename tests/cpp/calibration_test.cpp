@@ -105,6 +105,41 @@ TEST(Calibration, AValueFailureWithinFactorTimesEagersErrorPasses) {
   EXPECT_THROW(apply_calibration(looser, eager_fp16(0.1), 0.5), Error);
 }
 
+// Small values (near 1e-3) whose fp16 errors are within the table's absolute atol but beyond
+// its relative bound: eager fp16's own relative error calibrates them like any value failure.
+TEST(Calibration, ASmallOutputBeyondTheRelativeBoundIsCalibratedAgainstEager) {
+  auto small = [](double relative_noise) {
+    std::vector<float> v;
+    for (int i = 0; i < 400; ++i) {
+      const double e = 1e-3 * (1.5 + std::sin(0.3 * i));
+      v.push_back(static_cast<float>(e * (1 + relative_noise * std::cos(1.7 * i))));
+    }
+    return make_host(DType::kFloat32, {400}, v);
+  };
+  const auto expected = small(0);
+  const ToleranceSpec fp16{.precision = Precision::kFP16};
+  auto report = [&](double noise) {
+    CorrectnessReport r;
+    r.samples.push_back(compare_sample("sample 0", {"p"}, {small(noise).view()}, {expected.view()}, fp16));
+    return r;
+  };
+  EagerAtPrecision eager;
+  eager.precision = Precision::kFP16;
+  eager.available = true;
+  eager.samples.push_back(compare_sample("sample 0", {"p"}, {small(0.04).view()}, {expected.view()}, fp16));
+  auto within = report(0.06);
+  ASSERT_FALSE(within.passed());
+  EXPECT_EQ(within.samples[0].outputs[0].mismatched, 0);
+  apply_calibration(within, eager, 2.0);
+  EXPECT_TRUE(within.passed()) << within.first_failure();
+  EXPECT_EQ(within.samples[0].outputs[0].rule, "calibrated");
+  auto beyond = report(0.2);
+  apply_calibration(beyond, eager, 2.0);
+  EXPECT_FALSE(beyond.passed());
+  EXPECT_EQ(beyond.samples[0].outputs[0].rule, "calibrated-exceeded");
+  EXPECT_NE(beyond.first_failure().find("relative L2 error"), std::string::npos) << beyond.first_failure();
+}
+
 // A hidden state with a few massive activations (3000 among values near 0.5): eager fp16
 // errs by ~1 on those, and that error excused a candidate 50x worse than eager on all the
 // other elements. The rest is judged against eager's error on the rest.
@@ -252,17 +287,16 @@ TEST(VacuousOutputs, AllNaNAndConstantOutputsAreNamed) {
   EXPECT_EQ(found[1].why, "all NaN/Inf");
 }
 
-TEST(VacuousOutputs, AnOutputBelowTheAbsoluteToleranceIsNamed) {
-  // Every value below 1e-4: a graph returning twice them (or zeros) passed the check, which
-  // allows 1e-4 absolute at least; said now. A larger output, or one element above, is not.
+TEST(VacuousOutputs, AnOutputBelowTheAbsoluteToleranceJudgesInProportion) {
+  // Every value below 1e-4: named vacuous in sessions 27-33, since a graph returning twice
+  // them passed the table's absolute atol. The relative L2 bound judges them now: not named,
+  // and twice them fails.
   auto tiny = make_host(DType::kFloat32, {2, 2}, std::vector<float>{1e-6f, -3e-6f, 2e-6f, 0});
-  auto fine = make_host(DType::kFloat32, {2, 2}, std::vector<float>{1e-6f, -3e-6f, 2e-6f, 0.5f});
-  auto ids = make_host(DType::kInt64, {2}, std::vector<int64_t>{0, 1});
-  auto found = vacuous_outputs({"tiny", "fine", "ids"}, {{tiny.view(), fine.view(), ids.view()}});
-  ASSERT_EQ(found.size(), 1u);
-  EXPECT_EQ(found[0].name, "tiny");
-  EXPECT_NE(found[0].why.find("every element is below 0.0001 in magnitude (largest 3e-06)"), std::string::npos)
-      << found[0].why;
+  auto twice = make_host(DType::kFloat32, {2, 2}, std::vector<float>{2e-6f, -6e-6f, 4e-6f, 0});
+  EXPECT_TRUE(vacuous_outputs({"tiny"}, {{tiny.view()}}).empty());
+  auto c = compare_output("tiny", twice.view(), tiny.view(), default_tolerance(DType::kFloat32));
+  EXPECT_FALSE(c.passed);
+  EXPECT_NE(c.failure.find("relative L2 error 1 > 0.001"), std::string::npos) << c.failure;
 }
 
 TEST(VacuousOutputs, AConstantMaskIsSaidAsABool) {

@@ -221,6 +221,87 @@ TEST(Correctness, ScaledAtolFollowsTheOutputsMagnitude) {
   EXPECT_FALSE(spec.for_output("logits", DType::kFloat32).scaled);
 }
 
+// A softmax over a 32k vocabulary (values near 3e-5, RMS below 1): the table's absolute atol
+// of 1e-4 is above every value, and a graph at another temperature passed element by
+// element (a session-33 probe). Its relative L2 error is tens of percent: it fails; float
+// rounding of the same probabilities passes; fp16's table judges at its own rtol, and a
+// tolerance the user gave stays the only bound.
+TEST(Correctness, ASmallOutputIsJudgedInProportionToItsSize) {
+  const int64_t rows = 4, vocab = 32000;
+  std::vector<float> reference, hotter, rounded;
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<double> logits(static_cast<std::size_t>(vocab));
+    for (int64_t v = 0; v < vocab; ++v) logits[static_cast<std::size_t>(v)] = 2.0 * std::sin(0.37 * static_cast<double>(v * (r + 1)));
+    for (double temperature : {1.0, 1.5}) {
+      double sum = 0;
+      for (double l : logits) sum += std::exp(l / temperature);
+      for (int64_t v = 0; v < vocab; ++v) {
+        const double p = std::exp(logits[static_cast<std::size_t>(v)] / temperature) / sum;
+        (temperature == 1.0 ? reference : hotter).push_back(static_cast<float>(p));
+        if (temperature == 1.0) rounded.push_back(static_cast<float>(p * (1 + 3e-7 * std::cos(static_cast<double>(v)))));
+      }
+    }
+  }
+  auto probs = [&](const std::vector<float>& v) { return make_host(DType::kFloat32, {rows, vocab}, v); };
+  const auto expected = probs(reference);
+  const Tolerance fp32 = default_tolerance(DType::kFloat32, Precision::kStrict);
+  auto wrong = compare_output("probs", probs(hotter).view(), expected.view(), fp32);
+  EXPECT_FALSE(wrong.passed);
+  EXPECT_EQ(wrong.mismatched, 0);  // every element within the absolute atol
+  EXPECT_TRUE(wrong.rel_l2_beyond);
+  ASSERT_TRUE(wrong.rel_l2_limit.has_value());
+  EXPECT_DOUBLE_EQ(*wrong.rel_l2_limit, 1e-3);
+  EXPECT_GT(wrong.rel_l2_error, 0.1);
+  EXPECT_NE(wrong.failure.find("relative L2 error"), std::string::npos) << wrong.failure;
+  EXPECT_NE(wrong.failure.find("output_tolerances"), std::string::npos) << wrong.failure;
+  auto fine = compare_output("probs", probs(rounded).view(), expected.view(), fp32);
+  EXPECT_TRUE(fine.passed) << fine.failure;
+  // fp16's table (rtol 1e-2) rejects the other temperature too.
+  auto half = compare_output("probs", probs(hotter).view(), expected.view(),
+                             default_tolerance(DType::kFloat32, Precision::kFP16));
+  EXPECT_FALSE(half.passed);
+  EXPECT_DOUBLE_EQ(*half.rel_l2_limit, 1e-2);
+  // A tolerance the user gives is absolute and the only bound.
+  auto given = compare_output("probs", probs(hotter).view(), expected.view(), {1e-4, 1e-4});
+  EXPECT_TRUE(given.passed) << given.failure;
+  EXPECT_FALSE(given.rel_l2_limit.has_value());
+  // An all-zero reference leaves the atol to rule (no relative error of nothing).
+  auto zeros = make_host(DType::kFloat32, {2, 2}, std::vector<float>{0, 0, 0, 0});
+  auto dust = make_host(DType::kFloat32, {2, 2}, std::vector<float>{1e-9f, 0, 0, -1e-9f});
+  EXPECT_TRUE(compare_output("z", dust.view(), zeros.view(), fp32).passed);
+}
+
+// The relative bound per part: a small group beside a large one along an axis, and the
+// elements below a few huge ones, are each judged in proportion to their own size.
+TEST(Correctness, TheRelativeBoundJudgesEachMagnitudeGroupAndTheRestOnTheirOwn) {
+  // Boxes in pixels (rows 0:4, ~300) beside scores near 1e-3 (rows 4:8): the scores doubled.
+  std::vector<float> reference, doubled_scores;
+  for (int r = 0; r < 8; ++r)
+    for (int a = 0; a < 50; ++a) {
+      const float e = r < 4 ? 300.0f + static_cast<float>(a) : 1e-3f * (1.5f + std::sin(static_cast<float>(r * 50 + a)));
+      reference.push_back(e);
+      doubled_scores.push_back(r < 4 ? e : 2 * e);
+    }
+  const auto expected = make_host(DType::kFloat32, {8, 50}, reference);
+  const Tolerance fp32 = default_tolerance(DType::kFloat32, Precision::kStrict);
+  auto c = compare_output("head", make_host(DType::kFloat32, {8, 50}, doubled_scores).view(), expected.view(), fp32);
+  EXPECT_FALSE(c.passed);
+  EXPECT_TRUE(c.rel_l2_beyond);
+  EXPECT_NE(c.failure.find("on indices 4:8 of axis 0, relative L2 error"), std::string::npos) << c.failure;
+  // Sentinels of -1e9 beside small values: the small ones halved.
+  std::vector<float> masked, halved;
+  for (int i = 0; i < 300; ++i) {
+    const float e = i % 3 == 0 ? -1e9f : 1e-3f * static_cast<float>(2 + std::sin(i));
+    masked.push_back(e);
+    halved.push_back(i % 3 == 0 ? e : e / 2);
+  }
+  auto m = compare_output("scores", make_host(DType::kFloat32, {300}, halved).view(),
+                          make_host(DType::kFloat32, {300}, masked).view(), fp32);
+  EXPECT_FALSE(m.passed);
+  EXPECT_NE(m.failure.find("on the 200 elements below its 100 huge ones, relative L2 error"), std::string::npos)
+      << m.failure;
+}
+
 // A 1e6 diagonal over values near 1: the RMS of the whole (1.25e5) made an fp32 atol of 12.5
 // that passed a graph doubling every off-diagonal value. The diagonal is left out of the
 // scale (the rtol judges it); a float32-sized error still passes.

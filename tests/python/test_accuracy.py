@@ -415,3 +415,33 @@ def _recorded_detection(model):
     ait.tune(model, [torch.randn(8, 64) for _ in range(3)], dry_run=True)
     (graph,) = model.ait_graphs
     return graph
+
+
+class TemperatureBranch(torch.nn.Module):
+    """A 32k-vocabulary softmax whose temperature a value branch picks: the trace keeps the
+    positive samples' branch. Its probabilities (near 3e-5) sit under the table's absolute
+    atol of 1e-4, so the other temperature passed element by element (a session-33 probe)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(16, 32000)
+
+    def forward(self, x):
+        temperature = 1.0 if x.sum() > 0 else 1.5
+        return torch.softmax(self.proj(x) / temperature, dim=-1)
+
+
+def test_a_small_output_computed_wrongly_is_rejected_in_proportion_to_its_size(cache_dir):
+    torch.manual_seed(0)
+    model = ait.Module(TemperatureBranch().eval(), "temperature",
+                       strategy=cpu_strategy(use_dynamo=False, allow_trace_warnings=True, tune_provider_options=False))
+    samples = [torch.rand(2, 16) + 0.1, -torch.rand(2, 16) - 0.1]  # logits of std ~0.4: every error < 1e-4
+    ait.tune(model, samples, ignore_failing_modules=True, progress=False, performance_validation=False)
+    (report,) = model.ait_reports.values()
+    assert report.winner is None, report.decision
+    (candidate,) = report.candidates
+    assert candidate.status == "incorrect", (candidate.status, candidate.reason)
+    assert "relative L2 error" in candidate.reason and "output_tolerances" in candidate.reason, candidate.reason
+    assert "elements beyond" not in candidate.reason, candidate.reason  # every element within the atol
+    x = -torch.rand(2, 16) - 0.1  # the other branch: eager, and right
+    torch.testing.assert_close(model(x), model.ait_module(x))

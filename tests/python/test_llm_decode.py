@@ -547,3 +547,30 @@ def test_greedy_generate_ends_rows_at_an_end_token_as_generate_does():
         assert want.shape[1] == 2  # both rows ended at the second token: generate stopped, and so did greedy_generate
         ignored = greedy_generate(step, step, model, batch["input_ids"], batch["attention_mask"], 6, eos_token_id=None)
         assert torch.equal(ignored, free)
+
+
+@pytest.mark.parametrize("family", ["Bart", "MBart", "Pegasus", "Marian"])
+def test_decode_step_caches_the_decoder_of_an_encoder_decoder_family_run_as_a_causal_lm(family):
+    """BartForCausalLM and its kin name the encoder's counts num_hidden_layers and
+    num_attention_heads; their decoder has its own (decoder_layers, decoder_attention_heads).
+    A cache of the encoder's layer count crashed the step (IndexError) where the decoder had
+    more layers. transformers' generate itself crashes on such a model, so the reference is
+    the greedy loop without a cache."""
+    import transformers
+
+    config = getattr(transformers, f"{family}Config")(
+        vocab_size=100, d_model=32, encoder_layers=1, decoder_layers=3, encoder_attention_heads=2,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
+        is_decoder=True, pad_token_id=1, decoder_start_token_id=2, eos_token_id=None)
+    torch.manual_seed(0)
+    model = getattr(transformers, f"{family}ForCausalLM")(config).eval()
+    keys, _ = empty_cache(model, 2, 9)
+    assert len(keys) == 3 and keys[0].shape == (2, 4, 9, 8)
+    ids = torch.randint(3, 100, (2, 5), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours = _greedy(DecodeStep(model), DecodeStep(model), model, ids, torch.ones_like(ids), 4)
+        sequence = ids
+        for _ in range(4):
+            token = model(input_ids=sequence, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)
+            sequence = torch.cat([sequence, token], dim=1)
+    assert torch.equal(ours, sequence[:, 5:]), (ours, sequence)

@@ -215,20 +215,34 @@ class DecodeStep(torch.nn.Module):
         return out.logits, tuple(cache.keys), tuple(cache.values)
 
 
+def _cache_geometry(config) -> tuple[int, int, int]:
+    """(layers, key/value heads, head size) of the decoder the cache serves. The decoder of
+    an encoder-decoder family run as a causal LM (BartForCausalLM, MBart, Pegasus, Marian)
+    keeps its own counts (``decoder_layers``, ``decoder_attention_heads``) beside the
+    encoder's, which ``num_hidden_layers`` / ``num_attention_heads`` name there: a cache of
+    the encoder's layer count crashed the step (IndexError) where the decoder had more."""
+    layers = getattr(config, "decoder_layers", None) or config.num_hidden_layers
+    heads = getattr(config, "decoder_attention_heads", None) or config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    if getattr(config, "decoder_attention_heads", None):
+        kv_heads = heads  # these decoders have no grouped keys: one key head per query head
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return layers, kv_heads, head_dim
+
+
 def empty_cache(model: torch.nn.Module, batch_size: int, cache_len: int, dtype: torch.dtype | None = None,
                 device: torch.device | str | None = None) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
     """Zero key and value caches for a transformers causal LM's config: per layer one
     ``[batch, kv_heads, cache_len, head_dim]`` tensor each (DecodeStep's layout)."""
     config = model.config
     _refuse_unsupported(config)
-    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    layers, kv_heads, head_dim = _cache_geometry(config)
     parameter = next(model.parameters())
     shape = (batch_size, kv_heads, cache_len, head_dim)
     dtype, device = dtype or parameter.dtype, device or parameter.device
 
     def zeros():
-        return tuple(torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_hidden_layers))
+        return tuple(torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers))
 
     return zeros(), zeros()
 
@@ -243,7 +257,7 @@ def step_dynamic_shapes(model: torch.nn.Module, batch, cache, sequence=None) -> 
     batch, axis 2 the cache length; ``attention_mask`` spans the cache."""
     _refuse_unsupported(model.config)
     caches = {f"input_{kind}_cache_{i}": {0: batch, 2: cache}
-              for kind in ("key", "value") for i in range(model.config.num_hidden_layers)}
+              for kind in ("key", "value") for i in range(_cache_geometry(model.config)[0])}
     if sequence is None:
         return {"input_ids": {0: batch}, "attention_mask": {0: batch, 1: cache}, "position_ids": {0: batch},
                 **caches}

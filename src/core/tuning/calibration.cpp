@@ -28,8 +28,15 @@ double ratio(double a, double b) {
   return a > 0 ? kInf : 0;
 }
 
+// Values beyond the table, element by element or in proportion to the output
+// (OutputCheck::rel_l2_beyond), not NaN, Inf, shape or dtype.
 bool value_failure(const OutputCheck& c) {
-  return !c.passed && c.mismatched > 0 && c.unexpected_nan == 0 && c.unexpected_inf == 0;
+  return !c.passed && (c.mismatched > 0 || c.rel_l2_beyond) && c.unexpected_nan == 0 && c.unexpected_inf == 0;
+}
+
+// A magnitude group that failed the table: an element beyond it, or its relative L2 error.
+bool group_failed(const OutputCheck& c, const GroupCheck& g) {
+  return g.mismatched > 0 || (c.rel_l2_limit && g.rel_l2_error > *c.rel_l2_limit);
 }
 
 }  // namespace
@@ -111,7 +118,7 @@ void apply_calibration(CorrectnessReport& candidate, const EagerAtPrecision& eag
           cg.eager_at_precision_max_abs_error = eg.max_abs_error;
           cg.eager_at_precision_rel_l2_error = eg.rel_l2_error;
           cg.error_ratio = std::max(ratio(cg.max_abs_error, eg.max_abs_error), ratio(cg.rel_l2_error, eg.rel_l2_error));
-          if (cg.mismatched) worst = std::max(worst.value_or(0.0), *cg.error_ratio);
+          if (group_failed(c, cg)) worst = std::max(worst.value_or(0.0), *cg.error_ratio);
         }
         if (worst) c.error_ratio = worst;
       }
@@ -165,7 +172,7 @@ void apply_calibration(CorrectnessReport& candidate, const EagerAtPrecision& eag
         if (!ratio_ok && split) {
           std::string beyond;
           for (const auto& cg : c.magnitude_groups) {
-            if (!cg.mismatched || *cg.error_ratio <= factor) continue;
+            if (!group_failed(c, cg) || *cg.error_ratio <= factor) continue;
             if (!beyond.empty()) beyond += "; ";
             beyond += "on indices " + cg.indices + " of axis " + std::to_string(c.magnitude_axis) +
                       ", max abs error " + fmt(cg.max_abs_error) + " and rel L2 " + fmt(cg.rel_l2_error) + " vs " +

@@ -168,6 +168,8 @@ AtolScale measure_atol_scale(const TensorView& expected) {
 
 double atol_scale(const TensorView& expected) { return measure_atol_scale(expected).scale; }
 
+double relative_l2_limit(const Tolerance& table) noexcept { return std::max(table.rtol, 1e-3); }
+
 const Tolerance* ToleranceSpec::given(const std::string& name, DType dtype) const {
   if (dtype == DType::kBool) return nullptr;  // a mask is right or wrong, whatever is given
   if (auto it = per_output.find(name); it != per_output.end()) return &it->second;
@@ -327,8 +329,36 @@ OutputCheck compare_output(const std::string& name, const TensorView& actual, co
     return failed(check, std::to_string(check.unexpected_inf) + " of " + std::to_string(n) +
                              " elements are infinite in one output but not in the other");
   }
-  check.passed = check.mismatched == 0;
-  if (!check.passed) {
+  // The whole output in proportion (OutputCheck::rel_l2_limit): where the atol exceeds what
+  // the output's size warrants, the elements' errors together still must not.
+  std::string beyond_l2;
+  if (tolerance.scaled && dtype_is_floating(expected.dtype)) {
+    const double limit = relative_l2_limit(tolerance);
+    check.rel_l2_limit = limit;
+    const auto judge = [&](double rel_l2, double expected2, const std::string& what) {
+      if (expected2 <= 0 || !(rel_l2 > limit)) return;  // an all-zero reference: the atol rules
+      check.rel_l2_beyond = true;
+      beyond_l2 += (beyond_l2.empty() ? "" : "; ") + what + "relative L2 error " + fmt(rel_l2) + " > " + fmt(limit);
+    };
+    if (groups.split()) {
+      for (std::size_t g = 0; g < group_exp2.size(); ++g)
+        judge(check.magnitude_groups[g].rel_l2_error, group_exp2[g],
+              "on indices " + check.magnitude_groups[g].indices + " of axis " + std::to_string(groups.axis) + ", ");
+    } else if (check.scale_outliers) {
+      judge(*check.rest_rel_l2_error, rest_exp2,
+            "on the " + std::to_string(n - static_cast<std::size_t>(check.scale_outliers)) + " elements below its " +
+                std::to_string(check.scale_outliers) + " huge ones, ");
+    } else {
+      judge(check.rel_l2_error, exp2, "");
+    }
+  }
+  check.passed = check.mismatched == 0 && !check.rel_l2_beyond;
+  if (!check.passed && check.mismatched == 0) {
+    check.failure = beyond_l2 + " (every element within atol=" + fmt(check.atol_applied) + " or rtol=" +
+                    fmt(tolerance.rtol) + ", max abs error " + fmt(check.max_abs_error) +
+                    "; that atol is the table's absolute floor, more than values of this output's size can show: in "
+                    "proportion to the output the errors are beyond the table's; output_tolerances accepts them)";
+  } else if (!check.passed) {
     std::string bound;
     if (!groups.split()) {
       bound = "atol=" + fmt(atol) +
@@ -368,6 +398,7 @@ OutputCheck compare_output(const std::string& name, const TensorView& actual, co
                     " and rtol=" + fmt(tolerance.rtol) + " (max abs error " + fmt(check.max_abs_error) +
                     ", max rel error " + fmt(check.max_rel_error) + "; would pass with atol=" + fmt(required_atol) +
                     " or rtol=" + fmt(required_rtol) + ")";
+    if (check.rel_l2_beyond) check.failure += "; " + beyond_l2;
   }
   return check;
 }
@@ -498,6 +529,8 @@ std::string CorrectnessReport::to_json(int indent) const {
                          {"max_abs_error", o.max_abs_error},
                          {"max_rel_error", o.max_rel_error},
                          {"mismatched", o.mismatched},
+                         {"rel_l2_limit", o.rel_l2_limit ? nlohmann::json(*o.rel_l2_limit) : nlohmann::json(nullptr)},
+                         {"rel_l2_beyond", o.rel_l2_beyond},
                          {"unexpected_nan", o.unexpected_nan},
                          {"unexpected_inf", o.unexpected_inf},
                          {"required_atol", json_number(o.required_atol)},
@@ -603,25 +636,22 @@ SampleCheck compare_sample(const std::string& sample, const std::vector<std::str
 std::vector<VacuousOutput> vacuous_outputs(const std::vector<std::string>& output_names,
                                            const std::vector<std::vector<TensorView>>& expected) {
   std::vector<VacuousOutput> out;
-  // The strict table's absolute tolerance: a floating output whose every value is smaller
-  // cannot tell a candidate's values from the reference's.
-  const double smallest_judged = default_tolerance(DType::kFloat32).atol;
+  // A floating output whose every value is below the table's absolute atol is judged in
+  // proportion to its size (OutputCheck::rel_l2_limit), no longer vacuously (session 27-33).
   for (std::size_t o = 0; o < output_names.size(); ++o) {
     std::size_t total = 0, finite = 0;
-    bool constant = true, have_first = false, floating = false;
-    double first = 0, largest = 0;
+    bool constant = true, have_first = false;
+    double first = 0;
     for (const auto& sample : expected) {
       if (o >= sample.size()) continue;
       const auto& t = sample[o];
       require_host_contiguous(t, output_names[o], "expected");
-      floating = floating || dtype_is_floating(t.dtype);
       const auto n = static_cast<std::size_t>(t.numel());
       total += n;
       for (std::size_t i = 0; i < n; ++i) {
         double v = element(t, i);
         if (!std::isfinite(v)) continue;
         ++finite;
-        largest = std::max(largest, std::abs(v));
         if (!have_first) {
           first = v;
           have_first = true;
@@ -639,13 +669,6 @@ std::vector<VacuousOutput> vacuous_outputs(const std::vector<std::string>& outpu
       out.push_back({output_names[o],
                      "constant (every element is " + (is_bool ? std::string(first != 0 ? "true" : "false") : fmt(first)) +
                          ")"});
-    } else if (floating && largest < smallest_judged) {
-      // The check's absolute tolerance is at least 1e-4 (x the output's RMS, floored at 1):
-      // values all below it pass whatever they are (a graph returning twice them, or zeros,
-      // passed silently in a session-27 probe).
-      out.push_back({output_names[o], "every element is below " + fmt(smallest_judged) + " in magnitude (largest " +
-                                          fmt(largest) + "), under the check's absolute tolerance: values this small "
-                                          "pass whatever they are; scale the output, or give it output_tolerances"});
     }
   }
   return out;
