@@ -72,7 +72,7 @@ expect_output("graph mlp on cpu")
 get_filename_component(ort_real "${ORT_LIBRARY}" REALPATH)
 expect_output("ONNX Runtime [0-9.]+ loaded from ${ort_real}\n")  # the compiled-in default
 expect_output("input x: float32\\[3, 64\\] from file")
-expect_output("5 inferences")
+expect_output("5 inferences after a first call of [0-9.e+-]+ us, mean ")  # the cold call apart
 expect_output("output y: float32\\[3, 16\\] min")
 # (Python code without ';': step() passes its arguments on as a CMake list.)
 step(compare "${PYTHON}" -c "import sys, numpy as np\na, b = np.load(sys.argv[1]), np.load(sys.argv[2])\n\
@@ -98,6 +98,14 @@ if(rc EQUAL 0 OR NOT out MATCHES "unknown input 'xx'; graph mlp takes: x")
   message(FATAL_ERROR "cpp_consumer_example: a misspelt --input gave exit ${rc}:\n${out}")
 endif()
 message(STATUS "misspelt input refused: ok")
+
+# The same --input name twice is refused (the last file was used, silently).
+execute_process(COMMAND "${example}" "${WORK_DIR}/ckpt" --input "x=${MODELS_DIR}/mlp_x.npy"
+                --input "x=${MODELS_DIR}/mlp_y.npy" RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+if(rc EQUAL 0 OR NOT out MATCHES "--input names 'x' twice")
+  message(FATAL_ERROR "cpp_consumer_example: a repeated --input gave exit ${rc}:\n${out}")
+endif()
+message(STATUS "repeated input refused: ok")
 
 # Inputs not given are zeros at the batch of those given (they were zeros at the smallest
 # batch: x of 3 rows plus y of 1, broadcast by Add, printed as if right, exit 0).
