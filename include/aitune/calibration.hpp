@@ -42,6 +42,15 @@ struct EagerAtPrecision {
 /// eager unavailable, only the note is set. factor must be >= 1 (Error(kInvalidArgument)).
 void apply_calibration(CorrectnessReport& candidate, const EagerAtPrecision& eager, double factor);
 
+/// How a report names the yardstick eager at `precision` is: "eager fp16" for a reduced
+/// precision; for strict ("fp32" candidates, calibrated only where they fail the table),
+/// eager's own rounding error, measured against the same module run wider (float64, or
+/// float32 for a module in fp16 / bf16): "eager fp32 (its own error, against the module
+/// run wider)". A strict candidate within factor x that error differs from eager no more
+/// than eager differs from the exact result (torch.cdist's matmul form in eager, the exact
+/// form in ONNX Runtime: the table rejected the more accurate graph, a session-34 probe).
+std::string calibration_yardstick(Precision precision);
+
 /// Error(kInvalidArgument) unless factor is finite and >= 1.
 void validate_accuracy_factor(double factor);
 

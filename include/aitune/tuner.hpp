@@ -93,7 +93,9 @@ struct TunerOptions {
   /// PyTorch's own error at P. `eager_at_precision(P, reason)` gives eager's outputs at P
   /// for every sample (host memory, output order); it is asked once per precision, the
   /// first time a candidate of it is checked, and returns nullopt with `reason` set where
-  /// eager cannot run at P on this device. Unset: the table alone.
+  /// eager cannot run at P on this device. Unset: the table alone. Asked for kStrict too,
+  /// the first time a strict candidate fails the table: the module run wider (float64),
+  /// whose distance from the reference is eager's own fp32 error (calibration_yardstick).
   double accuracy_factor = kDefaultAccuracyFactor;
   std::function<std::optional<std::vector<std::vector<Tensor>>>(Precision, std::string& reason)> eager_at_precision;
   /// The user's metric, which then decides alone: a score of a candidate's outputs

@@ -252,3 +252,27 @@ def test_erfcx_is_finite_for_large_arguments():
     for rows in (x[:2], x[2:]):
         with torch.no_grad():
             _assert_matches_eager(tuned(rows), Erfcx()(rows), ulps=1e-6)
+
+
+class ScatterMeans(torch.nn.Module):
+    def forward(self, values, index, counts):
+        base = torch.full_like(values, 5.0)
+        return (base.scatter_reduce(-1, index, values, "mean", include_self=False),
+                base.scatter_reduce(-1, index, values, "mean", include_self=True),
+                torch.zeros_like(counts).scatter_reduce(-1, index, counts, "mean", include_self=False),
+                base.scatter_reduce(-1, index, values, "sum", include_self=False))
+
+
+def test_scatter_reduce_mean_averages_what_meets_at_one_place():
+    """torchlib translated reduce="mean" as a plain scatter (the last write wins): tuned on
+    samples whose every index is reached once, it passed; where two pieces meet at one place
+    it returned the last (a word-pooling model 1.16 off, a session-34 probe). Integers
+    average by floor division, as PyTorch's kernel; places no index reaches keep self."""
+    torch.manual_seed(0)
+    samples = [(torch.randn(6), torch.arange(6), torch.randint(-9, 9, (6,))) for _ in range(2)]
+    tuned = _tuned(ScatterMeans().eval(), samples)
+    index = torch.tensor([[0, 0, 1, 2, 2, 2], [0, 1, 1, 3, 3, 5]])
+    values, counts = torch.randn(2, 6), torch.tensor([[3, 4, -7, 1, 2, 2], [-5, 8, 1, 0, -3, 9]])
+    with torch.no_grad():
+        for got, expected in zip(tuned(values, index, counts), ScatterMeans()(values, index, counts), strict=True):
+            torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-6)

@@ -62,6 +62,8 @@ def eager_outputs_at(graph: RecordedGraph, precision: _core.Precision) -> list[l
     parameters, buffers and inputs upcast for the run, TF32 off): the candidates are judged
     against the error fp16 itself brings to it, as for a float32 module."""
     own = module_float_dtype(graph.module)
+    if precision == _core.Precision.STRICT:
+        return _wider_outputs(graph, own)
     if own in _AUTOCAST.values() and (precision == _core.Precision.TF32 or _AUTOCAST.get(precision) == own):
         return _upcast_outputs(graph, own)
     context = _precision_context(graph.device.type, precision)
@@ -134,23 +136,46 @@ def module_float_dtype(module: torch.nn.Module) -> torch.dtype | None:
     return max(counts, key=counts.get) if counts else None
 
 
-def _upcast_outputs(graph: RecordedGraph, dtype: torch.dtype) -> list[list[torch.Tensor]] | str:
+#: The largest float64 copy of a module's float32 tensors made to measure eager's own
+#: error (``_wider_outputs``): beyond it the strict table decides alone.
+WIDER_COPY_LIMIT_BYTES = 4 << 30
+
+
+def _wider_outputs(graph: RecordedGraph, own: torch.dtype | None) -> list[list[torch.Tensor]] | str:
+    """The strict yardstick (calibration_yardstick): the module run one width wider than it
+    computes (float32 -> float64, fp16 / bf16 -> float32), whose distance from the reference
+    is eager's own rounding error; asked only where a strict candidate fails the table."""
+    if own is None:
+        return "the module has no floating parameters to run wider"
+    wider = torch.float64 if own == torch.float32 else torch.float32 if own in _AUTOCAST.values() else None
+    if wider is None:
+        return f"no wider dtype than {str(own).removeprefix('torch.')}"
+    size = sum(t.numel() for t in (*graph.module.parameters(), *graph.module.buffers()) if t.dtype == own)
+    if size * wider.itemsize > WIDER_COPY_LIMIT_BYTES:
+        return (f"a {str(wider).removeprefix('torch.')} copy of the module's {size} "
+                f"{str(own).removeprefix('torch.')} elements would take {size * wider.itemsize / 2**30:.1f} GiB, "
+                f"above {WIDER_COPY_LIMIT_BYTES / 2**30:.0f} GiB")
+    return _upcast_outputs(graph, own, wider)
+
+
+def _upcast_outputs(graph: RecordedGraph, dtype: torch.dtype,
+                    wider: torch.dtype = torch.float32) -> list[list[torch.Tensor]] | str:
     """Per sample, the outputs of ``graph``'s module with its ``dtype`` parameters, buffers
-    and inputs in float32 (exact: TF32 off), cast to the reference's dtypes. The module's
-    tensors are swapped for float32 copies for the run and put back after, as they were."""
+    and inputs in ``wider`` (exact: TF32 off), cast to the reference's dtypes. The module's
+    tensors are swapped for ``wider`` copies for the run and put back after, as they were."""
     swapped = [(t, t.data) for t in (*graph.module.parameters(), *graph.module.buffers()) if t.dtype == dtype]
     outputs = []
     try:
         for tensor, data in swapped:
-            tensor.data = data.float()
+            tensor.data = data.to(wider)
         with torch.no_grad(), allow_tf32(False):
             for sample in graph.samples:
-                inputs = [t.float() if isinstance(t, torch.Tensor) and t.dtype == dtype else t for t in sample.inputs]
+                inputs = [t.to(wider) if isinstance(t, torch.Tensor) and t.dtype == dtype else t for t in sample.inputs]
                 got = graph.run_eager(inputs)
                 outputs.append(_as_recorded(got, sample.outputs))
-    except Exception as error:  # an op without a float32 kernel, or out of memory for the copy
-        return (f"the module computes in {str(dtype).removeprefix('torch.')}; running it in float32 to measure "
-                f"what that costs raised {type(error).__name__}: {error}")
+    except Exception as error:  # an op without a kernel at that width, a dtype fixed inside, or out of memory
+        return (f"the module computes in {str(dtype).removeprefix('torch.')}; running it in "
+                f"{str(wider).removeprefix('torch.')} to measure what that costs raised {type(error).__name__}: {error}")
     finally:
         for tensor, data in swapped:
             tensor.data = data

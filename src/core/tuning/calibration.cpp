@@ -65,11 +65,18 @@ constexpr double kTop1DisagreementFloor = 0.01;
 // (eager's max abs error large, its spread 0) moves no argmax, and excuses no flip.
 double near_tie_bound(double factor, const OutputCheck& eager) { return factor * eager.max_row_error_spread; }
 
+std::string calibration_yardstick(Precision precision) {
+  return precision == Precision::kStrict ? "eager fp32 (its own error, against the module run wider)"
+                                         : "eager " + std::string(precision_name(precision));
+}
+
 void apply_calibration(CorrectnessReport& candidate, const EagerAtPrecision& eager, double factor) {
   validate_accuracy_factor(factor);
   candidate.accuracy_factor = factor;
   if (!eager.available) {
-    candidate.calibration_note = "eager PyTorch cannot run at " + std::string(precision_name(eager.precision)) +
+    candidate.calibration_note = (eager.precision == Precision::kStrict
+                                      ? std::string("eager's own fp32 error could not be measured")
+                                      : "eager PyTorch cannot run at " + std::string(precision_name(eager.precision))) +
                                  " here (" + eager.reason + "): judged by the tolerance table alone";
     return;
   }
@@ -97,8 +104,8 @@ void apply_calibration(CorrectnessReport& candidate, const EagerAtPrecision& eag
         } else {
           c.rule = "calibrated-exceeded";
           c.failure += "; beyond the calibrated bound too: " + std::to_string(c.mismatched) + " of " +
-                       std::to_string(shape_numel(c.shape)) + " elements differ vs eager " +
-                       std::string(precision_name(eager.precision)) + "'s " + std::to_string(e->mismatched) +
+                       std::to_string(shape_numel(c.shape)) + " elements differ vs " +
+                       calibration_yardstick(eager.precision) + "'s " + std::to_string(e->mismatched) +
                        " (ratio " + fmt(*c.error_ratio) + " > " + fmt(factor) + ")";
         }
         continue;
@@ -136,8 +143,8 @@ void apply_calibration(CorrectnessReport& candidate, const EagerAtPrecision& eag
       // output_tolerances): eager's own error at P does not widen it. A bf16 candidate 2e-3
       // off passed "(calibrated)" a limit of 1e-6 given for that very output.
       if (c.tolerance_given) {
-        c.failure += "; the tolerance given for this output is a limit (eager " +
-                     std::string(precision_name(eager.precision)) + "'s own error, max abs " +
+        c.failure += "; the tolerance given for this output is a limit (" + calibration_yardstick(eager.precision) +
+                     "'s own error, max abs " +
                      fmt(e->max_abs_error) + ", does not widen it)";
         continue;
       }
@@ -163,7 +170,7 @@ void apply_calibration(CorrectnessReport& candidate, const EagerAtPrecision& eag
         c.failure.clear();
       } else {
         c.rule = "calibrated-exceeded";
-        const std::string at = "eager " + std::string(precision_name(eager.precision));
+        const std::string at = calibration_yardstick(eager.precision);
         c.failure += "; beyond the calibrated bound too: ";
         if (!ratio_ok && !split)
           c.failure += "max abs error " + fmt(c.max_abs_error) + " and rel L2 " + fmt(c.rel_l2_error) + " vs " + at +

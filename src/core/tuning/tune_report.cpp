@@ -1,6 +1,8 @@
 // TuneReport as JSON (the report file) and as a text table (logs, CLI).
 #include "aitune/tune_report.hpp"
 
+#include "aitune/calibration.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <iomanip>
@@ -190,7 +192,7 @@ std::string TuneReport::summary_table() const {
     const auto& k = *c.correctness;
     if (!k.calibration_note.empty()) out << "accuracy of " << c.name << ": " << k.calibration_note << "\n";
     if (k.calibrated_precision) {
-      out << "accuracy of " << c.name << " (vs eager " << precision_name(*k.calibrated_precision) << ", factor "
+      out << "accuracy of " << c.name << " (vs " << calibration_yardstick(*k.calibrated_precision) << ", factor "
           << fixed(k.accuracy_factor, 1) << "):";
       for (const auto& o : k.outputs()) {
         out << " " << o.name << " err " << sci(o.max_abs_error) << " / eager "
