@@ -154,3 +154,33 @@ def test_trace_export_of_a_size_after_a_bool_mask_indexed_by_positions_is_a_shap
     assert model.ait_state is ModuleState.TUNED
     x, mask = torch.randn(2, 6, 4), torch.rand(2, 6) > 0.5
     torch.testing.assert_close(model(x=x, mask=mask), model.ait_module(x=x, mask=mask))
+
+
+class RoutedExperts(torch.nn.Module):
+    """A mixture of experts' routing as DBRX writes it: a loop over the experts a batch hit
+    (``nonzero`` of the routing), whose trip count the trace keeps."""
+
+    def __init__(self):
+        super().__init__()
+        self.router = torch.nn.Linear(4, 3)
+        self.experts = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(3))
+
+    def forward(self, x):
+        choice = self.router(x).argmax(-1)
+        every = torch.stack([expert(x) for expert in self.experts])  # [experts, B, 4]
+        out = torch.zeros_like(x)
+        hit = torch.nonzero((choice[:, None] == torch.arange(3)).sum(0) > 0)[:, 0]
+        for expert in hit:  # the line the refusal names (no other conversion in this forward)
+            out = out + (choice == expert)[:, None] * every[expert]
+        return out
+
+
+def test_a_trace_looping_over_a_value_shaped_tensor_is_refused_naming_the_loop():
+    """``for expert in nonzero(...)`` was not among the conversions watched: the trace kept
+    the example's experts silently, and an input routed to fewer failed in ONNX Runtime's
+    Split at call time (a session-34 probe with DBRX)."""
+    model = ait.Module(RoutedExperts().eval(), "experts",
+                       strategy=cpu_strategy(use_dynamo=False, tune_provider_options=False))
+    with pytest.raises(TraceWarningError, match=r"test_semantics_control_flow.py:\d+: for expert in hit:"):
+        ait.tune(model, [torch.randn(4) for _ in range(6)], ignore_failing_modules=False)
+    assert model.ait_state is ModuleState.PASSTHROUGH

@@ -8,7 +8,10 @@ import sys
 import torch
 
 #: The conversions the tracer cannot record: their result is baked into the graph.
-_CONVERSIONS = ("__bool__", "__int__", "__float__", "__index__", "item", "tolist", "__len__")
+#: ``__len__`` and ``__iter__`` read the first extent only (a loop ``for e in t`` runs that many
+#: times in the trace, for every input): a shape, unless it follows values (``nonzero``).
+_CONVERSIONS = ("__bool__", "__int__", "__float__", "__index__", "item", "tolist", "__len__", "__iter__")
+_EXTENT_CONVERSIONS = ("__len__", "__iter__")
 #: Operators whose result depends on the shape of their input only, never its values.
 #: (``aten::_shape_as_tensor``: how a tracer may read ``x.shape`` as a tensor)
 _SHAPE_OPERATORS = {"aten::size", "aten::sym_size", "prim::shape", "aten::dim", "aten::numel", "aten::sym_numel",
@@ -67,8 +70,10 @@ class ValueConversions:
     def _watched(self, name: str, original):
         def converted(tensor, *args, **kwargs):
             if self.inputs and torch._C._get_tracing_state() is not None:
-                # len(t) is t's first extent: a shape, unless t's shape follows values (nonzero)
-                source = self._source(tensor, through_shape=name == "__len__")
+                # len(t) and a loop over t read t's first extent: a shape, unless t's shape follows
+                # values (a mixture of experts' ``for expert in nonzero(hits)``: the trace kept the
+                # example's experts, and an input routed to fewer failed in ORT's Split, a probe)
+                source = self._source(tensor, through_shape=name in _EXTENT_CONVERSIONS)
                 if source == "values":
                     self.sites.setdefault(_caller(), name)
                 elif source == "shapes":
