@@ -171,8 +171,9 @@ void GraphTuner::Impl::search_batch(std::size_t index) {
       CorrectnessReport tiled;
       tiled.samples.push_back(compare_sample("batch " + std::to_string(result.max_batch), output_names,
                                              views_of(outputs), views_of(expected), tolerances_for(candidate.precision)));
-      // Tiling repeats the sample, so eager-at-P's errors on it are its errors on the sample.
-      if (candidate.precision != Precision::kStrict && options.eager_at_precision) {
+      // Tiling repeats the sample, so eager-at-P's errors on it are its errors on the sample
+      // (strict: eager's own fp32 error, asked where the table rejects, as in judge()).
+      if (options.eager_at_precision && (candidate.precision != Precision::kStrict || !tiled.passed())) {
         EagerAtPrecision eager = calibration(candidate.precision);
         if (eager.available) eager.samples = {eager.samples.at(profile_sample)};
         apply_calibration(tiled, eager, options.accuracy_factor);
