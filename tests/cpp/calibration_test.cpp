@@ -413,6 +413,25 @@ TEST(CalibratedTuning, AStrictCandidateTheTableRejectsIsJudgedAgainstEagersOwnEr
   EXPECT_TRUE(j["candidates"][exact]["correctness"]["calibrated_precision"].is_null());
 }
 
+// Eager's own fp32 error is a level, the largest over the samples: one rounding of a large
+// intermediate lands anywhere within half an ulp, and a correct graph measured 3.2x eager's
+// lucky error on one sample and 1.0x on the next (a session-34 probe).
+TEST(CalibratedTuning, EagersOwnFp32ErrorIsItsLevelOverTheSamples) {
+  Graph g;
+  TunerOptions options = quick();
+  options.eager_at_precision = [&](Precision, std::string&) -> std::optional<std::vector<std::vector<Tensor>>> {
+    return std::vector<std::vector<Tensor>>{{logits(0.02)}, {logits(0.1)}};  // a lucky sample, then its level
+  };
+  const auto one = g.samples().front();
+  GraphTuner tuner("g", g.spec(), {one, one}, options);
+  // 0.15 on both samples: 7.5x eager's error on the first alone, 1.5x its level
+  auto index = tuner.evaluate_external(with_noise("fp32 rounds once more", Precision::kStrict, 0.15), "B", 0);
+  const auto& report = tuner.select(StrategyConfig{.performance_validation = false});
+  EXPECT_NE(report.candidates[index].status, CandidateStatus::kIncorrect) << report.candidates[index].reason;
+  auto j = nlohmann::json::parse(report.to_json());
+  EXPECT_NEAR(j["eager_at_precision"]["fp32"]["outputs"][0]["max_abs_error"].get<double>(), 0.1, 1e-6);
+}
+
 TEST(CalibratedTuning, TheUsersMetricDecidesWithItsMaximumDrop) {
   Graph g;
   TunerOptions options = quick();

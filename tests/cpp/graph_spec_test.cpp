@@ -488,6 +488,19 @@ TEST(ShapeCondition, JsonRoundTripsAndReadsAsPython) {
   EXPECT_EQ(c.inputs(), (std::vector<std::string>{"x"}));
 }
 
+// The export repeats a guard per use: a report read `(x.shape[0] != 1) or (x.shape[0] != 1)
+// or (x.shape[0] != 1) or (x.shape[0] != 1)` (a session-34 probe). Said once; the condition
+// itself (its JSON, what it evaluates) is unchanged.
+TEST(ShapeCondition, AnAndOrOrOfOneTermRepeatedReadsAsItOnce) {
+  const auto repeated = ShapeCondition::from_json(
+      R"(["or", ["ne", ["dim", "x", 0], 1], ["ne", ["dim", "x", 0], 1], ["ne", ["dim", "x", 0], 1]])");
+  EXPECT_EQ(repeated.to_string(), "x.shape[0] != 1");
+  EXPECT_EQ(ShapeCondition::from_json(repeated.to_json()), repeated);
+  const auto mixed = ShapeCondition::from_json(
+      R"(["and", ["gt", ["dim", "x", 1], 2], ["ne", ["dim", "x", 0], 1], ["gt", ["dim", "x", 1], 2]])");
+  EXPECT_EQ(mixed.to_string(), "(x.shape[1] > 2) and (x.shape[0] != 1)");
+}
+
 TEST(ShapeCondition, MalformedJsonIsRefusedNamingWhat) {
   expect_error([] { ShapeCondition::from_json(R"(["xor", 1, 2])"); }, ErrorCode::kInvalidArgument, {"unknown operation 'xor'"});
   expect_error([] { ShapeCondition::from_json(R"(["ne", 1])"); }, ErrorCode::kInvalidArgument, {"'ne' takes 2..2 operands, got 1"});

@@ -484,3 +484,53 @@ def test_a_strict_candidate_more_exact_than_eager_is_judged_against_eager_s_own_
     assert correctness["calibrated_precision"] == "fp32"
     assert {o["rule"] for o in correctness["outputs"]} == {"calibrated"}, correctness["outputs"]
     assert "against the module run wider" in report.summary_table()
+
+
+class PairDistances(torch.nn.Module):
+    """No parameters: distances between points and the same points moved by 1e-3."""
+
+    def forward(self, x):
+        return torch.cdist(x, x + 1e-3)
+
+
+class NarrowedInside(torch.nn.Module):
+    """Centres ``linear(x) + 1e3`` after a ``.float()`` of its own: a run in float64 is cast
+    back to float32 half way."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(64, 512)
+
+    def forward(self, x):
+        y = (self.linear(x) + 1e3).float()
+        return y - y.mean(-1, keepdim=True)
+
+
+def test_eager_s_own_fp32_error_is_measured_for_a_module_without_parameters(cache_dir):
+    """A module with no parameters was never run wider ("no floating parameters to run
+    wider"): its floating inputs are upcast alone now, so the exact graph is judged against
+    eager's own error (a session-34 probe: cdist of points offset by 10)."""
+    torch.manual_seed(0)
+    model = ait.Module(PairDistances().eval(), "pairs", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [torch.randn(64, 16) + 10 for _ in range(2)], ignore_failing_modules=False, progress=False,
+             performance_validation=False)
+    (report,) = model.ait_reports.values()
+    correctness = json.loads(report.to_json())["candidates"][0]["correctness"]
+    assert correctness["calibration_note"] == "", correctness["calibration_note"]
+    assert json.loads(report.to_json())["eager_at_precision"]["fp32"]["available"] is True
+
+
+def test_a_run_cast_back_to_float32_inside_forward_is_not_taken_for_eager_s_own_error(cache_dir):
+    """forward's own ``.float()`` cast the float64 run back half way, so its distance from the
+    reference understated eager's error and the reason overstated the candidate's 37-fold
+    (a session-34 probe). Refused as a yardstick, naming the output; the table decides."""
+    torch.manual_seed(1)
+    model = ait.Module(NarrowedInside().eval(), "narrowed", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [torch.randn(4, 64) for _ in range(2)], ignore_failing_modules=True, progress=False,
+             performance_validation=False)
+    (report,) = model.ait_reports.values()
+    data = json.loads(report.to_json())
+    assert "fp32" in data["eager_at_precision"], "the candidate passed the table: eager's own error was not asked for"
+    assert data["eager_at_precision"]["fp32"]["available"] is False
+    assert "output 0 came back in float32" in data["eager_at_precision"]["fp32"]["reason"]
+    assert "forward casts to a dtype of its own" in data["eager_at_precision"]["fp32"]["reason"]

@@ -145,8 +145,11 @@ def _wider_outputs(graph: RecordedGraph, own: torch.dtype | None) -> list[list[t
     """The strict yardstick (calibration_yardstick): the module run one width wider than it
     computes (float32 -> float64, fp16 / bf16 -> float32), whose distance from the reference
     is eager's own rounding error; asked only where a strict candidate fails the table."""
-    if own is None:
-        return "the module has no floating parameters to run wider"
+    if own is None:  # no floating parameters (a distance, a normalisation): its floating inputs' dtype
+        own = next((t.dtype for t in graph.samples[0].inputs
+                    if isinstance(t, torch.Tensor) and t.is_floating_point()), None)
+        if own is None:
+            return "the module has no floating parameters or inputs to run wider"
     wider = torch.float64 if own == torch.float32 else torch.float32 if own in _AUTOCAST.values() else None
     if wider is None:
         return f"no wider dtype than {str(own).removeprefix('torch.')}"
@@ -155,14 +158,18 @@ def _wider_outputs(graph: RecordedGraph, own: torch.dtype | None) -> list[list[t
         return (f"a {str(wider).removeprefix('torch.')} copy of the module's {size} "
                 f"{str(own).removeprefix('torch.')} elements would take {size * wider.itemsize / 2**30:.1f} GiB, "
                 f"above {WIDER_COPY_LIMIT_BYTES / 2**30:.0f} GiB")
-    return _upcast_outputs(graph, own, wider)
+    return _upcast_outputs(graph, own, wider, whole=True)
 
 
-def _upcast_outputs(graph: RecordedGraph, dtype: torch.dtype,
-                    wider: torch.dtype = torch.float32) -> list[list[torch.Tensor]] | str:
+def _upcast_outputs(graph: RecordedGraph, dtype: torch.dtype, wider: torch.dtype = torch.float32,
+                    whole: bool = False) -> list[list[torch.Tensor]] | str:
     """Per sample, the outputs of ``graph``'s module with its ``dtype`` parameters, buffers
     and inputs in ``wider`` (exact: TF32 off), cast to the reference's dtypes. The module's
-    tensors are swapped for ``wider`` copies for the run and put back after, as they were."""
+    tensors are swapped for ``wider`` copies for the run and put back after, as they were.
+    ``whole``: every floating output must come back in ``wider``; one that does not was cast
+    back inside ``forward`` (``.float()``), so the run was not wider throughout, and its
+    distance from the reference would understate eager's error (a ratio 37x too high, a
+    session-34 probe): refused, with the output named."""
     swapped = [(t, t.data) for t in (*graph.module.parameters(), *graph.module.buffers()) if t.dtype == dtype]
     outputs = []
     try:
@@ -172,6 +179,11 @@ def _upcast_outputs(graph: RecordedGraph, dtype: torch.dtype,
             for sample in graph.samples:
                 inputs = [t.to(wider) if isinstance(t, torch.Tensor) and t.dtype == dtype else t for t in sample.inputs]
                 got = graph.run_eager(inputs)
+                if whole and (narrow := next((i for i, (t, ref) in enumerate(zip(got, sample.outputs, strict=True))
+                                              if ref.dtype == dtype and t.dtype != wider), None)) is not None:
+                    return (f"output {narrow} came back in {str(got[narrow].dtype).removeprefix('torch.')} from the "
+                            f"module run in {str(wider).removeprefix('torch.')}: forward casts to a dtype of its own "
+                            "inside, so that run is not wider throughout")
                 outputs.append(_as_recorded(got, sample.outputs))
     except Exception as error:  # an op without a kernel at that width, a dtype fixed inside, or out of memory
         return (f"the module computes in {str(dtype).removeprefix('torch.')}; running it in "

@@ -277,9 +277,19 @@ std::string ShapeCondition::text(int index) const {
     for (std::size_t i = 0; i < node.operands.size(); ++i) out.append(i ? ", " : "").append(text(node.operands[i]));
     return out + ")";
   }
+  // `and` / `or` of the same operand more than once reads as that operand once (the
+  // export repeats a guard per use: `(x.shape[0] != 1) or (x.shape[0] != 1) or ...`).
+  const bool idempotent = op.name == std::string_view("and") || op.name == std::string_view("or");
+  std::vector<std::string> seen;
   for (std::size_t i = 0; i < node.operands.size(); ++i) {
+    std::string term = operand(node.operands[i]);
+    if (idempotent && std::find(seen.begin(), seen.end(), term) != seen.end()) continue;
+    seen.push_back(term);
+  }
+  if (seen.size() == 1 && node.operands.size() > 1) return text(node.operands[0]);
+  for (std::size_t i = 0; i < seen.size(); ++i) {
     if (i) out.append(" ").append(op.symbol).append(" ");
-    out += operand(node.operands[i]);
+    out += seen[i];
   }
   return out;
 }

@@ -397,7 +397,11 @@ OutputCheck compare_output(const std::string& name, const TensorView& actual, co
               : std::to_string(check.mismatched) + " of " + std::to_string(n) + " elements beyond " + bound +
                     " and rtol=" + fmt(tolerance.rtol) + " (max abs error " + fmt(check.max_abs_error) +
                     ", max rel error " + fmt(check.max_rel_error) + "; would pass with atol=" + fmt(required_atol) +
-                    " or rtol=" + fmt(required_rtol) + ")";
+                    (std::isfinite(required_rtol)
+                         ? " or rtol=" + fmt(required_rtol)
+                         // max rel error is over nonzero references: "rel 1, rtol=inf" read as a contradiction
+                         : std::string(", and with no rtol: an element whose reference is 0 is off")) +
+                    ")";
     if (check.rel_l2_beyond) check.failure += "; " + beyond_l2;
   }
   return check;

@@ -2,6 +2,7 @@
 // (the batch search on the winner is tuner_batch_search.cpp).
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <numeric>
 
 #include "aitune/tuner.hpp"
@@ -65,6 +66,38 @@ GraphTuner::GraphTuner(std::string graph, GraphSpec spec, std::vector<TuneSample
 
 GraphTuner::~GraphTuner() = default;
 
+namespace {
+
+// Eager's own fp32 error (the strict yardstick) as its level over the samples: per output,
+// every sample's errors raised to the largest any sample shows. fp32 rounding of one large
+// intermediate lands anywhere within half an ulp, so one sample's error can be a lucky
+// fraction of what the same arithmetic costs on the next; a correct graph rounding once more
+// measured 3.2x eager's error on one seed and 1.0x on others (a session-34 probe).
+void level_over_samples(EagerAtPrecision& eager) {
+  std::map<std::string, OutputCheck> level;
+  for (const auto& s : eager.samples)
+    for (const auto& o : s.outputs) {
+      auto [it, fresh] = level.try_emplace(o.name, o);
+      if (fresh) continue;
+      it->second.max_abs_error = std::max(it->second.max_abs_error, o.max_abs_error);
+      it->second.rel_l2_error = std::max(it->second.rel_l2_error, o.rel_l2_error);
+      if (o.rest_max_abs_error && it->second.rest_max_abs_error)
+        it->second.rest_max_abs_error = std::max(*it->second.rest_max_abs_error, *o.rest_max_abs_error);
+      if (o.rest_rel_l2_error && it->second.rest_rel_l2_error)
+        it->second.rest_rel_l2_error = std::max(*it->second.rest_rel_l2_error, *o.rest_rel_l2_error);
+    }
+  for (auto& s : eager.samples)
+    for (auto& o : s.outputs) {
+      const auto& l = level.at(o.name);
+      o.max_abs_error = l.max_abs_error;
+      o.rel_l2_error = l.rel_l2_error;
+      if (o.rest_max_abs_error && l.rest_max_abs_error) o.rest_max_abs_error = l.rest_max_abs_error;
+      if (o.rest_rel_l2_error && l.rest_rel_l2_error) o.rest_rel_l2_error = l.rest_rel_l2_error;
+    }
+}
+
+}  // namespace
+
 const EagerAtPrecision& GraphTuner::Impl::calibration(Precision precision) {
   if (auto it = calibrations.find(precision); it != calibrations.end()) return it->second;
   EagerAtPrecision eager;
@@ -81,6 +114,7 @@ const EagerAtPrecision& GraphTuner::Impl::calibration(Precision precision) {
     for (std::size_t i = 0; i < samples.size(); ++i)
       eager.samples.push_back(compare_sample(sample_label(i), output_names, views_of((*outputs)[i]),
                                              samples[i].expected, tolerances_for(precision)));
+    if (precision == Precision::kStrict) level_over_samples(eager);
   }
   log("eager at " + std::string(precision_name(precision)) + ": " +
       (eager.available ? "measured (the calibrated bound of its candidates)" : "unavailable: " + eager.reason));
