@@ -51,6 +51,13 @@ void apply_calibration(CorrectnessReport& candidate, const EagerAtPrecision& eag
 /// form in ONNX Runtime: the table rejected the more accurate graph, a session-34 probe).
 std::string calibration_yardstick(Precision precision);
 
+/// The factor the calibrated rule applies to a candidate at `precision` given the user's
+/// accuracy_factor: that factor, but at least 4 for strict candidates. Eager's own fp32
+/// error can be a single rounding of a large intermediate, and a correct graph that
+/// rounds there two or three times more (another order of the same fp32 additions)
+/// measured 3.2x it, where a wrong graph errs by the size of its values, orders above.
+double calibration_factor(Precision precision, double accuracy_factor) noexcept;
+
 /// Error(kInvalidArgument) unless factor is finite and >= 1.
 void validate_accuracy_factor(double factor);
 

@@ -65,6 +65,10 @@ constexpr double kTop1DisagreementFloor = 0.01;
 // (eager's max abs error large, its spread 0) moves no argmax, and excuses no flip.
 double near_tie_bound(double factor, const OutputCheck& eager) { return factor * eager.max_row_error_spread; }
 
+double calibration_factor(Precision precision, double accuracy_factor) noexcept {
+  return precision == Precision::kStrict ? std::max(accuracy_factor, 4.0) : accuracy_factor;
+}
+
 std::string calibration_yardstick(Precision precision) {
   return precision == Precision::kStrict ? "eager fp32 (its own error, against the module run wider)"
                                          : "eager " + std::string(precision_name(precision));

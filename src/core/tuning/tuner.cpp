@@ -141,7 +141,7 @@ CorrectnessReport GraphTuner::Impl::judge(Precision precision, const std::vector
   // A reduced precision is judged against eager at it always; strict, only where the table
   // rejects it (eager's own fp32 error is measured then, once, by running the module wider).
   if (options.eager_at_precision && (precision != Precision::kStrict || !result.passed()))
-    apply_calibration(result, calibration(precision), options.accuracy_factor);
+    apply_calibration(result, calibration(precision), calibration_factor(precision, options.accuracy_factor));
   if (options.accuracy_metric) {
     if (!metric_baseline) {
       std::vector<std::vector<TensorView>> reference;

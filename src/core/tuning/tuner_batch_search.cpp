@@ -176,7 +176,7 @@ void GraphTuner::Impl::search_batch(std::size_t index) {
       if (options.eager_at_precision && (candidate.precision != Precision::kStrict || !tiled.passed())) {
         EagerAtPrecision eager = calibration(candidate.precision);
         if (eager.available) eager.samples = {eager.samples.at(profile_sample)};
-        apply_calibration(tiled, eager, options.accuracy_factor);
+        apply_calibration(tiled, eager, calibration_factor(candidate.precision, options.accuracy_factor));
       }
       const auto& check = tiled.samples.front();
       if (check.passed()) {
