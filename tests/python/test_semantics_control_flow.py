@@ -184,3 +184,42 @@ def test_a_trace_looping_over_a_value_shaped_tensor_is_refused_naming_the_loop()
     with pytest.raises(TraceWarningError, match=r"test_semantics_control_flow.py:\d+: for expert in hit:"):
         ait.tune(model, [torch.randn(4) for _ in range(6)], ignore_failing_modules=False)
     assert model.ait_state is ModuleState.PASSTHROUGH
+
+
+class CompareBranch(torch.nn.Module):
+    """Branches on a comparison that answers a Python bool without a traced node."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+        self.how = how
+
+    def forward(self, x, mask):
+        zeros = torch.zeros_like(mask)
+        if self.how == "torch.equal":
+            skip = torch.equal(mask, zeros)
+        elif self.how == "torch.allclose":
+            skip = torch.allclose(mask, zeros)
+        elif self.how == "Tensor.equal":
+            skip = mask.equal(zeros)
+        elif self.how == "torch.is_nonzero":
+            skip = not torch.is_nonzero(mask.sum() > 0)
+        else:
+            skip = mask.detach().numpy().sum() == 0
+        return x if skip else self.linear(x) * mask
+
+
+@pytest.mark.parametrize("how", ["torch.equal", "torch.allclose", "Tensor.equal", "torch.is_nonzero", "Tensor.numpy"])
+def test_trace_export_of_a_branch_on_a_comparison_of_values_is_refused(how):
+    """``torch.equal`` / ``allclose`` / ``is_nonzero`` / ``.numpy()`` were not among the
+    conversions watched and leave no TracerWarning: the trace of samples with an all-ones
+    mask returned ``linear(x) * 0`` for a zero mask where eager returns x, silently (a
+    session-35 probe, through FirstWinsStrategy([dynamo, trace]))."""
+    model = ait.Module(CompareBranch(how).eval(), "compare",
+                       strategy=cpu_strategy(use_dynamo=False, tune_provider_options=False))
+    samples = [(torch.randn(8), torch.ones(8)) for _ in range(4)]
+    with pytest.raises(TraceWarningError, match=rf"\({how} of a value computed from the inputs\)"):
+        ait.tune(model, samples, ignore_failing_modules=False)
+    assert model.ait_state is ModuleState.PASSTHROUGH
+    x = torch.randn(2, 8)
+    torch.testing.assert_close(model(x, torch.zeros(2, 8)), x)

@@ -223,9 +223,9 @@ def _cache_geometry(config) -> tuple[int, int, int]:
     the encoder's layer count crashed the step (IndexError) where the decoder had more."""
     layers = getattr(config, "decoder_layers", None) or config.num_hidden_layers
     heads = getattr(config, "decoder_attention_heads", None) or config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    if getattr(config, "decoder_attention_heads", None):
-        kv_heads = heads  # these decoders have no grouped keys: one key head per query head
+    # those encoder-decoder families have no grouped keys: one key head per query head
+    grouped = None if getattr(config, "decoder_attention_heads", None) else getattr(config, "num_key_value_heads", None)
+    kv_heads = grouped or heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     return layers, kv_heads, head_dim
 

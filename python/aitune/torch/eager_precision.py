@@ -11,6 +11,7 @@ import torch
 
 from aitune import _core
 from aitune.torch.context import run_eagerly
+from aitune.torch.flatten import dtype_name
 from aitune.torch.graph import RecordedGraph
 
 _AUTOCAST = {_core.Precision.FP16: torch.float16, _core.Precision.BF16: torch.bfloat16}
@@ -152,11 +153,11 @@ def _wider_outputs(graph: RecordedGraph, own: torch.dtype | None) -> list[list[t
             return "the module has no floating parameters or inputs to run wider"
     wider = torch.float64 if own == torch.float32 else torch.float32 if own in _AUTOCAST.values() else None
     if wider is None:
-        return f"no wider dtype than {str(own).removeprefix('torch.')}"
+        return f"no wider dtype than {dtype_name(own)}"
     size = sum(t.numel() for t in (*graph.module.parameters(), *graph.module.buffers()) if t.dtype == own)
     if size * wider.itemsize > WIDER_COPY_LIMIT_BYTES:
-        return (f"a {str(wider).removeprefix('torch.')} copy of the module's {size} "
-                f"{str(own).removeprefix('torch.')} elements would take {size * wider.itemsize / 2**30:.1f} GiB, "
+        return (f"a {dtype_name(wider)} copy of the module's {size} "
+                f"{dtype_name(own)} elements would take {size * wider.itemsize / 2**30:.1f} GiB, "
                 f"above {WIDER_COPY_LIMIT_BYTES / 2**30:.0f} GiB")
     return _upcast_outputs(graph, own, wider, whole=True)
 
@@ -181,13 +182,13 @@ def _upcast_outputs(graph: RecordedGraph, dtype: torch.dtype, wider: torch.dtype
                 got = graph.run_eager(inputs)
                 if whole and (narrow := next((i for i, (t, ref) in enumerate(zip(got, sample.outputs, strict=True))
                                               if ref.dtype == dtype and t.dtype != wider), None)) is not None:
-                    return (f"output {narrow} came back in {str(got[narrow].dtype).removeprefix('torch.')} from the "
-                            f"module run in {str(wider).removeprefix('torch.')}: forward casts to a dtype of its own "
+                    return (f"output {narrow} came back in {dtype_name(got[narrow].dtype)} from the "
+                            f"module run in {dtype_name(wider)}: forward casts to a dtype of its own "
                             "inside, so that run is not wider throughout")
                 outputs.append(_as_recorded(got, sample.outputs))
     except Exception as error:  # an op without a kernel at that width, a dtype fixed inside, or out of memory
-        return (f"the module computes in {str(dtype).removeprefix('torch.')}; running it in "
-                f"{str(wider).removeprefix('torch.')} to measure what that costs raised {type(error).__name__}: {error}")
+        return (f"the module computes in {dtype_name(dtype)}; running it in "
+                f"{dtype_name(wider)} to measure what that costs raised {type(error).__name__}: {error}")
     finally:
         for tensor, data in swapped:
             tensor.data = data

@@ -42,13 +42,13 @@ class TraceWarningError(ExportError):
 
 
 def _listed_sites(sites: dict[tuple[str, int], str], source_of_value: str) -> str:
-    """The first five conversion sites as ``file:line: source  (Tensor.<conversion> of a value
+    """The first five conversion sites as ``file:line: source  (<Tensor.conversion> of a value
     computed from <source_of_value>)`` lines, and how many more there are."""
     lines = []
     for (filename, lineno), conversion in list(sites.items())[:5]:
         source = (linecache.getline(filename, lineno) or "").strip()
         lines.append(f"  {filename}:{lineno}: {source}  "
-                     f"(Tensor.{conversion} of a value computed from {source_of_value})")
+                     f"({conversion} of a value computed from {source_of_value})")
     more = f"\n  ... and {len(sites) - 5} more" if len(sites) > 5 else ""
     return "\n".join(lines) + more
 

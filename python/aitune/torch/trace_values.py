@@ -10,7 +10,13 @@ import torch
 #: The conversions the tracer cannot record: their result is baked into the graph.
 #: ``__len__`` and ``__iter__`` read the first extent only (a loop ``for e in t`` runs that many
 #: times in the trace, for every input): a shape, unless it follows values (``nonzero``).
-_CONVERSIONS = ("__bool__", "__int__", "__float__", "__index__", "item", "tolist", "__len__", "__iter__")
+_CONVERSIONS = ("__bool__", "__int__", "__float__", "__index__", "item", "tolist", "__len__", "__iter__",
+                "numpy", "__array__",
+                # comparisons that answer a Python bool (``if torch.equal(mask, zeros):``): the
+                # tracer records no node for them, so their answer is baked in without a warning
+                "equal", "allclose", "is_nonzero")
+#: The same comparisons as torch functions (``torch.equal(a, b)`` does not go through ``Tensor.equal``).
+_TORCH_CONVERSIONS = ("equal", "allclose", "is_nonzero")
 _EXTENT_CONVERSIONS = ("__len__", "__iter__")
 #: Operators whose result depends on the shape of their input only, never its values.
 #: (``aten::_shape_as_tensor``: how a tracer may read ``x.shape`` as a tensor)
@@ -43,7 +49,7 @@ class ValueConversions:
         self.inputs: set[int] = set()
         self.sites: dict[tuple[str, int], str] = {}
         self.shape_sites: dict[tuple[str, int], str] = {}
-        self._originals: dict[str, object] = {}
+        self._originals: dict[tuple[object, str], object] = {}
 
     def note_inputs(self, tensors) -> None:
         """The trace's input tensors (called inside the traced forward)."""
@@ -56,28 +62,33 @@ class ValueConversions:
                 pass
 
     def __enter__(self) -> ValueConversions:
-        for name in _CONVERSIONS:
-            original = getattr(torch.Tensor, name)
-            self._originals[name] = original
-            setattr(torch.Tensor, name, self._watched(name, original))
+        for owner, names in ((torch.Tensor, _CONVERSIONS), (torch, _TORCH_CONVERSIONS)):
+            for name in names:
+                original = getattr(owner, name)
+                self._originals[(owner, name)] = original
+                label = f"{'Tensor' if owner is torch.Tensor else 'torch'}.{name}"
+                setattr(owner, name, self._watched(name, label, original))
         return self
 
     def __exit__(self, *exc) -> None:
-        for name, original in self._originals.items():
-            setattr(torch.Tensor, name, original)
+        for (owner, name), original in self._originals.items():
+            setattr(owner, name, original)
         self._originals.clear()
 
-    def _watched(self, name: str, original):
+    def _watched(self, name: str, label: str, original):
         def converted(tensor, *args, **kwargs):
             if self.inputs and torch._C._get_tracing_state() is not None:
                 # len(t) and a loop over t read t's first extent: a shape, unless t's shape follows
                 # values (a mixture of experts' ``for expert in nonzero(hits)``: the trace kept the
                 # example's experts, and an input routed to fewer failed in ORT's Split, a probe)
-                source = self._source(tensor, through_shape=name in _EXTENT_CONVERSIONS)
+                # a comparison's answer depends on every tensor it compares (``torch.equal(a, b)``)
+                compared = [t for t in (tensor, *args) if isinstance(t, torch.Tensor)]
+                sources = {self._source(t, through_shape=name in _EXTENT_CONVERSIONS) for t in compared}
+                source = "values" if "values" in sources else "shapes" if "shapes" in sources else None
                 if source == "values":
-                    self.sites.setdefault(_caller(), name)
+                    self.sites.setdefault(_caller(), label)
                 elif source == "shapes":
-                    self.shape_sites.setdefault(_caller(), name)
+                    self.shape_sites.setdefault(_caller(), label)
             return original(tensor, *args, **kwargs)
 
         return converted

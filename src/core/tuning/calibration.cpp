@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <limits>
+#include <map>
 #include <optional>
 #include <sstream>
 
@@ -40,6 +41,30 @@ bool group_failed(const OutputCheck& c, const GroupCheck& g) {
 }
 
 }  // namespace
+
+void raise_to_level_over_samples(EagerAtPrecision& eager) {
+  struct Level {
+    double max_abs = 0, rel_l2 = 0;
+    std::optional<double> rest_max_abs, rest_rel_l2;  // over the samples with outliers set apart
+  };
+  std::map<std::string, Level> levels;
+  for (const auto& s : eager.samples)
+    for (const auto& o : s.outputs) {
+      Level& l = levels[o.name];
+      l.max_abs = std::max(l.max_abs, o.max_abs_error);
+      l.rel_l2 = std::max(l.rel_l2, o.rel_l2_error);
+      if (o.rest_max_abs_error) l.rest_max_abs = std::max(l.rest_max_abs.value_or(0.0), *o.rest_max_abs_error);
+      if (o.rest_rel_l2_error) l.rest_rel_l2 = std::max(l.rest_rel_l2.value_or(0.0), *o.rest_rel_l2_error);
+    }
+  for (auto& s : eager.samples)
+    for (auto& o : s.outputs) {
+      const Level& l = levels.at(o.name);
+      o.max_abs_error = l.max_abs;
+      o.rel_l2_error = l.rel_l2;
+      if (o.rest_max_abs_error && l.rest_max_abs) o.rest_max_abs_error = l.rest_max_abs;
+      if (o.rest_rel_l2_error && l.rest_rel_l2) o.rest_rel_l2_error = l.rest_rel_l2;
+    }
+}
 
 void validate_accuracy_factor(double factor) {
   if (!std::isfinite(factor) || factor < 1)

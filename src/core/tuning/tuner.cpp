@@ -66,38 +66,6 @@ GraphTuner::GraphTuner(std::string graph, GraphSpec spec, std::vector<TuneSample
 
 GraphTuner::~GraphTuner() = default;
 
-namespace {
-
-// Eager's own fp32 error (the strict yardstick) as its level over the samples: per output,
-// every sample's errors raised to the largest any sample shows. fp32 rounding of one large
-// intermediate lands anywhere within half an ulp, so one sample's error can be a lucky
-// fraction of what the same arithmetic costs on the next; a correct graph rounding once more
-// measured 3.2x eager's error on one seed and 1.0x on others (a session-34 probe).
-void level_over_samples(EagerAtPrecision& eager) {
-  std::map<std::string, OutputCheck> level;
-  for (const auto& s : eager.samples)
-    for (const auto& o : s.outputs) {
-      auto [it, fresh] = level.try_emplace(o.name, o);
-      if (fresh) continue;
-      it->second.max_abs_error = std::max(it->second.max_abs_error, o.max_abs_error);
-      it->second.rel_l2_error = std::max(it->second.rel_l2_error, o.rel_l2_error);
-      if (o.rest_max_abs_error && it->second.rest_max_abs_error)
-        it->second.rest_max_abs_error = std::max(*it->second.rest_max_abs_error, *o.rest_max_abs_error);
-      if (o.rest_rel_l2_error && it->second.rest_rel_l2_error)
-        it->second.rest_rel_l2_error = std::max(*it->second.rest_rel_l2_error, *o.rest_rel_l2_error);
-    }
-  for (auto& s : eager.samples)
-    for (auto& o : s.outputs) {
-      const auto& l = level.at(o.name);
-      o.max_abs_error = l.max_abs_error;
-      o.rel_l2_error = l.rel_l2_error;
-      if (o.rest_max_abs_error && l.rest_max_abs_error) o.rest_max_abs_error = l.rest_max_abs_error;
-      if (o.rest_rel_l2_error && l.rest_rel_l2_error) o.rest_rel_l2_error = l.rest_rel_l2_error;
-    }
-}
-
-}  // namespace
-
 const EagerAtPrecision& GraphTuner::Impl::calibration(Precision precision) {
   if (auto it = calibrations.find(precision); it != calibrations.end()) return it->second;
   EagerAtPrecision eager;
@@ -114,13 +82,24 @@ const EagerAtPrecision& GraphTuner::Impl::calibration(Precision precision) {
     for (std::size_t i = 0; i < samples.size(); ++i)
       eager.samples.push_back(compare_sample(sample_label(i), output_names, views_of((*outputs)[i]),
                                              samples[i].expected, tolerances_for(precision)));
-    if (precision == Precision::kStrict) level_over_samples(eager);
+    if (precision == Precision::kStrict) raise_to_level_over_samples(eager);
   }
   log("eager at " + std::string(precision_name(precision)) + ": " +
       (eager.available ? "measured (the calibrated bound of its candidates)" : "unavailable: " + eager.reason));
   auto& stored = calibrations.emplace(precision, std::move(eager)).first->second;
   report.eager_at_precision.push_back(stored);
   return stored;
+}
+
+void GraphTuner::Impl::calibrate_where_due(CorrectnessReport& checks, Precision precision,
+                                           std::optional<std::size_t> only_sample) {
+  if (!options.eager_at_precision || (precision == Precision::kStrict && checks.passed())) return;
+  const EagerAtPrecision& eager = calibration(precision);
+  const double factor = calibration_factor(precision, options.accuracy_factor);
+  if (!only_sample || !eager.available) return apply_calibration(checks, eager, factor);
+  EagerAtPrecision one = eager;
+  one.samples = {eager.samples.at(*only_sample)};
+  apply_calibration(checks, one, factor);
 }
 
 CorrectnessReport GraphTuner::Impl::judge(Precision precision, const std::vector<std::vector<Tensor>>& outputs) {
@@ -138,10 +117,7 @@ CorrectnessReport GraphTuner::Impl::judge(Precision precision, const std::vector
     result.samples.push_back(compare_sample_at_valid_positions(sample_label(i), output_names, views_of(outputs.at(i)),
                                                                samples[i].expected, samples[i].valid, tolerances));
   }
-  // A reduced precision is judged against eager at it always; strict, only where the table
-  // rejects it (eager's own fp32 error is measured then, once, by running the module wider).
-  if (options.eager_at_precision && (precision != Precision::kStrict || !result.passed()))
-    apply_calibration(result, calibration(precision), calibration_factor(precision, options.accuracy_factor));
+  calibrate_where_due(result, precision);
   if (options.accuracy_metric) {
     if (!metric_baseline) {
       std::vector<std::vector<TensorView>> reference;

@@ -171,13 +171,7 @@ void GraphTuner::Impl::search_batch(std::size_t index) {
       CorrectnessReport tiled;
       tiled.samples.push_back(compare_sample("batch " + std::to_string(result.max_batch), output_names,
                                              views_of(outputs), views_of(expected), tolerances_for(candidate.precision)));
-      // Tiling repeats the sample, so eager-at-P's errors on it are its errors on the sample
-      // (strict: eager's own fp32 error, asked where the table rejects, as in judge()).
-      if (options.eager_at_precision && (candidate.precision != Precision::kStrict || !tiled.passed())) {
-        EagerAtPrecision eager = calibration(candidate.precision);
-        if (eager.available) eager.samples = {eager.samples.at(profile_sample)};
-        apply_calibration(tiled, eager, calibration_factor(candidate.precision, options.accuracy_factor));
-      }
+      calibrate_where_due(tiled, candidate.precision, profile_sample);
       const auto& check = tiled.samples.front();
       if (check.passed()) {
         GraphSpec widened = model_spec;

@@ -249,6 +249,13 @@ struct GraphTuner::Impl {
   // Eager at `precision` against the reference, asked of the front end once (calibration.hpp).
   const EagerAtPrecision& calibration(Precision precision);
 
+  // The calibrated rule where it applies: a reduced precision always, strict only where the
+  // table rejected the check (eager's own fp32 error is measured then, once, by running the
+  // module wider). `only_sample`: the check is of that sample alone (the batch search's
+  // tiled check repeats it, so eager's errors on it are its errors on the tiles).
+  void calibrate_where_due(CorrectnessReport& checks, Precision precision,
+                           std::optional<std::size_t> only_sample = std::nullopt);
+
   // The checks of a candidate computing in `precision` with these outputs (per sample):
   // the table, the calibrated rule for reduced precisions, the user's metric.
   CorrectnessReport judge(Precision precision, const std::vector<std::vector<Tensor>>& outputs);
