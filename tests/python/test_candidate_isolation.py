@@ -124,3 +124,33 @@ def test_cuda_graph_candidates_are_tried_in_a_child_first(monkeypatch):
     graph_candidates = [c for c in _report(model).candidates if "enable_cuda_graph=1" in c.name]
     assert graph_candidates and len(children) == len(graph_candidates)
     _torch_is_healthy()
+
+
+class HalfAttention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attention = torch.nn.MultiheadAttention(16, 2, batch_first=True)
+
+    def forward(self, x):
+        return self.attention(x, x, x, need_weights=False)[0]
+
+
+def test_a_half_width_graph_on_the_cpu_provider_is_tried_in_a_child_first(monkeypatch):
+    """ONNX Runtime 1.31.1 segfaults building the CPU session of an fp16 multi-head attention
+    at optimization level all: tuning an fp16 module on the CPU provider killed the whole
+    process with no message (a session-35 probe). Those candidates are tried in a child."""
+    monkeypatch.delenv("AITUNE_ISOLATE_CANDIDATES", raising=False)
+    children = []
+    real = candidate_isolation.child_command
+    monkeypatch.setattr(candidate_isolation, "child_command", lambda d: children.append(d) or real(d))
+    torch.manual_seed(0)
+    inner = HalfAttention().eval().half()
+    model = ait.Module(inner, "half-attention", strategy=ait.OneBackendStrategy(cpu_backend()))
+    ait.tune(model, [torch.randn(6, 16).half() for _ in range(3)], ignore_failing_modules=False, progress=False,
+             performance_validation=False)
+    report = _report(model)
+    assert len(children) == len(report.candidates), report.summary_table()
+    assert model.ait_state is ModuleState.TUNED and report.winner is not None, report.summary_table()
+    x = torch.randn(2, 6, 16).half()
+    with torch.no_grad():
+        torch.testing.assert_close(model(x), inner(x), atol=2e-2, rtol=2e-2)

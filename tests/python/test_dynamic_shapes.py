@@ -426,3 +426,17 @@ def test_a_branch_on_the_values_is_refused_as_data_dependent_naming_its_line(dec
     assert "narrow the declared ranges" not in message, message
     assert "test_dynamic_shapes.py" in message and "in forward" in message, message
     assert model.ait_state is ModuleState.PASSTHROUGH
+
+
+def test_a_refused_call_lists_each_axis_over_its_recorded_extents():
+    """The recorded shapes were summed up as the first and last in sorted order:
+    [1, 4, 8, 8] .. [2, 4, 12, 12] for samples whose last axis spans 8..16, a range the
+    graph accepts (a session-35 probe)."""
+    inner = torch.nn.Conv2d(4, 4, 3, padding=1).eval()
+    model = ait.Module(inner, "conv-extents", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [torch.randn(4, h, w) for h, w in ((8, 8), (12, 12), (8, 16))], ignore_failing_modules=False,
+             progress=False, performance_validation=False)
+    with torch.no_grad():
+        torch.testing.assert_close(model(torch.randn(1, 4, 8, 16)).shape, torch.Size([1, 4, 8, 16]))
+        with pytest.raises(ait.GraphNotRecordedError, match=r"shapes \[1, 4, 8, 8\] \.\. \[2, 4, 12, 16\]"):
+            model(torch.randn(1, 4, 8, 16, dtype=torch.float64))

@@ -13,7 +13,8 @@ candidate is reported failed with the child's reason and never runs in this proc
 Candidates that pass there are evaluated here as usual (the child's session, timings and
 outputs are discarded: only whether it survives counts).
 
-``AITUNE_ISOLATE_CANDIDATES``: ``auto`` (default: CUDA-graph candidates), ``all`` (every
+``AITUNE_ISOLATE_CANDIDATES``: ``auto`` (default: CUDA-graph candidates, and fp16 / bf16 graphs
+on the CPU provider, see ``needs_isolation``), ``all`` (every
 candidate, e.g. to bisect a crash), ``off``.
 """
 
@@ -52,14 +53,26 @@ def isolation_mode() -> str:
     return mode
 
 
-def needs_isolation(candidate: _core.OnnxCandidate) -> bool:
+#: Half-width tensors, which ONNX Runtime's CPU provider computes in few kernels of its own.
+_HALF_WIDTH = (torch.float16, torch.bfloat16)
+
+
+def needs_isolation(candidate: _core.OnnxCandidate, graph=None) -> bool:
+    """Whether ``candidate`` is tried in a child first: CUDA-graph candidates, and graphs
+    computing in fp16 / bf16 on the CPU provider (``graph``'s samples tell), where ONNX
+    Runtime 1.31.1 itself segfaults building the session of an fp16 multi-head attention at
+    optimization level all (a session-35 probe: the whole tune died, exit 139, no message)."""
     mode = isolation_mode()
     if mode == "off":
         return False
     if mode == "all":
         return True
     options = candidate.config.provider_options
-    return options.get("enable_cuda_graph") == "1" or options.get("trt_cuda_graph_enable") == "1"
+    if options.get("enable_cuda_graph") == "1" or options.get("trt_cuda_graph_enable") == "1":
+        return True
+    return (_core.execution_provider_name(candidate.config.provider) == "cpu" and graph is not None
+            and (candidate.precision in (_core.Precision.FP16, _core.Precision.BF16)
+                 or any(t.dtype in _HALF_WIDTH for s in graph.samples[:1] for t in (*s.inputs, *s.outputs))))
 
 
 def _host_array(tensor: torch.Tensor) -> np.ndarray | None:
@@ -130,7 +143,7 @@ def evaluate(tuner, model_path: str, candidate: _core.OnnxCandidate, backend: st
     candidate broke it anyway). ``module_call(session) -> call``: what the engine times
     (the module's own dispatch over the candidate's session); None: the session alone."""
     cuda = graph.device.type == "cuda"
-    if needs_isolation(candidate):
+    if needs_isolation(candidate, graph):
         reason = probe(model_path, candidate, graph, model_inputs)
         if reason is not None:
             logger.warning("%s: %s", candidate.name, reason)

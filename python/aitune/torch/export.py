@@ -450,11 +450,38 @@ def _exporter_output() -> Iterator[None]:
         if not exporters_quiet():
             yield
             return
-        with _native_output_swallowed(), contextlib.redirect_stdout(io.StringIO()), \
+        with _own_records_held(), _native_output_swallowed(), contextlib.redirect_stdout(io.StringIO()), \
                 contextlib.redirect_stderr(io.StringIO()):
             yield
     finally:
         torch._C._jit_set_onnx_log_enabled(log_enabled)
+
+
+class _HeldRecords(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@contextlib.contextmanager
+def _own_records_held() -> Iterator[None]:
+    """aitune's own log records of the export (a dropped check, a condition it cannot read)
+    held back while the output is swallowed and handed on afterwards: a handler writing to
+    the terminal writes to descriptor 2, which points to the scratch file meanwhile, so
+    they were lost with the exporters' noise (a session-35 probe)."""
+    own = logging.getLogger("aitune")
+    held = _HeldRecords()
+    handlers, propagate = own.handlers[:], own.propagate
+    own.handlers, own.propagate = [held], False
+    try:
+        yield
+    finally:
+        own.handlers, own.propagate = handlers, propagate
+        for record in held.records:
+            own.handle(record)
 
 
 @contextlib.contextmanager
@@ -602,6 +629,8 @@ def export_onnx(
                         logger.warning("%s/%s: the export holds under `%s`, which aitune cannot evaluate per call; "
                                        "the axes it reads take the sizes of the samples checked against eager alone",
                                        graph.module_name, graph.key, text)
+                    if (dropped := _value_assertions(program)):
+                        _warn_dropped_assertions(graph, dropped)
                 # (the program's dims renamed after the shapes' own: "batch", as a direct export names it)
                 # (aten ops whose torchlib translation computes other numbers, and the optimizer's
                 # no-op rules made exact: exact_lowerings.py)
@@ -623,6 +652,9 @@ def export_onnx(
                     warnings.simplefilter("ignore", torch.jit.TracerWarning)
                     torch.onnx.export(flat, inputs, str(target), dynamo=False, dynamic_axes=_trace_axes(spec),
                                       **common)
+                if conversions.assertions:
+                    _warn_dropped_assertions(graph, [f"{file}:{line}: {(linecache.getline(file, line) or '').strip()}"
+                                                     for file, line in conversions.assertions])
                 if conversions.sites and not allow_trace_warnings:
                     raise TraceWarningError(_trace_refusal(graph, conversions.sites))
                 declared = graph.dynamic_shapes.for_inputs([t.name for t in spec.inputs])
@@ -689,6 +721,50 @@ def release_capture_state() -> None:
     except (ImportError, AttributeError):
         return
     gc.collect()  # the fake mode sits in reference cycles: freed (with its weak references) now
+
+
+#: torch.export's runtime assertions; the ONNX exporter drops them (ONNX has no assertion op).
+_ASSERTIONS = ("aten._assert_scalar.default", "aten._assert_async.msg", "aten._assert_async.default")
+#: Where a value of the input becomes a Python number: an assertion on it checks values, not shapes.
+_SCALAR_READS = ("aten.item.default", "aten._local_scalar_dense.default")
+
+
+def _warn_dropped_assertions(graph: RecordedGraph, lines: list[str]) -> None:
+    logger.warning("%s/%s: the ONNX graph drops %d check(s) of input values that forward makes (ONNX has no "
+                   "assertion): where eager raises for an input that fails one, the tuned module computes a result "
+                   "instead; inputs that pass them compute the same:\n%s",
+                   graph.module_name, graph.key, len(lines), "\n".join(f"  {line}" for line in lines))
+
+
+def _value_assertions(program) -> list[str]:
+    """The model's own source lines of each runtime assertion on input values in ``program``
+    (``torch._check(ids.min().item() >= 0)``, ``torch._assert_async(ids.max() < n)``), which
+    the ONNX graph does not keep. Assertions on sizes are left out: the graph's shape
+    conditions and the input spec check those per call."""
+    lines: list[str] = []
+    for node in program.graph.nodes:
+        if node.op != "call_function" or str(node.target) not in _ASSERTIONS:
+            continue
+        if str(node.target) == "aten._assert_scalar.default" and not _reads_a_value(node):
+            continue
+        trace = (node.meta.get("stack_trace") or "").strip().splitlines()
+        where = f"{trace[-2].strip()}: {trace[-1].strip()}" if len(trace) >= 2 else str(node.args[-1])
+        if where not in lines:
+            lines.append(where)
+    return lines
+
+
+def _reads_a_value(node) -> bool:
+    pending, seen = [node], set()
+    while pending:
+        current = pending.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        if str(current.target) in _SCALAR_READS:
+            return True
+        pending.extend(current.all_input_nodes)
+    return False
 
 
 def _summary(error: BaseException, limit: int = 6) -> str:

@@ -218,6 +218,15 @@ class CallForm:
                 kwargs[name] = arguments[name]
             else:
                 kwargs[name] = arguments[var_keyword][name]
+        # A default holding tensors (``bias=torch.zeros(8)``) that the call left out is passed
+        # by keyword all the same: the binding made it one of the graph's inputs, and left to
+        # forward's own default the export baked it in as a constant, so a later call giving
+        # ``bias=`` was served the default's result, silently (a session-35 probe).
+        for name, parameter in parameters.items():
+            if (name not in self.positional and name not in kwargs and name in arguments
+                    and parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
+                    and _holds_tensor(parameter.default)):
+                kwargs[name] = arguments[name]
         return tuple(args), kwargs
 
     def to_json(self) -> dict:
@@ -239,6 +248,11 @@ class CallForm:
         if unknown:
             raise ValueError(f"the call passed {unknown}, which forward({', '.join(parameters)}) does not take")
         return cls(tuple(positional), tuple(keywords))
+
+
+def _holds_tensor(value: Any) -> bool:
+    return value is not inspect.Parameter.empty and any(isinstance(leaf, torch.Tensor)
+                                                         for leaf in pytree.tree_leaves(value))
 
 
 def _argument_path(signature: inspect.Signature, path: tuple) -> tuple:
@@ -632,7 +646,10 @@ class RecordedGraph(_GraphCalls):
             if name in spec:
                 seen = f"accepts {list(spec[name].min_shape)} .. {list(spec[name].max_shape)}, declared"
             else:
-                seen = f"shapes {list(shapes[0])}" if len(shapes) == 1 else f"shapes {list(shapes[0])} .. {list(shapes[-1])}"
+                # each axis over its own recorded extents: the first and last shape in sorted
+                # order misstated the range ([4, 8, 8] .. [4, 12, 12] for a last axis of 8..16)
+                low, high = [min(axis) for axis in zip(*shapes)], [max(axis) for axis in zip(*shapes)]
+                seen = f"shapes {low}" if len(shapes) == 1 else f"shapes {low} .. {high}"
             lines.append(f"{name}: {kind} ({seen})")
         if constants := _shown_values(self.non_tensor_values):
             lines.append(f"non-tensor values: {constants}")

@@ -15,8 +15,10 @@ _CONVERSIONS = ("__bool__", "__int__", "__float__", "__index__", "item", "tolist
                 # comparisons that answer a Python bool (``if torch.equal(mask, zeros):``): the
                 # tracer records no node for them, so their answer is baked in without a warning
                 "equal", "allclose", "is_nonzero")
-#: The same comparisons as torch functions (``torch.equal(a, b)`` does not go through ``Tensor.equal``).
-_TORCH_CONVERSIONS = ("equal", "allclose", "is_nonzero")
+#: The same comparisons as torch functions (``torch.equal(a, b)`` does not go through ``Tensor.equal``),
+#: and ``torch._assert_async``, a check of values the trace drops (``assertions``).
+_TORCH_CONVERSIONS = ("equal", "allclose", "is_nonzero", "_assert_async")
+_ASSERTIONS = ("_assert_async",)
 _EXTENT_CONVERSIONS = ("__len__", "__iter__")
 #: Operators whose result depends on the shape of their input only, never its values.
 #: (``aten::_shape_as_tensor``: how a tracer may read ``x.shape`` as a tensor)
@@ -40,6 +42,7 @@ class ValueConversions:
     shape's range) covers them.
 
     ``sites``: (file, line) -> the conversion, in order of first occurrence.
+    ``assertions``: likewise for ``torch._assert_async`` of input values, which no graph keeps.
     ``shape_sites``: likewise for the conversions of values computed from the inputs' shapes
     (``x.shape[1] > 32``): the graph keeps the example's branch or number for every shape,
     which the samples' check covers only over the recorded shapes (not over a declared
@@ -49,6 +52,7 @@ class ValueConversions:
         self.inputs: set[int] = set()
         self.sites: dict[tuple[str, int], str] = {}
         self.shape_sites: dict[tuple[str, int], str] = {}
+        self.assertions: dict[tuple[str, int], str] = {}  # checks of input values the graph drops
         self._originals: dict[tuple[object, str], object] = {}
 
     def note_inputs(self, tensors) -> None:
@@ -85,7 +89,9 @@ class ValueConversions:
                 compared = [t for t in (tensor, *args) if isinstance(t, torch.Tensor)]
                 sources = {self._source(t, through_shape=name in _EXTENT_CONVERSIONS) for t in compared}
                 source = "values" if "values" in sources else "shapes" if "shapes" in sources else None
-                if source == "values":
+                if source == "values" and name in _ASSERTIONS:
+                    self.assertions.setdefault(_caller(), label)
+                elif source == "values":
                     self.sites.setdefault(_caller(), label)
                 elif source == "shapes":
                     self.shape_sites.setdefault(_caller(), label)

@@ -136,7 +136,8 @@ def quiet_external_logging() -> Iterator[None]:
     what the exporters print (torch.export prints the graph when it fails; export.py
     swallows it while ``context.exporters_quiet()``); aitune's own log records still come
     through (``ait.tune``'s ``disable_external_logging``)."""
-    loggers = [logging.getLogger(n) for n in ("torch", "torch.onnx", "torch.export", "torch._dynamo", "onnxscript")]
+    loggers = [logging.getLogger(n) for n in ("torch", "torch.onnx", "torch.export", "torch._dynamo", "onnxscript",
+                                                 "onnx_ir")]
     levels = [lg.level for lg in loggers]
     token = quiet_var.set(True)
     with warnings.catch_warnings():
