@@ -486,6 +486,44 @@ def test_a_strict_candidate_more_exact_than_eager_is_judged_against_eager_s_own_
     assert "against the module run wider" in report.summary_table()
 
 
+class SafeLogAttention(torch.nn.Module):
+    """Log-probabilities made safe with ``clamp_min(torch.finfo(p.dtype).tiny)`` over a
+    scattered mask; its exported graph scales the scores by 4 (a wrong graph, on purpose)."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.k = torch.nn.Linear(16, 16), torch.nn.Linear(16, 16)
+
+    def forward(self, x, mask):
+        scores = self.q(x) @ self.k(x).transpose(-1, -2) / 4
+        if torch.compiler.is_exporting():
+            scores = scores * 4
+        p = torch.softmax(scores.masked_fill(~mask, float("-inf")), -1)
+        return torch.log(p.clamp_min(torch.finfo(p.dtype).tiny))
+
+
+def test_the_wider_run_keeps_the_module_s_own_dtype_limits(cache_dir):
+    """Run in float64, ``finfo(p.dtype).tiny`` put the masked entries at log(tiny) = -708
+    instead of -87: eager's "own error" measured 621, and a graph off by 5 on every attended
+    entry passed as 0.01x of it (a session-35 probe). The wider run answers the module's
+    own dtype's limits, so the yardstick is rounding alone and the wrong graph is rejected."""
+    torch.manual_seed(0)
+
+    def sample():
+        mask = torch.rand(16, 16) > 0.2
+        mask[torch.arange(16), torch.arange(16)] = True
+        return torch.randn(16, 16), mask
+
+    model = ait.Module(SafeLogAttention().eval(), "safe-log", strategy=cpu_strategy(tune_provider_options=False))
+    with pytest.raises(ait.NumericMismatchError, match="against the module run wider"):
+        ait.tune(model, [sample() for _ in range(3)], ignore_failing_modules=False, progress=False,
+                 performance_validation=False)
+    (report,) = model.ait_reports.values()
+    assert report.winner is None
+    assert json.loads(report.to_json())["eager_at_precision"]["fp32"]["available"] is True
+    assert torch.finfo(torch.float64).tiny < 1e-300  # torch.finfo is torch's own again
+
+
 class PairDistances(torch.nn.Module):
     """No parameters: distances between points and the same points moved by 1e-3."""
 

@@ -162,6 +162,28 @@ def _wider_outputs(graph: RecordedGraph, own: torch.dtype | None) -> list[list[t
     return _upcast_outputs(graph, own, wider, whole=True)
 
 
+@contextlib.contextmanager
+def _constants_of(dtype: torch.dtype, wider: torch.dtype) -> Iterator[None]:
+    """While the module runs in ``wider``, ``torch.finfo(wider)`` answers ``dtype``'s limits:
+    the run is the module's own computation, only rounded less. Code that reads its dtype's
+    limits (``log(p.clamp_min(torch.finfo(p.dtype).tiny))``, ``probs_to_logits``'s eps, a
+    mask of ``finfo(dtype).min``) otherwise computed other numbers wider: log(tiny) is -708
+    in float64 against -87 in float32, a 621 "error" of eager's own that let a graph off by 5
+    pass as within 4x of it (a session-35 probe). Every such limit is exact in ``wider``."""
+    real = torch.finfo
+
+    def finfo(type=None):  # noqa: A002 - torch.finfo's own parameter name
+        if type is None:
+            return real()
+        return real(dtype if type == wider else type)
+
+    torch.finfo = finfo
+    try:
+        yield
+    finally:
+        torch.finfo = real
+
+
 def _upcast_outputs(graph: RecordedGraph, dtype: torch.dtype, wider: torch.dtype = torch.float32,
                     whole: bool = False) -> list[list[torch.Tensor]] | str:
     """Per sample, the outputs of ``graph``'s module with its ``dtype`` parameters, buffers
@@ -176,7 +198,7 @@ def _upcast_outputs(graph: RecordedGraph, dtype: torch.dtype, wider: torch.dtype
     try:
         for tensor, data in swapped:
             tensor.data = data.to(wider)
-        with torch.no_grad(), allow_tf32(False):
+        with torch.no_grad(), allow_tf32(False), _constants_of(dtype, wider):
             for sample in graph.samples:
                 inputs = [t.to(wider) if isinstance(t, torch.Tensor) and t.dtype == dtype else t for t in sample.inputs]
                 got = graph.run_eager(inputs)
