@@ -4,7 +4,9 @@ gives for the arguments of that call, never one baked in from the recorded calls
 from __future__ import annotations
 
 import logging
+import types
 
+import numpy as np
 import pytest
 import torch
 from torch_models import cpu_strategy
@@ -67,3 +69,72 @@ def test_a_check_of_input_values_the_graph_drops_is_said_naming_the_line(how, us
     good = torch.randint(0, 10, (2, 5))
     with torch.no_grad():
         torch.testing.assert_close(model(good), eager(good))
+
+
+class Scale:
+    """A callable object with a setting, passed as an argument."""
+
+    def __init__(self, k: float):
+        self.k = k
+
+    def __call__(self, t):
+        return t * self.k
+
+
+class Holder:
+    def __init__(self):
+        self.a = types.SimpleNamespace(b=types.SimpleNamespace(k=2.0))
+        self.table = [1.0] * 100
+
+
+class ReadsItsArgument(torch.nn.Module):
+    def __init__(self, how: str):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+        self.how = how
+
+    def forward(self, x, arg):
+        y = self.linear(x)
+        if self.how in ("callable", "module"):
+            return arg(y)
+        if self.how == "deep":
+            return y * arg.a.b.k
+        if self.how == "table":
+            return y * arg.table[50]
+        return y * float(arg[1500])
+
+
+def _changed(how: str, arg) -> None:
+    if how == "callable":
+        arg.k = 5.0
+    elif how == "module":
+        with torch.no_grad():
+            arg.weight.mul_(3.0)
+    elif how == "deep":
+        arg.a.b.k = 5.0
+    elif how == "table":
+        arg.table[50] = 7.0
+    else:
+        arg[1500] = 9.0
+
+
+@pytest.mark.parametrize("how", ["callable", "module", "deep", "table", "array"])
+def test_an_argument_object_changed_after_tuning_is_another_call(how):
+    """The graph holds what an argument object held as constants. A callable object (keyed
+    by identity alone), an nn.Module's weights, a setting three levels deep, a list of more
+    than 64 numbers and a NumPy array of more than 1000 elements (keyed by its summarised
+    repr) changed after tuning were served the old constants, 1.2 to 8.6 off, silently
+    (a session-35 probe). Such a call is another call: refused, naming the argument."""
+    arg = {"callable": lambda: Scale(2.0), "module": lambda: torch.nn.Linear(8, 8).eval(), "deep": Holder,
+           "table": Holder, "array": lambda: np.ones(3000)}[how]()
+    eager = ReadsItsArgument(how).eval()
+    model = ait.Module(eager, f"argument-{how}", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(lambda x: model(x, arg), [torch.randn(8) for _ in range(2)], ignore_failing_modules=False,
+             progress=False, performance_validation=False)
+    assert model.ait_backends
+    x = torch.randn(2, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x, arg), eager(x, arg))
+        _changed(how, arg)
+        with pytest.raises(ait.GraphNotRecordedError, match="arg"):
+            model(x, arg)

@@ -3,6 +3,8 @@ graph that silently stops updating it."""
 
 from __future__ import annotations
 
+import types
+
 import numpy as np
 import pytest
 import torch
@@ -593,3 +595,34 @@ def test_forward_appending_to_a_list_it_is_given_is_refused_naming_it(how):
     with torch.no_grad():
         model(x, feats)
     assert len(feats) == 1 and torch.equal(feats[0], x * 2)  # eager, as the user wrote it
+
+
+class KeepsNestedPythonState(torch.nn.Module):
+    """A counter in a SimpleNamespace and a list inside a dict, updated in forward: the
+    attributes themselves stay the same objects, only what they hold changes."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.stats = types.SimpleNamespace(calls=0)
+        self.history = {"norms": []}
+
+    def forward(self, x):
+        self.stats.calls += 1
+        self.history["norms"].append(float(x.detach().norm()))
+        return self.linear(x)
+
+
+def test_python_state_nested_in_plain_holders_is_refused_naming_them():
+    """Watched by identity alone, ``self.stats.calls += 1`` and ``self.history["norms"]
+    .append(...)`` were dropped by the graph silently, and tuning's own calls left the
+    counter at 368 for 3 samples (a session-35 probe)."""
+    samples = [torch.randn(4) for _ in range(3)]
+    recorded = KeepsNestedPythonState().eval()
+    ait.tune(ait.Module(recorded, "nested-dry", strategy=cpu_strategy()), samples, dry_run=True, progress=False)
+    inner = KeepsNestedPythonState().eval()
+    model = ait.Module(inner, "nested-state", strategy=cpu_strategy(tune_provider_options=False))
+    with pytest.raises(ExportError, match=r"forward changes the module's state \(history, stats\)"):
+        ait.tune(model, samples, ignore_failing_modules=False, progress=False)
+    assert model.ait_state is ModuleState.PASSTHROUGH
+    assert inner.stats.calls == recorded.stats.calls and inner.history == recorded.history

@@ -7,9 +7,11 @@ import functools
 import hashlib
 import math
 import re
+import types
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
 import torch.utils._pytree as pytree
 
@@ -120,43 +122,78 @@ def leaf_descriptor(leaf: Any) -> tuple:
         return tensor_descriptor(leaf.dtype, leaf.dim())
     if type(leaf) is float:  # -0.0 == 0.0 (and hashes alike), but 1 / -0.0 and atan2 tell them apart
         return (float, leaf, math.copysign(1.0, leaf))
+    if isinstance(leaf, np.ndarray):  # by its bytes: repr summarises above 1000 elements
+        return _array_state(leaf)
+    if isinstance(leaf, torch.nn.Module):  # its weights are the graph's constants
+        return (type(leaf), id(leaf), _module_state(leaf))
     try:
         hash(leaf)
     except TypeError:
         return (type(leaf), repr(leaf))
     if _compared_by_identity(leaf):
         # An object compared by identity (no __eq__ of its own, a config object of the
-        # user's): the graph holds its attributes as constants, so the key is what they are
-        # now; changed in place, the same object is another call.
-        return (type(leaf), id(leaf), _object_state(leaf, 2))
+        # user's, a callable object with settings): the graph holds its attributes as
+        # constants, so the key is what they are now; changed in place, the same object is
+        # another call.
+        return (type(leaf), id(leaf), _object_state(leaf, 3))
     return (type(leaf), leaf)
+
+
+def _array_state(array: np.ndarray) -> tuple:
+    digest = hashlib.blake2b(np.ascontiguousarray(array).tobytes(), digest_size=16).digest()
+    return (np.ndarray, array.dtype.str, array.shape, digest)
+
+
+def _module_state(module: torch.nn.Module) -> tuple:
+    """An nn.Module passed as an argument: each parameter and buffer by its storage and
+    version counter (written in place or replaced, it is another call)."""
+    return tuple((t.data_ptr(), t._version) if not t.is_inference() else (t.data_ptr(), 0)
+                 for t in (*module.parameters(), *module.buffers()))
 
 
 #: More attributes than this, an object passed as an argument is keyed by identity alone.
 _MAX_STATE_ITEMS = 64
 
 
+#: Callables keyed by identity alone: their behaviour is their code, not settings they hold.
+_PLAIN_CALLABLES = (types.FunctionType, types.MethodType, types.BuiltinFunctionType, types.BuiltinMethodType,
+                    functools.partial)
+
+
 def _compared_by_identity(value: Any) -> bool:
     kind = type(value)
     return (kind.__eq__ is object.__eq__ and kind.__hash__ is object.__hash__ and hasattr(value, "__dict__")
-            and not isinstance(value, (torch.nn.Module, type)) and not callable(value))
+            and not isinstance(value, (torch.nn.Module, type, *_PLAIN_CALLABLES)))
+
+
+def _is_scalar(value: Any) -> bool:
+    return value is None or isinstance(value, (bool, int, float, str, bytes))
 
 
 def _object_state(value: Any, depth: int) -> Any:
     """What an argument object holds, as a comparable value: its attributes' plain values,
-    a tensor by its storage and version counter (changed in place, its version moves),
-    objects inside it two levels deep; identity beyond that."""
+    a tensor by its storage and version counter (changed in place, its version moves), a
+    NumPy array by its bytes, an nn.Module by its weights' storages and versions, a list of
+    plain numbers whole, objects and namespaces inside it three levels deep; identity beyond
+    that."""
     if isinstance(value, torch.Tensor):
         return ("tensor", value.dtype, tuple(value.shape), value.data_ptr(), value._version)
     if value is None or isinstance(value, (bool, int, str, bytes)):
         return value
     if type(value) is float:
         return (value, math.copysign(1.0, value))
+    if isinstance(value, np.ndarray):
+        return _array_state(value)
+    if isinstance(value, torch.nn.Module):
+        return (type(value), id(value), _module_state(value))
+    if isinstance(value, (list, tuple)) and all(map(_is_scalar, value)):
+        return (type(value), tuple(_object_state(item, 0) for item in value))  # a table of numbers, whole
     if depth > 0 and isinstance(value, (list, tuple)) and len(value) <= _MAX_STATE_ITEMS:
         return (type(value), tuple(_object_state(item, depth - 1) for item in value))
     if depth > 0 and isinstance(value, dict) and len(value) <= _MAX_STATE_ITEMS:
         return (dict, tuple((repr(k), _object_state(v, depth - 1)) for k, v in value.items()))
-    if depth > 0 and _compared_by_identity(value) and len(vars(value)) <= _MAX_STATE_ITEMS:
+    if (depth > 0 and (_compared_by_identity(value) or isinstance(value, types.SimpleNamespace))
+            and len(vars(value)) <= _MAX_STATE_ITEMS):
         return (type(value), id(value), tuple((k, _object_state(v, depth - 1)) for k, v in vars(value).items()))
     try:
         hash(value)

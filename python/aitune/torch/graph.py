@@ -726,6 +726,18 @@ def describe_call(signature: inspect.Signature, arguments: dict[str, Any]) -> st
     return "; ".join(parts) or "no tensors"
 
 
+def _equal(recorded: Any, now: Any) -> bool:
+    """``recorded == now`` as a bool; a value without one (a NumPy array) is compared by
+    ``leaf_descriptor`` (its bytes), one that cannot be compared at all differs."""
+    try:
+        return bool(recorded == now)
+    except Exception:
+        try:
+            return flatten.leaf_descriptor(recorded) == flatten.leaf_descriptor(now)
+        except Exception:
+            return False
+
+
 def differing_values(signature: inspect.Signature, arguments: dict[str, Any], graphs: list) -> str:
     """For an unrecorded call: where its non-tensor values (None included) differ from the
     recorded graph closest to it (``use_cache: None here, False recorded (graph 2)``), or ''."""
@@ -744,7 +756,7 @@ def differing_values(signature: inspect.Signature, arguments: dict[str, Any], gr
         changed = {name for name in now if name in recorded and recorded[name] is now[name]
                    and name in described and flatten.leaf_descriptor(now[name]) != described[name]}
         differ = [name for name in {**recorded, **now} if name not in recorded or name not in now
-                  or type(recorded[name]) is not type(now[name]) or recorded[name] != now[name]
+                  or type(recorded[name]) is not type(now[name]) or not _equal(recorded[name], now[name])
                   or name in changed]
         if not differ:
             return ""  # a graph with these values: the tensors differ, which the call's line shows

@@ -3,7 +3,8 @@ attributes): an export cannot carry it."""
 
 from __future__ import annotations
 
-import copy
+import dataclasses
+import types
 
 import torch
 import torch.utils._pytree as pytree
@@ -111,22 +112,66 @@ def _attributes(module: torch.nn.Module, harmless: tuple[str, ...]) -> dict[str,
     return {path: _token(value) for path, _, _, value in user_attributes(module, harmless)}
 
 
-def _token(value) -> tuple:
+#: How deep ``_token`` follows plain containers and namespaces inside one another.
+_NESTING = 4
+
+
+def _token(value, depth: int = 0) -> tuple:
     if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
         return ("value", type(value), value)
     if isinstance(value, torch.Tensor):
         return ("tensor", id(value), tensor_version(value))
-    if isinstance(value, (list, tuple)):
-        return ("items", id(value), tuple(_item(item) for item in value))
-    if isinstance(value, dict):
-        return ("items", id(value), tuple((key, _item(item)) for key, item in value.items()))
-    if isinstance(value, (set, frozenset)):
-        return ("items", id(value), frozenset(_item(item) for item in value))
+    if depth < _NESTING:
+        # Plain holders of state are followed inside (a counter in a SimpleNamespace, a
+        # list appended to inside a dict: ``self.hist["norms"].append(n)``). Only these: an
+        # object of another class may change inside on every call without it being the
+        # model's state (a logger's cache), and it stays watched by identity.
+        if isinstance(value, (list, tuple)):
+            return ("items", id(value), tuple(_token(item, depth + 1) for item in value))
+        if isinstance(value, dict):
+            return ("items", id(value), tuple((key, _token(item, depth + 1)) for key, item in value.items()))
+        if isinstance(value, (set, frozenset)):
+            return ("items", id(value), frozenset(_item(item) for item in value))
+        if (fields := _plain_fields(value)) is not None:
+            return ("fields", id(value), tuple((key, _token(item, depth + 1)) for key, item in fields.items()))
     return ("object", id(value))
 
 
+def _plain_fields(value) -> dict | None:
+    """The fields of a SimpleNamespace or a dataclass instance (with a ``__dict__``); None
+    for anything else."""
+    plain = isinstance(value, types.SimpleNamespace) or (dataclasses.is_dataclass(value) and not isinstance(value, type))
+    return getattr(value, "__dict__", None) if plain else None
+
+
+def _keeper(value, depth: int = 0):
+    """A function that puts ``value``'s items (or fields) back as they are now, in place,
+    and those of the plain holders inside it, as deep as ``_token`` looks."""
+    if depth >= _NESTING:
+        return lambda: None
+    if isinstance(value, (list, dict)) or _plain_fields(value) is not None:
+        held = value if isinstance(value, (list, dict)) else _plain_fields(value)
+        items = list(held) if isinstance(held, list) else dict(held)
+        inner = [_keeper(item, depth + 1) for item in (items if isinstance(items, list) else items.values())]
+
+        def back() -> None:
+            if isinstance(held, list):
+                held[:] = items
+            else:
+                held.clear()
+                held.update(items)
+            for keep in inner:
+                keep()
+
+        return back
+    if isinstance(value, set):
+        kept = set(value)
+        return lambda: (value.clear(), value.update(kept))
+    return lambda: None
+
+
 def _item(item):
-    """An item of a container: scalars by value (a list of ints appended to), others by identity."""
+    """An item of a set: scalars by value, others by identity."""
     if item is None or isinstance(item, (bool, int, float, str, bytes)):
         return (type(item), item)
     return id(item)
@@ -221,16 +266,12 @@ class StateSnapshot:
             owner = module.get_submodule(owner_name)
             if name not in tensors and attr in vars(owner):
                 value = vars(owner)[attr]
-                self.attributes[name] = (owner, attr, value, copy.copy(value) if isinstance(
-                    value, (list, dict, set)) else None)
+                # whoever holds a container or namespace sees its items back, nested ones too
+                self.attributes[name] = (owner, attr, value, _keeper(value))
 
     def restore(self) -> None:
-        for owner, attr, value, items in self.attributes.values():
-            if isinstance(value, list):
-                value[:] = items  # whoever holds the list sees its items back
-            elif isinstance(value, (dict, set)):
-                value.clear()
-                value.update(items)
+        for owner, attr, value, keeper in self.attributes.values():
+            keeper()
             setattr(owner, attr, value)
         tensors = {**dict(self.module.named_buffers()), **dict(self.module.named_parameters())}
         for name, (original, value) in self.saved.items():
