@@ -1172,3 +1172,24 @@ def test_an_output_extent_the_values_decide_stays_free_in_the_checkpoint(tmp_pat
     (graph,) = json.loads((tmp_path / "ckpt" / "manifest.json").read_text())["graphs"]
     (output,) = graph["graph_spec"]["outputs"]
     assert (output["min_shape"], output["max_shape"]) == ([0, 2], [-1, 2]), output
+
+
+def test_a_checkpoint_loaded_into_a_module_of_another_dtype_says_so(tmp_path, monkeypatch, caplog):
+    """A float32 checkpoint loaded into the same weights made ``.half()`` said only that
+    the weights differ and to load_state_dict them, which does not help (a session-35
+    probe): the warning names the dtypes and says to convert the module."""
+    import logging
+
+    monkeypatch.setenv("AITUNE_CACHE_DIR", str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    inner = MLP().eval()
+    model = ait.Module(inner, "dtype-mlp", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [torch.randn(16) for _ in range(2)], disable_external_logging=True, performance_validation=False)
+    path = ait.save(model, tmp_path / "ckpt")
+    half = MLP().eval()
+    half.load_state_dict(inner.state_dict())
+    with caplog.at_level(logging.WARNING, logger="aitune"):
+        ait.load(ait.Module(half.half(), "dtype-mlp"), path)
+    (warning,) = [r.getMessage() for r in caplog.records if "differ from those checkpoint" in r.getMessage()]
+    assert "differ in dtype (float32 in the checkpoint, float16 here)" in warning, warning
+    assert "module.to(torch.float32)" in warning, warning

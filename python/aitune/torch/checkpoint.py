@@ -437,24 +437,42 @@ def _warn_if_weights_differ(module, meta: dict, directory) -> None:
         return
     sections = [section_of(tuned) for _, tuned in module._ait_tuned.values()]
     own = sorted({s.label for s in sections if s is not None and s.name != _core.ONNX_RUNTIME_BACKEND_NAME})
+    dtypes = _dtype_difference(saved, current, differ)
     if not any(s is not None and s.name == _core.ONNX_RUNTIME_BACKEND_NAME for s in sections):
         # No graph holds the checkpoint's weights: the loaded module is one model, the
         # module's own, but the tune chose and checked its graphs with other weights.
         logger.warning(
             "ait.load: the weights of ait.Module '%s' differ from those checkpoint '%s' was tuned with (%d of %d "
             "tensors: %s%s). Its graphs (%s) run the module's own weights, but the tune chose them and checked their "
-            "accuracy with the others: tune it again to check them with these.",
+            "accuracy with the others: tune it again to check them with these.%s",
             module.ait_name, directory, len(differ), len(set(saved) | set(current)),
-            ", ".join(differ[:5]), ", ..." if len(differ) > 5 else "", ", ".join(own) or "eager")
+            ", ".join(differ[:5]), ", ..." if len(differ) > 5 else "", ", ".join(own) or "eager", dtypes)
         return
     logger.warning(
         "ait.load: the weights of ait.Module '%s' differ from those checkpoint '%s' was tuned with (%d of %d "
         "tensors: %s%s). Its ONNX Runtime graphs compute with the checkpoint's weights, while %scalls outside "
         "the recorded graphs run the module's own: the loaded module is not one model. Load the weights it was "
-        "tuned with into the module before ait.load (load_state_dict), or tune it again.",
+        "tuned with into the module before ait.load (load_state_dict), or tune it again.%s",
         module.ait_name, directory, len(differ), len(set(saved) | set(current)),
         ", ".join(differ[:5]), ", ..." if len(differ) > 5 else "",
-        "".join(f"its {label} graphs and " for label in own))
+        "".join(f"its {label} graphs and " for label in own), dtypes)
+
+
+def _dtype_difference(saved: dict, current: dict, differ: list[str]) -> str:
+    """A sentence for the weights that differ in dtype (a float32 checkpoint loaded into a
+    module made ``.half()``), or ''. Their values may be the same: load_state_dict would not
+    help, converting the module would (a session-35 probe found the advice misleading)."""
+    pairs = sorted({(saved[name][0], current[name][0]) for name in differ if name in saved and name in current
+                    and isinstance(saved[name], list) and isinstance(current[name], list) and saved[name]
+                    and current[name] and saved[name][0] != current[name][0]})
+    if not pairs:
+        return ""
+    count = sum(1 for name in differ if name in saved and name in current and saved[name][0] != current[name][0])
+    shown = ", ".join(f"{theirs} in the checkpoint, {mine} here" for theirs, mine in pairs)
+    target = pairs[0][0]
+    return (f" {count} of them differ in dtype ({shown}): the graphs were tuned for {target} weights and take "
+            f"{target} inputs; convert the module (module.to(torch.{target})) before ait.load, or tune it "
+            f"again in its own dtype.")
 
 
 def _warn_if_attributes_differ(module, directory) -> None:
