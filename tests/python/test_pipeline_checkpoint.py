@@ -771,3 +771,34 @@ def test_a_module_saved_over_a_pipeline_checkpoint_replaces_it_as_the_reverse_do
     ait.load(other, saved[0])  # (not `pipeline`: it reads its graphs from the checkpoint just replaced)
     ait.save(other, target)  # and back
     assert (target / "pipeline.json").is_file() and not (target / "manifest.json").exists()
+
+
+class KeyedPipe:
+    """A pipeline whose module sits under a long dict key."""
+
+    def __init__(self, key: str):
+        self.heads = {key: MLP().eval()}
+
+    def __call__(self, x):
+        with torch.no_grad():
+            return sum(head(x) for head in self.heads.values())
+
+
+def test_a_module_under_a_long_object_path_is_saved_and_loaded(tmp_path, monkeypatch):
+    """The section directory took the object path whole: a 250-character dict key failed
+    the save with "File name too long", naming a staging path (a session-35 probe)."""
+    monkeypatch.setenv("AITUNE_CACHE_DIR", str(tmp_path / "cache"))
+    key = "head-" + "x" * 245
+    torch.manual_seed(0)
+    pipe = KeyedPipe(key)
+    data = [torch.randn(16) for _ in range(2)]
+    ait.wrap(pipe, ait.inspect(pipe, data, number_of_iterations=1, warmup_iterations=0).get_modules(),
+             strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(lambda x: pipe(x), data, performance_validation=False, disable_external_logging=True)
+    path = ait.save(pipe, tmp_path / "pipe.ait")
+    restored = KeyedPipe(key)
+    restored.heads[key].load_state_dict(pipe.heads[key].ait_module.state_dict())
+    ait.load(restored, path)
+    assert isinstance(restored.heads[key], ait.Module) and restored.heads[key].ait_backends
+    x = torch.randn(2, 16)
+    torch.testing.assert_close(restored(x), pipe(x))

@@ -63,11 +63,21 @@ class PipelineStructureError(_core.InvalidArgumentError):
 # -- save ---------------------------------------------------------------------------------
 
 
+#: The longest section directory name: file systems refuse names above 255 bytes, and the
+#: save writes staging files beside it with suffixes of their own.
+_MAX_SECTION_NAME = 120
+
+
 def _section_directories(paths: list[str]) -> list[str]:
-    """``modules/<object path>``, characters outside [A-Za-z0-9_.-] made ``_``, unique."""
+    """``modules/<object path>``, characters outside [A-Za-z0-9_.-] made ``_``, unique; a
+    path longer than ``_MAX_SECTION_NAME`` is cut there and ends with a digest of the whole
+    (a 250-character dict key failed the save with "File name too long"; the manifest maps
+    each object path to its directory, so the name only has to be unique)."""
     taken, result = set(), []
     for path in paths:
         base = re.sub(r"[^A-Za-z0-9_.-]", "_", path).strip(".") or "module"
+        if len(base) > _MAX_SECTION_NAME:
+            base = f"{base[:_MAX_SECTION_NAME - 17]}-{hashlib.sha256(path.encode()).hexdigest()[:16]}"
         name, n = base, 1
         while name in taken:
             n += 1
