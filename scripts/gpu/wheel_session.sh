@@ -4,8 +4,9 @@
 #   scripts/gpu/wheel_session.sh build     # install aitune into the image's Python, doctor, C++ tests
 #   scripts/gpu/wheel_session.sh install   # the same without the C++ tests
 #   scripts/gpu/wheel_session.sh pytest [ARGS]   # the Python suite (CUDA tests included)
-#   scripts/gpu/wheel_session.sh suite 1|2       # half of the suite's files (each half fits the
-#                                                # device's 10-minute call; run both, back to back)
+#   scripts/gpu/wheel_session.sh suite K[/N]     # part K of N (default 2) of the suite's files; since
+#                                                # session 35 use 1/3, 2/3, 3/3: a half no longer fits
+#                                                # the device's 10-minute call
 #   scripts/gpu/wheel_session.sh python SCRIPT [ARGS]  # a benchmark script with the same environment
 # Logs go to $OUT (the device tool's output folder) or /tmp/aitune-gpu.
 set -uo pipefail
@@ -49,11 +50,12 @@ case "$step" in
     ctest --test-dir build/gpu-tests --output-on-failure -j4 2>&1 | tee "$out/ctest.log" | tail -60 ;;
   pytest)
     python3 -m pytest -q -rs "$@" 2>&1 | tee "$out/pytest.log" | tail -80 ;;
-  suite)  # the test files alternately in two halves, -n 12: the whole suite in two calls
-    half=${1:?1 or 2}; shift
-    files=$(ls tests/python/test_*.py | awk -v h="$half" 'NR % 2 == h % 2')
+  suite)  # the test files alternately in parts (K of N, default N=2), -n 12: the whole suite in N calls
+    part=${1:?K or K/N}; shift
+    k=${part%/*}; n=2; [ "$part" != "$k" ] && n=${part#*/}
+    files=$(ls tests/python/test_*.py | awk -v k="$k" -v n="$n" 'NR % n == k % n')
     python3 -m pytest -q -rs -n 12 --dist loadfile --timeout 300 -p no:randomly "$@" $files 2>&1 \
-      | tee "$out/pytest-$half.log" | tail -80 ;;
+      | tee "$out/pytest-$k-of-$n.log" | tail -80 ;;
   python)
     python3 "$@" 2>&1 | tee "$out/python.log" | tail -120 ;;
 esac
