@@ -170,3 +170,39 @@ def test_an_additive_attention_mask_without_padding_still_checks_every_position(
     (report,) = model.ait_reports.values()
     assert {c.status for c in report.candidates} == {"incorrect"}, report.summary_table()
     assert "undefined by attention_mask" not in report.summary_table()
+
+
+class TextAndImage(torch.nn.Module):
+    """Text tokens under an attention_mask and image tokens of the same count: both outputs
+    are [batch, 5, 16]. The exported graph is wrong on the last two image tokens (on purpose)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(50, 16)
+        self.text = torch.nn.Linear(16, 16)
+        self.patches = torch.nn.Linear(12, 16)
+
+    def forward(self, input_ids, attention_mask, pixels):
+        text = self.text(self.embed(input_ids)) * attention_mask[..., None]
+        image = self.patches(pixels)
+        if torch.compiler.is_exporting():
+            image = torch.cat([image[:, :3], image[:, 3:] * 3.0], 1)
+        return {"text": text, "image": image}
+
+
+def test_the_text_mask_leaves_out_no_positions_of_outputs_its_tokens_do_not_reach():
+    """Matched by shape alone, the text's attention_mask left the image tokens at the text's
+    padded positions out of the check: a graph 3x off on them passed whenever every sample
+    was padded (a CLIP, a session-35 probe). Eager run once with other tokens at the padded
+    positions tells the outputs they reach (text) from those they do not (image)."""
+    torch.manual_seed(0)
+
+    def sample():
+        mask = torch.ones(5, dtype=torch.long)
+        mask[-2:] = 0
+        return {"input_ids": torch.randint(1, 50, (5,)), "attention_mask": mask, "pixels": torch.randn(5, 12)}
+
+    model = ait.Module(TextAndImage().eval(), "text-image", strategy=cpu_strategy(tune_provider_options=False))
+    with pytest.raises(ait.NumericMismatchError, match=r"output_image: .* beyond"):
+        ait.tune(lambda **kw: model(**kw), [sample() for _ in range(3)], ignore_failing_modules=False,
+                 progress=False, performance_validation=False)

@@ -179,13 +179,56 @@ def _samples(graph: RecordedGraph, valid_positions: ValidPositionsOption = None)
     graph.check_unchanged()
     samples = []
     batch_first = batch_first_of(graph.module)
+    unmasked: set[int] | None = None  # outputs the padded tokens do not reach (found once)
     for i, (s, expected) in enumerate(zip(graph.samples, reference_outputs(graph), strict=True)):
         sample = ([t.detach().contiguous() for t in s.inputs], expected, max(s.batch_size, 1))
-        masks = valid_position_masks(valid_positions, graph._inputs.fill(s.inputs), s.outputs,  # noqa: SLF001
+        found = valid_position_masks(valid_positions, graph._inputs.fill(s.inputs), s.outputs,  # noqa: SLF001
                                      f"{graph.module_name}/{graph.key} sample {i}", graph.output_names,
                                      batch_first)
-        samples.append(sample if masks is None else (*sample, *masks))
+        if found is not None and valid_positions in (None, True):
+            masks, source = found
+            if unmasked is None:
+                unmasked = _outputs_padding_does_not_reach(graph, s, masks)
+            masks = [None if o in unmasked else m for o, m in enumerate(masks)]
+            found = None if all(m is None for m in masks) else (masks, source)
+        samples.append(sample if found is None else (*sample, *found))
     return samples
+
+
+def _outputs_padding_does_not_reach(graph: RecordedGraph, sample, masks: list) -> set[int]:
+    """The outputs a derived mask (``attention_mask`` found by its name) matches by shape
+    that the padded positions' tokens do not reach: eager run once with the tokens at the
+    padded positions replaced leaves them unchanged, so their positions are defined by
+    other inputs. A CLIP's vision tokens matched the text mask's [batch, 5] by shape alone
+    and were left out at the text's padding: a graph wrong on them passed (a session-35
+    probe). Found on the first sample with padding; empty where that cannot be told (no
+    ``input_ids``, no padded position, or eager fails on the replaced tokens)."""
+    name = "input_input_ids"
+    if name not in graph.input_names:
+        return set()
+    index = graph.input_names.index(name)
+    ids = sample.inputs[index]
+    mask = next((m for m in masks if m is not None and tuple(m.shape) == tuple(ids.shape)), None)
+    if mask is None or ids.dtype not in (torch.int32, torch.int64) or bool(mask.bool().all()):
+        return set()
+    padded = ~mask.bool().to(ids.device)
+    replaced = ids.clone()
+    first = ids.gather(-1, mask.to(ids.device).long().argmax(-1, keepdim=True)).expand_as(ids)  # a valid token per row
+    # another token id at each padded position: a row's first valid token or its neighbour,
+    # whichever the position does not hold already (a pad id of 0 beside a BOS of 1)
+    original, token = ids[padded], first[padded]
+    other = torch.where(token > 0, token - 1, token + 1)
+    other = torch.where(other != original, other, token)
+    replaced[padded] = torch.where(other != original, other, token + 1)
+    inputs = list(sample.inputs)
+    inputs[index] = replaced
+    try:
+        with torch.no_grad():
+            outputs = graph.run_eager(inputs)
+    except Exception:  # the replaced ids are no tokens of this model: keep the masks as found
+        return set()
+    return {o for o, (m, before, after) in enumerate(zip(masks, sample.outputs, outputs, strict=True))
+            if m is not None and before.shape == after.shape and torch.equal(before, after)}
 
 
 def _user_metric(graph: RecordedGraph, samples, accuracy):
