@@ -220,6 +220,8 @@ struct UserMetricResult {
 /// comparison and the verdict (what the report's "outputs" list and the table show).
 struct OutputAccuracy {
   std::string name;
+  DType dtype = DType::kFloat32;
+  int64_t mismatched = 0;  ///< the most elements beyond tolerance in one sample
   double max_abs_error = 0;
   double rel_l2_error = 0;
   double cosine_similarity = 1;

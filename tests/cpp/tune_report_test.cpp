@@ -1,6 +1,7 @@
 // Tests for TuneReport: its JSON (the report file) and its summary table (logs, CLI).
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -161,6 +162,36 @@ TEST(TuneReportTable, RowsForEagerAndEachCandidateInAlignedColumns) {
   EXPECT_EQ(fast.find("selected"), status_at);
   EXPECT_EQ(broken.find("failed"), status_at);
   EXPECT_EQ(lines[5], "decision: cpu: 2.50x eager");
+}
+
+// An integer output is judged by how many elements differ; its accuracy line says that,
+// not "err 1.00e+00 / eager 1.00e+00 ratio inf" (which read as a contradiction, a probe).
+TEST(TuneReportTable, AccuracyLineCountsTheDifferingElementsOfAnIntegerOutput) {
+  TuneReport r = two_candidates();
+  OutputCheck logits;
+  logits.name = "logits";
+  logits.passed = true;
+  logits.max_abs_error = 4.8e-7;
+  logits.eager_at_precision_max_abs_error = 6e-7;
+  logits.error_ratio = 0.8;
+  logits.rule = "table";
+  OutputCheck classes;
+  classes.name = "classes";
+  classes.dtype = DType::kInt64;
+  classes.max_abs_error = 1;
+  classes.mismatched = 1;
+  classes.eager_at_precision_max_abs_error = 1;
+  classes.error_ratio = std::numeric_limits<double>::infinity();
+  classes.rule = "calibrated-exceeded";
+  CorrectnessReport checks;
+  checks.samples.push_back({"sample 0 (batch 4)", {logits, classes}});
+  checks.calibrated_precision = Precision::kStrict;
+  checks.accuracy_factor = 4;
+  r.candidates[0].correctness = checks;
+  const std::string table = r.summary_table();
+  EXPECT_NE(table.find("logits err 4.80e-07 / eager 6.00e-07 ratio 0.80 passed (table)"), std::string::npos) << table;
+  EXPECT_NE(table.find("classes 1 element differ ratio inf failed (calibrated-exceeded)"), std::string::npos) << table;
+  EXPECT_EQ(table.find("classes err"), std::string::npos) << table;
 }
 
 TEST(TuneReportTable, BatchSearchLineWhenRun) {

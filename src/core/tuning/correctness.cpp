@@ -448,7 +448,9 @@ std::vector<OutputAccuracy> CorrectnessReport::outputs() const {
         out.push_back({});
         it = std::prev(out.end());
         it->name = o.name;
+        it->dtype = o.dtype;
       }
+      it->mismatched = std::max(it->mismatched, o.mismatched);
       it->max_abs_error = std::max(it->max_abs_error, o.max_abs_error);
       it->rel_l2_error = std::max(it->rel_l2_error, o.rel_l2_error);
       it->cosine_similarity = std::min(it->cosine_similarity, o.cosine_similarity);

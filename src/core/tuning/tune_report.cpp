@@ -195,8 +195,15 @@ std::string TuneReport::summary_table() const {
       out << "accuracy of " << c.name << " (vs " << calibration_yardstick(*k.calibrated_precision) << ", factor "
           << fixed(k.accuracy_factor, 1) << "):";
       for (const auto& o : k.outputs()) {
-        out << " " << o.name << " err " << sci(o.max_abs_error) << " / eager "
-            << (o.eager_at_precision_max_abs_error ? sci(*o.eager_at_precision_max_abs_error) : "-") << " ratio "
+        out << " " << o.name;
+        // integers and flags are judged by how many elements differ: their "max abs error"
+        // of 1 beside eager's 1 read as a contradiction next to a ratio of inf (a probe)
+        if (!dtype_is_floating(o.dtype))
+          out << " " << o.mismatched << " element" << (o.mismatched == 1 ? "" : "s") << " differ";
+        else
+          out << " err " << sci(o.max_abs_error) << " / eager "
+              << (o.eager_at_precision_max_abs_error ? sci(*o.eager_at_precision_max_abs_error) : "-");
+        out << " ratio "
             << (o.error_ratio ? (std::isfinite(*o.error_ratio) ? fixed(*o.error_ratio, 2) : "inf") : "-") << " "
             << (o.passed ? "passed" : "failed") << " (" << o.rule;
         if (o.top1_near_ties && *o.top1_near_ties > 0)
