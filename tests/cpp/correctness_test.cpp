@@ -58,6 +58,18 @@ TEST(Correctness, AnExactOutputsFailureSaysItIsComparedExactly) {
   EXPECT_EQ(c.failure.find("would pass with"), std::string::npos) << c.failure;
 }
 
+// A flag has no ties: a wrong bool output (signbit(-0.0) False where eager says True) was
+// told "indices over ties may differ legitimately" (a session-35 probe).
+TEST(Correctness, AWrongFlagIsNotExcusedByTies) {
+  auto got = make_host(DType::kBool, {3}, std::vector<uint8_t>{1, 0, 0});
+  auto want = make_host(DType::kBool, {3}, std::vector<uint8_t>{1, 1, 0});
+  auto c = compare_output("negative", got.view(), want.view(), default_tolerance(DType::kBool, Precision::kStrict));
+  EXPECT_FALSE(c.passed);
+  EXPECT_NE(c.failure.find("bool outputs are compared exactly: a mask or flag is right or wrong)"), std::string::npos)
+      << c.failure;
+  EXPECT_EQ(c.failure.find("ties"), std::string::npos) << c.failure;
+}
+
 TEST(Correctness, ExactlyAtTheBoundaryPasses) {
   auto c = compare_output("y", f64({1.5}).view(), f64({1.0}).view(), {0.5, 0});
   EXPECT_TRUE(c.passed) << c.failure;
