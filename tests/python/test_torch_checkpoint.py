@@ -1193,3 +1193,20 @@ def test_a_checkpoint_loaded_into_a_module_of_another_dtype_says_so(tmp_path, mo
     (warning,) = [r.getMessage() for r in caplog.records if "differ from those checkpoint" in r.getMessage()]
     assert "differ in dtype (float32 in the checkpoint, float16 here)" in warning, warning
     assert "module.to(torch.float32)" in warning, warning
+
+
+def test_saving_a_module_loaded_into_other_weights_blames_no_write(tmp_path, monkeypatch, caplog):
+    """Loaded into other weights (ait.load warns) and saved untouched, the save blamed "a
+    write it does not watch (p.data)" that never happened, on every save (a session-35 probe)."""
+    import logging
+
+    monkeypatch.setenv("AITUNE_CACHE_DIR", str(tmp_path / "cache"))
+    torch.manual_seed(0)
+    model = ait.Module(MLP().eval(), "reloaded-mlp", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [torch.randn(16) for _ in range(2)], disable_external_logging=True, performance_validation=False)
+    path = ait.save(model, tmp_path / "ckpt")
+    loaded = ait.load(ait.Module(MLP().eval(), "reloaded-mlp"), path)
+    with caplog.at_level(logging.WARNING, logger="aitune"):
+        ait.save(loaded, tmp_path / "again")
+    (warning,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ait.save: the weights")]
+    assert "as they did when it was loaded" in warning and "p.data" not in warning, warning

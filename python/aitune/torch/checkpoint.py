@@ -350,11 +350,18 @@ def _tuned_with(module, attribute: str, current: dict, what: str, tail: str) -> 
 
 def _weights_tuned_with(module) -> dict:
     """The digest of the weights ``module``'s graphs were tuned with (``_tuned_with``)."""
-    return _tuned_with(
-        module, "_ait_tuned_weights", weight_values_digest(module.ait_module), "the weights",
-        ", by a write it does not watch (p.data) or after activate(); the checkpoint records the weights the graphs "
-        "were tuned with, so ait.load warns a module holding the current ones. Tune it again to save graphs of the "
-        "current weights.")
+    current = weight_values_digest(module.ait_module)
+    if module.__dict__.get("_ait_weights_at_load") == current:
+        # loaded into other weights (ait.load warned) and not written since: no write to blame
+        # (a probe's saves each blamed "a write it does not watch" that never happened)
+        tail = (", as they did when it was loaded (ait.load warned then); the checkpoint records the weights the "
+                "graphs were tuned with, not the module's. Load those into the module, or tune it again to save "
+                "graphs of its own weights.")
+    else:
+        tail = (", by a write it does not watch (p.data) or after activate(); the checkpoint records the weights the "
+                "graphs were tuned with, so ait.load warns a module holding the current ones. Tune it again to save "
+                "graphs of the current weights.")
+    return _tuned_with(module, "_ait_tuned_weights", current, "the weights", tail)
 
 
 def _held_tuned_with(module) -> dict:
@@ -435,6 +442,7 @@ def _warn_if_weights_differ(module, meta: dict, directory) -> None:
     differ = digest_differences(saved, current)
     if not differ:
         return
+    module.__dict__["_ait_weights_at_load"] = current  # a later save tells this apart from a write
     sections = [section_of(tuned) for _, tuned in module._ait_tuned.values()]
     own = sorted({s.label for s in sections if s is not None and s.name != _core.ONNX_RUNTIME_BACKEND_NAME})
     dtypes = _dtype_difference(saved, current, differ)
