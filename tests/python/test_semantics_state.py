@@ -626,3 +626,43 @@ def test_python_state_nested_in_plain_holders_is_refused_naming_them():
         ait.tune(model, samples, ignore_failing_modules=False, progress=False)
     assert model.ait_state is ModuleState.PASSTHROUGH
     assert inner.stats.calls == recorded.stats.calls and inner.history == recorded.history
+
+
+class UnregisteredHead(torch.nn.Module):
+    """A head kept where nn.Module does not register it: a plain list, or a namespace."""
+
+    def __init__(self, where: str):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        head = torch.nn.Linear(4, 4)
+        if where == "list":
+            self.heads = [head]
+        else:
+            self.settings = types.SimpleNamespace(head=head)
+        self.where = where
+
+    def head(self) -> torch.nn.Linear:
+        return self.heads[0] if self.where == "list" else self.settings.head
+
+    def forward(self, x):
+        return self.head()(self.linear(x))
+
+
+@pytest.mark.parametrize("where", ["list", "namespace"])
+def test_weights_of_a_module_kept_in_a_plain_holder_written_after_tuning_deactivate_the_graphs(where, caplog):
+    """An export holds such a head's weights as constants, but they were not watched: after
+    an in-place write the tuned module went on computing the old head, 0.6-6 off, silently
+    (a session-35 probe)."""
+    import logging
+
+    inner = UnregisteredHead(where).eval()
+    model = ait.Module(inner, f"unregistered-{where}", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [torch.randn(4) for _ in range(2)], ignore_failing_modules=False, progress=False,
+             performance_validation=False)
+    assert model.ait_backends
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        inner.head().weight.mul_(2.0)
+        with caplog.at_level(logging.WARNING, logger="aitune"):
+            torch.testing.assert_close(model(x), inner(x))
+    assert any("changed in place" in r.getMessage() and "head" in r.getMessage() for r in caplog.records)

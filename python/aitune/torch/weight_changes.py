@@ -77,10 +77,18 @@ def _tensors_in(path: str, value: object) -> list[tuple[str, object]]:
     ``table['a']``)."""
     if _held_attribute(value):
         return [(path, value)]
+    if isinstance(value, torch.nn.Module):
+        # a module kept where nn.Module does not register it (a plain list, a namespace): an
+        # export holds its weights as constants, so they are watched like held tensors (a
+        # write into them left the graphs computing the old ones, 0.6-6 off, a probe)
+        return [(f"{path}.{name}", tensor) for name, tensor in (*value.named_parameters(), *value.named_buffers())]
     if isinstance(value, dict):
-        return [(f"{path}[{key!r}]", item) for key, item in value.items() if _held_attribute(item)]
+        return [found for key, item in value.items() if _held_attribute(item) or isinstance(item, torch.nn.Module)
+                for found in _tensors_in(f"{path}[{key!r}]", item)]
     if isinstance(value, (tuple, list)):
-        return [(f"{path}[{index}]", item) for index, item in enumerate(value) if _held_attribute(item)]
+        return [found for index, item in enumerate(value)
+                if _held_attribute(item) or isinstance(item, torch.nn.Module)
+                for found in _tensors_in(f"{path}[{index}]", item)]
     return []
 
 
