@@ -666,3 +666,26 @@ def test_weights_of_a_module_kept_in_a_plain_holder_written_after_tuning_deactiv
         with caplog.at_level(logging.WARNING, logger="aitune"):
             torch.testing.assert_close(model(x), inner(x))
     assert any("changed in place" in r.getMessage() and "head" in r.getMessage() for r in caplog.records)
+
+
+_RUNNING_TOTAL = torch.zeros(4)
+
+
+class WritesAGlobalTensor(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        _RUNNING_TOTAL.add_(x.detach().sum(0))
+        return self.linear(x)
+
+
+def test_a_tensor_outside_the_buffers_written_in_forward_is_refused_without_pointing_to_the_trace():
+    """torch.export refuses "Constant lifted_tensor_0 is mutated in the forward method"; the
+    hint spoke of control flow and named use_dynamo=False, whose trace drops the write
+    silently (a session-35 probe)."""
+    model = ait.Module(WritesAGlobalTensor().eval(), "global-total", strategy=cpu_strategy(tune_provider_options=False))
+    with pytest.raises(ExportError, match="neither a parameter nor a registered buffer") as refused:
+        ait.tune(model, [torch.randn(4) for _ in range(2)], ignore_failing_modules=False, progress=False)
+    assert "use_dynamo=False" not in str(refused.value)

@@ -210,6 +210,15 @@ _VALUE_BRANCH_HINT = (
 )
 
 
+_MUTATED_CONSTANT_HINT = (
+    "forward writes in place a tensor that is neither a parameter nor a registered buffer (a module global, "
+    "a tensor kept in a list or a plain object): an ONNX graph cannot write it back, and the trace exporter "
+    "would drop the write silently. Keep the update out of forward, register the tensor as a buffer "
+    "(register_buffer; its update is then refused as the module's state, naming it), or use "
+    "TorchCompileBackend, which keeps the update"
+)
+
+
 _NO_ONNX_FUNCTION_HINT = (
     "the exporter has no ONNX translation for the operator named above (a custom op, or an op on complex "
     "numbers such as a rotary written with torch.view_as_complex, as Llama 4's); write that part with "
@@ -683,6 +692,8 @@ def export_onnx(
         summary = _summary(error)
         if "No ONNX function found for" in summary:  # not a value branch: an operator the exporter lacks
             hint = _NO_ONNX_FUNCTION_HINT
+        elif "is mutated in the forward method" in summary:  # torch.export: a constant written in place
+            hint = _MUTATED_CONSTANT_HINT
         elif use_dynamo:
             hint = _VALUE_BRANCH_HINT
         else:
