@@ -668,16 +668,21 @@ def test_weights_of_a_module_kept_in_a_plain_holder_written_after_tuning_deactiv
     assert any("changed in place" in r.getMessage() and "head" in r.getMessage() for r in caplog.records)
 
 
-_RUNNING_TOTAL = torch.zeros(4)
+class Totals:
+    """An object of the user's own class (watched by identity alone) holding a tensor."""
+
+    def __init__(self):
+        self.total = torch.zeros(4)
 
 
-class WritesAGlobalTensor(torch.nn.Module):
+class WritesATensorItHoldsInAnObject(torch.nn.Module):
     def __init__(self):
         super().__init__()
         self.linear = torch.nn.Linear(4, 4)
+        self.totals = Totals()
 
     def forward(self, x):
-        _RUNNING_TOTAL.add_(x.detach().sum(0))
+        self.totals.total.add_(x.detach().sum(0))
         return self.linear(x)
 
 
@@ -685,7 +690,37 @@ def test_a_tensor_outside_the_buffers_written_in_forward_is_refused_without_poin
     """torch.export refuses "Constant lifted_tensor_0 is mutated in the forward method"; the
     hint spoke of control flow and named use_dynamo=False, whose trace drops the write
     silently (a session-35 probe)."""
-    model = ait.Module(WritesAGlobalTensor().eval(), "global-total", strategy=cpu_strategy(tune_provider_options=False))
+    model = ait.Module(WritesATensorItHoldsInAnObject().eval(), "object-total",
+                       strategy=cpu_strategy(tune_provider_options=False))
     with pytest.raises(ExportError, match="neither a parameter nor a registered buffer") as refused:
         ait.tune(model, [torch.randn(4) for _ in range(2)], ignore_failing_modules=False, progress=False)
     assert "use_dynamo=False" not in str(refused.value)
+
+
+_CALLS = 0
+
+
+class CountsInAGlobal(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        global _CALLS
+        _CALLS += 1
+        return self.linear(x)
+
+
+def test_a_module_global_forward_assigns_is_refused_as_state_and_put_back():
+    """``global CALLS; CALLS += 1`` was dropped by the graph silently: tuned calls stopped
+    counting (a session-35 probe). Refused like an attribute, naming the global, and
+    tuning's own calls leave it where the recorded calls left it."""
+    global _CALLS
+    _CALLS = 0
+    model = ait.Module(CountsInAGlobal().eval(), "global-calls", strategy=cpu_strategy(tune_provider_options=False))
+    with pytest.raises(ExportError, match=r"forward changes the module's state \([\w.]*_CALLS\)"):
+        ait.tune(model, [torch.randn(4) for _ in range(3)], ignore_failing_modules=False, progress=False)
+    recorded = _CALLS
+    assert recorded <= 6, recorded  # the samples' own calls, not tuning's hundreds
+    model(torch.randn(1, 4))
+    assert _CALLS == recorded + 1

@@ -4,6 +4,7 @@ attributes): an export cannot carry it."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import types
 
 import torch
@@ -109,7 +110,38 @@ def _attributes(module: torch.nn.Module, harmless: tuple[str, ...]) -> dict[str,
     (``inner.calls``), that differs when the attribute is reassigned or, for a list, tuple,
     dict or set, when an item is replaced, added or removed, or for a tensor when it is
     changed in place. aitune's own attributes (``_ait…``, a nested ``ait.Module``'s) are left out."""
-    return {path: _token(value) for path, _, _, value in user_attributes(module, harmless)}
+    tokens = {path: _token(value) for path, _, _, value in user_attributes(module, harmless)}
+    # the module globals forward reads or assigns (``global CALLS; CALLS += 1``, a tensor total
+    # written in place): a graph drops those writes as it does an attribute's (a session-35 probe)
+    tokens.update((path, _token(names.get(name))) for path, names, name in global_state(module, harmless))
+    return tokens
+
+
+def global_state(module: torch.nn.Module, harmless: tuple[str, ...]) -> list[tuple[str, dict, str]]:
+    """(path ``module.NAME``, the globals dict, name) of each module global the ``forward`` of
+    ``module`` or a submodule reads or assigns that can hold state: a number or string (rebound
+    by ``global``), a tensor, a container. Functions, classes and imported modules are not."""
+    from aitune.torch.baked_attributes import global_names  # (it imports this module)
+
+    found, seen = [], set()
+    for _, sub in modules_and_wrapped(module):
+        forward = inspect.unwrap(type(sub).forward)
+        code, names = getattr(forward, "__code__", None), getattr(forward, "__globals__", None)
+        if not isinstance(code, types.CodeType) or not isinstance(names, dict):
+            continue
+        for name in global_names(code):
+            path = f"{names.get('__name__', '?')}.{name}"
+            if (id(names), name) in seen or is_harmless(path, harmless):
+                continue
+            seen.add((id(names), name))
+            if name not in names or _mutable_state(names[name]):  # (a global forward creates)
+                found.append((path, names, name))
+    return found
+
+
+def _mutable_state(value) -> bool:
+    return (value is None or isinstance(value, (bool, int, float, complex, str, bytes, torch.Tensor, list, dict, set,
+                                                types.SimpleNamespace)))
 
 
 #: How deep ``_token`` follows plain containers and namespaces inside one another.
@@ -261,18 +293,33 @@ class StateSnapshot:
         self.saved = {name: (tensors[name], tensors[name].detach().clone()) for name in names if name in tensors}
         # plain Python attributes: the object, and a shallow copy of a container's items
         self.attributes = {}
+        globals_at = {path: (held, key) for path, held, key in global_state(module, ())}
         for name in names:
+            if name in globals_at:  # a module global: put back in its module's dict
+                held, key = globals_at[name]
+                if key in held:
+                    value = held[key]
+                    self.attributes[name] = (held, key, value, _keeper(value))
+                continue
             owner_name, _, attr = name.rpartition(".")
             owner = module.get_submodule(owner_name)
             if name not in tensors and attr in vars(owner):
                 value = vars(owner)[attr]
                 # whoever holds a container or namespace sees its items back, nested ones too
                 self.attributes[name] = (owner, attr, value, _keeper(value))
+        self.global_values = {name: entry[2].detach().clone() for name, entry in self.attributes.items()
+                              if name in globals_at and isinstance(entry[2], torch.Tensor)}
 
     def restore(self) -> None:
-        for owner, attr, value, keeper in self.attributes.values():
+        for name, (owner, attr, value, keeper) in self.attributes.items():
             keeper()
-            setattr(owner, attr, value)
+            if isinstance(owner, dict):
+                owner[attr] = value
+                if name in self.global_values:  # a global tensor written in place
+                    with torch.no_grad():
+                        value.copy_(self.global_values[name])
+            else:
+                setattr(owner, attr, value)
         tensors = {**dict(self.module.named_buffers()), **dict(self.module.named_parameters())}
         for name, (original, value) in self.saved.items():
             with torch.no_grad():
