@@ -205,9 +205,11 @@ def global_reads(code: types.CodeType) -> tuple[str, ...]:
     return tuple(dict.fromkeys(name for name in reads if name not in writes))
 
 
+@functools.lru_cache(maxsize=4096)
 def global_names(code: types.CodeType) -> tuple[str, ...]:
     """The global names ``code`` (and the comprehensions and lambdas inside it) reads or
-    assigns, in order of first use (state_changes: a forward's own globals)."""
+    assigns, in order of first use (state_changes: a forward's own globals; asked on every
+    recorded call for every submodule, so kept per code object)."""
     return tuple(dict.fromkeys(instruction.argval for instruction in _instructions(code)
                                if instruction.opname in ("LOAD_GLOBAL", "STORE_GLOBAL")))
 
