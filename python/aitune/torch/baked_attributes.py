@@ -205,15 +205,6 @@ def global_reads(code: types.CodeType) -> tuple[str, ...]:
     return tuple(dict.fromkeys(name for name in reads if name not in writes))
 
 
-@functools.lru_cache(maxsize=4096)
-def global_names(code: types.CodeType) -> tuple[str, ...]:
-    """The global names ``code`` (and the comprehensions and lambdas inside it) reads or
-    assigns, in order of first use (state_changes: a forward's own globals; asked on every
-    recorded call for every submodule, so kept per code object)."""
-    return tuple(dict.fromkeys(instruction.argval for instruction in _instructions(code)
-                               if instruction.opname in ("LOAD_GLOBAL", "STORE_GLOBAL")))
-
-
 def forward_globals(module: torch.nn.Module, harmless: tuple[str, ...],
                     keep: Callable[[Any], bool] = is_plain_value) -> Iterator[tuple[str, dict, str, Any]]:
     """(path ``module.NAME``, the globals dict, name, value) of each value ``keep`` takes (a

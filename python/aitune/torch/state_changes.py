@@ -4,6 +4,8 @@ attributes): an export cannot carry it."""
 from __future__ import annotations
 
 import dataclasses
+import dis
+import functools
 import inspect
 import types
 
@@ -121,8 +123,6 @@ def global_state(module: torch.nn.Module, harmless: tuple[str, ...]) -> list[tup
     """(path ``module.NAME``, the globals dict, name) of each module global the ``forward`` of
     ``module`` or a submodule reads or assigns that can hold state: a number or string (rebound
     by ``global``), a tensor, a container. Functions, classes and imported modules are not."""
-    from aitune.torch.baked_attributes import global_names  # (it imports this module)
-
     found, seen = [], set()
     for _, sub in modules_and_wrapped(module):
         forward = inspect.unwrap(type(sub).forward)
@@ -137,6 +137,19 @@ def global_state(module: torch.nn.Module, harmless: tuple[str, ...]) -> list[tup
             if name not in names or _mutable_state(names[name]):  # (a global forward creates)
                 found.append((path, names, name))
     return found
+
+
+@functools.lru_cache(maxsize=4096)
+def global_names(code: types.CodeType) -> tuple[str, ...]:
+    """The global names ``code`` (and the comprehensions and lambdas inside it) reads or
+    assigns, in order of first use; asked on every recorded call for every submodule, so
+    kept per code object."""
+    names, stack = [], [code]
+    while stack:
+        current = stack.pop()
+        names += [i.argval for i in dis.get_instructions(current) if i.opname in ("LOAD_GLOBAL", "STORE_GLOBAL")]
+        stack.extend(const for const in current.co_consts if isinstance(const, types.CodeType))
+    return tuple(dict.fromkeys(names))
 
 
 def _mutable_state(value) -> bool:
