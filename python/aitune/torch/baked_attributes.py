@@ -32,7 +32,6 @@ loaded with other values runs such calls eagerly too, and is told so.
 
 from __future__ import annotations
 
-import dis
 import enum
 import functools
 import inspect
@@ -45,7 +44,8 @@ import numpy as np
 import torch
 
 from aitune.torch.environment_reads import environment_key, environment_path, environment_slot, shown_value
-from aitune.torch.state_changes import is_harmless, modules_and_wrapped, user_attributes
+from aitune.torch.state_changes import (code_instructions, forward_codes, is_harmless, modules_and_wrapped,
+                                        user_attributes)
 
 _PLAIN = (type(None), bool, int, float, complex, str, bytes, enum.Enum, torch.dtype, torch.device, slice, np.generic)
 #: Functions a forward calls through an attribute (``self.act = torch.relu``): the graph holds
@@ -180,16 +180,7 @@ def _forward_attribute_reads(cls: type) -> frozenset[str]:
     code = getattr(inspect.unwrap(getattr(cls, "forward", None)), "__code__", None)
     if not isinstance(code, types.CodeType):
         return frozenset()
-    return frozenset(i.argval for i in _instructions(code) if i.opname in ("LOAD_ATTR", "LOAD_METHOD"))
-
-
-def _instructions(code: types.CodeType) -> Iterator[dis.Instruction]:
-    """The instructions of ``code`` and of the comprehensions and lambdas inside it."""
-    stack = [code]
-    while stack:
-        current = stack.pop()
-        yield from dis.get_instructions(current)
-        stack.extend(const for const in current.co_consts if isinstance(const, types.CodeType))
+    return frozenset(i.argval for i in code_instructions(code) if i.opname in ("LOAD_ATTR", "LOAD_METHOD"))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -197,7 +188,7 @@ def global_reads(code: types.CodeType) -> tuple[str, ...]:
     """The global names ``code`` (and the comprehensions and lambdas inside it) reads and
     never assigns."""
     reads, writes = [], set()
-    for instruction in _instructions(code):
+    for instruction in code_instructions(code):
         if instruction.opname == "LOAD_GLOBAL":
             reads.append(instruction.argval)
         elif instruction.opname in ("STORE_GLOBAL", "DELETE_GLOBAL"):
@@ -212,11 +203,7 @@ def forward_globals(module: torch.nn.Module, harmless: tuple[str, ...],
     a submodule reads as a module global: an export keeps it as a constant, as it does an
     attribute."""
     seen: set[tuple[int, str]] = set()
-    for _, sub in modules_and_wrapped(module):
-        forward = inspect.unwrap(type(sub).forward)
-        code, names = getattr(forward, "__code__", None), getattr(forward, "__globals__", None)
-        if not isinstance(code, types.CodeType) or not isinstance(names, dict):
-            continue
+    for code, names in forward_codes(module):
         for name in global_reads(code):
             if (id(names), name) in seen or name not in names:
                 continue  # a builtin (len, range) or a name bound later

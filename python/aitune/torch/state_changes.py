@@ -8,6 +8,7 @@ import dis
 import functools
 import inspect
 import types
+from collections.abc import Iterator
 
 import torch
 import torch.utils._pytree as pytree
@@ -119,16 +120,31 @@ def _attributes(module: torch.nn.Module, harmless: tuple[str, ...]) -> dict[str,
     return tokens
 
 
+def forward_codes(module: torch.nn.Module) -> Iterator[tuple[types.CodeType, dict]]:
+    """(code, globals dict) of the ``forward`` of ``module`` and of each submodule (wrapped
+    ones included) that is a Python function: what the global watches read."""
+    for _, sub in modules_and_wrapped(module):
+        forward = inspect.unwrap(type(sub).forward)
+        code, names = getattr(forward, "__code__", None), getattr(forward, "__globals__", None)
+        if isinstance(code, types.CodeType) and isinstance(names, dict):
+            yield code, names
+
+
+def code_instructions(code: types.CodeType) -> Iterator[dis.Instruction]:
+    """The instructions of ``code`` and of the comprehensions and lambdas inside it."""
+    stack = [code]
+    while stack:
+        current = stack.pop()
+        yield from dis.get_instructions(current)
+        stack.extend(const for const in current.co_consts if isinstance(const, types.CodeType))
+
+
 def global_state(module: torch.nn.Module, harmless: tuple[str, ...]) -> list[tuple[str, dict, str]]:
     """(path ``module.NAME``, the globals dict, name) of each module global the ``forward`` of
     ``module`` or a submodule reads or assigns that can hold state: a number or string (rebound
     by ``global``), a tensor, a container. Functions, classes and imported modules are not."""
     found, seen = [], set()
-    for _, sub in modules_and_wrapped(module):
-        forward = inspect.unwrap(type(sub).forward)
-        code, names = getattr(forward, "__code__", None), getattr(forward, "__globals__", None)
-        if not isinstance(code, types.CodeType) or not isinstance(names, dict):
-            continue
+    for code, names in forward_codes(module):
         for name in global_names(code):
             path = f"{names.get('__name__', '?')}.{name}"
             if (id(names), name) in seen or is_harmless(path, harmless):
@@ -144,12 +160,7 @@ def global_names(code: types.CodeType) -> tuple[str, ...]:
     """The global names ``code`` (and the comprehensions and lambdas inside it) reads or
     assigns, in order of first use; asked on every recorded call for every submodule, so
     kept per code object."""
-    names, stack = [], [code]
-    while stack:
-        current = stack.pop()
-        names += [i.argval for i in dis.get_instructions(current) if i.opname in ("LOAD_GLOBAL", "STORE_GLOBAL")]
-        stack.extend(const for const in current.co_consts if isinstance(const, types.CodeType))
-    return tuple(dict.fromkeys(names))
+    return tuple(dict.fromkeys(i.argval for i in code_instructions(code) if i.opname in ("LOAD_GLOBAL", "STORE_GLOBAL")))
 
 
 def _mutable_state(value) -> bool:
