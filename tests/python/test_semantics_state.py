@@ -724,3 +724,49 @@ def test_a_module_global_forward_assigns_is_refused_as_state_and_put_back():
     assert recorded <= 6, recorded  # the samples' own calls, not tuning's hundreds
     model(torch.randn(1, 4))
     assert _CALLS == recorded + 1
+
+
+class CountsOnItsClass(torch.nn.Module):
+    """A call counter and a history kept on the class, shared by every instance."""
+
+    calls = 0
+    history: list = []
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        type(self).calls += 1
+        return self.linear(x)
+
+
+class KeepsHistoryOnItsClass(CountsOnItsClass):
+    def forward(self, x):
+        self.history.append(1)
+        return self.linear(x)
+
+
+@pytest.mark.parametrize("kind", [CountsOnItsClass, KeepsHistoryOnItsClass], ids=["counter", "list"])
+def test_state_forward_keeps_on_its_class_is_refused_naming_it_and_put_back(kind):
+    """``type(self).calls += 1`` was tuned: the graph stopped counting silently, tuning's own
+    calls pushed the counter to hundreds, and a warning per dispatched call named the class
+    value as "replaced" (375 lines; a session-36 probe). Refused like an attribute, naming
+    the class value, and tuning's own calls leave it where the recorded calls left it."""
+    CountsOnItsClass.calls, CountsOnItsClass.history[:] = 0, []
+    model = ait.Module(kind().eval(), "class-state", strategy=cpu_strategy(tune_provider_options=False))
+    name = "calls" if kind is CountsOnItsClass else "history"
+    with pytest.raises(ExportError, match=rf"forward changes the module's state \(CountsOnItsClass\.{name}\)"):
+        ait.tune(model, [torch.randn(4) for _ in range(3)], ignore_failing_modules=False, progress=False)
+    recorded = CountsOnItsClass.calls + len(CountsOnItsClass.history)
+    assert recorded <= 6, recorded  # the samples' own calls, not tuning's hundreds
+    model(torch.randn(1, 4))
+    assert CountsOnItsClass.calls + len(CountsOnItsClass.history) == recorded + 1
+
+
+def test_a_class_value_declared_harmless_is_not_state():
+    CountsOnItsClass.calls = 0
+    model = ait.Module(CountsOnItsClass().eval(), "class-harmless", strategy=cpu_strategy(tune_provider_options=False),
+                       harmless_attributes=["calls"])
+    ait.tune(model, [torch.randn(4) for _ in range(3)], ignore_failing_modules=False, progress=False)
+    assert model.ait_state is ModuleState.TUNED

@@ -117,7 +117,30 @@ def _attributes(module: torch.nn.Module, harmless: tuple[str, ...]) -> dict[str,
     # the module globals forward reads or assigns (``global CALLS; CALLS += 1``, a tensor total
     # written in place): a graph drops those writes as it does an attribute's (a session-35 probe)
     tokens.update((path, _token(names.get(name))) for path, names, name in global_state(module, harmless))
+    # and the values their classes hold (``type(self).calls += 1``, a class-level list appended
+    # to): shared by every instance, dropped by a graph alike (a session-36 probe)
+    tokens.update((path, _token(vars(cls)[key])) for path, cls, key in class_state(module, harmless))
     return tokens
+
+
+def class_state(module: torch.nn.Module, harmless: tuple[str, ...]) -> list[tuple[str, type, str]]:
+    """(path ``Class.NAME``, the class, name) of each value that can hold state (a number, string,
+    tensor, container) in the class dicts of ``module``'s and its submodules' classes and
+    their bases below ``torch.nn.Module``; dunder names, methods and descriptors are not."""
+    found, seen = [], set()
+    for _, sub in modules_and_wrapped(module):
+        for cls in type(sub).__mro__:
+            if cls is torch.nn.Module or not issubclass(cls, torch.nn.Module):
+                break
+            if cls in seen:
+                continue
+            seen.add(cls)
+            for key, value in vars(cls).items():
+                path = f"{cls.__qualname__}.{key}"
+                if key.startswith("__") or not _mutable_state(value) or is_harmless(path, harmless):
+                    continue
+                found.append((path, cls, key))
+    return found
 
 
 def forward_codes(module: torch.nn.Module) -> Iterator[tuple[types.CodeType, dict]]:
@@ -318,7 +341,13 @@ class StateSnapshot:
         # plain Python attributes: the object, and a shallow copy of a container's items
         self.attributes = {}
         globals_at = {path: (held, key) for path, held, key in global_state(module, ())}
+        classes_at = {path: (cls, key) for path, cls, key in class_state(module, ())}
         for name in names:
+            if name in classes_at:  # a value its class holds: set on the class again
+                cls, key = classes_at[name]
+                value = vars(cls)[key]
+                self.attributes[name] = (cls, key, value, _keeper(value))
+                continue
             if name in globals_at:  # a module global: put back in its module's dict
                 held, key = globals_at[name]
                 if key in held:
