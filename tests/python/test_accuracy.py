@@ -615,3 +615,31 @@ def test_a_float32_module_rounding_through_fp16_inside_is_judged_against_that_ro
         x = torch.randn(1, 8, 64)
         with torch.no_grad():
             torch.testing.assert_close(model(x), model.ait_module(x), atol=2e-3, rtol=2e-3)
+
+
+class HalfHead(torch.nn.Module):
+    """A float32 module whose last layer is fp16 (``Linear(...).half()`` fed ``h.half()``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(32, 64), torch.nn.Linear(64, 16).half()
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)).half()).float()
+
+
+def test_a_float32_module_with_an_fp16_layer_is_run_wider_with_that_layer(cache_dir):
+    """The wider run kept the fp16 layer's weights fp16 and raised on the float64 input ("mat1
+    and mat2 must have the same dtype, but got Double and Half"), so the table alone rejected
+    every candidate, though ONNX Runtime's graph was 1e-7 from the exact result and eager
+    1.6e-4 (a session-36 probe). Narrower floating weights are run wider too."""
+    torch.manual_seed(0)
+    model = ait.Module(HalfHead().eval(), "half-head", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [torch.randn(32) for _ in range(4)], ignore_failing_modules=True, progress=False,
+             performance_validation=False)
+    (report,) = model.ait_reports.values()
+    data = json.loads(report.to_json())
+    assert data["eager_at_precision"]["fp32"]["available"] is True, data["eager_at_precision"]["fp32"]
+    (candidate,) = report.candidates
+    assert candidate.status == "selected", (candidate.status, candidate.reason)
+    assert model.ait_module.b.weight.dtype == torch.float16  # put back as it was

@@ -207,6 +207,13 @@ class _NoNarrowing(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
+def _widened(tensor: torch.Tensor, dtype: torch.dtype, wider: torch.dtype) -> bool:
+    """Whether the wider run holds ``tensor`` in ``wider``: the module's own ``dtype``, or a
+    floating dtype narrower than ``wider``."""
+    return tensor.dtype == dtype or (tensor.is_floating_point() and not tensor.is_complex()
+                                     and tensor.dtype.itemsize < wider.itemsize)
+
+
 def _upcast_outputs(graph: RecordedGraph, dtype: torch.dtype, wider: torch.dtype = torch.float32,
                     whole: bool = False) -> list[list[torch.Tensor]] | str:
     """Per sample, the outputs of ``graph``'s module with its ``dtype`` parameters, buffers
@@ -216,14 +223,18 @@ def _upcast_outputs(graph: RecordedGraph, dtype: torch.dtype, wider: torch.dtype
     back inside ``forward`` (``.float()``), so the run was not wider throughout, and its
     distance from the reference would understate eager's error (a ratio 37x too high, a
     session-34 probe): refused, with the output named."""
-    swapped = [(t, t.data) for t in (*graph.module.parameters(), *graph.module.buffers()) if t.dtype == dtype]
+    # the module's own dtype and any narrower floating one (an fp16 layer in a float32 module,
+    # ``Linear(...).half()`` fed ``h.half()``: with the casts kept wide, its fp16 weights met a
+    # float64 input and the run raised, so the table alone rejected a graph more exact than eager)
+    swapped = [(t, t.data) for t in (*graph.module.parameters(), *graph.module.buffers()) if _widened(t, dtype, wider)]
     outputs = []
     try:
         for tensor, data in swapped:
             tensor.data = data.to(wider)
         with torch.no_grad(), allow_tf32(False), _constants_of(dtype, wider):
             for sample in graph.samples:
-                inputs = [t.to(wider) if isinstance(t, torch.Tensor) and t.dtype == dtype else t for t in sample.inputs]
+                inputs = [t.to(wider) if isinstance(t, torch.Tensor) and _widened(t, dtype, wider) else t
+                          for t in sample.inputs]
                 with _NoNarrowing(wider):
                     got = graph.run_eager(inputs)
                 if whole and (narrow := next((i for i, (t, ref) in enumerate(zip(got, sample.outputs, strict=True))
