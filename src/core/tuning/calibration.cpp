@@ -126,7 +126,15 @@ void apply_calibration(CorrectnessReport& candidate, const EagerAtPrecision& eag
         // against eager's own at this precision.
         c.error_ratio = ratio(static_cast<double>(c.mismatched), static_cast<double>(e->mismatched));
         if (!value_failure(c) || c.tolerance_given) continue;
-        if (*c.error_ratio <= factor) {
+        // At a reduced precision a mask or an index may flip on elements at its threshold that
+        // eager's own rounding happened to spare (`scores > 0` at a score of -0.004 in bf16,
+        // whose error is 0.008: ratio 1 / 0, a session-36 probe); as for top-1 rows, up to 1 %
+        // of the elements may always differ. Not at fp32, whose near-ties are rarer than a
+        // wrong graph's few moved elements.
+        const double floor = eager.precision == Precision::kStrict
+                                 ? 0.0
+                                 : kTop1DisagreementFloor * static_cast<double>(shape_numel(c.shape));
+        if (*c.error_ratio <= factor || static_cast<double>(c.mismatched) <= floor) {
           c.passed = true;
           c.rule = "calibrated";
           c.failure.clear();
@@ -135,7 +143,8 @@ void apply_calibration(CorrectnessReport& candidate, const EagerAtPrecision& eag
           c.failure += "; beyond the calibrated bound too: " + std::to_string(c.mismatched) + " of " +
                        std::to_string(shape_numel(c.shape)) + " elements differ vs " +
                        calibration_yardstick(eager.precision) + "'s " + std::to_string(e->mismatched) +
-                       " (ratio " + fmt(*c.error_ratio) + " > " + fmt(factor) + ")";
+                       " (ratio " + fmt(*c.error_ratio) + " > " + fmt(factor) +
+                       (floor > 0 ? ", and above 1 % of the elements" : "") + ")";
         }
         continue;
       }

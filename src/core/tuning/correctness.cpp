@@ -234,16 +234,21 @@ OutputCheck compare_output(const std::string& name, const TensorView& actual, co
   double err2 = 0, exp2 = 0, act2 = 0, dot = 0;  // relative L2 and cosine over finite elements
   double rest_max = 0, rest_err2 = 0, rest_exp2 = 0;  // the same over the elements below the outliers
   const bool integers = !dtype_is_floating(actual.dtype);
+  // NaN / Inf the reference has where the candidate has another value (ONNX Runtime's
+  // ReduceMax drops a NaN torch.amax propagates): which side has it says where to look.
+  int64_t reference_only_nan = 0, reference_only_inf = 0;
   for (std::size_t i = 0; i < n; ++i) {
     double a = element(actual, i), e = element(expected, i);
     bool a_nan = std::isnan(a), e_nan = std::isnan(e);
     if (a_nan || e_nan) {
       if (a_nan != e_nan) ++check.unexpected_nan;
+      if (e_nan && !a_nan) ++reference_only_nan;
       continue;  // NaN where the reference has NaN too is a match
     }
     bool a_inf = std::isinf(a), e_inf = std::isinf(e);
     if (a_inf || e_inf) {
       if (a != e) ++check.unexpected_inf;
+      if (e_inf && !a_inf) ++reference_only_inf;
       continue;
     }
     double diff = integers ? integer_distance(integer_element(actual, i), integer_element(expected, i)) : std::abs(a - e);
@@ -321,13 +326,24 @@ OutputCheck compare_output(const std::string& name, const TensorView& actual, co
     }
     check.top1_agreement = rows ? static_cast<double>(agree) / static_cast<double>(rows) : 1.0;
   }
-  if (check.unexpected_nan) {
-    return failed(check, std::to_string(check.unexpected_nan) + " of " + std::to_string(n) +
-                             " elements are NaN in one output but not in the other");
-  }
-  if (check.unexpected_inf) {
-    return failed(check, std::to_string(check.unexpected_inf) + " of " + std::to_string(n) +
-                             " elements are infinite in one output but not in the other");
+  if (check.unexpected_nan || check.unexpected_inf) {
+    const bool nan = check.unexpected_nan > 0;
+    const int64_t total = nan ? check.unexpected_nan : check.unexpected_inf;
+    const int64_t reference_only = nan ? reference_only_nan : reference_only_inf;
+    const std::string what = nan ? "NaN" : "infinite";
+    std::string sides;
+    if (total - reference_only > 0)
+      sides += std::to_string(total - reference_only) + (total - reference_only == 1 ? " is " : " are ") + what + " here where the reference is " +
+               (nan ? "not" : "not, or is of the other sign");
+    if (reference_only > 0)
+      sides += std::string(sides.empty() ? "" : ", ") + std::to_string(reference_only) +
+               (reference_only == 1 ? " is " : " are ") + what +
+               " in the reference where this output is " + (nan ? "a number" : "not") +
+               (nan ? " (an op that treats NaN otherwise: torch.amax / max propagate it, ONNX Runtime's "
+                      "ReduceMax / Max drop it)"
+                    : "");
+    return failed(check, std::to_string(total) + " of " + std::to_string(n) + " elements differ in being " + what +
+                             ": " + sides);
   }
   // The whole output in proportion (OutputCheck::rel_l2_limit): where the atol exceeds what
   // the output's size warrants, the elements' errors together still must not.
