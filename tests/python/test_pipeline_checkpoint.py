@@ -802,3 +802,34 @@ def test_a_module_under_a_long_object_path_is_saved_and_loaded(tmp_path, monkeyp
     assert isinstance(restored.heads[key], ait.Module) and restored.heads[key].ait_backends
     x = torch.randn(2, 16)
     torch.testing.assert_close(restored(x), pipe(x))
+
+
+@pytest.mark.parametrize("appears", ["checkpoint", "user-folder"])
+def test_what_appears_at_the_path_during_a_save_is_never_replaced_against_the_rules(saved, tmp_path, appears):
+    """Another process's checkpoint put at the path while ait.save(overwrite=False) wrote its
+    staging directory was replaced, the save reporting success; a user's folder put there was
+    swapped out and deleted (a session-36 probe: the path was judged only before the swap).
+    What was swapped out is judged now: refused, and put back as it was."""
+    pipeline = TwoStage()
+    ait.load(pipeline, saved[0])
+    target = tmp_path / "target.ait"
+
+    def meanwhile(relative, count):
+        if relative == "pipeline.json":  # the last file, just before the swap
+            if appears == "checkpoint":
+                shutil.copytree(saved[0], target)
+            else:
+                (target / "photos").mkdir(parents=True)
+                (target / "photos" / "precious.jpg").write_text("irreplaceable")
+
+    before = None
+    with pytest.raises(aitune.InvalidArgumentError,
+                       match="overwrite=False" if appears == "checkpoint" else "not an aitune checkpoint"):
+        ait.save(pipeline, target, overwrite=appears != "checkpoint", on_file_written=meanwhile)
+    if appears == "checkpoint":
+        before = {p.relative_to(saved[0]): p.read_bytes() for p in Path(saved[0]).rglob("*") if p.is_file()}
+        assert {p.relative_to(target): p.read_bytes() for p in target.rglob("*") if p.is_file()} == before
+    else:
+        assert (target / "photos" / "precious.jpg").read_text() == "irreplaceable"
+        assert sorted(p.name for p in target.iterdir()) == ["photos"]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no staging left

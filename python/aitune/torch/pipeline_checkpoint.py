@@ -154,11 +154,24 @@ def _replace_directory(tmp: Path, target: Path, overwrite: bool = True) -> None:
         if not overwrite:
             raise _core.InvalidArgumentError(
                 f"ait.save: '{target}' holds a checkpoint and overwrite=False (saved by another process meanwhile)")
+    # What is replaced is judged once it is out of the way (a check before the swap would
+    # leave a window: a second process's checkpoint, or a user's folder, put there meanwhile
+    # was replaced despite overwrite=False and deleted, a session-36 probe): anything but
+    # an aitune checkpoint, or any checkpoint under overwrite=False (the caller found the
+    # path free), goes back where it was and the save is refused.
     if _exchange(tmp, target):
+        if (refusal := _refusal_to_replace(tmp, target, overwrite)) is not None:
+            _exchange(tmp, target)  # theirs back at target, ours at tmp again
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise refusal
         shutil.rmtree(tmp)  # now the old checkpoint
     else:
         aside = target.parent / f".{target.name}.old-{os.getpid()}-{secrets.token_hex(8)}"
         os.rename(target, aside)
+        if (refusal := _refusal_to_replace(aside, target, overwrite)) is not None:
+            os.rename(aside, target)
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise refusal
         try:
             os.rename(tmp, target)
         except BaseException:
@@ -166,6 +179,20 @@ def _replace_directory(tmp: Path, target: Path, overwrite: bool = True) -> None:
             raise
         shutil.rmtree(aside)
     _fsync_directory(target.parent)
+
+
+def _refusal_to_replace(old: Path, target: Path, overwrite: bool) -> Exception | None:
+    """Why what was at ``target`` (moved to ``old``) must not be replaced, or None."""
+    if not old.is_dir() or not any(old.iterdir()):
+        return None  # an empty directory (made since the path was found free)
+    if not _is_ours(old):
+        return _core.InvalidArgumentError(
+            f"ait.save: '{target}' exists and is not an aitune checkpoint; refusing to replace it (put there by "
+            "another process while this save was written)")
+    if not overwrite:
+        return _core.InvalidArgumentError(
+            f"ait.save: '{target}' holds a checkpoint and overwrite=False (saved by another process meanwhile)")
+    return None
 
 
 def _tensor_shapes(module: torch.nn.Module) -> dict[str, list[int]]:
