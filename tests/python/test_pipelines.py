@@ -308,3 +308,38 @@ def test_wrap_gives_each_module_its_harmless_attributes_by_name():
     ait.wrap(pipeline, modules, strategy=cpu_strategy(), harmless_attributes={"head": ["calls"]})
     ait.tune(pipeline, samples, ignore_failing_modules=False)
     assert pipeline.head.ait_state is ait.ModuleState.TUNED
+
+
+class SlottedPipeline:
+    """A pipeline class that keeps its modules in ``__slots__`` (no instance __dict__)."""
+
+    __slots__ = ("encoder", "head")
+
+    def __init__(self):
+        self.encoder = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU())
+        self.head = torch.nn.Linear(16, 4)
+
+    def __call__(self, x):
+        return self.head(self.encoder(x))
+
+
+def test_a_pipeline_holding_its_modules_in_slots_is_inspected_wrapped_saved_and_loaded(tmp_path):
+    """ait.inspect said "SlottedPipeline holds no torch.nn.Module", and ait.save of one whose
+    modules were wrapped by hand and tuned said it held no ait.Module (a session-36 probe):
+    the walk reads ``__slots__`` too."""
+    torch.manual_seed(0)
+    pipeline = SlottedPipeline()
+    data = [torch.randn(8) for _ in range(3)]
+    found = ait.inspect(pipeline, data, number_of_iterations=1, warmup_iterations=0).get_modules()
+    assert {info.name for info in found} == {"encoder", "head"}
+    ait.wrap(pipeline, found, strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(lambda x: pipeline(x), data, progress=False, performance_validation=False)
+    assert isinstance(pipeline.head, ait.Module) and pipeline.head.ait_state is ait.ModuleState.TUNED
+    x = torch.randn(1, 8)
+    with torch.no_grad():
+        expected = pipeline(x)
+    ait.save(pipeline, tmp_path / "slots.ait")
+    torch.manual_seed(0)
+    loaded = ait.load(SlottedPipeline(), tmp_path / "slots.ait")
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), expected)
