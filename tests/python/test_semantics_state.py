@@ -770,3 +770,61 @@ def test_a_class_value_declared_harmless_is_not_state():
                        harmless_attributes=["calls"])
     ait.tune(model, [torch.randn(4) for _ in range(3)], ignore_failing_modules=False, progress=False)
     assert model.ait_state is ModuleState.TUNED
+
+
+class UpdatesTheObjectItIsGiven(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x, stats):
+        stats.calls += 1
+        stats.last_norm = x.norm()
+        return self.linear(x)
+
+
+class Stats:  # a user class, compared by identity
+    def __init__(self):
+        self.calls, self.last_norm = 0, None
+
+
+@pytest.mark.parametrize("kind", [lambda: types.SimpleNamespace(calls=0, last_norm=None), Stats],
+                         ids=["namespace", "object"])
+def test_forward_updating_an_object_it_is_given_is_refused_naming_it(kind):
+    """forward set ``stats.calls += 1; stats.last_norm = x.norm()`` on an object it was given:
+    recorded, the export then wrote a FakeTensor and its own calls' count into the caller's
+    object and failed with a GraphNotRecordedError whose two sides read the same (a
+    session-36 probe). Refused at recording like a list it changes, naming the argument."""
+    stats = kind()
+    model = ait.Module(UpdatesTheObjectItIsGiven().eval(), "updates-object",
+                       strategy=cpu_strategy(tune_provider_options=False))
+    with pytest.raises(ValueError, match=r"forward changed the attributes of its input \['stats'\]"):
+        ait.tune(model, [((torch.randn(4),), {"stats": stats}) for _ in range(3)], ignore_failing_modules=False,
+                 progress=False)
+    assert model.ait_state is ModuleState.PASSTHROUGH
+    assert isinstance(stats.last_norm, torch.Tensor) and type(stats.last_norm) is torch.Tensor  # no FakeTensor
+    assert stats.calls <= 6, stats.calls
+    calls = stats.calls
+    model(torch.randn(1, 4), stats=stats)
+    assert stats.calls == calls + 1  # eager, as the user wrote it
+
+
+def test_an_object_argument_forward_only_reads_is_no_change():
+    class Settings:
+        def __init__(self):
+            self.scale = 2.0
+
+    model = ait.Module(ReadsSettings().eval(), "reads-object", strategy=cpu_strategy(tune_provider_options=False))
+    settings = Settings()
+    ait.tune(model, [((torch.randn(4),), {"settings": settings}) for _ in range(2)], ignore_failing_modules=False,
+             progress=False)
+    assert model.ait_state is ModuleState.TUNED
+
+
+class ReadsSettings(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x, settings):
+        return self.linear(x) * settings.scale

@@ -24,8 +24,9 @@ from aitune.torch.environment_reads import environment_key, recording_environmen
 from aitune.torch.forward_code import exported_hooks, forward_code_digest, submodule_forward_hooks
 from aitune.torch.graph import CallForm, RecordedGraph
 from aitune.torch.graph_tuning import GlobalHooksTuningError, tune_graph
-from aitune.torch.state_changes import (StateSnapshot, StateWatch, attribute_paths, changed_containers,
-                                        changed_inputs, check_harmless_attributes, is_harmless, tensor_version)
+from aitune.torch.state_changes import (StateSnapshot, StateWatch, argument_objects, attribute_paths,
+                                        changed_containers, changed_inputs, changed_objects, check_harmless_attributes,
+                                        is_harmless, tensor_version)
 from aitune.torch.module_registry import MODULE_REGISTRY
 from aitune.torch.options import TuneOptions
 from aitune.torch.strategy import OneBackendStrategy, TuneStrategy
@@ -477,6 +478,7 @@ class Module(DispatchedModule):
         watch = StateWatch(self._ait_module, compare_values=graph is None, watch_attributes=graph is not None,
                            harmless=self._ait_harmless_attributes)
         input_versions = [tensor_version(leaf) for leaf in leaves if isinstance(leaf, torch.Tensor)]
+        objects = argument_objects(leaves)
         # an export holds the values forward read from os.environ as constants (environment_reads.py)
         with recording_environment_reads(self.__dict__.setdefault("_ait_recorded_environment", set())):
             outputs = self._ait_module.forward(*args, **kwargs)
@@ -493,6 +495,12 @@ class Module(DispatchedModule):
             error = (f"forward changed its input {', '.join(changed)} (an item of a list or dict it was given "
                      "replaced, added or removed); a tuned graph returns outputs only, so the tuned module would "
                      "silently leave the caller's container as it was. Return the new values from forward instead")
+        elif changed := changed_objects(arguments, leaves, objects):
+            # the caller's object: a graph returns outputs only, and an export would write into it
+            error = (f"forward changed the attributes of its input {', '.join(changed)} (an object it was given); a "
+                     "tuned graph returns outputs only, so the tuned module would silently leave the caller's object "
+                     "as it was. Return the new values from forward instead, or keep the object out of the module "
+                     "tuned")
         if error is not None:  # not recorded: tuning refuses the module, naming why (once)
             self._ait_note_record_error(error)
             return outputs

@@ -296,6 +296,37 @@ def changed_containers(arguments: dict, leaves: list, spec: pytree.TreeSpec) -> 
     return changed
 
 
+def argument_objects(leaves: list) -> dict[int, tuple]:
+    """A token (``_token``) per argument leaf that holds Python state in its attributes: a
+    SimpleNamespace, a dataclass instance, an object of a class compared by identity (a
+    caller's stats or cache object), by its index among ``leaves``."""
+    return {i: _object_token(leaf) for i, leaf in enumerate(leaves) if _holds_attributes(leaf)}
+
+
+def changed_objects(arguments: dict, leaves: list, tokens: dict[int, tuple]) -> list[str]:
+    """The paths (``['stats']``) of the argument objects whose attributes forward changed
+    (``stats.calls += 1``): a graph returns outputs only, so the tuned module would leave
+    them as they were, and tuning's own calls (an export with fake tensors) would write into
+    the caller's object."""
+    if not tokens or not any(_object_token(leaves[i]) != token for i, token in tokens.items()):
+        return []
+    paths = [pytree.keystr(path) for path, _ in pytree.tree_flatten_with_path(arguments)[0]]
+    return [paths[i] for i, token in tokens.items() if i < len(paths) and _object_token(leaves[i]) != token]
+
+
+def _holds_attributes(value) -> bool:
+    if _plain_fields(value) is not None:
+        return True
+    kind = type(value)
+    return (kind.__module__ != "builtins" and kind.__eq__ is object.__eq__ and isinstance(getattr(value, "__dict__", None), dict)
+            and not isinstance(value, (torch.nn.Module, torch.Tensor, type, types.FunctionType, types.MethodType,
+                                       functools.partial)))
+
+
+def _object_token(value) -> tuple:
+    return ("fields", id(value), tuple((key, _token(item, 1)) for key, item in vars(value).items()))
+
+
 def _same_leaf(before, after) -> bool:
     if before is after:
         return True
