@@ -828,3 +828,39 @@ class ReadsSettings(torch.nn.Module):
 
     def forward(self, x, settings):
         return self.linear(x) * settings.scale
+
+
+class OffsetOnItsClass(torch.nn.Module):
+    """Reads a tensor its class body defines (``self.OFFSET``): a constant to the export."""
+
+    OFFSET = torch.zeros(4)
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.fc(x) + self.OFFSET
+
+
+@pytest.mark.parametrize("how", ["in-place", "assigned"])
+def test_a_tensor_its_class_holds_is_watched_like_a_plain_tensor_attribute(how, caplog):
+    """``Class.OFFSET.add_(5)`` or ``Class.OFFSET = other`` after tuning: the graph held the
+    old values, 5 off eager, silently (a session-36 probe). Now the class's tensors are
+    watched: the call runs eagerly, naming it."""
+    saved = OffsetOnItsClass.OFFSET
+    inner = OffsetOnItsClass().eval()
+    try:
+        model, x = _tuned_and_routed(inner, f"class-tensor-{how}")
+        with torch.no_grad():
+            if how == "assigned":
+                OffsetOnItsClass.OFFSET = torch.full((4,), 5.0)
+            else:
+                OffsetOnItsClass.OFFSET.add_(5)
+            with caplog.at_level("WARNING", logger="aitune"):
+                after = model(x)
+            torch.testing.assert_close(after, OffsetOnItsClass.forward(inner, x))
+        assert "OffsetOnItsClass.OFFSET" in caplog.text, caplog.text
+    finally:
+        OffsetOnItsClass.OFFSET = saved
+        saved.zero_()

@@ -35,8 +35,8 @@ from aitune.torch.baked_attributes import AttributeWatch, describe_changes
 from aitune.torch.grad_modes import describe as describe_mode
 from aitune.torch.grad_modes import mode_of_call
 from aitune.torch.graph import autocast_enabled, describe_call, differing_values
-from aitune.torch.weight_changes import (added_to_registries, registry_keys, see_fused_optimizer_steps,
-                                         tensor_attributes, weight_slots)
+from aitune.torch.weight_changes import (added_to_registries, class_tensor_ids, registry_keys,
+                                         see_fused_optimizer_steps, tensor_attributes, weight_slots)
 
 logger = logging.getLogger("aitune")
 
@@ -488,6 +488,10 @@ class ModuleDispatch:
         # reassigned to another value runs eagerly (baked_attributes.py).
         self.attributes = (AttributeWatch(module, harmless, saved_attributes, environment)
                            if any(tuned.records_attributes for _, tuned in self.tuned.values()) else None)
+        # the tensors the modules' classes hold, by identity: one replaced on the class
+        # (``Block.OFFSET = torch.full(...)``) is no plain value the attribute watch compares,
+        # and the graphs kept the old one silently (a session-36 probe)
+        self.class_tensors = class_tensor_ids(module, harmless)
         self.attributes_logged: set = set()
         # Where a graph holds a copy of the weights, the objects in their slots and those of
         # the submodules: one replaced by assignment (``fc.weight = nn.Parameter(w)``,
@@ -642,6 +646,10 @@ class ModuleDispatch:
                 if "class attributes" not in found and self.attributes is not None and (
                         differ := self.attributes.changed()):
                     found["class attributes"] = [describe_changes(differ)]
+                if "class attributes" not in found and (
+                        replaced := sorted(path for path, ident in class_tensor_ids(self.module, self.harmless).items()
+                                           if self.class_tensors.get(path, ident) != ident)):
+                    found["class attributes"] = [f"{', '.join(replaced)} (a tensor, replaced)"]
                 continue
             if what == "hooks" and sub is not None and self._only_tensor_hooks_added(index, sub):
                 continue

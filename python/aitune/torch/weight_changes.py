@@ -11,6 +11,8 @@ from collections.abc import Mapping
 import numpy as np
 import torch
 
+from aitune.torch.state_changes import class_state
+
 _fused_steps_seen = False
 
 
@@ -52,8 +54,18 @@ def tensor_attributes(module: torch.nn.Module, harmless: tuple[str, ...] = ()) -
     attribute, in a plain object it holds, or that its forward reads as a module global
     (``held_attributes``): an export holds it as a constant like a buffer. Harmless ones
     (``ait.Module(..., harmless_attributes=)``) are left out."""
-    return [(path, value) for path, value in _held_items(held_attributes(module, harmless))
+    # and the tensors its classes hold (``OFFSET = torch.zeros(4)`` in the class body, read as
+    # ``self.OFFSET``): written in place after tuning, the graphs kept the old values
+    # silently (a session-36 probe); a class value replaced is the call guard's (type version)
+    classes = [item for path, cls, key in class_state(module, harmless) for item in _tensors_in(path, vars(cls)[key])]
+    return [(path, value) for path, value in (*_held_items(held_attributes(module, harmless)), *classes)
             if isinstance(value, torch.Tensor)]
+
+
+def class_tensor_ids(module: torch.nn.Module, harmless: tuple[str, ...] = ()) -> dict[str, int]:
+    """path -> id of each tensor the classes of ``module`` and its submodules hold."""
+    return {path: id(value) for path, cls, key in class_state(module, harmless)
+            for path, value in _tensors_in(path, vars(cls)[key]) if isinstance(value, torch.Tensor)}
 
 
 def held_attributes(module: torch.nn.Module, harmless: tuple[str, ...] = ()) -> list[tuple[str, dict, str, object]]:
