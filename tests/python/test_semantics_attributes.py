@@ -382,6 +382,42 @@ def test_a_module_global_forward_reads_is_watched_like_an_attribute(monkeypatch,
     assert _close(loaded, other, x) and not loaded._ait_calls.cpp.attributes_clear()
 
 
+class _GlobalThroughAProperty(torch.nn.Module):
+    """Reads the global through a property and a helper method of its own class."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    @property
+    def scale(self):
+        return SCALE
+
+    def shifted(self, y):
+        return y + 1.0 if USE_SHIFT else y
+
+    def forward(self, x):
+        return self.shifted(self.linear(x) * self.scale)
+
+
+def test_a_module_global_read_by_a_property_or_helper_of_the_class_is_watched(monkeypatch, caplog):
+    """``self.scale`` a property returning ``SCALE``, ``self.shifted(y)`` reading
+    ``USE_SHIFT``: changed after tuning, the graph kept the old values, 2.0 off eager,
+    silently (a session-36 probe). The methods and properties of the module's own class
+    that forward reads through ``self`` are read for globals like forward."""
+    inner = _GlobalThroughAProperty().eval()
+    model = ait.Module(inner, "global-property", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [torch.randn(4) for _ in range(2)], ignore_failing_modules=False)
+    x = torch.randn(2, 4)
+    assert _close(model, inner, x) and model._ait_calls.cpp.attributes_clear()
+    for name, value in (("SCALE", 3.0), ("USE_SHIFT", True)):
+        monkeypatch.setattr(f"{__name__}.{name}", value)
+        with caplog.at_level(logging.WARNING, logger="aitune"):
+            assert _close(model, inner, x)  # eager's outputs, not the graph's
+        assert f"{__name__}.{name}: " in caplog.text
+        monkeypatch.undo()
+
+
 class _Outer(torch.nn.Module):
     def __init__(self, inner):
         super().__init__()

@@ -44,8 +44,8 @@ import numpy as np
 import torch
 
 from aitune.torch.environment_reads import environment_key, environment_path, environment_slot, shown_value
-from aitune.torch.state_changes import (code_instructions, forward_codes, is_harmless, modules_and_wrapped,
-                                        user_attributes)
+from aitune.torch.state_changes import (code_instructions, forward_attribute_reads, forward_codes, is_harmless,
+                                        modules_and_wrapped, user_attributes)
 
 _PLAIN = (type(None), bool, int, float, complex, str, bytes, enum.Enum, torch.dtype, torch.device, slice, np.generic)
 #: Functions a forward calls through an attribute (``self.act = torch.relu``): the graph holds
@@ -155,7 +155,7 @@ def _class_defaults(module: torch.nn.Module, harmless: tuple[str, ...]) -> Itera
     for prefix, sub in modules_and_wrapped(module):
         held = vars(sub)
         seen: set[str] = set()
-        methods_read = _forward_attribute_reads(type(sub))
+        methods_read = forward_attribute_reads(type(sub))
         for cls in type(sub).__mro__:
             if cls is torch.nn.Module or not issubclass(cls, torch.nn.Module):
                 break
@@ -171,16 +171,6 @@ def _class_defaults(module: torch.nn.Module, harmless: tuple[str, ...]) -> Itera
                     path = f"{prefix}.{key}" if prefix else key
                     if not is_harmless(path, harmless):
                         yield path, held, key, value, type(sub)
-
-
-@functools.lru_cache(maxsize=1024)
-def _forward_attribute_reads(cls: type) -> frozenset[str]:
-    """The attribute names ``cls.forward`` (and the lambdas and comprehensions inside it)
-    reads (``self.activation``): the methods a patch on the instance would replace there."""
-    code = getattr(inspect.unwrap(getattr(cls, "forward", None)), "__code__", None)
-    if not isinstance(code, types.CodeType):
-        return frozenset()
-    return frozenset(i.argval for i in code_instructions(code) if i.opname in ("LOAD_ATTR", "LOAD_METHOD"))
 
 
 @functools.lru_cache(maxsize=4096)

@@ -145,12 +145,39 @@ def class_state(module: torch.nn.Module, harmless: tuple[str, ...]) -> list[tupl
 
 def forward_codes(module: torch.nn.Module) -> Iterator[tuple[types.CodeType, dict]]:
     """(code, globals dict) of the ``forward`` of ``module`` and of each submodule (wrapped
-    ones included) that is a Python function: what the global watches read."""
+    ones included) that is a Python function, and of the methods and properties of their
+    classes that ``forward`` reads through ``self`` (``self.scale`` a property returning a
+    global, ``self.helper(x)``: a global read there was a constant of the graph as one read
+    in forward, unwatched, a session-36 probe): what the global watches read."""
     for _, sub in modules_and_wrapped(module):
-        forward = inspect.unwrap(type(sub).forward)
-        code, names = getattr(forward, "__code__", None), getattr(forward, "__globals__", None)
-        if isinstance(code, types.CodeType) and isinstance(names, dict):
-            yield code, names
+        cls = type(sub)
+        functions = [inspect.unwrap(cls.forward)]
+        for name in forward_attribute_reads(cls):
+            # defined by the module's own classes, not nn.Module's machinery (__call__'s hooks)
+            owner = next((klass for klass in cls.__mro__ if name in vars(klass)), None)
+            if owner is None or owner is torch.nn.Module or not issubclass(owner, torch.nn.Module):
+                continue
+            member = vars(owner)[name]
+            if isinstance(member, property):
+                member = member.fget
+            elif isinstance(member, (staticmethod, classmethod)):
+                member = member.__func__
+            if isinstance(member, types.FunctionType) and not name.startswith("__") and name != "forward":
+                functions.append(inspect.unwrap(member))
+        for function in functions:
+            code, names = getattr(function, "__code__", None), getattr(function, "__globals__", None)
+            if isinstance(code, types.CodeType) and isinstance(names, dict):
+                yield code, names
+
+
+@functools.lru_cache(maxsize=1024)
+def forward_attribute_reads(cls: type) -> frozenset[str]:
+    """The attribute names ``cls.forward`` (and the lambdas and comprehensions inside it)
+    reads (``self.activation``): the methods a patch on the instance would replace there."""
+    code = getattr(inspect.unwrap(getattr(cls, "forward", None)), "__code__", None)
+    if not isinstance(code, types.CodeType):
+        return frozenset()
+    return frozenset(i.argval for i in code_instructions(code) if i.opname in ("LOAD_ATTR", "LOAD_METHOD"))
 
 
 def code_instructions(code: types.CodeType) -> Iterator[dis.Instruction]:
