@@ -258,3 +258,23 @@ def test_a_cache_emptied_and_refilled_from_the_weights_keeps_the_graphs(caplog):
         inner.cache = {"bias": torch.full((4,), 7.0)}  # other values: a change
         torch.testing.assert_close(model(x), inner(x))
     assert not model.ait_active
+
+
+@pytest.mark.parametrize("tuned_in", ["inference-mode", "plain"])
+def test_weights_made_under_inference_mode_are_said_to_be_unwatched(caplog, tuned_in):
+    """Tensors made under torch.inference_mode() have no version counter: a write into them
+    after tuning (a LoRA merge) left the tuned graph 2.08 off eager, silently (a session-36
+    probe). It cannot be seen per call, so tuning says so, once, naming the weights. Tuned
+    outside inference mode, such a model failed: "Setting requires_grad=True on inference
+    tensor outside InferenceMode is not allowed" (the grad-mode check's restore)."""
+    with torch.inference_mode():
+        inner = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval()
+    model = ait.Module(inner, f"inference-mode-weights-{tuned_in}", strategy=cpu_strategy(tune_provider_options=False))
+    with caplog.at_level(logging.WARNING, logger="aitune"), torch.inference_mode(tuned_in == "inference-mode"):
+        ait.tune(model, [torch.randn(4) for _ in range(2)], ignore_failing_modules=False, progress=False)
+        with torch.no_grad():
+            model(torch.randn(2, 4))
+    assert model.ait_state is ait.ModuleState.TUNED
+    said = [r.getMessage() for r in caplog.records if "no version counter" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "0.weight, 0.bias" in said[0]

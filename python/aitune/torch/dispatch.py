@@ -251,6 +251,27 @@ def _weight_versions(module: torch.nn.Module, harmless: tuple[str, ...] = ()) ->
     return found
 
 
+#: (module name, weight names) already said by ``_say_unversioned_weights``
+_UNVERSIONED_SAID: set[tuple[str, tuple[str, ...]]] = set()
+
+
+def _say_unversioned_weights(name: str, module: torch.nn.Module) -> None:
+    """Says, once, which weights were made under ``torch.inference_mode()``: such a tensor
+    has no version counter, so a write into it after tuning (a LoRA merge, ``.add_()``) is
+    not seen, and the graphs would keep computing the old values (2.08 off, silently, in a
+    session-36 probe)."""
+    unversioned = tuple(weight for weight, tensor in (*module.named_parameters(), *module.named_buffers())
+                        if tensor is not None and tensor.is_inference())
+    if not unversioned or (name, unversioned) in _UNVERSIONED_SAID:
+        return
+    _UNVERSIONED_SAID.add((name, unversioned))
+    shown = ", ".join(unversioned[:5]) + (f" and {len(unversioned) - 5} more" if len(unversioned) > 5 else "")
+    logger.warning("ait.Module '%s': weights made under torch.inference_mode() (%s) have no version counter, so a "
+                   "write into them after tuning (a LoRA merge, .add_() under no_grad) is not seen and the tuned "
+                   "graphs would keep the old values: tune again after changing them, or build the model outside "
+                   "torch.inference_mode() (under torch.no_grad() its writes are seen)", name, shown)
+
+
 def _slot_storages(slots: list) -> dict[int, tuple]:
     """id -> ``_storage_of`` of each tensor among the weight slots, as they are now."""
     return {id(value): _storage_of(value) for _, _, _, value in slots
@@ -841,6 +862,7 @@ class ModuleDispatch:
         if self.holding:
             self.weights = _weight_versions(self.module, self.harmless)
             self.cpp.watch_weights([tensor.detach() for _, tensor, _ in self.weights])
+            _say_unversioned_weights(self.name, self.module)
 
     def unwatch_weights(self) -> None:
         """Stops watching (a deactivated module: its calls run eagerly), letting go of the

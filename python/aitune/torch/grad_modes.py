@@ -26,12 +26,20 @@ def _without_parameter_grads(module: torch.nn.Module):
     memory)."""
     asking = [p for p in module.parameters() if p.requires_grad]
     for parameter in asking:
-        parameter.requires_grad_(False)
+        _set_requires_grad(parameter, False)
     try:
         yield
     finally:
         for parameter in asking:
-            parameter.requires_grad_(True)
+            _set_requires_grad(parameter, True)
+
+
+def _set_requires_grad(parameter: torch.Tensor, flag: bool) -> None:
+    # a parameter made under torch.inference_mode() (a model a server loaded there) takes
+    # requires_grad=True back only inside it ("Setting requires_grad=True on inference tensor
+    # outside InferenceMode is not allowed" failed the tune of such a model, a session-36 probe)
+    with torch.inference_mode(parameter.is_inference()):
+        parameter.requires_grad_(flag)
 
 
 def modes_that_change_outputs(module: torch.nn.Module, differs) -> tuple[str, ...]:
