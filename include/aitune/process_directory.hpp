@@ -78,4 +78,11 @@ std::vector<StaleDirectory> remove_stale_directories(const std::string& parent, 
 /// $XDG_CACHE_HOME/aitune, else $HOME/.cache/aitune ("~" at the start expanded).
 std::string default_cache_root();
 
+/// ".<name><kind>": the prefix of the directories a save to a target named `name` makes
+/// beside it (`kind` ".tmp-" for staging, ".old-" for a tree set aside). A name over 120
+/// bytes is cut to its first 100 (at a UTF-8 character's start) and a stable digest of the
+/// whole, so that the longest name the file system takes (255 bytes) leaves room for
+/// "<pid>-<random>".
+std::string sibling_prefix(const std::string& name, const std::string& kind);
+
 }  // namespace aitune

@@ -33,6 +33,9 @@ void bind_process_directory(nb::module_& m) {
         [](const std::string& parent, const std::string& prefix) { return remove_stale_directories(parent, prefix); },
         nb::arg("parent"), nb::arg("prefix"),
         "find_stale_directories, each removed; returns those removed.");
+  m.def("sibling_prefix", &sibling_prefix, nb::arg("name"), nb::arg("kind"),
+        "'.<name><kind>': the prefix of what a save to a target named `name` makes beside it; a name over 120 bytes "
+        "is cut to 100 and a digest of it.");
   m.def("default_cache_root", &default_cache_root,
         "$AITUNE_CACHE_DIR, else $XDG_CACHE_HOME/aitune, else ~/.cache/aitune.");
 }

@@ -7,6 +7,7 @@
 #include <utility>
 #include <nlohmann/json.hpp>
 
+#include "aitune/process_directory.hpp"
 #include "aitune/onnx_external_data.hpp"  // not in aitune.hpp: the checkpoint's own file scanning
 #include "onnx_wire.hpp"
 #include "test_support.hpp"
@@ -884,6 +885,24 @@ TEST(CheckpointDocs, ManifestExampleIsAValidManifest) {
   EXPECT_EQ(m.format_version, kCheckpointFormatVersion);
   EXPECT_EQ(m.graphs[0].artifacts.size(), 2u);
   EXPECT_EQ(m.graphs[0].graph_spec, mlp_spec());
+}
+
+// The directories a save makes beside its target: a name near the 255-byte limit of the
+// file system left no room for ".tmp-<pid>-<random>" (a session-36 probe: 218 bytes was the
+// longest name ait.save took). Long names are cut, at a UTF-8 character's start, and keep a
+// digest of the whole, the same in every process (the sweep of a later one finds them).
+TEST(CheckpointPaths, SiblingPrefixesFitBesideTheLongestName) {
+  EXPECT_EQ(sibling_prefix("model.ait", ".tmp-"), ".model.ait.tmp-");
+  const std::string longest(255, 'x');
+  const std::string prefix = sibling_prefix(longest, ".tmp-");
+  EXPECT_LE(prefix.size() + 40, 255u) << prefix;  // room for "<pid>-<random>"
+  EXPECT_EQ(prefix, sibling_prefix(longest, ".tmp-"));
+  EXPECT_NE(prefix, sibling_prefix(std::string(254, 'x') + "y", ".tmp-"));  // the same first bytes, another name
+  std::string accents;
+  while (accents.size() < 200) accents += "\xc3\xa9";  // 'e' with an accent: two bytes each
+  const std::string cut = sibling_prefix(accents, ".old-");
+  const std::string kept = cut.substr(1, cut.find('~') - 1);
+  EXPECT_EQ(kept.size() % 2, 0u) << "a character cut in half";
 }
 
 TEST(CheckpointPaths, SafeRelativePaths) {

@@ -833,3 +833,20 @@ def test_what_appears_at_the_path_during_a_save_is_never_replaced_against_the_ru
         assert (target / "photos" / "precious.jpg").read_text() == "irreplaceable"
         assert sorted(p.name for p in target.iterdir()) == ["photos"]
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no staging left
+
+
+def test_a_target_name_near_the_file_system_limit_saves_and_loads(saved, tmp_path):
+    """A 244-byte name the file system takes was refused ("File name too long": the staging
+    directory beside it adds ".tmp-<pid>-<random>"; 218 bytes was the longest, a session-36
+    probe), for a pipeline and a single module alike."""
+    pipeline = TwoStage()
+    ait.load(pipeline, saved[0])
+    x, expected = saved[1], saved[2]
+    for what, obj in (("p", pipeline), ("m", pipeline.encoder)):
+        target = tmp_path / (what + "x" * 250)  # 251 bytes
+        ait.save(obj, target)
+        assert target.is_dir()
+    loaded = ait.load(TwoStage(), tmp_path / ("p" + "x" * 250))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), expected)
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # nothing left beside

@@ -166,7 +166,7 @@ def _replace_directory(tmp: Path, target: Path, overwrite: bool = True) -> None:
             raise refusal
         shutil.rmtree(tmp)  # now the old checkpoint
     else:
-        aside = target.parent / f".{target.name}.old-{os.getpid()}-{secrets.token_hex(8)}"
+        aside = target.parent / f"{_core.sibling_prefix(target.name, '.old-')}{os.getpid()}-{secrets.token_hex(8)}"
         os.rename(target, aside)
         if (refusal := _refusal_to_replace(aside, target, overwrite)) is not None:
             os.rename(aside, target)
@@ -320,7 +320,7 @@ def save(obj: Any, path: str | os.PathLike, *, overwrite: bool = True,
     # the staging directory is owned (pid in its name, flock held) like the single-module
     # save's, so that saves of other processes sweep it only once this process is gone;
     # those of processes that died (a kill -9 mid-save) are swept here
-    staging_prefix, aside_prefix = f".{target.name}.tmp-", f".{target.name}.old-"
+    staging_prefix, aside_prefix = _core.sibling_prefix(target.name, ".tmp-"), _core.sibling_prefix(target.name, ".old-")
     for prefix in (staging_prefix, aside_prefix):
         _core.remove_stale_directories(str(target.parent), prefix)
     owned = _core.OwnedDirectory.create(str(target.parent), staging_prefix)

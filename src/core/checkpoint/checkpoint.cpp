@@ -20,6 +20,7 @@
 #include "aitune/error.hpp"
 #include "aitune/onnx_external_data.hpp"
 #include "aitune/version.hpp"
+#include "aitune/process_directory.hpp"
 #include "io/atomic_directory.hpp"
 #include "base/bounded_json.hpp"
 #include "checkpoint/checkpoint_manifest_rules.hpp"
@@ -242,7 +243,8 @@ void Checkpoint::check_save_target(const std::string& dir, const CheckpointSaveO
   // every refusal); nothing stays.
   if (existing.empty()) return;
   try {
-    OwnedDirectory probe = OwnedDirectory::create(existing.string(), "." + target.filename().string() + ".tmp-");
+    OwnedDirectory probe =
+        OwnedDirectory::create(existing.string(), sibling_prefix(target.filename().string(), ".tmp-"));
     probe.remove();
   } catch (const Error& e) {
     fail(ErrorCode::kIo, "cannot create a temporary directory next to '" + target.string() + "': " + e.what());

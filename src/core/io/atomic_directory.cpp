@@ -1,6 +1,8 @@
 // Durable files and atomically replaced directories: what makes a checkpoint save all-or-nothing.
 #include "io/atomic_directory.hpp"
 
+#include "aitune/process_directory.hpp"
+
 #include <fcntl.h>
 #include <stdio.h>  // renameat2, RENAME_EXCHANGE (glibc >= 2.28)
 #include <sys/stat.h>
@@ -115,18 +117,11 @@ void sync_directory(const fs::path& dir) {
     fail(ErrorCode::kIo, "cannot flush directory '" + dir.string() + "' to disk: " + errno_text());
 }
 
-namespace {
-std::string sibling_prefix(const fs::path& target, const char* kind) {
-  std::string prefix = ".";
-  prefix += target.filename().string();
-  prefix += kind;
-  return prefix;
-}
-}  // namespace
 
 OwnedDirectory create_directory_beside(const fs::path& target) {
   try {
-    return OwnedDirectory::create(target.parent_path().string(), sibling_prefix(target, ".tmp-"));
+    return OwnedDirectory::create(target.parent_path().string(),
+                                  sibling_prefix(target.filename().string(), ".tmp-"));
   } catch (const Error& e) {
     fail(ErrorCode::kIo, "cannot create a temporary directory next to '" + target.string() + "': " + e.what());
   }
@@ -135,8 +130,8 @@ OwnedDirectory create_directory_beside(const fs::path& target) {
 std::size_t remove_stale_beside(const fs::path& target) noexcept {
   try {
     const std::string parent = target.parent_path().string();
-    return remove_stale_directories(parent, sibling_prefix(target, ".tmp-")).size() +
-           remove_stale_directories(parent, sibling_prefix(target, ".old-")).size();
+    return remove_stale_directories(parent, sibling_prefix(target.filename().string(), ".tmp-")).size() +
+           remove_stale_directories(parent, sibling_prefix(target.filename().string(), ".old-")).size();
   } catch (...) {  // a sweep is housekeeping: it never fails a save or a load
     return 0;
   }

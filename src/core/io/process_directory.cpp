@@ -10,6 +10,8 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -204,6 +206,25 @@ std::string default_cache_root() {
   if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) return (fs::path(expand(xdg)) / "aitune").string();
   const char* home = std::getenv("HOME");
   return (fs::path(home ? home : "") / ".cache" / "aitune").string();
+}
+
+
+std::string sibling_prefix(const std::string& target_name, const std::string& kind) {
+  // A name near the file system's 255-byte limit left no room for ".tmp-<pid>-<random>": a
+  // 244-byte name the file system takes was refused with "File name too long" (a session-36
+  // probe). The digest is FNV-1a: a later process's sweep must find the same prefix.
+  constexpr std::size_t kKept = 100, kLong = 120;
+  std::string name = target_name;
+  if (name.size() > kLong) {
+    std::uint64_t hash = 1469598103934665603ULL;
+    for (unsigned char c : name) hash = (hash ^ c) * 1099511628211ULL;
+    std::size_t cut = kKept;
+    while (cut > 0 && (static_cast<unsigned char>(name[cut]) & 0xC0) == 0x80) --cut;
+    char digest[17];
+    std::snprintf(digest, sizeof digest, "%016llx", static_cast<unsigned long long>(hash));
+    name = name.substr(0, cut) + "~" + digest;
+  }
+  return "." + name + kind;
 }
 
 }  // namespace aitune
