@@ -299,6 +299,20 @@ TEST(VacuousOutputs, AnOutputBelowTheAbsoluteToleranceJudgesInProportion) {
   EXPECT_NE(c.failure.find("relative L2 error 1 > 0.001"), std::string::npos) << c.failure;
 }
 
+// A random-weight deep MLP's output is its last bias plus an input-dependent part far below
+// the tolerance: a graph that ignored its inputs would pass (a session-36 probe). Named, once
+// two samples of one shape show it; an output that moves with its inputs is not.
+TEST(VacuousOutputs, AnOutputThatBarelyMovesBetweenSamplesIsNamed) {
+  auto a = make_host(DType::kFloat32, {2, 2}, std::vector<float>{0.077f, -0.05f, 0.1f, 0.02f});
+  auto b = make_host(DType::kFloat32, {2, 2}, std::vector<float>{0.077f + 4e-6f, -0.05f, 0.1f - 3e-6f, 0.02f});
+  auto moving = make_host(DType::kFloat32, {2, 2}, std::vector<float>{0.08f, -0.05f, 0.1f, 0.02f});
+  auto found = vacuous_outputs({"y"}, {{a.view()}, {b.view()}});
+  ASSERT_EQ(found.size(), 1u);
+  EXPECT_NE(found[0].why.find("nearly constant"), std::string::npos) << found[0].why;
+  EXPECT_TRUE(vacuous_outputs({"y"}, {{a.view()}, {moving.view()}}).empty());
+  EXPECT_TRUE(vacuous_outputs({"y"}, {{a.view()}}).empty());  // one sample says nothing
+}
+
 TEST(VacuousOutputs, AConstantMaskIsSaidAsABool) {
   // A bool output (y > 0) that is False everywhere was "constant (every element is 0)".
   auto mask = make_host(DType::kBool, {2, 2}, std::vector<uint8_t>{0, 0, 0, 0});

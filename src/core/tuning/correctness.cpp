@@ -659,6 +659,51 @@ SampleCheck compare_sample(const std::string& sample, const std::vector<std::str
   return check;
 }
 
+namespace {
+
+// An output that moves between the samples (of one shape) by no more than the strict
+// table lets a candidate err (its atol at the output's scale, or its rtol of the largest
+// value), so that a graph ignoring its inputs would pass: a random-weight deep tanh MLP's outputs are its last bias, 0.077, plus an
+// input-dependent 4.7e-6, and a graph computing the wrong branch passed with an error 2.6x
+// that whole signal (a session-36 probe). What it moves by and against what, or nothing.
+std::optional<std::string> nearly_constant(const std::vector<std::vector<TensorView>>& expected, std::size_t o) {
+  const TensorView* first = nullptr;
+  std::vector<double> low, high;
+  int same_shape = 0;
+  for (const auto& sample : expected) {
+    if (o >= sample.size() || !dtype_is_floating(sample[o].dtype)) return std::nullopt;
+    const auto& t = sample[o];
+    if (first == nullptr) {
+      first = &t;
+      low.assign(static_cast<std::size_t>(t.numel()), kInf);
+      high.assign(low.size(), -kInf);
+    } else if (t.shape != first->shape) {
+      continue;
+    }
+    ++same_shape;
+    for (std::size_t i = 0; i < low.size(); ++i) {
+      const double v = element(t, i);
+      if (!std::isfinite(v)) return std::nullopt;
+      low[i] = std::min(low[i], v);
+      high[i] = std::max(high[i], v);
+    }
+  }
+  if (same_shape < 2) return std::nullopt;
+  double spread = 0, scale = 0;
+  for (std::size_t i = 0; i < low.size(); ++i) {
+    spread = std::max(spread, high[i] - low[i]);
+    scale = std::max({scale, std::abs(low[i]), std::abs(high[i])});
+  }
+  const Tolerance table = default_tolerance(first->dtype, Precision::kStrict);
+  const double allowed = std::max(table.atol * atol_scale(*first), table.rtol * scale);
+  if (spread == 0 || spread > allowed) return std::nullopt;
+  return "nearly constant (it moves between the samples by at most " + fmt(spread) + " against values up to " +
+         fmt(scale) + ", within the " + fmt(allowed) + " the check allows an error: a graph that ignored its inputs would pass; give samples "
+         "that move it more, or judge it by a metric, ait.tune(accuracy=...))";
+}
+
+}  // namespace
+
 std::vector<VacuousOutput> vacuous_outputs(const std::vector<std::string>& output_names,
                                            const std::vector<std::vector<TensorView>>& expected) {
   std::vector<VacuousOutput> out;
@@ -687,9 +732,15 @@ std::vector<VacuousOutput> vacuous_outputs(const std::vector<std::string>& outpu
       }
     }
     if (total < 2) continue;
-    if (finite == 0)
+    if (finite == 0) {
       out.push_back({output_names[o], "all NaN/Inf"});
-    else if (constant && finite == total) {
+      continue;
+    }
+    if (!constant) {
+      if (auto nearly = nearly_constant(expected, o)) out.push_back({output_names[o], *nearly});
+      continue;
+    }
+    if (finite == total) {
       // A mask's value said as a bool is ("false"), not as the number it is read as ("0").
       const bool is_bool = !expected.empty() && o < expected.front().size() && expected.front()[o].dtype == DType::kBool;
       out.push_back({output_names[o],
