@@ -3,6 +3,7 @@
 // module scope (like Polygraphy's precision debugging).
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -55,6 +56,9 @@ int debug_precision_command(const DebugPrecisionOptions& o) {
   OnnxSessionConfig cpu;
   cpu.provider = ExecutionProvider::kCPU;
   const auto probe = OnnxSession::create(o.model, cpu);
+  // As a missing MODEL is (exit 4, "an invalid or missing model"): it exited 6, an I/O error.
+  if (std::error_code ec; !o.candidate_model.empty() && !std::filesystem::is_regular_file(o.candidate_model, ec))
+    throw Error(ErrorCode::kModelInvalid, "--candidate-model '" + o.candidate_model + "': model file not found");
   const std::map<std::string, Tensor> given = load_input_files(o.inputs, probe->inputs());  // as `aitune run`
   const auto dims = dims_with_given(parse_dims(o.dims, probe->inputs()), given, probe->inputs());
   if (!o.json.empty()) check_output_file(o.json, "the JSON report");  // before the comparison, not after

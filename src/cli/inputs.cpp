@@ -227,7 +227,21 @@ std::vector<std::map<std::string, Tensor>> load_sample_dir(const std::string& di
       if (!fs::is_regular_file(file))
         throw Error(ErrorCode::kInvalidArgument,
                     "sample directory '" + d.string() + "' lacks " + io.name + ".npy; each sample needs: " + expected);
-      sample[io.name] = load_npy(file.string());
+      Tensor tensor = load_npy(file.string());
+      // Checked here, where the file is known: the session's own refusal ("input 'x':
+      // expected dtype float32, got float64") named no file among many samples.
+      if (tensor.dtype() != io.dtype)
+        throw Error(ErrorCode::kDTypeMismatch, "sample file '" + file.string() + "' holds " +
+                                                   std::string(dtype_name(tensor.dtype())) + "; model input '" +
+                                                   io.name + "' takes " + std::string(dtype_name(io.dtype)));
+      const Shape& shape = tensor.shape();
+      bool fits = !io.rank_known || shape.size() == io.shape.size();
+      for (std::size_t a = 0; fits && io.rank_known && a < shape.size(); ++a) fits = io.shape[a] < 0 || io.shape[a] == shape[a];
+      if (!fits)
+        throw Error(ErrorCode::kShapeMismatch, "sample file '" + file.string() + "' has shape " + shape_to_string(shape) +
+                                                   "; model input '" + io.name + "' takes " + shape_to_string(io.shape) +
+                                                   " (-1: any extent)");
+      sample[io.name] = std::move(tensor);
     }
     for (const auto& entry : fs::directory_iterator(d))
       if (entry.is_regular_file() && entry.path().extension() == ".npy" &&
@@ -249,6 +263,13 @@ std::vector<std::map<std::string, Tensor>> load_sample_dir(const std::string& di
     if (entry.is_directory()) subdirs.push_back(entry.path());  // a linked one is checked file by file
   std::sort(subdirs.begin(), subdirs.end());
   std::vector<std::map<std::string, Tensor>> samples;
+  if (!subdirs.empty())
+    for (const auto& entry : fs::directory_iterator(root))
+      if (entry.is_regular_file() && entry.path().extension() == ".npy")
+        // one sample in DIR itself or one per subdirectory: with both, DIR's was left out silently
+        throw Error(ErrorCode::kInvalidArgument,
+                    "--samples '" + dir + "' holds both sample files ('" + entry.path().filename().string() +
+                        "') and sample subdirectories; put every sample in a subdirectory of its own");
   if (subdirs.empty()) {
     samples.push_back(read_sample(root));
   } else {

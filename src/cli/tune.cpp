@@ -243,6 +243,23 @@ int tune_model(const CliTuneArgs& o) {
   }
   // Where the results go, checked before the tuning they would otherwise be refused after.
   if (!o.checkpoint.empty()) Checkpoint::check_save_target(o.checkpoint);
+  if (!o.report.empty()) {
+    // A report inside the checkpoint directory (or an existing checkpoint) is removed by
+    // the save that replaces it: "report: ckpt/r.json" was printed for a file that was gone.
+    namespace fs = std::filesystem;
+    const fs::path report = fs::weakly_canonical(fs::absolute(o.report));
+    std::string inside;
+    if (!o.checkpoint.empty()) {
+      const fs::path relative = report.lexically_relative(fs::weakly_canonical(fs::absolute(o.checkpoint)));
+      if (!relative.empty() && *relative.begin() != "..") inside = o.checkpoint;
+    }
+    if (inside.empty()) inside = Checkpoint::enclosing_checkpoint(report.string());
+    if (!inside.empty())
+      throw Error(ErrorCode::kInvalidArgument,
+                  "--report '" + o.report + "' is inside the checkpoint '" + inside +
+                      "': a save replaces that directory whole and would remove it; write the report elsewhere "
+                      "(the checkpoint keeps its own copy, graphs/graph_0/tune_report.json)");
+  }
   if (!o.report.empty()) check_output_file(o.report, "the report");
 
   TunerOptions options;

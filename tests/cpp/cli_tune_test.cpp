@@ -137,6 +137,26 @@ TEST(CliTune, BadInputGivesExitCodeAndReason) {
 
   auto model = tune(tmp.file("absent.onnx") + " --provider cpu");
   EXPECT_EQ(model.exit_code, 4) << model.output;
+
+  // A bad sample among several is named by its file (the session's refusal named none), and
+  // sample files beside sample subdirectories are refused (they were left out silently).
+  for (const char* d : {"many/a", "many/b", "many/c"}) std::filesystem::create_directories(tmp.file(d));
+  save_npy(tmp.file("many/a/x.npy"), make_pattern_f32({1, 64}, 1));
+  save_npy(tmp.file("many/b/x.npy"), make_host(DType::kFloat64, {1, 64}, std::vector<double>(64, 1.0)));
+  save_npy(tmp.file("many/c/x.npy"), make_pattern_f32({1, 64}, 2));
+  auto dtype = tune(fixture("mlp.onnx") + " --provider cpu --samples '" + tmp.file("many") + "'");
+  EXPECT_EQ(dtype.exit_code, 2) << dtype.output;
+  EXPECT_NE(dtype.output.find("many/b/x.npy' holds float64"), std::string::npos) << dtype.output;
+  save_npy(tmp.file("many/b/x.npy"), make_pattern_f32({1, 32}, 1));
+  auto shape = tune(fixture("mlp.onnx") + " --provider cpu --samples '" + tmp.file("many") + "'");
+  EXPECT_EQ(shape.exit_code, 2) << shape.output;
+  EXPECT_NE(shape.output.find("many/b/x.npy' has shape [1, 32]"), std::string::npos) << shape.output;
+  save_npy(tmp.file("many/b/x.npy"), make_pattern_f32({1, 64}, 1));
+  save_npy(tmp.file("many/x.npy"), make_pattern_f32({2, 64}, 1));
+  auto mixed = tune(fixture("mlp.onnx") + " --provider cpu --samples '" + tmp.file("many") + "'");
+  EXPECT_EQ(mixed.exit_code, 2) << mixed.output;
+  EXPECT_NE(mixed.output.find("holds both sample files ('x.npy') and sample subdirectories"), std::string::npos)
+      << mixed.output;
 }
 
 TEST(CliTune, UnwritableDestinationsAreRefusedBeforeTuning) {
@@ -155,6 +175,10 @@ TEST(CliTune, UnwritableDestinationsAreRefusedBeforeTuning) {
       {"--checkpoint '" + tmp.file("a_file/ckpt") + "'", 6, "is not a directory"},
       {"--report '" + tmp.file("no_dir/report.json") + "'", 6, "does not exist"},
       {"--report '" + tmp.path().string() + "'", 6, "is a directory"},
+      // inside the checkpoint it saves: the save replaced the directory and the report with it,
+      // after "report: ..." was printed
+      {"--checkpoint '" + tmp.file("ckpt") + "' --report '" + tmp.file("ckpt/r.json") + "'", 2,
+       "is inside the checkpoint"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.args);

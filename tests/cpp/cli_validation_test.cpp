@@ -52,6 +52,9 @@ TEST(CliValidation, RunNumbersAndNamesOutOfRange) {
   // debug-precision reads --input as run does: an unknown name is refused listing the inputs.
   expect_exit("debug-precision " + fixture("mlp.onnx") + " --input nosuch=" + fixture("mlp_x.npy"), 2,
               "model's inputs: 'x'");
+  // A missing --candidate-model is a missing model (4), as a missing MODEL is; it was an I/O error (6).
+  expect_exit("debug-precision " + fixture("mlp.onnx") + " --candidate-model /nonexistent-dir/candidate.onnx", 4,
+              "--candidate-model '/nonexistent-dir/candidate.onnx': model file not found");
   {  // --json's directory missing: refused before the comparison, with the reason (it ran the whole comparison first)
     auto r = cli("debug-precision " + fixture("mlp.onnx") + " --json /nonexistent-dir/x.json");
     EXPECT_EQ(r.exit_code, 6) << r.output;
