@@ -93,6 +93,19 @@ def test_candidates_drawn_on_one_spot_share_one_label():
     assert labels == ["1, 2, 3"], labels
 
 
+def test_the_chart_numbers_each_point_as_its_card_is_numbered():
+    """The chart and its legend numbered candidates by latency, the cards in report order:
+    point "1" was another candidate than card "1." (a session-36 probe). One numbering now."""
+    report = _report()
+    report["candidates"][0]["profile"] = _profile(900, 100)  # the first card, the slowest point
+    page = _core.tune_report_html(json.dumps(report))
+    cards = dict(re.findall(r'<h3>(\d+)\. ([^<]*)', page))
+    legend = dict(re.findall(r'<li value="(\d+)">([^<]*)', page))
+    assert legend and all(cards[number] == name.strip() for number, name in legend.items()), (cards, legend)
+    first = report["candidates"][0]["name"]
+    assert legend.get("1") == first, legend
+
+
 def test_bad_reports_are_refused_by_name():
     with pytest.raises(ValueError, match="not valid JSON"):
         _core.tune_report_html("{")

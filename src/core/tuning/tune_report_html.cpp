@@ -205,6 +205,7 @@ struct Point {
   std::string name;
   double p50 = 0, ratio = 0;
   bool winner = false;
+  std::size_t number = 0;  // the candidate's number on its card ("3. cpu[...]"), 1-based
 };
 
 // Accuracy (error / tolerance, log scale) against latency (p50) for every measured
@@ -280,23 +281,27 @@ std::string frontier_svg(std::vector<Point> points, std::optional<double> eager_
         << (p.winner ? "#d69e2e" : on_frontier ? "#2f855a" : "#a0aec0") << "\" stroke=\"#1a202c\"><title>"
         << esc(p.name) << ": p50 " << num(p.p50) << " us, error/tolerance " << num(p.ratio) << "</title></circle>";
     }
-  for (std::size_t i = 0; i < points.size(); ++i) {
-    const auto& p = points[i];
+  // Each point is labelled with its candidate's number on the cards below (the chart
+  // numbered them by latency and the cards in report order: point 1 was another card's 1).
+  for (const auto& p : points) {
     auto near = std::find_if(labels.begin(), labels.end(), [&](const Label& l) {
       return std::abs(l.x - x(p.p50)) < 6 && std::abs(l.y - y(p.ratio)) < 6;
     });
     if (near != labels.end())
-      near->text += ", " + std::to_string(i + 1);
+      near->text += ", " + std::to_string(p.number);
     else
-      labels.push_back({x(p.p50), y(p.ratio), std::to_string(i + 1)});
+      labels.push_back({x(p.p50), y(p.ratio), std::to_string(p.number)});
   }
   for (std::size_t i = 0; i < labels.size(); ++i)
     s << "<text class=\"point-label\" x=\"" << labels[i].x + 8 << "\" y=\""
       << labels[i].y - 6 - 11.0 * static_cast<double>(i % 2) << "\" font-size=\"10\" fill=\"#2d3748\">"
       << labels[i].text << "</text>";
   s << "</svg><ol class=\"legend\">";
-  for (const auto& p : points)
-    s << "<li>" << esc(p.name) << (p.winner ? " <b>(winner)</b>" : "") << "</li>";
+  std::vector<const Point*> by_number;
+  for (const auto& p : points) by_number.push_back(&p);
+  std::sort(by_number.begin(), by_number.end(), [](const Point* a, const Point* b) { return a->number < b->number; });
+  for (const auto* p : by_number)
+    s << "<li value=\"" << p->number << "\">" << esc(p->name) << (p->winner ? " <b>(winner)</b>" : "") << "</li>";
   s << "</ol>";
   return s.str();
 }
@@ -402,7 +407,7 @@ std::string tune_report_html(const std::string& report_json) {
     const auto& c = candidates[i];
     auto l = latency_of(c.value("profile", json()));
     auto ratio = error_ratio(c);
-    if (l && ratio) points.push_back({str_of(c, "name"), l->p50, *ratio, is_the_winner(i)});
+    if (l && ratio) points.push_back({str_of(c, "name"), l->p50, *ratio, is_the_winner(i), i + 1});
   }
   h << "<section id=\"frontier\"><h2>Accuracy versus latency</h2>";
   if (points.empty()) {
