@@ -358,22 +358,29 @@ class _GlobalReader(torch.nn.Module):
         return y + 1.0 if USE_SHIFT else y
 
 
+def _globals_changed_run_eagerly(inner, name, monkeypatch, caplog):
+    """Tunes ``inner``, then sets SCALE and USE_SHIFT in turn: each call runs eagerly, naming
+    the global, and the graph serves again once it is back. (The ait.Module, an input.)"""
+    model = ait.Module(inner, name, strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [torch.randn(4) for _ in range(2)], ignore_failing_modules=False)
+    x = torch.randn(2, 4)
+    assert _close(model, inner, x) and model._ait_calls.cpp.attributes_clear()
+    for global_name, value in (("SCALE", 3.0), ("USE_SHIFT", True)):
+        monkeypatch.setattr(f"{__name__}.{global_name}", value)
+        with caplog.at_level(logging.WARNING, logger="aitune"):
+            assert _close(model, inner, x)  # eager's outputs, not the graph's
+        assert f"{__name__}.{global_name}: " in caplog.text
+        monkeypatch.undo()
+        assert _close(model, inner, x) and model._ait_calls.cpp.attributes_clear()  # the graph serves again
+    return model, x
+
+
 def test_a_module_global_forward_reads_is_watched_like_an_attribute(monkeypatch, tmp_path, caplog):
     """``x * SCALE`` with SCALE a module global: reassigned after tuning, the graph kept
     computing with 2.0 (1.5x off eager), silently. Now the call runs eagerly, said once,
     until the value is back; a checkpoint expects the value its graphs hold."""
     inner = _GlobalReader().eval()
-    model = ait.Module(inner, "global-reader", strategy=cpu_strategy(tune_provider_options=False))
-    ait.tune(model, [torch.randn(4) for _ in range(2)], ignore_failing_modules=False)
-    x = torch.randn(2, 4)
-    assert _close(model, inner, x) and model._ait_calls.cpp.attributes_clear()
-    for name, value in (("SCALE", 3.0), ("USE_SHIFT", True)):
-        monkeypatch.setattr(f"{__name__}.{name}", value)
-        with caplog.at_level(logging.WARNING, logger="aitune"):
-            assert _close(model, inner, x)  # eager's outputs, not the graph's
-        assert f"{__name__}.{name}: " in caplog.text
-        monkeypatch.undo()
-        assert _close(model, inner, x) and model._ait_calls.cpp.attributes_clear()  # the graph serves again
+    model, x = _globals_changed_run_eagerly(inner, "global-reader", monkeypatch, caplog)
     ait.save(model, tmp_path / "ckpt")
     monkeypatch.setattr(f"{__name__}.SCALE", 0.5)
     other = _GlobalReader().eval()
@@ -405,17 +412,7 @@ def test_a_module_global_read_by_a_property_or_helper_of_the_class_is_watched(mo
     ``USE_SHIFT``: changed after tuning, the graph kept the old values, 2.0 off eager,
     silently (a session-36 probe). The methods and properties of the module's own class
     that forward reads through ``self`` are read for globals like forward."""
-    inner = _GlobalThroughAProperty().eval()
-    model = ait.Module(inner, "global-property", strategy=cpu_strategy(tune_provider_options=False))
-    ait.tune(model, [torch.randn(4) for _ in range(2)], ignore_failing_modules=False)
-    x = torch.randn(2, 4)
-    assert _close(model, inner, x) and model._ait_calls.cpp.attributes_clear()
-    for name, value in (("SCALE", 3.0), ("USE_SHIFT", True)):
-        monkeypatch.setattr(f"{__name__}.{name}", value)
-        with caplog.at_level(logging.WARNING, logger="aitune"):
-            assert _close(model, inner, x)  # eager's outputs, not the graph's
-        assert f"{__name__}.{name}: " in caplog.text
-        monkeypatch.undo()
+    _globals_changed_run_eagerly(_GlobalThroughAProperty().eval(), "global-property", monkeypatch, caplog)
 
 
 class _Outer(torch.nn.Module):
