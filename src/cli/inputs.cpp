@@ -42,9 +42,15 @@ std::pair<std::string, std::string> split_named_assignment(const std::string& te
       fits.push_back(eq);
   std::string listed;
   for (const auto& n : names) listed += (listed.empty() ? "'" : ", '") + n + "'";
-  if (fits.empty())
+  if (fits.empty()) {
+    // `--input x` names an input and lacks its value: said so, not "NAME one of: 'x'"
+    const std::string name = text.substr(0, text.find('='));
+    if (std::find(names.begin(), names.end(), name) != names.end())
+      throw Error(ErrorCode::kInvalidArgument, std::string(what) + " '" + text + "' gives '" + name +
+                                                   "' no value: write " + std::string(what) + " " + name + "=VALUE");
     throw Error(ErrorCode::kInvalidArgument, std::string(what) + " '" + text + "' is not of the form NAME=VALUE with NAME one of the " +
                                                  kind + ": " + (listed.empty() ? "none" : listed));
+  }
   if (fits.size() > 1) {
     std::string readings;
     for (auto eq : fits) readings += (readings.empty() ? "'" : ", '") + text.substr(0, eq) + "'";

@@ -180,6 +180,13 @@ int tune_model(const CliTuneArgs& o) {
   if (o.latency_budget_ms > 0 && o.strategy != "latency-budget")
     throw Error(ErrorCode::kInvalidArgument, "--latency-budget-ms is the budget of --strategy latency-budget, not of "
                                              "--strategy " + o.strategy + "; give --strategy latency-budget with it");
+  // ... and the strategy without a budget is said in the option's name (it was the field's,
+  // "latency_budget_ms > 0, got 0", though nothing was given)
+  if (o.strategy == "latency-budget" && !(o.latency_budget_ms > 0))
+    throw Error(ErrorCode::kInvalidArgument, "--strategy latency-budget needs --latency-budget-ms MS (> 0)" +
+                                                 std::string(o.latency_budget_ms != 0
+                                                                 ? ", got " + std::to_string(o.latency_budget_ms)
+                                                                 : ""));
   StrategyConfig strategy;
   strategy.kind = parse_strategy_kind(o.strategy);
   strategy.latency_budget_ms = o.latency_budget_ms;

@@ -123,7 +123,8 @@ TEST(CliTune, BadInputGivesExitCodeAndReason) {
 
   auto budget = tune(fixture("mlp.onnx") + " --provider cpu --strategy latency-budget");
   EXPECT_EQ(budget.exit_code, 2) << budget.output;
-  EXPECT_NE(budget.output.find("latency_budget_ms"), std::string::npos) << budget.output;
+  EXPECT_NE(budget.output.find("--strategy latency-budget needs --latency-budget-ms MS"), std::string::npos)
+      << budget.output;
 
   std::filesystem::create_directories(tmp.file("wrong"));
   save_npy(tmp.file("wrong/y.npy"), make_pattern_f32({1, 64}, 1));

@@ -43,6 +43,8 @@ TEST(CliValidation, RunNumbersAndNamesOutOfRange) {
   expect_exit("run " + mlp + " --no-such-flag", 2, "no-such-flag");  // CLI11's code was 109
   expect_exit("run", 2, "model");                                       // CLI11's code was 106
   expect_exit("run " + mlp + " --input nosuch=" + fixture("mlp_x.npy"), 2, "nosuch");
+  // An input named without its file: said so (it was "NAME one of the model's inputs: 'x'").
+  expect_exit("run " + mlp + " --input x", 2, "--input 'x' gives 'x' no value: write --input x=VALUE");
   // One input given twice: refused, not the later file silently used.
   expect_exit("run " + mlp + " --input x=" + fixture("mlp_x.npy") + " --input x=" + fixture("mlp_x.npy"), 2,
               "'x' more than once");
