@@ -574,3 +574,15 @@ def test_decode_step_caches_the_decoder_of_an_encoder_decoder_family_run_as_a_ca
             token = model(input_ids=sequence, use_cache=False).logits[:, -1].argmax(-1, keepdim=True)
             sequence = torch.cat([sequence, token], dim=1)
     assert torch.equal(ours, sequence[:, 5:]), (ours, sequence)
+
+
+@pytest.mark.parametrize("count", [0, -1, 2.0, True])
+def test_greedy_generate_refuses_a_count_that_is_no_positive_int(count):
+    """max_new_tokens=0 returned one token (the prefill's) and -1 failed deep in the model (a
+    session-36 probe); transformers' generate refuses them. Refused by name, before any step."""
+    example = _example()
+    model = example.tiny_llama()
+    batch = example.prompts(1)
+    with pytest.raises(ValueError, match="max_new_tokens must be a positive int"):
+        greedy_generate(DecodeStep(model), DecodeStep(model), model, batch["input_ids"], batch["attention_mask"],
+                        count)

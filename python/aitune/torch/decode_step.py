@@ -282,6 +282,10 @@ def greedy_generate(prefill: Callable, decode: Callable, model: torch.nn.Module,
     The cache holds prompt + new tokens; each step passes the caches the previous one
     returned (the same tensors, updated in place, where the steps are tuned with
     ``in_place_outputs``)."""
+    # 0 returned one token (the prefill's) and -1 failed deep in the model; transformers'
+    # generate refuses both the same way
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
     ends, pad = _end_tokens(model, eos_token_id, pad_token_id, input_ids.device)
     batch, prompt_len = input_ids.shape
     cache_len = prompt_len + max_new_tokens
