@@ -48,6 +48,37 @@ def test_every_position_compared_rejects_the_padded_batch():
         _tune(tiny_decoder("llama"), "padded-llama-all", valid_positions=False)
 
 
+class _MaskNamedOtherwise(torch.nn.Module):
+    """A user's wrapper whose padding mask argument is not called ``attention_mask``."""
+
+    def __init__(self, llm):
+        super().__init__()
+        self.llm = llm
+
+    def forward(self, ids, mask):
+        return self.llm(input_ids=ids, attention_mask=mask, use_cache=False).logits
+
+
+def test_a_mask_named_otherwise_is_pointed_to_when_every_candidate_differs():
+    """The padded positions' errors read as "every candidate differs from eager PyTorch" with
+    no word of padding when the wrapper's mask is named ``mask`` (a session-36 probe);
+    the refusal now names the input and the option, and the option makes the tune pass."""
+    def batches(size):
+        (batch,) = padded_prefill_batches(size)
+        return [{"ids": batch["input_ids"], "mask": batch["attention_mask"]}]
+
+    inner = _MaskNamedOtherwise(tiny_decoder("llama")).eval()
+    model = ait.Module(inner, "mask-named-otherwise", strategy=cpu_strategy(use_dynamo=True, tune_provider_options=False))
+    with pytest.raises(ait.NumericMismatchError, match=r"input 'mask' looks like a padding mask.*valid_positions='mask'"):
+        ait.tune(model, batches, batch_sizes=[2], ignore_failing_modules=False, disable_external_logging=True,
+                 progress=False)
+    declared = ait.Module(inner, "mask-named-declared",
+                          strategy=cpu_strategy(use_dynamo=True, tune_provider_options=False))
+    ait.tune(declared, batches, batch_sizes=[2], ignore_failing_modules=False, disable_external_logging=True,
+             progress=False, valid_positions="mask")
+    assert declared.ait_state is ModuleState.TUNED
+
+
 def test_declared_valid_positions_callable_is_used():
     seen = []
 

@@ -34,6 +34,7 @@ from aitune.torch.options import TuneOptions
 from aitune.torch.strategy import TuneStrategy
 from aitune.torch.valid_positions import ValidPositionsOption
 from aitune.torch.valid_positions import batch_first_of
+from aitune.torch.valid_positions import mask_like_inputs
 from aitune.torch.valid_positions import masks_for as valid_position_masks
 
 logger = logging.getLogger("aitune")
@@ -356,6 +357,15 @@ def tune_graph(strategy: TuneStrategy, graph: RecordedGraph, options: TuneOption
     logger.info("%s: tuning report %s\n%s", name, path, report.summary_table())
     if outcome.is_failure:
         message = outcome.message + (f"\n{interior}" if interior else "")
+        if outcome.kind == "all_incorrect" and options.valid_positions is None and all(len(s) == 3 for s in samples):
+            masks = {name for s in graph.samples
+                     for name in mask_like_inputs(graph._inputs.fill(s.inputs), s.outputs)}  # noqa: SLF001
+            if masks:
+                first = sorted(masks)[0]
+                message += (f"\nHint: input {', '.join(repr(m) for m in sorted(masks))} looks like a padding mask (0s "
+                            "and 1s over the outputs' leading [batch, seq] axes), which aitune derives only from an "
+                            f"argument named 'attention_mask'; if the outputs at its 0 positions are undefined (a "
+                            f"padded batch), declare it: ait.tune(..., valid_positions={first!r})")
         error = {"all_incorrect": NumericMismatchError,
                  "unsupported_dtype": UnsupportedDTypeTuningError}.get(outcome.kind, TuningError)(message)
         error.report = report  # every candidate's verdict: ait.Module.ait_reports keeps it after the failure

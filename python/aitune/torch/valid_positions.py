@@ -209,3 +209,23 @@ def _checked_not_vacuous(masks: list[torch.Tensor | None], where: str, said: str
         raise ValueError(f"{where}: the mask of {said} marks no position as defined (all zero), so the check "
                          "would compare nothing; pass a mask that is non-zero where the outputs are defined")
     return masks
+
+
+def mask_like_inputs(arguments: dict[str, Any], outputs: list[torch.Tensor]) -> list[str]:
+    """The names of the call's arguments that look like a padding mask the option was not
+    told of: a 2-D integer or bool tensor of 0s and 1s, with a 0 somewhere, whose shape
+    prefixes an output's (``[batch, seq]`` of ``[batch, seq, vocab]`` logits). Named in the
+    refusal of a tune whose candidates all differ: a wrapper's mask argument named otherwise
+    than ``attention_mask`` was not derived, and the errors at its padded positions read as
+    "every candidate differs from eager PyTorch" without a word of it (a session-36 probe)."""
+    found = []
+    for name, value in arguments.items():
+        if (name in (AUTO_INPUT, PADDING_INPUT) or not isinstance(value, torch.Tensor) or value.dim() != 2
+                or value.dtype not in _MASK_DTYPES):
+            continue
+        host = value.detach().to("cpu")
+        if not bool(((host == 0) | (host == 1)).all()) or bool(host.all()):
+            continue
+        if any(out.dim() > 2 and tuple(out.shape[:2]) == tuple(host.shape) for out in outputs):
+            found.append(name)
+    return found
