@@ -536,3 +536,25 @@ def test_a_call_with_gradients_on_says_once_that_the_weights_get_none(caplog):
             body(torch.randn(2, 16)).sum()
     said = [r.getMessage() for r in caplog.records if r.name == "aitune"]
     assert len(said) == 1 and "weights require grad (0.weight, 0.bias)" in said[0] and "no gradient" in said[0], said
+
+
+class _SumsAList(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x, extras):
+        return self.linear(x) + sum(extras)
+
+
+def test_a_call_whose_containers_differ_from_the_recorded_ones_says_so():
+    """Caches recorded as a tuple, called as a list: the call and the recorded graph were
+    described alike (the same names, dtypes and shapes), and nothing said why they did not
+    match (a session-36 probe). The containers are named now."""
+    model = ait.Module(_SumsAList().eval(), "containers", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [((torch.randn(4), (torch.randn(4), torch.randn(4))), {}) for _ in range(2)],
+             ignore_failing_modules=False, progress=False)
+    with torch.no_grad(), pytest.raises(ait.GraphNotRecordedError,
+                                        match=r"containers that differ from recorded graph 1: .*list\(\*, \*\).* "
+                                              r"here, .*tuple\(\*, \*\).* recorded"):
+        model(torch.randn(1, 4), [torch.randn(1, 4), torch.randn(1, 4)])

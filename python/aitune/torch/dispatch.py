@@ -34,7 +34,7 @@ from aitune.torch.backend.base import TunedGraph
 from aitune.torch.baked_attributes import AttributeWatch, describe_changes
 from aitune.torch.grad_modes import describe as describe_mode
 from aitune.torch.grad_modes import mode_of_call
-from aitune.torch.graph import autocast_enabled, describe_call, differing_values
+from aitune.torch.graph import autocast_enabled, describe_call, differing_containers, differing_values
 from aitune.torch.weight_changes import (added_to_registries, class_tensor_ids, registry_keys,
                                          see_fused_optimizer_steps, tensor_attributes, weight_slots)
 
@@ -1018,7 +1018,8 @@ class ModuleDispatch:
             self._warn_once(identity, f"no recorded graph matches this call ({call}); running eagerly")
             return self.module.forward(*args, **kwargs)  # the hooks ran around the proxy's forward
         recorded = "\n".join(f"  {i + 1}. {g.describe()}" for i, g in enumerate(self.recorded))
-        differ = differing_values(self.signature, arguments, self.recorded)
+        differ = differing_values(self.signature, arguments, self.recorded) or differing_containers(arguments,
+                                                                                                    self.recorded)
         raise GraphNotRecordedError(
             f"ait.Module '{self.name}' was tuned for other inputs than this call.\n"
             f"This call: {call}\nRecorded graphs:\n{recorded}\n" + (f"{differ}\n" if differ else "") +

@@ -780,3 +780,27 @@ def differing_values(signature: inspect.Signature, arguments: dict[str, Any], gr
 
     shown = [f"{name}: {shown_now(name)} here, {shown_recorded(name)} recorded" for name in sorted(differ)]
     return f"non-tensor values that differ from recorded graph {index + 1}: " + "; ".join(shown)
+
+
+def _containers(spec: pytree.TreeSpec) -> str:
+    """The containers of a flattened value, leaves as ``*`` (``dict(ids: *, caches: tuple(*, *))``)."""
+    if spec.is_leaf():
+        return "*"
+    children = [_containers(child) for child in spec.children()]
+    if spec.type is dict or (isinstance(spec.context, list) and len(spec.context) == len(children)):
+        children = [f"{key}: {child}" for key, child in zip(spec.context, children, strict=True)]
+    return f"{getattr(spec.type, '__name__', spec.type)}({', '.join(children)})"
+
+
+def differing_containers(arguments: dict[str, Any], graphs: list) -> str:
+    """For an unrecorded call whose tensors and values read as a recorded graph's: where its
+    containers differ (caches as a list where a tuple was recorded: the call and the graph
+    were shown alike, and nothing said why they did not match, a session-36 probe), or ''."""
+    _, spec = pytree.tree_flatten(arguments)
+    mine = _containers(spec)
+    for index, graph in enumerate(graphs):
+        theirs = _containers(graph._inputs.spec)  # noqa: SLF001
+        if theirs != mine and spec.num_leaves == graph._inputs.spec.num_leaves:  # noqa: SLF001
+            return (f"containers that differ from recorded graph {index + 1}: {mine} here, {theirs} recorded "
+                    "(a list is not a tuple: pass the same containers as the samples did)")
+    return ""
