@@ -3,6 +3,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <optional>
 #include <string_view>
 
 namespace aitune {
@@ -27,6 +28,8 @@ enum class ErrorCode {
 
 /// Stable lower-case name of a code ("invalid_argument", ...), used in JSON and logs.
 std::string_view error_code_name(ErrorCode code) noexcept;
+/// The code `error_code_name` names, or nullopt for another name.
+std::optional<ErrorCode> error_code_from_name(std::string_view name) noexcept;
 
 /// The exception thrown by every aitune API. `what()` is a complete, human-readable
 /// sentence naming the object at fault (input name, path, provider) with expected vs

@@ -130,9 +130,11 @@ class GraphTuner {
 
   /// Records a candidate that failed before it could run (e.g. its export or its model
   /// transform), with the precision it would have computed in, so the report says which
-  /// precision was lost.
+  /// precision was lost, and the failure's code where one is known (an isolated trial's
+  /// unsupported dtype: the outcome's kind is decided by it).
   std::size_t add_failed(const std::string& name, const std::string& backend, int group, const std::string& reason,
-                         Precision precision = Precision::kStrict);
+                         Precision precision = Precision::kStrict,
+                         std::optional<ErrorCode> code = std::nullopt);
 
   /// Creates a session for `candidate` on `model_path` (timing creation and first run),
   /// runs every sample and compares with the expected outputs, and profiles it when

@@ -36,7 +36,7 @@ def main(root: Path) -> int:
     )
     tuner.evaluate_onnx(job["model_path"], candidate, "isolated trial", 0, job["model_inputs"])
     (result,) = tuner.report.candidates
-    print(json.dumps({"status": result.status, "reason": result.reason}), flush=True)
+    print(json.dumps({"status": result.status, "reason": result.reason, "code": result.failure_code}), flush=True)
     return 0
 
 

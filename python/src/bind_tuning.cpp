@@ -364,6 +364,11 @@ void bind_tuning(nb::module_& m) {
 
   nb::class_<CandidateResult>(m, "CandidateResult", "One measured candidate of a graph.")
       .def_ro("name", &CandidateResult::name)
+      .def_prop_ro("failure_code",
+                   [](const CandidateResult& c) {
+                     return c.failure_code ? std::string(error_code_name(*c.failure_code)) : std::string();
+                   },
+                   "the error code name of a failure where one is known ('unsupported_dtype'), else ''")
       .def_ro("backend", &CandidateResult::backend)
       .def_ro("group", &CandidateResult::group)
       .def_ro("config_json", &CandidateResult::config_json)
@@ -625,9 +630,18 @@ void bind_tuning(nb::module_& m) {
       .def(
           "add_failed",
           [](PyGraphTuner& t, const std::string& name, const std::string& backend, int group, const std::string& why,
-             Precision precision) { return t.tuner->add_failed(name, backend, group, why, precision); },
+             Precision precision, const std::string& code) {
+            std::optional<ErrorCode> known;
+            if (!code.empty()) {
+              known = error_code_from_name(code);
+              if (!known) throw Error(ErrorCode::kInvalidArgument, "add_failed: unknown error code '" + code + "'");
+            }
+            return t.tuner->add_failed(name, backend, group, why, precision, known);
+          },
           nb::arg("name"), nb::arg("backend"), nb::arg("group"), nb::arg("reason"),
-          nb::arg("precision") = Precision::kStrict)
+          nb::arg("precision") = Precision::kStrict, nb::arg("code") = "",
+          "A candidate that failed before it could run; `code`: its failure's error code name "
+          "('unsupported_dtype'), where known")
       .def(
           "evaluate_onnx",
           [](PyGraphTuner& t, const std::string& model_path, const OnnxCandidate& candidate,

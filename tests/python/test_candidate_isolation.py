@@ -154,3 +154,30 @@ def test_a_half_width_graph_on_the_cpu_provider_is_tried_in_a_child_first(monkey
     x = torch.randn(2, 6, 16).half()
     with torch.no_grad():
         torch.testing.assert_close(model(x), inner(x), atol=2e-2, rtol=2e-2)
+
+
+class _Bf16WithFloatLogits(torch.nn.Module):
+    """bf16 weights; forward hands back float32, as generation code does (``logits.float()``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(16, 16).to(torch.bfloat16)
+
+    def forward(self, x):
+        return (self.linear(x.to(torch.bfloat16)) * 2).float()
+
+
+def test_an_unsupported_dtype_found_in_an_isolated_trial_keeps_its_kind(monkeypatch):
+    """The same bf16 failure raised UnsupportedDTypeTuningError when the module returned bf16
+    and plain TuningError when it returned float32: the bf16 graph was tried in a child, whose
+    verdict came back as a reason alone, without its error code (a session-36 probe)."""
+    monkeypatch.delenv("AITUNE_ISOLATE_CANDIDATES", raising=False)
+    children = []
+    real = candidate_isolation.child_command
+    monkeypatch.setattr(candidate_isolation, "child_command", lambda d: children.append(d) or real(d))
+    model = ait.Module(_Bf16WithFloatLogits().eval(), "bf16-float-logits", strategy=ait.OneBackendStrategy(cpu_backend()))
+    with pytest.raises(ait.UnsupportedDTypeTuningError):
+        ait.tune(model, [torch.randn(16) for _ in range(2)], ignore_failing_modules=False, progress=False,
+                 performance_validation=False)
+    assert children, "the bf16 graph was not tried in a child"
+    assert {c.failure_code for c in _report(model).candidates} == {"unsupported_dtype"}

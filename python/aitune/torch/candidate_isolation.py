@@ -86,9 +86,22 @@ def child_command(job_dir: Path) -> list[str]:
     return [sys.executable, "-m", "aitune.candidate_trial", str(job_dir)]
 
 
+class Refusal(str):
+    """Why a candidate failed in its isolated trial, with the failure's error code name
+    (``'unsupported_dtype'``; '' where none is known)."""
+
+    code: str
+
+    def __new__(cls, reason: str, code: str = "") -> Refusal:
+        refusal = super().__new__(cls, reason)
+        refusal.code = code or ""
+        return refusal
+
+
 def probe(model_path: str, candidate: _core.OnnxCandidate, graph, model_inputs: list[int]) -> str | None:
     """Evaluates ``candidate`` on ``model_path`` in a child process; returns why it failed
-    there (None when its session was created and ran, correct or not)."""
+    there (None when its session was created and ran, correct or not): a ``Refusal`` with
+    its error code where the trial ran to its verdict."""
     samples = graph.samples[:_PROBE_SAMPLES]
     with cache.scratch_dir("aitune-probe-") as scratch:
         root = Path(scratch)
@@ -131,7 +144,7 @@ def probe(model_path: str, candidate: _core.OnnxCandidate, graph, model_inputs: 
             return f"an isolated trial of this candidate {how} (it would have broken this process): {tail}"
         result = json.loads(lines[-1])
         if result["status"] == "failed":
-            return f"in an isolated trial: {result['reason']}"
+            return Refusal(f"in an isolated trial: {result['reason']}", result.get("code", ""))
         return None
 
 
@@ -147,7 +160,10 @@ def evaluate(tuner, model_path: str, candidate: _core.OnnxCandidate, backend: st
         reason = probe(model_path, candidate, graph, model_inputs)
         if reason is not None:
             logger.warning("%s: %s", candidate.name, reason)
-            tuner.add_failed(candidate.name, backend, group, reason, candidate.precision)
+            # the trial's error code with it: an unsupported dtype found there made a plain
+            # TuningError where the same failure in this process is UnsupportedDTypeTuningError
+            tuner.add_failed(candidate.name, backend, group, str(reason), candidate.precision,
+                             getattr(reason, "code", ""))
             return
     if cuda:
         torch.cuda.empty_cache()  # memory torch cached but does not use is ONNX Runtime's to take

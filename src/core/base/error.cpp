@@ -25,5 +25,6 @@ constexpr detail::EnumNames<ErrorCode, 13> kNames{{
 }  // namespace
 
 std::string_view error_code_name(ErrorCode code) noexcept { return detail::enum_name(kNames, code, "internal"); }
+std::optional<ErrorCode> error_code_from_name(std::string_view name) noexcept { return detail::enum_value(kNames, name); }
 
 }  // namespace aitune

@@ -209,8 +209,8 @@ void GraphTuner::profile_reference(const std::function<void(const std::vector<Te
 }
 
 std::size_t GraphTuner::add_failed(const std::string& name, const std::string& backend, int group,
-                                   const std::string& reason, Precision precision) {
-  return impl_->push_failed(Impl::new_result(name, backend, group, precision), reason);
+                                   const std::string& reason, Precision precision, std::optional<ErrorCode> code) {
+  return impl_->push_failed(Impl::new_result(name, backend, group, precision), reason, "", {}, code);
 }
 
 std::size_t GraphTuner::evaluate_onnx(const std::string& model_path, const OnnxCandidate& candidate,
