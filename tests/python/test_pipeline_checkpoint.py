@@ -804,7 +804,7 @@ def test_a_module_under_a_long_object_path_is_saved_and_loaded(tmp_path, monkeyp
     torch.testing.assert_close(restored(x), pipe(x))
 
 
-@pytest.mark.parametrize("appears", ["checkpoint", "user-folder"])
+@pytest.mark.parametrize("appears", ["checkpoint", "user-folder", "user-file"])
 def test_what_appears_at_the_path_during_a_save_is_never_replaced_against_the_rules(saved, tmp_path, appears):
     """Another process's checkpoint put at the path while ait.save(overwrite=False) wrote its
     staging directory was replaced, the save reporting success; a user's folder put there was
@@ -818,6 +818,8 @@ def test_what_appears_at_the_path_during_a_save_is_never_replaced_against_the_ru
         if relative == "pipeline.json":  # the last file, just before the swap
             if appears == "checkpoint":
                 shutil.copytree(saved[0], target)
+            elif appears == "user-file":
+                target.write_text("irreplaceable")
             else:
                 (target / "photos").mkdir(parents=True)
                 (target / "photos" / "precious.jpg").write_text("irreplaceable")
@@ -829,6 +831,8 @@ def test_what_appears_at_the_path_during_a_save_is_never_replaced_against_the_ru
     if appears == "checkpoint":
         before = {p.relative_to(saved[0]): p.read_bytes() for p in Path(saved[0]).rglob("*") if p.is_file()}
         assert {p.relative_to(target): p.read_bytes() for p in target.rglob("*") if p.is_file()} == before
+    elif appears == "user-file":
+        assert target.read_text() == "irreplaceable"
     else:
         assert (target / "photos" / "precious.jpg").read_text() == "irreplaceable"
         assert sorted(p.name for p in target.iterdir()) == ["photos"]

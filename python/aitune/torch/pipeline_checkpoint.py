@@ -148,12 +148,8 @@ def _replace_directory(tmp: Path, target: Path, overwrite: bool = True) -> None:
                 raise
         # another process saved a checkpoint there since the path was found free: replace
         # it as if it had been there from the start, or refuse as then
-        if not _is_ours(target):
-            raise _core.InvalidArgumentError(
-                f"ait.save: '{target}' exists and is not an aitune checkpoint; refusing to replace it") from None
-        if not overwrite:
-            raise _core.InvalidArgumentError(
-                f"ait.save: '{target}' holds a checkpoint and overwrite=False (saved by another process meanwhile)")
+        if (refusal := _refusal_to_replace(target, target, overwrite)) is not None:
+            raise refusal from None
     # What is replaced is judged once it is out of the way (a check before the swap would
     # leave a window: a second process's checkpoint, or a user's folder, put there meanwhile
     # was replaced despite overwrite=False and deleted, a session-36 probe): anything but
@@ -182,14 +178,14 @@ def _replace_directory(tmp: Path, target: Path, overwrite: bool = True) -> None:
 
 
 def _refusal_to_replace(old: Path, target: Path, overwrite: bool) -> Exception | None:
-    """Why what was at ``target`` (moved to ``old``) must not be replaced, or None."""
-    if not old.is_dir() or not any(old.iterdir()):
-        return None  # an empty directory (made since the path was found free)
+    """Why what is at ``old`` (what was at ``target``, or still is) must not be replaced, or
+    None: anything but an aitune checkpoint or an empty directory (a file, a user's folder),
+    or a checkpoint under ``overwrite=False``."""
     if not _is_ours(old):
         return _core.InvalidArgumentError(
             f"ait.save: '{target}' exists and is not an aitune checkpoint; refusing to replace it (put there by "
             "another process while this save was written)")
-    if not overwrite:
+    if not overwrite and any(old.iterdir()):
         return _core.InvalidArgumentError(
             f"ait.save: '{target}' holds a checkpoint and overwrite=False (saved by another process meanwhile)")
     return None
