@@ -1,9 +1,9 @@
 // aitune::Error: the one exception type of the engine, carrying an ErrorCode.
 #pragma once
 
+#include <optional>
 #include <stdexcept>
 #include <string>
-#include <optional>
 #include <string_view>
 
 namespace aitune {

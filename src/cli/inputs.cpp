@@ -242,11 +242,12 @@ std::vector<std::map<std::string, Tensor>> load_sample_dir(const std::string& di
                                                    io.name + "' takes " + std::string(dtype_name(io.dtype)));
       const Shape& shape = tensor.shape();
       bool fits = !io.rank_known || shape.size() == io.shape.size();
-      for (std::size_t a = 0; fits && io.rank_known && a < shape.size(); ++a) fits = io.shape[a] < 0 || io.shape[a] == shape[a];
+      for (std::size_t a = 0; fits && io.rank_known && a < shape.size(); ++a)
+        fits = io.shape[a] < 0 || io.shape[a] == shape[a];
       if (!fits)
-        throw Error(ErrorCode::kShapeMismatch, "sample file '" + file.string() + "' has shape " + shape_to_string(shape) +
-                                                   "; model input '" + io.name + "' takes " + shape_to_string(io.shape) +
-                                                   " (-1: any extent)");
+        throw Error(ErrorCode::kShapeMismatch, "sample file '" + file.string() + "' has shape " +
+                                                   shape_to_string(shape) + "; model input '" + io.name + "' takes " +
+                                                   shape_to_string(io.shape) + " (-1: any extent)");
       sample[io.name] = std::move(tensor);
     }
     for (const auto& entry : fs::directory_iterator(d))

@@ -86,22 +86,11 @@ def child_command(job_dir: Path) -> list[str]:
     return [sys.executable, "-m", "aitune.candidate_trial", str(job_dir)]
 
 
-class Refusal(str):
-    """Why a candidate failed in its isolated trial, with the failure's error code name
-    (``'unsupported_dtype'``; '' where none is known)."""
-
-    code: str
-
-    def __new__(cls, reason: str, code: str = "") -> Refusal:
-        refusal = super().__new__(cls, reason)
-        refusal.code = code or ""
-        return refusal
-
-
-def probe(model_path: str, candidate: _core.OnnxCandidate, graph, model_inputs: list[int]) -> str | None:
+def probe(model_path: str, candidate: _core.OnnxCandidate, graph,
+          model_inputs: list[int]) -> tuple[str, str] | None:
     """Evaluates ``candidate`` on ``model_path`` in a child process; returns why it failed
-    there (None when its session was created and ran, correct or not): a ``Refusal`` with
-    its error code where the trial ran to its verdict."""
+    there and the failure's error code name ('' where none is known), or None when its
+    session was created and ran, correct or not."""
     samples = graph.samples[:_PROBE_SAMPLES]
     with cache.scratch_dir("aitune-probe-") as scratch:
         root = Path(scratch)
@@ -136,15 +125,15 @@ def probe(model_path: str, candidate: _core.OnnxCandidate, graph, model_inputs: 
                 timeout=PROBE_TIMEOUT_S,
             )
         except subprocess.TimeoutExpired:
-            return f"an isolated trial of this candidate did not finish within {PROBE_TIMEOUT_S} s"
+            return f"an isolated trial of this candidate did not finish within {PROBE_TIMEOUT_S} s", ""
         lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
         if done.returncode != 0 or not lines:
             tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-6:])
             how = f"was killed by signal {-done.returncode}" if done.returncode < 0 else f"exited with {done.returncode}"
-            return f"an isolated trial of this candidate {how} (it would have broken this process): {tail}"
+            return f"an isolated trial of this candidate {how} (it would have broken this process): {tail}", ""
         result = json.loads(lines[-1])
         if result["status"] == "failed":
-            return Refusal(f"in an isolated trial: {result['reason']}", result.get("code", ""))
+            return f"in an isolated trial: {result['reason']}", result.get("code", "")
         return None
 
 
@@ -157,13 +146,13 @@ def evaluate(tuner, model_path: str, candidate: _core.OnnxCandidate, backend: st
     (the module's own dispatch over the candidate's session); None: the session alone."""
     cuda = graph.device.type == "cuda"
     if needs_isolation(candidate, graph):
-        reason = probe(model_path, candidate, graph, model_inputs)
-        if reason is not None:
+        refused = probe(model_path, candidate, graph, model_inputs)
+        if refused is not None:
+            reason, code = refused
             logger.warning("%s: %s", candidate.name, reason)
             # the trial's error code with it: an unsupported dtype found there made a plain
             # TuningError where the same failure in this process is UnsupportedDTypeTuningError
-            tuner.add_failed(candidate.name, backend, group, str(reason), candidate.precision,
-                             getattr(reason, "code", ""))
+            tuner.add_failed(candidate.name, backend, group, reason, candidate.precision, code)
             return
     if cuda:
         torch.cuda.empty_cache()  # memory torch cached but does not use is ONNX Runtime's to take

@@ -201,17 +201,20 @@ class _NoNarrowing(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         dtype = kwargs.get("dtype")
-        if (isinstance(dtype, torch.dtype) and dtype.is_floating_point and not dtype.is_complex
-                and dtype.itemsize < self.wider.itemsize):
+        if isinstance(dtype, torch.dtype) and _narrower(dtype, self.wider):
             kwargs = {**kwargs, "dtype": self.wider}
         return func(*args, **kwargs)
+
+
+def _narrower(dtype: torch.dtype, wider: torch.dtype) -> bool:
+    """A floating dtype narrower than ``wider``: what the wider run holds in ``wider``."""
+    return dtype.is_floating_point and dtype.itemsize < wider.itemsize
 
 
 def _widened(tensor: torch.Tensor, dtype: torch.dtype, wider: torch.dtype) -> bool:
     """Whether the wider run holds ``tensor`` in ``wider``: the module's own ``dtype``, or a
     floating dtype narrower than ``wider``."""
-    return tensor.dtype == dtype or (tensor.is_floating_point() and not tensor.is_complex()
-                                     and tensor.dtype.itemsize < wider.itemsize)
+    return tensor.dtype == dtype or _narrower(tensor.dtype, wider)
 
 
 def _upcast_outputs(graph: RecordedGraph, dtype: torch.dtype, wider: torch.dtype = torch.float32,

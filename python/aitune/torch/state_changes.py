@@ -335,10 +335,11 @@ def changed_objects(arguments: dict, leaves: list, tokens: dict[int, tuple]) -> 
     (``stats.calls += 1``): a graph returns outputs only, so the tuned module would leave
     them as they were, and tuning's own calls (an export with fake tensors) would write into
     the caller's object."""
-    if not tokens or not any(_object_token(leaves[i]) != token for i, token in tokens.items()):
+    changed = [i for i, token in tokens.items() if _object_token(leaves[i]) != token]
+    if not changed:
         return []
     paths = [pytree.keystr(path) for path, _ in pytree.tree_flatten_with_path(arguments)[0]]
-    return [paths[i] for i, token in tokens.items() if i < len(paths) and _object_token(leaves[i]) != token]
+    return [paths[i] for i in changed if i < len(paths)]
 
 
 def _holds_attributes(value) -> bool:

@@ -226,6 +226,6 @@ def mask_like_inputs(arguments: dict[str, Any], outputs: list[torch.Tensor]) -> 
         host = value.detach().to("cpu")
         if not bool(((host == 0) | (host == 1)).all()) or bool(host.all()):
             continue
-        if any(out.dim() > 2 and tuple(out.shape[:2]) == tuple(host.shape) for out in outputs):
+        if any(_prefixes(host, out, derived=True) for out in outputs):
             found.append(name)
     return found

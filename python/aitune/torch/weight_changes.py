@@ -57,15 +57,20 @@ def tensor_attributes(module: torch.nn.Module, harmless: tuple[str, ...] = ()) -
     # and the tensors its classes hold (``OFFSET = torch.zeros(4)`` in the class body, read as
     # ``self.OFFSET``): written in place after tuning, the graphs kept the old values
     # silently (a session-36 probe); a class value replaced is the call guard's (type version)
-    classes = [item for path, cls, key in class_state(module, harmless) for item in _tensors_in(path, vars(cls)[key])]
-    return [(path, value) for path, value in (*_held_items(held_attributes(module, harmless)), *classes)
-            if isinstance(value, torch.Tensor)]
+    return [(path, value) for path, value in _held_items(held_attributes(module, harmless))
+            if isinstance(value, torch.Tensor)] + _class_tensors(module, harmless)
+
+
+def _class_tensors(module: torch.nn.Module, harmless: tuple[str, ...]) -> list[tuple[str, torch.Tensor]]:
+    """(path ``Class.NAME``, tensor) of each tensor the classes of ``module`` and its
+    submodules hold, in a container too (``Class.TABLE[0]``)."""
+    return [(path, value) for path, cls, key in class_state(module, harmless)
+            for path, value in _tensors_in(path, vars(cls)[key]) if isinstance(value, torch.Tensor)]
 
 
 def class_tensor_ids(module: torch.nn.Module, harmless: tuple[str, ...] = ()) -> dict[str, int]:
     """path -> id of each tensor the classes of ``module`` and its submodules hold."""
-    return {path: id(value) for path, cls, key in class_state(module, harmless)
-            for path, value in _tensors_in(path, vars(cls)[key]) if isinstance(value, torch.Tensor)}
+    return {path: id(value) for path, value in _class_tensors(module, harmless)}
 
 
 def held_attributes(module: torch.nn.Module, harmless: tuple[str, ...] = ()) -> list[tuple[str, dict, str, object]]:

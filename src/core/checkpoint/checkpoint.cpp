@@ -19,8 +19,8 @@
 
 #include "aitune/error.hpp"
 #include "aitune/onnx_external_data.hpp"
-#include "aitune/version.hpp"
 #include "aitune/process_directory.hpp"
+#include "aitune/version.hpp"
 #include "io/atomic_directory.hpp"
 #include "base/bounded_json.hpp"
 #include "checkpoint/checkpoint_manifest_rules.hpp"

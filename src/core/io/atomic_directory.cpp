@@ -117,7 +117,6 @@ void sync_directory(const fs::path& dir) {
     fail(ErrorCode::kIo, "cannot flush directory '" + dir.string() + "' to disk: " + errno_text());
 }
 
-
 OwnedDirectory create_directory_beside(const fs::path& target) {
   try {
     return OwnedDirectory::create(target.parent_path().string(),

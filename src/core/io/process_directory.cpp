@@ -208,7 +208,6 @@ std::string default_cache_root() {
   return (fs::path(home ? home : "") / ".cache" / "aitune").string();
 }
 
-
 std::string sibling_prefix(const std::string& target_name, const std::string& kind) {
   // A name near the file system's 255-byte limit left no room for ".tmp-<pid>-<random>": a
   // 244-byte name the file system takes was refused with "File name too long" (a session-36

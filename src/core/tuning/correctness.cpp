@@ -331,13 +331,13 @@ OutputCheck compare_output(const std::string& name, const TensorView& actual, co
     const int64_t total = nan ? check.unexpected_nan : check.unexpected_inf;
     const int64_t reference_only = nan ? reference_only_nan : reference_only_inf;
     const std::string what = nan ? "NaN" : "infinite";
+    auto count = [](int64_t k) { return std::to_string(k) + (k == 1 ? " is " : " are "); };
     std::string sides;
     if (total - reference_only > 0)
-      sides += std::to_string(total - reference_only) + (total - reference_only == 1 ? " is " : " are ") + what + " here where the reference is " +
+      sides += count(total - reference_only) + what + " here where the reference is " +
                (nan ? "not" : "not, or is of the other sign");
     if (reference_only > 0)
-      sides += std::string(sides.empty() ? "" : ", ") + std::to_string(reference_only) +
-               (reference_only == 1 ? " is " : " are ") + what +
+      sides += std::string(sides.empty() ? "" : ", ") + count(reference_only) + what +
                " in the reference where this output is " + (nan ? "a number" : "not") +
                (nan ? " (an op that treats NaN otherwise: torch.amax / max propagate it, ONNX Runtime's "
                       "ReduceMax / Max drop it)"
@@ -663,9 +663,10 @@ namespace {
 
 // An output that moves between the samples (of one shape) by no more than the strict
 // table lets a candidate err (its atol at the output's scale, or its rtol of the largest
-// value), so that a graph ignoring its inputs would pass: a random-weight deep tanh MLP's outputs are its last bias, 0.077, plus an
-// input-dependent 4.7e-6, and a graph computing the wrong branch passed with an error 2.6x
-// that whole signal (a session-36 probe). What it moves by and against what, or nothing.
+// value), so that a graph ignoring its inputs would pass: a random-weight deep tanh MLP's
+// outputs are its last bias, 0.077, plus an input-dependent 4.7e-6, and a graph computing
+// the wrong branch passed with an error 2.6x that whole signal (a session-36 probe). What
+// it moves by and against what, or nothing.
 std::optional<std::string> nearly_constant(const std::vector<std::vector<TensorView>>& expected, std::size_t o) {
   const TensorView* first = nullptr;
   std::vector<double> low, high;
@@ -698,8 +699,9 @@ std::optional<std::string> nearly_constant(const std::vector<std::vector<TensorV
   const double allowed = std::max(table.atol * atol_scale(*first), table.rtol * scale);
   if (spread == 0 || spread > allowed) return std::nullopt;
   return "nearly constant (it moves between the samples by at most " + fmt(spread) + " against values up to " +
-         fmt(scale) + ", within the " + fmt(allowed) + " the check allows an error: a graph that ignored its inputs would pass; give samples "
-         "that move it more, or judge it by a metric, ait.tune(accuracy=...))";
+         fmt(scale) + ", within the " + fmt(allowed) +
+         " the check allows an error: a graph that ignored its inputs would pass; give samples that move it more, "
+         "or judge it by a metric, ait.tune(accuracy=...))";
 }
 
 }  // namespace

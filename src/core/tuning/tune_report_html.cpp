@@ -212,6 +212,12 @@ struct Point {
 // candidate; the Pareto frontier (no other point both faster and more accurate) joined
 // by a line; eager's p50 as a dashed vertical line.
 std::string frontier_svg(std::vector<Point> points, std::optional<double> eager_p50) {
+  // The legend in the cards' order, as `points` come (they are sorted by latency below).
+  std::string legend = "<ol class=\"legend\">";
+  for (const auto& p : points)
+    legend += "<li value=\"" + std::to_string(p.number) + "\">" + esc(p.name) + (p.winner ? " <b>(winner)</b>" : "") +
+              "</li>";
+  legend += "</ol>";
   const double W = 760, H = 360, L = 70, R = 20, T = 20, B = 50;
   double xmax = eager_p50.value_or(0);
   double ymin = 1e-3, ymax = 10;
@@ -296,13 +302,7 @@ std::string frontier_svg(std::vector<Point> points, std::optional<double> eager_
     s << "<text class=\"point-label\" x=\"" << labels[i].x + 8 << "\" y=\""
       << labels[i].y - 6 - 11.0 * static_cast<double>(i % 2) << "\" font-size=\"10\" fill=\"#2d3748\">"
       << labels[i].text << "</text>";
-  s << "</svg><ol class=\"legend\">";
-  std::vector<const Point*> by_number;
-  for (const auto& p : points) by_number.push_back(&p);
-  std::sort(by_number.begin(), by_number.end(), [](const Point* a, const Point* b) { return a->number < b->number; });
-  for (const auto* p : by_number)
-    s << "<li value=\"" << p->number << "\">" << esc(p->name) << (p->winner ? " <b>(winner)</b>" : "") << "</li>";
-  s << "</ol>";
+  s << "</svg>" << legend;
   return s.str();
 }
 
