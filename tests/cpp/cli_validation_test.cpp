@@ -80,6 +80,19 @@ TEST(CliValidation, RunNumbersAndNamesOutOfRange) {
   EXPECT_EQ(cli("--version").exit_code, 0);
 }
 
+// A valid graph of an element type aitune does not run (uint16, string) is no invalid model
+// (exit 4 said so, and ONNX Runtime runs it): exit 3, "cannot run here ... a dtype".
+TEST(CliValidation, AnElementTypeAituneLacksIsCannotRunHereNotInvalid) {
+  ScopedTempDir tmp;
+  for (const auto& [type, name] : std::vector<std::pair<std::uint64_t, std::string>>{{4, "uint16"}, {8, "string"}}) {
+    SCOPED_TRACE(name);
+    const std::string model = tmp.file(name + ".onnx");
+    write_file_bytes(model, onnx_wire::identity_model("y", type));
+    expect_exit("tune " + model + " --provider cpu --quiet", 3, "input 'x' has ONNX element type " + name);
+    expect_exit("run " + model + " --iterations 1", 3, "input 'x' has ONNX element type " + name);
+  }
+}
+
 // Words that are not what they were taken for (a session-26 probe): an unknown command was
 // answered "A subcommand is required", a non-number "not in range", /dev/null "not found".
 TEST(CliValidation, UnknownCommandsNonNumbersAndNonFilesAreNamed) {

@@ -121,10 +121,11 @@ inline std::size_t put_location_values_first(std::string& model_bytes) {
 }
 
 /// A whole model: y = Identity(x), x and y float32 [2]; `output` names y. Opset 13.
-inline std::string identity_model(const std::string& output) {
-  auto value_info = [](const std::string& name) {
+/// `elem_type` is the ONNX element type of x and the output (1 FLOAT, 4 UINT16, 8 STRING ...).
+inline std::string identity_model(const std::string& output, std::uint64_t elem_type = 1) {
+  auto value_info = [elem_type](const std::string& name) {
     const std::string dim = bytes_field(1, varint_field(1, 2));        // TensorShapeProto.dim {dim_value: 2}
-    const std::string tensor_type = varint_field(1, 1) + bytes_field(2, dim);  // elem_type FLOAT, shape
+    const std::string tensor_type = varint_field(1, elem_type) + bytes_field(2, dim);  // elem_type, shape
     return bytes_field(1, name) + bytes_field(2, bytes_field(1, tensor_type));  // name, type {tensor_type}
   };
   const std::string node = bytes_field(1, "x") + bytes_field(2, output) + bytes_field(4, "Identity");

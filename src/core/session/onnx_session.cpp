@@ -96,8 +96,9 @@ std::vector<IoInfo> read_io(const Ort::Session& session, bool inputs, const std:
                                                 io.name + "' is not a tensor; aitune handles tensor graphs only");
     auto tensor_info = type_info.GetTensorTypeAndShapeInfo();
     auto dtype = dtype_from_onnx(static_cast<int>(tensor_info.GetElementType()));
+    // A valid graph aitune cannot run (uint16, string), not an invalid one: kUnsupportedDType.
     if (!dtype)
-      throw Error(ErrorCode::kModelInvalid, "model '" + model_path + "': " + (inputs ? "input '" : "output '") +
+      throw Error(ErrorCode::kUnsupportedDType, "model '" + model_path + "': " + (inputs ? "input '" : "output '") +
                                                 io.name + "' has ONNX element type " +
                                                 onnx_type_name(static_cast<int>(tensor_info.GetElementType())) +
                                                 ", which aitune does not handle");
