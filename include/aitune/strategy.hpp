@@ -99,7 +99,10 @@ struct CandidateResult {
 /// Decides among `candidates` (statuses and reasons are updated in place). Only
 /// kPassed candidates with a profile compete. Returns the winner's index, or nullopt
 /// when none is correct or performance validation keeps eager; `decision` says why.
+/// `reference_label` names what `eager` measured in reasons and the decision ("eager", or an
+/// ONNX-only tune's "reference (cpu fp32)").
 std::optional<std::size_t> select_candidate(const StrategyConfig& strategy, std::vector<CandidateResult>& candidates,
-                                            const std::optional<Profile>& eager, std::string& decision);
+                                            const std::optional<Profile>& eager, std::string& decision,
+                                            const std::string& reference_label = "eager");
 
 }  // namespace aitune

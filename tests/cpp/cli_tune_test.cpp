@@ -200,5 +200,23 @@ TEST(CliTune, ZeroToleranceAcceptsOnlyExactOutputs) {
   EXPECT_EQ(r.output.find("incorrect"), std::string::npos) << r.output;
 }
 
+// An ONNX-only tune has no eager PyTorch: its reference is the CPU provider at fp32, and every
+// line says so ("speed-up vs eager ...; eager kept" and "4 finalists" counting the reference
+// among "the 3 fastest" did not: a probe).
+TEST(CliTune, AnOnnxOnlyTuneNamesItsReferenceNotEager) {
+  // The tiny MLP's candidates all run at the reference's speed: none beats it by 1.01x, so
+  // performance validation keeps it, or the rare winner is named against it.
+  auto r = tune(fixture("mlp.onnx") + " --provider cpu --performance-validation");
+  EXPECT_EQ(r.output.find("eager"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("finalist(s) and reference (cpu fp32)"), std::string::npos) << r.output;
+  if (r.exit_code == 1) {  // kept: the reason and the table say against what
+    EXPECT_NE(r.output.find("speed-up vs reference (cpu fp32)"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("; reference (cpu fp32) kept"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("slower than reference"), std::string::npos) << r.output;
+  } else {
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+  }
+}
+
 }  // namespace
 }  // namespace aitune

@@ -92,6 +92,14 @@ TEST(Strategy, PerformanceValidationKeepsEagerUnlessTheWinnerIsFasterByTheMargin
   EXPECT_EQ(barely[0].status, CandidateStatus::kSlowerThanEager);
   EXPECT_NEAR(barely[0].speedup_vs_eager, 100 / 99.5, 1e-12);
   EXPECT_NE(why.find("eager kept"), std::string::npos) << why;
+  // Without eager PyTorch (an ONNX-only tune) the reason names the reference it was run against.
+  std::vector<CandidateResult> against_reference = {passed("ort", 99.5, 10050)};
+  EXPECT_EQ(select_candidate(strategy(StrategyKind::kMaxThroughput, true), against_reference, eager, why,
+                             "reference (cpu fp32)"),
+            std::nullopt);
+  EXPECT_EQ(against_reference[0].reason, "speed-up vs reference (cpu fp32) 1.005x < required 1.01x") << why;
+  EXPECT_NE(why.find("; reference (cpu fp32) kept"), std::string::npos) << why;
+  EXPECT_EQ(why.find("eager"), std::string::npos) << why;
 
   std::vector<CandidateResult> faster = {passed("ort", 50, 20000)};
   EXPECT_EQ(select_candidate(strategy(StrategyKind::kMaxThroughput, true), faster, eager, why), 0u);

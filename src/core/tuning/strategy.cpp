@@ -70,7 +70,8 @@ std::string_view candidate_status_name(CandidateStatus status) noexcept {
 }
 
 std::optional<std::size_t> select_candidate(const StrategyConfig& strategy, std::vector<CandidateResult>& candidates,
-                                            const std::optional<Profile>& eager, std::string& decision) {
+                                            const std::optional<Profile>& eager, std::string& decision,
+                                            const std::string& reference_label) {
   strategy.validate();
   for (auto& c : candidates)
     c.speedup_vs_eager = eager && c.profile && c.profile->host_us.p50 > 0 ? eager->host_us.p50 / c.profile->host_us.p50 : 0;
@@ -144,9 +145,13 @@ std::optional<std::size_t> select_candidate(const StrategyConfig& strategy, std:
                                                             : 1.0;
   if (validate && eager && best.speedup_vs_eager < required) {
     best.status = CandidateStatus::kSlowerThanEager;
-    best.reason = "speed-up vs eager " + fmt(best.speedup_vs_eager) + "x < required " + fmt(required) + "x" +
+    // Digits enough to tell the two apart: 1.005 at 3 read "1.01x < required 1.01x".
+    int digits = 3;
+    while (digits < 8 && fmt(best.speedup_vs_eager, digits) == fmt(required, digits)) ++digits;
+    best.reason = "speed-up vs " + reference_label + " " + fmt(best.speedup_vs_eager, digits) + "x < required " +
+                  fmt(required) + "x" +
                   (strategy.eager_competes ? " (eager competes: the strategy lists TorchEagerBackend)" : "");
-    decision = best.name + " ranked first but " + best.reason + "; eager kept";
+    decision = best.name + " ranked first but " + best.reason + "; " + reference_label + " kept";
     return std::nullopt;
   }
   best.status = CandidateStatus::kSelected;

@@ -121,7 +121,11 @@ std::string TuneReport::summary_table() const {
     rows.push_back({eager_label, "-", "reference", "-", fixed(eager->host_us.p50, 1), fixed(eager->throughput, 1), "1.00x",
                     ""});
   for (const auto& c : candidates) {
-    Row r{c.name, std::string(precision_name(c.precision)), std::string(candidate_status_name(c.status)), "-", "-", "-", "-", c.reason};
+    // The JSON keeps the status's stable name; the table a person reads names the reference
+    // an ONNX-only tune ran against (it has no eager).
+    std::string status(candidate_status_name(c.status));
+    if (c.status == CandidateStatus::kSlowerThanEager && eager_label != "eager") status = "slower than reference";
+    Row r{c.name, std::string(precision_name(c.precision)), status, "-", "-", "-", "-", c.reason};
     if (c.correctness) r.error = sci(c.correctness->max_abs_error());
     if (c.profile) {
       r.p50 = fixed(c.profile->host_us.p50, 1);

@@ -423,8 +423,11 @@ std::size_t GraphTuner::Impl::final_round() {
     const double fits = config.time_cap_s * 1e6 / (per_round_us * (config.final_round_windows + 1));
     window = std::clamp<std::size_t>(static_cast<std::size_t>(fits), std::min<std::size_t>(3, window), window);
   }
-  log("final round: " + std::to_string(runs.size()) + " finalists (within " + detail::pct(config.final_round_margin) +
-      " of the best p50), " + std::to_string(config.final_round_windows) + " interleaved windows of " +
+  // The reference runs beside the finalists but is none of them: "3 finalists" matches the
+  // decision's "the 3 fastest measured again".
+  log("final round: " + std::to_string(finalists.size()) + " finalist(s)" +
+      (runs.size() > finalists.size() ? " and " + report.eager_label : std::string()) + " (within " +
+      detail::pct(config.final_round_margin) + " of the best p50), " + std::to_string(config.final_round_windows) + " interleaved windows of " +
       std::to_string(window) + " calls each");
 
   Clock& clk = clock();
@@ -500,17 +503,19 @@ const TuneReport& GraphTuner::select(const StrategyConfig& strategy) {
   impl.report.strategy = strategy;
   // The near-best measured again, side by side; their calls released.
   const std::size_t finalists = impl.final_round();
-  impl.report.winner = select_candidate(strategy, impl.report.candidates, impl.report.eager, impl.report.decision);
+  impl.report.winner = select_candidate(strategy, impl.report.candidates, impl.report.eager, impl.report.decision,
+                                        impl.report.eager_label);
   if (finalists > 1)
     impl.report.decision += "; ranked on a final round that measured the " + std::to_string(finalists) +
                             " fastest again side by side";
   else if (finalists == 1)
-    impl.report.decision += "; the only candidate within the margin measured again at the end, beside eager";
+    impl.report.decision +=
+        "; the only candidate within the margin measured again at the end, beside " + impl.report.eager_label;
   if (impl.report.winner && !impl.report.vacuous_outputs.empty()) {
     // The check could not judge these outputs: the user is told in the decision itself.
     std::string names;
     for (const auto& v : impl.report.vacuous_outputs) names += (names.empty() ? "" : ", ") + v.name + ": " + v.why;
-    impl.report.decision += "; warning: eager's outputs cannot judge it (" + names +
+    impl.report.decision += "; warning: " + impl.report.eager_label + "'s outputs cannot judge it (" + names +
                             "), so the comparison of these outputs is vacuous";
   }
   impl.log("decision: " + impl.report.decision);
