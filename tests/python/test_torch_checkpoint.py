@@ -453,6 +453,47 @@ def test_an_unknown_manifest_section_is_refused(target, damaged):
     _load_fails(target, damaged, aitune.CheckpointCorruptError, r"unknown backend 'tensorflow'.*torch_compile")
 
 
+@pytest.mark.parametrize("key, value", [
+    ("exported_hooks", {"fc1": 5}), ("exported_hooks", {"fc1": [5]}), ("exported_hooks", ["fc1"]),
+    ("weights", "x"), ("held_tensors", {"scale": 3}), ("forward_code", 5), ("forward_code", {"MLP": 5}),
+    ("submodule_classes", "x"), ("submodule_classes", {"fc1": 1}), ("attributes", {"scale": 1.5}),
+])
+def test_a_metadata_field_of_the_wrong_type_is_corrupt_and_changes_nothing(target, damaged, key, value):
+    """An edited manifest's ``exported_hooks: {"fc1": 5}`` raised a bare TypeError after the module
+    had taken the graphs over (left TUNED, a session-37 probe); ``weights: "x"`` and the like
+    silently turned the weights, class and code checks off. Every field is checked before the
+    module is touched."""
+    manifest = _manifest(damaged)
+    manifest["metadata"]["aitune.torch"][key] = value
+    _write_manifest(damaged, manifest)
+    _load_fails(target, damaged, aitune.CheckpointCorruptError, rf"metadata field '{key}'")
+
+
+def test_a_module_whose_weights_are_on_the_meta_device_is_refused_unchanged(pristine):
+    """A module built under ``torch.device("meta")`` (accelerate's init_empty_weights) raised
+    torch's NotImplementedError ("Cannot copy out of meta tensor") from the weights digest, after
+    the module had taken the graphs over: left TUNED, with no weights for any eager call."""
+    with torch.device("meta"):
+        inner = MLP()
+    module = ait.Module(inner.eval(), "mlp")
+    with pytest.raises(aitune.InvalidArgumentError, match=r"meta device.*fc1\.weight.*load_state_dict"):
+        ait.load(module, pristine[0])
+    assert module.ait_state is ModuleState.INIT and not module._ait_tuned
+
+
+def test_a_failure_after_the_graphs_were_taken_over_puts_the_module_back(target, pristine, monkeypatch):
+    """What ait.load does after the module took the graphs over (the warnings that compare
+    weights, code and hooks) may still raise; the module is then put back as it was, not left
+    half loaded."""
+    from aitune.torch import checkpoint as module_checkpoint
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the code check broke")
+
+    monkeypatch.setattr(module_checkpoint, "_warn_if_code_differs", broken)
+    _load_fails(target, pristine[0], RuntimeError, "the code check broke")
+
+
 def test_newer_aitune_torch_structure_version_is_refused(target, damaged):
     manifest = _manifest(damaged)
     manifest["metadata"]["aitune.torch"]["format_version"] = 99

@@ -529,6 +529,58 @@ def _submodule_class_differences(saved: Any, module: torch.nn.Module, shown: int
     return "; ".join(lines[:shown]) + more
 
 
+class LoadSnapshot:
+    """What a load may change on an ait.Module (its ``_ait_*`` state: the graphs, the dispatch,
+    the digests the checkpoint's metadata set; the training flags of what it wraps), to put back
+    when the load fails after the module took the graphs over, or another section of a
+    pipeline checkpoint fails."""
+
+    def __init__(self, module: Module):
+        self.module = module
+        self.state = {key: value for key, value in module.__dict__.items() if key.startswith("_ait_")}
+        self.training = [(m, m.training) for m in module.ait_module.modules()]
+        self.proxy_training = module.training
+
+    def restore(self) -> None:
+        for key in [key for key in self.module.__dict__ if key.startswith("_ait_") and key not in self.state]:
+            del self.module.__dict__[key]
+        self.module.__dict__.update(self.state)
+        for m, training in self.training:
+            m.training = training
+        self.module.training = self.proxy_training
+
+
+#: The metadata fields ait.load compares the module loaded into with, or keeps for its next
+#: save: each an object of names to values of this type (lists of strings for the hooks). A
+#: checkpoint written before a field was stored lacks it, which is not checked.
+_COMPARED_FIELDS = {"weights": list, "held_tensors": list, "forward_code": str, "exported_hooks": list,
+                    "submodule_classes": str, "attributes": str}
+
+
+def _check_compared_fields(meta: dict, where: str) -> None:
+    """Refuses, as corrupt, a compared field of another shape: it raised a bare TypeError after
+    the module had taken the graphs over (``exported_hooks: {"fc1": 5}``), or turned its check
+    off without a word (``weights: "x"``)."""
+    for key, kind in _COMPARED_FIELDS.items():
+        if key not in meta:
+            continue
+        value = meta[key]
+        well_formed = isinstance(value, dict) and all(
+            isinstance(name, str) and isinstance(item, kind)
+            and (key != "exported_hooks" or all(isinstance(hook, str) for hook in item))
+            for name, item in value.items())
+        if not well_formed:
+            shape = "lists of names" if key == "exported_hooks" else f"{kind.__name__}s"
+            raise corrupt(where, f"metadata field '{key}' must be an object of {shape} by name, not "
+                                 f"{json.dumps(value)[:120]}")
+
+
+def _meta_tensors(module: torch.nn.Module) -> list[str]:
+    """The parameters and buffers of ``module`` on the meta device (no data)."""
+    named = [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]
+    return [name for name, tensor in named if tensor is not None and tensor.is_meta]
+
+
 def _restore_graphs(module, path, device, seen: list):
     """The checkpoint (appended to ``seen`` as soon as it is verified), its aitune.torch
     metadata and the graphs restored from it, sessions created; the module untouched."""
@@ -537,6 +589,7 @@ def _restore_graphs(module, path, device, seen: list):
     where = f"ait.load: checkpoint '{checkpoint.directory}'"
     manifest = checkpoint.manifest
     meta = _metadata(manifest, where)
+    _check_compared_fields(meta, where)
     saved_class = field(meta, "module_class", str, where + ", metadata")
     wrapped_class = class_name(type(module.ait_module))
     if saved_class != wrapped_class:
@@ -544,6 +597,13 @@ def _restore_graphs(module, path, device, seen: list):
             f"{where} was saved from a {saved_class}, but ait.Module '{module.ait_name}' wraps a {wrapped_class}"
             f"{script_class_hint(saved_class, wrapped_class)}"
         )
+    if on_meta := _meta_tensors(module.ait_module):
+        # (accelerate's init_empty_weights): no weights to compare with the checkpoint's, and
+        # none for a call outside the recorded graphs
+        raise _core.InvalidArgumentError(
+            f"{where}: ait.Module '{module.ait_name}' holds tensors on the meta device, with no data "
+            f"({', '.join(on_meta[:5])}{', ...' if len(on_meta) > 5 else ''}); load its weights first "
+            "(load_state_dict(..., assign=True), from_pretrained), then ait.load")
     if other_shapes := _weights_shape_differences(meta.get("weights"), module.ait_module):
         raise _core.InvalidArgumentError(
             f"{where} was saved from a {saved_class} with other parameter or buffer shapes (built with another "
@@ -636,6 +696,25 @@ def load(module, path: str | os.PathLike, device_map: DeviceLike | Mapping[str, 
                 "it was being loaded; load it when the saves are done"
             )
         logger.info("ait.load: '%s' was replaced by another save while loading; loading it again", os.fspath(path))
+    snapshot = LoadSnapshot(module)
+    try:
+        _take_over(module, checkpoint, meta, restored)
+    except BaseException:  # nothing half loaded: the module as it was
+        snapshot.restore()
+        raise
+    elapsed = time.perf_counter() - start
+    tuning_s = meta.get("tuning_s")
+    versus = f"; tuning took {tuning_s:.2f} s" if isinstance(tuning_s, (int, float)) and tuning_s > 0 else ""
+    logger.info(
+        "ait.load: '%s' loaded %d graphs from %s in %.3f s%s",
+        module.ait_name, len(restored), checkpoint.directory, elapsed, versus,
+    )
+    return module
+
+
+def _take_over(module, checkpoint, meta: dict, restored: dict) -> None:
+    """The module takes the restored graphs over, keeps what the metadata says they were tuned
+    with, and the user is told what differs from the module loaded into."""
     saved_attributes = meta.get("attributes")
     module._ait_restore(restored, saved_attributes if isinstance(saved_attributes, dict) else None)
     if isinstance(meta.get("weights"), dict):
@@ -658,11 +737,3 @@ def load(module, path: str | os.PathLike, device_map: DeviceLike | Mapping[str, 
         logger.info("ait.load: '%s' put in %s mode, the mode it was tuned in", module.ait_name,
                     "train" if tuned_mode else "eval")
         module.train(tuned_mode)
-    elapsed = time.perf_counter() - start
-    tuning_s = meta.get("tuning_s")
-    versus = f"; tuning took {tuning_s:.2f} s" if isinstance(tuning_s, (int, float)) and tuning_s > 0 else ""
-    logger.info(
-        "ait.load: '%s' loaded %d graphs from %s in %.3f s%s",
-        module.ait_name, len(restored), checkpoint.directory, elapsed, versus,
-    )
-    return module

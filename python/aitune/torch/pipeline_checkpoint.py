@@ -480,30 +480,6 @@ def _check_structure(obj: Any, manifest: dict, where: str) -> list[tuple[dict, A
     return plan
 
 
-_SNAPSHOT = ("_ait_state", "_ait_graphs", "_ait_calls", "_ait_record_errors", "_ait_call_session",
-             "_ait_calls_recorded", "_ait_inactive_calls", "_ait_before_recording")
-
-
-class _Snapshot:
-    """What loading may change on an ait.Module (and the training flags of what it wraps),
-    to put back when another section fails."""
-
-    def __init__(self, module: Module):
-        self.module = module
-        self.state = {key: module.__dict__[key] for key in _SNAPSHOT if key in module.__dict__}
-        self.training = [(m, m.training) for m in module.ait_module.modules()]
-        self.proxy_training = module.training
-
-    def restore(self) -> None:
-        for key in _SNAPSHOT:
-            self.module.__dict__.pop(key, None)
-        for key, value in self.state.items():
-            object.__setattr__(self.module, key, value)
-        for m, training in self.training:
-            m.training = training
-        self.module.training = self.proxy_training
-
-
 def _verify_section(directory: Path, entry: dict, where: str) -> Path:
     section = directory / entry["directory"]
     try:
@@ -559,7 +535,7 @@ def _load_once(obj: Any, directory: Path, device_map: Any, identity, eager_fallb
     try:
         for (entry, module, location), section in zip(plan, sections, strict=True):
             if isinstance(module, Module):
-                snapshots.append(_Snapshot(module))
+                snapshots.append(module_checkpoint.LoadSnapshot(module))
                 module_checkpoint.load(module, section, device_map)
             else:
                 training = [(m, m.training) for m in module.modules()]
