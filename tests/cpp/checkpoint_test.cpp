@@ -977,6 +977,27 @@ TEST_F(CheckpointTest, CliRunsACheckpoint) {
   EXPECT_TRUE(test::contains_icase(r.output, "input x: float32[1, 64] random")) << r.output;
 }
 
+// A manifest whose graph spec does not describe its own model (edited: another dtype, input
+// name or rank) is a damaged checkpoint, not a bad argument of the caller's: `aitune run`
+// exited 2 ("a bad argument or input") where no argument was bad (a session-37 probe).
+TEST_F(CheckpointTest, AGraphSpecThatDoesNotDescribeItsModelIsCorrupt) {
+  const std::vector<std::pair<std::function<void(json&)>, std::string>> edits = {
+      {[](json& j) { j["graphs"][0]["graph_spec"]["inputs"][0]["dtype"] = "float16"; }, "float16"},
+      {[](json& j) { j["graphs"][0]["graph_spec"]["inputs"][0]["name"] = "z"; }, "'x'"},
+  };
+  for (const auto& [edit, names] : edits) {
+    SCOPED_TRACE(names);
+    fs::remove_all(dir_);
+    save_mlp();
+    edit_manifest(edit);
+    const auto loaded = Checkpoint::load(dir_);  // the files are as the manifest lists them
+    expect_error([&] { loaded.create_session("mlp"); },
+                 test::ErrorExpectation{{ErrorCode::kCheckpointCorrupt}, {}, {"graph 'mlp'", "graph spec", names}});
+    auto r = run_cli("run '" + dir_ + "' --iterations 1 --warmup 0");
+    EXPECT_EQ(r.exit_code, 5) << r.output;
+  }
+}
+
 TEST_F(CheckpointTest, CliExitsWith5OnACorruptCheckpoint) {
   save_mlp();
   auto bytes = test::read_file_bytes(model_file());

@@ -22,6 +22,7 @@
 #include "aitune/process_directory.hpp"
 #include "aitune/version.hpp"
 #include "io/atomic_directory.hpp"
+#include "session/spec_mismatch.hpp"
 #include "base/bounded_json.hpp"
 #include "checkpoint/checkpoint_manifest_rules.hpp"
 #include "io/sha256.hpp"
@@ -649,6 +650,10 @@ std::unique_ptr<OnnxSession> Checkpoint::create_session(const std::string& key,
   std::unique_ptr<OnnxSession> session;
   try {
     session = OnnxSession::create(model, config, g.graph_spec, std::move(runtime));
+  } catch (const SpecMismatchError& e) {
+    if (!is_current()) throw replaced();
+    throw Error(ErrorCode::kCheckpointCorrupt, "checkpoint '" + directory_ + "', graph '" + key +
+                                                   "': the manifest's " + e.what() + " (damaged checkpoint)");
   } catch (const Error& e) {
     if (!is_current()) throw replaced();
     throw Error(e.code(), "checkpoint '" + directory_ + "', graph '" + key + "': " + e.what());

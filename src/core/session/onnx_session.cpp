@@ -17,6 +17,7 @@
 #include "aitune/onnx_value_info.hpp"
 #include "session/accepted_shapes.hpp"
 #include "session/cuda_graph_runner.hpp"
+#include "session/spec_mismatch.hpp"
 #include "base/enum_names.hpp"
 #include "session/io_binding_runner.hpp"
 #include "ort/ort_api.hpp"
@@ -172,21 +173,21 @@ std::vector<TensorSpec> align_spec(const std::vector<TensorSpec>& given, const s
                                    const char* what, const std::string& model_path) {
   const std::string expected = join_names(ios);
   if (given.size() != ios.size())
-    throw Error(ErrorCode::kInvalidArgument, "graph spec has " + std::to_string(given.size()) + " " + what +
+    throw SpecMismatchError("graph spec has " + std::to_string(given.size()) + " " + what +
                                                  "s but model '" + model_path + "' has " +
                                                  std::to_string(ios.size()) + " (" + expected + ")");
   std::vector<TensorSpec> aligned;
   for (const auto& io : ios) {
     auto it = std::find_if(given.begin(), given.end(), [&](const TensorSpec& s) { return s.name == io.name; });
     if (it == given.end())
-      throw Error(ErrorCode::kInvalidArgument, std::string("graph spec has no ") + what + " named '" + io.name +
+      throw SpecMismatchError(std::string("graph spec has no ") + what + " named '" + io.name +
                                                    "' (model '" + model_path + "' has " + expected + ")");
     if (it->dtype != io.dtype)
-      throw Error(ErrorCode::kInvalidArgument, std::string("graph spec ") + what + " '" + io.name + "' is " +
+      throw SpecMismatchError(std::string("graph spec ") + what + " '" + io.name + "' is " +
                                                  std::string(dtype_name(it->dtype)) + " but the model declares " +
                                                  std::string(dtype_name(io.dtype)));
     if (it->rank() != io.shape.size())
-      throw Error(ErrorCode::kInvalidArgument, std::string("graph spec ") + what + " '" + io.name + "' has rank " +
+      throw SpecMismatchError(std::string("graph spec ") + what + " '" + io.name + "' has rank " +
                                                  std::to_string(it->rank()) + " but the model declares " +
                                                  shape_to_string(io.shape));
     aligned.push_back(*it);
