@@ -415,6 +415,20 @@ def test_a_module_global_read_by_a_property_or_helper_of_the_class_is_watched(mo
     _globals_changed_run_eagerly(_GlobalThroughAProperty().eval(), "global-property", monkeypatch, caplog)
 
 
+class _GlobalThroughSuper(_GlobalReader):
+    """Reads the globals only in its base class's forward, reached by ``super()``."""
+
+    def forward(self, x):
+        return super().forward(x) - 0.5
+
+
+def test_a_module_global_read_by_a_base_forward_through_super_is_watched(monkeypatch, caplog):
+    """``return super().forward(x) - 0.5``: the globals the base class's forward reads (in its
+    own file, as often) were constants of the graph, unwatched, 1.88 off eager after a change
+    (a session-37 probe; the same base as a submodule was watched)."""
+    _globals_changed_run_eagerly(_GlobalThroughSuper().eval(), "global-super", monkeypatch, caplog)
+
+
 class _Outer(torch.nn.Module):
     def __init__(self, inner):
         super().__init__()

@@ -151,7 +151,7 @@ def forward_codes(module: torch.nn.Module) -> Iterator[tuple[types.CodeType, dic
     in forward, unwatched, a session-36 probe): what the global watches read."""
     for _, sub in modules_and_wrapped(module):
         cls = type(sub)
-        functions = [inspect.unwrap(cls.forward)]
+        functions = [*_forwards_through_super(cls)]
         for name in forward_attribute_reads(cls):
             # defined by the module's own classes, not nn.Module's machinery (__call__'s hooks)
             owner = next((klass for klass in cls.__mro__ if name in vars(klass)), None)
@@ -168,6 +168,22 @@ def forward_codes(module: torch.nn.Module) -> Iterator[tuple[types.CodeType, dic
             code, names = getattr(function, "__code__", None), getattr(function, "__globals__", None)
             if isinstance(code, types.CodeType) and isinstance(names, dict):
                 yield code, names
+
+
+@functools.lru_cache(maxsize=1024)
+def _forwards_through_super(cls: type) -> tuple:
+    """``cls.forward``, and the forward of each base class it reaches by ``super()`` (a
+    subclass's ``return super().forward(x) + 1``: a global the base's forward reads, in its own
+    file, was a constant of the graph, unwatched; a session-37 probe)."""
+    forwards, owners = [], [klass for klass in cls.__mro__ if "forward" in vars(klass)
+                             and klass is not torch.nn.Module and issubclass(klass, torch.nn.Module)]
+    for klass in owners:
+        function = inspect.unwrap(vars(klass)["forward"])
+        forwards.append(function)
+        code = getattr(function, "__code__", None)
+        if not isinstance(code, types.CodeType) or "super" not in global_names(code):
+            break
+    return tuple(forwards) or (inspect.unwrap(cls.forward),)
 
 
 @functools.lru_cache(maxsize=1024)
