@@ -548,6 +548,38 @@ TEST(Calibration, AFewMaskFlipsAtAReducedPrecisionPassWhereEagerFlippedNone) {
   EXPECT_FALSE(judge(1, Precision::kStrict).passed);  // fp32: eager's none is the bound
 }
 
+// fp32: eager's own error is its level over the samples for integer outputs too. A quantizer's
+// codes (`round(y * 3000).int()`) differ from the module run wider by one code on some samples
+// and none on others; a correct graph differing by one code on a sample where eager happened
+// to differ by none was refused "1 of 4096 elements differ vs ... 0 (ratio inf)" (a
+// session-37 probe) while max abs and rel L2 were already raised to their level.
+TEST(Calibration, AnIntegerOutputsCountOfDifferingElementsIsRaisedToItsLevelOverTheSamples) {
+  auto codes = [](std::vector<int32_t> v) { return make_host<int32_t>(DType::kInt32, {8}, v); };
+  auto expected = codes({0, 1, 2, 3, 4, 5, 6, 7});
+  const ToleranceSpec strict{.precision = Precision::kStrict};
+  EagerAtPrecision e;
+  e.precision = Precision::kStrict;
+  e.available = true;
+  auto spared = expected;                       // sample 0: eager differs on none
+  auto one_off = codes({0, 1, 2, 4, 4, 5, 6, 7});  // sample 1: eager differs on one
+  e.samples.push_back(compare_sample("sample 0", {"codes"}, {spared.view()}, {expected.view()}, strict));
+  e.samples.push_back(compare_sample("sample 1", {"codes"}, {one_off.view()}, {expected.view()}, strict));
+  raise_to_level_over_samples(e);
+  EXPECT_EQ(e.samples[0].outputs[0].mismatched, 1);
+  auto candidate = codes({0, 1, 2, 3, 4, 6, 6, 7});  // one code off on sample 0
+  CorrectnessReport r;
+  r.samples.push_back(compare_sample("sample 0", {"codes"}, {candidate.view()}, {expected.view()}, strict));
+  r.samples.push_back(compare_sample("sample 1", {"codes"}, {expected.view()}, {expected.view()}, strict));
+  apply_calibration(r, e, 2.0);
+  EXPECT_TRUE(r.samples[0].outputs[0].passed) << r.samples[0].outputs[0].failure;
+  // Three times eager's level still fails.
+  auto three = codes({1, 2, 3, 3, 4, 5, 6, 7});
+  CorrectnessReport wrong;
+  wrong.samples.push_back(compare_sample("sample 0", {"codes"}, {three.view()}, {expected.view()}, strict));
+  apply_calibration(wrong, e, 2.0);
+  EXPECT_FALSE(wrong.samples[0].outputs[0].passed);
+}
+
 TEST(CalibratedTuning, TheUsersMetricMustReturnFiniteNumbers) {
   Graph g;
   TunerOptions options = quick();

@@ -45,6 +45,7 @@ bool group_failed(const OutputCheck& c, const GroupCheck& g) {
 void raise_to_level_over_samples(EagerAtPrecision& eager) {
   struct Level {
     double max_abs = 0, rel_l2 = 0;
+    double mismatched_fraction = 0;  // of an integer or bool output's elements
     std::optional<double> rest_max_abs, rest_rel_l2;  // over the samples with outliers set apart
   };
   std::map<std::string, Level> levels;
@@ -53,6 +54,8 @@ void raise_to_level_over_samples(EagerAtPrecision& eager) {
       Level& l = levels[o.name];
       l.max_abs = std::max(l.max_abs, o.max_abs_error);
       l.rel_l2 = std::max(l.rel_l2, o.rel_l2_error);
+      if (const auto n = shape_numel(o.shape); n > 0)
+        l.mismatched_fraction = std::max(l.mismatched_fraction, static_cast<double>(o.mismatched) / static_cast<double>(n));
       if (o.rest_max_abs_error) l.rest_max_abs = std::max(l.rest_max_abs.value_or(0.0), *o.rest_max_abs_error);
       if (o.rest_rel_l2_error) l.rest_rel_l2 = std::max(l.rest_rel_l2.value_or(0.0), *o.rest_rel_l2_error);
     }
@@ -61,6 +64,11 @@ void raise_to_level_over_samples(EagerAtPrecision& eager) {
       const Level& l = levels.at(o.name);
       o.max_abs_error = l.max_abs;
       o.rel_l2_error = l.rel_l2;
+      // An integer or bool output is judged by how many of its elements differ (below): that
+      // count too as its level, a fraction of the elements where samples differ in batch.
+      if (!dtype_is_floating(o.dtype))
+        o.mismatched = std::max(o.mismatched, static_cast<int64_t>(std::ceil(l.mismatched_fraction *
+                                                                         static_cast<double>(shape_numel(o.shape)))));
       if (o.rest_max_abs_error && l.rest_max_abs) o.rest_max_abs_error = l.rest_max_abs;
       if (o.rest_rel_l2_error && l.rest_rel_l2) o.rest_rel_l2_error = l.rest_rel_l2;
     }
