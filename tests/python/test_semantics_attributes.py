@@ -4,6 +4,7 @@ so, instead of computing the old model (baked_attributes.py)."""
 
 from __future__ import annotations
 
+import fractions
 import logging
 import os
 
@@ -427,6 +428,72 @@ def test_a_module_global_read_by_a_base_forward_through_super_is_watched(monkeyp
     own file, as often) were constants of the graph, unwatched, 1.88 off eager after a change
     (a session-37 probe; the same base as a submodule was watched)."""
     _globals_changed_run_eagerly(_GlobalThroughSuper().eval(), "global-super", monkeypatch, caplog)
+
+
+CONFIG = {"scale": 2.0, "names": ["a"]}  # a config dict forward reads by item
+
+
+class _Config:
+    temperature = 1.0  # a class default the instance does not shadow
+
+
+class _ValuesOfManyKinds(torch.nn.Module):
+    """Reads a global dict's item, a config object's class default, and attributes of
+    immutable types beyond numbers and strings."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+        self.config = _Config()
+        self.kept = frozenset({"b", "a", "c"})
+        self.ratio = fractions.Fraction(1, 2)
+        self.span = range(2)
+
+    def forward(self, x):
+        y = self.linear(x) * CONFIG["scale"] / self.config.temperature * float(self.ratio) + len(self.span)
+        return y + 1.0 if "z" in self.kept else y
+
+
+@pytest.mark.parametrize("change", ["global dict item", "config class default shadowed", "frozenset", "Fraction",
+                                    "range"])
+def test_values_of_other_kinds_the_graph_holds_are_watched(change, monkeypatch, caplog):
+    """``CONFIG["scale"] = 3.0`` (a module global dict read by item), ``cfg.temperature = 0.1``
+    over ``class Cfg: temperature = 1.0``, a ``frozenset`` / ``Fraction`` / ``range`` attribute
+    reassigned: the graph kept the old constants, 0.48 to 1e4 off eager, silently (a session-37
+    probe). Each now makes calls run eagerly, named."""
+    torch.manual_seed(0)
+    inner = _ValuesOfManyKinds().eval()
+    model = ait.Module(inner, "many-kinds", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [torch.randn(4) for _ in range(2)], ignore_failing_modules=False)
+    x = torch.randn(2, 4)
+    assert _close(model, inner, x) and model._ait_calls.cpp.attributes_clear()
+    with torch.no_grad():
+        before = inner(x)
+    named = {"global dict item": "CONFIG['scale']", "config class default shadowed": "config.temperature",
+             "frozenset": "kept", "Fraction": "ratio", "range": "span"}[change]
+    if change == "global dict item":
+        monkeypatch.setitem(CONFIG, "scale", 3.0)
+    elif change == "config class default shadowed":
+        inner.config.temperature = 0.1
+    elif change == "frozenset":
+        inner.kept = frozenset({"z"})
+    elif change == "Fraction":
+        inner.ratio = fractions.Fraction(3, 2)
+    else:
+        inner.span = range(5)
+    with torch.no_grad():
+        assert not torch.allclose(inner(x), before)  # the change matters
+    with caplog.at_level(logging.WARNING, logger="aitune"):
+        assert _close(model, inner, x)  # eager's outputs, not the graph's
+    assert f"{named}: " in caplog.text
+
+
+def test_a_frozenset_of_strings_is_named_in_one_order_in_every_process():
+    """A frozenset of strings iterates in an order of the process's string hash: its repr
+    differs between processes, and a checkpoint's value would read as changed at load."""
+    from aitune.torch.baked_attributes import shown
+
+    assert shown(frozenset({"b", "a", "c"})) == "frozenset({'a', 'b', 'c'})"
 
 
 class _Outer(torch.nn.Module):

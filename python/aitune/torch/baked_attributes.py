@@ -6,7 +6,8 @@ constant 1.0, ``if self.config.output_hidden_states`` a graph without hidden sta
 the user reassigns such an attribute (``model.temperature = 0.1``), eager PyTorch computes
 another model than the graph. The values watched are the plain ones (None, bool, int,
 float, complex, str, bytes, enum members, torch dtypes and devices, numpy scalars, slices,
-functions called through an attribute such as ``self.act = torch.relu``, tuples of them) that
+ranges, Decimals, Fractions, functions called through an attribute such as ``self.act =
+torch.relu``, tuples and frozensets of them) that
 the wrapped module and each submodule keep in their instance dicts, and the public ones of
 plain objects they hold (a transformers config, shared by many modules, watched once), with
 the private ones behind a public property (transformers 5 keeps ``output_attentions`` in
@@ -18,7 +19,9 @@ Module globals a ``forward`` reads by name (``x * SCALE``, ``if USE_FAST:``, a f
 calls such as ``act = torch.relu`` at module level) are baked the same way and watched the
 same way (``forward_globals``), named ``module.NAME``; those the code also assigns
 (``global CALLS; CALLS += 1``), names read by the functions forward calls, and values
-captured in a closure are not.
+captured in a closure are not. The plain items of a global dict forward reads (a config dict,
+``CONFIG["scale"]``) are watched in the dict, and a plain object's class defaults it does not
+shadow (``class Cfg: temperature = 1.0``) as a module's are.
 
 The C++ half of the dispatch (``TorchDispatch.watch_attributes``) compares each by
 identity per routed call; a call where one is another object comes to the Python path,
@@ -32,7 +35,9 @@ loaded with other values runs such calls eagerly too, and is told so.
 
 from __future__ import annotations
 
+import decimal
 import enum
+import fractions
 import functools
 import inspect
 import types
@@ -47,7 +52,8 @@ from aitune.torch.environment_reads import environment_key, environment_path, en
 from aitune.torch.state_changes import (code_instructions, forward_attribute_reads, forward_codes, is_harmless,
                                         modules_and_wrapped, user_attributes)
 
-_PLAIN = (type(None), bool, int, float, complex, str, bytes, enum.Enum, torch.dtype, torch.device, slice, np.generic)
+_PLAIN = (type(None), bool, int, float, complex, str, bytes, enum.Enum, torch.dtype, torch.device, slice, np.generic,
+          range, decimal.Decimal, fractions.Fraction)
 #: Functions a forward calls through an attribute (``self.act = torch.relu``): the graph holds
 #: the one called at export. Compared by identity only: two lambdas of one line share a name.
 _FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, functools.partial)
@@ -62,7 +68,7 @@ _OTHER = object()
 def is_plain_value(value: Any) -> bool:
     """A value an export keeps as a constant and that cannot change in place (a function a
     forward calls through an attribute too: the graph holds what it computed at export)."""
-    if isinstance(value, tuple):  # torch.Size and named tuples too
+    if isinstance(value, (tuple, frozenset)):  # torch.Size and named tuples too
         return all(is_plain_value(item) for item in value)
     return isinstance(value, _PLAIN) or _is_function(value)
 
@@ -74,6 +80,8 @@ def _is_function(value: Any) -> bool:
 def shown(value: Any) -> str:
     """How a value is named in messages and checkpoints: its ``repr``, a function by its
     module and qualified name (a repr's address differs from process to process)."""
+    if isinstance(value, frozenset):  # in sorted order: a set of strings iterates by a per-process hash
+        return f"frozenset({{{', '.join(sorted(shown(item) for item in value))}}})" if value else "frozenset()"
     if isinstance(value, tuple) and not hasattr(value, "_fields"):
         inner = ", ".join(shown(item) for item in value)
         return f"({inner},)" if len(value) == 1 else f"({inner})"
@@ -85,7 +93,7 @@ def shown(value: Any) -> str:
 
 
 def _has_function(value: Any) -> bool:
-    return _is_function(value) or (isinstance(value, tuple) and any(_has_function(item) for item in value))
+    return _is_function(value) or (isinstance(value, (tuple, frozenset)) and any(_has_function(item) for item in value))
 
 
 #: Stands for "nothing expected in the instance dict": a class attribute forward reads
@@ -173,6 +181,30 @@ def _class_defaults(module: torch.nn.Module, harmless: tuple[str, ...]) -> Itera
                         yield path, held, key, value, type(sub)
 
 
+def _plain_object_class_defaults(module: torch.nn.Module,
+                                 harmless: tuple[str, ...]) -> Iterator[tuple[str, dict, str, Any, type]]:
+    """(path, instance dict, key, value, class) of each public plain value the class of a plain
+    object the modules hold defines (``class Cfg: temperature = 1.0``) and the object does not
+    shadow: forward reads it through the object, and ``cfg.temperature = 0.1`` assigned after
+    tuning shadows it (unseen before, a session-37 probe)."""
+    seen_objects: set[int] = set()
+    for path, _, _, value in user_attributes(module, harmless):
+        if not plain_object(value) or id(value) in seen_objects:
+            continue
+        seen_objects.add(id(value))
+        held, seen = vars(value), set()
+        for cls in type(value).__mro__:
+            if cls is object or cls.__module__ == "builtins":
+                break
+            for key, default in vars(cls).items():
+                if key in seen or key in held or key.startswith("_"):
+                    continue
+                seen.add(key)
+                inner_path = f"{path}.{key}"
+                if is_plain_value(default) and not _has_function(default) and not is_harmless(inner_path, harmless):
+                    yield inner_path, held, key, default, type(value)
+
+
 @functools.lru_cache(maxsize=4096)
 def global_reads(code: types.CodeType) -> tuple[str, ...]:
     """The global names ``code`` (and the comprehensions and lambdas inside it) reads and
@@ -184,6 +216,10 @@ def global_reads(code: types.CodeType) -> tuple[str, ...]:
         elif instruction.opname in ("STORE_GLOBAL", "DELETE_GLOBAL"):
             writes.add(instruction.argval)
     return tuple(dict.fromkeys(name for name in reads if name not in writes))
+
+
+#: The most items of a global dict whose plain items are watched (a config dict, not a vocabulary).
+_DICT_ITEMS = 64
 
 
 def forward_globals(module: torch.nn.Module, harmless: tuple[str, ...],
@@ -199,10 +235,18 @@ def forward_globals(module: torch.nn.Module, harmless: tuple[str, ...],
                 continue  # a builtin (len, range) or a name bound later
             seen.add((id(names), name))
             value = names[name]
+            path = f"{names.get('__name__', '?')}.{name}"
             if keep(value):
-                path = f"{names.get('__name__', '?')}.{name}"
                 if not is_harmless(path, harmless):
                     yield path, names, name, value
+            elif isinstance(value, dict) and len(value) <= _DICT_ITEMS:
+                # a config dict read by item (``CONFIG["scale"]``): the graph holds the item's
+                # value, which an assignment to the item changes (unseen before, a session-37
+                # probe); each such item is watched in the dict itself
+                for key, item in value.items():
+                    item_path = f"{path}[{key!r}]"
+                    if isinstance(key, str) and keep(item) and not is_harmless(item_path, harmless):
+                        yield item_path, value, key, item
 
 
 class AttributeWatch:
@@ -215,7 +259,8 @@ class AttributeWatch:
         self.entries = [BakedAttribute(path, owner, key, value, shown(value))
                         for path, owner, key, value in [*attribute_values(module, harmless), *forward_globals(module, harmless)]]
         self.entries += [BakedAttribute(path, owner, key, _ABSENT, shown(value), cls)
-                         for path, owner, key, value, cls in _class_defaults(module, harmless)]
+                         for path, owner, key, value, cls in [*_class_defaults(module, harmless),
+                                                              *_plain_object_class_defaults(module, harmless)]]
         self.entries += [_environment_entry(name) for name in environment
                          if not is_harmless(environment_path(name), harmless)]
         if saved is not None:
