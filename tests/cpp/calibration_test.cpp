@@ -313,6 +313,18 @@ TEST(VacuousOutputs, AnOutputThatBarelyMovesBetweenSamplesIsNamed) {
   EXPECT_TRUE(vacuous_outputs({"y"}, {{a.view()}}).empty());  // one sample says nothing
 }
 
+// Small values that move by all they are (`fc(x) * 1e-6`) were called nearly constant ("a
+// graph that ignored its inputs would pass") because the movement was below the absolute
+// atol; the relative L2 bound fails such a graph (a session-37 probe), so they are not named.
+TEST(VacuousOutputs, SmallValuesThatMoveInProportionAreNotNearlyConstant) {
+  auto a = make_host(DType::kFloat32, {2, 2}, std::vector<float>{1e-6f, -3e-6f, 2e-6f, 0.5e-6f});
+  auto b = make_host(DType::kFloat32, {2, 2}, std::vector<float>{-2e-6f, 1e-6f, -1e-6f, 2.5e-6f});
+  EXPECT_TRUE(vacuous_outputs({"small"}, {{a.view()}, {b.view()}}).empty());
+  // the graph ignoring its inputs (each element's mean) fails the check
+  auto mean = make_host(DType::kFloat32, {2, 2}, std::vector<float>{-0.5e-6f, -1e-6f, 0.5e-6f, 1.5e-6f});
+  EXPECT_FALSE(compare_output("small", mean.view(), a.view(), default_tolerance(DType::kFloat32)).passed);
+}
+
 TEST(VacuousOutputs, AConstantMaskIsSaidAsABool) {
   // A bool output (y > 0) that is False everywhere was "constant (every element is 0)".
   auto mask = make_host(DType::kBool, {2, 2}, std::vector<uint8_t>{0, 0, 0, 0});

@@ -669,7 +669,7 @@ namespace {
 // it moves by and against what, or nothing.
 std::optional<std::string> nearly_constant(const std::vector<std::vector<TensorView>>& expected, std::size_t o) {
   const TensorView* first = nullptr;
-  std::vector<double> low, high;
+  std::vector<double> low, high, sum, sum2;  // per element over the samples
   int same_shape = 0;
   for (const auto& sample : expected) {
     if (o >= sample.size() || !dtype_is_floating(sample[o].dtype)) return std::nullopt;
@@ -678,6 +678,8 @@ std::optional<std::string> nearly_constant(const std::vector<std::vector<TensorV
       first = &t;
       low.assign(static_cast<std::size_t>(t.numel()), kInf);
       high.assign(low.size(), -kInf);
+      sum.assign(low.size(), 0.0);
+      sum2.assign(low.size(), 0.0);
     } else if (t.shape != first->shape) {
       continue;
     }
@@ -687,9 +689,21 @@ std::optional<std::string> nearly_constant(const std::vector<std::vector<TensorV
       if (!std::isfinite(v)) return std::nullopt;
       low[i] = std::min(low[i], v);
       high[i] = std::max(high[i], v);
+      sum[i] += v;
+      sum2[i] += v * v;
     }
   }
   if (same_shape < 2) return std::nullopt;
+  // The relative L2 bound judges the whole output in proportion to its size: a graph that
+  // ignored its inputs (at best each element's mean over the samples) fails it where the
+  // output's movement is more than that bound's share of its values. Small values that move
+  // by all they are (`fc(x) * 1e-6`) are no constant (the atol alone said they were).
+  double deviation2 = 0, values2 = 0;
+  for (std::size_t i = 0; i < low.size(); ++i) {
+    const double mean = sum[i] / same_shape;
+    deviation2 += std::max(0.0, sum2[i] - same_shape * mean * mean);
+    values2 += sum2[i];
+  }
   double spread = 0, scale = 0;
   for (std::size_t i = 0; i < low.size(); ++i) {
     spread = std::max(spread, high[i] - low[i]);
@@ -698,6 +712,7 @@ std::optional<std::string> nearly_constant(const std::vector<std::vector<TensorV
   const Tolerance table = default_tolerance(first->dtype, Precision::kStrict);
   const double allowed = std::max(table.atol * atol_scale(*first), table.rtol * scale);
   if (spread == 0 || spread > allowed) return std::nullopt;
+  if (values2 > 0 && std::sqrt(deviation2 / values2) > relative_l2_limit(table)) return std::nullopt;
   return "nearly constant (it moves between the samples by at most " + fmt(spread) + " against values up to " +
          fmt(scale) + ", within the " + fmt(allowed) +
          " the check allows an error: a graph that ignored its inputs would pass; give samples that move it more, "
