@@ -134,6 +134,14 @@ std::unique_ptr<OnnxSession> checkpoint_backend(const RunOptions& o,
 // run refused before them left an empty DIR behind).
 void check_output_directory(const std::string& dir) {
   namespace fs = std::filesystem;
+  // Not into a checkpoint, as `report -o` is not: its files are its manifest's, and a save
+  // over it removes any other (the outputs were written there, exit 0). Asked of a file in
+  // DIR, so that DIR being the checkpoint's own directory counts too.
+  if (const auto checkpoint = Checkpoint::enclosing_checkpoint((fs::path(dir) / "output.npy").string());
+      !checkpoint.empty())
+    throw Error(ErrorCode::kInvalidArgument, "refusing to write the outputs into the checkpoint '" + checkpoint +
+                                                 "' (--save-outputs '" + dir + "'): its files are its manifest's, "
+                                                 "and a save over it removes any other; write them elsewhere");
   std::error_code ec;
   auto st = fs::status(dir, ec);
   if (fs::exists(st)) {

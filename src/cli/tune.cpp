@@ -255,17 +255,21 @@ int tune_model(const CliTuneArgs& o) {
     // the save that replaces it: "report: ckpt/r.json" was printed for a file that was gone.
     namespace fs = std::filesystem;
     const fs::path report = fs::weakly_canonical(fs::absolute(o.report));
-    std::string inside;
     if (!o.checkpoint.empty()) {
       const fs::path relative = report.lexically_relative(fs::weakly_canonical(fs::absolute(o.checkpoint)));
-      if (!relative.empty() && *relative.begin() != "..") inside = o.checkpoint;
+      if (!relative.empty() && *relative.begin() != "..")
+        throw Error(ErrorCode::kInvalidArgument,
+                    "--report '" + o.report + "' is inside the checkpoint '" + o.checkpoint +
+                        "': its save replaces that directory whole and would remove it; write the report elsewhere "
+                        "(the checkpoint keeps its own copy, " + Checkpoint::graph_directory("graph_0") +
+                        "/tune_report.json)");
     }
-    if (inside.empty()) inside = Checkpoint::enclosing_checkpoint(report.string());
-    if (!inside.empty())
+    // Some other checkpoint keeps no copy of this report (the message said it did, naming a
+    // file of the checkpoint above, which that one need not have).
+    if (const auto inside = Checkpoint::enclosing_checkpoint(report.string()); !inside.empty())
       throw Error(ErrorCode::kInvalidArgument,
                   "--report '" + o.report + "' is inside the checkpoint '" + inside +
-                      "': a save replaces that directory whole and would remove it; write the report elsewhere "
-                      "(the checkpoint keeps its own copy, graphs/graph_0/tune_report.json)");
+                      "': a save over it removes any file its manifest does not list; write the report elsewhere");
   }
   if (!o.report.empty()) check_output_file(o.report, "the report");
 

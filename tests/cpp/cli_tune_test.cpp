@@ -78,6 +78,20 @@ TEST(CliTune, SamplesFromNpyAndACheckpointThatRunLoads) {
                           "/page.html'");
   EXPECT_EQ(into.exit_code, 2) << into.output;
   EXPECT_NE(into.output.find("into the checkpoint"), std::string::npos) << into.output;
+  // So is `run --save-outputs` into it, or into the checkpoint directory itself: the .npy
+  // files were written there (exit 0), and the next save over the checkpoint removed them.
+  for (const std::string& dir : {checkpoint + "/outs", checkpoint}) {
+    SCOPED_TRACE(dir);
+    auto outputs = run_command(std::string("'") + AITUNE_TEST_CLI + "' run '" + checkpoint +
+                               "' --iterations 1 --warmup 0 --save-outputs '" + dir + "'");
+    EXPECT_EQ(outputs.exit_code, 2) << outputs.output;
+    EXPECT_NE(outputs.output.find("refusing to write the outputs into the checkpoint '" + checkpoint + "'"),
+              std::string::npos)
+        << outputs.output;
+    EXPECT_EQ(outputs.output.find("output y:"), std::string::npos) << "ran before refusing: " << outputs.output;
+  }
+  EXPECT_FALSE(std::filesystem::exists(checkpoint + "/outs"));
+  EXPECT_FALSE(std::filesystem::exists(checkpoint + "/y.npy"));
 }
 
 TEST(CliTune, AnOutputExtentTheInputValuesDecideStaysFreeInTheCheckpoint) {
@@ -166,10 +180,14 @@ TEST(CliTune, UnwritableDestinationsAreRefusedBeforeTuning) {
   ScopedTempDir tmp;
   write_file_bytes(tmp.file("a_file"), "keep");
   const std::string mlp = fixture("mlp.onnx") + " --provider cpu --quiet --no-variants";
+  // A checkpoint this tune does not write, to put a report into.
+  const auto other = tmp.file("other");
+  ASSERT_EQ(tune(mlp + " --checkpoint '" + other + "'").exit_code, 0);
   struct Case {
     std::string args;
     int code;
     std::string names;
+    std::string not_said = {};
   };
   const std::vector<Case> cases = {
       {"--checkpoint '" + tmp.file("a_file") + "'", 2, "exists and is not a directory"},
@@ -179,13 +197,23 @@ TEST(CliTune, UnwritableDestinationsAreRefusedBeforeTuning) {
       // inside the checkpoint it saves: the save replaced the directory and the report with it,
       // after "report: ..." was printed
       {"--checkpoint '" + tmp.file("ckpt") + "' --report '" + tmp.file("ckpt/r.json") + "'", 2,
-       "is inside the checkpoint"},
+       "is inside the checkpoint '" + tmp.file("ckpt") + "'"},
+      {"--checkpoint '" + tmp.file("ckpt") + "' --report '" + tmp.file("ckpt/r.json") + "'", 2,
+       "keeps its own copy, graphs/graph_0/tune_report.json"},
+      // inside a checkpoint this tune does not write: it keeps no copy of this report (the
+      // message said it did, naming a file of the checkpoint --checkpoint would have written)
+      {"--report '" + other + "/r.json'", 2, "is inside the checkpoint '" + other + "'", "own copy"},
+      {"--checkpoint '" + tmp.file("ckpt") + "' --report '" + other + "/r.json'", 2,
+       "a save over it removes any file its manifest does not list", "tune_report.json"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.args);
     auto r = tune(mlp + " " + c.args);
     EXPECT_EQ(r.exit_code, c.code) << r.output;
     EXPECT_NE(r.output.find(c.names), std::string::npos) << r.output;
+    if (!c.not_said.empty()) {
+      EXPECT_EQ(r.output.find(c.not_said), std::string::npos) << r.output;
+    }
     EXPECT_EQ(r.output.find("decision:"), std::string::npos) << "tuned before refusing: " << r.output;
   }
   EXPECT_EQ(read_file_bytes(tmp.file("a_file")), "keep");

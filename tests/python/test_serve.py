@@ -392,6 +392,39 @@ def test_bad_serve_and_loadtest_arguments_exit_2_before_ray_starts(checkpoint, t
     assert "2 of 2 requests at concurrency 1 got no answer; the first: no answer: ConnectionRefusedError" in err, err
 
 
+def test_loadtest_refuses_a_url_it_cannot_send_to_before_any_request(checkpoint, capsys, monkeypatch):
+    """`aitune loadtest notaurl` printed one TypeError traceback per client thread (no host
+    to connect to), a table of 0 requests with nan latencies, and exited 0. A URL that is not
+    http(s)://HOST[:PORT]/ROUTE is a bad argument: exit 2 naming it, no request sent."""
+    path, _ = checkpoint
+    send, sent = loadtest.send, []
+    monkeypatch.setattr(loadtest, "send", lambda *a, **k: sent.append(a))
+    for url in ("notaurl", "127.0.0.1:8000/", "localhost:8000", "ftp://127.0.0.1/", "http://", "http:///route",
+                "http://127.0.0.1:99999/", "http://127.0.0.1:x/", "http://127.0.0.1:0/"):
+        with pytest.raises(SystemExit) as exited:
+            serve_cli.loadtest_main([url, "--checkpoint", path, "--concurrency", "1,2", "--requests-per-client", "1"])
+        assert exited.value.code == 2, url
+        err = capsys.readouterr().err
+        assert f"URL '{url}'" in err and "http(s)://HOST[:PORT]/ROUTE" in err and "Traceback" not in err, (url, err)
+    assert not sent
+    # an accepted https URL is sent over TLS, to port 443 unless one is given (was plain HTTP to port 80)
+    connections = []
+
+    def connection(kind):
+        def make(host, port, timeout):
+            connections.append((kind, host, port))
+            raise ConnectionRefusedError("none here")
+        return make
+
+    monkeypatch.setattr(loadtest.http.client, "HTTPSConnection", connection("https"))
+    monkeypatch.setattr(loadtest.http.client, "HTTPConnection", connection("http"))
+    for url in ("https://example.test/x", "https://example.test:8443/x", "http://example.test/x"):
+        with pytest.raises(ConnectionRefusedError):
+            send(url, b"", {})
+    assert connections == [("https", "example.test", 443), ("https", "example.test", 8443),
+                           ("http", "example.test", 80)]
+
+
 def test_bad_bodies_are_refused_with_a_reason(checkpoint):
     path, _ = checkpoint
     server = GraphServer(path, device="cpu")

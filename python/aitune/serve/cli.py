@@ -190,6 +190,10 @@ def loadtest_main(argv: list[str]) -> int:
     p.add_argument("--format", choices=["json", "npz", "raw"], default="json", help="request body (default json)")
     p.add_argument("--json", dest="json_out", metavar="FILE", help="also write the rows as JSON")
     args = p.parse_args(argv)
+    problem = loadtest.url_problem(args.url)
+    if problem:
+        p.error(f"URL '{args.url}': {problem}; give the served route as http(s)://HOST[:PORT]/ROUTE, "
+                "e.g. http://127.0.0.1:8000/")
     try:
         levels = [int(c) for c in args.concurrency.split(",")]
     except ValueError:

@@ -106,13 +106,31 @@ class RequestPool:
         return json.dumps(payload).encode(), {"Content-Type": codec.JSON}, ""
 
 
+def url_problem(url: str) -> str:
+    """Why `send` cannot post to `url` ("" if it can): each client thread would otherwise fail
+    on its first request (no host: a TypeError in http.client) after the checkpoint loaded."""
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.scheme not in ("http", "https") or not parsed.netloc:
+        return "not an http:// or https:// URL"
+    if not parsed.hostname:
+        return "no host"
+    try:
+        port = parsed.port  # urllib checks digits and 0..65535
+    except ValueError:
+        port = 0
+    return "the port is not a TCP port, 1..65535" if port == 0 else ""
+
+
 def send(url: str, body: bytes, headers: dict[str, str], query: str = "", timeout: float = 30.0,
          connection: http.client.HTTPConnection | None = None):
-    """One POST; returns (status, headers, body, connection to reuse)."""
+    """One POST; returns (status, headers, body, connection to reuse). `url` passed url_problem."""
     parsed = urllib.parse.urlsplit(url)
     path = (parsed.path or "/") + (f"?{query}" if query else "")
     if connection is None:
-        connection = http.client.HTTPConnection(parsed.hostname, parsed.port or 80, timeout=timeout)
+        # https over TLS: a plain HTTPConnection sent it unencrypted to port 80
+        kind, port = ((http.client.HTTPSConnection, 443) if parsed.scheme == "https"
+                      else (http.client.HTTPConnection, 80))
+        connection = kind(parsed.hostname, parsed.port or port, timeout=timeout)
     try:
         connection.request("POST", path, body=body, headers=headers)
         response = connection.getresponse()
