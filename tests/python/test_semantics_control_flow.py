@@ -115,13 +115,15 @@ class ShapeTensorBranch(torch.nn.Module):
 
 
 def test_trace_export_of_a_branch_on_a_size_read_as_a_tensor_is_a_shape():
-    """A size read as a tensor (``aten::_shape_as_tensor``) is a shape, not a value."""
+    """A size read as a tensor (``aten::_shape_as_tensor``) is a shape, not a value: not
+    refused, and (since session 37) the graph serves the sizes checked, 2 and 4, not 3."""
     model = ait.Module(ShapeTensorBranch().eval(), "shape-tensor",
-                       strategy=cpu_strategy(use_dynamo=False, tune_provider_options=False))
+                       strategy=cpu_strategy(use_dynamo=False, tune_provider_options=False), eager_fallback=True)
     ait.tune(model, _positive(), batch_sizes=[2, 4], ignore_failing_modules=False)
     assert model.ait_state is ModuleState.TUNED
-    x = torch.rand(3, 4)
-    torch.testing.assert_close(model(x), model.ait_module(x))
+    for batch in (2, 3, 4):  # 3 runs eagerly
+        x = torch.rand(batch, 4)
+        torch.testing.assert_close(model(x), model.ait_module(x))
 
 
 class BoolMaskIndexedByPositions(torch.nn.Module):
@@ -223,3 +225,33 @@ def test_trace_export_of_a_branch_on_a_comparison_of_values_is_refused(how):
     assert model.ait_state is ModuleState.PASSTHROUGH
     x = torch.randn(2, 8)
     torch.testing.assert_close(model(x, torch.zeros(2, 8)), x)
+
+
+class DataRead(torch.nn.Module):
+    """Old-style code: values read through ``.data``, weights too."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = torch.nn.functional.linear(x, self.linear.weight.data, self.linear.bias)  # a weight's .data: fine
+        peak = h.data.abs().max()
+        if peak > 10:
+            h = h * (10 / peak)
+        return h
+
+
+def test_trace_export_of_a_value_read_through_data_is_refused_and_a_weights_is_not():
+    """``h.data`` is a tensor the tracer does not follow: ``peak = h.data.abs().max(); if peak >
+    10`` left no TracerWarning, and the trace of small samples served a 10x larger output for a
+    large input, silently, through FirstWinsStrategy([dynamo, trace]) (a session-37 probe).
+    A weight's ``.data`` (the same value on every input) is no conversion."""
+    model = ait.Module(DataRead().eval(), "data-read",
+                       strategy=cpu_strategy(use_dynamo=False, tune_provider_options=False))
+    with pytest.raises(TraceWarningError, match=r"peak = h\.data\.abs\(\)\.max\(\)  \(Tensor\.data of a value") as refused:
+        ait.tune(model, [torch.randn(4) for _ in range(4)], ignore_failing_modules=False)
+    assert "self.linear.weight.data" not in str(refused.value)
+    assert "data" not in vars(torch.Tensor)  # the watch is gone after the export
+    x = 100 * torch.randn(2, 4)
+    torch.testing.assert_close(model(x), model.ait_module(x))

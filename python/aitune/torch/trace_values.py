@@ -72,12 +72,27 @@ class ValueConversions:
                 self._originals[(owner, name)] = original
                 label = f"{'Tensor' if owner is torch.Tensor else 'torch'}.{name}"
                 setattr(owner, name, self._watched(name, label, original))
+        # ``h.data`` is a tensor the tracer does not follow: what is computed from it (``peak =
+        # h.data.abs().max(); if peak > 10:``, ``h * (10 / peak)``) is a constant of the graph, the
+        # example's, with no TracerWarning (old code reads values so; a session-37 probe served a
+        # 10x larger output silently). Noted like a conversion where ``h`` is of the inputs' values.
+        descriptor = torch._C.TensorBase.data
+
+        def data(tensor):
+            if self.inputs and torch._C._get_tracing_state() is not None and self._source(tensor) == "values":
+                self.sites.setdefault(_caller(), "Tensor.data")
+            return descriptor.__get__(tensor)
+
+        torch.Tensor.data = property(data, descriptor.__set__, doc=descriptor.__doc__)
+        self._data_watched = True
         return self
 
     def __exit__(self, *exc) -> None:
         for (owner, name), original in self._originals.items():
             setattr(owner, name, original)
         self._originals.clear()
+        if self.__dict__.pop("_data_watched", False):
+            del torch.Tensor.data  # the C descriptor of TensorBase again
 
     def _watched(self, name: str, label: str, original):
         def converted(tensor, *args, **kwargs):
