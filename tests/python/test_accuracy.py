@@ -107,6 +107,9 @@ def test_accuracy_factor_is_validated():
         TuneOptions(accuracy=3)
     with pytest.raises(ValueError, match="max_accuracy_drop"):
         TuneOptions(max_accuracy_drop=-1)
+    # a list of pairs raised AttributeError ('list' object has no attribute 'items'; a probe)
+    with pytest.raises(TypeError, match=r"output_tolerances must be a dict \{output name: \(atol, rtol\)\}, got list"):
+        TuneOptions(output_tolerances=[("output_0", (1e-3, 1e-3))])
 
 
 def _top1(eager, candidate) -> float:

@@ -133,6 +133,10 @@ class TuneOptions:
     def __post_init__(self) -> None:
         _check_switches(self.performance_validation, self.min_speedup, self.find_max_batch_size, self.max_batch_size)
         check_valid_positions(self.valid_positions)
+        if self.output_tolerances is not None and not isinstance(self.output_tolerances, Mapping):
+            # a list of pairs raised AttributeError: 'list' object has no attribute 'items' (a probe)
+            raise TypeError(f"output_tolerances must be a dict {{output name: (atol, rtol)}}, got "
+                            f"{type(self.output_tolerances).__name__}: {self.output_tolerances!r:.100}")
         if isinstance(self.accuracy_factor, bool) or not isinstance(self.accuracy_factor, (int, float)) \
                 or not 1 <= self.accuracy_factor < float("inf"):
             raise ValueError(f"accuracy_factor must be a finite number >= 1, got {self.accuracy_factor!r}")
