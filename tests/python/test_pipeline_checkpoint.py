@@ -453,6 +453,51 @@ def test_a_module_under_a_dict_key_with_no_object_path_is_refused_not_left_out(t
     assert not (tmp_path / "keyed").exists()
 
 
+class _Link:
+    """One level of a deep chain of plain objects."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+
+class DeepHead:
+    def __init__(self, depth: int):
+        torch.manual_seed(0)
+        self.main = torch.nn.Linear(8, 8).eval()
+        self.chain = torch.nn.Linear(8, 8).eval()
+        for _ in range(depth):
+            self.chain = _Link(self.chain)
+
+    def head_place(self):
+        link = self
+        while isinstance(getattr(link, "chain", None) if link is self else link.inner, _Link):
+            link = link.chain if link is self else link.inner
+        return link
+
+    def head(self):
+        place = self.head_place()
+        return place.chain if place is self else place.inner
+
+    def __call__(self, x):
+        with torch.no_grad():
+            return self.main(x) + self.head()(x)
+
+
+def test_a_module_deeper_than_the_walk_is_refused_not_left_out(tmp_path):
+    """A TUNED ait.Module 70 levels down was left out of the checkpoint without a word: loaded,
+    it ran eagerly (a session-37 probe)."""
+    pipeline = DeepHead(70)
+    pipeline.main = ait.Module(pipeline.main, "main", strategy=cpu_strategy(tune_provider_options=False))
+    place = pipeline.head_place()
+    place.inner = ait.Module(place.inner, "deep-head", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(lambda x: pipeline(x), [torch.randn(8)], ignore_failing_modules=False, progress=False)
+    assert pipeline.head().ait_state is ait.ModuleState.TUNED
+    with pytest.raises(ait.PipelineStructureError, match=r"ait.Module 'deep-head' at 'chain(\.inner){70}', 71 "
+                       r"levels deep, deeper than a checkpoint's walk reaches \(64\)"):
+        ait.save(pipeline, tmp_path / "deep")
+    assert not (tmp_path / "deep").exists()
+
+
 class TupleStages:
     def __init__(self):
         torch.manual_seed(0)

@@ -225,6 +225,10 @@ def _check_saveable(module: Module, where: str) -> None:
         )
 
 
+#: How far ait.save looks past MAX_DEPTH for ait.Modules a checkpoint would leave out.
+_DEEPER_LOOK = 4 * MAX_DEPTH
+
+
 def _check_every_module_has_a_place(obj: Any, found: list, unaddressable: list) -> None:
     """Refuses (PipelineStructureError, before anything is written) an ait.Module that a
     checkpoint could not hold or put back: one under a dict key with no object path (a key
@@ -239,6 +243,16 @@ def _check_every_module_has_a_place(obj: Any, found: list, unaddressable: list) 
                 "that has no object path (a checkpoint names each module by its path: keys are strings without "
                 "dots, or ints), so it would be left out of the checkpoint; hold it under such a key (nothing was "
                 "saved)")
+    # An ait.Module deeper than the walk looks (a chain of 70 wrappers) was left out, unsaid,
+    # and the loaded pipeline ran it eagerly (a session-37 probe): looked for further, once.
+    saved = {id(module) for module, _ in found}
+    for module, location in find_ait_modules(obj, _DEEPER_LOOK):
+        if id(module) not in saved:
+            raise PipelineStructureError(
+                f"ait.save: the {type(obj).__name__} holds ait.Module '{module.ait_name}' at '{location.path}', "
+                f"{location.path.count('.') + 1} levels deep, deeper than a checkpoint's walk reaches ({MAX_DEPTH}), so "
+                "it would be left out of the checkpoint and run eagerly after ait.load; hold it closer to the "
+                "object (nothing was saved)")
     for module, location in found:
         if isinstance(location.parent, tuple):
             raise PipelineStructureError(
