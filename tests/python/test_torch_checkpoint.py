@@ -1251,3 +1251,18 @@ def test_saving_a_module_loaded_into_other_weights_blames_no_write(tmp_path, mon
         ait.save(loaded, tmp_path / "again")
     (warning,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("ait.save: the weights")]
     assert "as they did when it was loaded" in warning and "p.data" not in warning, warning
+
+
+def test_eager_fallback_given_to_load_with_an_ait_module_is_said_to_be_its_own(pristine, caplog):
+    """``ait.load(ait.Module(m, "mlp"), path, eager_fallback=True)``: the flag is for the modules
+    a load wraps; the ait.Module keeps its own. It was ignored silently, and the next call not
+    recorded was refused with advice to pass it to ait.load (a session-37 probe)."""
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="aitune"):
+        ait.load(ait.Module(MLP().eval(), "mlp"), pristine[0], eager_fallback=True)
+    assert "ait.Module 'mlp' keeps its own eager_fallback=False" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="aitune"):
+        ait.load(ait.Module(MLP().eval(), "mlp", eager_fallback=True), pristine[0], eager_fallback=True)
+    assert "keeps its own" not in caplog.text

@@ -531,6 +531,16 @@ def _identity(directory: Path) -> tuple[int, int, int] | None:
     return st.st_dev, st.st_ino, st.st_ctime_ns
 
 
+def _say_own_eager_fallback_kept(module: Module, eager_fallback: bool) -> None:
+    """``eager_fallback=True`` is for the modules a load wraps; an ait.Module loaded into keeps
+    its own. Said, where they differ: it was ignored silently, and the GraphNotRecordedError of
+    the next call not recorded advised passing it to ait.load (a session-37 probe)."""
+    if eager_fallback and not module._ait_calls.eager_fallback:
+        logger.warning("ait.load: eager_fallback=True applies to the modules this load wraps; ait.Module '%s' keeps "
+                       "its own eager_fallback=False (calls no loaded graph covers are refused): build it with "
+                       "ait.Module(..., eager_fallback=True) to run them eagerly", module.ait_name)
+
+
 def _load_once(obj: Any, directory: Path, device_map: Any, identity, eager_fallback: bool = False) -> list:
     """One load of every section into ``obj``; on any error, or when the path was swapped
     for another version meanwhile (``_Replaced``: the sections read may be of two
@@ -549,6 +559,7 @@ def _load_once(obj: Any, directory: Path, device_map: Any, identity, eager_fallb
     try:
         for (entry, module, location), section in zip(plan, sections, strict=True):
             if isinstance(module, Module):
+                _say_own_eager_fallback_kept(module, eager_fallback)
                 snapshots.append(module_checkpoint.LoadSnapshot(module))
                 module_checkpoint.load(module, section, device_map)
             else:
@@ -605,6 +616,7 @@ def load(obj: Any, path: str | os.PathLike, device_map: Any = None, disable_exte
     directory = Path(path)
     if not (directory / MANIFEST).is_file():
         if isinstance(obj, Module):
+            _say_own_eager_fallback_kept(obj, eager_fallback)
             return module_checkpoint.load(obj, directory, device_map)
         if isinstance(obj, torch.nn.Module):
             wrapper = Module(obj, _module_name(directory) or None, eager_fallback=eager_fallback)
