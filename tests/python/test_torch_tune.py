@@ -508,3 +508,27 @@ def test_the_stacking_hint_is_given_only_where_ait_tune_stacked_the_samples():
     assert "raised by func called eagerly with a batch of 2 samples" in stacked and "new axis 0" in stacked
     made = notes_of(lambda size: [torch.randn(size, 4)])
     assert "raised by func called eagerly with a batch of 2 samples" in made and "new axis 0" not in made
+
+
+class _SparseMask(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+        self.register_buffer("mask", torch.eye(8).to_sparse())
+
+    def forward(self, x):
+        return self.fc(x) + torch.sparse.mm(self.mask, x.t()).t()
+
+
+def test_a_sparse_buffer_leaves_the_module_eager_naming_it():
+    """A sparse buffer raised torch's NotImplementedError ("Could not run 'aten::eq.Tensor' with
+    arguments from the 'SparseCPU' backend") out of ait.tune while recording, whatever
+    ignore_failing_modules said, and the module stayed INIT (a session-37 probe)."""
+    model = ait.Module(_SparseMask().eval(), "sparse", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [torch.randn(8) for _ in range(2)], progress=False)
+    assert model.ait_state is ModuleState.PASSTHROUGH
+    x = torch.randn(2, 8)
+    torch.testing.assert_close(model(x), model.ait_module(x))
+    with pytest.raises(ValueError, match=r"holds tensors of a layout other than strided \(mask \(torch.sparse_coo\)\)"):
+        ait.tune(ait.Module(_SparseMask().eval(), "sparse2", strategy=cpu_strategy(tune_provider_options=False)),
+                 [torch.randn(8) for _ in range(2)], progress=False, ignore_failing_modules=False)

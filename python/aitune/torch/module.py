@@ -576,6 +576,13 @@ class Module(DispatchedModule):
         tuned: dict[Any, tuple[RecordedGraph, TunedGraph]] = {}
         failing: RecordedGraph | None = None  # the graph being tuned when an error came
         try:
+            if sparse := [f"{name} ({tensor.layout})" for name, tensor in
+                          [*self._ait_module.named_parameters(), *self._ait_module.named_buffers()]
+                          if tensor.layout != torch.strided]:
+                # (recording failed on them with "Cannot access storage of SparseTensorImpl", naming nothing)
+                raise ValueError(f"ait.Module '{self._ait_name}' holds tensors of a layout other than strided "
+                                 f"({', '.join(sparse[:5])}), which neither the ONNX export nor aitune's checks take; "
+                                 "keep them dense (to_dense()) to tune the module, or tune its dense submodules")
             if self._ait_record_errors:
                 raise ValueError(
                     f"ait.Module '{self._ait_name}': recording failed: " + "; ".join(self._ait_record_errors)

@@ -394,8 +394,13 @@ def _versions(module: torch.nn.Module) -> dict[str, tuple[int, int]]:
 
 def _same(before: torch.Tensor, after: torch.Tensor) -> bool:
     """Equal shape, dtype and values, NaN equal to NaN (a buffer holding NaN is unchanged)."""
-    if before.shape != after.shape or before.dtype != after.dtype:
+    if before.shape != after.shape or before.dtype != after.dtype or before.layout != after.layout:
         return False
+    if before.layout != torch.strided:  # sparse: no elementwise eq kernel (a raw NotImplementedError, a probe)
+        try:
+            before, after = before.to_dense(), after.to_dense()
+        except (RuntimeError, NotImplementedError):
+            return before is after
     if before.is_floating_point() or before.is_complex():
         return torch.allclose(before, after, rtol=0, atol=0, equal_nan=True)
     return torch.equal(before, after)
