@@ -94,3 +94,29 @@ def test_a_forward_that_branches_on_the_grad_mode_runs_eagerly_in_the_other_mode
     plain = ait.Module(_ModeBranch("none").eval(), "branch-none", strategy=cpu_strategy(tune_provider_options=False))
     ait.tune(plain, [torch.randn(4) for _ in range(2)], ignore_failing_modules=False)
     assert plain._ait_calls.grad_modes == ()
+
+
+class _ClampWithGradients(torch.nn.Module):
+    """Clamps only with gradients on: no difference on a small first sample."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.fc(x)
+        return y.clamp(-1.0, 1.0) if torch.is_grad_enabled() else y
+
+
+def test_a_grad_mode_branch_the_first_sample_does_not_show_is_found_on_the_others():
+    """The modes were tried on the first sample only: a small first sample never reached the
+    clamp, and calls with gradients on were served the no-grad graph, 3.1 off eager, silently
+    (a session-37 probe). They are tried on each batch size's first sample and the last."""
+    torch.manual_seed(0)
+    inner = _ClampWithGradients().eval().requires_grad_(False)
+    model = ait.Module(inner, "clamp-grad", strategy=cpu_strategy(tune_provider_options=False))
+    samples = [torch.full((4,), 0.01)] + [torch.randn(4) * 5 for _ in range(3)]
+    ait.tune(model, samples, batch_sizes=[1], ignore_failing_modules=False)
+    assert model._ait_calls.grad_modes == ("grad",)
+    x = torch.randn(2, 4) * 5
+    torch.testing.assert_close(model(x), inner(x))  # gradients on: eagerly

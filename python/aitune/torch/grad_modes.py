@@ -45,7 +45,7 @@ def _set_requires_grad(parameter: torch.Tensor, flag: bool) -> None:
 def modes_that_change_outputs(module: torch.nn.Module, differs) -> tuple[str, ...]:
     """The modes (``GRAD``, ``INFERENCE``) under which ``module``'s forward computes
     otherwise than the reference (computed with gradients off): ``differs(mode)`` runs eager
-    on the first sample inside ``mode()`` and says how its outputs differ, or None."""
+    on samples inside ``mode()`` and says how its outputs differ, or None."""
     found = []
     with _without_parameter_grads(module):
         for name, mode in ((GRAD, torch.enable_grad), (INFERENCE, torch.inference_mode)):

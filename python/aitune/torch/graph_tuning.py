@@ -76,14 +76,14 @@ def _modules_in_training(module: torch.nn.Module) -> list[str]:
 
 
 def _eager_again_differs(graph: RecordedGraph, expected: list[torch.Tensor],
-                         tuner_options: _core.TunerOptions | None, mode=torch.no_grad) -> str | None:
-    """Runs eager once more on the first sample inside ``mode()`` (gradients off, as the
-    reference was computed, unless another mode is asked), the random generators put back
-    after the call, and says how its outputs differ from ``expected``
-    (``eager_nondeterminism``), or None."""
+                         tuner_options: _core.TunerOptions | None, mode=torch.no_grad, sample: int = 0) -> str | None:
+    """Runs eager once more on sample ``sample`` (the first by default) inside ``mode()``
+    (gradients off, as the reference was computed, unless another mode is asked), the random
+    generators put back after the call, and says how its outputs differ from ``expected``
+    (that sample's reference, ``eager_nondeterminism``), or None."""
     devices = [graph.device] if graph.device.type == "cuda" else []
     with torch.random.fork_rng(devices=devices), mode(), exact_float32(), same_math_as_export(graph.module):
-        again = [t.detach().cpu().contiguous() for t in graph.run_eager(graph.samples[0].inputs)]
+        again = [t.detach().cpu().contiguous() for t in graph.run_eager(graph.samples[sample].inputs)]
     names = [o.name for o in graph.graph_spec().outputs]
     # the user's tolerances hold as in the check: a deviation declared acceptable is no refusal
     overrides = {} if tuner_options is None else dict(tolerance=tuner_options.tolerance,
@@ -104,13 +104,31 @@ def check_eager_repeatable(graph: RecordedGraph, name: str, expected: list[torch
         raise NondeterministicModuleError(f"{name}: {why}")
 
 
-def note_grad_modes(graph: RecordedGraph, name: str, expected: list[torch.Tensor],
+#: The most samples the autograd modes are tried on (note_grad_modes).
+_GRAD_MODE_SAMPLES = 4
+
+
+def note_grad_modes(graph: RecordedGraph, name: str, references: list[list[torch.Tensor]],
                     tuner_options: _core.TunerOptions | None = None) -> None:
     """Sets ``graph.grad_modes``: the modes (gradients enabled, inference mode) under which
     forward computes otherwise than the reference (grad_modes.py); calls in them run
-    eagerly. Said in the log where there are any."""
-    graph.grad_modes = modes_that_change_outputs(
-        graph.module, lambda mode: _eager_again_differs(graph, expected, tuner_options, mode))
+    eagerly. Said in the log where there are any. Tried on the first sample of each batch size
+    and the last sample (at most _GRAD_MODE_SAMPLES; ``references``: every sample's reference):
+    on the first alone, a branch that differs only on larger values or batches (a clamp where
+    gradients are on, never reached by a small first sample) was served the graph, 3.1 off eager,
+    silently (a session-37 probe)."""
+    first_of_batch: dict[int, int] = {}
+    for i, sample in enumerate(graph.samples):
+        first_of_batch.setdefault(sample.batch_size, i)
+    tried = list(dict.fromkeys([*first_of_batch.values(), len(graph.samples) - 1]))[:_GRAD_MODE_SAMPLES]
+
+    def differs(mode) -> str | None:
+        for i in tried:
+            if (why := _eager_again_differs(graph, references[i], tuner_options, mode, i)) is not None:
+                return why
+        return None
+
+    graph.grad_modes = modes_that_change_outputs(graph.module, differs)
     if graph.grad_modes:
         logger.warning("%s: forward computes otherwise with %s than with gradients off, as the graphs are exported; "
                        "calls made so run eagerly in PyTorch", name,
@@ -330,7 +348,7 @@ def tune_graph(strategy: TuneStrategy, graph: RecordedGraph, options: TuneOption
                     "without autocast runs its calls under autocast eagerly anyway"
                 ) from error
             raise
-        note_grad_modes(graph, name, samples[0][1], tuner_options)
+        note_grad_modes(graph, name, [sample[1] for sample in samples], tuner_options)
     # Calibrated acceptance: eager at a candidate's reduced precision, asked by the engine
     # once per precision (on the host the recorded outputs are the strict reference too).
     tuner_options.eager_at_precision = lambda precision: eager_outputs_at(graph, precision)
