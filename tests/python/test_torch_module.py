@@ -236,3 +236,35 @@ def test_an_argument_object_changed_in_place_or_a_negative_zero_is_another_call(
              progress=False)
     with pytest.raises(ait.GraphNotRecordedError, match="k=-0.0"):
         zero(x, plain, k=-0.0)
+
+
+class _Activated(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+
+    def forward(self, x, act):
+        return act(self.fc(x))
+
+
+@pytest.mark.parametrize("change", ["value", "hook", "mode"])
+def test_an_argument_module_changed_in_place_is_another_call(change):
+    """An nn.Module passed to forward was keyed by its weights only: its plain values
+    (``act.negative_slope = 0.9``), a hook registered on it, or its mode (a Dropout put in
+    train()) changed after tuning were served the old graph, 0.75 and 1.69 off eager, silently
+    (a session-37 probe)."""
+    torch.manual_seed(0)
+    act = torch.nn.Sequential(torch.nn.LeakyReLU(0.1), torch.nn.Dropout(0.5)).eval()
+    model = ait.Module(_Activated().eval(), f"activated-{change}", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [((torch.randn(4), act), {}) for _ in range(2)], ignore_failing_modules=False, progress=False)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x, act), model.ait_module(x, act))
+        if change == "value":
+            act[0].negative_slope = 0.9
+        elif change == "hook":
+            act[0].register_forward_hook(lambda module, args, out: out * 3)
+        else:
+            act.train()
+        with pytest.raises(ait.GraphNotRecordedError, match=r"(?s)act: .* changed in place since it was recorded"):
+            model(x, act)

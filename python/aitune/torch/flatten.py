@@ -15,6 +15,8 @@ import numpy as np
 import torch
 import torch.utils._pytree as pytree
 
+from aitune.torch.state_changes import MODULE_INTERNALS
+
 
 def register_dataclasses(tree: Any) -> None:
     """Registers with pytree each dataclass type in ``tree`` that pytree does not know yet.
@@ -146,9 +148,19 @@ def _array_state(array: np.ndarray) -> tuple:
 
 def _module_state(module: torch.nn.Module) -> tuple:
     """An nn.Module passed as an argument: each parameter and buffer by its storage and
-    version counter (written in place or replaced, it is another call)."""
-    return tuple((t.data_ptr(), t._version) if not t.is_inference() else (t.data_ptr(), 0)
-                 for t in (*module.parameters(), *module.buffers()))
+    version counter (written in place or replaced, it is another call), and of it and each
+    submodule its mode, its hooks and its plain values (``act.negative_slope = 0.9``,
+    ``drop.train()``, a hook registered: the graph holds what they were, and each was served
+    the old graph silently, a session-37 probe)."""
+    weights = tuple((t.data_ptr(), t._version) if not t.is_inference() else (t.data_ptr(), 0)
+                    for t in (*module.parameters(), *module.buffers()))
+    settings = tuple(
+        (sub.training, tuple(sub._forward_hooks), tuple(sub._forward_pre_hooks),
+         tuple((key, _object_state(value, 0)) for key, value in vars(sub).items()
+               if key not in MODULE_INTERNALS and _is_scalar(value)))
+        for sub in module.modules())
+    return weights, settings
+
 
 
 #: More attributes than this, an object passed as an argument is keyed by identity alone.

@@ -54,7 +54,7 @@ class StateWatch:
 
 #: What every ``torch.nn.Module`` keeps in its ``__dict__`` (parameters, hooks, ``training``):
 #: not the user's attributes.
-_MODULE_INTERNALS = frozenset(vars(torch.nn.Module()))
+MODULE_INTERNALS = frozenset(vars(torch.nn.Module()))
 
 
 def is_harmless(path: str, harmless: tuple[str, ...]) -> bool:
@@ -101,7 +101,7 @@ def user_attributes(module: torch.nn.Module, harmless: tuple[str, ...]):
     for prefix, sub in modules_and_wrapped(module):
         held = vars(sub)
         for key, value in held.items():
-            if key in _MODULE_INTERNALS or key.startswith("_ait") or isinstance(value, torch.nn.Module):
+            if key in MODULE_INTERNALS or key.startswith("_ait") or isinstance(value, torch.nn.Module):
                 continue
             path = f"{prefix}.{key}" if prefix else key
             if not is_harmless(path, harmless):
