@@ -268,3 +268,27 @@ def test_an_argument_module_changed_in_place_is_another_call(change):
             act.train()
         with pytest.raises(ait.GraphNotRecordedError, match=r"(?s)act: .* changed in place since it was recorded"):
             model(x, act)
+
+
+class _SlottedSettings:
+    __slots__ = ("scale", "bias")
+
+    def __init__(self, scale: float):
+        self.scale = scale
+        self.bias = torch.zeros(4)
+
+
+def test_an_argument_object_with_slots_changed_in_place_is_another_call():
+    """An argument object holding its values in ``__slots__`` was keyed by identity alone:
+    ``cfg.scale = 4.0`` after tuning was served the old graph, 0.48 off eager, silently (a
+    session-37 probe)."""
+    settings = _SlottedSettings(1.0)
+    model = ait.Module(_Configured().eval(), "slotted", strategy=cpu_strategy(tune_provider_options=False))
+    ait.tune(model, [((torch.randn(4), settings), {}) for _ in range(2)], ignore_failing_modules=False,
+             progress=False)
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x, settings), model.ait_module(x, settings))
+    settings.scale = 4.0
+    with pytest.raises(ait.GraphNotRecordedError, match="settings: .* changed in place since it was recorded"):
+        model(x, settings)

@@ -172,9 +172,35 @@ _PLAIN_CALLABLES = (types.FunctionType, types.MethodType, types.BuiltinFunctionT
                     functools.partial)
 
 
+@functools.lru_cache(maxsize=1024)
+def slot_names(cls: type) -> tuple[str, ...]:
+    """The attribute names the ``__slots__`` of ``cls`` and its bases declare."""
+    names: list[str] = []
+    for klass in cls.__mro__:
+        slots = vars(klass).get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if isinstance(name, str) and name not in ("__dict__", "__weakref__") and name not in names:
+                names.append(name)
+    return tuple(names)
+
+
+def _attributes(value: Any) -> dict[str, Any]:
+    """An object's attributes: its instance dict, and what its ``__slots__`` hold (a slotted
+    config object changed in place was keyed by identity alone and served the old graph, a
+    session-37 probe)."""
+    held = dict(vars(value)) if hasattr(value, "__dict__") else {}
+    for name in slot_names(type(value)):
+        try:
+            held[name] = getattr(value, name)
+        except AttributeError:  # a slot never set
+            continue
+    return held
+
+
 def _compared_by_identity(value: Any) -> bool:
     kind = type(value)
-    return (kind.__eq__ is object.__eq__ and kind.__hash__ is object.__hash__ and hasattr(value, "__dict__")
+    return (kind.__eq__ is object.__eq__ and kind.__hash__ is object.__hash__
+            and (hasattr(value, "__dict__") or bool(slot_names(kind)))
             and not isinstance(value, (torch.nn.Module, type, *_PLAIN_CALLABLES)))
 
 
@@ -205,8 +231,8 @@ def _object_state(value: Any, depth: int) -> Any:
     if depth > 0 and isinstance(value, dict) and len(value) <= _MAX_STATE_ITEMS:
         return (dict, tuple((repr(k), _object_state(v, depth - 1)) for k, v in value.items()))
     if (depth > 0 and (_compared_by_identity(value) or isinstance(value, types.SimpleNamespace))
-            and len(vars(value)) <= _MAX_STATE_ITEMS):
-        return (type(value), id(value), tuple((k, _object_state(v, depth - 1)) for k, v in vars(value).items()))
+            and len(held := _attributes(value)) <= _MAX_STATE_ITEMS):
+        return (type(value), id(value), tuple((k, _object_state(v, depth - 1)) for k, v in held.items()))
     try:
         hash(value)
         return (type(value), value)

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from aitune.torch.flatten import slot_names
 from aitune.torch.module import Module
 
 
@@ -89,27 +90,16 @@ def _children(obj: Any, skipped: list | None = None) -> Iterator[tuple[str | int
                 yield key, value
             elif skipped is not None:
                 skipped.append((key, value))
-    elif type(obj).__module__ != "builtins" and (hasattr(obj, "__dict__") or _slot_names(type(obj))):
+    elif type(obj).__module__ != "builtins" and (hasattr(obj, "__dict__") or slot_names(type(obj))):
         if isinstance(getattr(obj, "__dict__", None), dict):
             for key, value in vars(obj).items():
                 if not key.startswith("__"):
                     yield key, value
         # a pipeline class with ``__slots__`` holds its modules there, not in a __dict__ (it
         # was "holds no torch.nn.Module", and ait.save found no ait.Module a tune had tuned)
-        for key in _slot_names(type(obj)):
+        for key in slot_names(type(obj)):
             if not key.startswith("__") and hasattr(obj, key):
                 yield key, getattr(obj, key)
-
-
-def _slot_names(cls: type) -> tuple[str, ...]:
-    """The attribute names the ``__slots__`` of ``cls`` and its bases declare."""
-    names: list[str] = []
-    for klass in cls.__mro__:
-        slots = vars(klass).get("__slots__", ())
-        for name in (slots,) if isinstance(slots, str) else slots:
-            if isinstance(name, str) and name not in ("__dict__", "__weakref__") and name not in names:
-                names.append(name)
-    return tuple(names)
 
 
 _LEAF_TYPES = (str, bytes, int, float, bool, type(None), torch.Tensor, type)
@@ -133,7 +123,7 @@ def find_modules(obj: Any, max_depth: int = 8,
 
     def walk(value: Any, location: ModuleLocation, depth: int) -> None:
         if depth > max_depth or isinstance(value, _LEAF_TYPES) or callable(value) and not isinstance(
-                value, torch.nn.Module) and not hasattr(value, "__dict__") and not _slot_names(type(value)):
+                value, torch.nn.Module) and not hasattr(value, "__dict__") and not slot_names(type(value)):
             return
         if id(value) in seen:
             if id(value) in first and location.parent is not None:
