@@ -237,3 +237,34 @@ def test_the_text_mask_leaves_out_no_positions_of_outputs_its_tokens_do_not_reac
     with pytest.raises(ait.NumericMismatchError, match=r"output_image: .* beyond"):
         ait.tune(lambda **kw: model(**kw), [sample() for _ in range(3)], ignore_failing_modules=False,
                  progress=False, performance_validation=False)
+
+
+class _ZeroedAtPadding(torch.nn.Module):
+    """``forward(x, attention_mask)`` returning ``fc(x) * mask``: zeros at the padded positions
+    whatever x holds, which eager defines. The exported graph ignores the mask (on purpose)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x, attention_mask):
+        h = self.fc(x)
+        return h if torch.compiler.is_exporting() else h * attention_mask[..., None]
+
+
+def test_outputs_a_floating_input_at_the_padding_does_not_reach_are_checked_there():
+    """Without input_ids nothing was changed at the padded positions to see whether they reach
+    an output: the mask left the zeros eager defines there out of the check, and a graph that
+    ignored the mask (0.71 off there) passed (a session-37 probe). The floating input laid out
+    as the mask is changed there now."""
+    torch.manual_seed(0)
+    samples = []
+    for i in range(4):
+        mask = torch.ones(6)
+        mask[4 - i % 2:] = 0
+        samples.append({"x": torch.randn(6, 8), "attention_mask": mask})
+    model = ait.Module(_ZeroedAtPadding().eval(), "zeroed-at-padding",
+                       strategy=cpu_strategy(tune_provider_options=False))
+    with pytest.raises(ait.NumericMismatchError, match=r"output_0: .* beyond"):
+        ait.tune(lambda **kw: model(**kw), samples, ignore_failing_modules=False, progress=False,
+                 performance_validation=False)

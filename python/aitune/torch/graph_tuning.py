@@ -221,24 +221,40 @@ def _outputs_padding_does_not_reach(graph: RecordedGraph, sample, masks: list) -
     other inputs. A CLIP's vision tokens matched the text mask's [batch, 5] by shape alone
     and were left out at the text's padding: a graph wrong on them passed (a session-35
     probe). Found on the first sample with padding; empty where that cannot be told (no
-    ``input_ids``, no padded position, or eager fails on the replaced tokens)."""
+    ``input_ids`` and no floating input laid out as the mask, no padded position, or eager
+    fails on the replaced values). Without ``input_ids`` the floating input whose leading axes
+    are the mask's is changed at the padded positions (``forward(x, attention_mask)`` returning
+    ``fc(x) * mask``: zeros there whatever x holds, which eager defines, and a graph ignoring
+    the mask passed, 0.71 off there, a session-37 probe)."""
     name = "input_input_ids"
-    if name not in graph.input_names:
-        return set()
-    index = graph.input_names.index(name)
-    ids = sample.inputs[index]
-    mask = next((m for m in masks if m is not None and tuple(m.shape) == tuple(ids.shape)), None)
-    if mask is None or ids.dtype not in (torch.int32, torch.int64) or bool(mask.bool().all()):
+    laid_out = [m for m in masks if m is not None]
+    if name in graph.input_names:
+        index = graph.input_names.index(name)
+        ids = sample.inputs[index]
+        mask = next((m for m in laid_out if tuple(m.shape) == tuple(ids.shape)), None)
+        if mask is None or ids.dtype not in (torch.int32, torch.int64):
+            return set()
+    else:
+        found = next(((i, m) for i, t in enumerate(sample.inputs) if t.is_floating_point()
+                      for m in laid_out if t.dim() >= m.dim() and tuple(t.shape[:m.dim()]) == tuple(m.shape)), None)
+        if found is None:
+            return set()
+        index, mask = found
+        ids = sample.inputs[index]
+    if bool(mask.bool().all()):
         return set()
     padded = ~mask.bool().to(ids.device)
     replaced = ids.clone()
-    first = ids.gather(-1, mask.to(ids.device).long().argmax(-1, keepdim=True)).expand_as(ids)  # a valid token per row
-    # another token id at each padded position: a row's first valid token or its neighbour,
-    # whichever the position does not hold already (a pad id of 0 beside a BOS of 1)
-    original, token = ids[padded], first[padded]
-    other = torch.where(token > 0, token - 1, token + 1)
-    other = torch.where(other != original, other, token)
-    replaced[padded] = torch.where(other != original, other, token + 1)
+    if ids.is_floating_point():
+        replaced[padded] = replaced[padded] * -2.0 + 1.0  # other values at every padded position
+    else:
+        first = ids.gather(-1, mask.to(ids.device).long().argmax(-1, keepdim=True)).expand_as(ids)  # a valid token per row
+        # another token id at each padded position: a row's first valid token or its neighbour,
+        # whichever the position does not hold already (a pad id of 0 beside a BOS of 1)
+        original, token = ids[padded], first[padded]
+        other = torch.where(token > 0, token - 1, token + 1)
+        other = torch.where(other != original, other, token)
+        replaced[padded] = torch.where(other != original, other, token + 1)
     inputs = list(sample.inputs)
     inputs[index] = replaced
     try:
