@@ -9,6 +9,7 @@ import logging
 import pytest
 import torch
 
+import aitune
 import aitune.torch as ait
 from aitune import _core
 from aitune.torch import ModuleState, TorchEagerBackend
@@ -446,3 +447,10 @@ def test_find_max_batch_size_checks_the_non_tensor_outputs_of_the_widened_range(
         assert model(torch.randn(batch, 16))[1] is flag(batch)
     with pytest.raises(_core.ShapeMismatchError):
         model(torch.randn(3, 16))
+
+
+def test_a_numeric_mismatch_is_a_tuning_error():
+    """Code that catches the tune's failures (``except ait.TuningError``) missed the one a
+    OneBackendStrategy raises when every candidate is wrong (a session-37 probe)."""
+    assert issubclass(ait.NumericMismatchError, ait.TuningError)
+    assert issubclass(ait.TuningError, aitune.AituneError)

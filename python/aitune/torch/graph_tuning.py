@@ -17,7 +17,7 @@ import torch
 
 from aitune import _core
 from aitune.torch import cache
-from aitune.torch.backend.base import TunedGraph
+from aitune.torch.backend.base import TunedGraph, TuningError
 from aitune.torch.backend.onnx_runtime_backend import NumericMismatchError
 from aitune.torch.backend.torch_eager import EagerGraph, TorchEagerBackend
 from aitune.torch.candidate_isolation import CudaContextLostError
@@ -41,10 +41,6 @@ logger = logging.getLogger("aitune")
 
 REPORT_FILE = "tune_report.json"
 REPORT_PAGE = "tune_report.html"
-
-
-class TuningError(_core.AituneError):
-    """No backend of a strategy produced a correct candidate; the message lists why each failed."""
 
 
 class NondeterministicModuleError(TuningError):

@@ -9,7 +9,13 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from aitune import _core
 from aitune.torch.graph import RecordedGraph
+
+
+class TuningError(_core.AituneError):
+    """No backend of a strategy produced a correct candidate; the message lists why each failed.
+    (Here, beside the backends, so that a backend's own refusal can be one: NumericMismatchError.)"""
 
 
 @dataclasses.dataclass

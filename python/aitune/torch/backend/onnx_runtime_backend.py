@@ -16,7 +16,7 @@ from onnx.external_data_helper import ExternalDataInfo, uses_external_data
 
 from aitune import _core
 from aitune.torch import cache, candidate_isolation, export, transforms
-from aitune.torch.backend.base import Backend, BackendConfig, TunedGraph
+from aitune.torch.backend.base import Backend, BackendConfig, TunedGraph, TuningError
 from aitune.torch.graph import RecordedGraph
 
 logger = logging.getLogger("aitune")
@@ -200,9 +200,10 @@ def _has_convolutions(module: torch.nn.Module) -> bool:
     return any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in module.modules())
 
 
-class NumericMismatchError(_core.AituneError):
+class NumericMismatchError(TuningError):
     """Every candidate's outputs differ from eager PyTorch beyond its tolerance; the
-    message has the first failure and the tuning summary table."""
+    message has the first failure and the tuning summary table. A TuningError: code that
+    catches the tune's failures catches this one (it did not, a session-37 probe)."""
 
 
 def _tensors(graph: onnx.GraphProto):
