@@ -646,3 +646,22 @@ def test_a_float32_module_with_an_fp16_layer_is_run_wider_with_that_layer(cache_
     (candidate,) = report.candidates
     assert candidate.status == "selected", (candidate.status, candidate.reason)
     assert model.ait_module.b.weight.dtype == torch.float16  # put back as it was
+
+
+def test_the_wider_runs_finfo_leaves_no_function_among_dynamos_guard_types():
+    """The wider eager run answers torch.finfo with a function; dynamo, first imported inside it
+    (a model's torch.compiler.is_compiling()), kept that function among its guard types, and
+    every later torch.compile in the process failed ("isinstance() arg 2 must be a type", a
+    decode test after an fp32 calibration in one pytest worker). In a fresh process."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch\n"
+            "from aitune.torch.eager_precision import _constants_of\n"
+            "assert 'torch._dynamo.utils' not in sys.modules\n"
+            "with _constants_of(torch.float32, torch.float64):\n"
+            "    import torch._dynamo.utils as u\n"
+            "print(all(isinstance(t, type) for t in u.common_constant_types))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "True"

@@ -170,7 +170,13 @@ def _constants_of(dtype: torch.dtype, wider: torch.dtype) -> Iterator[None]:
     limits (``log(p.clamp_min(torch.finfo(p.dtype).tiny))``, ``probs_to_logits``'s eps, a
     mask of ``finfo(dtype).min``) otherwise computed other numbers wider: log(tiny) is -708
     in float64 against -87 in float32, a 621 "error" of eager's own that let a graph off by 5
-    pass as within 4x of it (a session-35 probe). Every such limit is exact in ``wider``."""
+    pass as within 4x of it (a session-35 probe). Every such limit is exact in ``wider``.
+    torch's own modules that keep ``torch.finfo`` as a type when first imported are imported
+    before: dynamo's guard types (``common_constant_types``), first imported by a model's
+    ``torch.compiler.is_compiling()`` inside this context, kept the function, and every later
+    ``torch.compile`` in the process failed ("isinstance() arg 2 must be a type")."""
+    import torch._dynamo.utils  # noqa: F401 - (above)
+
     real = torch.finfo
 
     def finfo(type=None):  # noqa: A002 - torch.finfo's own parameter name
