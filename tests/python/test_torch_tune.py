@@ -532,3 +532,37 @@ def test_a_sparse_buffer_leaves_the_module_eager_naming_it():
     with pytest.raises(ValueError, match=r"holds tensors of a layout other than strided \(mask \(torch.sparse_coo\)\)"):
         ait.tune(ait.Module(_SparseMask().eval(), "sparse2", strategy=cpu_strategy(tune_provider_options=False)),
                  [torch.randn(8) for _ in range(2)], progress=False, ignore_failing_modules=False)
+
+
+class _Autoencoder(torch.nn.Module):
+    """diffusers' AutoencoderKL's shape: ``decode`` runs submodules, never ``forward``."""
+
+    def __init__(self):
+        super().__init__()
+        self.post_quant = torch.nn.Linear(16, 16)
+        self.decoder = MLP(16, 32, 16)
+
+    def decode(self, z):
+        return self.decoder(self.post_quant(z))
+
+    def forward(self, z):
+        return self.decode(z)
+
+
+def test_a_method_running_the_wrapped_modules_submodules_is_named(caplog):
+    """``pipeline.vae.decode(z)`` through an ait.Module runs the wrapped module's submodules and
+    never its forward: with another module tuned, the VAE stayed untuned without a word; alone,
+    "func called no ait.Module: wrap the modules" named a module that was wrapped (a session-37
+    probe)."""
+    vae = ait.Module(_Autoencoder().eval(), "vae", strategy=cpu_strategy())
+    with pytest.raises(ValueError, match=r"ait.Module 'vae' wraps ran its submodules outside its forward \(4 calls, "
+                                         r"'post_quant' first\)"):
+        ait.tune(lambda z: vae.decode(z), [torch.randn(16)], batch_sizes=[1, 2])
+    other = ait.Module(MLP(16, 32, 16).eval(), "unet", strategy=cpu_strategy())
+    with caplog.at_level(logging.WARNING, logger="aitune"):
+        ait.tune(lambda z: vae.decode(other(z)), [torch.randn(16)], batch_sizes=[1], dry_run=True)
+    assert "ait.Module 'vae' wraps ran its submodules outside its forward" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="aitune"):  # forward through the wrapper: nothing to say
+        ait.tune(lambda z: vae(other(z)), [torch.randn(16)], batch_sizes=[1], dry_run=True)
+    assert "outside its forward" not in caplog.text

@@ -38,7 +38,14 @@ class _DirectCalls:
     def __init__(self) -> None:
         self.counts: dict[str, int] = {}
         self.classes: dict[str, str] = {}
+        # ait.Module name -> the path of the first of its wrapped module's submodules run outside
+        # its forward (``vae.decode(z)`` runs ``vae.decoder``, never ``vae.forward``: the module
+        # stayed untuned without a word, a session-37 probe)
+        self.submodules: dict[str, str] = {}
         self._inside = 0  # ait.Module calls under way (ait.tune records on its own thread only)
+        # counted calls under way (a wrapped module called directly, a wrapped module's submodule
+        # run outside its forward): the submodules they run are theirs, not counted again
+        self._direct: list[int] = []
         self._handles: list = []
 
     def __enter__(self) -> _DirectCalls:
@@ -47,19 +54,32 @@ class _DirectCalls:
         wrapped = {id(m.ait_module): m for m in MODULE_REGISTRY.modules.values()}
         if not wrapped:
             return self
+        inside_wrapped = {id(sub): (wrapper, path) for wrapper in MODULE_REGISTRY.modules.values()
+                          for path, sub in wrapper.ait_module.named_modules() if path}
 
         def before(module: torch.nn.Module, _args: Any) -> None:
             if isinstance(module, Module):
                 self._inside += 1
                 return
+            if self._inside:
+                return
             wrapper = wrapped.get(id(module))
-            if wrapper is not None and wrapper.ait_module is module and not self._inside:
+            if wrapper is not None and wrapper.ait_module is module:
                 self.counts[wrapper.ait_name] = self.counts.get(wrapper.ait_name, 0) + 1
                 self.classes[wrapper.ait_name] = type(module).__name__
+                self._direct.append(id(module))
+            elif not self._direct and (found := inside_wrapped.get(id(module))) is not None:
+                owner, path = found
+                self.counts[owner.ait_name] = self.counts.get(owner.ait_name, 0) + 1
+                self.classes[owner.ait_name] = type(owner.ait_module).__name__
+                self.submodules.setdefault(owner.ait_name, path)
+                self._direct.append(id(module))
 
         def after(module: torch.nn.Module, _args: Any, _outputs: Any) -> None:
             if isinstance(module, Module):
                 self._inside -= 1
+            elif self._direct and self._direct[-1] == id(module):
+                self._direct.pop()
 
         hooks = torch.nn.modules.module
         self._handles = [hooks.register_module_forward_pre_hook(before),
@@ -71,8 +91,14 @@ class _DirectCalls:
             handle.remove()
 
     def explain(self) -> str:
-        which = "; ".join(f"The {self.classes[name]} that ait.Module '{name}' wraps ran {count} times called directly"
-                          for name, count in self.counts.items())
+        which = "; ".join(
+            f"The {self.classes[name]} that ait.Module '{name}' wraps ran "
+            + (f"its submodules outside its forward ({count} calls, '{self.submodules[name]}' first): a method such "
+               f"as decode(...) reached through the wrapper runs them directly; wrap the submodules that method "
+               f"runs instead (ait.Module(<wrapped>.{self.submodules[name]}, ...) and the others)"
+               if name in self.submodules
+               else f"{count} times called directly")
+            for name, count in self.counts.items())
         return (f"{which}, not through its ait.Module, so those calls are not recorded and will not run tuned. "
                 "A method of the wrapped module reached through the wrapper (wrapper.generate(...)) runs with the "
                 "wrapped module as self and calls it directly; so does another reference to the wrapped module. "
