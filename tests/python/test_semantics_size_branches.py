@@ -255,28 +255,3 @@ def test_an_extent_with_no_linear_form_is_unreadable_not_a_failed_export():
         shape_conditions._derived(["dim", "input_x", 1], FloorDiv(s, 2) + 1, {})
     assert shape_conditions._derived(["dim", "input_x", 1], 2 * s + 1, {}) == \
         ["eq", ["mod", ["add", ["dim", "input_x", 1], -1], 2], 0]
-
-
-@pytest.mark.parametrize("module, batch_sizes, shape, refused", [
-    (BatchBranch, [1, 2, 4], (5, 6), (3, 5, 6)),
-    (LengthBranch, [2], None, (2, 6, 6)),
-], ids=["batch", "length"])
-def test_the_trace_exporter_serves_only_the_sizes_checked_where_the_code_decides_on_sizes(
-        module, batch_sizes, shape, refused, caplog):
-    """The trace exporter (use_dynamo=False) notes no guards: ``if x.shape[0] == 3`` tuned at
-    batches 1, 2 and 4 computed batch 3 8.6 off eager, and ``len % 3`` at lengths 4 and 8 length 6
-    22 off, silently (a session-37 probe). Where the trace turns a size into a Python value, the
-    graph serves the recorded sizes only, as a condition of its spec."""
-    torch.manual_seed(0)
-    model = ait.Module(module().eval(), f"trace-{module.__name__}",
-                       strategy=cpu_strategy(use_dynamo=False, tune_provider_options=False))
-    samples = [torch.randn(*shape) for _ in range(4)] if shape else \
-        [torch.randn(4, 6), torch.randn(8, 6), torch.randn(4, 6), torch.randn(8, 6)]
-    with caplog.at_level(logging.INFO, logger="aitune"):
-        ait.tune(model, samples, batch_sizes=batch_sizes, ignore_failing_modules=False, progress=False)
-    assert "the trace decides on input sizes" in caplog.text
-    for sample in samples[:2]:  # a recorded size runs the graph and matches eager
-        x = torch.stack([sample] * batch_sizes[-1])
-        torch.testing.assert_close(model(x), model.ait_module(x), rtol=1e-4, atol=1e-4)
-    with pytest.raises(_core.ShapeMismatchError, match="a condition the graph was exported under"):
-        model(torch.randn(*refused))

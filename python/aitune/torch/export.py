@@ -6,7 +6,6 @@ import contextlib
 import errno
 import gc
 import io
-import json
 import linecache
 import logging
 import os
@@ -357,23 +356,6 @@ def _conditions_over_other_sides(graph: RecordedGraph, flat: torch.nn.Module, sp
     return [_core.ShapeCondition.from_json(_or_of(sides))]
 
 
-def _recorded_sizes_condition(graph: RecordedGraph, spec: _core.GraphSpec) -> _core.ShapeCondition | None:
-    """The extents the recorded samples hold on the spec's varying axes, as a condition (``or``
-    over the samples of ``and`` of ``dim == size``): where a trace decided on sizes, the sizes
-    the check against eager covered. None where no axis varies."""
-    varying = [(i, t.name, axis) for i, t in enumerate(spec.inputs)
-               for axis in range(len(t.min_shape)) if t.min_shape[axis] != t.max_shape[axis]]
-    if not varying:
-        return None
-    sides: list = []
-    for sample in graph.samples:
-        equal = [["eq", ["dim", name, axis], int(sample.inputs[i].shape[axis])] for i, name, axis in varying]
-        side = equal[0] if len(equal) == 1 else ["and", *equal]
-        if side not in sides:
-            sides.append(side)
-    return _core.ShapeCondition.from_json(json.dumps(sides[0] if len(sides) == 1 else ["or", *sides]))
-
-
 def _or_of(sides: list[list]) -> str:
     """The JSON of ``or`` over ``sides``, each the ``and`` of its conditions."""
     import json
@@ -690,15 +672,6 @@ def export_onnx(
                         raise TraceWarningError(_trace_range_refusal(graph, conversions.shape_sites))
                     logger.warning("%s (allowed: allow_trace_warnings=True)",
                                    _trace_range_refusal(graph, conversions.shape_sites).split("\nHint:")[0])
-                elif conversions.shape_sites and conditions is not None and \
-                        (recorded := _recorded_sizes_condition(graph, spec)) is not None:
-                    # The graph keeps the branch of the example's sizes: right at the sizes the
-                    # samples checked, unknown between them (`if x.shape[0] == 3` with batches 1
-                    # and 4 computed batch 3 8.6 off eager, silently; a session-37 probe).
-                    conditions.append(recorded)
-                    logger.info("%s/%s: the trace decides on input sizes (%s); the graph serves the recorded sizes "
-                                "only", graph.module_name, graph.key,
-                                "; ".join(f"{os.path.basename(f)}:{line}" for f, line in list(conversions.shape_sites)[:3]))
         onnx.checker.check_model(str(target))
         for old in path.parent.glob(f"{path.name}*"):  # stale model and external data
             old.unlink()
