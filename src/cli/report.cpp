@@ -78,10 +78,17 @@ Command add_report(CLI::App& app) {
                        ".html";
               // A report of a checkpoint gets its page beside the checkpoint, not in it: a file
               // there outside the manifest is lost on the next save over it (a probe).
-              if (const auto checkpoint = Checkpoint::enclosing_checkpoint(target); !checkpoint.empty()) {
-                const fs::path graph = fs::path(*report).parent_path().filename();
-                target = (fs::path(checkpoint).lexically_normal().string() + (graph.empty() ? "" : "." + graph.string()) +
-                          ".tune_report.html");
+              // A module section of a pipeline checkpoint lies inside the pipeline's: beside the
+              // outermost, named after each one on the way (`pipe.ait.enc.graph_x...`; beside the
+              // section the page was inside the pipeline, and its next save removed it).
+              const fs::path graph = fs::path(*report).parent_path().filename();
+              std::string suffix = (graph.empty() ? "" : "." + graph.string()) + ".tune_report.html";
+              for (auto checkpoint = Checkpoint::enclosing_checkpoint(target); !checkpoint.empty();
+                   checkpoint = Checkpoint::enclosing_checkpoint(target)) {
+                const fs::path at = fs::path(checkpoint).lexically_normal();
+                const fs::path name = at.has_filename() ? at.filename() : at.parent_path().filename();
+                target = at.string() + suffix;
+                suffix = "." + name.string() + suffix;
               }
             } else if (const auto checkpoint = Checkpoint::enclosing_checkpoint(target); !checkpoint.empty()) {
               throw Error(ErrorCode::kInvalidArgument, "refusing to write the page into the checkpoint '" + checkpoint +

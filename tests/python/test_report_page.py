@@ -212,3 +212,22 @@ def test_many_long_shape_conditions_fold_away_behind_the_short_ones(tmp_path):
     assert "<summary>14 more, longer</summary>" in folded and folded.count("<code>") == 14
     png = screenshot(tmp_path / "conditions.html", tmp_path / "profile", tmp_path / "conditions.png", "1200,700")
     assert png.stat().st_size > 10_000
+
+
+@pytest.mark.skipif(_cli() is None, reason="the aitune CLI is not installed in this environment")
+def test_the_default_page_of_a_pipeline_sections_report_goes_beside_the_pipeline(tmp_path):
+    """A module section of a pipeline checkpoint is a checkpoint inside a checkpoint: the page
+    went beside the section, so inside the pipeline's directory, where the next save over the
+    pipeline removed it (a session-37 probe)."""
+    section = tmp_path / "pipe.ait" / "modules" / "enc"
+    graph = section / "graphs" / "graph_x"
+    graph.mkdir(parents=True)
+    (tmp_path / "pipe.ait" / "pipeline.json").write_text("{}")
+    (section / "manifest.json").write_text(json.dumps({"format": "aitune-checkpoint"}))
+    report = graph / "tune_report.json"
+    report.write_text(json.dumps(_report()))
+    done = subprocess.run([_cli(), "report", str(report)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    page = tmp_path / "pipe.ait.enc.graph_x.tune_report.html"
+    assert page.exists(), (done.stdout, sorted(p.name for p in tmp_path.rglob("*.html")))
+    assert not list((tmp_path / "pipe.ait").rglob("*.html"))
