@@ -566,3 +566,29 @@ def test_a_method_running_the_wrapped_modules_submodules_is_named(caplog):
     with caplog.at_level(logging.WARNING, logger="aitune"):  # forward through the wrapper: nothing to say
         ait.tune(lambda z: vae(other(z)), [torch.randn(16)], batch_sizes=[1], dry_run=True)
     assert "outside its forward" not in caplog.text
+
+
+class _OptionalBranch:
+    """A pipeline whose second encoder runs only for some inputs (img2img beside txt2img)."""
+
+    def __init__(self):
+        torch.manual_seed(0)
+        self.main = ait.Module(MLP(16, 32, 16).eval(), "main-branch", strategy=cpu_strategy())
+        self.image_encoder = ait.Module(MLP(16, 32, 16).eval(), "image-encoder", strategy=cpu_strategy())
+
+    def __call__(self, x, image=None):
+        with torch.no_grad():
+            return self.main(x if image is None else x + self.image_encoder(image))
+
+
+def test_a_wrapped_module_the_data_never_reaches_is_named(caplog):
+    """An optional branch the tuning data never took left its ait.Module untuned without a
+    word, and ait.save then refused the pipeline with "tune it (ait.tune)" (a session-37
+    probe). ait.tune names it, whether func is the pipeline, a lambda over it or its method."""
+    pipeline = _OptionalBranch()
+    for func in (pipeline, lambda x: pipeline(x), pipeline.__call__):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="aitune"):
+            ait.tune(func, [torch.randn(16)], batch_sizes=[1], dry_run=True)
+        assert "ait.Module 'image-encoder' of func was not called while ait.tune ran it" in caplog.text
+        assert "'main-branch'" not in caplog.text

@@ -219,6 +219,13 @@ def _check_saveable(module: Module, where: str) -> None:
             "has nothing of it to hold; put the module it wraps back in its place (its .ait_module) to save the "
             "others, or remove the cause and tune again"
         )
+    if module.ait_state is ModuleState.INIT:
+        # (a branch the tuning data never took: "tune it" read as if ait.tune had not run, a probe)
+        raise _core.StateError(
+            f"ait.save: {where} is INIT, not TUNED: no call reached it while ait.tune ran (the data given never took "
+            "the path that calls it, or a method bypassed its forward), or it was never tuned; give ait.tune data "
+            "that calls it, or put the module it wraps back in its place (its .ait_module) to save the others"
+        )
     if module.ait_state is not ModuleState.TUNED:
         raise _core.StateError(
             f"ait.save: {where} is {module.ait_state.value.upper()}, not TUNED; tune it (ait.tune) before saving"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import types
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -18,7 +19,8 @@ from aitune.torch.dataset import iterate_calls, stacks_samples
 from aitune.torch.evaluation import evaluation_batches
 from aitune.torch.export import release_capture_state
 from aitune.torch.inspection import lazy_result, lazy_result_hint
-from aitune.torch.module import Module
+from aitune.torch.module import Module, ModuleState
+from aitune.torch.object_paths import find_ait_modules
 from aitune.torch.options import TuneOptions
 from aitune.torch.valid_positions import ValidPositionsOption
 
@@ -105,6 +107,37 @@ class _DirectCalls:
                 "Wrap the modules that method calls instead (for a transformers model's generate: a DecodeStep, "
                 "docs/decoders.md, or its decoder model.model called with use_cache=False), or call the ait.Module "
                 "itself")
+
+
+def _uncalled_modules(func: Any, session: TuneSession, bypassed: _DirectCalls) -> list[str]:
+    """The names of the untuned ait.Modules that ``func`` holds (a pipeline object, or the
+    objects a lambda or bound method closes over) that no recorded call reached: an optional
+    branch the data never took left one untuned without a word, and ``ait.save`` then refused
+    the pipeline (a session-37 probe). Those named otherwise (bypassed, other threads) are not."""
+    holders = [func, getattr(func, "__self__", None),
+               *(cell.cell_contents for cell in (getattr(func, "__closure__", None) or ()) if _cell_filled(cell))]
+    if isinstance(func, types.FunctionType):  # ``lambda x: pipe(x)`` with pipe a global
+        names = func.__globals__
+        holders += [names[name] for name in func.__code__.co_names if name in names]
+    called = {id(module) for module in session.modules.values()}
+    named: list[str] = []
+    for holder in holders:
+        if holder is None or isinstance(holder, (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType,
+                                                 types.MethodType)) or not hasattr(holder, "__dict__"):
+            continue
+        for module, _ in find_ait_modules(holder, 8):
+            if (id(module) not in called and module.ait_state is ModuleState.INIT and module.ait_name not in named
+                    and module.ait_name not in bypassed.counts and module.ait_name not in session.other_threads):
+                named.append(module.ait_name)
+    return named
+
+
+def _cell_filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:  # an empty cell
+        return False
+    return True
 
 
 #: As many graphs as this differing only in a Python number given to the module: the
@@ -342,6 +375,12 @@ def tune(
         logger.warning("ait.tune: %s", message)
     if bypassed.counts:
         logger.warning("ait.tune: %s", bypassed.explain())
+    if uncalled := _uncalled_modules(func, session, bypassed):
+        logger.warning("ait.tune: ait.Module %s of func %s not called while ait.tune ran it (the data given never "
+                       "took the path that calls %s): %s untuned and run%s eagerly; give data that reaches %s",
+                       ", ".join(map(repr, uncalled)), "was" if len(uncalled) == 1 else "were",
+                       "it" if len(uncalled) == 1 else "them", "it stays" if len(uncalled) == 1 else "they stay",
+                       "s" if len(uncalled) == 1 else "", "it" if len(uncalled) == 1 else "them")
     declared_problem, tied = _check_dynamic_shapes(session.modules.values())
     if unknown := (_unknown_output_tolerances(output_tolerances, session.modules.values()) or declared_problem):
         for module in session.modules.values():  # tuned as they were before, not left recorded
