@@ -592,3 +592,26 @@ def test_a_wrapped_module_the_data_never_reaches_is_named(caplog):
             ait.tune(func, [torch.randn(16)], batch_sizes=[1], dry_run=True)
         assert "ait.Module 'image-encoder' of func was not called while ait.tune ran it" in caplog.text
         assert "'main-branch'" not in caplog.text
+
+
+class _GrowingCache(torch.nn.Module):
+    """A decoder step that concatenates onto a cache which starts empty."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 16)
+
+    def forward(self, x, past):
+        cache = torch.cat([past, self.fc(x)[:, None]], 1)
+        return cache.mean(1), cache
+
+
+def test_a_call_with_an_empty_tensor_is_refused_before_any_export_naming_the_remedy():
+    """A cache that starts empty (length 0) was recorded into the graph of the later steps; every
+    candidate then failed after the export ("aitune runs no tensor of 0 elements") and nothing
+    said what to do (a session-37 probe)."""
+    model = ait.Module(_GrowingCache().eval(), "growing-cache", strategy=cpu_strategy())
+    samples = [((torch.randn(16), torch.randn(n, 16)), {}) for n in (0, 1, 2)]
+    with pytest.raises(ait.TuningError, match=r"1 of the \d+ recorded calls give an empty tensor \('input_past' "
+                                              r"\[1, 0, 16\] in call 0\).*Pass None for it on the first step"):
+        ait.tune(model, samples, batch_sizes=[1], ignore_failing_modules=False, progress=False)

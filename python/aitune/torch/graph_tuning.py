@@ -104,6 +104,21 @@ def check_eager_repeatable(graph: RecordedGraph, name: str, expected: list[torch
 _GRAD_MODE_SAMPLES = 4
 
 
+def _refuse_empty_tensors(graph: RecordedGraph, name: str) -> None:
+    """A recorded call with an input of 0 elements (a KV cache that starts empty, concatenated
+    onto per step) cannot run in any graph, which the engine refused per candidate after an
+    export ("aitune runs no tensor of 0 elements"), naming no remedy (a session-37 probe)."""
+    for i, sample in enumerate(graph.samples):
+        for input_name, tensor in zip(graph.input_names, sample.inputs, strict=False):
+            if tensor.numel() == 0:
+                count = sum(any(t.numel() == 0 for t in s.inputs) for s in graph.samples)
+                raise TuningError(
+                    f"{name}: {count} of the {len(graph.samples)} recorded calls give an empty tensor ('{input_name}' "
+                    f"{list(tensor.shape)} in call {i}), which no graph runs (aitune runs no tensor of 0 elements); a "
+                    "cache that starts empty? Pass None for it on the first step (that call then gets a graph of "
+                    "its own, and the steps with a cache this one), or leave such calls out of the data")
+
+
 def note_grad_modes(graph: RecordedGraph, name: str, references: list[list[torch.Tensor]],
                     tuner_options: _core.TunerOptions | None = None) -> None:
     """Sets ``graph.grad_modes``: the modes (gradients enabled, inference mode) under which
@@ -340,6 +355,7 @@ def tune_graph(strategy: TuneStrategy, graph: RecordedGraph, options: TuneOption
         tuner_options.cuda_stream = torch.cuda.current_stream(graph.device).cuda_stream
     name = f"{graph.module_name}/{graph.key}"
     tuner_options.log = lambda line: logger.debug("%s", line)
+    _refuse_empty_tensors(graph, name)
     interior = add_interior_sample(graph)
     if interior:
         logger.info("%s: %s", name, interior)
