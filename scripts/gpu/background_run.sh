@@ -6,6 +6,13 @@
 #   background_run NAME start|wait WAIT_S COMMAND   # COMMAND is run by bash -c; its output goes
 #                                                   # to /tmp/NAME/log, its exit status to done
 # Prints "exit N" once it has ended, else "still running after WAIT_S s".
+# Sourcing it also sets the environment of wheel_session.sh's steps (ONNX Runtime's GPU
+# libraries unpacked into /tmp/ortgpu, the small wheels in /tmp/site) and $out, the folder the
+# device tool brings back.
+export AITUNE_ORT_LIBRARY=/tmp/ortgpu/onnxruntime/capi/libonnxruntime.so.1.31.1 PYTHONUNBUFFERED=1
+[ -d /tmp/site ] && export PYTHONPATH=/tmp/site
+out=${OUT:-/tmp/aitune-gpu}
+mkdir -p "$out"
 background_run() {
   local name=$1 step=$2 wait_s=$3 command=$4
   local run=/tmp/$name

@@ -11,12 +11,7 @@ set -uo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$repo"
 source scripts/gpu/background_run.sh
-out=${OUT:-/tmp/aitune-gpu}
-mkdir -p "$out"
-export AITUNE_ORT_LIBRARY=/tmp/ortgpu/onnxruntime/capi/libonnxruntime.so.1.31.1
-export CC=/usr/bin/gcc CXX=/usr/bin/g++ PYTHONUNBUFFERED=1
-export AITUNE_DEPS_INCLUDE=$repo/.gpu/deps/include
-[ -d /tmp/site ] && export PYTHONPATH=/tmp/site
+export CC=/usr/bin/gcc CXX=/usr/bin/g++ AITUNE_DEPS_INCLUDE=$repo/.gpu/deps/include
 step=${1:?start or wait}; shift
 wait_s=${1:?WAIT_S}; shift
 background_run suite-whole "$step" "$wait_s" \

@@ -8,10 +8,7 @@ set -uo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$repo"
 source scripts/gpu/background_run.sh
-out=${OUT:-/tmp/aitune-gpu}
-mkdir -p "$out" /tmp/zoo-whole
-export AITUNE_ORT_LIBRARY=/tmp/ortgpu/onnxruntime/capi/libonnxruntime.so.1.31.1 PYTHONUNBUFFERED=1
-[ -d /tmp/site ] && export PYTHONPATH=/tmp/site
+mkdir -p /tmp/zoo-whole
 step=${1:?start or wait}; shift
 wait_s=${1:?WAIT_S}; shift
 background_run zoo-whole "$step" "$wait_s" \
