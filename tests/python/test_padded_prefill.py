@@ -268,3 +268,38 @@ def test_outputs_a_floating_input_at_the_padding_does_not_reach_are_checked_ther
     with pytest.raises(ait.NumericMismatchError, match=r"output_0: .* beyond"):
         ait.tune(lambda **kw: model(**kw), samples, ignore_failing_modules=False, progress=False,
                  performance_validation=False)
+
+
+def test_the_cropped_probe_sample_keeps_a_valid_position_in_every_left_padded_row():
+    """aitune's cropped sample (a recorded sample cut to a length between the recorded ones) kept
+    the first positions: a left-padded row became all padding, and next-token logits
+    (``logits_to_keep=1``, [batch, 1, vocab]), compared on every row, were refused for every
+    candidate on that undefined row (a session-37 probe). The crop keeps the last positions there."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, pad_token_id=0,
+                                      initializer_range=0.2)
+    model = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # a trained pad embedding is not the zero row padding_idx gives at init
+        model.model.embed_tokens.weight[0].normal_(0, 0.2)
+
+    def sample(batch, length):
+        generator = torch.Generator().manual_seed(batch * 100 + length)
+        ids = torch.randint(2, 256, (batch, length), generator=generator)
+        mask = torch.ones(batch, length, dtype=torch.long)
+        mask[0, :2] = 0
+        ids[mask == 0] = 0
+        return {"input_ids": ids, "attention_mask": mask, "use_cache": False, "logits_to_keep": 1}
+
+    # a sequence range below the recorded lengths, as docs/decoders.md advises: the crop goes there
+    batch, seq = torch.export.Dim("batch", min=1, max=4), torch.export.Dim("seq", min=2, max=32)
+    tuned = ait.Module(model, "crop-keep1", strategy=cpu_strategy(use_dynamo=True, tune_provider_options=False),
+                       dynamic_shapes={"input_ids": {0: batch, 1: seq}, "attention_mask": {0: batch, 1: seq}})
+    ait.tune(tuned, lambda size: [sample(size, 8 - size)], batch_sizes=[1, 2, 3], disable_external_logging=True,
+             progress=False, performance_validation=False, ignore_failing_modules=False)
+    assert tuned.ait_state is ModuleState.TUNED
+    (report,) = tuned.ait_reports.values()
+    import json
+
+    checked = [s["sample"] for c in json.loads(report.to_json())["candidates"] for s in c["correctness"]["samples"]]
+    assert any("aitune's probe" in name for name in checked)  # the crop was checked, not skipped

@@ -37,6 +37,16 @@ def probe_indices(graph: RecordedGraph) -> list[int]:
     return [] if index is None else [index]
 
 
+def _fully_padded_row(graph: RecordedGraph, inputs: list[torch.Tensor]) -> bool:
+    """Whether an attention mask among ``inputs`` (an integer or bool input named so, [batch,
+    sequence]) has a row with no valid position."""
+    for name, tensor in zip(graph.input_names, inputs, strict=True):
+        if "attention_mask" in name and tensor.dim() == 2 and not tensor.is_floating_point() and tensor.numel():
+            if bool((tensor == 0).all(dim=-1).any()):
+                return True
+    return False
+
+
 def add_interior_sample(graph: RecordedGraph) -> str | None:
     """Adds the cropped sample to ``graph.samples`` (once per graph) and returns its
     description, or None where the samples span no such range, no recorded sample covers
@@ -83,12 +93,26 @@ def add_interior_sample(graph: RecordedGraph) -> str | None:
                    and all(s.inputs[i].shape[axis] >= size for (i, axis), size in targets.items())), None)
     if source is None:
         return None
-    inputs = []
-    for i, tensor in enumerate(source.inputs):
-        for (j, axis), size in targets.items():
-            if j == i:
-                tensor = tensor.narrow(axis, 0, size)
-        inputs.append(tensor.contiguous().clone())
+    inputs = None
+    for from_end in (False, True):
+        # The first positions, or the last where that leaves a row with no valid position: a
+        # left-padded row (batched prefill) cut to its first positions is all padding, whose
+        # outputs no layout leaves out of the check (next-token logits [B, 1, V], a
+        # classifier's [B, labels]): every candidate was refused on that undefined row (a
+        # session-37 probe).
+        cropped = []
+        for i, tensor in enumerate(source.inputs):
+            for (j, axis), size in targets.items():
+                if j == i:
+                    tensor = tensor.narrow(axis, tensor.shape[axis] - size if from_end else 0, size)
+            cropped.append(tensor.contiguous().clone())
+        if not _fully_padded_row(graph, cropped):
+            inputs = cropped
+            break
+    if inputs is None:
+        logger.debug("%s/%s: no check between the recorded shapes: every crop leaves a row all padding",
+                     graph.module_name, graph.key)
+        return None
     args, kwargs = graph.call_arguments(inputs)
     try:
         with torch.no_grad(), run_eagerly():
