@@ -586,3 +586,15 @@ def test_greedy_generate_refuses_a_count_that_is_no_positive_int(count):
     with pytest.raises(ValueError, match="max_new_tokens must be a positive int"):
         greedy_generate(DecodeStep(model), DecodeStep(model), model, batch["input_ids"], batch["attention_mask"],
                         count)
+
+
+def test_greedy_generate_refuses_a_right_padded_prompt():
+    """A right-padded row's next token was read at its last position, a pad: other tokens than
+    generate's, silently (a session-37 probe). Refused by name, before any step."""
+    example = _example()
+    model = example.tiny_llama()
+    batch = example.prompts(2)
+    mask = torch.ones_like(batch["attention_mask"])
+    mask[1, -2:] = 0
+    with pytest.raises(ValueError, match=r"takes left-padded prompts: row\(s\) \[1\] end with padding"):
+        greedy_generate(DecodeStep(model), DecodeStep(model), model, batch["input_ids"], mask, 2)

@@ -286,6 +286,12 @@ def greedy_generate(prefill: Callable, decode: Callable, model: torch.nn.Module,
     # generate refuses both the same way
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+    if attention_mask.dim() == 2 and attention_mask.shape[-1] and bool((attention_mask[:, -1] == 0).any()):
+        # each row's next token is read at its last position: a right-padded row read a pad's
+        # logits and generated other tokens than generate, silently (a session-37 probe)
+        rows = (attention_mask[:, -1] == 0).nonzero().flatten().tolist()
+        raise ValueError(f"greedy_generate takes left-padded prompts: row(s) {rows[:8]} end with padding "
+                         "(attention_mask 0 at the last position); pad on the left (tokenizer.padding_side = 'left')")
     ends, pad = _end_tokens(model, eos_token_id, pad_token_id, input_ids.device)
     batch, prompt_len = input_ids.shape
     cache_len = prompt_len + max_new_tokens
